@@ -1,0 +1,170 @@
+"""Content-addressed blob store on the JetStream object store (brief §4, seed T4.2 ``blobs``).
+
+Prompts, outputs, workflows and large tool results live here; commits carry only
+:class:`~shared.events.BlobRef` (sha256 + size). Objects are named by their sha256
+hex digest and never overwritten (an overwrite during a ``get`` can hang it).
+
+Small bodies (≤ 512 KiB) are written as one chunk plus the meta record, in the
+object store's own wire format (NATS ADR-20), pipelined in one round trip and
+fenced with ``Nats-Expected-Last-Subject-Sequence: 0`` on the meta subject so an
+existing object is never replaced. Larger bodies go through nats-py's
+``ObjectStore.put`` with 512 KiB chunks. Reads always go through nats-py's
+``ObjectStore.get``, with a timeout, and the body's sha256 is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Protocol
+
+import structlog
+from nats.aio.client import Client
+from nats.js import api as jsapi
+from nats.js.errors import APIError, NotFoundError
+from nats.js.object_store import ObjectStore
+
+from shared.errors import BlobMissing, BlobTimeout
+from shared.events import BlobRef
+from shared.eventlog import publish_pipelined
+from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+
+log = structlog.get_logger(__name__)
+
+SMALL_MAX_BYTES = 512 * 1024
+CHUNK_BYTES = 512 * 1024
+GET_TIMEOUT_S = 30.0
+_KNOWN_CACHE = 4096
+
+
+def ref_for(data: bytes, media_type: str = "text/plain") -> BlobRef:
+    """The :class:`BlobRef` ``data`` will have once stored (pure)."""
+    return BlobRef(sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), media_type=media_type)
+
+
+class BlobStore(Protocol):
+    """Port: store bodies by content, fetch them lazily by ref."""
+
+    async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef: ...
+
+    async def get(self, ref: BlobRef) -> bytes: ...
+
+    async def exists(self, ref: BlobRef) -> bool: ...
+
+
+class JetStreamBlobStore:
+    """:class:`BlobStore` on a JetStream object store bucket."""
+
+    def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S) -> None:
+        self._nc = nc
+        self._obs = obs
+        self._bucket = bucket
+        self._timeout_s = timeout_s
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    def _remember(self, sha: str) -> None:
+        self._known[sha] = None
+        self._known.move_to_end(sha)
+        if len(self._known) > _KNOWN_CACHE:
+            self._known.popitem(last=False)
+
+    async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef:
+        """Store ``data`` (idempotent: an existing body is not written again); returns its ref."""
+        return await (await self.put_async(data, media_type))
+
+    async def put_async(self, data: bytes, media_type: str = "text/plain") -> asyncio.Future[BlobRef]:
+        """Start storing ``data``; the future resolves to its ref once the server acked it.
+
+        Raises (from the future):
+            nats.js.errors.APIError: the object store refused the write.
+        """
+        ref = ref_for(data, media_type)
+        done: asyncio.Future[BlobRef] = asyncio.get_running_loop().create_future()
+        if ref.sha256 in self._known:
+            done.set_result(ref)
+            return done
+        if len(data) > SMALL_MAX_BYTES:
+            return asyncio.ensure_future(self._put_large(ref, data))
+        return asyncio.ensure_future(self._put_small(ref, data))
+
+    async def _put_small(self, ref: BlobRef, data: bytes) -> BlobRef:
+        nuid = self._nc._nuid.next().decode()
+        chunk_subject = f"$O.{self._bucket}.C.{nuid}"
+        meta_subject = f"$O.{self._bucket}.M.{base64.urlsafe_b64encode(ref.sha256.encode()).decode()}"
+        info = jsapi.ObjectInfo(
+            name=ref.sha256, bucket=self._bucket, nuid=nuid, size=len(data), chunks=1 if data else 0,
+            mtime=datetime.now(UTC).isoformat(),
+            digest="SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode(),
+            headers={"Content-Type": [ref.media_type]},
+            options=jsapi.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
+        )
+        chunk = publish_pipelined(self._nc, chunk_subject, data, None, self._timeout_s) if data else None
+        meta = publish_pipelined(
+            self._nc, meta_subject, json.dumps(info.as_dict()).encode(),
+            {jsapi.Header.ROLLUP: "sub", EXPECTED_LAST_SUBJECT_SEQ_HEADER: "0"}, self._timeout_s,
+        )
+        results = await asyncio.gather(*(f for f in (chunk, meta) if f is not None), return_exceptions=True)
+        meta_result = results[-1]
+        if isinstance(meta_result, APIError) and meta_result.err_code == 10071:
+            await self._purge(chunk_subject)  # the object already existed; drop our duplicate chunk
+        elif isinstance(meta_result, BaseException):
+            await self._purge(chunk_subject)
+            raise meta_result
+        if chunk is not None and isinstance(results[0], BaseException):
+            await self._purge(meta_subject)
+            raise results[0]
+        self._remember(ref.sha256)
+        return ref
+
+    async def _purge(self, subject: str) -> None:
+        try:
+            await self._nc.jetstream().purge_stream(f"OBJ_{self._bucket}", subject=subject)
+        except Exception as exc:  # cleanup is best effort; the object itself is consistent
+            log.warning("blob.purge_failed", subject=subject, error=str(exc))
+
+    async def _put_large(self, ref: BlobRef, data: bytes) -> BlobRef:
+        if not await self.exists(ref):
+            meta = jsapi.ObjectMeta(
+                name=ref.sha256, headers={"Content-Type": [ref.media_type]},
+                options=jsapi.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
+            )
+            await self._obs.put(ref.sha256, data, meta=meta)
+        self._remember(ref.sha256)
+        return ref
+
+    async def exists(self, ref: BlobRef) -> bool:
+        """True if the store holds the body of ``ref``."""
+        if ref.sha256 in self._known:
+            return True
+        try:
+            await asyncio.wait_for(self._obs.get_info(ref.sha256), self._timeout_s)
+        except NotFoundError:
+            return False
+        self._remember(ref.sha256)
+        return True
+
+    async def get(self, ref: BlobRef) -> bytes:
+        """Fetch the body of ``ref``.
+
+        Raises:
+            BlobMissing: no such object, or its body does not hash to ``ref.sha256``.
+            BlobTimeout: the read took longer than the store's timeout.
+        """
+        try:
+            result = await asyncio.wait_for(self._obs.get(ref.sha256), self._timeout_s)
+        except NotFoundError as exc:
+            raise BlobMissing(f"blob {ref.sha256[:12]}… not in bucket {self._bucket}") from exc
+        except TimeoutError as exc:
+            raise BlobTimeout(f"reading blob {ref.sha256[:12]}… took over {self._timeout_s}s") from exc
+        data = bytes(result.data or b"")
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise BlobMissing(f"blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
+        return data
+
+    async def get_text(self, ref: BlobRef) -> str:
+        """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
+        return (await self.get(ref)).decode("utf-8", errors="replace")

@@ -1,0 +1,112 @@
+"""Reel's exception hierarchy: one base, subclasses shaped by how callers react.
+
+Every error carries a stable ``code`` (sent on reply subjects as ``error.code``)
+and ``retryable`` (whether the same request may succeed later unchanged).
+"""
+
+from __future__ import annotations
+
+
+class ReelError(Exception):
+    """Base of every error Reel raises on purpose.
+
+    Attributes:
+        code: stable machine-readable code, e.g. ``"concurrency_conflict"``.
+        retryable: True if retrying the same operation later may succeed.
+        run_id: the run concerned, when there is one.
+    """
+
+    code = "reel_error"
+    retryable = False
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+
+
+class ConcurrencyConflict(ReelError):
+    """Another writer committed to the run since we last read it (JetStream 10071/10164).
+
+    Callers re-read the run (re-fold) and retry or yield; they never overwrite.
+    """
+
+    code = "concurrency_conflict"
+    retryable = True
+
+    def __init__(self, message: str, *, run_id: str | None = None, expected_lsn: int = 0) -> None:
+        super().__init__(message, run_id=run_id)
+        self.expected_lsn = expected_lsn
+
+
+class RunNotFound(ReelError):
+    """No run with this id exists in the event log."""
+
+    code = "run_not_found"
+
+
+class InvalidCommand(ReelError):
+    """A command payload could not be decoded or failed validation."""
+
+    code = "invalid_command"
+
+
+class InvalidTransition(ReelError):
+    """The command is not legal in the run's current state (e.g. cancel of a Completed run)."""
+
+    code = "invalid_transition"
+
+
+class WorkflowInvalid(ReelError):
+    """A workflow spec failed validation; the message names the offending field."""
+
+    code = "workflow_invalid"
+
+
+class TrajectoryFormatError(ReelError):
+    """A trajectory file is unreadable or of a format Reel does not know."""
+
+    code = "trajectory_format"
+
+
+class BlobMissing(ReelError):
+    """A blob ref points at an object the blob store does not hold."""
+
+    code = "blob_missing"
+
+
+class BlobTimeout(ReelError, TimeoutError):
+    """A blob store read did not finish within its timeout."""
+
+    code = "blob_timeout"
+    retryable = True
+
+
+class UnknownEventType(ReelError):
+    """A commit holds an event type this version of Reel cannot decode (never skipped silently)."""
+
+    code = "unknown_event_type"
+
+
+class ModelError(ReelError):
+    """A model adapter failed to produce an output for an attempt."""
+
+    code = "model_error"
+    retryable = True
+
+    def __init__(self, message: str, *, kind: str = "model_error", retryable: bool = True) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable
+
+
+class ToolError(ReelError):
+    """A tool step failed (non-zero exit, timeout, bad output)."""
+
+    code = "tool_error"
+    retryable = True
+
+    def __init__(self, message: str, *, kind: str = "tool_error", retryable: bool = True) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable

@@ -1,0 +1,275 @@
+"""The event model: what one commit on a run's subject can say (brief §4).
+
+A *commit* is one JetStream message on ``reel.ev.<run_id>``; its body is the JSON
+encoding of :class:`Commit`, which carries one or more tagged events. The commit's
+LSN is the stream sequence the server assigns to that message, so it is never
+part of the body. Events are frozen, tagged ``msgspec.Struct``s; every time is a
+field (``*_ms``, Unix epoch milliseconds) so the fold never reads a clock.
+
+Schema evolution (msgspec's rules): new fields get defaults, a field never changes
+type; a breaking change bumps :data:`SCHEMA_VERSION` and adds a decoder case.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.errors import UnknownEventType
+
+SCHEMA_VERSION = 1
+
+StepKind = Literal["model", "tool"]
+VerdictStatus = Literal["pass", "fail", "error"]
+RunOutcome = Literal["passed", "failed", "error", "succeeded"]
+
+
+class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A reference to a body in the blob store (content-addressed).
+
+    Attributes:
+        sha256: hex digest of the body; also the object name in the store.
+        size_bytes: length of the body in bytes.
+        media_type: MIME type of the body, e.g. ``text/plain`` or ``application/json``.
+    """
+
+    sha256: str
+    size_bytes: int
+    media_type: str = "text/plain"
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource use of one attempt: tokens, wall latency (ms) and cost (USD)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+    cost_usd: float = 0.0
+
+
+class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
+    """Which candidate context items a model-step attempt saw (seed T1.5).
+
+    All three are ordered tuples of ``ContextItemId``; they are disjoint and their
+    union is the full candidate set. Ids only, never text (the packed text lives in
+    the attempt's prompt blob).
+
+    Attributes:
+        packed: items that went into the prompt, in prompt order.
+        available: eligible items left out only because the token budget ran out,
+            in rank order (best first) — what a bigger budget would have added.
+        dropped: items excluded by policy before packing (excluded kind, stale,
+            duplicate, over the per-item cap, or larger than the whole budget).
+    """
+
+    packed: tuple[str, ...]
+    available: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+
+class StepDecl(msgspec.Struct, frozen=True, kw_only=True):
+    """The fold's view of one workflow step: enough to know when it is terminal."""
+
+    step_id: str
+    kind: StepKind
+    max_attempts: int = 1
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """A verifier's answer about a specific point of one run's log (brief §1).
+
+    Attributes:
+        run_id, branch_id: what was judged.
+        snapshot_lsn: the LSN the judged ``EpisodeView`` was built at.
+        verifier: configured verifier name; ``verifier_version`` its version.
+        step_id, attempt: the step/attempt judged, if the verifier is step-scoped.
+        status: ``pass``, ``fail`` or ``error`` (the verifier raised or timed out).
+        score: 0.0–1.0.
+        reason: one human-readable line.
+        at_ms: when the verdict was produced (epoch ms).
+    """
+
+    run_id: str
+    branch_id: str
+    snapshot_lsn: int
+    verifier: str
+    verifier_version: str = "1"
+    step_id: str | None = None
+    attempt: int | None = None
+    status: VerdictStatus
+    score: float = 0.0
+    reason: str = ""
+    at_ms: int = 0
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of all run events."""
+
+
+class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
+    """A run exists and is ``Pending``. The workflow body is in the blob store."""
+
+    run_id: str
+    branch_id: str
+    workflow_name: str
+    workflow_ref: BlobRef
+    steps: tuple[StepDecl, ...]
+    verifiers: tuple[str, ...] = ()
+    idempotency_key: str | None = None
+    created_ms: int
+    labels: dict[str, str] = {}
+
+
+class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
+    """An executor claimed the run: ``Pending``/``Running`` → ``Running``."""
+
+    executor_id: str
+    at_ms: int
+
+
+class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=True):
+    """The intent, committed *before* the side effect (brief §3).
+
+    For model steps ``prompt_ref`` and ``context`` are set, in this same commit
+    (seed T1.5 step 3). A new attempt of a step supersedes any earlier attempt of
+    that step that is still ``dispatched`` (its executor died).
+    """
+
+    branch_id: str
+    step_id: str
+    attempt: int
+    executor_id: str
+    at_ms: int
+    prompt_ref: BlobRef | None = None
+    context: ContextPartition | None = None
+
+
+class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True):
+    """The outcome of a dispatched attempt: success, with its output blob."""
+
+    branch_id: str
+    step_id: str
+    attempt: int
+    output_ref: BlobRef
+    usage: Usage = Usage()
+    at_ms: int
+    recovered: bool = False
+
+
+class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
+    """The outcome of a dispatched attempt: failure, kept in the log forever."""
+
+    branch_id: str
+    step_id: str
+    attempt: int
+    error_kind: str
+    message: str
+    retryable: bool = True
+    usage: Usage = Usage()
+    at_ms: int
+    recovered: bool = False
+
+
+class RunVerifying(Event, tag="run_verifying", kw_only=True, frozen=True):
+    """Every step of the branch is terminal; the run rests in ``Verifying``."""
+
+    branch_id: str
+    at_ms: int
+
+
+class VerdictRecorded(Event, tag="verdict_recorded", kw_only=True, frozen=True):
+    """A verdict (also published on the verdict subject) recorded in the run's log."""
+
+    verdict: Verdict
+
+
+class RunCompleted(Event, tag="run_completed", kw_only=True, frozen=True):
+    """Terminal: every expected verdict for the snapshot is in (or none was configured)."""
+
+    branch_id: str
+    outcome: RunOutcome
+    snapshot_lsn: int = 0
+    at_ms: int
+
+
+class RunCancelled(Event, tag="run_cancelled", kw_only=True, frozen=True):
+    """Terminal: cancelled from ``Pending``, ``Running`` or ``Verifying``."""
+
+    reason: str = ""
+    at_ms: int
+
+
+class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
+    """A rewind: a new branch forked from ``parent_branch_id`` (brief §3).
+
+    The new branch inherits the parent's records up to ``fork_lsn`` and, when
+    ``from_step`` is set, only the steps before ``from_step``. The parent's
+    records never change. The run goes back to ``Running`` on the new branch.
+    """
+
+    branch_id: str
+    parent_branch_id: str
+    fork_lsn: int
+    from_step: str | None = None
+    at_ms: int
+
+
+AnyEvent = (
+    RunCreated
+    | RunStarted
+    | AttemptDispatched
+    | AttemptSucceeded
+    | AttemptFailed
+    | RunVerifying
+    | VerdictRecorded
+    | RunCompleted
+    | RunCancelled
+    | BranchForked
+)
+
+
+class Commit(msgspec.Struct, frozen=True, kw_only=True):
+    """One atomic state transition of one run: the body of one JetStream message.
+
+    Attributes:
+        v: schema version (:data:`SCHEMA_VERSION`).
+        commit_id: unique id, also sent as ``Nats-Msg-Id`` (publish dedup).
+        run_id: the run; equals the subject's last token.
+        writer: who wrote it (executor id, ``cancel``, ``recovery``…).
+        events: one or more events, applied in order.
+    """
+
+    v: int = SCHEMA_VERSION
+    commit_id: str
+    run_id: str
+    writer: str = ""
+    events: tuple[AnyEvent, ...]
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Commit)
+
+
+def encode_commit(commit: Commit) -> bytes:
+    """Commit → JSON bytes (the message body)."""
+    return _encoder.encode(commit)
+
+
+def decode_commit(data: bytes) -> Commit:
+    """JSON bytes → Commit.
+
+    Raises:
+        UnknownEventType: the body holds an event tag this version does not know,
+            or a schema version newer than :data:`SCHEMA_VERSION`.
+        msgspec.ValidationError / msgspec.DecodeError: any other malformed body.
+    """
+    try:
+        commit = _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        if "Invalid value" in str(exc) and "type" in str(exc):
+            raise UnknownEventType(f"cannot decode commit: {exc}") from exc
+        raise
+    if commit.v > SCHEMA_VERSION:
+        raise UnknownEventType(f"commit schema v{commit.v} is newer than supported v{SCHEMA_VERSION}")
+    return commit

@@ -1,0 +1,311 @@
+"""State is a pure fold of the log (brief §4).
+
+``fold(commits)`` turns the ordered ``(lsn, Commit)`` pairs of one run into a
+:class:`RunState`. It reads no clock, does no I/O, draws no randomness and logs
+nothing: the same commits always give an equal state, which is what lets any
+materialized state be checked against a cold re-fold
+(:func:`shared.testing.assert_refold_identical`).
+
+``RunState`` is owned by whoever folded it (it is mutated in place by
+:func:`apply` for speed: O(1) per event). Anything handed to other code — the
+``EpisodeView`` of a verifier above all — is a frozen copy (:mod:`shared.views`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from shared.errors import InvalidTransition
+from shared.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    BranchForked,
+    Commit,
+    ContextPartition,
+    RunCancelled,
+    RunCompleted,
+    RunCreated,
+    RunOutcome,
+    RunStarted,
+    RunVerifying,
+    StepDecl,
+    Usage,
+    Verdict,
+    VerdictRecorded,
+)
+
+RunStatus = Literal["pending", "running", "verifying", "completed", "cancelled"]
+AttemptStatus = Literal["dispatched", "succeeded", "failed"]
+StepStatus = Literal["pending", "running", "retrying", "succeeded", "failed", "skipped"]
+LIVE_STATUSES: frozenset[str] = frozenset({"pending", "running", "verifying"})
+
+
+class AttemptState(msgspec.Struct, kw_only=True):
+    """One attempt of one step on one branch, as of the folded LSN."""
+
+    step_id: str
+    attempt: int
+    status: AttemptStatus
+    executor_id: str
+    dispatched_lsn: int
+    dispatched_ms: int
+    prompt_ref: BlobRef | None = None
+    context: ContextPartition | None = None
+    outcome_lsn: int | None = None
+    finished_ms: int | None = None
+    output_ref: BlobRef | None = None
+    usage: Usage = Usage()
+    error_kind: str | None = None
+    error_message: str | None = None
+    retryable: bool = True
+    recovered: bool = False
+
+
+class BranchState(msgspec.Struct, kw_only=True):
+    """One line of history of a run; ``attempts`` maps step id → attempts in order."""
+
+    branch_id: str
+    parent_branch_id: str | None = None
+    fork_lsn: int | None = None
+    from_step: str | None = None
+    created_lsn: int
+    attempts: dict[str, list[AttemptState]] = {}
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    """Everything known about one run at ``head_lsn``."""
+
+    run_id: str
+    status: RunStatus
+    workflow_name: str
+    workflow_ref: BlobRef
+    steps: tuple[StepDecl, ...]
+    verifiers: tuple[str, ...] = ()
+    idempotency_key: str | None = None
+    labels: dict[str, str] = {}
+    created_ms: int
+    created_lsn: int
+    head_lsn: int
+    commits: int = 0
+    executor_id: str | None = None
+    active_branch: str
+    branches: dict[str, BranchState] = {}
+    verifying_lsn: int | None = None
+    verifying_branch: str | None = None
+    verdicts: list[Verdict] = []
+    outcome: RunOutcome | None = None
+    cancel_reason: str | None = None
+    finished_ms: int | None = None
+
+    def step_decl(self, step_id: str) -> StepDecl:
+        """The declaration of ``step_id``.
+
+        Raises:
+            KeyError: unknown step.
+        """
+        for decl in self.steps:
+            if decl.step_id == step_id:
+                return decl
+        raise KeyError(step_id)
+
+    def step_index(self, step_id: str) -> int:
+        """Position of ``step_id`` in the workflow (0-based). Raises KeyError."""
+        for i, decl in enumerate(self.steps):
+            if decl.step_id == step_id:
+                return i
+        raise KeyError(step_id)
+
+
+def _attempt(state: RunState, branch_id: str, step_id: str, attempt: int) -> AttemptState:
+    branch = state.branches.get(branch_id)
+    if branch is None:
+        raise InvalidTransition(f"unknown branch {branch_id!r}", run_id=state.run_id)
+    for a in branch.attempts.get(step_id, ()):
+        if a.attempt == attempt:
+            return a
+    raise InvalidTransition(
+        f"outcome for attempt {step_id}#{attempt} on {branch_id} that was never dispatched",
+        run_id=state.run_id,
+    )
+
+
+def _inherit(
+    state: RunState, parent: BranchState, fork_lsn: int, from_step: str | None
+) -> dict[str, list[AttemptState]]:
+    """The parent's attempts as of ``fork_lsn`` (and before ``from_step``), deep-copied."""
+    cutoff = state.step_index(from_step) if from_step is not None else len(state.steps)
+    out: dict[str, list[AttemptState]] = {}
+    for step_id, attempts in parent.attempts.items():
+        if state.step_index(step_id) >= cutoff:
+            continue
+        kept: list[AttemptState] = []
+        for a in attempts:
+            if a.dispatched_lsn > fork_lsn:
+                continue
+            copy = msgspec.structs.replace(a)
+            if copy.outcome_lsn is not None and copy.outcome_lsn > fork_lsn:
+                copy = msgspec.structs.replace(
+                    copy, status="dispatched", outcome_lsn=None, finished_ms=None, output_ref=None,
+                    usage=Usage(), error_kind=None, error_message=None, retryable=True, recovered=False,
+                )
+            kept.append(copy)
+        if kept:
+            out[step_id] = kept
+    return out
+
+
+def create(lsn: int, event: RunCreated) -> RunState:
+    """The state right after a run's first commit."""
+    return RunState(
+        run_id=event.run_id,
+        status="pending",
+        workflow_name=event.workflow_name,
+        workflow_ref=event.workflow_ref,
+        steps=event.steps,
+        verifiers=event.verifiers,
+        idempotency_key=event.idempotency_key,
+        labels=dict(event.labels),
+        created_ms=event.created_ms,
+        created_lsn=lsn,
+        head_lsn=lsn,
+        active_branch=event.branch_id,
+        branches={event.branch_id: BranchState(branch_id=event.branch_id, created_lsn=lsn)},
+    )
+
+
+def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
+    """Apply one event committed at ``lsn``; returns ``state`` (mutated in place).
+
+    Raises:
+        InvalidTransition: the event is structurally impossible on this state
+            (an outcome for an attempt never dispatched, an unknown branch…).
+    """
+    match event:
+        case RunCreated():
+            raise InvalidTransition("run_created on an existing run", run_id=state.run_id)
+        case RunStarted(executor_id=executor_id):
+            if state.status == "pending":
+                state.status = "running"
+            state.executor_id = executor_id
+        case AttemptDispatched():
+            branch = state.branches.get(event.branch_id)
+            if branch is None:
+                raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
+            state.step_decl(event.step_id)
+            if state.status == "pending":
+                state.status = "running"
+            branch.attempts.setdefault(event.step_id, []).append(
+                AttemptState(
+                    step_id=event.step_id, attempt=event.attempt, status="dispatched",
+                    executor_id=event.executor_id, dispatched_lsn=lsn, dispatched_ms=event.at_ms,
+                    prompt_ref=event.prompt_ref, context=event.context,
+                )
+            )
+        case AttemptSucceeded():
+            a = _attempt(state, event.branch_id, event.step_id, event.attempt)
+            a.status, a.outcome_lsn, a.finished_ms = "succeeded", lsn, event.at_ms
+            a.output_ref, a.usage, a.recovered = event.output_ref, event.usage, event.recovered
+        case AttemptFailed():
+            a = _attempt(state, event.branch_id, event.step_id, event.attempt)
+            a.status, a.outcome_lsn, a.finished_ms = "failed", lsn, event.at_ms
+            a.error_kind, a.error_message, a.retryable = event.error_kind, event.message, event.retryable
+            a.usage, a.recovered = event.usage, event.recovered
+        case RunVerifying():
+            state.status = "verifying"
+            state.verifying_lsn, state.verifying_branch = lsn, event.branch_id
+        case VerdictRecorded(verdict=verdict):
+            state.verdicts.append(verdict)
+        case RunCompleted():
+            state.status, state.outcome, state.finished_ms = "completed", event.outcome, event.at_ms
+        case RunCancelled():
+            state.status, state.cancel_reason, state.finished_ms = "cancelled", event.reason, event.at_ms
+        case BranchForked():
+            parent = state.branches.get(event.parent_branch_id)
+            if parent is None:
+                raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
+            state.branches[event.branch_id] = BranchState(
+                branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
+                fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
+                attempts=_inherit(state, parent, event.fork_lsn, event.from_step),
+            )
+            state.active_branch = event.branch_id
+            state.status, state.outcome, state.finished_ms = "running", None, None
+            state.verifying_lsn = state.verifying_branch = None
+    return state
+
+
+def apply_commit(state: RunState | None, lsn: int, commit: Commit) -> RunState:
+    """Apply every event of one commit (all or nothing is the log's job: one message).
+
+    Raises:
+        InvalidTransition: the first commit of a run is not ``run_created``, or see :func:`apply`.
+    """
+    events = commit.events
+    if state is None:
+        if not events or not isinstance(events[0], RunCreated):
+            raise InvalidTransition("a run's first commit must start with run_created", run_id=commit.run_id)
+        state, events = create(lsn, events[0]), events[1:]
+    for event in events:
+        apply(state, lsn, event)
+    state.head_lsn = lsn
+    state.commits += 1
+    return state
+
+
+def fold(commits: Iterable[tuple[int, Commit]], upto_lsn: int | None = None) -> RunState | None:
+    """Fold ``(lsn, commit)`` pairs in LSN order; stop after ``upto_lsn`` if given.
+
+    Returns ``None`` when there is no commit at or below ``upto_lsn``.
+    """
+    state: RunState | None = None
+    for lsn, commit in commits:
+        if upto_lsn is not None and lsn > upto_lsn:
+            break
+        state = apply_commit(state, lsn, commit)
+    return state
+
+
+# ---- derived facts (pure) -------------------------------------------------
+
+
+def step_status(state: RunState, branch_id: str, step_id: str) -> StepStatus:
+    """Derived status of one step on one branch (``skipped`` after an earlier terminal failure)."""
+    branch = state.branches[branch_id]
+    for decl in state.steps:
+        if decl.step_id == step_id:
+            break
+        if _own_status(state, branch, decl) == "failed":
+            return "skipped"
+    return _own_status(state, branch, state.step_decl(step_id))
+
+
+def _own_status(state: RunState, branch: BranchState, decl: StepDecl) -> StepStatus:
+    attempts = branch.attempts.get(decl.step_id)
+    if not attempts:
+        return "pending"
+    if any(a.status == "succeeded" for a in attempts):
+        return "succeeded"
+    last = attempts[-1]
+    if last.status == "dispatched":
+        return "running"
+    if not last.retryable or last.attempt >= decl.max_attempts:
+        return "failed"
+    return "retrying"
+
+
+def branch_terminal(state: RunState, branch_id: str) -> bool:
+    """True when every step of the branch is succeeded, failed or skipped (brief §2)."""
+    return all(
+        step_status(state, branch_id, d.step_id) in ("succeeded", "failed", "skipped") for d in state.steps
+    )
+
+
+def branch_failed(state: RunState, branch_id: str) -> bool:
+    """True when some step of the branch failed after its last attempt."""
+    return any(step_status(state, branch_id, d.step_id) == "failed" for d in state.steps)

@@ -1,0 +1,111 @@
+"""Connecting to NATS and creating Reel's streams, buckets idempotently (brief §4, §6).
+
+Every service calls :func:`ensure_infra` at start: creating what exists already is
+a no-op, and a stream whose config drifted (e.g. replicas) is updated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from shared.config import Config
+
+log = structlog.get_logger(__name__)
+
+DUPLICATE_WINDOW_S = 120.0
+COMMAND_MAX_AGE_S = 7 * 24 * 3600.0
+
+
+@dataclass
+class Infra:
+    """Handles to everything :func:`ensure_infra` created."""
+
+    nc: Client
+    js: JetStreamContext
+    blobs: ObjectStore
+    leases: KeyValue
+    outcomes: KeyValue
+
+
+async def connect(cfg: Config, name: str = "reel") -> Client:
+    """Connect to ``cfg.nats_url`` (comma-separated list allowed).
+
+    Raises:
+        nats.errors.NoServersError: nothing answers at that address.
+    """
+    servers = [s.strip() for s in cfg.nats_url.split(",") if s.strip()]
+    return await nats.connect(
+        servers=servers, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        allow_reconnect=True,
+    )
+
+
+def _storage(cfg: Config) -> jsapi.StorageType:
+    return jsapi.StorageType.MEMORY if cfg.storage == "memory" else jsapi.StorageType.FILE
+
+
+async def _ensure_stream(js: JetStreamContext, config: jsapi.StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != 10058:  # stream name already in use with a different configuration
+            raise
+        await js.update_stream(config)
+
+
+async def ensure_infra(nc: Client, cfg: Config) -> Infra:
+    """Create (or confirm) the streams, object store and KV buckets of ``cfg.names``."""
+    js = nc.jetstream()
+    n = cfg.names
+    storage = _storage(cfg)
+    await _ensure_stream(js, jsapi.StreamConfig(
+        name=n.events_stream, subjects=[n.events_all], storage=storage, num_replicas=cfg.replicas,
+        retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
+        description="Reel run events: one subject per run, one message per commit, LSN = stream sequence",
+    ))
+    await _ensure_stream(js, jsapi.StreamConfig(
+        name=n.commands_stream, subjects=[n.commands_all], storage=storage, num_replicas=cfg.replicas,
+        retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
+        duplicate_window=DUPLICATE_WINDOW_S, description="Reel commands (start, cancel, rewind, resume)",
+    ))
+    await _ensure_stream(js, jsapi.StreamConfig(
+        name=n.verdicts_stream, subjects=[n.verdicts_all], storage=storage, num_replicas=cfg.replicas,
+        retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
+        description="Reel verdicts, replayable by late consumers",
+    ))
+    blobs = await _object_store(js, cfg)
+    leases = await _kv(js, jsapi.KeyValueConfig(
+        bucket=n.lease_bucket, storage=storage, replicas=cfg.replicas, history=1, ttl=float(cfg.lease_ttl_s),
+        description="Executor liveness: an entry exists while its executor heartbeats (bucket max age = TTL)",
+    ))
+    outcomes = await _kv(js, jsapi.KeyValueConfig(
+        bucket=n.outcome_bucket, storage=storage, replicas=cfg.replicas, history=1, ttl=7 * 24 * 3600.0,
+    ))
+    return Infra(nc=nc, js=js, blobs=blobs, leases=leases, outcomes=outcomes)
+
+
+async def _object_store(js: JetStreamContext, cfg: Config) -> ObjectStore:
+    try:
+        return await js.object_store(cfg.names.blob_bucket)
+    except (NotFoundError, BadRequestError):
+        pass
+    return await js.create_object_store(cfg.names.blob_bucket, jsapi.ObjectStoreConfig(
+        bucket=cfg.names.blob_bucket, storage=_storage(cfg), replicas=cfg.replicas,
+        description="Reel blobs: prompts, outputs, workflows; named by sha256",
+    ))
+
+
+async def _kv(js: JetStreamContext, config: jsapi.KeyValueConfig) -> KeyValue:
+    try:
+        return await js.key_value(config.bucket)
+    except (NotFoundError, BadRequestError):
+        return await js.create_key_value(config)

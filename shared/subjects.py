@@ -1,0 +1,99 @@
+"""Every subject, stream, bucket and consumer name Reel uses, in one place (brief §4–§6).
+
+All names hang off one *namespace* (default ``reel``), so several Reel
+deployments — or test modules — can share one NATS server without seeing each
+other. With the default namespace:
+
+=====================  ==========================  =================================
+what                   subject / name              notes
+=====================  ==========================  =================================
+run events             ``reel.ev.<run_id>``        stream ``REEL_EVENTS``; LSN = seq
+start a run            ``reel.cmd.start``          stream ``REEL_CMDS`` (work queue)
+cancel a run           ``reel.cmd.cancel``         ″
+rewind a run           ``reel.cmd.rewind``         ″
+resume a run           ``reel.cmd.resume``         ″ (recovery → executor)
+verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
+blobs                  object store ``reel_blobs`` content-addressed (sha256)
+executor leases        KV ``reel_leases``          per-message TTL heartbeats
+stored outcomes        KV ``reel_outcomes``        ``<run>.<branch>.<step>.<attempt>``
+=====================  ==========================  =================================
+
+Replies: a command carries the subject to answer on in the ``Reel-Reply-To``
+header (JetStream itself answers the publish with its PubAck), see docs/subjects.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REPLY_TO_HEADER = "Reel-Reply-To"
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
+
+COMMANDS = ("start", "cancel", "rewind", "resume")
+
+
+@dataclass(frozen=True)
+class Names:
+    """Subjects and JetStream object names under one namespace (a NATS token)."""
+
+    namespace: str = "reel"
+
+    @property
+    def _up(self) -> str:
+        return self.namespace.upper().replace("-", "_")
+
+    # streams
+    @property
+    def events_stream(self) -> str:
+        return f"{self._up}_EVENTS"
+
+    @property
+    def commands_stream(self) -> str:
+        return f"{self._up}_CMDS"
+
+    @property
+    def verdicts_stream(self) -> str:
+        return f"{self._up}_VERDICTS"
+
+    # buckets
+    @property
+    def blob_bucket(self) -> str:
+        return f"{self.namespace}_blobs"
+
+    @property
+    def lease_bucket(self) -> str:
+        return f"{self.namespace}_leases"
+
+    @property
+    def outcome_bucket(self) -> str:
+        return f"{self.namespace}_outcomes"
+
+    # subjects
+    def events(self, run_id: str) -> str:
+        """The subject of one run's commits."""
+        return f"{self.namespace}.ev.{run_id}"
+
+    @property
+    def events_all(self) -> str:
+        return f"{self.namespace}.ev.>"
+
+    def command(self, name: str) -> str:
+        """Command subject, ``name`` one of :data:`COMMANDS`."""
+        return f"{self.namespace}.cmd.{name}"
+
+    @property
+    def commands_all(self) -> str:
+        return f"{self.namespace}.cmd.>"
+
+    def verdict(self, run_id: str) -> str:
+        """The subject verdicts about ``run_id`` are published on."""
+        return f"{self.namespace}.verdict.{run_id}"
+
+    @property
+    def verdicts_all(self) -> str:
+        return f"{self.namespace}.verdict.>"
+
+    def consumer(self, service: str) -> str:
+        """Durable consumer name of a service."""
+        return f"{self.namespace}_{service}"
