@@ -1,0 +1,315 @@
+"""Workflow specs: what a run executes (YAML or JSON; documented in docs/workflow.md).
+
+A workflow is an ordered list of steps. A **model step** packs candidate context
+under a token budget and calls a model adapter; a **tool step** calls a tool.
+Validation happens once at the edge (:func:`parse_workflow`), with an error that
+names the offending field, e.g.
+``workflow_invalid: Expected `int`, got `str` - at `$.steps[0].max_attempts```.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from shared.errors import WorkflowInvalid
+from shared.events import StepDecl
+from shared.ids import is_token
+
+MODEL_ADAPTERS = ("replay", "scripted")
+VerifierType = Literal[
+    "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
+]
+
+
+class ScriptedFailure(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A scripted attempt that fails with ``error`` (kind) and ``message``."""
+
+    error: str
+    message: str = ""
+    retryable: bool = True
+
+
+ScriptedOutput = str | ScriptedFailure
+
+
+class RecordedUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """Usage recorded with a replayed output (tokens, USD)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float = 0.0
+
+
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which model adapter a model step calls.
+
+    Attributes:
+        adapter: ``replay`` (plays ``output``) or ``scripted`` (plays ``outputs[attempt-1]``).
+        output: the recorded output (replay).
+        outputs: per-attempt outputs or failures (scripted); the last one repeats.
+        usage: recorded usage to report instead of counted tokens (replay).
+        name: model name for logs, e.g. ``google/gemini-3-pro-preview``.
+    """
+
+    adapter: str
+    output: str | None = None
+    outputs: tuple[ScriptedOutput, ...] = ()
+    usage: RecordedUsage | None = None
+    name: str = ""
+
+
+class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A candidate context item: literal ``text`` or the output of an earlier step (``from_step``)."""
+
+    id: str
+    text: str | None = None
+    from_step: str | None = None
+    kind: str = "message"
+    priority: float = 0.0
+    stale: bool = False
+
+
+class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Packing policy of one model step (see :mod:`shared.packer`); tokens."""
+
+    budget_tokens: int | None = None
+    exclude_kinds: tuple[str, ...] = ()
+    max_item_tokens: int | None = None
+    drop_stale: bool = True
+    dedupe: bool = True
+
+
+class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A verifier configured on a workflow (see docs/verifiers.md).
+
+    Attributes:
+        type: built-in kind, or ``python`` with ``path`` = ``module:callable``.
+        name: unique name (default: the type).
+        step: the step judged (default: the last step).
+        pattern: regex for ``output_regex``; ``json_schema`` for ``output_json_schema``.
+        argv: command for ``command`` (output on stdin and in ``$REEL_OUTPUT_FILE``).
+        item: context item id for ``context_requires``.
+        expect: the recording's own outcome label for ``recorded_outcome``.
+        timeout_s: deadline of this verifier (s).
+    """
+
+    type: VerifierType
+    name: str | None = None
+    step: str | None = None
+    pattern: str | None = None
+    json_schema: dict[str, Any] | None = None
+    argv: tuple[str, ...] = ()
+    item: str | None = None
+    expect: bool | None = None
+    path: str | None = None
+    version: str = "1"
+    timeout_s: float = 30.0
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+class ModelStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="model", tag_field="kind"):
+    """Pack context, call a model."""
+
+    id: str
+    model: ModelSpec
+    instructions: str = ""
+    context: tuple[ContextItemSpec, ...] = ()
+    include_previous_outputs: bool = False
+    policy: PolicySpec = PolicySpec()
+    max_attempts: int = 1
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a tool step calls.
+
+    Attributes:
+        type: ``recorded`` (returns ``output``), ``scripted`` (``outputs[attempt-1]``),
+            ``command`` (runs ``argv``; exit code ≠ 0 fails the attempt).
+        name: tool name for logs (e.g. ``bash``).
+        input: the recorded tool call (e.g. the command line).
+        timeout_s: deadline of a ``command`` (s).
+        stdin_from: a step whose output is the command's stdin.
+    """
+
+    type: Literal["recorded", "scripted", "command"]
+    name: str = ""
+    input: str = ""
+    output: str | None = None
+    outputs: tuple[ScriptedOutput, ...] = ()
+    argv: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+    stdin_from: str | None = None
+
+
+class ToolStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="tool", tag_field="kind"):
+    """Call a tool."""
+
+    id: str
+    tool: ToolSpec
+    max_attempts: int = 1
+
+
+Step = ModelStep | ToolStep
+
+
+class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A whole workflow.
+
+    Attributes:
+        name: workflow name (free text).
+        budget_tokens: default context budget of model steps (tokens).
+        steps: executed in order; a step that fails after its last attempt ends the run.
+        verifiers: run when the run rests in ``Verifying``.
+        source: where a replayed workflow came from (file, format, outcome label).
+    """
+
+    name: str
+    description: str = ""
+    budget_tokens: int = 8000
+    steps: tuple[Step, ...]
+    verifiers: tuple[VerifierSpec, ...] = ()
+    labels: dict[str, str] = {}
+    source: dict[str, Any] = {}
+
+    def step(self, step_id: str) -> Step:
+        """The step named ``step_id``. Raises KeyError."""
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    def decls(self) -> tuple[StepDecl, ...]:
+        """What the fold needs to know of the steps."""
+        return tuple(
+            StepDecl(step_id=s.id, kind="model" if isinstance(s, ModelStep) else "tool", max_attempts=s.max_attempts)
+            for s in self.steps
+        )
+
+
+_json_encoder = msgspec.json.Encoder()
+
+
+def encode_workflow(spec: WorkflowSpec) -> bytes:
+    """Canonical JSON of a spec (what goes into the workflow blob)."""
+    return _json_encoder.encode(spec)
+
+
+def _check(spec: WorkflowSpec) -> WorkflowSpec:
+    if not spec.steps:
+        raise WorkflowInvalid("workflow has no steps (at `$.steps`)")
+    seen: set[str] = set()
+    for i, step in enumerate(spec.steps):
+        where = f"`$.steps[{i}]`"
+        if not is_token(step.id):
+            raise WorkflowInvalid(f"step id {step.id!r} must match [A-Za-z0-9_-]{{1,128}} (at {where}.id)")
+        if step.id in seen:
+            raise WorkflowInvalid(f"duplicate step id {step.id!r} (at {where}.id)")
+        if step.max_attempts < 1:
+            raise WorkflowInvalid(f"max_attempts must be >= 1 (at {where}.max_attempts)")
+        if isinstance(step, ModelStep):
+            _check_model(step, seen, where)
+        else:
+            _check_tool(step, seen, where)
+        seen.add(step.id)
+    _check_verifiers(spec, seen)
+    return spec
+
+
+def _check_model(step: ModelStep, earlier: set[str], where: str) -> None:
+    if step.model.adapter not in MODEL_ADAPTERS:
+        raise WorkflowInvalid(
+            f"unknown model adapter {step.model.adapter!r}; known: {', '.join(MODEL_ADAPTERS)}"
+            f" (at {where}.model.adapter)"
+        )
+    if step.model.adapter == "replay" and step.model.output is None:
+        raise WorkflowInvalid(f"replay adapter needs `output` (at {where}.model.output)")
+    if step.model.adapter == "scripted" and not step.model.outputs:
+        raise WorkflowInvalid(f"scripted adapter needs `outputs` (at {where}.model.outputs)")
+    ids: set[str] = set()
+    for j, item in enumerate(step.context):
+        at = f"{where}.context[{j}]"
+        if item.id in ids:
+            raise WorkflowInvalid(f"duplicate context item id {item.id!r} (at {at}.id)")
+        ids.add(item.id)
+        if (item.text is None) == (item.from_step is None):
+            raise WorkflowInvalid(f"context item needs exactly one of `text` or `from_step` (at {at})")
+        if item.from_step is not None and item.from_step not in earlier:
+            raise WorkflowInvalid(f"from_step {item.from_step!r} is not an earlier step (at {at}.from_step)")
+
+
+def _check_tool(step: ToolStep, earlier: set[str], where: str) -> None:
+    t = step.tool
+    if t.type == "recorded" and t.output is None:
+        raise WorkflowInvalid(f"recorded tool needs `output` (at {where}.tool.output)")
+    if t.type == "scripted" and not t.outputs:
+        raise WorkflowInvalid(f"scripted tool needs `outputs` (at {where}.tool.outputs)")
+    if t.type == "command" and not t.argv:
+        raise WorkflowInvalid(f"command tool needs `argv` (at {where}.tool.argv)")
+    if t.stdin_from is not None and t.stdin_from not in earlier:
+        raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at {where}.tool.stdin_from)")
+
+
+def _check_verifiers(spec: WorkflowSpec, steps: set[str]) -> None:
+    names: set[str] = set()
+    for i, v in enumerate(spec.verifiers):
+        at = f"`$.verifiers[{i}]`"
+        if v.label in names:
+            raise WorkflowInvalid(f"duplicate verifier name {v.label!r} (at {at}.name)")
+        names.add(v.label)
+        if v.step is not None and v.step not in steps:
+            raise WorkflowInvalid(f"verifier step {v.step!r} is not a step of the workflow (at {at}.step)")
+        need = {"output_regex": v.pattern, "output_json_schema": v.json_schema, "context_requires": v.item,
+                "python": v.path, "command": v.argv or None, "recorded_outcome": v.expect}
+        if need.get(v.type) is None:
+            field = {"output_regex": "pattern", "output_json_schema": "json_schema", "context_requires": "item",
+                     "python": "path", "command": "argv", "recorded_outcome": "expect"}[v.type]
+            raise WorkflowInvalid(f"verifier {v.type} needs `{field}` (at {at}.{field})")
+
+
+def parse_workflow(
+    data: bytes | str | dict[str, Any], *, fmt: Literal["json", "yaml", "auto"] = "auto"
+) -> WorkflowSpec:
+    """Decode and validate a workflow from JSON/YAML text or an already-parsed mapping.
+
+    Raises:
+        WorkflowInvalid: with the field path of the first problem found.
+    """
+    try:
+        if isinstance(data, dict):
+            spec = msgspec.convert(data, WorkflowSpec)
+        else:
+            text = data.decode() if isinstance(data, bytes) else data
+            if fmt == "json" or (fmt == "auto" and text.lstrip().startswith("{")):
+                spec = msgspec.json.decode(text, type=WorkflowSpec)
+            else:
+                spec = msgspec.convert(yaml.safe_load(text), WorkflowSpec)
+    except (msgspec.ValidationError, msgspec.DecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        msg = str(exc).replace("Invalid value", "invalid value").replace("`$.steps", "`$.steps")
+        if "`$.steps[" in msg and ".kind`" in msg:
+            msg += " (a step's `kind` must be `model` or `tool`)"
+        raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
+    return _check(spec)
+
+
+def load_workflow(path: str | Path) -> WorkflowSpec:
+    """Read and validate a workflow file (``.json``, ``.yaml`` or ``.yml``).
+
+    Raises:
+        WorkflowInvalid: unreadable file or invalid content (message names the file).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise WorkflowInvalid(f"cannot read workflow {p}: {exc.strerror}") from exc
+    try:
+        return parse_workflow(text, fmt="json" if p.suffix == ".json" else "auto")
+    except WorkflowInvalid as exc:
+        raise WorkflowInvalid(f"{p}: {exc.message}") from exc
