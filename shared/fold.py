@@ -294,7 +294,8 @@ def _own_status(state: RunState, branch: BranchState, decl: StepDecl) -> StepSta
     last = attempts[-1]
     if last.status == "dispatched":
         return "running"
-    if not last.retryable or last.attempt >= decl.max_attempts:
+    failed = sum(1 for a in attempts if a.status == "failed")
+    if not last.retryable or failed >= decl.max_attempts:
         return "failed"
     return "retrying"
 

@@ -201,7 +201,12 @@ def encode_workflow(spec: WorkflowSpec) -> bytes:
     return _json_encoder.encode(spec)
 
 
-def _check(spec: WorkflowSpec) -> WorkflowSpec:
+def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
+    """Semantic checks msgspec cannot express (unique ids, references to earlier steps…).
+
+    Raises:
+        WorkflowInvalid: naming the field path of the first problem.
+    """
     if not spec.steps:
         raise WorkflowInvalid("workflow has no steps (at `$.steps`)")
     seen: set[str] = set()
@@ -295,7 +300,7 @@ def parse_workflow(
         if "`$.steps[" in msg and ".kind`" in msg:
             msg += " (a step's `kind` must be `model` or `tool`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
-    return _check(spec)
+    return validate_workflow(spec)
 
 
 def load_workflow(path: str | Path) -> WorkflowSpec:

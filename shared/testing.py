@@ -1,0 +1,33 @@
+"""Helpers the tests (and anyone checking a materialized state) use.
+
+:func:`assert_refold_identical` is the brief §4 invariant: any materialized state
+must equal a cold re-fold of the log.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.eventlog import JetStreamEventLog
+from shared.fold import RunState
+
+_enc = msgspec.json.Encoder()
+
+
+async def assert_refold_identical(log: JetStreamEventLog, state: RunState) -> RunState:
+    """Re-fold ``state.run_id`` from the log up to ``state.head_lsn`` and assert byte equality.
+
+    Returns the re-folded state.
+
+    Raises:
+        AssertionError: the encodings differ (the message shows the first differing byte).
+    """
+    cold = await log.load(state.run_id, upto_lsn=state.head_lsn)
+    a, b = _enc.encode(state), _enc.encode(cold)
+    if a != b:
+        i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+        raise AssertionError(
+            f"materialized state differs from a cold re-fold of {state.run_id} at byte {i}: "
+            f"{a[max(0, i - 80):i + 80]!r} != {b[max(0, i - 80):i + 80]!r}"
+        )
+    return cold

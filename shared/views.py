@@ -1,0 +1,165 @@
+"""Read models handed to verifiers, graders and the CLI (seed T4.2, T1.5 step 4).
+
+An :class:`EpisodeView` is an owned, immutable snapshot of one branch of one run
+at a fixed LSN: frozen Structs and tuples only, copied out of the folded state,
+never a handle that re-reads anything. Failed and superseded attempts are kept;
+context partitions are inline; prompt and output bodies are by reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+
+from shared.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
+from shared.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_status
+
+
+class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt as a verifier sees it.
+
+    Attributes:
+        status: ``dispatched`` (intent with no outcome yet), ``succeeded`` or ``failed``.
+        superseded: a later attempt of the same step exists while this one is
+            still ``dispatched`` (its executor died; recovery may resolve it).
+        context: the ContextPartition captured at pack time (model steps; ``None`` for tool steps).
+        usage: tokens, latency (ms), cost (USD).
+    """
+
+    step_id: str
+    attempt: int
+    status: AttemptStatus
+    superseded: bool = False
+    executor_id: str
+    dispatched_lsn: int
+    outcome_lsn: int | None = None
+    prompt_ref: BlobRef | None = None
+    output_ref: BlobRef | None = None
+    context: ContextPartition | None = None
+    usage: Usage = Usage()
+    error_kind: str | None = None
+    error_message: str | None = None
+    recovered: bool = False
+
+
+class StepView(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of the branch with all its attempts (failed ones included), in order."""
+
+    step_id: str
+    kind: StepKind
+    status: StepStatus
+    attempts: tuple[AttemptView, ...] = ()
+
+    @property
+    def final_attempt(self) -> AttemptView | None:
+        """The succeeded attempt if any, else the last one."""
+        for a in self.attempts:
+            if a.status == "succeeded":
+                return a
+        return self.attempts[-1] if self.attempts else None
+
+
+class BranchInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One branch of the lineage: its parent and where it forked (LSN, step)."""
+
+    branch_id: str
+    parent_branch_id: str | None = None
+    fork_lsn: int | None = None
+    from_step: str | None = None
+
+
+class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen view of one branch of one run at ``snapshot_lsn`` (seed T4.2 step 2).
+
+    Attributes:
+        lineage: the branch and its ancestors, root first.
+        steps: every step in workflow order, each with all attempts.
+        verdicts: verdicts recorded at or below ``snapshot_lsn``.
+        usage: the sum over every attempt (failed ones too).
+    """
+
+    run_id: str
+    workflow_name: str
+    branch_id: str
+    snapshot_lsn: int
+    status: RunStatus
+    lineage: tuple[BranchInfo, ...]
+    steps: tuple[StepView, ...]
+    verdicts: tuple[Verdict, ...] = ()
+    usage: Usage = Usage()
+
+    def attempts(self) -> Iterator[AttemptView]:
+        """Every attempt of every step, in step then attempt order."""
+        for s in self.steps:
+            yield from s.attempts
+
+    def step(self, step_id: str) -> StepView:
+        """The step named ``step_id``. Raises KeyError."""
+        for s in self.steps:
+            if s.step_id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    @property
+    def failed_attempts(self) -> int:
+        """How many attempts failed (the learning signal)."""
+        return sum(1 for a in self.attempts() if a.status == "failed")
+
+
+def _lineage(state: RunState, branch_id: str) -> tuple[BranchInfo, ...]:
+    out: list[BranchInfo] = []
+    current: str | None = branch_id
+    while current is not None:
+        b = state.branches[current]
+        out.append(BranchInfo(branch_id=b.branch_id, parent_branch_id=b.parent_branch_id,
+                              fork_lsn=b.fork_lsn, from_step=b.from_step))
+        current = b.parent_branch_id
+    return tuple(reversed(out))
+
+
+def build_episode_view(state: RunState, branch_id: str | None = None) -> EpisodeView:
+    """Copy the folded state of one branch into a frozen :class:`EpisodeView`.
+
+    The snapshot LSN is ``state.head_lsn``: fold up to the pinned LSN first
+    (``fold(commits, upto_lsn=P)``) to build the view at P.
+
+    Raises:
+        KeyError: unknown branch.
+    """
+    bid = branch_id or state.active_branch
+    branch = state.branches[bid]
+    steps: list[StepView] = []
+    totals = [0, 0, 0.0, 0.0]
+    for decl in state.steps:
+        attempts = branch.attempts.get(decl.step_id, [])
+        views = []
+        for i, a in enumerate(attempts):
+            views.append(AttemptView(
+                step_id=a.step_id, attempt=a.attempt, status=a.status,
+                superseded=a.status == "dispatched" and i < len(attempts) - 1,
+                executor_id=a.executor_id, dispatched_lsn=a.dispatched_lsn, outcome_lsn=a.outcome_lsn,
+                prompt_ref=a.prompt_ref, output_ref=a.output_ref, context=a.context, usage=a.usage,
+                error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered,
+            ))
+            totals[0] += a.usage.input_tokens
+            totals[1] += a.usage.output_tokens
+            totals[2] += a.usage.latency_ms
+            totals[3] += a.usage.cost_usd
+        steps.append(StepView(step_id=decl.step_id, kind=decl.kind, status=step_status(state, bid, decl.step_id),
+                              attempts=tuple(views)))
+    return EpisodeView(
+        run_id=state.run_id, workflow_name=state.workflow_name, branch_id=bid, snapshot_lsn=state.head_lsn,
+        status=state.status, lineage=_lineage(state, bid), steps=tuple(steps),
+        verdicts=tuple(v for v in state.verdicts if v.branch_id == bid),
+        usage=Usage(input_tokens=int(totals[0]), output_tokens=int(totals[1]), latency_ms=totals[2],
+                    cost_usd=totals[3]),
+    )
+
+
+_enc = msgspec.json.Encoder()
+
+
+def serialize_view(view: EpisodeView) -> bytes:
+    """Canonical bytes of a view (what the snapshot-barrier tests compare)."""
+    return _enc.encode(view)
