@@ -1,20 +1,24 @@
 """The event log: one JetStream stream, one subject per run, LSN = stream sequence (brief §4).
 
-Writes are guarded commits (one writer per run): each message is published with
-``Nats-Expected-Last-Subject-Sequence`` (the LSN the writer last saw; ``0`` for a
-new run) and ``Nats-Msg-Id`` (the commit id, so a retried publish is
-deduplicated). Reads use batched Direct Get on the run's own subject, starting at
-the run's first LSN, so replaying a run costs O(its commits), not O(stream).
+Two layers:
+
+* :class:`SubjectLog` — a guarded, per-key append-only log of opaque bodies on a
+  stream (``subject_of(key)`` is one subject per key). Writes are fenced with
+  ``Nats-Expected-Last-Subject-Sequence`` (the sequence the writer last saw; ``0``
+  for a new key) and carry a commit id as ``Nats-Msg-Id`` (a retried publish is
+  deduplicated). Reads use batched Direct Get on the key's own subject, starting
+  at its first sequence, so replaying one key costs O(its messages), not O(stream).
+  Crucible's session log uses it too.
+* :class:`JetStreamEventLog` — run commits (:class:`~shared.events.Commit`) on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -34,6 +38,135 @@ WRONG_LAST_SEQUENCE = 10071
 RACING_WRITE = 10164  # clustered: a write racing an in-flight one on the same subject
 DIRECT_GET_BATCH = 256
 READ_TIMEOUT_S = 10.0
+COMMIT_ID_HEADER = "Reel-Commit-Id"
+
+
+def publish_pipelined(
+    nc: Client, subject: str, body: bytes, headers: dict[str, str] | None, timeout_s: float
+) -> asyncio.Future[PubAck]:
+    """Publish to a stream subject now; the future resolves to the PubAck.
+
+    Several of these in flight at once share one round trip. (nats-py's own
+    ``publish_async`` cannot be used: it loses error acks such as 10071.)
+
+    Raises (from the future):
+        nats.js.errors.APIError: the server refused the message (e.g. 10071).
+        nats.errors.TimeoutError: no ack within ``timeout_s``.
+    """
+
+    async def go() -> PubAck:
+        resp = await nc.request(subject, body, timeout=timeout_s, headers=headers)
+        data = json.loads(resp.data)
+        if "error" in data:
+            APIError.from_error(data["error"])  # raises the typed subclass
+        return PubAck.from_response(data)
+
+    return asyncio.ensure_future(go())
+
+
+class SubjectLog:
+    """A guarded append-only log per key on one stream (see module doc).
+
+    Args:
+        stream: the stream name (must have ``allow_direct``).
+        subject_of: key → its subject (one token per key).
+    """
+
+    def __init__(self, nc: Client, stream: str, subject_of: Callable[[str], str], *,
+                 timeout_s: float = READ_TIMEOUT_S) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream()
+        self.stream = stream
+        self.subject_of = subject_of
+        self._timeout_s = timeout_s
+
+    async def append_async(self, key: str, body: bytes, *, expected_seq: int,
+                           commit_id: str | None = None) -> asyncio.Future[int]:
+        """Send one message now; the future resolves to its sequence.
+
+        Raises (from the future):
+            ConcurrencyConflict: the key's last sequence is not ``expected_seq``
+                and the head is not this very commit (a retry that landed).
+        """
+        cid = commit_id or new_commit_id()
+        headers = {MSG_ID_HEADER: cid, EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(expected_seq), COMMIT_ID_HEADER: cid}
+        ack_fut = publish_pipelined(self._nc, self.subject_of(key), body, headers, self._timeout_s)
+        return asyncio.ensure_future(self._settle(key, cid, expected_seq, ack_fut))
+
+    async def append(self, key: str, body: bytes, *, expected_seq: int, commit_id: str | None = None) -> int:
+        """:meth:`append_async` and wait for the sequence."""
+        return await (await self.append_async(key, body, expected_seq=expected_seq, commit_id=commit_id))
+
+    async def _settle(self, key: str, cid: str, expected_seq: int, ack_fut: asyncio.Future[PubAck]) -> int:
+        try:
+            ack = await ack_fut
+        except APIError as exc:
+            if exc.err_code not in (WRONG_LAST_SEQUENCE, RACING_WRITE):
+                raise
+            head = await self.head_msg(key)
+            if head is not None and (head.headers or {}).get(COMMIT_ID_HEADER) == cid:
+                return msg_seq(head)  # our earlier publish of this commit landed
+            raise ConcurrencyConflict(
+                f"{key} moved past sequence {expected_seq} (now {msg_seq(head) if head else 0})",
+                run_id=key, expected_lsn=expected_seq,
+            ) from exc
+        return int(ack.seq)
+
+    async def _direct_get(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
+        """Raw (batched) Direct Get; the messages before the end-of-batch status."""
+        api_subject = f"$JS.API.DIRECT.GET.{self.stream}{subject_suffix}"
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        out: list[Msg] = []
+        try:
+            await self._nc.publish(api_subject, json.dumps(payload).encode() if payload else b"", reply=inbox)
+            while True:
+                msg = await sub.next_msg(timeout=self._timeout_s)
+                status = (msg.headers or {}).get("Status")
+                if status is not None:
+                    if status in ("404", "204", "408"):
+                        return out
+                    raise ReelError(f"direct get failed: {status} {(msg.headers or {}).get('Description')}")
+                out.append(msg)
+                if "batch" not in payload:
+                    return out
+        finally:
+            await sub.unsubscribe()
+
+    async def head_msg(self, key: str) -> Msg | None:
+        """The key's last message (headers include ``Nats-Sequence``), or ``None``."""
+        msgs = await self._direct_get({}, "." + self.subject_of(key))
+        return msgs[0] if msgs else None
+
+    async def first_seq(self, key: str) -> int | None:
+        """Sequence of the key's first message, or ``None``."""
+        msgs = await self._direct_get({"seq": 1, "next_by_subj": self.subject_of(key)})
+        return msg_seq(msgs[0]) if msgs else None
+
+    async def read_raw(self, key: str, *, upto_seq: int | None = None, from_seq: int = 0) -> list[tuple[int, bytes]]:
+        """The key's ``(sequence, body)`` pairs with sequence in ``[from_seq, upto_seq]``, in order.
+
+        ``upto_seq`` is enforced here (the server ignores ``up_to_seq`` for
+        ``next_by_subj`` batches).
+        """
+        subject = self.subject_of(key)
+        start = from_seq or 1
+        out: list[tuple[int, bytes]] = []
+        while True:
+            msgs = await self._direct_get({"seq": start, "next_by_subj": subject, "batch": DIRECT_GET_BATCH})
+            for m in msgs:
+                seq = msg_seq(m)
+                if upto_seq is not None and seq > upto_seq:
+                    return out
+                out.append((seq, m.data))
+            if len(msgs) < DIRECT_GET_BATCH or int((msgs[-1].headers or {}).get("Nats-Num-Pending", "0")) == 0:
+                return out
+            start = msg_seq(msgs[-1]) + 1
+
+    async def keys(self, prefix: str) -> list[str]:
+        """Keys with at least one message (subjects under ``prefix`` in stream info)."""
+        info = await self._js.stream_info(self.stream, subjects_filter=prefix + ">")
+        return sorted(s[len(prefix):] for s in (info.state.subjects or {}))
 
 
 class EventLog(Protocol):
@@ -51,15 +184,12 @@ class EventLog(Protocol):
 
 
 class JetStreamEventLog:
-    """:class:`EventLog` on a JetStream stream (``Names.events_stream``)."""
+    """:class:`EventLog` of run commits on ``Names.events_stream``."""
 
     def __init__(self, nc: Client, names: Names, *, timeout_s: float = READ_TIMEOUT_S) -> None:
-        self._nc = nc
-        self._js: JetStreamContext = nc.jetstream()
-        self._names = names
-        self._timeout_s = timeout_s
+        self.names = names
+        self.subjects = SubjectLog(nc, names.events_stream, names.events, timeout_s=timeout_s)
 
-    # ---- writes ------------------------------------------------------------
     async def commit(
         self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
         commit_id: str | None = None,
@@ -87,80 +217,25 @@ class JetStreamEventLog:
         """
         cid = commit_id or new_commit_id()
         body = encode_commit(Commit(commit_id=cid, run_id=run_id, writer=writer, events=tuple(events)))
-        headers = {MSG_ID_HEADER: cid, EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(expected_lsn)}
-        ack_fut = publish_pipelined(self._nc, self._names.events(run_id), body, headers, self._timeout_s)
-        return asyncio.ensure_future(self._settle(run_id, cid, expected_lsn, ack_fut))
-
-    async def _settle(self, run_id: str, cid: str, expected_lsn: int, ack_fut: asyncio.Future[PubAck]) -> int:
-        try:
-            ack = await ack_fut
-        except APIError as exc:
-            if exc.err_code not in (WRONG_LAST_SEQUENCE, RACING_WRITE):
-                raise
-            head = await self.head(run_id)
-            if head is not None and head[1].commit_id == cid:
-                return head[0]  # our earlier publish of this commit landed
-            raise ConcurrencyConflict(
-                f"run {run_id} moved past LSN {expected_lsn} (now {head[0] if head else 0})",
-                run_id=run_id, expected_lsn=expected_lsn,
-            ) from exc
-        return int(ack.seq)
-
-    # ---- reads -------------------------------------------------------------
-    async def _direct_get(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
-        """Raw (batched) Direct Get; returns the messages before the end-of-batch status."""
-        stream = self._names.events_stream
-        api_subject = f"$JS.API.DIRECT.GET.{stream}{subject_suffix}"
-        inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox)
-        out: list[Msg] = []
-        try:
-            await self._nc.publish(api_subject, json.dumps(payload).encode() if payload else b"", reply=inbox)
-            while True:
-                msg = await sub.next_msg(timeout=self._timeout_s)
-                status = (msg.headers or {}).get("Status")
-                if status is not None:
-                    if status in ("404", "204", "408"):
-                        return out
-                    raise ReelError(f"direct get failed: {status} {(msg.headers or {}).get('Description')}")
-                out.append(msg)
-                if "batch" not in payload:
-                    return out
-        finally:
-            await sub.unsubscribe()
+        return await self.subjects.append_async(run_id, body, expected_seq=expected_lsn, commit_id=cid)
 
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
         """The run's last commit and its LSN, or ``None`` if the run has none."""
-        msgs = await self._direct_get({}, "." + self._names.events(run_id))
-        if not msgs:
-            return None
-        return _lsn(msgs[0]), decode_commit(msgs[0].data)
+        msg = await self.subjects.head_msg(run_id)
+        return None if msg is None else (msg_seq(msg), decode_commit(msg.data))
 
     async def first_lsn(self, run_id: str) -> int | None:
         """LSN of the run's first commit (its ``run_created``), or ``None``."""
-        msgs = await self._direct_get({"seq": 1, "next_by_subj": self._names.events(run_id)})
-        return _lsn(msgs[0]) if msgs else None
+        return await self.subjects.first_seq(run_id)
 
     async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
         """The run's commits with LSN in ``[from_lsn, upto_lsn]``, in order.
 
-        ``from_lsn`` defaults to the run's first LSN; pass it when known (e.g. a
-        run's ``created_lsn``) to save one round trip. ``upto_lsn`` is enforced
-        here (the server ignores ``up_to_seq`` for ``next_by_subj`` batches).
+        Raises:
+            UnknownEventType: a commit holds an event this version cannot decode.
         """
-        subject = self._names.events(run_id)
-        start = from_lsn or 1
-        out: list[tuple[int, Commit]] = []
-        while True:
-            msgs = await self._direct_get({"seq": start, "next_by_subj": subject, "batch": DIRECT_GET_BATCH})
-            for m in msgs:
-                lsn = _lsn(m)
-                if upto_lsn is not None and lsn > upto_lsn:
-                    return out
-                out.append((lsn, decode_commit(m.data)))
-            if len(msgs) < DIRECT_GET_BATCH or int((msgs[-1].headers or {}).get("Nats-Num-Pending", "0")) == 0:
-                return out
-            start = _lsn(msgs[-1]) + 1
+        raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, from_seq=from_lsn)
+        return [(lsn, decode_commit(body)) for lsn, body in raw]
 
     async def load(self, run_id: str, *, upto_lsn: int | None = None) -> folding.RunState:
         """Cold re-fold of one run (up to ``upto_lsn``).
@@ -174,42 +249,10 @@ class JetStreamEventLog:
         return state
 
     async def list_runs(self) -> list[str]:
-        """Run ids that have at least one commit (uses stream info's subject list)."""
-        info = await self._js.stream_info(self._names.events_stream, subjects_filter=self._names.events_all)
-        prefix = self._names.events("")
-        return sorted(s[len(prefix):] for s in (info.state.subjects or {}))
+        """Run ids that have at least one commit."""
+        return await self.subjects.keys(self.names.events(""))
 
 
-def publish_pipelined(
-    nc: Client, subject: str, body: bytes, headers: dict[str, str] | None, timeout_s: float
-) -> asyncio.Future[PubAck]:
-    """Publish to a stream subject now; the future resolves to the PubAck.
-
-    Several of these in flight at once share one round trip. (nats-py's own
-    ``publish_async`` cannot be used: it loses error acks such as 10071.)
-
-    Raises (from the future):
-        nats.js.errors.APIError: the server refused the message (e.g. 10071).
-        nats.errors.TimeoutError: no ack within ``timeout_s``.
-    """
-
-    async def go() -> PubAck:
-        resp = await nc.request(subject, body, timeout=timeout_s, headers=headers)
-        data = json.loads(resp.data)
-        if "error" in data:
-            APIError.from_error(data["error"])  # raises the typed subclass
-        return PubAck.from_response(data)
-
-    return asyncio.ensure_future(go())
-
-
-def _lsn(msg: Msg) -> int:
+def msg_seq(msg: Msg) -> int:
+    """The stream sequence of a Direct Get reply."""
     return int((msg.headers or {})["Nats-Sequence"])
-
-
-def decode_payload(data: bytes) -> Commit:
-    """Decode a commit body (alias of :func:`shared.events.decode_commit`, for readers of raw messages)."""
-    return decode_commit(data)
-
-
-__all__ = ["ConcurrencyConflict", "EventLog", "JetStreamEventLog", "decode_payload", "msgspec"]

@@ -95,8 +95,8 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
     for pos, c in enumerate(candidates):
         if _drop_reason(c, policy, seen) is not None:
             dropped.append(c.id)
-        else:
-            eligible.append((pos, c))
+            continue
+        eligible.append((pos, c))
         if c.content_hash:
             seen.add(c.content_hash)
     ranked = sorted(eligible, key=lambda pc: (-pc[1].priority, -pc[0]))
@@ -124,6 +124,6 @@ def drop_reasons(candidates: Sequence[Candidate], policy: PackPolicy) -> dict[st
         reason = _drop_reason(c, policy, seen)
         if reason is not None:
             out[c.id] = reason
-        if c.content_hash:
+        elif c.content_hash:
             seen.add(c.content_hash)
     return out

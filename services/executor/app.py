@@ -1,0 +1,313 @@
+"""Executor service: turns start/resume commands into runs and drives them to ``Verifying``.
+
+Per attempt it commits the intent (``attempt_dispatched``, with the prompt blob
+ref and the ContextPartition of a model step, in one commit) *before* the side
+effect, and the outcome after. Every commit is fenced on the LSN the executor
+last saw, so two executors can never both write a run; the loser re-reads and
+yields. The command message stays un-acked (kept alive with in-progress acks)
+until the run rests, so if this process dies JetStream redelivers the command
+and another executor takes over from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from typing import Any
+
+import msgspec
+import structlog
+
+from shared import execution as plan
+from shared.blobstore import JetStreamBlobStore
+from shared.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
+from shared.config import Config
+from shared.errors import (
+    ConcurrencyConflict,
+    InvalidCommand,
+    ModelError,
+    ReelError,
+    RunNotFound,
+    ToolError,
+    WorkflowInvalid,
+)
+from shared.eventlog import JetStreamEventLog
+from shared.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    Commit,
+    RunCreated,
+    RunStarted,
+    RunVerifying,
+    Usage,
+)
+from shared.fold import RunState, apply_commit
+from shared.ids import ExecutorId, new_executor_id, run_id_for_key
+from shared.jetstream import Infra
+from shared.models import ModelRequest, make_adapter
+from shared.packer import pack
+from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.tools import run_tool
+from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow, validate_workflow
+
+log = structlog.get_logger("reel.executor")
+
+CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Yielded(Exception):
+    """Another executor owns the run now; stop driving it."""
+
+
+class Executor:
+    """One executor process: its id, the log, the blob store, and the workflows it has loaded."""
+
+    def __init__(self, infra: Infra, cfg: Config, *, executor_id: ExecutorId | None = None,
+                 counter: TokenCounter = DEFAULT_COUNTER) -> None:
+        self.infra, self.cfg = infra, cfg
+        self.executor_id = executor_id or new_executor_id()
+        self.log = JetStreamEventLog(infra.nc, cfg.names)
+        self.blobs = JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
+        self.counter = counter
+        self._specs: dict[str, WorkflowSpec] = {}
+        self._crash_at = os.environ.get(CRASH_ENV, "")
+
+    # ---- command handling ------------------------------------------------------------
+    async def handle(self, cmd: Command) -> Ack:
+        """Handle one start or resume command (reply, then drive the run until it rests)."""
+        kind = cmd.subject.rsplit(".", 1)[-1]
+        try:
+            if kind == "start":
+                run_id = await self._start(cmd)
+            else:
+                run_id = decode_command(cmd.data, ResumeRun).run_id
+                await self.log.load(run_id)  # RunNotFound before anything else
+        except ReelError as exc:
+            log.warning("command.rejected", command=kind, code=exc.code, reason=exc.message,
+                        stream_seq=cmd.stream_seq)
+            await send_reply(self.infra, cmd, error_reply(exc))
+            return Ack.ACK
+        if kind == "resume":
+            await send_reply(self.infra, cmd, Reply(ok=True, run_id=run_id))
+        await self.drive(run_id)
+        return Ack.ACK
+
+    async def _start(self, cmd: Command) -> str:
+        start = decode_command(cmd.data, StartRun)
+        spec = await self._spec_of_command(start)
+        key = start.idempotency_key or f"cmd:{cmd.msg_id or cmd.stream_seq}"
+        run_id = run_id_for_key(key)
+        structlog.contextvars.bind_contextvars(run_id=run_id)
+        workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
+        self._specs[workflow_ref.sha256] = spec
+        created = RunCreated(
+            run_id=run_id, branch_id="main", workflow_name=spec.name, workflow_ref=workflow_ref,
+            steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
+            idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
+        )
+        try:
+            lsn = await self.log.commit(run_id, [created], expected_lsn=0, writer=self.executor_id)
+            log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=lsn)
+            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=lsn)
+        except ConcurrencyConflict:
+            state = await self.log.load(run_id)
+            log.info("run.exists", status=state.status, idempotency_key=start.idempotency_key)
+            reply = Reply(ok=True, run_id=run_id, status=state.status, created=False, lsn=state.created_lsn)
+        await send_reply(self.infra, cmd, reply)
+        return run_id
+
+    async def _spec_of_command(self, start: StartRun) -> WorkflowSpec:
+        if (start.workflow is None) == (start.workflow_ref is None):
+            raise InvalidCommand("start needs exactly one of `workflow` or `workflow_ref`")
+        if start.workflow is not None:
+            return validate_workflow(start.workflow)
+        assert start.workflow_ref is not None
+        return await self._load_spec(start.workflow_ref)
+
+    async def _load_spec(self, ref: BlobRef) -> WorkflowSpec:
+        spec = self._specs.get(ref.sha256)
+        if spec is None:
+            try:
+                spec = parse_workflow(await self.blobs.get(ref), fmt="json")
+            except WorkflowInvalid as exc:
+                raise WorkflowInvalid(f"workflow blob {ref.sha256[:12]}…: {exc.message}") from exc
+            self._specs[ref.sha256] = spec
+        return spec
+
+    # ---- driving a run ------------------------------------------------------------------
+    async def drive(self, run_id: str) -> RunState | None:
+        """Drive ``run_id`` until it rests (Verifying, Completed, Cancelled) or another executor owns it."""
+        structlog.contextvars.bind_contextvars(run_id=run_id)
+        try:
+            state = await self.log.load(run_id)
+        except RunNotFound:
+            log.warning("run.not_found")
+            return None
+        spec = await self._load_spec(state.workflow_ref)
+        while True:
+            try:
+                action = plan.next_action(state, self.executor_id)
+                if isinstance(action, plan.Rest):
+                    log.info("run.resting", status=action.status, lsn=state.head_lsn)
+                    return state
+                state = await self._perform(state, spec, action)
+            except ConcurrencyConflict:
+                state = await self.log.load(run_id)
+                if state.executor_id not in (None, self.executor_id) and state.status in ("pending", "running"):
+                    log.info("run.yielded", owner=state.executor_id)
+                    return state
+            except Yielded:
+                return state
+
+    async def _commit(self, state: RunState, events: list[AnyEvent]) -> RunState:
+        fut = await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn, writer=self.executor_id)
+        return await self._applied(state, fut, events)
+
+    async def _applied(self, state: RunState, fut: asyncio.Future[int], events: list[AnyEvent]) -> RunState:
+        lsn = await fut
+        return apply_commit(state, lsn, Commit(commit_id="", run_id=state.run_id, events=tuple(events)))
+
+    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action) -> RunState:
+        if isinstance(action, plan.Claim):
+            state = await self._commit(state, [RunStarted(executor_id=self.executor_id, at_ms=now_ms())])
+            log.info("run.claimed", executor_id=self.executor_id, lsn=state.head_lsn)
+            return state
+        if isinstance(action, plan.EnterVerifying):
+            state = await self._commit(state, [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())])
+            log.info("run.verifying", branch_id=action.branch_id, lsn=state.head_lsn)
+            return state
+        assert isinstance(action, plan.Dispatch)
+        step = spec.step(action.step_id)
+        structlog.contextvars.bind_contextvars(step_id=action.step_id, attempt=action.attempt,
+                                               branch_id=action.branch_id)
+        try:
+            if isinstance(step, ModelStep):
+                return await self._model_attempt(state, spec, step, action)
+            return await self._tool_attempt(state, step, action)
+        finally:
+            structlog.contextvars.unbind_contextvars("step_id", "attempt", "branch_id")
+
+    async def _outputs(self, state: RunState, branch_id: str, step_ids: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for sid in step_ids:
+            ref = plan.succeeded_output(state, branch_id, sid)
+            if ref is not None:
+                out[sid] = await self.blobs.get_text(ref)
+        return out
+
+    async def _model_attempt(self, state: RunState, spec: WorkflowSpec, step: ModelStep,
+                             action: plan.Dispatch) -> RunState:
+        outputs = await self._outputs(state, action.branch_id, plan.needed_outputs(step, spec))
+        items = plan.context_items(step, spec, outputs)
+        packed = pack(plan.candidates(items, self.counter), plan.policy_for(step, spec))
+        prompt = plan.render_prompt(step, items, packed.partition.packed)
+        prompt_fut = await self.blobs.put_async(prompt.encode())
+        prompt_ref = await prompt_fut
+        intent = AttemptDispatched(
+            branch_id=action.branch_id, step_id=step.id, attempt=action.attempt, executor_id=self.executor_id,
+            at_ms=now_ms(), prompt_ref=prompt_ref, context=packed.partition,
+        )
+        state = await self._commit(state, [intent])
+        p = packed.partition
+        log.info("attempt.dispatched", lsn=state.head_lsn, packed=len(p.packed), available=len(p.available),
+                 dropped=len(p.dropped), prompt_tokens=packed.packed_tokens)
+        adapter = make_adapter(step.model, self.counter)
+        started = time.perf_counter()
+        try:
+            resp = await adapter.complete(ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
+                                                       prompt=prompt, prompt_tokens=packed.packed_tokens))
+        except ModelError as exc:
+            usage = Usage(input_tokens=packed.packed_tokens, latency_ms=_ms_since(started))
+            return await self._fail(state, action, exc.kind, exc.message, exc.retryable, usage)
+        usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
+                      latency_ms=_ms_since(started), cost_usd=resp.cost_usd)
+        return await self._succeed(state, action, resp.text, usage)
+
+    async def _tool_attempt(self, state: RunState, step: ToolStep, action: plan.Dispatch) -> RunState:
+        intent = AttemptDispatched(branch_id=action.branch_id, step_id=step.id, attempt=action.attempt,
+                                   executor_id=self.executor_id, at_ms=now_ms())
+        state = await self._commit(state, [intent])
+        log.info("attempt.dispatched", lsn=state.head_lsn, tool=step.tool.type)
+        stdin = None
+        if step.tool.stdin_from:
+            stdin = (await self._outputs(state, action.branch_id, [step.tool.stdin_from])).get(
+                step.tool.stdin_from, "").encode()
+        started = time.perf_counter()
+        try:
+            text = await run_tool(step.tool, attempt=action.attempt, stdin=stdin)
+        except ToolError as exc:
+            return await self._fail(state, action, exc.kind, exc.message, exc.retryable,
+                                    Usage(latency_ms=_ms_since(started)))
+        return await self._succeed(state, action, text, Usage(latency_ms=_ms_since(started)))
+
+    async def _succeed(self, state: RunState, action: plan.Dispatch, text: str, usage: Usage) -> RunState:
+        body = text.encode()
+        blob_fut = await self.blobs.put_async(body)
+        key = f"{state.run_id}.{action.branch_id}.{action.step_id}.{action.attempt}"
+        ref = await blob_fut
+        marker = self.infra.outcomes.put(key, msgspec.json.encode(ref))
+        if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
+            await marker
+            log.error("executor.crash_injected", point=self._crash_at)
+            os._exit(137)
+        event = AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                 output_ref=ref, usage=usage, at_ms=now_ms())
+        fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
+                                          writer=self.executor_id)
+        await marker
+        state = await self._applied(state, fut, [event])
+        log.info("attempt.succeeded", lsn=state.head_lsn, output_bytes=len(body),
+                 input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                 latency_ms=round(usage.latency_ms, 3))
+        return state
+
+    async def _fail(self, state: RunState, action: plan.Dispatch, kind: str, message: str, retryable: bool,
+                    usage: Usage) -> RunState:
+        event = AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                              error_kind=kind, message=message[:2000], retryable=retryable, usage=usage,
+                              at_ms=now_ms())
+        state = await self._commit(state, [event])
+        log.info("attempt.failed", lsn=state.head_lsn, error_kind=kind, reason=message[:200], retryable=retryable)
+        return state
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+async def heartbeat(infra: Infra, executor_id: str, ttl_s: int, stop: asyncio.Event) -> None:
+    """Keep this executor's lease alive (KV entry, bucket max age = TTL) until ``stop``."""
+    body = json.dumps({"executor_id": executor_id, "pid": os.getpid()}).encode()
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            await infra.leases.put(executor_id, body)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ttl_s / 3)
+    with contextlib.suppress(Exception):
+        await infra.leases.delete(executor_id)
+
+
+async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
+    """Run one executor instance until ``stop`` is set."""
+    ex = Executor(infra, cfg, **kwargs)
+    structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
+    names = cfg.names
+    consumer = CommandConsumer(infra, cfg, "executor", [names.command("start"), names.command("resume")],
+                               ex.handle, concurrency=cfg.max_concurrent_runs)
+    hb = asyncio.create_task(heartbeat(infra, ex.executor_id, cfg.lease_ttl_s, stop))
+    try:
+        await consumer.run(stop)
+    finally:
+        stop.set()
+        await hb

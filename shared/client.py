@@ -1,0 +1,122 @@
+"""A small client for Reel's subjects (what ``reel`` uses; any NATS client can do the same).
+
+It publishes a command to the commands stream with ``Reel-Reply-To`` set to a
+fresh inbox, waits for JetStream's PubAck (the command is durably queued) and
+then for the service's :class:`~shared.commands.Reply`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+from nats.aio.client import Client
+from nats.js.errors import NoStreamResponseError
+
+from shared.blobstore import JetStreamBlobStore
+from shared.commands import CancelRun, Reply, RewindRun, StartRun, encode
+from shared.config import Config
+from shared.errors import ReelError
+from shared.eventlog import JetStreamEventLog
+from shared.events import Verdict
+from shared.fold import RunState
+from shared.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from shared.workflow import WorkflowSpec, encode_workflow
+
+INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
+
+
+class CommandTimeout(ReelError, TimeoutError):
+    """No service answered the command in time (it stays queued; a service will pick it up)."""
+
+    code = "command_timeout"
+    retryable = True
+
+
+class ReelClient:
+    """Client-side helpers over one NATS connection."""
+
+    def __init__(self, nc: Client, cfg: Config, blobs: JetStreamBlobStore | None = None) -> None:
+        self.nc, self.cfg = nc, cfg
+        self.js = nc.jetstream()
+        self.log = JetStreamEventLog(nc, cfg.names)
+        self.blobs = blobs
+
+    async def command(self, name: str, body: bytes, *, timeout_s: float = 30.0, msg_id: str | None = None) -> Reply:
+        """Publish one command and wait for its reply.
+
+        Raises:
+            CommandTimeout: the command is queued but no service answered within ``timeout_s``.
+            ReelError: the commands stream does not exist (no Reel service ever ran here).
+        """
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, max_msgs=1)
+        headers = {REPLY_TO_HEADER: inbox}
+        if msg_id:
+            headers[MSG_ID_HEADER] = msg_id
+        try:
+            try:
+                await self.js.publish(self.cfg.names.command(name), body, headers=headers)
+            except NoStreamResponseError as exc:
+                raise ReelError(f"no {self.cfg.names.commands_stream} stream at {self.cfg.nats_url}: "
+                                "is `reel up` (or a Reel service) running?") from exc
+            try:
+                msg = await sub.next_msg(timeout=timeout_s)
+            except Exception as exc:
+                raise CommandTimeout(f"no answer to {name} within {timeout_s}s (the command stays queued)") from exc
+        finally:
+            await sub.unsubscribe()
+        return msgspec.json.decode(msg.data, type=Reply)
+
+    async def start(self, spec: WorkflowSpec, *, idempotency_key: str | None = None,
+                    labels: dict[str, str] | None = None, timeout_s: float = 30.0) -> Reply:
+        """Start a run of ``spec``; large workflows go by blob ref."""
+        body = encode_workflow(spec)
+        if len(body) > INLINE_WORKFLOW_MAX_BYTES and self.blobs is not None:
+            ref = await self.blobs.put(body, "application/json")
+            cmd = StartRun(workflow_ref=ref, idempotency_key=idempotency_key, labels=labels or {})
+        else:
+            cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {})
+        return await self.command("start", encode(cmd), timeout_s=timeout_s)
+
+    async def cancel(self, run_id: str, reason: str = "", *, timeout_s: float = 30.0) -> Reply:
+        """Cancel a run."""
+        return await self.command("cancel", encode(CancelRun(run_id=run_id, reason=reason)), timeout_s=timeout_s)
+
+    async def rewind(self, run_id: str, *, at_step: str | None = None, at_lsn: int | None = None,
+                     branch: str | None = None, idempotency_key: str | None = None,
+                     timeout_s: float = 30.0) -> Reply:
+        """Fork a new branch of a run at a step or LSN."""
+        cmd = RewindRun(run_id=run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
+                        idempotency_key=idempotency_key)
+        return await self.command("rewind", encode(cmd), timeout_s=timeout_s)
+
+    async def watch(self, run_id: str, *, poll_s: float = 0.05) -> AsyncIterator[RunState]:
+        """Yield the run's state each time its head LSN moves (reads only this run's subject)."""
+        last = -1
+        while True:
+            head = await self.log.head(run_id)
+            if head is not None and head[0] != last:
+                last = head[0]
+                yield await self.log.load(run_id)
+            await asyncio.sleep(poll_s)
+
+    async def wait_for(self, run_id: str, statuses: tuple[str, ...] = ("verifying", "completed", "cancelled"),
+                       *, timeout_s: float = 120.0) -> RunState:
+        """Wait until the run's status is one of ``statuses``.
+
+        Raises:
+            TimeoutError: not reached within ``timeout_s``.
+        """
+        async def go() -> RunState:
+            async for state in self.watch(run_id):
+                if state.status in statuses:
+                    return state
+            raise AssertionError("unreachable")
+
+        return await asyncio.wait_for(go(), timeout_s)
+
+    async def verdicts(self, run_id: str) -> list[Verdict]:
+        """Verdicts recorded in the run's log so far."""
+        return list((await self.log.load(run_id)).verdicts)

@@ -1,0 +1,148 @@
+"""The thin async shell every command-consuming service shares (brief §6).
+
+A service is a durable pull consumer on the commands stream, filtered to its own
+command subjects. Several instances of a service share one durable consumer, so
+work spreads across them. A handler gets the message body and returns an
+:class:`Ack` decision; only this shell touches the JetStream message (ack, nak,
+term, in-progress heartbeats while long work runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import api as jsapi
+from nats.js.errors import FetchTimeoutError
+
+from shared.commands import Reply, encode
+from shared.config import Config
+from shared.jetstream import Infra
+from shared.subjects import REPLY_TO_HEADER
+
+log = structlog.get_logger(__name__)
+
+
+class Ack(enum.Enum):
+    """What to do with a command message once its handler returns."""
+
+    ACK = "ack"  # done (including: refused with an error reply)
+    NAK = "nak"  # transient failure: redeliver after a delay
+    TERM = "term"  # never redeliver
+
+
+@dataclass(frozen=True)
+class Command:
+    """One delivered command: body, subject, the client's reply subject, delivery count."""
+
+    subject: str
+    data: bytes
+    reply_to: str | None
+    stream_seq: int
+    num_delivered: int
+    msg_id: str | None
+
+
+Handler = Callable[[Command], Awaitable[Ack]]
+
+
+async def send_reply(infra: Infra, cmd: Command, reply: Reply) -> None:
+    """Answer a command on its ``Reel-Reply-To`` subject (no-op when it has none)."""
+    if cmd.reply_to:
+        await infra.nc.publish(cmd.reply_to, encode(reply))
+
+
+class CommandConsumer:
+    """Consume ``subjects`` of the commands stream with a shared durable consumer.
+
+    Args:
+        service: durable name suffix (``<ns>_<service>``).
+        concurrency: commands handled at once by this instance.
+        ack_wait_s: redelivery delay if this instance dies mid-command; long handlers
+            are kept alive with in-progress acks every ``ack_wait_s / 3``.
+    """
+
+    def __init__(self, infra: Infra, cfg: Config, service: str, subjects: list[str], handler: Handler, *,
+                 concurrency: int = 8, ack_wait_s: float = 30.0, max_deliver: int = 20) -> None:
+        self.infra, self.cfg, self.service = infra, cfg, service
+        self.subjects, self.handler = subjects, handler
+        self.concurrency, self.ack_wait_s, self.max_deliver = concurrency, ack_wait_s, max_deliver
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _subscribe(self) -> object:
+        durable = self.cfg.names.consumer(self.service)
+        config = jsapi.ConsumerConfig(
+            durable_name=durable, ack_policy=jsapi.AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
+            max_deliver=self.max_deliver, filter_subjects=self.subjects, max_ack_pending=-1,
+        )
+        try:
+            await self.infra.js.add_consumer(self.cfg.names.commands_stream, config)
+        except Exception as exc:  # exists with another config: update it
+            log.debug("consumer.exists", durable=durable, error=str(exc))
+        return await self.infra.js.pull_subscribe_bind(durable, stream=self.cfg.names.commands_stream)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and handle commands until ``stop`` is set, then drain in-flight work."""
+        psub = await self._subscribe()
+        sem = asyncio.Semaphore(self.concurrency)
+        log.info("service.consuming", subjects=self.subjects, durable=self.cfg.names.consumer(self.service))
+        while not stop.is_set():
+            await sem.acquire()
+            if stop.is_set():
+                sem.release()
+                break
+            try:
+                msgs = await psub.fetch(1, timeout=1.0)  # type: ignore[attr-defined]
+            except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                sem.release()
+                continue
+            except Exception as exc:  # connection trouble: back off, the client reconnects
+                sem.release()
+                log.warning("service.fetch_failed", error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for m in msgs:
+                task = asyncio.create_task(self._handle(m, sem))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _keepalive(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait_s / 3)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _handle(self, msg: Msg, sem: asyncio.Semaphore) -> None:
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(service=self.service)
+        meta = msg.metadata
+        headers = msg.headers or {}
+        cmd = Command(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
+                      stream_seq=meta.sequence.stream, num_delivered=meta.num_delivered,
+                      msg_id=headers.get("Nats-Msg-Id"))
+        keepalive = asyncio.create_task(self._keepalive(msg))
+        try:
+            decision = await self.handler(cmd)
+        except Exception:
+            log.exception("command.handler_crashed", subject=cmd.subject, stream_seq=cmd.stream_seq)
+            decision = Ack.NAK
+        finally:
+            keepalive.cancel()
+            sem.release()
+        try:
+            if decision is Ack.ACK:
+                await msg.ack()
+            elif decision is Ack.NAK:
+                await msg.nak(delay=min(30.0, 0.5 * cmd.num_delivered))
+            else:
+                await msg.term()
+        except Exception as exc:
+            log.warning("command.ack_failed", decision=decision.value, error=str(exc))
