@@ -62,6 +62,12 @@ class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     run_id: str
 
 
+class RecoverRuns(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask recovery to scan now (``<ns>.cmd.recover``): one run, or every run with open intents."""
+
+    run_id: str | None = None
+
+
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why a command was refused: stable ``code`` and one human line."""
 

@@ -8,6 +8,7 @@ variable                 default                    meaning
 ``REEL_REPLICAS``        ``1``                      stream/bucket replicas (3 in a cluster)
 ``REEL_STORAGE``         ``file``                   ``file`` or ``memory``
 ``REEL_LEASE_TTL_S``     ``5``                      executor lease TTL, whole seconds (≥ 1)
+``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose service died
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 =======================  =========================  ===========================================
 """
@@ -30,6 +31,7 @@ class Config:
     storage: str = "file"
     lease_ttl_s: int = 5
     max_concurrent_runs: int = 16
+    command_ack_wait_s: float = 30.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -41,6 +43,7 @@ class Config:
             "storage": os.environ.get("REEL_STORAGE", "file"),
             "lease_ttl_s": max(1, int(os.environ.get("REEL_LEASE_TTL_S", "5"))),
             "max_concurrent_runs": int(os.environ.get("REEL_MAX_CONCURRENT_RUNS", "16")),
+            "command_ack_wait_s": float(os.environ.get("REEL_COMMAND_ACK_WAIT_S", "30")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -59,9 +59,10 @@ async def send_reply(infra: Infra, cmd: Command, reply: Reply) -> None:
 
 
 class CommandConsumer:
-    """Consume ``subjects`` of the commands stream with a shared durable consumer.
+    """Consume ``subjects`` of a stream (default: the commands stream) with a shared durable consumer.
 
     Args:
+        stream: the stream to consume (e.g. the events stream for the verifier).
         service: durable name suffix (``<ns>_<service>``).
         concurrency: commands handled at once by this instance.
         ack_wait_s: redelivery delay if this instance dies mid-command; long handlers
@@ -69,8 +70,10 @@ class CommandConsumer:
     """
 
     def __init__(self, infra: Infra, cfg: Config, service: str, subjects: list[str], handler: Handler, *,
-                 concurrency: int = 8, ack_wait_s: float = 30.0, max_deliver: int = 20) -> None:
+                 concurrency: int = 8, ack_wait_s: float = 30.0, max_deliver: int = 20,
+                 stream: str | None = None) -> None:
         self.infra, self.cfg, self.service = infra, cfg, service
+        self.stream = stream or cfg.names.commands_stream
         self.subjects, self.handler = subjects, handler
         self.concurrency, self.ack_wait_s, self.max_deliver = concurrency, ack_wait_s, max_deliver
         self._tasks: set[asyncio.Task[None]] = set()
@@ -82,10 +85,10 @@ class CommandConsumer:
             max_deliver=self.max_deliver, filter_subjects=self.subjects, max_ack_pending=-1,
         )
         try:
-            await self.infra.js.add_consumer(self.cfg.names.commands_stream, config)
+            await self.infra.js.add_consumer(self.stream, config)
         except Exception as exc:  # exists with another config: update it
             log.debug("consumer.exists", durable=durable, error=str(exc))
-        return await self.infra.js.pull_subscribe_bind(durable, stream=self.cfg.names.commands_stream)
+        return await self.infra.js.pull_subscribe_bind(durable, stream=self.stream)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle commands until ``stop`` is set, then drain in-flight work."""

@@ -11,7 +11,8 @@ run events             ``reel.ev.<run_id>``        stream ``REEL_EVENTS``; LSN =
 start a run            ``reel.cmd.start``          stream ``REEL_CMDS`` (work queue)
 cancel a run           ``reel.cmd.cancel``         ″
 rewind a run           ``reel.cmd.rewind``         ″
-resume a run           ``reel.cmd.resume``         ″ (recovery → executor)
+resume a run           ``reel.cmd.resume``         ″ (rewind/recovery → executor)
+scan for lost intents  ``reel.cmd.recover``        ″ (recovery)
 verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
 blobs                  object store ``reel_blobs`` content-addressed (sha256)
 executor leases        KV ``reel_leases``          per-message TTL heartbeats
@@ -30,7 +31,7 @@ REPLY_TO_HEADER = "Reel-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 
-COMMANDS = ("start", "cancel", "rewind", "resume")
+COMMANDS = ("start", "cancel", "rewind", "resume", "recover")
 
 
 @dataclass(frozen=True)

@@ -304,7 +304,7 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
     names = cfg.names
     consumer = CommandConsumer(infra, cfg, "executor", [names.command("start"), names.command("resume")],
-                               ex.handle, concurrency=cfg.max_concurrent_runs)
+                               ex.handle, concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)
     hb = asyncio.create_task(heartbeat(infra, ex.executor_id, cfg.lease_ttl_s, stop))
     try:
         await consumer.run(stop)
