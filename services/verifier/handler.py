@@ -1,0 +1,262 @@
+"""One verification job: the verdicts of one run at one snapshot LSN (seed T4.2).
+
+A job is triggered by a commit carrying ``run_verifying`` at LSN P. It:
+
+1. reads the run's commits once and cold-folds them up to P (the pinned view)
+   and to the head (what is already recorded);
+2. builds the frozen :class:`~shared.views.EpisodeView` of the verifying branch at P;
+3. runs every configured verifier whose verdict for (branch, P) is not yet in the
+   log — a restarted job resumes, it never judges twice;
+4. records each verdict in the run's log (``verdict_recorded``, a fenced commit;
+   on a conflict it re-reads and retries, or drops its own if a verdict for the
+   same (branch, P, verifier) landed meanwhile) and then publishes the recorded
+   verdict on ``<ns>.verdict.<run_id>`` with ``Nats-Msg-Id = run:P:verifier``;
+5. commits ``run_completed`` only if the run still rests in ``Verifying`` at P.
+   A run cancelled or rewound meanwhile keeps its verdicts (they name the old
+   branch and P) but is not completed by them.
+
+The log is the source of truth: what is published is always what was recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from shared.blobstore import JetStreamBlobStore
+from shared.errors import ConcurrencyConflict, ReelError, WorkflowInvalid
+from shared.eventlog import JetStreamEventLog, SubjectLog
+from shared.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
+from shared.fold import RunState, apply_commit, branch_failed, fold
+from shared.subjects import MSG_ID_HEADER, Names
+from shared.verifiers import (
+    Verifier,
+    VerifierInvalid,
+    derive_outcome,
+    errored,
+    make_ctx,
+    make_verifier,
+    run_verifier,
+)
+from shared.views import EpisodeView, build_episode_view
+from shared.workflow import VerifierSpec, WorkflowSpec, parse_workflow
+
+log = structlog.get_logger("reel.verifier")
+
+SPEC_CACHE = 256
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def verdict_msg_id(run_id: str, snapshot_lsn: int, verifier: str) -> str:
+    """``Nats-Msg-Id`` of a published verdict: one per (run, snapshot, verifier)."""
+    return f"{run_id}:{snapshot_lsn}:{verifier}"
+
+
+class SnapshotNotVisible(ReelError):
+    """The pinned LSN is not (yet) readable: a lagging replica; the job is retried."""
+
+    code = "snapshot_not_visible"
+    retryable = True
+
+
+@dataclass
+class Job:
+    """The verification of ``run_id`` at ``snapshot_lsn`` (on ``branch_id``)."""
+
+    run_id: str
+    branch_id: str
+    snapshot_lsn: int
+    pinned: RunState
+    view: EpisodeView
+    current: RunState
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def recorded(self, state: RunState | None = None) -> dict[str, Verdict]:
+        """Verdicts already in the log for this (branch, snapshot), by verifier name."""
+        return {v.verifier: v for v in (state or self.current).verdicts
+                if v.snapshot_lsn == self.snapshot_lsn and v.branch_id == self.branch_id}
+
+
+def verifying_event(commit: Commit) -> RunVerifying | None:
+    """The ``run_verifying`` event of a commit, if it has one."""
+    return next((e for e in commit.events if isinstance(e, RunVerifying)), None)
+
+
+class VerificationHandler:
+    """Runs verification jobs for one verifier service instance."""
+
+    def __init__(self, nc: Client, names: Names, blobs: JetStreamBlobStore, *, writer: str) -> None:
+        self.names, self.blobs, self.writer = names, blobs, writer
+        self.log = JetStreamEventLog(nc, names)
+        self.js: JetStreamContext = nc.jetstream()
+        self.published = SubjectLog(nc, names.verdicts_stream, names.verdict)
+        self._specs: dict[str, WorkflowSpec] = {}
+
+    async def open_job(self, run_id: str, snapshot_lsn: int, branch_id: str) -> Job:
+        """Read the run once; fold it at the snapshot and at the head.
+
+        Raises:
+            SnapshotNotVisible: the read does not contain the commit at ``snapshot_lsn``.
+        """
+        commits = await self.log.read(run_id)
+        if not any(lsn == snapshot_lsn for lsn, _ in commits):
+            raise SnapshotNotVisible(f"commit {snapshot_lsn} of {run_id} not visible yet", run_id=run_id)
+        pinned, current = fold(commits, snapshot_lsn), fold(commits)
+        assert pinned is not None and current is not None
+        view = build_episode_view(pinned, branch_id)
+        return Job(run_id=run_id, branch_id=branch_id, snapshot_lsn=snapshot_lsn, pinned=pinned, view=view,
+                   current=current)
+
+    async def run(self, job: Job) -> None:
+        """Judge, record, publish, complete (see module doc)."""
+        await self._republish(job)
+        todo = await self._todo(job)
+        if todo:
+            async with asyncio.TaskGroup() as tg:
+                for name, verifier, spec in todo:
+                    tg.create_task(self._judge(job, name, verifier, spec))
+        await self._complete(job)
+
+    # ---- configuration ---------------------------------------------------------------
+    async def _spec(self, state: RunState) -> WorkflowSpec:
+        ref = state.workflow_ref
+        spec = self._specs.get(ref.sha256)
+        if spec is None:
+            spec = parse_workflow(await self.blobs.get(ref), fmt="json")
+            if len(self._specs) >= SPEC_CACHE:
+                self._specs.pop(next(iter(self._specs)))
+            self._specs[ref.sha256] = spec
+        return spec
+
+    async def _todo(self, job: Job) -> list[tuple[str, Verifier | None, VerifierSpec | None]]:
+        """(name, verifier or None if it cannot be built, spec) for each verdict still missing."""
+        done = job.recorded()
+        missing = [n for n in job.pinned.verifiers if n not in done]
+        if not missing:
+            return []
+        try:
+            wf = await self._spec(job.pinned)
+        except WorkflowInvalid as exc:
+            log.error("verification.workflow_invalid", reason=exc.message)
+            return [(n, None, None) for n in missing]
+        specs = {v.label: v for v in wf.verifiers}
+        out: list[tuple[str, Verifier | None, VerifierSpec | None]] = []
+        for name in missing:
+            spec = specs.get(name)
+            try:
+                out.append((name, make_verifier(spec, source=wf.source) if spec else None, spec))
+            except VerifierInvalid as exc:
+                log.warning("verifier.invalid", verifier=name, reason=exc.message)
+                out.append((name, None, spec))
+        return out
+
+    # ---- judging ---------------------------------------------------------------------
+    async def _judge(self, job: Job, name: str, verifier: Verifier | None, spec: VerifierSpec | None) -> None:
+        started = time.perf_counter()
+        step = spec.step if spec else None
+        ctx = make_ctx(job.view, step=step if step in {s.step_id for s in job.view.steps} else None,
+                       blobs=self.blobs, timeout_s=spec.timeout_s if spec else 0.0)
+        if verifier is None:
+            result = errored(f"verifier {name} is not configured or cannot be built")
+        else:
+            result = await run_verifier(verifier, ctx)
+        verdict = Verdict(
+            run_id=job.run_id, branch_id=job.branch_id, snapshot_lsn=job.snapshot_lsn, verifier=name,
+            verifier_version=verifier.version if verifier else (spec.version if spec else "1"),
+            step_id=ctx.step, attempt=ctx.attempt, status=result.status, score=result.score,
+            reason=result.reason, at_ms=now_ms(),
+        )
+        recorded = await self._record(job, verdict)
+        await self._publish(recorded)
+        log.info("verdict", verifier=name, status=recorded.status, score=recorded.score, reason=recorded.reason,
+                 mine=recorded is verdict, duration_ms=round((time.perf_counter() - started) * 1000, 2))
+
+    async def _refresh(self, job: Job) -> RunState:
+        """Apply the commits above the job's current head (incremental re-read)."""
+        state = job.current
+        for lsn, commit in await self.log.read(job.run_id, from_lsn=state.head_lsn + 1):
+            state = apply_commit(state, lsn, commit)
+        job.current = state
+        return state
+
+    async def _commit_fenced(self, job: Job, decide: Callable[[RunState], Sequence[AnyEvent] | None]) -> int | None:
+        """Commit ``decide(head state)`` fenced on the head; on a conflict re-read and decide again.
+
+        Returns the LSN, or ``None`` when ``decide`` says there is nothing to write.
+        """
+        async with job.lock:
+            while True:
+                state = await self._refresh(job)
+                events = decide(state)
+                if events is None:
+                    return None
+                try:
+                    lsn = await self.log.commit(job.run_id, events, expected_lsn=state.head_lsn,
+                                                writer=self.writer)
+                except ConcurrencyConflict:
+                    log.info("verification.conflict", expected_lsn=state.head_lsn)
+                    continue
+                job.current = apply_commit(state, lsn, Commit(commit_id="", run_id=job.run_id, events=tuple(events)))
+                return lsn
+
+    async def _record(self, job: Job, verdict: Verdict) -> Verdict:
+        """Record ``verdict`` unless one for its (branch, snapshot, verifier) is in; returns the recorded one."""
+        def decide(state: RunState) -> Sequence[AnyEvent] | None:
+            return None if verdict.verifier in job.recorded(state) else [VerdictRecorded(verdict=verdict)]
+
+        await self._commit_fenced(job, decide)
+        return job.recorded()[verdict.verifier]
+
+    async def _publish(self, verdict: Verdict) -> None:
+        """Publish on the run's verdict subject (deduplicated by msg id within the stream's window)."""
+        await self.js.publish(
+            self.names.verdict(verdict.run_id), msgspec.json.encode(verdict),
+            headers={MSG_ID_HEADER: verdict_msg_id(verdict.run_id, verdict.snapshot_lsn, verdict.verifier)},
+        )
+
+    async def _republish(self, job: Job) -> None:
+        """Publish verdicts recorded by an earlier, interrupted job but missing from the verdict stream."""
+        recorded = job.recorded()
+        if not recorded:
+            return
+        seen: set[tuple[str, int, str]] = set()
+        for _, body in await self.published.read_raw(job.run_id):
+            v = msgspec.json.decode(body, type=Verdict)
+            seen.add((v.branch_id, v.snapshot_lsn, v.verifier))
+        for v in recorded.values():
+            if (v.branch_id, v.snapshot_lsn, v.verifier) not in seen:
+                log.info("verdict.republished", verifier=v.verifier)
+                await self._publish(v)
+
+    # ---- completion ------------------------------------------------------------------
+    async def _complete(self, job: Job) -> None:
+        """Commit ``run_completed`` iff the run still rests in Verifying at the snapshot."""
+        step_failed = branch_failed(job.pinned, job.branch_id)
+
+        def decide(state: RunState) -> Sequence[AnyEvent] | None:
+            if (state.status, state.verifying_lsn, state.verifying_branch) != (
+                "verifying", job.snapshot_lsn, job.branch_id
+            ):
+                log.info("verification.not_completing", status=state.status, verifying_lsn=state.verifying_lsn,
+                         active_branch=state.active_branch)
+                return None
+            recorded = job.recorded(state)
+            if any(n not in recorded for n in state.verifiers):
+                return None  # cannot happen after run(): every missing verdict was recorded
+            outcome = derive_outcome(step_failed=step_failed, statuses=[recorded[n].status for n in state.verifiers])
+            return [RunCompleted(branch_id=job.branch_id, outcome=outcome, snapshot_lsn=job.snapshot_lsn,
+                                 at_ms=now_ms())]
+
+        lsn = await self._commit_fenced(job, decide)
+        if lsn is not None:
+            log.info("run.completed", outcome=job.current.outcome, lsn=lsn)
