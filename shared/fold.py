@@ -197,7 +197,8 @@ def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
             branch = state.branches.get(event.branch_id)
             if branch is None:
                 raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
-            state.step_decl(event.step_id)
+            if not any(d.step_id == event.step_id for d in state.steps):
+                raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
             if state.status == "pending":
                 state.status = "running"
             branch.attempts.setdefault(event.step_id, []).append(
@@ -229,6 +230,8 @@ def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
             parent = state.branches.get(event.parent_branch_id)
             if parent is None:
                 raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
+            if event.from_step is not None and not any(d.step_id == event.from_step for d in state.steps):
+                raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=state.run_id)
             state.branches[event.branch_id] = BranchState(
                 branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
                 fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
