@@ -1,0 +1,122 @@
+"""Human-readable renderings of runs for the CLI: timelines, event lines, verdicts (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from shared.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BranchForked,
+    RunCancelled,
+    RunCompleted,
+    RunCreated,
+    RunStarted,
+    RunVerifying,
+    Verdict,
+    VerdictRecorded,
+)
+from shared.fold import RunState
+from shared.views import build_episode_view
+
+STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
+                "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",
+                "verifying": "cyan", "running": "yellow", "pending": "dim"}
+
+
+def event_line(lsn: int, event: AnyEvent) -> Text:
+    """One line describing one event, for ``reel run`` progress."""
+    t = Text(f"  lsn {lsn:>6}  ", style="dim")
+    match event:
+        case RunCreated():
+            t.append(f"run created: {event.workflow_name} ({len(event.steps)} steps)")
+        case RunStarted():
+            t.append(f"claimed by executor {event.executor_id}")
+        case AttemptDispatched():
+            t.append(f"{event.step_id}#{event.attempt} dispatched", style="yellow")
+            if event.context is not None:
+                c = event.context
+                t.append(f"  context packed={len(c.packed)} available={len(c.available)} dropped={len(c.dropped)}")
+        case AttemptSucceeded():
+            t.append(f"{event.step_id}#{event.attempt} succeeded", style="green")
+            t.append(f"  {event.usage.input_tokens}→{event.usage.output_tokens} tok, {event.usage.latency_ms:.1f} ms")
+            if event.recovered:
+                t.append("  (recovered)", style="magenta")
+        case AttemptFailed():
+            t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {event.message[:80]}", style="red")
+        case RunVerifying():
+            t.append(f"verifying branch {event.branch_id}", style="cyan")
+        case VerdictRecorded():
+            v = event.verdict
+            t.append(f"verdict {v.verifier}: {v.status} ({v.score:.2f}) {v.reason[:80]}",
+                     style=STATUS_STYLE.get(v.status, ""))
+        case RunCompleted():
+            t.append(f"completed: {event.outcome}", style=STATUS_STYLE.get(event.outcome, "bold"))
+        case RunCancelled():
+            t.append(f"cancelled: {event.reason}", style="red")
+        case BranchForked():
+            t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
+                     + (f" (step {event.from_step})" if event.from_step else ""), style="cyan")
+    return t
+
+
+def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
+    """Verdicts as a table: verifier, status, score, branch, snapshot LSN, reason."""
+    table = Table(title="verdicts", title_justify="left")
+    for col in ("verifier", "status", "score", "branch", "lsn", "reason"):
+        table.add_column(col)
+    for v in verdicts:
+        table.add_row(f"{v.verifier}@{v.verifier_version}", Text(v.status, style=STATUS_STYLE.get(v.status, "")),
+                      f"{v.score:.2f}", v.branch_id, str(v.snapshot_lsn), v.reason[:100])
+    return table
+
+
+def timeline(state: RunState, branch_id: str | None = None) -> Group:
+    """``reel show``: header, branches, one row per attempt (status, partition sizes, usage, LSNs), verdicts."""
+    bid = branch_id or state.active_branch
+    view = build_episode_view(state, bid)
+    header = Text()
+    header.append(f"run {state.run_id}", style="bold")
+    header.append(f"  workflow {state.workflow_name}  status ")
+    header.append(state.status, style=STATUS_STYLE.get(state.status, ""))
+    if state.outcome:
+        header.append(f"  outcome {state.outcome}", style=STATUS_STYLE.get(state.outcome, ""))
+    header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
+    branches = Text("branches: ")
+    for b in state.branches.values():
+        mark = "* " if b.branch_id == state.active_branch else ""
+        shown = " (shown)" if b.branch_id == bid else ""
+        parent = f" ← {b.parent_branch_id}@{b.fork_lsn}" if b.parent_branch_id else ""
+        branches.append(f"{mark}{b.branch_id}{parent}{shown}   ")
+    table = Table(title=f"branch {bid}", title_justify="left")
+    for col in ("step", "kind", "#", "status", "packed", "avail", "dropped", "in tok", "out tok", "ms", "lsn",
+                "error"):
+        table.add_column(col, overflow="fold")
+    for step in view.steps:
+        if not step.attempts:
+            table.add_row(step.step_id, step.kind, "-", Text(step.status, style="dim"), *[""] * 8)
+        for a in step.attempts:
+            c = a.context
+            status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
+            lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
+            table.add_row(
+                step.step_id, step.kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")),
+                str(len(c.packed)) if c else "", str(len(c.available)) if c else "", str(len(c.dropped)) if c else "",
+                str(a.usage.input_tokens), str(a.usage.output_tokens), f"{a.usage.latency_ms:.1f}", lsns,
+                f"{a.error_kind}: {a.error_message}"[:60] if a.error_kind else "",
+            )
+    u = view.usage
+    footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
+                  f"{u.latency_ms:.1f} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
+    parts: list[Text | Table] = [header, branches, table, footer]
+    if state.verdicts:
+        parts.append(verdict_table(state.verdicts))
+    return Group(*parts)
+
+
+def print_timeline(console: Console, state: RunState, branch_id: str | None = None) -> None:
+    console.print(timeline(state, branch_id))
