@@ -244,7 +244,8 @@ class CommandVerifier:
             env = {**os.environ, OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
                    "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt),
                    "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)}
-            return await self._run(body, env, min(self._timeout_s, ctx.remaining_s()))
+            # a little before the ctx deadline, so the kill is ours and the reason says so
+            return await self._run(body, env, 0.95 * min(self._timeout_s, ctx.remaining_s()))
 
     async def _run(self, stdin: bytes, env: Mapping[str, str], timeout_s: float) -> VerdictResult:
         try:
@@ -257,7 +258,7 @@ class CommandVerifier:
         try:
             out, _ = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
         except TimeoutError:
-            return errored(f"{self._argv[0]} did not finish within {timeout_s:.3g}s (killed)")
+            return errored(f"{self._argv[0]} did not finish within its {self._timeout_s:g}s timeout (killed)")
         finally:
             if proc.returncode is None:  # timed out or cancelled: kill the whole group
                 with contextlib.suppress(ProcessLookupError):
@@ -391,6 +392,7 @@ async def run_verifier(
         task.cancel()
         raise
     if not done:
+        task.add_done_callback(_discard_result)
         task.cancel()
         _, pending = await asyncio.wait({task}, timeout=cancel_grace_s)
         if pending:
@@ -402,6 +404,12 @@ async def run_verifier(
     if exc is not None:
         return errored(f"verifier {verifier.name} raised {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS])
     return _checked(verifier.name, task.result())
+
+
+def _discard_result(task: asyncio.Future[VerdictResult]) -> None:
+    """Retrieve an abandoned verify task's outcome so asyncio does not warn about it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _checked(name: str, result: object) -> VerdictResult:

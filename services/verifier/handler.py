@@ -138,8 +138,8 @@ class VerificationHandler:
             self._specs[ref.sha256] = spec
         return spec
 
-    async def _todo(self, job: Job) -> list[tuple[str, Verifier | None, VerifierSpec | None]]:
-        """(name, verifier or None if it cannot be built, spec) for each verdict still missing."""
+    async def _todo(self, job: Job) -> list[tuple[str, Verifier | str, VerifierSpec | None]]:
+        """(name, the verifier or why it cannot be built, spec) for each verdict still missing."""
         done = job.recorded()
         missing = [n for n in job.pinned.verifiers if n not in done]
         if not missing:
@@ -148,31 +148,34 @@ class VerificationHandler:
             wf = await self._spec(job.pinned)
         except WorkflowInvalid as exc:
             log.error("verification.workflow_invalid", reason=exc.message)
-            return [(n, None, None) for n in missing]
+            return [(n, f"workflow unreadable: {exc.message}", None) for n in missing]
         specs = {v.label: v for v in wf.verifiers}
-        out: list[tuple[str, Verifier | None, VerifierSpec | None]] = []
+        out: list[tuple[str, Verifier | str, VerifierSpec | None]] = []
         for name in missing:
             spec = specs.get(name)
+            if spec is None:
+                out.append((name, f"verifier {name} is not in the workflow spec", None))
+                continue
             try:
-                out.append((name, make_verifier(spec, source=wf.source) if spec else None, spec))
+                out.append((name, make_verifier(spec, source=wf.source), spec))
             except VerifierInvalid as exc:
                 log.warning("verifier.invalid", verifier=name, reason=exc.message)
-                out.append((name, None, spec))
+                out.append((name, exc.message, spec))
         return out
 
     # ---- judging ---------------------------------------------------------------------
-    async def _judge(self, job: Job, name: str, verifier: Verifier | None, spec: VerifierSpec | None) -> None:
+    async def _judge(self, job: Job, name: str, verifier: Verifier | str, spec: VerifierSpec | None) -> None:
         started = time.perf_counter()
         step = spec.step if spec else None
         ctx = make_ctx(job.view, step=step if step in {s.step_id for s in job.view.steps} else None,
                        blobs=self.blobs, timeout_s=spec.timeout_s if spec else 0.0)
-        if verifier is None:
-            result = errored(f"verifier {name} is not configured or cannot be built")
+        if isinstance(verifier, str):
+            result, version = errored(verifier), spec.version if spec else "1"
         else:
-            result = await run_verifier(verifier, ctx)
+            result, version = await run_verifier(verifier, ctx), verifier.version
         verdict = Verdict(
             run_id=job.run_id, branch_id=job.branch_id, snapshot_lsn=job.snapshot_lsn, verifier=name,
-            verifier_version=verifier.version if verifier else (spec.version if spec else "1"),
+            verifier_version=version,
             step_id=ctx.step, attempt=ctx.attempt, status=result.status, score=result.score,
             reason=result.reason, at_ms=now_ms(),
         )
