@@ -1,0 +1,252 @@
+"""Recovery service: resolves ``dispatched`` intents whose executor is gone (brief §3; docs/mutators.md).
+
+Three ways in, one code path (:meth:`RecoveryService.recover_run`: cold fold →
+liveness and marker look-ups → :func:`shared.recovery.triage` → one fenced
+commit of the resolutions, or a ``ResumeRun``):
+
+* an ordered consumer on ``<ns>.ev.>`` keeps an :class:`IntentIndex` of runs
+  with open intents (a hint; decisions are made on a fresh fold);
+* a sweep every ``lease_ttl_s / 2`` seconds looks at the indexed runs whose
+  open intents could now be acted on;
+* the ``<ns>.cmd.recover`` command (``RecoverRuns{run_id?}``) scans one run, or
+  every indexed run once the index has caught up with the stream, and replies
+  with what it resolved.
+
+Liveness is the executor's lease in the leases KV (an entry exists while the
+executor heartbeats; the bucket's max age is the lease TTL). A lease that cannot
+be read is treated as alive: recovery never guesses against a live executor.
+Every commit is fenced on the head LSN recovery folded, so it lands above any
+snapshot LSN and loses cleanly to a concurrent executor commit (then re-reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+import structlog
+from nats.js import api as jsapi
+from nats.js.errors import InvalidKeyError, KeyNotFoundError
+
+from shared import recovery
+from shared.commands import RecoverRuns, Reply, ResumeRun, decode_command, encode, error_reply
+from shared.config import Config
+from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
+from shared.eventlog import JetStreamEventLog
+from shared.events import BlobRef, Commit
+from shared.fold import RunState, apply_commit
+from shared.ids import is_token
+from shared.jetstream import Infra
+from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.subjects import MSG_ID_HEADER
+
+from .index import IntentIndex
+
+log = structlog.get_logger("reel.recovery")
+
+WRITER = "recovery"
+MAX_TRIES = 5
+CATCH_UP_TIMEOUT_S = 10.0
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RunReport(msgspec.Struct, kw_only=True):
+    """What one pass over one run did (the ``recover`` reply's detail is built from these)."""
+
+    run_id: str
+    resolved: list[dict[str, Any]] = []
+    resumed: bool = False
+    waiting: list[dict[str, Any]] = []
+
+
+class RecoveryService:
+    """The recovery logic over one NATS connection."""
+
+    def __init__(self, infra: Infra, cfg: Config) -> None:
+        self.infra, self.cfg = infra, cfg
+        self.log = JetStreamEventLog(infra.nc, cfg.names)
+        self.index = IntentIndex(cfg.names.events(""))
+
+    # ---- facts recovery cannot derive from the log ----------------------------------------
+    async def is_live(self, executor_id: str) -> bool:
+        """True while ``executor_id`` holds a lease entry (unreadable → assumed alive)."""
+        try:
+            entry = await self.infra.leases.get(executor_id)
+        except KeyNotFoundError:
+            return False
+        except InvalidKeyError:
+            return False  # such an id can never hold a lease
+        except Exception as exc:
+            log.warning("recovery.lease_unreadable", executor_id=executor_id, error=str(exc))
+            return True
+        return bool(entry.value)  # a server-written expiry marker has no body
+
+    async def live_set(self, executor_ids: Iterable[str]) -> set[str]:
+        ids = sorted(set(executor_ids))
+        flags = await asyncio.gather(*(self.is_live(e) for e in ids))
+        return {e for e, alive in zip(ids, flags, strict=True) if alive}
+
+    async def marker(self, key: str) -> BlobRef | None:
+        """The output ref an executor stored before dying, if it got that far."""
+        try:
+            entry = await self.infra.outcomes.get(key)
+        except (KeyNotFoundError, InvalidKeyError):
+            return None
+        try:
+            return msgspec.json.decode(entry.value or b"", type=BlobRef)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.error("recovery.marker_unreadable", key=key, error=str(exc))
+            return None
+
+    # ---- one run ---------------------------------------------------------------------------
+    async def recover_run(self, run_id: str) -> RunReport:
+        """Resolve what can be resolved in ``run_id`` now (cold fold, fenced commit, retries).
+
+        Raises:
+            RunNotFound: no such run.
+            ConcurrencyConflict: the run kept moving for :data:`MAX_TRIES` reads.
+        """
+        with structlog.contextvars.bound_contextvars(run_id=run_id):
+            for _ in range(MAX_TRIES):
+                state = await self.log.load(run_id)
+                report = await self._pass(state)
+                if report is not None:
+                    return report
+            raise ConcurrencyConflict(f"run {run_id} kept moving during recovery", run_id=run_id)
+
+    async def _pass(self, state: RunState) -> RunReport | None:
+        """One decide-and-commit pass; ``None`` when the fence failed (re-read and retry)."""
+        intents = recovery.open_intents(state)
+        if not intents:
+            self.index.offer(state)
+            return RunReport(run_id=state.run_id)
+        live = await self.live_set(recovery.executors_to_check(state, intents))
+        plan = recovery.triage(state, live)
+        markers: dict[str, BlobRef] = {}
+        for intent in plan.resolve:
+            ref = await self.marker(intent.marker_key)
+            if ref is not None:
+                markers[intent.marker_key] = ref
+        events = recovery.resolution_events(state, plan.resolve, markers, at_ms=now_ms())
+        report = RunReport(run_id=state.run_id, waiting=[{**w.intent.describe(), "reason": w.reason}
+                                                         for w in plan.waiting])
+        if events:
+            try:
+                lsn = await self.log.commit(state.run_id, events, expected_lsn=state.head_lsn, writer=WRITER)
+            except ConcurrencyConflict:
+                log.info("recovery.conflict", expected_lsn=state.head_lsn)
+                return None
+            for intent, event in zip(plan.resolve, events, strict=True):
+                outcome = recovery.outcome_of(event)
+                report.resolved.append({**intent.describe(), "outcome": outcome, "lsn": lsn})
+                log.info("recovery.resolved", branch_id=intent.branch_id, step_id=intent.step_id,
+                         attempt=intent.attempt, outcome=outcome, lsn=lsn, executor_id=intent.executor_id,
+                         inherited=intent.inherited, status=state.status, above_lsn=state.head_lsn)
+            state = apply_commit(state, lsn, Commit(commit_id="", run_id=state.run_id, events=events))
+        if plan.resume:
+            await self._resume(state)
+            report.resumed = True
+        self.index.offer(state)
+        return report
+
+    async def _resume(self, state: RunState) -> None:
+        await self.infra.js.publish(self.cfg.names.command("resume"), encode(ResumeRun(run_id=state.run_id)),
+                                    headers={MSG_ID_HEADER: f"resume:{state.run_id}:{state.head_lsn}"})
+        log.info("recovery.resume_published", branch_id=state.active_branch, lsn=state.head_lsn)
+
+    # ---- sweeps ----------------------------------------------------------------------------
+    async def actionable(self) -> list[str]:
+        """Indexed runs whose open intents could be acted on now, plus runs the index must reload."""
+        states = self.index.candidates()
+        ids: set[str] = set()
+        for s in states:
+            ids |= recovery.executors_to_check(s, recovery.open_intents(s))
+        live = await self.live_set(ids)
+        due = [s.run_id for s in states if (t := recovery.triage(s, live)).resolve or t.resume]
+        return sorted(set(due) | self.index.stale)
+
+    async def sweep(self) -> list[RunReport]:
+        """One pass over every actionable run; a run that fails is logged and skipped."""
+        reports: list[RunReport] = []
+        for run_id in await self.actionable():
+            try:
+                reports.append(await self.recover_run(run_id))
+            except ReelError as exc:
+                log.warning("recovery.run_skipped", run_id=run_id, code=exc.code, reason=exc.message)
+        return reports
+
+    async def catch_up(self) -> bool:
+        """Wait until the index has seen every commit in the stream as of now."""
+        info = await self.infra.js.stream_info(self.cfg.names.events_stream)
+        return await self.index.wait_for_seq(info.state.last_seq, CATCH_UP_TIMEOUT_S)
+
+    async def sweep_loop(self, stop: asyncio.Event, interval_s: float) -> None:
+        """Sweep every ``interval_s`` until ``stop`` (the first one once the index caught up)."""
+        if not await self.catch_up():
+            log.warning("recovery.index_behind", last_seq=self.index.last_seq)
+        while not stop.is_set():
+            try:
+                reports = await self.sweep()
+            except Exception:  # a sweep must never take the service down; the next one retries
+                log.exception("recovery.sweep_failed")
+                reports = []
+            if any(r.resolved or r.resumed for r in reports):
+                log.info("recovery.swept", runs=len(reports), resolved=sum(len(r.resolved) for r in reports))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+    # ---- the recover command -----------------------------------------------------------------
+    async def handle(self, cmd: Command) -> Ack:
+        """``RecoverRuns{run_id?}``: scan now, reply with what was resolved."""
+        try:
+            req = decode_command(cmd.data, RecoverRuns)
+            if req.run_id is not None:
+                if not is_token(req.run_id):
+                    raise InvalidCommand(f"run_id {req.run_id!r} is not a valid run id")
+                structlog.contextvars.bind_contextvars(run_id=req.run_id)
+                reports = [await self.recover_run(req.run_id)]
+            else:
+                if not await self.catch_up():
+                    raise ReelError("recovery's index is behind the event stream; retry")
+                reports = await self.sweep()
+            reply = Reply(ok=True, run_id=req.run_id, detail={
+                "resolved": [r for rep in reports for r in rep.resolved],
+                "resumed": [rep.run_id for rep in reports if rep.resumed],
+                "waiting": [w for rep in reports for w in rep.waiting],
+                "runs_scanned": len(reports),
+            })
+            log.info("recover.done", resolved=len(reply.detail["resolved"]), runs=len(reports))
+        except ReelError as exc:
+            log.warning("recover.rejected", code=exc.code, reason=exc.message, stream_seq=cmd.stream_seq)
+            reply = error_reply(exc)
+        await send_reply(self.infra, cmd, reply)
+        return Ack.ACK
+
+
+async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool = True,
+                sweep_interval_s: float | None = None, **_: Any) -> None:
+    """Run one recovery instance until ``stop`` is set.
+
+    Args:
+        sweep: run the periodic sweep (tests turn it off to drive recovery by command only).
+        sweep_interval_s: default ``lease_ttl_s / 2``.
+    """
+    service = RecoveryService(infra, cfg)
+    names = cfg.names
+    sub = await infra.js.subscribe(names.events_all, stream=names.events_stream, cb=service.index.on_msg,
+                                   ordered_consumer=True, deliver_policy=jsapi.DeliverPolicy.ALL)
+    consumer = CommandConsumer(infra, cfg, "recovery", [names.command("recover")], service.handle)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(consumer.run(stop))
+            if sweep:
+                tg.create_task(service.sweep_loop(stop, sweep_interval_s or max(0.5, cfg.lease_ttl_s / 2)))
+    finally:
+        await sub.unsubscribe()

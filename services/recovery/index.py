@@ -1,0 +1,113 @@
+"""Recovery's index of open intents: runs folded in memory from an ordered consumer on ``<ns>.ev.>``.
+
+The index is a *hint* that tells the sweep which runs may need recovery without
+re-reading every run each time; every decision is then made on a cold fold of
+the run's own subject (the log is the truth). It keeps the folded state of
+every run that is live or still has an open intent, and forgets a run once it
+rests (verifying/completed/cancelled) with no open intent. A commit it cannot
+apply — a run it forgot that is forked again, a run whose first commits aged out
+of the stream, an undecodable commit — marks the run *stale*: the next sweep
+loads it from the log.
+
+Consistency rule: a state loaded from the log is adopted only if it is at least
+as new as the last commit the consumer delivered for that run, and the consumer
+applies only commits above the state's head, so the two sources never double-
+apply or skip a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import structlog
+from nats.aio.msg import Msg
+
+from shared.errors import ReelError
+from shared.events import AttemptDispatched, BranchForked, RunCreated, decode_commit
+from shared.fold import RunState, apply_commit
+from shared.recovery import RESTING
+
+log = structlog.get_logger("reel.recovery")
+
+
+def has_open_intent(state: RunState) -> bool:
+    """True if any attempt of any branch is still ``dispatched``."""
+    return any(a.status == "dispatched" for b in state.branches.values() for atts in b.attempts.values() for a in atts)
+
+
+class IntentIndex:
+    """Folded states of the runs that may hold open intents (see module doc)."""
+
+    def __init__(self, subject_prefix: str) -> None:
+        self._prefix = subject_prefix
+        self.states: dict[str, RunState] = {}
+        self.stale: set[str] = set()
+        self._seen: dict[str, int] = {}
+        self.last_seq = 0
+        self._progress = asyncio.Condition()
+
+    async def on_msg(self, msg: Msg) -> None:
+        """Ordered-consumer callback: apply one commit message."""
+        run_id = msg.subject[len(self._prefix):]
+        lsn = msg.metadata.sequence.stream
+        try:
+            self.observe(run_id, lsn, msg.data)
+        finally:
+            async with self._progress:
+                self.last_seq = max(self.last_seq, lsn)
+                self._progress.notify_all()
+
+    def observe(self, run_id: str, lsn: int, data: bytes) -> None:
+        """Apply the commit at ``lsn`` of ``run_id`` (pure bookkeeping, no I/O)."""
+        self._seen[run_id] = max(lsn, self._seen.get(run_id, 0))
+        state = self.states.get(run_id)
+        if state is not None and lsn <= state.head_lsn:
+            return  # already in a state adopted from the log
+        try:
+            commit = decode_commit(data)
+            if state is None:
+                if commit.events and isinstance(commit.events[0], RunCreated):
+                    self.states[run_id] = state = apply_commit(None, lsn, commit)
+                elif any(isinstance(e, AttemptDispatched | BranchForked) for e in commit.events):
+                    self.stale.add(run_id)
+                    return
+                else:
+                    return
+            else:
+                apply_commit(state, lsn, commit)
+        except (ReelError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.warning("recovery.index_unreadable", run_id=run_id, lsn=lsn, error=str(exc))
+            self.states.pop(run_id, None)
+            self.stale.add(run_id)
+            return
+        self._forget_if_done(state)
+
+    def offer(self, state: RunState) -> None:
+        """Adopt a state loaded from the log, if no newer commit of the run has been delivered."""
+        if state.head_lsn < self._seen.get(state.run_id, 0):
+            return  # the consumer is ahead of this read; stay stale until a newer load
+        self.stale.discard(state.run_id)
+        self._seen[state.run_id] = state.head_lsn
+        self.states[state.run_id] = state
+        self._forget_if_done(state)
+
+    def _forget_if_done(self, state: RunState) -> None:
+        if state.status in RESTING and not has_open_intent(state):
+            self.states.pop(state.run_id, None)
+
+    def candidates(self) -> list[RunState]:
+        """Tracked runs that have at least one open intent."""
+        return [s for s in self.states.values() if has_open_intent(s)]
+
+    async def wait_for_seq(self, seq: int, timeout_s: float) -> bool:
+        """Wait until every commit up to stream sequence ``seq`` has been observed; False on timeout."""
+        async def reached() -> None:
+            async with self._progress:
+                await self._progress.wait_for(lambda: self.last_seq >= seq)
+
+        try:
+            await asyncio.wait_for(reached(), timeout_s)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,119 @@
+"""Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (brief §3; docs/mutators.md).
+
+Per command: read the run's commits, fold, :func:`shared.rewind.decide`, commit
+the fork fenced on the head LSN it folded (re-read and decide again on a
+conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
+``Nats-Msg-Id`` derived from the fork's LSN, so an executor continues the run on
+the new branch and a repeated publish is deduplicated. The parent branch's
+records are never changed; a verifier holding a view of it keeps it.
+
+The new branch id is ``branch_id_for_key(run, key)``: the client's idempotency
+key, or else one derived from the command message (``cmd:<Nats-Msg-Id or stream
+seq>``), so a redelivered command finds its branch instead of forking twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+
+from shared import rewind
+from shared.commands import Reply, ResumeRun, RewindRun, decode_command, encode, error_reply
+from shared.config import Config
+from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
+from shared.eventlog import JetStreamEventLog
+from shared.fold import BranchState, RunState, fold
+from shared.ids import branch_id_for_key, is_token
+from shared.jetstream import Infra
+from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.subjects import MSG_ID_HEADER
+
+log = structlog.get_logger("reel.rewind")
+
+WRITER = "rewind"
+MAX_TRIES = 10
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _detail(branch: BranchState, **extra: Any) -> dict[str, Any]:
+    return {"parent_branch_id": branch.parent_branch_id, "fork_lsn": branch.fork_lsn,
+            "from_step": branch.from_step, **extra}
+
+
+class RewindService:
+    """Handles rewind commands against the event log."""
+
+    def __init__(self, infra: Infra, cfg: Config) -> None:
+        self.infra, self.cfg = infra, cfg
+        self.log = JetStreamEventLog(infra.nc, cfg.names)
+
+    async def handle(self, cmd: Command) -> Ack:
+        """Decode, fork (with fenced retries), resume, reply; every refusal is a reply, never a crash."""
+        try:
+            req = decode_command(cmd.data, RewindRun)
+            if not is_token(req.run_id):
+                raise InvalidCommand(f"run_id {req.run_id!r} is not a valid run id")
+            structlog.contextvars.bind_contextvars(run_id=req.run_id)
+            key = req.idempotency_key or f"cmd:{cmd.msg_id or cmd.stream_seq}"
+            reply = await self._rewind(req, branch_id_for_key(req.run_id, key))
+        except ReelError as exc:
+            log.warning("rewind.rejected", code=exc.code, reason=exc.message, stream_seq=cmd.stream_seq)
+            reply = error_reply(exc)
+        await send_reply(self.infra, cmd, reply)
+        return Ack.ACK
+
+    async def _load(self, run_id: str) -> tuple[RunState, list[int]]:
+        commits = await self.log.read(run_id)
+        state = fold(commits)
+        if state is None:
+            raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
+        return state, [lsn for lsn, _ in commits]
+
+    async def _rewind(self, req: RewindRun, branch_id: str) -> Reply:
+        structlog.contextvars.bind_contextvars(branch_id=branch_id)
+        for attempt in range(1, MAX_TRIES + 1):
+            state, lsns = await self._load(req.run_id)
+            decision = rewind.decide(state, lsns, req, branch_id=branch_id, at_ms=now_ms())
+            if isinstance(decision, rewind.ExistingBranch):
+                return await self._existing(state, decision.branch)
+            event = decision.event
+            try:
+                lsn = await self.log.commit(state.run_id, [event], expected_lsn=state.head_lsn, writer=WRITER)
+            except ConcurrencyConflict:
+                log.info("rewind.conflict", expected_lsn=state.head_lsn, attempt=attempt)
+                await asyncio.sleep(0.01 * attempt)
+                continue
+            log.info("rewind.forked", parent_branch_id=event.parent_branch_id, fork_lsn=event.fork_lsn,
+                     from_step=event.from_step, lsn=lsn, previous_status=state.status)
+            await self._resume(state.run_id, lsn)
+            return Reply(ok=True, run_id=state.run_id, status="running", created=True, branch_id=branch_id, lsn=lsn,
+                         detail={"parent_branch_id": event.parent_branch_id, "fork_lsn": event.fork_lsn,
+                                 "from_step": event.from_step})
+        raise ConcurrencyConflict(f"run {req.run_id} kept moving; rewind not committed after {MAX_TRIES} tries",
+                                  run_id=req.run_id)
+
+    async def _existing(self, state: RunState, branch: BranchState) -> Reply:
+        """A repeated rewind: same branch, no commit; re-send the (deduplicated) resume if still pending."""
+        log.info("rewind.exists", created_lsn=branch.created_lsn, status=state.status)
+        if state.active_branch == branch.branch_id and state.status in ("pending", "running"):
+            await self._resume(state.run_id, branch.created_lsn)
+        return Reply(ok=True, run_id=state.run_id, status=state.status, created=False, branch_id=branch.branch_id,
+                     lsn=branch.created_lsn, detail=_detail(branch))
+
+    async def _resume(self, run_id: str, fork_commit_lsn: int) -> None:
+        await self.infra.js.publish(self.cfg.names.command("resume"), encode(ResumeRun(run_id=run_id)),
+                                    headers={MSG_ID_HEADER: f"resume:{run_id}:{fork_commit_lsn}"})
+        log.info("rewind.resume_published", lsn=fork_commit_lsn)
+
+
+async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> None:
+    """Run one rewind service instance until ``stop`` is set."""
+    service = RewindService(infra, cfg)
+    consumer = CommandConsumer(infra, cfg, "rewind", [cfg.names.command("rewind")], service.handle)
+    await consumer.run(stop)

@@ -1,0 +1,230 @@
+"""Recovery's pure core: which open intents to resolve, and with what (brief §3).
+
+An *open intent* is an attempt still ``dispatched`` in a folded run. Its
+executor normally commits the outcome; recovery steps in only when it cannot:
+
+* The intent is **resolvable** when it is *settled* — superseded (a later
+  attempt of the step exists on that branch), on a branch that is no longer the
+  active one (nobody will ever drive it again), or in a run resting in
+  ``verifying``/``completed``/``cancelled`` — **and** its writer is gone: the
+  executor that dispatched it has no lease entry. A live executor's intent is
+  never touched.
+* An intent on a forked branch that was *inherited* from an ancestor (its
+  dispatch predates the fork; the fold copies it back to ``dispatched`` when the
+  outcome came after the fork LSN) has no writer at all on that branch: its
+  executor writes on the branch it dispatched on. Once settled, it is resolved
+  from the ancestor's own outcome when there is one, else like any lost intent.
+* Resolution of a lost intent: when the executor stored the outcome marker
+  (``<run>.<branch>.<step>.<attempt>`` in the outcomes KV, written after the
+  output blob and before the outcome commit) → ``attempt_succeeded`` with that
+  output ref; otherwise ``attempt_failed`` with ``error_kind="executor_lost"``.
+  Both carry ``recovered=True``.
+* The latest intent of a step on the active branch of a *running* run is not
+  settled: the executor that takes the run over supersedes it with a new
+  attempt. When its writer is gone and so is the run's owner, recovery asks for
+  that (:attr:`Triage.resume`) instead of resolving it.
+
+The service fetches the facts this module cannot (which executors are live,
+which markers exist), and commits :func:`resolution_events` fenced on the head
+it folded, so a recovery commit always lands above any snapshot LSN and never
+races an executor silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Set
+from typing import Literal
+
+import msgspec
+
+from shared.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
+from shared.fold import AttemptState, RunState
+
+RESTING: frozenset[str] = frozenset({"verifying", "completed", "cancelled"})
+EXECUTOR_LOST = "executor_lost"
+
+WaitReason = Literal["executor_alive", "latest_attempt", "owner_alive"]
+
+
+class OpenIntent(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``dispatched`` attempt of a folded run.
+
+    Attributes:
+        branch_id: the branch whose record this is.
+        origin_branch_id: the branch it was dispatched on (differs when inherited by a fork).
+        superseded: a later attempt of the step exists on ``branch_id``.
+        dispatched_lsn: the LSN of the intent commit.
+    """
+
+    run_id: str
+    branch_id: str
+    origin_branch_id: str
+    step_id: str
+    attempt: int
+    executor_id: str
+    dispatched_lsn: int
+    superseded: bool
+
+    @property
+    def inherited(self) -> bool:
+        return self.origin_branch_id != self.branch_id
+
+    @property
+    def marker_key(self) -> str:
+        """Key of the executor's stored-outcome marker in the outcomes KV."""
+        return outcome_key(self.run_id, self.origin_branch_id, self.step_id, self.attempt)
+
+    def describe(self) -> dict[str, object]:
+        return {"run": self.run_id, "branch": self.branch_id, "step": self.step_id, "attempt": self.attempt,
+                "executor_id": self.executor_id}
+
+
+class Waiting(msgspec.Struct, frozen=True, kw_only=True):
+    """An open intent recovery leaves alone, and why."""
+
+    intent: OpenIntent
+    reason: WaitReason
+
+
+class Triage(msgspec.Struct, frozen=True, kw_only=True):
+    """What recovery does about one run's open intents.
+
+    Attributes:
+        resolve: intents to resolve now (commit :func:`resolution_events`).
+        resume: publish ``ResumeRun`` so an executor supersedes a lost latest intent.
+        waiting: intents left alone (a live writer, or an executor will supersede them).
+    """
+
+    resolve: tuple[OpenIntent, ...] = ()
+    resume: bool = False
+    waiting: tuple[Waiting, ...] = ()
+
+
+def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
+    """The outcomes-KV key the executor writes before committing a success."""
+    return f"{run_id}.{branch_id}.{step_id}.{attempt}"
+
+
+def origin_branch(state: RunState, branch_id: str, attempt: AttemptState) -> str:
+    """The branch ``attempt`` (a record of ``branch_id``) was dispatched on.
+
+    A dispatch on a forked branch comes after the fork commit (``created_lsn``);
+    anything older was inherited from the parent.
+    """
+    branch = state.branches[branch_id]
+    while branch.parent_branch_id is not None and attempt.dispatched_lsn < branch.created_lsn:
+        branch = state.branches[branch.parent_branch_id]
+    return branch.branch_id
+
+
+def open_intents(state: RunState) -> list[OpenIntent]:
+    """Every ``dispatched`` attempt of every branch, in branch then workflow order."""
+    out: list[OpenIntent] = []
+    for branch_id in sorted(state.branches):
+        attempts_by_step = state.branches[branch_id].attempts
+        for decl in state.steps:
+            attempts = attempts_by_step.get(decl.step_id, [])
+            for i, a in enumerate(attempts):
+                if a.status == "dispatched":
+                    out.append(OpenIntent(
+                        run_id=state.run_id, branch_id=branch_id, origin_branch_id=origin_branch(state, branch_id, a),
+                        step_id=a.step_id, attempt=a.attempt, executor_id=a.executor_id,
+                        dispatched_lsn=a.dispatched_lsn, superseded=i < len(attempts) - 1,
+                    ))
+    return out
+
+
+def executors_to_check(state: RunState, intents: Iterable[OpenIntent]) -> set[str]:
+    """Executor ids whose liveness :func:`triage` needs (intent writers and the run's owner)."""
+    ids = {i.executor_id for i in intents}
+    if state.executor_id is not None:
+        ids.add(state.executor_id)
+    return ids
+
+
+def settled(state: RunState, intent: OpenIntent) -> bool:
+    """No executor will supersede ``intent``: superseded, on an inactive branch, or the run rests."""
+    return intent.superseded or intent.branch_id != state.active_branch or state.status in RESTING
+
+
+def origin_record(state: RunState, intent: OpenIntent) -> AttemptState | None:
+    """The ancestor's own record of an inherited intent (``None`` if not inherited)."""
+    if not intent.inherited:
+        return None
+    for a in state.branches[intent.origin_branch_id].attempts.get(intent.step_id, []):
+        if a.attempt == intent.attempt:
+            return a
+    return None
+
+
+def triage(state: RunState, live_executors: Set[str]) -> Triage:
+    """Decide, from the folded state and which executors hold a lease, what recovery does.
+
+    Args:
+        live_executors: executor ids with a live lease entry (at least those of
+            :func:`executors_to_check`; others are ignored).
+    """
+    resolve: list[OpenIntent] = []
+    waiting: list[Waiting] = []
+    resume = False
+    owner_alive = state.executor_id is not None and state.executor_id in live_executors
+    for intent in open_intents(state):
+        writer_gone = intent.executor_id not in live_executors
+        if settled(state, intent):
+            origin = origin_record(state, intent)
+            if writer_gone or (origin is not None and origin.status != "dispatched"):
+                resolve.append(intent)
+            else:
+                waiting.append(Waiting(intent=intent, reason="executor_alive"))
+        elif (writer_gone or intent.inherited) and not owner_alive:
+            resume = True
+            waiting.append(Waiting(intent=intent, reason="latest_attempt"))
+        else:
+            reason: WaitReason = "owner_alive" if writer_gone or intent.inherited else "executor_alive"
+            waiting.append(Waiting(intent=intent, reason=reason))
+    return Triage(resolve=tuple(resolve), resume=resume, waiting=tuple(waiting))
+
+
+def resolution_events(
+    state: RunState, intents: Iterable[OpenIntent], markers: Mapping[str, BlobRef], *, at_ms: int
+) -> tuple[AnyEvent, ...]:
+    """The outcome events resolving ``intents`` (one commit), ``recovered=True``.
+
+    Args:
+        markers: outcome markers found, by :attr:`OpenIntent.marker_key`; a
+            missing key means the executor never stored an output.
+        at_ms: the resolution time (epoch ms).
+    """
+    events: list[AnyEvent] = []
+    for intent in intents:
+        origin = origin_record(state, intent)
+        if origin is not None and origin.status != "dispatched":
+            events.append(_copy_outcome(intent, origin, at_ms))
+            continue
+        ref = markers.get(intent.marker_key)
+        if ref is not None:
+            events.append(AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id,
+                                           attempt=intent.attempt, output_ref=ref, at_ms=at_ms, recovered=True))
+        else:
+            events.append(AttemptFailed(
+                branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
+                error_kind=EXECUTOR_LOST, retryable=True, at_ms=at_ms, recovered=True,
+                message=f"executor {intent.executor_id} died before committing an outcome; no output was stored",
+            ))
+    return tuple(events)
+
+
+def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AnyEvent:
+    if origin.status == "succeeded" and origin.output_ref is not None:
+        return AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
+                                output_ref=origin.output_ref, usage=origin.usage, at_ms=at_ms, recovered=True)
+    return AttemptFailed(
+        branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
+        error_kind=origin.error_kind or EXECUTOR_LOST, message=origin.error_message or "",
+        retryable=origin.retryable, usage=origin.usage, at_ms=at_ms, recovered=True,
+    )
+
+
+def outcome_of(event: AnyEvent) -> str:
+    """``succeeded`` or ``failed`` for a resolution event (for replies and logs)."""
+    return "succeeded" if isinstance(event, AttemptSucceeded) else "failed"

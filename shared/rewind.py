@@ -1,0 +1,172 @@
+"""Rewind's pure core: validate a :class:`~shared.commands.RewindRun` and decide the fork (brief §3).
+
+The rewind service (services/rewind) reads one run's commits, folds them and
+asks :func:`decide` what to do; it commits and publishes, nothing else. No clock,
+I/O or randomness here: the time and the candidate branch id come in as
+arguments.
+
+Where a branch may be forked:
+
+* ``at_lsn`` must be one of the run's commit LSNs on the branch's *lineage*
+  (:func:`lineage_lsns`): for the root branch every commit of the run; for a
+  forked branch the parent's lineage up to the fork LSN, then every commit from
+  the branch's own creation on. An LSN of another run, an LSN beyond the head,
+  or an LSN between a branch's fork point and its creation is refused.
+* ``at_step`` forks just before the step's first attempt on that branch (the
+  previous lineage LSN), or at the head if the step never ran there, with
+  ``from_step`` set so the new branch keeps only the steps before it.
+
+Idempotency: the new branch id is derived from the command's idempotency key
+(the service derives one from the command message when the client gave none),
+so a repeated rewind finds its branch already in the state and gets it back
+(:class:`ExistingBranch`) without a new commit. Reusing a key with different
+explicit parameters is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from shared.commands import RewindRun
+from shared.errors import InvalidCommand, InvalidTransition
+from shared.events import BranchForked
+from shared.fold import BranchState, RunState
+
+
+class BranchNotFound(InvalidCommand):
+    """The rewind names a branch the run does not have."""
+
+    code = "branch_not_found"
+
+
+class StepNotFound(InvalidCommand):
+    """The rewind names a step that is not in the run's workflow."""
+
+    code = "step_not_found"
+
+
+class LsnNotInLineage(InvalidCommand):
+    """``at_lsn`` is not a commit of this run on that branch's lineage (or beyond its head)."""
+
+    code = "lsn_not_in_lineage"
+
+
+class IdempotencyKeyReused(InvalidCommand):
+    """The idempotency key already made a branch with other parameters."""
+
+    code = "idempotency_key_reused"
+
+
+class Fork(msgspec.Struct, frozen=True, kw_only=True):
+    """Commit ``event`` (a new branch), then ask an executor to resume the run."""
+
+    event: BranchForked
+
+
+class ExistingBranch(msgspec.Struct, frozen=True, kw_only=True):
+    """The idempotency key's branch exists already: answer with it, commit nothing."""
+
+    branch: BranchState
+
+
+Decision = Fork | ExistingBranch
+
+
+def lineage_lsns(state: RunState, commit_lsns: Sequence[int], branch_id: str) -> list[int]:
+    """The run's commit LSNs a fork of ``branch_id`` may start from, ascending.
+
+    Args:
+        commit_lsns: every commit LSN of the run (ascending), e.g. from ``EventLog.read``.
+
+    Raises:
+        KeyError: unknown branch.
+    """
+    branch = state.branches[branch_id]
+    own = [lsn for lsn in commit_lsns if lsn >= branch.created_lsn]
+    if branch.parent_branch_id is None or branch.fork_lsn is None:
+        return own
+    inherited = [lsn for lsn in lineage_lsns(state, commit_lsns, branch.parent_branch_id) if lsn <= branch.fork_lsn]
+    return inherited + own
+
+
+def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branch_id: str, at_ms: int) -> Decision:
+    """What a rewind command does to ``state``.
+
+    Args:
+        state: the run folded at its head (``state.head_lsn`` must be ``commit_lsns[-1]``).
+        commit_lsns: every commit LSN of the run, ascending.
+        cmd: the decoded command (``cmd.run_id`` is ``state.run_id``).
+        branch_id: the id the new branch gets (derived from the idempotency key).
+        at_ms: the fork's time (epoch ms).
+
+    Raises:
+        InvalidCommand: neither or both of ``at_step``/``at_lsn``.
+        BranchNotFound, StepNotFound, LsnNotInLineage: the fork point does not exist.
+        IdempotencyKeyReused: ``branch_id`` exists with other explicit parameters.
+        InvalidTransition: the run is cancelled.
+    """
+    if (cmd.at_step is None) == (cmd.at_lsn is None):
+        raise InvalidCommand("rewind needs exactly one of `at_step` or `at_lsn`", run_id=state.run_id)
+    existing = state.branches.get(branch_id)
+    if existing is not None:
+        _check_same_request(state, existing, cmd)
+        return ExistingBranch(branch=existing)
+    if state.status == "cancelled":
+        raise InvalidTransition(f"run {state.run_id} is cancelled; a cancelled run cannot be rewound",
+                                run_id=state.run_id)
+    parent = cmd.branch or state.active_branch
+    if parent not in state.branches:
+        raise BranchNotFound(f"run {state.run_id} has no branch {parent!r} (branches: "
+                             f"{', '.join(sorted(state.branches))})", run_id=state.run_id)
+    lineage = lineage_lsns(state, commit_lsns, parent)
+    if cmd.at_lsn is not None:
+        _check_lsn(state, lineage, parent, cmd.at_lsn)
+        fork_lsn, from_step = cmd.at_lsn, None
+    else:
+        assert cmd.at_step is not None
+        fork_lsn, from_step = _step_fork_lsn(state, lineage, parent, cmd.at_step), cmd.at_step
+    return Fork(event=BranchForked(branch_id=branch_id, parent_branch_id=parent, fork_lsn=fork_lsn,
+                                   from_step=from_step, at_ms=at_ms))
+
+
+def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: str, lsn: int) -> None:
+    if lsn > state.head_lsn:
+        raise LsnNotInLineage(f"lsn {lsn} is beyond the head of run {state.run_id} (head lsn {state.head_lsn})",
+                              run_id=state.run_id)
+    if lsn not in lineage:
+        where = "a commit of run" if lsn >= state.created_lsn else "a commit of run (it predates the run)"
+        raise LsnNotInLineage(f"lsn {lsn} is not {where} {state.run_id} on the lineage of branch {branch_id!r}",
+                              run_id=state.run_id)
+
+
+def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: str, step_id: str) -> int:
+    try:
+        state.step_index(step_id)
+    except KeyError:
+        raise StepNotFound(f"run {state.run_id} has no step {step_id!r} (steps: "
+                           f"{', '.join(d.step_id for d in state.steps)})", run_id=state.run_id) from None
+    attempts = state.branches[branch_id].attempts.get(step_id)
+    if not attempts:
+        return lineage[-1]
+    first = attempts[0].dispatched_lsn
+    before = [lsn for lsn in lineage if lsn < first]
+    return before[-1] if before else state.created_lsn
+
+
+def _check_same_request(state: RunState, existing: BranchState, cmd: RewindRun) -> None:
+    """A repeated key must not name a different fork point (fields left unset are not compared)."""
+    clashes = []
+    if cmd.branch is not None and cmd.branch != existing.parent_branch_id:
+        clashes.append(f"branch {cmd.branch!r} != {existing.parent_branch_id!r}")
+    if cmd.at_step is not None and cmd.at_step != existing.from_step:
+        clashes.append(f"at_step {cmd.at_step!r} != {existing.from_step!r}")
+    if cmd.at_lsn is not None and (existing.from_step is not None or cmd.at_lsn != existing.fork_lsn):
+        clashes.append(f"at_lsn {cmd.at_lsn} != fork lsn {existing.fork_lsn} (from_step {existing.from_step!r})")
+    if existing.parent_branch_id is None:
+        clashes.append("the key names the run's root branch")
+    if clashes:
+        raise IdempotencyKeyReused(
+            f"idempotency key already forked branch {existing.branch_id} of run {state.run_id} with other "
+            f"parameters: {'; '.join(clashes)}", run_id=state.run_id)
