@@ -1,0 +1,49 @@
+"""Crucible's pure core (ADR 0004): state model, typed iteration, session events, fold, noise, budgets.
+
+No I/O here: the shell (services/crucible) runs the world, the judge and the
+proposer, commits events to the session log and folds them with :func:`fold.apply`.
+"""
+
+from shared.crucible.config import SessionConfig, parse_config
+from shared.crucible.events import AnySessionEvent, SessionCommit
+from shared.crucible.fold import SessionState, fold
+from shared.crucible.iteration import Applied, Candidate, Decided, Iteration, Measured, Proposed
+from shared.crucible.state import (
+    EXIT_CODES,
+    InvalidReading,
+    LoopExit,
+    Measurement,
+    Outcome,
+    Reading,
+    Row,
+    Run,
+    Segment,
+    Snapshot,
+    Verdict,
+)
+
+__all__ = [
+    "EXIT_CODES",
+    "AnySessionEvent",
+    "Applied",
+    "Candidate",
+    "Decided",
+    "InvalidReading",
+    "Iteration",
+    "LoopExit",
+    "Measured",
+    "Measurement",
+    "Outcome",
+    "Proposed",
+    "Reading",
+    "Row",
+    "Run",
+    "Segment",
+    "SessionCommit",
+    "SessionConfig",
+    "SessionState",
+    "Snapshot",
+    "Verdict",
+    "fold",
+    "parse_config",
+]

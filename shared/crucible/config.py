@@ -1,0 +1,288 @@
+"""The session config: world, regimes (judge + goal), proposer, noise, budgets, gates (ADR 0004).
+
+A config is validated once, with every path made absolute and every ``${VAR}``
+expanded, and is then frozen into the session log (``SessionStarted.config``):
+``resume`` reads it from the log, never from the file again, so editing the file
+mid-session cannot move the goalpost or the budget.
+
+Expansion (:func:`parse_config`): ``${CONFIG_DIR}`` is the config file's
+directory; ``${NAME}`` / ``${NAME:-default}`` read the environment (the judge's
+declared ``env`` first). It applies to ``world.repo``, ``world.workdir``,
+``judge.env`` values, ``judge.reads`` and ``gates.protect``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from shared.crucible.errors import ConfigInvalid
+from shared.workflow import ModelSpec
+
+Direction = Literal["maximize", "minimize"]
+OnDeny = Literal["escalate", "skip"]
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^{}]*))?\}")
+
+
+class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of the config structs (unknown fields are an error that names them)."""
+
+
+class WorldSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where the world comes from (ADR 0004 World): a clone of ``repo`` at ``rev``, one per session.
+
+    Attributes:
+        repo: path of the source git repository (absolute after parsing).
+        rev: the revision the session starts from (the committed tree; uncommitted edits are not carried).
+        workdir: sessions' directories go to ``<workdir>/<session_id>/`` (world clone, lock, history).
+    """
+
+    repo: str
+    rev: str = "HEAD"
+    workdir: str = ".reel/crucible"
+
+
+class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A command that prints a score (ADR-0001 freeze the judge).
+
+    Attributes:
+        command: argv run in the world directory; ``{python}`` is replaced by this interpreter.
+        direction: ``maximize`` or ``minimize`` — required, never inferred.
+        reads: files or directories the judge reads (world-relative unless absolute);
+            hashed into the fingerprint and protected from candidates (deny gate).
+        env: environment the judge declares (fingerprinted). The judge gets only these
+            plus ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``.
+        timeout_s: a run longer than this is an invalid reading (s).
+        repeats: how many times one measurement runs the command (noise).
+    """
+
+    command: tuple[str, ...]
+    direction: Direction
+    reads: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    timeout_s: float = 300.0
+    repeats: int = 1
+
+
+class Regime(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One segment's goalpost: a judge and an optional goal (Solved when the best reaches it).
+
+    Regimes run in order: when one is solved and another follows, the loop rescopes
+    to the next (one ``Segment`` assignment, ADR 0004 §1).
+    """
+
+    name: str
+    judge: JudgeSpec
+    goal: float | None = None
+
+
+class NoiseSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Keep/discard margin (issue 4, Noise).
+
+    A candidate is kept only if its improvement over the best exceeds
+    ``max(abs_margin, rel_margin·|best|, k_sigma·σ)`` where σ is the sample standard
+    deviation of the segment's repeated baseline readings (needs ``baseline_repeats ≥ 2``).
+
+    Attributes:
+        remeasure_incumbent: before a keep, measure the best snapshot again and
+            decide against that fresh score.
+    """
+
+    abs_margin: float = 0.0
+    rel_margin: float = 0.0
+    k_sigma: float = 0.0
+    baseline_repeats: int = 1
+    remeasure_incumbent: bool = False
+
+
+class ProposerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Exactly one of ``command`` (edits the world) or ``model`` (a Reel model adapter, answers a diff).
+
+    Attributes:
+        instructions: prepended to a model proposer's prompt.
+        timeout_s: a proposer run longer than this fails the iteration (s).
+    """
+
+    command: tuple[str, ...] = ()
+    model: ModelSpec | None = None
+    instructions: str = ""
+    timeout_s: float = 600.0
+
+
+class BudgetSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Budgets (issue 4): iterations, active wall time (parked time excluded), cost in USD.
+
+    The loop stops *before* an iteration that could overshoot: the next iteration
+    is estimated at the most expensive/longest one so far (at least
+    ``cost_estimate_usd`` / ``wall_estimate_s``).
+    """
+
+    iterations: int = 20
+    wall_s: float | None = None
+    cost_usd: float | None = None
+    cost_estimate_usd: float = 0.0
+    wall_estimate_s: float = 0.0
+
+
+class ParkSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A probe run before every iteration: exit 0 = go, 75 = park (stdout's last line is the reason).
+
+    Any other exit escalates (a broken gate needs a human). While parked the loop
+    re-probes every ``poll_s`` seconds; parked time does not count against ``wall_s``.
+    """
+
+    command: tuple[str, ...]
+    poll_s: float = 5.0
+
+
+class GateSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Gates (ADR-0003): deny, park, provisioning.
+
+    Attributes:
+        protect: world paths (files or directories) no candidate may touch, besides the
+            judges' ``reads`` and the config file itself (always protected).
+        on_deny: ``escalate`` (default: stop, roll back, needs a human) or ``skip``.
+        retry_s: wait between retries while a resource is unavailable (exit 75) (s).
+        max_block_s: escalate when one block lasts longer than this (s).
+    """
+
+    protect: tuple[str, ...] = ()
+    park: ParkSpec | None = None
+    on_deny: OnDeny = "escalate"
+    retry_s: float = 5.0
+    max_block_s: float = 600.0
+
+
+class SessionConfig(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One crucible session's settings, frozen into its log at start."""
+
+    name: str = "crucible"
+    world: WorldSpec
+    regimes: tuple[Regime, ...]
+    proposer: ProposerSpec
+    noise: NoiseSpec = NoiseSpec()
+    budget: BudgetSpec = BudgetSpec()
+    gates: GateSpec = GateSpec()
+    config_path: str = ""
+
+    def regime(self, name: str) -> Regime:
+        """The regime called ``name``.
+
+        Raises:
+            ConfigInvalid: no such regime.
+        """
+        for r in self.regimes:
+            if r.name == name:
+                return r
+        raise ConfigInvalid(f"no regime {name!r} (have {', '.join(r.name for r in self.regimes)})")
+
+    def next_regime(self, name: str) -> Regime | None:
+        """The regime after ``name``, or ``None`` if it is the last."""
+        names = [r.name for r in self.regimes]
+        i = names.index(name)
+        return self.regimes[i + 1] if i + 1 < len(names) else None
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Replace ``${NAME}`` / ``${NAME:-default}`` from ``env`` (innermost first).
+
+    Raises:
+        ConfigInvalid: a variable without default is not set.
+    """
+
+    def one(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigInvalid(f"${{{name}}} is not set and has no default")
+
+    prev = None
+    while prev != text:
+        prev, text = text, _VAR.sub(one, text)
+    return text
+
+
+def _abs(path: str, base: str) -> str:
+    return os.path.normpath(path if os.path.isabs(path) else os.path.join(base, path))
+
+
+def _judge(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    out = dict(raw)
+    declared = {k: expand(str(v), env) for k, v in (raw.get("env") or {}).items()}
+    declared = {k: os.path.normpath(v) if "/../" in v or v.endswith("/..") else v for k, v in declared.items()}
+    out["env"] = declared
+    scope = {**env, **declared}
+    out["reads"] = [expand(str(p), scope) for p in raw.get("reads") or ()]
+    return out
+
+
+def parse_config(data: Mapping[str, Any], *, config_dir: str, cwd: str, environ: Mapping[str, str],
+                 config_path: str = "") -> SessionConfig:
+    """Validate a config mapping (from YAML/JSON) into a :class:`SessionConfig` (pure).
+
+    A top-level ``judge`` (+ ``goal``) is shorthand for one regime named ``main``.
+
+    Args:
+        config_dir: directory of the config file (``${CONFIG_DIR}``; base of relative ``world.repo``).
+        cwd: base of a relative ``world.workdir``.
+        environ: the environment ``${NAME}`` reads.
+
+    Raises:
+        ConfigInvalid: unknown or missing fields, bad types, or an inconsistent config.
+    """
+    env = {**environ, "CONFIG_DIR": config_dir}
+    raw = dict(data)
+    if "judge" in raw:
+        if "regimes" in raw:
+            raise ConfigInvalid("give either `judge` (+ `goal`) or `regimes`, not both")
+        raw["regimes"] = [{"name": "main", "judge": raw.pop("judge"), "goal": raw.pop("goal", None)}]
+    raw["regimes"] = [{**r, "judge": _judge(dict(r.get("judge") or {}), env)} for r in raw.get("regimes") or ()]
+    world = dict(raw.get("world") or {})
+    if "repo" in world:
+        world["repo"] = _abs(expand(str(world["repo"]), env), config_dir)
+    world["workdir"] = _abs(expand(str(world.get("workdir", WorldSpec.workdir)), env), cwd)
+    raw["world"] = world
+    gates = dict(raw.get("gates") or {})
+    gates["protect"] = [expand(str(p), env) for p in gates.get("protect") or ()]
+    raw["gates"] = gates
+    raw["config_path"] = config_path
+    try:
+        cfg = msgspec.convert(raw, SessionConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigInvalid(f"invalid crucible config: {exc}") from exc
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: SessionConfig) -> SessionConfig:
+    """Check what the schema cannot (returns ``cfg``).
+
+    Raises:
+        ConfigInvalid: the first problem found.
+    """
+    if not cfg.regimes:
+        raise ConfigInvalid("at least one regime (or a top-level `judge`) is required")
+    names = [r.name for r in cfg.regimes]
+    if len(set(names)) != len(names):
+        raise ConfigInvalid(f"regime names must be unique: {names}")
+    for r in cfg.regimes:
+        if not r.judge.command:
+            raise ConfigInvalid(f"regime {r.name!r}: judge.command is empty")
+        if r.judge.repeats < 1 or r.judge.timeout_s <= 0:
+            raise ConfigInvalid(f"regime {r.name!r}: judge.repeats must be ≥ 1 and timeout_s > 0")
+    if bool(cfg.proposer.command) == (cfg.proposer.model is not None):
+        raise ConfigInvalid("proposer needs exactly one of `command` or `model`")
+    if cfg.budget.iterations < 0:
+        raise ConfigInvalid("budget.iterations must be ≥ 0")
+    if cfg.noise.baseline_repeats < 1:
+        raise ConfigInvalid("noise.baseline_repeats must be ≥ 1")
+    if cfg.noise.k_sigma > 0 and max(cfg.noise.baseline_repeats, *(r.judge.repeats for r in cfg.regimes)) < 2:
+        raise ConfigInvalid("noise.k_sigma needs a repeated baseline (noise.baseline_repeats ≥ 2)")
+    return cfg

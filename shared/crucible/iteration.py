@@ -1,0 +1,163 @@
+"""The typed iteration protocol: ``Iteration[Proposed] → Iteration[Applied] → Iteration[Measured]`` (ADR 0004 §3).
+
+Only the linear sub-protocol is typestate ("type the protocol, not the process").
+Each transition is a method whose ``self`` type names the one state it may be
+called from, so mypy rejects illegal orderings:
+
+* ``measure`` exists only on ``Iteration[Applied]`` — measuring before apply does not type-check;
+* ``decide`` exists only on ``Iteration[Measured]`` — deciding (keeping) without a reading does not type-check;
+* ``apply`` exists only on ``Iteration[Proposed]``.
+
+The transitions are pure: the shell performs the side effect (commit the
+candidate, run the judge) and hands the result to the transition, so a
+``Iteration[Applied]`` can only be obtained with a snapshot in hand and a
+``Iteration[Measured]`` only with a measurement in hand. ``decide`` returns
+:class:`Decided` ``{row, verdict, reading}`` (ADR 0004 Implementation notes): the
+keep path needs the reading's score, so it is handed back by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar, final
+
+import msgspec
+from msgspec.structs import replace
+
+from shared.crucible.config import Direction, NoiseSpec
+from shared.crucible.noise import goal_met, improvement, margin
+from shared.crucible.state import InvalidReading, Measurement, Reading, Row, Segment, Snapshot, Verdict
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """A change the proposer staged in the world.
+
+    Attributes:
+        note: the proposer's one-line description.
+        paths: world paths the change touches (sorted).
+        diffstat: ``git diff --stat`` summary line(s).
+        cost_usd: what proposing it cost (all calls of this iteration, failed ones too).
+    """
+
+    note: str
+    paths: tuple[str, ...]
+    diffstat: str = ""
+    cost_usd: float = 0.0
+
+
+@final
+class Proposed(msgspec.Struct, frozen=True, kw_only=True):
+    """State: the candidate is staged in the world and passed the gates."""
+
+    candidate: Candidate
+
+
+@final
+class Applied(msgspec.Struct, frozen=True, kw_only=True):
+    """State: the world committed the candidate (``sha`` is its snapshot)."""
+
+    candidate: Candidate
+    sha: Snapshot
+
+
+@final
+class Measured(msgspec.Struct, frozen=True, kw_only=True):
+    """State: the frozen judge measured the applied candidate."""
+
+    candidate: Candidate
+    sha: Snapshot
+    reading: Measurement
+
+
+S = TypeVar("S", Proposed, Applied, Measured)
+
+
+class Decided(msgspec.Struct, frozen=True, kw_only=True):
+    """The result of :meth:`Iteration.decide`: the row, its verdict, and the reading it rests on."""
+
+    row: Row
+    verdict: Verdict
+    reading: Measurement
+
+    @property
+    def kept(self) -> Reading | None:
+        """The valid reading that made this a keep, else ``None``."""
+        return self.reading if self.verdict is Verdict.KEEP and isinstance(self.reading, Reading) else None
+
+
+@final
+class Iteration(Generic[S]):
+    """One iteration ``it`` of regime ``regime`` in state ``S`` (immutable; transitions return a new one)."""
+
+    __slots__ = ("it", "regime", "state")
+    it: int
+    regime: str
+    state: S
+
+    def __init__(self, it: int, regime: str, state: S) -> None:
+        object.__setattr__(self, "it", it)
+        object.__setattr__(self, "regime", regime)
+        object.__setattr__(self, "state", state)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Iteration is immutable; transitions return a new one")
+
+    def __repr__(self) -> str:
+        return f"Iteration[{type(self.state).__name__}](it={self.it}, regime={self.regime!r})"
+
+    @staticmethod
+    def propose(it: int, regime: str, candidate: Candidate) -> Iteration[Proposed]:
+        """Enter the protocol: a candidate that passed the gates."""
+        return Iteration(it, regime, Proposed(candidate=candidate))
+
+    def apply(self: Iteration[Proposed], sha: Snapshot) -> Iteration[Applied]:
+        """Proposed → Applied, with the snapshot the world's commit produced."""
+        return Iteration(self.it, self.regime, Applied(candidate=self.state.candidate, sha=sha))
+
+    def measure(self: Iteration[Applied], reading: Measurement) -> Iteration[Measured]:
+        """Applied → Measured, with the judge's measurement of that snapshot."""
+        s = self.state
+        return Iteration(self.it, self.regime, Measured(candidate=s.candidate, sha=s.sha, reading=reading))
+
+    def abandon(self: Iteration[Applied], *, best_score: float, reason: str, wall_ms: int) -> Row:
+        """The row of an applied candidate that will never be measured (e.g. the judge's fingerprint moved)."""
+        s = self.state
+        return Row(it=self.it, regime=self.regime, verdict=Verdict.ABANDONED, best_score=best_score, sha=s.sha,
+                   note=s.candidate.note, diffstat=s.candidate.diffstat, cost_usd=s.candidate.cost_usd,
+                   wall_ms=wall_ms, reason=reason)
+
+    def decide(self: Iteration[Measured], *, segment: Segment, direction: Direction, noise: NoiseSpec,
+               goal: float | None, wall_ms: int, incumbent: Reading | None = None) -> Decided:
+        """Keep or discard: only a valid reading better than the best by more than the margin is kept.
+
+        Args:
+            segment: the current segment (best score, baseline readings for σ).
+            incumbent: a fresh measurement of the best snapshot; when given the
+                candidate is compared with it instead of the recorded best.
+            wall_ms: the iteration's wall time so far (ms), for the row.
+        """
+        s = self.state
+        c, best = s.candidate, segment.best_score
+        reading: Measurement = s.reading
+        base = Row(it=self.it, regime=self.regime, verdict=Verdict.INVALID, best_score=best, sha=s.sha,
+                   note=c.note, diffstat=c.diffstat, cost_usd=c.cost_usd, wall_ms=wall_ms,
+                   incumbent=incumbent.values if incumbent is not None else ())
+        if isinstance(reading, InvalidReading):
+            row = replace(base, readings=(*reading.values, None), reason=reading.reason)
+            return Decided(row=row, verdict=Verdict.INVALID, reading=reading)
+        ref = incumbent.score if incumbent is not None else best
+        gain = improvement(direction, reading.score, ref)
+        need = margin(noise, ref, segment.baseline_readings)
+        keep = gain > need
+        verdict = Verdict.KEEP if keep else Verdict.DISCARD
+        row = replace(base, verdict=verdict, readings=reading.values, score=reading.score,
+                      delta=reading.score - best, best_score=reading.score if keep else best,
+                      kept_sha=s.sha if keep else None, goal_met=keep and goal_met(direction, reading.score, goal),
+                      reason="" if keep else f"improvement {gain:+.6g} ≤ margin {need:.6g}")
+        return Decided(row=row, verdict=verdict, reading=reading)
+
+
+def gate_row(*, it: int, regime: str, verdict: Verdict, best_score: float, reason: str, note: str = "",
+             diffstat: str = "", cost_usd: float = 0.0, wall_ms: int = 0) -> Row:
+    """The row of an iteration a gate or the proposer ended before it entered ``Proposed``."""
+    return Row(it=it, regime=regime, verdict=verdict, best_score=best_score, note=note, diffstat=diffstat,
+               cost_usd=cost_usd, wall_ms=wall_ms, reason=reason)
