@@ -1,0 +1,1 @@
+"""Golden event logs and their expected folded states (see regen.py)."""

@@ -1,0 +1,132 @@
+"""Record golden event logs by running real workflows through the real executor (run once, by hand).
+
+    python -m tests.golden.record      # then: python -m tests.golden.regen; review; commit
+
+Starts an embedded nats-server, runs the executor (once as a subprocess that is made to
+crash mid-run, then in-process), and writes each run's log exactly as it sits in the
+stream to ``tests/golden/recorded_<name>.jsonl`` (``{"lsn": N, "commit": <body>}`` per
+line). Ids, clocks and latencies in these logs are whatever the recording run saw: the
+golden test only needs them to be frozen, not reproducible. Re-recording replaces the
+logs and therefore needs ``regen.py`` afterwards; do it only to add coverage.
+
+Events the executor never writes (verdicts, completion, cancel, fork, recovered
+outcomes) are covered by the hand-written ``hand_*.jsonl`` logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.executor.app import CRASH_ENV, serve
+from shared.client import ReelClient
+from shared.commands import StartRun, encode
+from shared.config import Config
+from shared.eventlog import JetStreamEventLog
+from shared.jetstream import connect, ensure_infra
+from shared.logging import setup_logging
+from shared.natsserver import embedded_server
+from shared.subjects import Names
+from shared.workflow import parse_workflow
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+REPO = GOLDEN_DIR.parent.parent
+
+
+def _ctx(i: int, **kw: Any) -> dict[str, Any]:
+    return {"id": f"ctx-{i}", "text": f"context item {i} " + "lorem ipsum dolor " * 4, **kw}
+
+
+WORKFLOWS: dict[str, dict[str, Any]] = {
+    # model (partition with all three buckets non-empty) → tool → replayed model with recorded usage
+    "linear": {
+        "name": "golden-linear",
+        "budget_tokens": 200,
+        "steps": [
+            {"kind": "model", "id": "plan", "instructions": "Plan the fix.",
+             "model": {"adapter": "scripted", "outputs": ["1. read 2. edit 3. test"]},
+             "policy": {"budget_tokens": 40, "exclude_kinds": ["scratch"]},
+             "context": [_ctx(0, stale=True), _ctx(1, kind="scratch"), _ctx(2, priority=1.0), _ctx(3),
+                         _ctx(4, priority=2.0)]},
+            {"kind": "tool", "id": "act", "tool": {"type": "recorded", "name": "bash", "input": "make test",
+                                                    "output": "3 passed"}},
+            {"kind": "model", "id": "review", "include_previous_outputs": True,
+             "model": {"adapter": "replay", "output": "LGTM", "name": "recorded/model",
+                       "usage": {"input_tokens": 120, "output_tokens": 2, "cost_usd": 0.0015}}},
+        ],
+    },
+    # a retried model step, then a non-retryable tool failure that skips the last step
+    "retry_fail": {
+        "name": "golden-retry-fail",
+        "steps": [
+            {"kind": "model", "id": "draft", "max_attempts": 3,
+             "model": {"adapter": "scripted", "outputs": [
+                 {"error": "rate_limited", "message": "429 from upstream"}, "draft v2"]}},
+            {"kind": "tool", "id": "test", "max_attempts": 3,
+             "tool": {"type": "scripted", "outputs": [
+                 {"error": "exit_1", "message": "1 failed", "retryable": False}]}},
+            {"kind": "model", "id": "ship", "model": {"adapter": "scripted", "outputs": ["shipped"]}},
+        ],
+    },
+    # the first executor dies after b#1's output is stored; a second one takes over (b#2)
+    "takeover": {
+        "name": "golden-takeover",
+        "steps": [
+            {"kind": "tool", "id": "a", "tool": {"type": "recorded", "output": "a done"}},
+            {"kind": "model", "id": "b", "model": {"adapter": "scripted", "outputs": ["b done"]}},
+            {"kind": "tool", "id": "c", "tool": {"type": "recorded", "output": "c done"}},
+        ],
+    },
+}
+
+
+def _start_body(name: str) -> bytes:
+    return encode(StartRun(workflow=parse_workflow(WORKFLOWS[name]), idempotency_key=f"golden-{name}"))
+
+
+async def _record(url: str) -> None:
+    cfg = Config(nats_url=url, names=Names("golden"), command_ack_wait_s=2.0, lease_ttl_s=2)
+    nc = await connect(cfg, name="golden-recorder")
+    infra = await ensure_infra(nc, cfg)
+    client = ReelClient(nc, cfg)
+    runs: dict[str, str] = {}
+
+    env = {**os.environ, "NATS_URL": url, "REEL_NAMESPACE": cfg.names.namespace, "REEL_COMMAND_ACK_WAIT_S": "2",
+           CRASH_ENV: "b:1:after_output", "REEL_LOG_LEVEL": "WARNING"}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", env=env, cwd=REPO)
+    reply = await client.command("start", _start_body("takeover"), timeout_s=30)
+    assert reply.ok and reply.run_id, reply
+    runs["takeover"] = reply.run_id
+    assert await asyncio.wait_for(proc.wait(), 60) == 137, "the crash was not injected"
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(infra, cfg, stop))
+    for name in ("linear", "retry_fail"):
+        reply = await client.command("start", _start_body(name), timeout_s=30)
+        assert reply.ok and reply.run_id, reply
+        runs[name] = reply.run_id
+    for run_id in runs.values():
+        await client.wait_for(run_id, ("verifying",), timeout_s=60)
+    stop.set()
+    await task
+
+    log = JetStreamEventLog(nc, cfg.names)
+    for name, run_id in runs.items():
+        raw = await log.subjects.read_raw(run_id)
+        path = GOLDEN_DIR / f"recorded_{name}.jsonl"
+        path.write_bytes(b"".join(b'{"lsn":%d,"commit":%s}\n' % (lsn, body) for lsn, body in raw))
+        print(f"wrote {path.relative_to(REPO)} ({len(raw)} commits)")
+    await nc.close()
+
+
+async def main() -> None:
+    setup_logging("golden-recorder", level="WARNING")
+    async with embedded_server() as srv:
+        await _record(srv.url)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
