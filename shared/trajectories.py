@@ -628,8 +628,14 @@ def _build(rec: _Recording, budget_tokens: int, counter: TokenCounter) -> Workfl
             kind = e.kind
             history.append(ContextItemSpec(id=e.id, text=e.output if isinstance(e, _Obs) else e.text, kind=kind,
                                            priority=PRIORITY.get(kind, 0.0)))
-    verifiers = () if rec.outcome is None else (
-        VerifierSpec(type="recorded_outcome", name="recorded_outcome", expect=rec.outcome),)
+    verifiers: tuple[VerifierSpec, ...] = ()
+    if rec.outcome is not None:
+        verifiers += (VerifierSpec(type="recorded_outcome", name="recorded_outcome", expect=rec.outcome),)
+    task = next((h.id for h in history if h.kind == "task"), None)
+    if task is not None:  # did the agent still have the task in view when it decided its last action?
+        last_model = next(s.id for s in reversed(steps) if isinstance(s, ModelStep))
+        verifiers += (VerifierSpec(type="context_requires", name="task-in-final-context", step=last_model,
+                                   item=task),)
     src = rec.source
     desc = (f"Replay of {src['agent']}{' / ' + rec.model if rec.model else ''} on {src['instance_id']}: "
             f"{turns} model turns" + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))

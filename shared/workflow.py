@@ -62,7 +62,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     name: str = ""
 
 
-class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """A candidate context item: literal ``text`` or the output of an earlier step (``from_step``)."""
 
     id: str
