@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import time
+from collections import OrderedDict
 from typing import Any
 
 import msgspec
@@ -59,6 +60,7 @@ from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, 
 
 log = structlog.get_logger("reel.executor")
 
+TEXT_CACHE_BYTES = 64 * 1024 * 1024
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
 
 
@@ -81,6 +83,8 @@ class Executor:
         self.blobs = JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
         self.counter = counter
         self._specs: dict[str, WorkflowSpec] = {}
+        self._texts: OrderedDict[str, str] = OrderedDict()  # sha256 → output text, LRU
+        self._texts_bytes = 0
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ---- command handling ------------------------------------------------------------
@@ -198,12 +202,28 @@ class Executor:
         finally:
             structlog.contextvars.unbind_contextvars("step_id", "attempt", "branch_id")
 
+    def _remember_text(self, sha: str, text: str) -> None:
+        if sha in self._texts:
+            self._texts.move_to_end(sha)
+            return
+        self._texts[sha] = text
+        self._texts_bytes += len(text)
+        while self._texts_bytes > TEXT_CACHE_BYTES and len(self._texts) > 1:
+            _, old = self._texts.popitem(last=False)
+            self._texts_bytes -= len(old)
+
     async def _outputs(self, state: RunState, branch_id: str, step_ids: list[str]) -> dict[str, str]:
+        """Output texts of earlier steps (from this executor's LRU, else the blob store)."""
         out: dict[str, str] = {}
         for sid in step_ids:
             ref = plan.succeeded_output(state, branch_id, sid)
-            if ref is not None:
-                out[sid] = await self.blobs.get_text(ref)
+            if ref is None:
+                continue
+            text = self._texts.get(ref.sha256)
+            if text is None:
+                text = await self.blobs.get_text(ref)
+            self._remember_text(ref.sha256, text)
+            out[sid] = text
         return out
 
     async def _model_attempt(self, state: RunState, spec: WorkflowSpec, step: ModelStep,
@@ -256,6 +276,7 @@ class Executor:
         blob_fut = await self.blobs.put_async(body)
         key = f"{state.run_id}.{action.branch_id}.{action.step_id}.{action.attempt}"
         ref = await blob_fut
+        self._remember_text(ref.sha256, text)
         marker = self.infra.outcomes.put(key, msgspec.json.encode(ref))
         if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
             await marker
