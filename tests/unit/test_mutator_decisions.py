@@ -1,0 +1,179 @@
+"""The pure cores of the mutator services (cancel, rewind, recovery), on hand-folded states — no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cancel.app import NoOp
+from services.cancel.app import decide as decide_cancel
+from shared import recovery, rewind
+from shared.commands import CancelRun, RewindRun
+from shared.errors import InvalidCommand, InvalidTransition
+from shared.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    BranchForked,
+    Commit,
+    RunCancelled,
+    RunCreated,
+    RunStarted,
+    RunVerifying,
+    StepDecl,
+)
+from shared.fold import RunState, fold
+
+REF = BlobRef(sha256="a" * 64, size_bytes=3)
+OTHER_REF = BlobRef(sha256="b" * 64, size_bytes=5)
+
+
+def folded(*commits: list[AnyEvent], first_lsn: int = 10, stride: int = 2) -> tuple[RunState, list[int]]:
+    """Fold commits at LSNs first_lsn, first_lsn+stride, … (gaps: other runs' commits)."""
+    created = RunCreated(run_id="r-1", branch_id="main", workflow_name="w", workflow_ref=REF, created_ms=0,
+                         steps=(StepDecl(step_id="a", kind="tool"), StepDecl(step_id="b", kind="tool", max_attempts=3)))
+    pairs = [(first_lsn + i * stride, Commit(commit_id=str(i), run_id="r-1", events=tuple(evs)))
+             for i, evs in enumerate([[created], *commits])]
+    state = fold(pairs)
+    assert state is not None
+    return state, [lsn for lsn, _ in pairs]
+
+
+def dispatch(step: str, n: int, ex: str = "x-1", branch: str = "main") -> AttemptDispatched:
+    return AttemptDispatched(branch_id=branch, step_id=step, attempt=n, executor_id=ex, at_ms=n)
+
+
+def ok(step: str, n: int, branch: str = "main", ref: BlobRef = REF) -> AttemptSucceeded:
+    return AttemptSucceeded(branch_id=branch, step_id=step, attempt=n, output_ref=ref, at_ms=n)
+
+
+# ---- cancel ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("events, expect", [
+    ([], RunCancelled),
+    ([[RunStarted(executor_id="x-1", at_ms=1)]], RunCancelled),
+    ([[RunVerifying(branch_id="main", at_ms=1)]], RunCancelled),
+    ([[RunCancelled(at_ms=1)]], NoOp),
+])
+def test_cancel_decision(events: list[list[AnyEvent]], expect: type) -> None:
+    state, _ = folded(*events)
+    assert isinstance(decide_cancel(state, CancelRun(run_id="r-1"), at_ms=5), expect)
+
+
+# ---- rewind ---------------------------------------------------------------------------------
+
+
+def ran_a_then_b() -> tuple[RunState, list[int]]:
+    # LSNs: 10 created, 12 started, 14 a#1, 16 a ok, 18 b#1, 20 b ok, 22 verifying
+    return folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)], [dispatch("b", 1)],
+                  [ok("b", 1)], [RunVerifying(branch_id="main", at_ms=9)])
+
+
+def test_rewind_at_step_forks_just_before_its_first_attempt() -> None:
+    state, lsns = ran_a_then_b()
+    d = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b"), branch_id="b-new", at_ms=1)
+    assert isinstance(d, rewind.Fork)
+    assert (d.event.parent_branch_id, d.event.fork_lsn, d.event.from_step) == ("main", 16, "b")
+
+
+def test_rewind_lineage_of_a_fork_skips_the_gap_between_fork_point_and_creation() -> None:
+    fork = BranchForked(branch_id="b-2", parent_branch_id="main", fork_lsn=14, from_step=None, at_ms=1)
+    state, lsns = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)],
+                         [dispatch("b", 1)], [ok("b", 1)], [RunVerifying(branch_id="main", at_ms=9)], [fork])
+    assert rewind.lineage_lsns(state, lsns, "b-2") == [10, 12, 14, 24]
+    with pytest.raises(rewind.LsnNotInLineage):
+        rewind.decide(state, lsns, RewindRun(run_id="r-1", branch="b-2", at_lsn=16), branch_id="b-3", at_ms=1)
+    with pytest.raises(rewind.LsnNotInLineage):  # an LSN of another run (the gaps)
+        rewind.decide(state, lsns, RewindRun(run_id="r-1", at_lsn=11), branch_id="b-3", at_ms=1)
+    # the inherited a#1 is in flight on b-2 (its outcome came after LSN 14)
+    assert state.branches["b-2"].attempts["a"][0].status == "dispatched"
+
+
+def test_rewind_at_a_step_that_never_ran_forks_at_the_head() -> None:
+    state, lsns = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)])
+    d = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b"), branch_id="b-new", at_ms=1)
+    assert isinstance(d, rewind.Fork) and d.event.fork_lsn == state.head_lsn
+
+
+def test_rewind_repeated_key_returns_the_branch_and_rejects_other_parameters() -> None:
+    fork = BranchForked(branch_id="b-k", parent_branch_id="main", fork_lsn=16, from_step="b", at_ms=1)
+    state, lsns = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)], [fork])
+    again = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b"), branch_id="b-k", at_ms=2)
+    assert isinstance(again, rewind.ExistingBranch) and again.branch.branch_id == "b-k"
+    with pytest.raises(rewind.IdempotencyKeyReused):
+        rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="a"), branch_id="b-k", at_ms=2)
+
+
+@pytest.mark.parametrize("cmd, error", [
+    (RewindRun(run_id="r-1"), InvalidCommand),
+    (RewindRun(run_id="r-1", at_step="a", at_lsn=10), InvalidCommand),
+    (RewindRun(run_id="r-1", branch="zzz", at_step="a"), rewind.BranchNotFound),
+    (RewindRun(run_id="r-1", at_step="zzz"), rewind.StepNotFound),
+    (RewindRun(run_id="r-1", at_lsn=99), rewind.LsnNotInLineage),
+    (RewindRun(run_id="r-1", at_lsn=-1), rewind.LsnNotInLineage),
+])
+def test_rewind_refusals(cmd: RewindRun, error: type[Exception]) -> None:
+    state, lsns = ran_a_then_b()
+    with pytest.raises(error):
+        rewind.decide(state, lsns, cmd, branch_id="b-new", at_ms=1)
+
+
+def test_rewind_of_a_cancelled_run_is_refused() -> None:
+    state, lsns = folded([RunCancelled(at_ms=1)])
+    with pytest.raises(InvalidTransition):
+        rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="a"), branch_id="b-new", at_ms=1)
+
+
+# ---- recovery -------------------------------------------------------------------------------
+
+
+def test_superseded_intent_is_resolved_only_when_its_executor_is_gone() -> None:
+    state, _ = folded([dispatch("a", 1, "x-dead")], [dispatch("a", 2, "x-new")])
+    t = recovery.triage(state, {"x-new"})
+    assert [(i.step_id, i.attempt) for i in t.resolve] == [("a", 1)] and not t.resume
+    t = recovery.triage(state, {"x-new", "x-dead"})
+    assert not t.resolve and [(w.intent.attempt, w.reason) for w in t.waiting] == [(1, "executor_alive"),
+                                                                                (2, "executor_alive")]
+
+
+def test_latest_intent_of_a_running_run_asks_for_a_resume_instead() -> None:
+    state, _ = folded([RunStarted(executor_id="x-dead", at_ms=1)], [dispatch("a", 1, "x-dead")])
+    t = recovery.triage(state, set())
+    assert not t.resolve and t.resume and t.waiting[0].reason == "latest_attempt"
+    state, _ = folded([RunStarted(executor_id="x-dead", at_ms=1)], [dispatch("a", 1, "x-dead")],
+                      [RunStarted(executor_id="x-new", at_ms=2)])
+    t = recovery.triage(state, {"x-new"})  # a new owner took the run over: it will supersede
+    assert not t.resolve and not t.resume and t.waiting[0].reason == "owner_alive"
+
+
+def test_intent_of_a_resting_run_is_resolved_with_the_marker_or_as_lost() -> None:
+    state, _ = folded([dispatch("a", 1, "x-dead")], [dispatch("b", 1, "x-dead")], [RunCancelled(at_ms=3)])
+    t = recovery.triage(state, set())
+    assert [i.marker_key for i in t.resolve] == ["r-1.main.a.1", "r-1.main.b.1"]
+    events = recovery.resolution_events(state, t.resolve, {"r-1.main.a.1": REF}, at_ms=7)
+    assert isinstance(events[0], AttemptSucceeded) and events[0].output_ref == REF and events[0].recovered
+    assert isinstance(events[1], AttemptFailed) and events[1].error_kind == recovery.EXECUTOR_LOST
+    assert events[1].recovered
+
+
+def test_inherited_intent_is_resolved_from_its_origin_even_with_a_live_executor() -> None:
+    fork = BranchForked(branch_id="b-2", parent_branch_id="main", fork_lsn=12, from_step=None, at_ms=1)
+    # 10 created, 12 a#1 by x-live, 14 a ok (after the fork point), 16 fork, 18 a#2 on b-2
+    state, _ = folded([dispatch("a", 1, "x-live")], [ok("a", 1, ref=OTHER_REF)], [fork],
+                      [dispatch("a", 2, "x-live", branch="b-2")])
+    intent, latest = recovery.open_intents(state)  # the inherited a#1 and the in-flight a#2
+    assert (intent.branch_id, intent.origin_branch_id, intent.superseded) == ("b-2", "main", True)
+    assert (latest.attempt, latest.inherited) == (2, False)
+    t = recovery.triage(state, {"x-live"})
+    assert t.resolve == (intent,) and [w.intent for w in t.waiting] == [latest]
+    [event] = recovery.resolution_events(state, t.resolve, {}, at_ms=1)
+    assert isinstance(event, AttemptSucceeded) and event.output_ref == OTHER_REF and event.branch_id == "b-2"
+
+
+def test_intent_on_an_abandoned_branch_is_settled() -> None:
+    fork = BranchForked(branch_id="b-2", parent_branch_id="main", fork_lsn=10, from_step=None, at_ms=1)
+    state, _ = folded([RunStarted(executor_id="x-dead", at_ms=1)], [dispatch("a", 1, "x-dead")], [fork])
+    t = recovery.triage(state, set())
+    assert [(i.branch_id, i.marker_key) for i in t.resolve] == [("main", "r-1.main.a.1")]
