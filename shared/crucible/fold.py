@@ -97,8 +97,11 @@ def _close(run: Run, row: Row) -> Run:
                    solved_any=run.solved_any or row.goal_met, spent=_spend(run, wall_ms=row.wall_ms))
 
 
-def _opened(run: Run, it: int) -> OpenIteration:
-    return run.open_it if run.open_it is not None and run.open_it.it == it else OpenIteration(it=it)
+def _touch(run: Run, it: int) -> Run:
+    """The run with iteration ``it`` open; opening a new one counts it against the iteration budget."""
+    if run.open_it is not None and run.open_it.it == it:
+        return run
+    return replace(run, open_it=OpenIteration(it=it), spent=_spend(run, iterations=1))
 
 
 def apply_run(run: Run, event: AnySessionEvent) -> Run:
@@ -111,19 +114,26 @@ def apply_run(run: Run, event: AnySessionEvent) -> Run:
         case SegmentOpened():
             return _open_segment(run, event)
         case ProposalMade(it=it, cost_usd=cost, note=note, outcome=outcome, detail=detail):
-            # the iteration starts: it is counted (and billed) whatever becomes of it
-            open_it = replace(_opened(run, it), note=note, cost_usd=_opened(run, it).cost_usd + cost)
-            return replace(run, open_it=open_it, spent=_spend(run, iterations=1, cost_usd=cost),
+            # the iteration is counted (and billed) whatever becomes of it
+            run = _touch(run, it)
+            assert run.open_it is not None
+            open_it = replace(run.open_it, note=note, cost_usd=run.open_it.cost_usd + cost)
+            return replace(run, open_it=open_it, spent=_spend(run, cost_usd=cost),
                            rescope_to=detail if outcome == "rescope" else run.rescope_to)
         case ProvisioningBlocked(it=it, resource=res, reason=reason, cost_usd=cost, at_ms=at):
-            opened = _opened(run, it)
-            return replace(run, pending_block=PendingProvisioning(it=it, resource=res, reason=reason, since_ms=at),
-                           open_it=replace(opened, cost_usd=opened.cost_usd + cost),
+            run = _touch(run, it)
+            assert run.open_it is not None
+            prev = run.pending_block
+            since = prev.since_ms if prev is not None and (prev.it, prev.resource) == (it, res) else at
+            return replace(run, pending_block=PendingProvisioning(it=it, resource=res, reason=reason, since_ms=since),
+                           open_it=replace(run.open_it, cost_usd=run.open_it.cost_usd + cost),
                            spent=_spend(run, cost_usd=cost))
         case ProvisioningCleared(waited_ms=waited):
             return replace(run, pending_block=None, parked_total=run.parked_total + timedelta(milliseconds=waited))
         case CandidateApplied(it=it, sha=sha):
-            return replace(run, open_it=replace(_opened(run, it), sha=sha))
+            run = _touch(run, it)
+            assert run.open_it is not None
+            return replace(run, open_it=replace(run.open_it, sha=sha))
         case ParkEnded(parked_ms=parked):
             return replace(run, parked_total=run.parked_total + timedelta(milliseconds=parked),
                            spent=_spend(run, wall_ms=parked))

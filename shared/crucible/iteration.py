@@ -25,7 +25,7 @@ from msgspec.structs import replace
 
 from shared.crucible.config import Direction, NoiseSpec
 from shared.crucible.noise import goal_met, improvement, margin
-from shared.crucible.state import InvalidReading, Measurement, Reading, Row, Segment, Snapshot, Verdict
+from shared.crucible.state import InvalidReading, Measurement, Reading, Row, Run, Segment, Snapshot, Verdict
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,3 +161,16 @@ def gate_row(*, it: int, regime: str, verdict: Verdict, best_score: float, reaso
     """The row of an iteration a gate or the proposer ended before it entered ``Proposed``."""
     return Row(it=it, regime=regime, verdict=verdict, best_score=best_score, note=note, diffstat=diffstat,
                cost_usd=cost_usd, wall_ms=wall_ms, reason=reason)
+
+
+def interrupted_row(run: Run, reason: str = "interrupted (process died); resumed") -> Row | None:
+    """The row of the iteration in flight when the driver died, for ``SessionResumed`` (``None`` if none).
+
+    Resume rolls the world back to the best snapshot, so whatever the iteration
+    had reached (proposed, applied, measured) it is abandoned, never kept.
+    """
+    o = run.open_it
+    if o is None:
+        return None
+    return Row(it=o.it, regime=run.segment.regime, verdict=Verdict.ABANDONED, best_score=run.segment.best_score,
+               sha=o.sha, note=o.note, cost_usd=o.cost_usd, reason=reason)

@@ -1,0 +1,106 @@
+"""Crucible service: a worker that runs and resumes sessions on command (brief §6).
+
+Commands (JSON, on Reel's commands stream, so none is lost while no worker runs):
+
+* ``<ns>.cmd.crucible.run``    — :class:`RunSession` ``{config, session_id?}``; ``config`` is a
+  resolved :class:`~shared.crucible.config.SessionConfig` (absolute paths: ``reel crucible run``
+  resolves files, a service has no config directory to be relative to).
+* ``<ns>.cmd.crucible.resume`` — :class:`ResumeSession` ``{session_id}``.
+
+The worker acknowledges at once on the command's ``Reel-Reply-To`` inbox (``Reply``
+with ``run_id`` = the session id) and then drives the session to its end; the
+command message stays un-acked (kept alive with in-progress acks) until then, so
+if the worker dies JetStream redelivers it — a redelivered ``run`` of a session that
+exists already is turned into a ``resume`` — and another worker continues from the
+log. SIGTERM stops every session at its next gate (``LoopExit.STOPPED``, resumable).
+Several workers share one durable consumer (``<ns>_crucible``); one session is
+only ever driven by one of them (world lock + the log's expected-sequence fence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import msgspec
+import structlog
+
+from services.crucible.session import Backend, resume_session, start_session
+from services.crucible.sessionlog import SessionLog, ensure_stream
+from shared.blobstore import JetStreamBlobStore
+from shared.commands import Reply, decode_command, error_reply
+from shared.config import Config
+from shared.crucible.config import SessionConfig, validate
+from shared.crucible.errors import ConfigInvalid, SessionExists
+from shared.crucible.names import CrucibleNames
+from shared.errors import ReelError
+from shared.jetstream import Infra
+from shared.service import Ack, Command, CommandConsumer, send_reply
+
+log = structlog.get_logger("reel.crucible")
+
+
+class RunSession(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Start a session (``<ns>.cmd.crucible.run``). ``session_id`` makes a repeated command harmless."""
+
+    config: SessionConfig
+    session_id: str | None = None
+
+
+class ResumeSession(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Continue a session from its log (``<ns>.cmd.crucible.resume``)."""
+
+    session_id: str
+
+
+def session_id_for(cmd: Command) -> str:
+    """The session id of a ``run`` without one: derived from the message, so a redelivery maps to it again."""
+    return "cs-" + hashlib.sha256(f"{cmd.msg_id or ''}:{cmd.stream_seq}".encode()).hexdigest()[:12]
+
+
+class Worker:
+    """Handles crucible commands for one service instance."""
+
+    def __init__(self, infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
+        self.infra, self.cfg, self.stop = infra, cfg, stop
+        self.backend = Backend(nc=infra.nc, cfg=cfg, log=SessionLog(infra.nc, cfg, writer="crucible-service"),
+                               blobs=JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket))
+
+    async def handle(self, cmd: Command) -> Ack:
+        """Reply, then drive the session until it ends (or this worker stops)."""
+        structlog.contextvars.bind_contextvars(command=cmd.subject.rsplit(".", 1)[-1])
+        try:
+            if cmd.subject.endswith(".run"):
+                start = decode_command(cmd.data, RunSession)
+                sid = start.session_id or session_id_for(cmd)
+                validate(start.config)
+                resume = await self.backend.log.exists(sid)
+            else:
+                sid, resume = decode_command(cmd.data, ResumeSession).session_id, True
+                await self.backend.log.load(sid)  # SessionNotFound before anything else
+        except ReelError as exc:
+            await send_reply(self.infra, cmd, error_reply(exc))
+            return Ack.ACK
+        await send_reply(self.infra, cmd, Reply(ok=True, run_id=sid, status="resuming" if resume else "starting"))
+        try:
+            if resume:
+                exit_ = await resume_session(self.backend, sid, stop=self.stop)
+            else:
+                sid, exit_ = await start_session(self.backend, start.config, stop=self.stop, session_id=sid)
+        except SessionExists:
+            exit_ = await resume_session(self.backend, sid, stop=self.stop)
+        except (ConfigInvalid, ReelError) as exc:
+            log.warning("crucible.command_failed", session_id=sid, code=exc.code, reason=exc.message)
+            return Ack.NAK if exc.retryable else Ack.ACK
+        log.info("crucible.session_done", session_id=sid, exit=exit_.value, exit_code=exit_.exit_code)
+        return Ack.ACK
+
+
+async def serve(infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
+    """Run one Crucible worker until ``stop`` is set (creates the session-log stream idempotently)."""
+    await ensure_stream(infra.js, cfg)
+    names = CrucibleNames(cfg.names)
+    worker = Worker(infra, cfg, stop)
+    consumer = CommandConsumer(infra, cfg, names.consumer_service, [names.command("run"), names.command("resume")],
+                               worker.handle, concurrency=cfg.max_concurrent_runs)
+    await consumer.run(stop)

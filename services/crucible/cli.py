@@ -1,0 +1,202 @@
+"""``reel crucible …``: run, resume and show autoresearch sessions (issue 4; docs/crucible.md).
+
+Mounted by the ``reel`` CLI as ``reel crucible``; also runnable alone as
+``python -m services.crucible.cli``.
+
+NATS: ``--nats-url`` / ``$NATS_URL`` if given; otherwise an embedded nats-server
+is started for the duration of the command with a persistent JetStream store
+(``--store-dir``, default ``.reel/crucible-js`` under the current directory), so a
+``resume`` after a kill finds the session log.
+
+Exit codes of ``run``/``resume``: 0 Solved, 3 Finished, 4 Budget, 5 Stopped,
+6 Escalated; 1 an error (one line on stderr), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import typer
+from nats.errors import NoServersError
+from rich.console import Console
+
+from services.crucible import report
+from services.crucible.session import Backend, backend, load_config_file, resume_session, start_session
+from shared.config import Config
+from shared.crucible.fold import SessionState
+from shared.crucible.state import LoopExit
+from shared.errors import ReelError
+from shared.logging import setup_logging
+from shared.natsserver import NatsServerNotFound, embedded_server
+from shared.subjects import Names
+
+app = typer.Typer(
+    help="Crucible, the autoresearch loop: a proposer edits a git world, a frozen judge scores it, "
+         "the loop keeps improvements and rolls back the rest; every step is logged on JetStream.",
+    no_args_is_help=True, add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+DEFAULT_STORE = ".reel/crucible-js"
+
+NatsUrl = typer.Option(None, "--nats-url", envvar="NATS_URL",
+                       help="NATS server(s); default: an embedded server on --store-dir.")
+Namespace = typer.Option(None, "--namespace", envvar="REEL_NAMESPACE", help="Reel namespace (default reel).")
+StoreDir = typer.Option(Path(DEFAULT_STORE), "--store-dir", help="JetStream store of the embedded server.")
+
+
+@contextlib.asynccontextmanager
+async def _nats(url: str | None, store_dir: Path) -> AsyncIterator[str]:
+    if url:
+        yield url
+        return
+    async with embedded_server(store_dir=str(store_dir)) as srv:
+        yield srv.url
+
+
+def _cfg(url: str, namespace: str | None) -> Config:
+    return Config.from_env(nats_url=url, names=Names(namespace) if namespace else None)
+
+
+def _execute(url: str | None, namespace: str | None, store_dir: Path, writer: str,
+             body: Callable[[Backend, asyncio.Event], Awaitable[T]]) -> T:
+    """Run ``body`` against NATS with SIGINT/SIGTERM setting the stop event; errors become one line + exit 1."""
+
+    if not url:
+        store_dir = store_dir.resolve()
+        store_dir.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> T:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _stopper(stop))
+        async with _nats(url, store_dir) as nats_url, backend(_cfg(nats_url, namespace), writer=writer) as b:
+            return await body(b, stop)
+
+    try:
+        return asyncio.run(main())
+    except ReelError as exc:
+        err.print(f"error: {exc.message}", highlight=False)
+    except (NoServersError, OSError, NatsServerNotFound, RuntimeError) as exc:
+        err.print(f"error: cannot reach NATS: {exc or type(exc).__name__}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _stopper(stop: asyncio.Event) -> Callable[[], None]:
+    def on_signal() -> None:
+        if not stop.is_set():
+            err.print("stop requested: finishing the current iteration…", highlight=False)
+        stop.set()
+
+    return on_signal
+
+
+async def _finish(b: Backend, session_id: str, exit_: LoopExit, quiet: bool) -> LoopExit:
+    if not quiet:
+        state = await b.log.load(session_id)
+        out.print(report.rows_table(state))
+        out.print(report.summary(state), highlight=False)
+    out.print(f"session: {session_id}", highlight=False)
+    return exit_
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Session config (YAML or JSON)."),
+    session: str | None = typer.Option(None, "--session", help="Session id (default: a fresh cs-… id)."),
+    nats_url: str | None = NatsUrl,
+    namespace: str | None = Namespace,
+    store_dir: Path = StoreDir,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the session id."),
+) -> None:
+    """Start a session from CONFIG and run it to its end (exit code = how it ended)."""
+    setup_logging("crucible")
+    try:
+        spec = load_config_file(config)
+    except ReelError as exc:
+        err.print(f"error: {exc.message}", highlight=False)
+        raise typer.Exit(1) from exc
+
+    async def body(b: Backend, stop: asyncio.Event) -> LoopExit:
+        sid, exit_ = await start_session(b, spec, stop=stop, session_id=session)
+        return await _finish(b, sid, exit_, quiet)
+
+    raise typer.Exit(_execute(nats_url, namespace, store_dir, "crucible-cli", body).exit_code)
+
+
+@app.command()
+def resume(
+    session: str = typer.Argument(..., help="Session id."),
+    nats_url: str | None = NatsUrl,
+    namespace: str | None = Namespace,
+    store_dir: Path = StoreDir,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the session id."),
+) -> None:
+    """Continue SESSION from its log (a finished session just reports its exit again)."""
+    setup_logging("crucible")
+
+    async def body(b: Backend, stop: asyncio.Event) -> LoopExit:
+        exit_ = await resume_session(b, session, stop=stop)
+        return await _finish(b, session, exit_, quiet)
+
+    raise typer.Exit(_execute(nats_url, namespace, store_dir, "crucible-cli", body).exit_code)
+
+
+@app.command()
+def show(
+    session: str = typer.Argument(..., help="Session id."),
+    tsv: Path | None = typer.Option(None, "--tsv", help="Write the rows as TSV here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the session (rows, run, outcome) as JSON."),
+    png: Path | None = typer.Option(None, "--png", help="Draw score over iterations to this PNG."),
+    nats_url: str | None = NatsUrl,
+    namespace: str | None = Namespace,
+    store_dir: Path = StoreDir,
+) -> None:
+    """Print SESSION's rows (iteration, verdict, readings, score, delta, kept sha) and export them."""
+    setup_logging("crucible", level=os.environ.get("REEL_LOG_LEVEL", "WARNING"))
+
+    async def body(b: Backend, stop: asyncio.Event) -> SessionState:
+        return await b.log.load(session)
+
+    state = _execute(nats_url, namespace, store_dir, "crucible-show", body)
+    out.print(report.rows_table(state))
+    out.print(report.summary(state), highlight=False)
+    if tsv:
+        tsv.write_text(report.to_tsv(state.run.rows if state.run else ()))
+    if json_path:
+        json_path.write_bytes(report.to_json(state))
+    if png:
+        report.plot_png(state, png)
+
+
+@app.command("ls")
+def list_sessions(nats_url: str | None = NatsUrl, namespace: str | None = Namespace,
+                  store_dir: Path = StoreDir) -> None:
+    """List session ids with their exit."""
+    setup_logging("crucible", level=os.environ.get("REEL_LOG_LEVEL", "WARNING"))
+
+    async def body(b: Backend, stop: asyncio.Event) -> None:
+        for sid in await b.log.sessions():
+            state = await b.log.load(sid)
+            ended = state.ended.exit.value if state.ended else "open"
+            best = f"{state.run.segment.best_score:.6g}" if state.run else "-"
+            out.print(f"{sid}\t{state.started.config.name}\t{ended}\tbest {best}", highlight=False)
+
+    _execute(nats_url, namespace, store_dir, "crucible-show", body)
+
+
+def main() -> None:
+    """Entry point of ``python -m services.crucible.cli``."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The judge: a command that prints a score, frozen by a fingerprint (issue 4, Judge; ADR-0001).
+
+Fingerprint — sha256 over: the command (``{python}`` resolved), the direction,
+the declared environment, and the content of every file the judge reads
+(``reads``: files, or directories hashed recursively by relative path and
+content; a missing one hashes as missing). It is recorded when a segment opens
+and recomputed before every measurement; any difference stops the run.
+
+Output — the judge's last non-empty stdout line is either a JSON object
+``{"score": <number>, "total": <int, optional>}``, a bare number, or a line
+containing ``score: <number>`` / ``score=<number>``.
+
+Readings — exit 0 with a finite value is a valid repeat. A non-zero exit (crash),
+a timeout, NaN/±inf or no value is an :class:`~shared.crucible.state.InvalidReading`
+(never a score, never a keep); the measurement stops at the first invalid repeat.
+Exit 75 (EX_TEMPFAIL) means "a resource I need is unavailable": an
+:class:`Unavailable`, which parks the iteration instead of discarding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.crucible import proc
+from shared.crucible.config import JudgeSpec
+from shared.crucible.noise import aggregate
+from shared.crucible.state import InvalidReading, Measurement, Reading
+
+_SCORE_RE = re.compile(r"score\s*[:=]\s*([^\s,;]+)", re.IGNORECASE)
+_READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The judge's identity: ``digest`` over ``parts`` (component name → sha256 hex)."""
+
+    digest: str
+    parts: dict[str, str]
+
+    def changed(self, other_parts: dict[str, str]) -> tuple[str, ...]:
+        """Component names whose hash differs from ``other_parts`` (added/removed included)."""
+        keys = set(self.parts) | set(other_parts)
+        return tuple(sorted(k for k in keys if self.parts.get(k) != other_parts.get(k)))
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """The judge (or proposer) reported a missing resource (exit 75): wait and retry, do not discard."""
+
+    reason: str
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _hash_file(path: Path, h: hashlib._Hash) -> None:
+    with path.open("rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            h.update(chunk)
+
+
+def _hash_path(path: Path) -> str:
+    if path.is_file():
+        h = hashlib.sha256(b"file\0")
+        _hash_file(path, h)
+        return h.hexdigest()
+    if path.is_dir():
+        h = hashlib.sha256(b"dir\0")
+        for f in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+            _hash_file(f, h)
+            h.update(b"\0")
+        return h.hexdigest()
+    return _sha(b"missing")
+
+
+def read_path(world: Path, read: str) -> Path:
+    """Where a ``reads`` entry points: world-relative unless absolute."""
+    p = Path(read)
+    return p if p.is_absolute() else world / p
+
+
+def fingerprint(spec: JudgeSpec, world: Path) -> Fingerprint:
+    """Compute the judge's fingerprint against the world as it is now (reads files; blocking)."""
+    parts = {
+        "command": _sha(json.dumps(proc.resolve_argv(spec.command)).encode()),
+        "direction": _sha(spec.direction.encode()),
+        "env": _sha(json.dumps(sorted(spec.env.items())).encode()),
+    }
+    for read in spec.reads:
+        parts[f"read:{read}"] = _hash_path(read_path(world, read))
+    digest = _sha(json.dumps(sorted(parts.items())).encode())
+    return Fingerprint(digest=digest, parts=parts)
+
+
+async def fingerprint_async(spec: JudgeSpec, world: Path) -> Fingerprint:
+    """:func:`fingerprint` off the event loop."""
+    return await asyncio.to_thread(fingerprint, spec, world)
+
+
+def parse_score(stdout: str) -> tuple[float | None, int | None, str]:
+    """``(value, total, problem)`` from the judge's output; ``problem`` is ``""`` when the value is usable.
+
+    ``value`` is ``None`` when no number was found; NaN/±inf come back as values
+    with the problem ``"nan"`` / ``"inf"``.
+    """
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        return None, None, "missing value (no output)"
+    last = lines[-1]
+    value: float | None = None
+    total: int | None = None
+    if last.startswith("{"):
+        try:
+            obj = json.loads(last)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            raw, raw_total = obj.get("score"), obj.get("total")
+            value = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+            total = int(raw_total) if isinstance(raw_total, int) and not isinstance(raw_total, bool) else None
+    else:
+        m = _SCORE_RE.search(last)
+        token = m.group(1) if m else last.split()[-1]
+        try:
+            value = float(token)
+        except ValueError:
+            value = None
+    if value is None:
+        return None, None, f"missing value (last line: {last[:120]!r})"
+    if math.isnan(value):
+        return value, total, "nan"
+    if math.isinf(value):
+        return value, total, "inf"
+    return value, total, ""
+
+
+class Judge:
+    """Runs one regime's judge command in a world."""
+
+    def __init__(self, spec: JudgeSpec, world: Path) -> None:
+        self.spec = spec
+        self.world = world
+
+    def env(self) -> dict[str, str]:
+        """Minimal inherited environment plus the declared one (nothing else reaches the judge)."""
+        return {**proc.base_env(), **self.spec.env}
+
+    async def fingerprint(self) -> Fingerprint:
+        """The fingerprint as of now."""
+        return await fingerprint_async(self.spec, self.world)
+
+    async def once(self) -> tuple[float, int | None] | InvalidReading | Unavailable:
+        """One run of the command: a finite ``(value, total)``, an invalid reading, or unavailable."""
+        try:
+            done = await proc.run(self.spec.command, cwd=self.world, env=self.env(), timeout_s=self.spec.timeout_s)
+        except OSError as exc:
+            return InvalidReading(reason=f"crash: cannot start judge: {exc}")
+        if done.timed_out:
+            return InvalidReading(reason=f"timeout after {self.spec.timeout_s:g}s", judge_ms=done.wall_ms)
+        if done.returncode == proc.EX_TEMPFAIL:
+            return Unavailable(reason=done.last_line("stderr") or done.last_line() or "judge unavailable (exit 75)")
+        if done.returncode != 0:
+            why = done.last_line("stderr") or done.last_line()
+            return InvalidReading(reason=f"crash: exit {done.returncode}" + (f": {why}" if why else ""),
+                                  judge_ms=done.wall_ms)
+        value, total, problem = parse_score(done.stdout)
+        if problem or value is None:
+            return InvalidReading(reason=problem or "missing value", judge_ms=done.wall_ms)
+        return value, total
+
+    async def measure(self, repeats: int) -> Measurement | Unavailable:
+        """Run the command ``repeats`` times; a valid :class:`Reading` only if every repeat was valid."""
+        values: list[float] = []
+        total: int | None = None
+        wall_ms = 0
+        for _ in range(repeats):
+            started = asyncio.get_running_loop().time()
+            got = await self.once()
+            wall_ms += int((asyncio.get_running_loop().time() - started) * 1000)
+            if isinstance(got, Unavailable):
+                return got
+            if isinstance(got, InvalidReading):
+                return InvalidReading(reason=got.reason, values=tuple(values), judge_ms=wall_ms)
+            values.append(got[0])
+            total = got[1] if got[1] is not None else total
+        return Reading(values=tuple(values), score=aggregate(values), total=total, judge_ms=wall_ms)

@@ -1,0 +1,116 @@
+"""Rendering a session: rich table, TSV, JSON and a PNG of score over iterations (issue 4, Output)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+from rich.table import Table
+
+from shared.crucible.fold import SessionState
+from shared.crucible.state import Row, Verdict
+
+TSV_COLUMNS = ("it", "regime", "verdict", "readings", "score", "delta", "best", "sha", "kept_sha", "cost_usd",
+               "wall_ms", "note", "reason")
+_STYLE = {Verdict.KEEP: "bold green", Verdict.DISCARD: "yellow", Verdict.INVALID: "red", Verdict.DENIED: "red",
+          Verdict.FAILED: "red", Verdict.ESCALATED: "bold red", Verdict.ABANDONED: "magenta", Verdict.SKIP: "dim"}
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def _readings(r: Row) -> str:
+    return ",".join("∅" if v is None else f"{v:.6g}" for v in r.readings)
+
+
+def _delta(x: float | None) -> str:
+    return "" if x is None else f"{x:+.6g}"
+
+
+def rows_table(state: SessionState) -> Table:
+    """The rows as a rich table: iteration, verdict, readings, score, delta, kept sha."""
+    title = f"crucible session {state.session_id} — {state.started.config.name}"
+    t = Table(title=title, show_lines=False)
+    for col, just in (("it", "right"), ("regime", "left"), ("verdict", "left"), ("readings", "left"),
+                      ("score", "right"), ("delta", "right"), ("best", "right"), ("kept sha", "left"),
+                      ("note / reason", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in state.run.rows if state.run else ():
+        t.add_row(str(r.it), r.regime, f"[{_STYLE.get(r.verdict, '')}]{r.verdict.value}[/]", _readings(r),
+                  _num(r.score), _delta(r.delta), _num(r.best_score), (r.kept_sha or "")[:12],
+                  (r.note + (f" — {r.reason}" if r.reason and r.verdict is not Verdict.DISCARD else ""))[:90])
+    return t
+
+
+def summary(state: SessionState) -> str:
+    """One line: exit (code), best score and snapshot, spend."""
+    run = state.run
+    ended = state.ended
+    head = f"exit: {ended.exit.value} ({ended.exit.exit_code}) — {ended.reason}" if ended else "exit: (running)"
+    if run is None:
+        return head
+    seg = run.segment
+    return (f"{head}\nregime {seg.regime}: baseline {seg.baseline_score:.6g} → best {seg.best_score:.6g} at "
+            f"{seg.best_snap[:12]}; {run.spent.iterations} iterations, {len(run.kept_shas)} kept, "
+            f"${run.spent.cost_usd:.4f}, active {run.active_ms / 1000:.1f}s, parked "
+            f"{run.parked_total.total_seconds():.1f}s")
+
+
+def to_tsv(rows: Sequence[Row]) -> str:
+    """Rows as tab-separated values with a header line."""
+    out = io.StringIO()
+    out.write("\t".join(TSV_COLUMNS) + "\n")
+    for r in rows:
+        cells = (str(r.it), r.regime, r.verdict.value, _readings(r), _num(r.score), _delta(r.delta),
+                 _num(r.best_score), r.sha or "", r.kept_sha or "", f"{r.cost_usd:.6g}", str(r.wall_ms), r.note,
+                 r.reason)
+        out.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
+    return out.getvalue()
+
+
+def to_json(state: SessionState) -> bytes:
+    """The session as JSON: id, config, rows, the ``Run`` and (if ended) its ``Outcome``."""
+    run = state.run
+    doc = {
+        "session_id": state.session_id, "lsn": state.lsn, "config": state.started.config,
+        "base_sha": state.started.base_sha, "world_dir": state.started.world_dir,
+        "rows": run.rows if run else [], "run": run,
+        "outcome": run.outcome() if run is not None and run.exit is not None else None,
+        "ended": state.ended,
+    }
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2)
+
+
+def plot_png(state: SessionState, path: Path) -> None:
+    """Score over iterations: every measured row, kept ones highlighted, the best-so-far as a step line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = state.run.rows if state.run else ()
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    measured = [r for r in rows if r.score is not None]
+    kept = [r for r in measured if r.verdict is Verdict.KEEP]
+    other = [r for r in measured if r.verdict is not Verdict.KEEP]
+    ax.scatter([r.it for r in other], [r.score or 0.0 for r in other], color="tab:gray", label="discarded", zorder=2)
+    ax.scatter([r.it for r in kept], [r.score or 0.0 for r in kept], color="tab:green", label="kept", zorder=3)
+    invalid = [r for r in rows if r.verdict is Verdict.INVALID]
+    for r in invalid:
+        ax.axvline(r.it, color="tab:red", alpha=0.25, lw=1)
+    if rows:
+        first = rows[0]
+        start = first.score - first.delta if first.score is not None and first.delta is not None else first.best_score
+        ax.step([0] + [r.it for r in rows], [start] + [r.best_score for r in rows], where="post", color="tab:blue",
+                label="best", zorder=1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("score")
+    ax.set_title(f"{state.started.config.name} — {state.session_id}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

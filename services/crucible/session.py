@@ -1,0 +1,170 @@
+"""Starting and resuming sessions: the shell around :func:`services.crucible.loop.run_loop`.
+
+* :func:`start_session` — clone the world, commit ``SessionStarted`` (fenced on
+  "subject empty", so a session id is created once), baseline, loop.
+* :func:`resume_session` — fold the log (ADR 0004 open question 3). A session that
+  ended with a final exit is left alone and its exit returned (resuming twice is
+  idempotent: no new events). Otherwise the world is reset to the log's best
+  snapshot, the iteration in flight is recorded as abandoned (``SessionResumed``),
+  and the loop continues with the log's counters, spend and best sha.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from nats.aio.client import Client
+
+from services.crucible.gates import protected_paths
+from services.crucible.loop import Driver, now_ms, open_segment, run_loop
+from services.crucible.proposer import make_proposer
+from services.crucible.sessionlog import SessionLog, ensure_stream
+from services.crucible.world import GitWorld
+from shared.blobstore import JetStreamBlobStore
+from shared.config import Config
+from shared.crucible.config import SessionConfig, parse_config
+from shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
+from shared.crucible.events import SegmentOpened, SessionResumed, SessionStarted
+from shared.crucible.fold import SessionState
+from shared.crucible.iteration import interrupted_row
+from shared.crucible.state import LoopExit
+from shared.ids import is_token
+from shared.jetstream import connect, ensure_infra
+
+log = structlog.get_logger("reel.crucible")
+
+
+def load_config_file(path: Path) -> SessionConfig:
+    """Read a YAML or JSON session config and resolve it (paths absolute, ``${VAR}`` expanded).
+
+    Relative ``world.repo`` is relative to the file's directory, relative
+    ``world.workdir`` to the current directory.
+
+    Raises:
+        ConfigInvalid: unreadable file, bad YAML/JSON, or an invalid config.
+    """
+    import yaml
+
+    path = path.resolve()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigInvalid(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigInvalid(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigInvalid(f"{path}: the top level must be a mapping")
+    return parse_config(data, config_dir=str(path.parent), cwd=os.getcwd(), environ=os.environ,
+                        config_path=str(path))
+
+
+def new_session_id() -> str:
+    """A fresh session id (``cs-`` + 12 hex), one NATS subject token."""
+    return "cs-" + uuid.uuid4().hex[:12]
+
+
+@dataclass
+class Backend:
+    """What a driver needs from NATS: the session log and the blob store."""
+
+    nc: Client
+    cfg: Config
+    log: SessionLog
+    blobs: JetStreamBlobStore
+
+
+@contextlib.asynccontextmanager
+async def backend(cfg: Config, *, writer: str) -> AsyncIterator[Backend]:
+    """Connect, create Reel's and Crucible's streams idempotently, and close on exit."""
+    nc = await connect(cfg, name=f"reel-{writer}")
+    try:
+        infra = await ensure_infra(nc, cfg)
+        await ensure_stream(infra.js, cfg)
+        yield Backend(nc=nc, cfg=cfg, log=SessionLog(nc, cfg, writer=writer),
+                      blobs=JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket))
+    finally:
+        await nc.close()
+
+
+def _driver(b: Backend, state: SessionState, world: GitWorld, stop: asyncio.Event) -> Driver:
+    return Driver(state=state, log=b.log, world=world, proposer=make_proposer(state.started.config.proposer),
+                  blobs=b.blobs, stop=stop)
+
+
+async def start_session(b: Backend, config: SessionConfig, *, stop: asyncio.Event,
+                        session_id: str | None = None) -> tuple[str, LoopExit]:
+    """Create a session and run it to its end; ``(session_id, exit)``.
+
+    Raises:
+        ConfigInvalid: ``session_id`` is not a valid token.
+        SessionExists: the id already has a log.
+        WorldError: the world could not be cloned.
+    """
+    sid = session_id or new_session_id()
+    if not is_token(sid):
+        raise ConfigInvalid(f"session id {sid!r} must be letters, digits, '-' or '_' (≤ 128)")
+    structlog.contextvars.bind_contextvars(session_id=sid)
+    if await b.log.exists(sid):
+        raise SessionExists(f"session {sid} already exists; use `reel crucible resume {sid}`")
+    world, base = await GitWorld.create(config.world, sid)
+    with world.lock():
+        started = SessionStarted(session_id=sid, config=config, base_sha=base, world_dir=str(world.root),
+                                 protected=protected_paths(config, Path(config.world.repo)), at_ms=now_ms())
+        try:
+            lsn, _ = await b.log.append(sid, [started], expected_lsn=0)
+        except SessionBusy as exc:
+            raise SessionExists(f"session {sid} already exists; use `reel crucible resume {sid}`") from exc
+        d = _driver(b, SessionState(started=started, lsn=lsn), world, stop)
+        log.info("crucible.started", world=str(world.root), base=base[:12], protected=list(started.protected))
+        ended = await open_segment(d, config.regimes[0], "baseline")
+        return sid, ended if ended is not None else await run_loop(d)
+
+
+async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) -> LoopExit:
+    """Continue a session from its log (see module doc); its exit.
+
+    Raises:
+        SessionNotFound: no such session.
+        SessionBusy: another process drives it.
+        WorldError: its world directory is gone.
+    """
+    structlog.contextvars.bind_contextvars(session_id=session_id)
+    state = await b.log.load(session_id)
+    if state.ended is not None and state.ended.exit.terminal:
+        return state.ended.exit
+    world = GitWorld.open(state.started.world_dir, session_id)
+    with world.lock():
+        state = await b.log.load(session_id)  # under the lock: nobody else writes now
+        if state.ended is not None and state.ended.exit.terminal:
+            return state.ended.exit
+        d = _driver(b, state, world, stop)
+        await d.best()
+        abandoned = interrupted_row(state.run) if state.run is not None else None
+        await d.commit(SessionResumed(abandoned=abandoned, at_ms=now_ms()))
+        log.info("crucible.resumed", lsn=d.state.lsn, abandoned=abandoned.it if abandoned else None,
+                 best=d.run.segment.best_snap[:12] if d.state.run else None)
+        if d.state.run is None:
+            ended = await open_segment(d, d.cfg.regimes[0], "baseline")
+            if ended is not None:
+                return ended
+        else:
+            d.fingerprint_parts = await _baseline_parts(b, session_id)
+        return await run_loop(d)
+
+
+async def _baseline_parts(b: Backend, session_id: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for e in await b.log.events(session_id):
+        if isinstance(e, SegmentOpened):
+            parts = e.fingerprint_parts
+    return parts

@@ -1,0 +1,99 @@
+"""The session log on JetStream: stream ``<NS>_CRUCIBLE``, subject ``<ns>.crucible.<session_id>`` (issue 4).
+
+Same commit discipline as run events (brief §4): one writer per session, every
+commit one message fenced with ``Nats-Expected-Last-Subject-Sequence`` (the LSN
+the writer last saw) and carrying its commit id as ``Nats-Msg-Id``; LSN = stream
+sequence; reads are batched Direct Gets of the session's own subject
+(:class:`shared.eventlog.SubjectLog`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js.errors import BadRequestError
+
+from shared.config import Config
+from shared.crucible.errors import SessionBusy, SessionNotFound
+from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
+from shared.crucible.fold import SessionState, fold
+from shared.crucible.names import CrucibleNames
+from shared.errors import ConcurrencyConflict
+from shared.eventlog import SubjectLog
+from shared.ids import new_commit_id
+
+DUPLICATE_WINDOW_S = 120.0
+STREAM_IN_USE = 10058
+
+
+async def ensure_stream(js: JetStreamContext, cfg: Config) -> None:
+    """Create (or update to) the session-log stream; idempotent."""
+    names = CrucibleNames(cfg.names)
+    config = jsapi.StreamConfig(
+        name=names.stream, subjects=[names.all_sessions], num_replicas=cfg.replicas,
+        storage=jsapi.StorageType.MEMORY if cfg.storage == "memory" else jsapi.StorageType.FILE,
+        retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
+        description="Crucible session logs: one subject per session, one message per commit, LSN = stream sequence",
+    )
+    try:
+        await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != STREAM_IN_USE:
+            raise
+        await js.update_stream(config)
+
+
+class SessionLog:
+    """Guarded appends and cold reads of session logs."""
+
+    def __init__(self, nc: Client, cfg: Config, *, writer: str = "crucible") -> None:
+        self.names = CrucibleNames(cfg.names)
+        self.subjects = SubjectLog(nc, self.names.stream, self.names.session)
+        self.writer = writer
+
+    async def append(self, session_id: str, events: Sequence[AnySessionEvent], *, expected_lsn: int,
+                     commit_id: str | None = None) -> tuple[int, SessionCommit]:
+        """Commit ``events`` atomically (one message); its LSN and the commit.
+
+        Raises:
+            SessionBusy: someone else wrote to the session since ``expected_lsn``.
+        """
+        commit = SessionCommit(commit_id=commit_id or new_commit_id(), session_id=session_id, writer=self.writer,
+                               events=tuple(events))
+        try:
+            lsn = await self.subjects.append(session_id, encode_session_commit(commit), expected_seq=expected_lsn,
+                                             commit_id=commit.commit_id)
+        except ConcurrencyConflict as exc:
+            raise SessionBusy(f"session {session_id} was written by another process ({exc.message})") from exc
+        return lsn, commit
+
+    async def read(self, session_id: str, *, upto_lsn: int | None = None) -> list[tuple[int, SessionCommit]]:
+        """The session's commits in order (up to ``upto_lsn``)."""
+        raw = await self.subjects.read_raw(session_id, upto_seq=upto_lsn)
+        return [(lsn, decode_session_commit(body)) for lsn, body in raw]
+
+    async def events(self, session_id: str) -> list[AnySessionEvent]:
+        """Every event of the session, in order."""
+        return [e for _, c in await self.read(session_id) for e in c.events]
+
+    async def load(self, session_id: str) -> SessionState:
+        """Cold re-fold of the session.
+
+        Raises:
+            SessionNotFound: no log for ``session_id``.
+        """
+        state = fold(await self.read(session_id))
+        if state is None:
+            raise SessionNotFound(f"no crucible session {session_id!r}")
+        return state
+
+    async def exists(self, session_id: str) -> bool:
+        """True if the session has at least one commit."""
+        return await self.subjects.head_msg(session_id) is not None
+
+    async def sessions(self) -> list[str]:
+        """Every session id with a log."""
+        return await self.subjects.keys(self.names.sessions_prefix)

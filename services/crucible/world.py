@@ -1,0 +1,182 @@
+"""The world: a git working tree isolated per session (issue 4, World).
+
+Each session clones its source repository into ``<workdir>/<session_id>/world``
+(a local clone: objects hard-linked, nothing shared with the source afterwards)
+on a branch ``crucible/<session_id>``.
+
+* stage    — ``git add -A``: the proposer's edits become the candidate (paths, diffstat, patch).
+* apply    — ``git commit``: the candidate's snapshot is the commit sha; every applied
+  candidate also gets the ref ``refs/crucible/<session_id>/<it>``, so discarded ones
+  stay retrievable (``git show refs/crucible/<session>/<it>``), and its patch goes to
+  the blob store.
+* rollback — ``git reset --hard <best>`` + ``git clean -ffdx``.
+
+Commits are deterministic: fixed author/committer and a date derived from the
+iteration number, so the same edits on the same base give the same shas (which
+is what makes a re-run's session log identical).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.crucible import proc
+from shared.crucible.config import WorldSpec
+from shared.crucible.errors import SessionBusy, WorldError
+from shared.crucible.state import Snapshot
+
+COMMIT_EPOCH_S = 1_700_000_000
+GIT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The staged candidate: touched paths (sorted), ``git diff --stat`` summary, binary patch."""
+
+    paths: tuple[str, ...]
+    diffstat: str
+    patch: bytes
+
+    @property
+    def empty(self) -> bool:
+        return not self.paths
+
+
+def session_dir(workdir: str, session_id: str) -> Path:
+    """``<workdir>/<session_id>``: the world clone, the lock and the proposer's history file."""
+    return Path(workdir) / session_id
+
+
+def _git_env(it: int = 0) -> dict[str, str]:
+    date = f"@{COMMIT_EPOCH_S + it} +0000"
+    return {
+        **proc.base_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
+        "GIT_AUTHOR_NAME": "crucible", "GIT_AUTHOR_EMAIL": "crucible@reel.invalid", "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": "crucible", "GIT_COMMITTER_EMAIL": "crucible@reel.invalid",
+        "GIT_COMMITTER_DATE": date,
+    }
+
+
+async def git(cwd: Path, *args: str, it: int = 0, stdin: bytes | None = None) -> str:
+    """Run ``git args`` in ``cwd``; its stdout.
+
+    Raises:
+        WorldError: git failed (the message carries its last stderr line).
+    """
+    done = await proc.run(["git", *args], cwd=cwd, env=_git_env(it), timeout_s=GIT_TIMEOUT_S, stdin=stdin)
+    if done.returncode != 0:
+        why = done.last_line("stderr") or ("timed out" if done.timed_out else f"exit {done.returncode}")
+        raise WorldError(f"git {args[0]} failed in {cwd}: {why}")
+    return done.stdout
+
+
+class GitWorld:
+    """One session's world (see module doc)."""
+
+    def __init__(self, root: Path, session_id: str) -> None:
+        self.root = root
+        self.session_id = session_id
+
+    @classmethod
+    async def create(cls, spec: WorldSpec, session_id: str) -> tuple[GitWorld, Snapshot]:
+        """Clone ``spec.repo`` at ``spec.rev`` into the session's directory; the world and its base snapshot.
+
+        A leftover directory of a session that never got a log is replaced.
+
+        Raises:
+            WorldError: the source is not a git repository or ``rev`` does not resolve.
+        """
+        source = Path(spec.repo)
+        if not (source / ".git").exists() and not (source / "HEAD").exists():
+            raise WorldError(f"world.repo {source} is not a git repository")
+        sha = (await git(source, "rev-parse", "--verify", f"{spec.rev}^{{commit}}")).strip()
+        root = session_dir(spec.workdir, session_id) / "world"
+        if root.exists():
+            shutil.rmtree(root)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        await git(root.parent, "clone", "--quiet", "--no-checkout", str(source), str(root))
+        await git(root, "checkout", "--quiet", "-B", f"crucible/{session_id}", sha)
+        return cls(root, session_id), Snapshot(sha)
+
+    @classmethod
+    def open(cls, world_dir: str, session_id: str) -> GitWorld:
+        """The existing world of a session (resume).
+
+        Raises:
+            WorldError: the directory is gone (the log alone cannot rebuild discarded work).
+        """
+        root = Path(world_dir)
+        if not (root / ".git").is_dir():
+            raise WorldError(f"world directory {root} of session {session_id} is missing")
+        return cls(root, session_id)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the session's exclusive lock (one driver per world); released on exit or process death.
+
+        Raises:
+            SessionBusy: another process holds it.
+        """
+        path = self.root.parent / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise SessionBusy(f"session {self.session_id} is being driven by another process") from exc
+            yield
+        finally:
+            os.close(fd)
+
+    @property
+    def history_path(self) -> Path:
+        """Where the proposer finds the rows so far (JSON), outside the world."""
+        return self.root.parent / "history.json"
+
+    async def head(self) -> Snapshot:
+        """The snapshot the working tree is at."""
+        return Snapshot((await git(self.root, "rev-parse", "HEAD")).strip())
+
+    async def stage(self) -> Staged:
+        """Stage every edit in the working tree as the candidate.
+
+        Ignored files the proposer created are removed first (``git clean -X``): the
+        candidate is exactly its tracked change, nothing hidden rides along into the measurement.
+        """
+        await git(self.root, "clean", "-q", "-ffdX")
+        await git(self.root, "add", "-A")
+        names = await git(self.root, "diff", "--cached", "--name-only", "--no-renames", "-z")
+        paths = tuple(sorted(p for p in names.split("\0") if p))
+        if not paths:
+            return Staged(paths=(), diffstat="", patch=b"")
+        stat = (await git(self.root, "diff", "--cached", "--stat=200")).strip().splitlines()
+        patch = await git(self.root, "diff", "--cached", "--binary")
+        return Staged(paths=paths, diffstat=stat[-1].strip() if stat else "", patch=patch.encode())
+
+    async def apply(self, it: int, note: str) -> Snapshot:
+        """Commit the staged candidate of iteration ``it``; its snapshot (also ``refs/crucible/<session>/<it>``).
+
+        Raises:
+            WorldError: the commit failed.
+        """
+        first = (note.splitlines() or [""])[0][:200]
+        await git(self.root, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", f"crucible it {it}: {first}",
+                  it=it)
+        sha = await self.head()
+        await git(self.root, "update-ref", self.ref(it), sha)
+        return sha
+
+    def ref(self, it: int) -> str:
+        """The ref that keeps iteration ``it``'s candidate retrievable."""
+        return f"refs/crucible/{self.session_id}/{it}"
+
+    async def rollback(self, snap: Snapshot) -> None:
+        """Reset the working tree to ``snap``, dropping every edit and untracked file."""
+        await git(self.root, "reset", "--quiet", "--hard", snap)
+        await git(self.root, "clean", "-q", "-ffdx")
