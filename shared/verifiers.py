@@ -47,6 +47,7 @@ from shared.workflow import VerifierSpec
 log = structlog.get_logger(__name__)
 
 CANCEL_GRACE_S = 1.0
+KILL_MARGIN_S = 0.25  # a command verifier is killed this long before its deadline
 MAX_REASON_CHARS = 500
 OUTPUT_FILE_ENV = "REEL_OUTPUT_FILE"
 
@@ -244,8 +245,9 @@ class CommandVerifier:
             env = {**os.environ, OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
                    "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt),
                    "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)}
-            # a little before the ctx deadline, so the kill is ours and the reason says so
-            return await self._run(body, env, 0.95 * min(self._timeout_s, ctx.remaining_s()))
+            # stop a little before the ctx deadline, so the kill is ours and the reason says so
+            budget_s = min(self._timeout_s, ctx.remaining_s())
+            return await self._run(body, env, budget_s - min(KILL_MARGIN_S, budget_s / 2))
 
     async def _run(self, stdin: bytes, env: Mapping[str, str], timeout_s: float) -> VerdictResult:
         try:

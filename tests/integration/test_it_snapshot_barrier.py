@@ -29,9 +29,11 @@ import pytest
 from nats.js import JetStreamContext
 
 from services.cancel.app import serve as cancel_serve
+from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
 from services.verifier.app import serve as verifier_serve
 from shared.client import ReelClient
+from shared.commands import RecoverRuns, encode
 from shared.config import Config
 from shared.eventlog import JetStreamEventLog
 from shared.events import RunCompleted, RunVerifying, Verdict
@@ -41,6 +43,7 @@ from shared.views import EpisodeView, build_episode_view, serialize_view
 from shared.workflow import parse_workflow
 from tests.conftest import running
 from tests.integration import parking
+from tests.integration.scenarios import crashed_attempt_scenario
 
 PARK_TIMEOUT_S = 30.0
 
@@ -77,7 +80,9 @@ async def _park(client: ReelClient, wf: dict[str, Any], rv: parking.Rendezvous) 
     return reply.run_id
 
 
-async def _assert_snapshot_facts(rv: parking.Rendezvous, event_log: JetStreamEventLog) -> EpisodeView:
+async def _assert_snapshot_facts(rv: parking.Rendezvous, event_log: JetStreamEventLog,
+                                 failed_attempt: tuple[str, int, str] = ("plan", 1, "context_missing"),
+                                 ) -> EpisodeView:
     """Card steps 5–6 on the held ctx; returns the held view."""
     ctx = rv.held
     view = ctx.episode
@@ -90,8 +95,8 @@ async def _assert_snapshot_facts(rv: parking.Rendezvous, event_log: JetStreamEve
     assert serialize_view(build_episode_view(cold, view.branch_id)) == rv.before == serialize_view(view)
     # 6. failed attempts are present in the snapshot, and counted
     failed = [a for a in view.attempts() if a.status == "failed"]
-    assert [(a.step_id, a.attempt, a.error_kind) for a in failed] == [("plan", 1, "context_missing")]
-    assert view.failed_attempts == 1 and len(view.step("plan").attempts) == 2
+    assert [(a.step_id, a.attempt, a.error_kind) for a in failed] == [failed_attempt]
+    assert view.failed_attempts == 1 and len(view.step(failed_attempt[0]).attempts) >= 2
     return view
 
 
@@ -180,3 +185,52 @@ async def test_snapshot_barrier_cancel(executor: None, verifier: None, client: R
     recorded_at = [lsn for lsn, c in commits if any(getattr(e, "verdict", None) == published for e in c.events)]
     assert recorded_at and recorded_at[0] > reply.lsn
     assert _completions(commits) == [], "a cancelled run must not be completed by its verdicts"
+
+
+async def test_snapshot_barrier_recovery(verifier: None, client: ReelClient, infra: Infra, cfg: Config,
+                                         event_log: JetStreamEventLog) -> None:
+    # no `executor` fixture: the scenario runs its own (a crashing subprocess, then a resumed one)
+    name = f"park-{uuid.uuid4().hex[:8]}"
+    rv = parking.arm(name)
+    spec = {"type": "python", "name": name, "path": "tests.integration.parking:Parking", "timeout_s": 60}
+    crash = await crashed_attempt_scenario(infra, cfg, client, verifiers=[spec])
+    await asyncio.wait_for(rv.parked.wait(), PARK_TIMEOUT_S)
+    ctx, p = rv.held, crash.verifying_lsn
+    assert (ctx.run, ctx.snapshot_lsn, ctx.step, ctx.attempt) == (crash.run_id, p, crash.step_id, crash.winning_attempt)
+
+    # the verifier is reading the step whose lost attempt recovery will resolve: in its view it is open
+    def lost(view: EpisodeView) -> Any:
+        return next(a for a in view.step(crash.step_id).attempts if a.attempt == crash.lost_attempt)
+
+    held_lost = lost(ctx.episode)
+    assert (held_lost.status, held_lost.superseded, held_lost.output_ref) == ("dispatched", True, None)
+
+    # Mutator C, from outside the run: the recover command resolves exactly that intent
+    async with running(recovery_serve, infra, cfg, sweep=False):
+        reply = await client.command("recover", encode(RecoverRuns(run_id=crash.run_id)), timeout_s=PARK_TIMEOUT_S)
+    assert reply.ok, reply
+    resolved = reply.detail["resolved"]
+    assert [(r["step"], r["attempt"], r["outcome"]) for r in resolved] == [
+        (crash.step_id, crash.lost_attempt, "succeeded")], resolved
+    assert resolved[0]["lsn"] > p, "recovery appends above the snapshot LSN"
+
+    # the held view is unchanged; a freshly built view shows the new outcome of the same attempt
+    assert serialize_view(ctx.episode) == rv.before and lost(ctx.episode) == held_lost
+    fresh = build_episode_view(await event_log.load(crash.run_id), "main")
+    fresh_lost = lost(fresh)
+    assert (fresh_lost.status, fresh_lost.recovered, fresh_lost.output_ref) == (
+        "succeeded", True, crash.lost_output_ref)
+    assert fresh_lost.outcome_lsn == resolved[0]["lsn"] and fresh.snapshot_lsn > p
+    assert serialize_view(fresh) != rv.before
+
+    sub = await _verdicts(infra.js, cfg, crash.run_id)
+    rv.release.set()
+    await asyncio.wait_for(rv.done.wait(), PARK_TIMEOUT_S)
+    verdict = await _next_verdict(sub)
+    assert rv.after == rv.before, "the held view changed while the verifier held it"
+    await _assert_snapshot_facts(rv, event_log, failed_attempt=(crash.step_id, 1, "context_missing"))
+    assert (verdict.snapshot_lsn, verdict.branch_id, verdict.attempt) == (p, "main", crash.winning_attempt)
+    # recovery changed no run status: the run still rested in Verifying at P and completes from P
+    state = await client.wait_for(crash.run_id, ("completed",), timeout_s=PARK_TIMEOUT_S)
+    assert [(c.branch_id, c.snapshot_lsn) for c in _completions(await event_log.read(crash.run_id))] == [("main", p)]
+    assert state.outcome == "passed"
