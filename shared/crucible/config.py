@@ -26,6 +26,7 @@ from shared.workflow import ModelSpec
 Direction = Literal["maximize", "minimize"]
 OnDeny = Literal["escalate", "skip"]
 
+DEFAULT_WORKDIR = ".reel/crucible"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^{}]*))?\}")
 
 
@@ -44,7 +45,7 @@ class WorldSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
     repo: str
     rev: str = "HEAD"
-    workdir: str = ".reel/crucible"
+    workdir: str = DEFAULT_WORKDIR
 
 
 class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -247,7 +248,7 @@ def parse_config(data: Mapping[str, Any], *, config_dir: str, cwd: str, environ:
     world = dict(raw.get("world") or {})
     if "repo" in world:
         world["repo"] = _abs(expand(str(world["repo"]), env), config_dir)
-    world["workdir"] = _abs(expand(str(world.get("workdir", WorldSpec.workdir)), env), cwd)
+    world["workdir"] = _abs(expand(str(world.get("workdir", DEFAULT_WORKDIR)), env), cwd)
     raw["world"] = world
     gates = dict(raw.get("gates") or {})
     gates["protect"] = [expand(str(p), env) for p in gates.get("protect") or ()]

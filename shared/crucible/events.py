@@ -294,4 +294,4 @@ def normalized(events: list[AnySessionEvent], *, drop: frozenset[str] = TIME_FIE
             return [strip(v) for v in value]
         return value
 
-    return [strip(e) for e in msgspec.to_builtins(events)]
+    return [strip(e) for e in msgspec.json.decode(_encoder.encode(events))]

@@ -1,0 +1,63 @@
+"""Fixtures of the Crucible suite: an in-process driver against the session's real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.crucible.session import backend, resume_session, start_session
+from shared.config import Config
+from shared.crucible.config import SessionConfig
+from shared.crucible.events import AnySessionEvent
+from shared.crucible.fold import SessionState
+from shared.crucible.state import LoopExit
+
+
+@dataclass
+class Outcome:
+    """What a test inspects after a session: id, exit, folded state, every event."""
+
+    session_id: str
+    exit: LoopExit
+    state: SessionState
+    events: list[AnySessionEvent]
+
+    def of(self, kind: type) -> list[AnySessionEvent]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class Crucible:
+    """Runs and resumes sessions in-process (real git, real JetStream)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    async def run(self, config: SessionConfig, *, session_id: str | None = None,
+                  stop: asyncio.Event | None = None) -> Outcome:
+        async with backend(self.cfg, writer="test") as b:
+            sid, exit_ = await start_session(b, config, stop=stop or asyncio.Event(), session_id=session_id)
+            return Outcome(sid, exit_, await b.log.load(sid), await b.log.events(sid))
+
+    async def resume(self, session_id: str) -> Outcome:
+        async with backend(self.cfg, writer="test") as b:
+            exit_ = await resume_session(b, session_id, stop=asyncio.Event())
+            return Outcome(session_id, exit_, await b.log.load(session_id), await b.log.events(session_id))
+
+    async def load(self, session_id: str) -> Outcome:
+        async with backend(self.cfg, writer="test") as b:
+            state = await b.log.load(session_id)
+            assert state.ended is not None
+            return Outcome(session_id, state.ended.exit, state, await b.log.events(session_id))
+
+
+@pytest.fixture
+def crucible(cfg: Config) -> Crucible:
+    return Crucible(cfg)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path

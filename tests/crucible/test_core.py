@@ -1,0 +1,147 @@
+"""Crucible's pure core: exit mapping, the segment swap, decide, budgets, fold, codecs (no server)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from msgspec.structs import replace
+
+from shared.crucible import budget
+from shared.crucible.config import BudgetSpec, NoiseSpec, SessionConfig, parse_config
+from shared.crucible.errors import ConfigInvalid
+from shared.crucible.events import (
+    IterationClosed,
+    ProposalMade,
+    SegmentOpened,
+    SessionCommit,
+    SessionEnded,
+    SessionStarted,
+    decode_session_commit,
+    encode_session_commit,
+    normalized,
+)
+from shared.crucible.fold import fold
+from shared.crucible.iteration import Candidate, Iteration
+from shared.crucible.state import (
+    EXIT_CODES,
+    InvalidReading,
+    LoopExit,
+    Reading,
+    Row,
+    Run,
+    Segment,
+    Snapshot,
+    Spent,
+    Verdict,
+)
+from shared.errors import UnknownEventType
+
+CFG = parse_config({
+    "world": {"repo": "/src"}, "judge": {"command": ["j"], "direction": "maximize"}, "proposer": {"command": ["p"]},
+}, config_dir="/cfg", cwd="/cwd", environ={})
+
+
+def seg(score: float = 1.0, **kw: object) -> Segment:
+    base = Segment.baseline(regime="a", fingerprint="f1", reading=Reading(values=(score,), score=score, total=10),
+                            snap=Snapshot("s1"))
+    return replace(base, **kw)
+
+
+def test_each_loop_exit_has_one_distinct_documented_exit_code() -> None:
+    assert {e: e.exit_code for e in LoopExit} == {
+        LoopExit.SOLVED: 0, LoopExit.FINISHED: 3, LoopExit.BUDGET: 4, LoopExit.STOPPED: 5, LoopExit.ESCALATED: 6,
+    }
+    assert set(EXIT_CODES) == set(LoopExit) and len(set(EXIT_CODES.values())) == len(LoopExit)
+    assert not {1, 2} & set(EXIT_CODES.values())  # generic error / usage stay free
+    for e in LoopExit:
+        out = replace(Run(segment=seg()), exit=e, exit_reason="r").outcome()
+        assert (out.exit, out.exit_code, out.escalated) == (e, e.exit_code, e is LoopExit.ESCALATED)
+    assert [e for e in LoopExit if not e.terminal] == [LoopExit.STOPPED]
+
+
+def test_rescope_replaces_every_segment_field_in_one_assignment() -> None:
+    started = SessionStarted(session_id="s", config=CFG, base_sha="s0", world_dir="/w", protected=(), at_ms=0)
+    first = SegmentOpened(regime="easy", reason="baseline", fingerprint="fp-easy", fingerprint_parts={},
+                          reading=Reading(values=(1.0, 1.2), score=1.1, total=10), snap="s0", wall_ms=1, at_ms=1)
+    keep = IterationClosed(row=Row(it=1, regime="easy", verdict=Verdict.KEEP, score=2.0, best_score=2.0, sha="s1",
+                                   kept_sha="s1"), at_ms=2)
+    rescope = SegmentOpened(regime="hard", reason="rescope", fingerprint="fp-hard", fingerprint_parts={},
+                            reading=Reading(values=(7.0,), score=7.0, total=99), snap="s9", wall_ms=1, at_ms=3)
+    commits = [(1, SessionCommit(commit_id="c1", session_id="s", events=(started, first))),
+               (2, SessionCommit(commit_id="c2", session_id="s", events=(keep,)))]
+    before = fold(commits)
+    assert before is not None and before.run is not None
+    after = fold([*commits, (3, SessionCommit(commit_id="c3", session_id="s", events=(rescope,)))])
+    assert after is not None and after.run is not None
+    old, new = before.run.segment, after.run.segment
+    assert new == Segment.baseline(regime="hard", fingerprint="fp-hard", reading=rescope.reading, snap=Snapshot("s9"))
+    for name in Segment.__struct_fields__:
+        assert getattr(old, name) != getattr(new, name), name  # every field replaced, none half-updated
+    assert after.run.rows == before.run.rows and after.run.kept_shas == ("s1",)  # run state outside the segment kept
+
+
+def test_decide_keeps_only_a_valid_reading_beyond_the_margin() -> None:
+    cand = Candidate(note="n", paths=("x",))
+    applied = Iteration.propose(1, "a", cand).apply(Snapshot("c1"))
+    noise = NoiseSpec(abs_margin=0.5)
+    kw = {"segment": seg(1.0), "direction": "maximize", "noise": noise, "goal": 1.4, "wall_ms": 5}
+    assert applied.measure(Reading(values=(1.6,), score=1.6)).decide(**kw).verdict is Verdict.KEEP  # type: ignore[arg-type]
+    small = applied.measure(Reading(values=(1.4,), score=1.4)).decide(**kw)  # type: ignore[arg-type]
+    assert small.verdict is Verdict.DISCARD and small.kept is None and small.row.best_score == 1.0
+    bad = applied.measure(InvalidReading(reason="nan", values=(9.0,))).decide(**kw)  # type: ignore[arg-type]
+    assert bad.verdict is Verdict.INVALID and bad.row.score is None and bad.row.readings == (9.0, None)
+    kept = applied.measure(Reading(values=(3.0,), score=3.0)).decide(**kw)  # type: ignore[arg-type]
+    assert kept.kept == Reading(values=(3.0,), score=3.0) and kept.row.goal_met and kept.row.kept_sha == "c1"
+    down = applied.measure(Reading(values=(0.2,), score=0.2)).decide(**{**kw, "direction": "minimize"})  # type: ignore[arg-type]
+    assert down.verdict is Verdict.KEEP  # direction is configured, never inferred
+
+
+def test_k_sigma_margin_uses_the_repeated_baseline() -> None:
+    s = seg(1.0, baseline_readings=(0.8, 1.0, 1.2))  # σ = 0.2
+    applied = Iteration.propose(1, "a", Candidate(note="n", paths=("x",))).apply(Snapshot("c"))
+    noise = NoiseSpec(k_sigma=3.0, baseline_repeats=3)
+    kw = {"segment": s, "direction": "maximize", "noise": noise, "goal": None, "wall_ms": 0}
+    assert applied.measure(Reading(values=(1.55,), score=1.55)).decide(**kw).verdict is Verdict.DISCARD  # type: ignore[arg-type]
+    assert applied.measure(Reading(values=(1.65,), score=1.65)).decide(**kw).verdict is Verdict.KEEP  # type: ignore[arg-type]
+
+
+def test_budget_stops_before_overshooting() -> None:
+    rows = (Row(it=1, regime="a", verdict=Verdict.DISCARD, best_score=1, cost_usd=0.4, wall_ms=300),)
+    run = Run(segment=seg(), rows=rows, spent=Spent(iterations=1, cost_usd=0.4, wall_ms=400))
+    assert budget.exhausted(run, BudgetSpec(iterations=5, cost_usd=1.0)) is None  # 0.4 + 0.4 ≤ 1.0
+    run2 = replace(run, spent=Spent(iterations=2, cost_usd=0.8, wall_ms=700))
+    exit_, why = budget.exhausted(run2, BudgetSpec(iterations=5, cost_usd=1.0)) or (None, "")
+    assert exit_ is LoopExit.BUDGET and "cost" in why  # 0.8 + 0.4 would overshoot 1.0
+    assert budget.exhausted(run2, BudgetSpec(iterations=2))[0] is LoopExit.FINISHED  # type: ignore[index]
+    assert budget.exhausted(run2, BudgetSpec(iterations=9, wall_s=0.9))[0] is LoopExit.BUDGET  # type: ignore[index]
+    assert budget.exhausted(run2, BudgetSpec(iterations=9, wall_s=1.0)) is None  # 0.7 + 0.3 ≤ 1.0
+
+
+def test_session_commit_round_trip_and_unknown_event_is_an_error() -> None:
+    events = (ProposalMade(it=1, outcome="empty", at_ms=5),
+              SessionEnded(exit=LoopExit.BUDGET, reason="r", at_ms=6))
+    commit = SessionCommit(commit_id="c", session_id="s", events=events)
+    assert decode_session_commit(encode_session_commit(commit)) == commit
+    bogus = encode_session_commit(commit).replace(b'"proposal_made"', b'"made_up"')
+    with pytest.raises(UnknownEventType, match="made_up"):
+        decode_session_commit(bogus)
+    assert normalized(list(events)) == [
+        {"type": "proposal_made", "it": 1, "outcome": "empty", "note": "", "paths": [], "diffstat": "",
+         "patch": None, "prompt": None, "cost_usd": 0.0, "detail": ""},
+        {"type": "session_ended", "exit": "budget", "reason": "r"},
+    ]
+
+
+def test_config_direction_is_required_and_paths_resolve() -> None:
+    with pytest.raises(ConfigInvalid, match="direction"):
+        parse_config({"world": {"repo": "."}, "judge": {"command": ["j"]}, "proposer": {"command": ["p"]}},
+                     config_dir="/c", cwd="/w", environ={})
+    cfg: SessionConfig = parse_config({
+        "world": {"repo": "${CONFIG_DIR}/../src"},
+        "judge": {"command": ["j"], "direction": "minimize", "env": {"DATA": "${DATA:-${CONFIG_DIR}/../data}"},
+                  "reads": ["judge.py", "${DATA}"]},
+        "proposer": {"command": ["p"]},
+    }, config_dir="/c/cfg", cwd="/w", environ={})
+    assert cfg.world.repo == "/c/src" and cfg.world.workdir == "/w/.reel/crucible"
+    assert cfg.regimes[0].judge.env == {"DATA": "/c/data"} and cfg.regimes[0].judge.reads == ("judge.py", "/c/data")
+    assert msgspec.json.decode(msgspec.json.encode(cfg), type=SessionConfig) == cfg
