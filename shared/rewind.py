@@ -16,6 +16,9 @@ Where a branch may be forked:
   previous lineage LSN), or at the head if the step never ran there, with
   ``from_step`` set so the new branch keeps only the steps before it.
 
+After a fork the service asks an executor to resume the run unless its live
+owner is still driving it (:func:`needs_resume`).
+
 Idempotency: the new branch id is derived from the command's idempotency key
 (the service derives one from the command message when the client gave none),
 so a repeated rewind finds its branch already in the state and gets it back
@@ -72,6 +75,20 @@ class ExistingBranch(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Decision = Fork | ExistingBranch
+
+
+def needs_resume(state: RunState, owner_alive: bool) -> bool:
+    """Whether to publish ``ResumeRun`` for a run just forked from ``state`` (its pre-fork state).
+
+    A run that is ``pending``/``running`` with a live owner is being driven: the
+    owner's next fenced commit conflicts with the fork, it re-reads and goes on on
+    the new branch by itself. A resume would start a *second* drive loop on the
+    same run in that executor, and two loops with one executor id supersede each
+    other's in-flight attempts. Anything else (resting, or an owner that is gone)
+    needs an executor to pick the run up.
+    """
+    driven = state.status in ("pending", "running") and state.executor_id is not None and owner_alive
+    return not driven
 
 
 def lineage_lsns(state: RunState, commit_lsns: Sequence[int], branch_id: str) -> list[int]:

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
 import structlog
 from nats.aio.msg import Msg
 
-from shared.errors import ReelError
 from shared.events import AttemptDispatched, BranchForked, RunCreated, decode_commit
 from shared.fold import RunState, apply_commit
 from shared.recovery import RESTING
@@ -76,7 +74,7 @@ class IntentIndex:
                     return
             else:
                 apply_commit(state, lsn, commit)
-        except (ReelError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except Exception as exc:  # the index is a hint: a commit it cannot apply sends the run to a cold load
             log.warning("recovery.index_unreadable", run_id=run_id, lsn=lsn, error=str(exc))
             self.states.pop(run_id, None)
             self.stale.add(run_id)

@@ -4,7 +4,9 @@ Per command: read the run's commits, fold, :func:`shared.rewind.decide`, commit
 the fork fenced on the head LSN it folded (re-read and decide again on a
 conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
 ``Nats-Msg-Id`` derived from the fork's LSN, so an executor continues the run on
-the new branch and a repeated publish is deduplicated. The parent branch's
+the new branch and a repeated publish is deduplicated — unless the run's live
+owner is driving it (:func:`shared.rewind.needs_resume`): that executor's next
+fenced commit conflicts with the fork and it continues on the new branch itself. The parent branch's
 records are never changed; a verifier holding a view of it keeps it.
 
 The new branch id is ``branch_id_for_key(run, key)``: the client's idempotency
@@ -19,6 +21,7 @@ import time
 from typing import Any
 
 import structlog
+from nats.js.errors import InvalidKeyError, KeyNotFoundError
 
 from shared import rewind
 from shared.commands import Reply, ResumeRun, RewindRun, decode_command, encode, error_reply
@@ -91,25 +94,43 @@ class RewindService:
                 continue
             log.info("rewind.forked", parent_branch_id=event.parent_branch_id, fork_lsn=event.fork_lsn,
                      from_step=event.from_step, lsn=lsn, previous_status=state.status)
-            await self._resume(state.run_id, lsn)
+            resume = await self._maybe_resume(state, lsn)
             return Reply(ok=True, run_id=state.run_id, status="running", created=True, branch_id=branch_id, lsn=lsn,
                          detail={"parent_branch_id": event.parent_branch_id, "fork_lsn": event.fork_lsn,
-                                 "from_step": event.from_step})
+                                 "from_step": event.from_step, "resume": resume})
         raise ConcurrencyConflict(f"run {req.run_id} kept moving; rewind not committed after {MAX_TRIES} tries",
                                   run_id=req.run_id)
 
     async def _existing(self, state: RunState, branch: BranchState) -> Reply:
         """A repeated rewind: same branch, no commit; re-send the (deduplicated) resume if still pending."""
         log.info("rewind.exists", created_lsn=branch.created_lsn, status=state.status)
+        resume = "not_needed"
         if state.active_branch == branch.branch_id and state.status in ("pending", "running"):
-            await self._resume(state.run_id, branch.created_lsn)
+            resume = await self._maybe_resume(state, branch.created_lsn)
         return Reply(ok=True, run_id=state.run_id, status=state.status, created=False, branch_id=branch.branch_id,
-                     lsn=branch.created_lsn, detail=_detail(branch))
+                     lsn=branch.created_lsn, detail=_detail(branch, resume=resume))
 
-    async def _resume(self, run_id: str, fork_commit_lsn: int) -> None:
-        await self.infra.js.publish(self.cfg.names.command("resume"), encode(ResumeRun(run_id=run_id)),
-                                    headers={MSG_ID_HEADER: f"resume:{run_id}:{fork_commit_lsn}"})
+    async def _owner_alive(self, executor_id: str | None) -> bool:
+        if executor_id is None:
+            return False
+        try:
+            entry = await self.infra.leases.get(executor_id)
+        except (KeyNotFoundError, InvalidKeyError):
+            return False
+        except Exception as exc:  # unknown: do not risk a second drive loop; redelivery still resumes it
+            log.warning("rewind.lease_unreadable", executor_id=executor_id, error=str(exc))
+            return True
+        return bool(entry.value)
+
+    async def _maybe_resume(self, state: RunState, fork_commit_lsn: int) -> str:
+        """Publish ``ResumeRun`` (deduplicated by the fork's LSN) unless the live owner drives the run."""
+        if not rewind.needs_resume(state, await self._owner_alive(state.executor_id)):
+            log.info("rewind.owner_driving", executor_id=state.executor_id, lsn=fork_commit_lsn)
+            return "owner_driving"
+        await self.infra.js.publish(self.cfg.names.command("resume"), encode(ResumeRun(run_id=state.run_id)),
+                                    headers={MSG_ID_HEADER: f"resume:{state.run_id}:{fork_commit_lsn}"})
         log.info("rewind.resume_published", lsn=fork_commit_lsn)
+        return "published"
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import msgspec
 
 from services.executor.app import serve as executor_serve
@@ -16,7 +19,14 @@ from shared.testing import assert_refold_identical
 from shared.views import build_episode_view, serialize_view
 from shared.workflow import WorkflowSpec, parse_workflow
 from tests.conftest import running
-from tests.integration.scenarios import attempt_of, commit_events, create_manual_run, head_lsn, wait_state
+from tests.integration.scenarios import (
+    attempt_of,
+    commit_events,
+    create_manual_run,
+    head_lsn,
+    wait_state,
+    wait_until,
+)
 
 _enc = msgspec.json.Encoder()
 
@@ -48,6 +58,7 @@ async def test_rewind_at_step_forks_a_new_branch_and_execution_resumes_on_it(
 
         reply = await client.rewind(run, at_step="b", idempotency_key="try-b-again")
         assert reply.ok and reply.created and reply.status == "running", reply
+        assert reply.detail["resume"] == "published"  # the run rested: an executor must pick it up
         new = branch_id_for_key(run, "try-b-again")
         assert reply.branch_id == new and reply.lsn > done.head_lsn
         state = await wait_state(event_log, run, lambda s: s.status == "verifying" and s.verifying_branch == new,
@@ -98,6 +109,33 @@ async def test_rewind_at_lsn_of_a_named_branch(
     assert attempt_of(state, "b", 1, new).dispatched_lsn > reply.lsn
     assert len(await forks(event_log, run)) == 2
     await assert_refold_identical(event_log, state)
+
+
+async def test_rewind_of_a_running_run_is_continued_by_its_own_executor(
+    infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog, tmp_path: Path
+) -> None:
+    """The driving executor moves to the new branch by itself; no second drive loop, no duplicate attempts."""
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    spec = parse_workflow({"name": "gated", "steps": [
+        {"kind": "tool", "id": "slow", "tool": {"type": "command", "argv": [
+            "sh", "-c", f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done; echo slow"]}},
+        {"kind": "tool", "id": "next", "tool": {"type": "command", "argv": ["sh", "-c", "sleep 0.2; echo next"]}},
+    ]})
+    async with running(executor_serve, infra, cfg), running(rewind_serve, infra, cfg):
+        start = await client.start(spec)
+        assert start.run_id
+        run = start.run_id
+        await wait_until(lambda: asyncio.to_thread(started.exists), timeout_s=30, what="the slow tool to start")
+        reply = await client.rewind(run, at_step="slow")
+        assert reply.ok and reply.branch_id, reply
+        gate.touch()
+        state = await wait_state(event_log, run, lambda s: s.status == "verifying", timeout_s=30)
+    new = state.branches[reply.branch_id]
+    assert state.verifying_branch == reply.branch_id
+    assert {s: [(a.attempt, a.status) for a in atts] for s, atts in new.attempts.items()} == {
+        "slow": [(1, "succeeded")], "next": [(1, "succeeded")]}
+    assert attempt_of(state, "slow", 1, "main").status == "dispatched"  # its outcome was fenced out by the fork
+    assert reply.detail["resume"] == "owner_driving"
 
 
 async def test_rewind_bad_input_is_refused_without_a_commit(
