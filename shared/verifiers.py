@@ -302,8 +302,9 @@ class ContextRequires:
 class RecordedOutcome:
     """For replayed trajectories: passes iff the recording's own label says the agent succeeded.
 
-    ``expect`` is the label as a boolean (set by the trajectory loader);
-    ``label`` (the workflow's ``source.outcome``, when present) is quoted in the reason.
+    ``expect`` is the label as a boolean (set by the trajectory loader); ``label``
+    (built from the workflow's ``source``: outcome, reward, the file it came from)
+    is quoted in the reason.
     """
 
     def __init__(self, spec: VerifierSpec, label: str | None = None) -> None:
@@ -350,11 +351,26 @@ class _Named:
         return result
 
 
+def _outcome_label(source: Mapping[str, Any]) -> str | None:
+    """The recording's own outcome label as the trajectory loader put it in ``source``.
+
+    E.g. ``outcome=false from django-10999.report.json`` or ``outcome=true reward=1.0``.
+    """
+    if source.get("outcome") is None:
+        return None
+    parts = [f"outcome={json.dumps(source['outcome'])}"]
+    if source.get("reward") is not None:
+        parts.append(f"reward={source['reward']}")
+    if source.get("outcome_from"):
+        parts.append(f"from {Path(str(source['outcome_from'])).name}")
+    return " ".join(parts)
+
+
 def make_verifier(spec: VerifierSpec, *, source: Mapping[str, Any] | None = None) -> Verifier:
     """Build the verifier a spec configures.
 
     Args:
-        source: the workflow's ``source`` (replayed trajectories); its ``outcome``
+        source: the workflow's ``source`` (replayed trajectories); its outcome
             label is quoted by ``recorded_outcome``.
 
     Raises:
@@ -370,8 +386,7 @@ def make_verifier(spec: VerifierSpec, *, source: Mapping[str, Any] | None = None
         case "context_requires":
             return ContextRequires(spec)
         case "recorded_outcome":
-            label = (source or {}).get("outcome")
-            return RecordedOutcome(spec, None if label is None else str(label))
+            return RecordedOutcome(spec, _outcome_label(source or {}))
         case "python":
             return _import_path(spec)
     raise VerifierInvalid(f"unknown verifier type {spec.type!r}")

@@ -123,6 +123,10 @@ def test_make_verifier_refuses_bad_specs(spec: VerifierSpec) -> None:
 
 
 async def test_recorded_outcome_quotes_the_recording_label() -> None:
-    v = make_verifier(VerifierSpec(type="recorded_outcome", expect=False), source={"outcome": "resolved=false"})
+    source = {"outcome": False, "outcome_from": "/data/django-10999.report.json"}
+    v = make_verifier(VerifierSpec(type="recorded_outcome", expect=False), source=source)
     result = await v.verify(make_ctx(_view(), step=None, blobs=NoBlobs(), timeout_s=1))
-    assert result.status == "fail" and "'resolved=false'" in result.reason
+    assert result.status == "fail" and "'outcome=false from django-10999.report.json'" in result.reason
+    v = make_verifier(VerifierSpec(type="recorded_outcome", expect=True), source={"outcome": True, "reward": 1.0})
+    result = await v.verify(make_ctx(_view(), step=None, blobs=NoBlobs(), timeout_s=1))
+    assert result.status == "pass" and "'outcome=true reward=1.0'" in result.reason
