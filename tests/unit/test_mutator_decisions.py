@@ -177,3 +177,16 @@ def test_intent_on_an_abandoned_branch_is_settled() -> None:
     state, _ = folded([RunStarted(executor_id="x-dead", at_ms=1)], [dispatch("a", 1, "x-dead")], [fork])
     t = recovery.triage(state, set())
     assert [(i.branch_id, i.marker_key) for i in t.resolve] == [("main", "r-1.main.a.1")]
+
+
+@pytest.mark.parametrize("events, owner_alive, expect", [
+    ([[RunStarted(executor_id="x-1", at_ms=1)]], True, False),  # its live owner drives it: no second loop
+    ([[RunStarted(executor_id="x-1", at_ms=1)]], False, True),  # the owner is gone
+    ([[RunStarted(executor_id="x-1", at_ms=1)], [RunVerifying(branch_id="main", at_ms=2)]], True, True),  # rested
+    ([], False, True),  # pending, never claimed
+])
+def test_rewind_resumes_unless_the_live_owner_drives_the_run(
+    events: list[list[AnyEvent]], owner_alive: bool, expect: bool
+) -> None:
+    state, _ = folded(*events)
+    assert rewind.needs_resume(state, owner_alive) is expect
