@@ -84,11 +84,11 @@ class Worker:
         await send_reply(self.infra, cmd, Reply(ok=True, run_id=sid, status="resuming" if resume else "starting"))
         try:
             if resume:
-                exit_ = await resume_session(self.backend, sid, stop=self.stop)
+                exit_ = (await resume_session(self.backend, sid, stop=self.stop)).exit
             else:
-                sid, exit_ = await start_session(self.backend, start.config, stop=self.stop, session_id=sid)
+                exit_ = (await start_session(self.backend, start.config, stop=self.stop, session_id=sid)).exit
         except SessionExists:
-            exit_ = await resume_session(self.backend, sid, stop=self.stop)
+            exit_ = (await resume_session(self.backend, sid, stop=self.stop)).exit
         except (ConfigInvalid, ReelError) as exc:
             log.warning("crucible.command_failed", session_id=sid, code=exc.code, reason=exc.message)
             return Ack.NAK if exc.retryable else Ack.ACK

@@ -27,7 +27,14 @@ from nats.errors import NoServersError
 from rich.console import Console
 
 from services.crucible import report
-from services.crucible.session import Backend, backend, load_config_file, resume_session, start_session
+from services.crucible.session import (
+    Backend,
+    SessionResult,
+    backend,
+    load_config_file,
+    resume_session,
+    start_session,
+)
 from shared.config import Config
 from shared.crucible.fold import SessionState
 from shared.crucible.state import LoopExit
@@ -99,13 +106,12 @@ def _stopper(stop: asyncio.Event) -> Callable[[], None]:
     return on_signal
 
 
-async def _finish(b: Backend, session_id: str, exit_: LoopExit, quiet: bool) -> LoopExit:
+def _finish(result: SessionResult, quiet: bool) -> LoopExit:
     if not quiet:
-        state = await b.log.load(session_id)
-        out.print(report.rows_table(state))
-        out.print(report.summary(state), highlight=False)
-    out.print(f"session: {session_id}", highlight=False)
-    return exit_
+        out.print(report.rows_table(result.state))
+        out.print(report.summary(result.state), highlight=False)
+    out.print(f"session: {result.session_id}", highlight=False)
+    return result.exit
 
 
 @app.command()
@@ -125,11 +131,11 @@ def run(
         err.print(f"error: {exc.message}", highlight=False)
         raise typer.Exit(1) from exc
 
-    async def body(b: Backend, stop: asyncio.Event) -> LoopExit:
-        sid, exit_ = await start_session(b, spec, stop=stop, session_id=session)
-        return await _finish(b, sid, exit_, quiet)
+    async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
+        return await start_session(b, spec, stop=stop, session_id=session)
 
-    raise typer.Exit(_execute(nats_url, namespace, store_dir, "crucible-cli", body).exit_code)
+    result = _execute(nats_url, namespace, store_dir, "crucible-cli", body)
+    raise typer.Exit(_finish(result, quiet).exit_code)
 
 
 @app.command()
@@ -143,11 +149,11 @@ def resume(
     """Continue SESSION from its log (a finished session just reports its exit again)."""
     setup_logging("crucible")
 
-    async def body(b: Backend, stop: asyncio.Event) -> LoopExit:
-        exit_ = await resume_session(b, session, stop=stop)
-        return await _finish(b, session, exit_, quiet)
+    async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
+        return await resume_session(b, session, stop=stop)
 
-    raise typer.Exit(_execute(nats_url, namespace, store_dir, "crucible-cli", body).exit_code)
+    result = _execute(nats_url, namespace, store_dir, "crucible-cli", body)
+    raise typer.Exit(_finish(result, quiet).exit_code)
 
 
 @app.command()

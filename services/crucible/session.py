@@ -73,6 +73,15 @@ def new_session_id() -> str:
     return "cs-" + uuid.uuid4().hex[:12]
 
 
+@dataclass(frozen=True)
+class SessionResult:
+    """How a driven session ended: its id, exit, and the driver's live (folded) state."""
+
+    session_id: str
+    exit: LoopExit
+    state: SessionState
+
+
 @dataclass
 class Backend:
     """What a driver needs from NATS: the session log and the blob store."""
@@ -102,8 +111,8 @@ def _driver(b: Backend, state: SessionState, world: GitWorld, stop: asyncio.Even
 
 
 async def start_session(b: Backend, config: SessionConfig, *, stop: asyncio.Event,
-                        session_id: str | None = None) -> tuple[str, LoopExit]:
-    """Create a session and run it to its end; ``(session_id, exit)``.
+                        session_id: str | None = None) -> SessionResult:
+    """Create a session and run it to its end.
 
     Raises:
         ConfigInvalid: ``session_id`` is not a valid token.
@@ -127,11 +136,12 @@ async def start_session(b: Backend, config: SessionConfig, *, stop: asyncio.Even
         d = _driver(b, SessionState(started=started, lsn=lsn), world, stop)
         log.info("crucible.started", world=str(world.root), base=base[:12], protected=list(started.protected))
         ended = await open_segment(d, config.regimes[0], "baseline")
-        return sid, ended if ended is not None else await run_loop(d)
+        exit_ = ended if ended is not None else await run_loop(d)
+        return SessionResult(sid, exit_, d.state)
 
 
-async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) -> LoopExit:
-    """Continue a session from its log (see module doc); its exit.
+async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) -> SessionResult:
+    """Continue a session from its log (see module doc).
 
     Raises:
         SessionNotFound: no such session.
@@ -141,25 +151,25 @@ async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) ->
     structlog.contextvars.bind_contextvars(session_id=session_id)
     state = await b.log.load(session_id)
     if state.ended is not None and state.ended.exit.terminal:
-        return state.ended.exit
+        return SessionResult(session_id, state.ended.exit, state)
     world = GitWorld.open(state.started.world_dir, session_id)
     with world.lock():
         state = await b.log.load(session_id)  # under the lock: nobody else writes now
         if state.ended is not None and state.ended.exit.terminal:
-            return state.ended.exit
+            return SessionResult(session_id, state.ended.exit, state)
         d = _driver(b, state, world, stop)
         await d.best()
         abandoned = interrupted_row(state.run) if state.run is not None else None
         await d.commit(SessionResumed(abandoned=abandoned, at_ms=now_ms()))
         log.info("crucible.resumed", lsn=d.state.lsn, abandoned=abandoned.it if abandoned else None,
                  best=d.run.segment.best_snap[:12] if d.state.run else None)
+        ended = None
         if d.state.run is None:
             ended = await open_segment(d, d.cfg.regimes[0], "baseline")
-            if ended is not None:
-                return ended
         else:
             d.fingerprint_parts = await _baseline_parts(b, session_id)
-        return await run_loop(d)
+        exit_ = ended if ended is not None else await run_loop(d)
+        return SessionResult(session_id, exit_, d.state)
 
 
 async def _baseline_parts(b: Backend, session_id: str) -> dict[str, str]:

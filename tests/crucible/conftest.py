@@ -24,6 +24,7 @@ class Outcome:
     exit: LoopExit
     state: SessionState
     events: list[AnySessionEvent]
+    live: SessionState | None = None
 
     def of(self, kind: type) -> list[AnySessionEvent]:
         return [e for e in self.events if isinstance(e, kind)]
@@ -38,13 +39,15 @@ class Crucible:
     async def run(self, config: SessionConfig, *, session_id: str | None = None,
                   stop: asyncio.Event | None = None) -> Outcome:
         async with backend(self.cfg, writer="test") as b:
-            sid, exit_ = await start_session(b, config, stop=stop or asyncio.Event(), session_id=session_id)
-            return Outcome(sid, exit_, await b.log.load(sid), await b.log.events(sid))
+            res = await start_session(b, config, stop=stop or asyncio.Event(), session_id=session_id)
+            sid = res.session_id
+            return Outcome(sid, res.exit, await b.log.load(sid), await b.log.events(sid), res.state)
 
     async def resume(self, session_id: str) -> Outcome:
         async with backend(self.cfg, writer="test") as b:
-            exit_ = await resume_session(b, session_id, stop=asyncio.Event())
-            return Outcome(session_id, exit_, await b.log.load(session_id), await b.log.events(session_id))
+            res = await resume_session(b, session_id, stop=asyncio.Event())
+            return Outcome(session_id, res.exit, await b.log.load(session_id), await b.log.events(session_id),
+                           res.state)
 
     async def load(self, session_id: str) -> Outcome:
         async with backend(self.cfg, writer="test") as b:

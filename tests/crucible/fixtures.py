@@ -120,7 +120,11 @@ def config_dict(root: Path, repo: Path, plan: Sequence[Mapping[str, Any]], *, ju
         "budget": {"iterations": len(plan)},
         "gates": {"retry_s": 0.05},
     }
-    data.update(over)
+    for key, value in over.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
     return data
 
 
