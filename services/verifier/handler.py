@@ -31,7 +31,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from shared.blobstore import JetStreamBlobStore
-from shared.errors import ConcurrencyConflict, ReelError, WorkflowInvalid
+from shared.errors import BlobMissing, ConcurrencyConflict, ReelError, WorkflowInvalid
 from shared.eventlog import JetStreamEventLog, SubjectLog
 from shared.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
 from shared.fold import RunState, apply_commit, branch_failed, fold
@@ -146,8 +146,8 @@ class VerificationHandler:
             return []
         try:
             wf = await self._spec(job.pinned)
-        except WorkflowInvalid as exc:
-            log.error("verification.workflow_invalid", reason=exc.message)
+        except (WorkflowInvalid, BlobMissing) as exc:  # permanent: judge it as an error, do not retry forever
+            log.error("verification.workflow_unreadable", code=exc.code, reason=exc.message)
             return [(n, f"workflow unreadable: {exc.message}", None) for n in missing]
         specs = {v.label: v for v in wf.verifiers}
         out: list[tuple[str, Verifier | str, VerifierSpec | None]] = []

@@ -21,7 +21,17 @@ from shared.blobstore import JetStreamBlobStore
 from shared.client import ReelClient
 from shared.config import Config
 from shared.eventlog import JetStreamEventLog, SubjectLog
-from shared.events import BlobRef, RunCompleted, Verdict, VerdictRecorded
+from shared.events import (
+    AttemptDispatched,
+    AttemptSucceeded,
+    BlobRef,
+    RunCompleted,
+    RunCreated,
+    RunVerifying,
+    StepDecl,
+    Verdict,
+    VerdictRecorded,
+)
 from shared.jetstream import Infra
 from shared.verifiers import ContextRequires, OutputRegex, make_ctx, run_verifier
 from shared.views import build_episode_view
@@ -245,3 +255,22 @@ async def test_late_consumer_replays_verdicts(executor: None, verifier: None, cl
     assert {v.status for v in replayed} == {"pass", "fail"} and state.outcome == "failed"
     completed = [e for _, c in await event_log.read(run_id) for e in c.events if isinstance(e, RunCompleted)]
     assert len(completed) == 1 and completed[0].snapshot_lsn == state.verifying_lsn
+
+
+async def test_unreadable_workflow_gives_error_verdicts(verifier: None, client: ReelClient,
+                                                        event_log: JetStreamEventLog) -> None:
+    # a hand-written run whose workflow blob does not exist: judged `error`, not retried forever
+    run_id, missing = "r-handmade", BlobRef(sha256="0" * 64, size_bytes=0, media_type="application/json")
+    created = RunCreated(run_id=run_id, branch_id="main", workflow_name="ghost", workflow_ref=missing,
+                         steps=(StepDecl(step_id="s", kind="tool"),), verifiers=("v1", "v2"), created_ms=0)
+    lsn = await event_log.commit(run_id, [created], expected_lsn=0)
+    lsn = await event_log.commit(run_id, [
+        AttemptDispatched(branch_id="main", step_id="s", attempt=1, executor_id="x-gone", at_ms=1),
+        AttemptSucceeded(branch_id="main", step_id="s", attempt=1, output_ref=missing, at_ms=2),
+        RunVerifying(branch_id="main", at_ms=3),
+    ], expected_lsn=lsn)
+    state = await client.wait_for(run_id, ("completed",), timeout_s=30)
+    assert [(v.verifier, v.status, v.snapshot_lsn) for v in state.verdicts] in (
+        [("v1", "error", lsn), ("v2", "error", lsn)], [("v2", "error", lsn), ("v1", "error", lsn)])
+    assert all("workflow unreadable" in v.reason for v in state.verdicts)
+    assert state.outcome == "error"
