@@ -91,10 +91,15 @@ def _execute(url: str | None, namespace: str | None, store_dir: Path, writer: st
     try:
         return asyncio.run(main())
     except ReelError as exc:
-        err.print(f"error: {exc.message}", highlight=False)
+        _error(exc.message)
     except (NoServersError, OSError, NatsServerNotFound, RuntimeError) as exc:
-        err.print(f"error: cannot reach NATS: {exc or type(exc).__name__}", highlight=False)
+        _error(f"cannot reach NATS: {exc or type(exc).__name__}")
     raise typer.Exit(1)
+
+
+def _error(message: str) -> None:
+    """One line on stderr (never wrapped)."""
+    typer.echo("error: " + " ".join(message.split()), err=True)
 
 
 def _stopper(stop: asyncio.Event) -> Callable[[], None]:
@@ -128,7 +133,7 @@ def run(
     try:
         spec = load_config_file(config)
     except ReelError as exc:
-        err.print(f"error: {exc.message}", highlight=False)
+        _error(exc.message)
         raise typer.Exit(1) from exc
 
     async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
