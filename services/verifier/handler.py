@@ -51,6 +51,7 @@ from shared.workflow import VerifierSpec, WorkflowSpec, parse_workflow
 log = structlog.get_logger("reel.verifier")
 
 SPEC_CACHE = 256
+MAX_TRIES = 50  # fenced commit attempts before the job gives up and is redelivered
 
 
 def now_ms() -> int:
@@ -196,9 +197,12 @@ class VerificationHandler:
         """Commit ``decide(head state)`` fenced on the head; on a conflict re-read and decide again.
 
         Returns the LSN, or ``None`` when ``decide`` says there is nothing to write.
+
+        Raises:
+            ConcurrencyConflict: lost :data:`MAX_TRIES` times in a row (the job is redelivered).
         """
         async with job.lock:
-            while True:
+            for _ in range(MAX_TRIES):
                 state = await self._refresh(job)
                 events = decide(state)
                 if events is None:
@@ -211,6 +215,7 @@ class VerificationHandler:
                     continue
                 job.current = apply_commit(state, lsn, Commit(commit_id="", run_id=job.run_id, events=tuple(events)))
                 return lsn
+        raise ConcurrencyConflict(f"{job.run_id} kept moving: {MAX_TRIES} fenced commits lost", run_id=job.run_id)
 
     async def _record(self, job: Job, verdict: Verdict) -> Verdict:
         """Record ``verdict`` unless one for its (branch, snapshot, verifier) is in; returns the recorded one."""
