@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -48,7 +49,7 @@ app = typer.Typer(
          "the loop keeps improvements and rolls back the rest; every step is logged on JetStream.",
     no_args_is_help=True, add_completion=False,
 )
-out = Console()
+out = Console() if sys.stdout.isatty() else Console(width=160)  # piped: wide enough for the rows table
 err = Console(stderr=True)
 T = TypeVar("T")
 DEFAULT_STORE = ".reel/crucible-js"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
+from rich.markup import escape
 from rich.table import Table
 
 from shared.crucible.fold import SessionState
@@ -35,13 +37,13 @@ def rows_table(state: SessionState) -> Table:
     title = f"crucible session {state.session_id} — {state.started.config.name}"
     t = Table(title=title, show_lines=False)
     for col, just in (("it", "right"), ("regime", "left"), ("verdict", "left"), ("readings", "left"),
-                      ("score", "right"), ("delta", "right"), ("best", "right"), ("kept sha", "left"),
-                      ("note / reason", "left")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+                      ("score", "right"), ("delta", "right"), ("best", "right"), ("kept sha", "left")):
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    t.add_column("note / reason", overflow="fold")
     for r in state.run.rows if state.run else ():
         t.add_row(str(r.it), r.regime, f"[{_STYLE.get(r.verdict, '')}]{r.verdict.value}[/]", _readings(r),
                   _num(r.score), _delta(r.delta), _num(r.best_score), (r.kept_sha or "")[:12],
-                  (r.note + (f" — {r.reason}" if r.reason and r.verdict is not Verdict.DISCARD else ""))[:90])
+                  escape((r.note + (f" — {r.reason}" if r.reason and r.verdict is not Verdict.DISCARD else ""))[:200]))
     return t
 
 
@@ -106,11 +108,28 @@ def plot_png(state: SessionState, path: Path) -> None:
         start = first.score - first.delta if first.score is not None and first.delta is not None else first.best_score
         ax.step([0] + [r.it for r in rows], [start] + [r.best_score for r in rows], where="post", color="tab:blue",
                 label="best", zorder=1)
+    if rows:
+        _clip_outliers(ax, [start] + [r.best_score for r in rows], [r.it for r in measured],
+                       [r.score or 0.0 for r in measured])
     ax.set_xlabel("iteration")
     ax.set_ylabel("score")
     ax.set_title(f"{state.started.config.name} — {state.session_id}")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _clip_outliers(ax: Any, best: list[float], its: list[int], scores: list[float]) -> None:
+    """Keep the best-so-far curve readable: far-off readings are drawn as arrows at the edge."""
+    lo, hi = min(best), max(best)
+    pad = max(3 * (hi - lo), 0.02 * max(abs(lo), abs(hi)), 1e-9)
+    bottom, top = lo - pad, hi + pad
+    if all(bottom <= y <= top for y in scores):
+        return
+    ax.set_ylim(bottom, top)
+    above = [i for i, y in zip(its, scores, strict=True) if y > top]
+    below = [i for i, y in zip(its, scores, strict=True) if y < bottom]
+    ax.scatter(above, [top] * len(above), marker="^", color="tab:gray", clip_on=False, label="off chart")
+    ax.scatter(below, [bottom] * len(below), marker="v", color="tab:gray", clip_on=False)
