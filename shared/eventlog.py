@@ -29,7 +29,7 @@ from nats.js.errors import APIError
 from shared import fold as folding
 from shared.errors import ConcurrencyConflict, ReelError, RunNotFound
 from shared.events import AnyEvent, Commit, decode_commit, encode_commit
-from shared.ids import new_commit_id
+from shared.ids import is_token, new_commit_id
 from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names
 
 log = structlog.get_logger(__name__)
@@ -220,20 +220,31 @@ class JetStreamEventLog:
         return await self.subjects.append_async(run_id, body, expected_seq=expected_lsn, commit_id=cid)
 
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
-        """The run's last commit and its LSN, or ``None`` if the run has none."""
+        """The run's last commit and its LSN, or ``None`` if the run has none.
+
+        Reads take ``run_id`` from commands, so an id that is not one subject token
+        (``*``, ``>``, ``a.b``) names no run: it must never be read as a subject
+        pattern matching other runs.
+        """
+        if not is_token(run_id):
+            return None
         msg = await self.subjects.head_msg(run_id)
         return None if msg is None else (msg_seq(msg), decode_commit(msg.data))
 
     async def first_lsn(self, run_id: str) -> int | None:
-        """LSN of the run's first commit (its ``run_created``), or ``None``."""
-        return await self.subjects.first_seq(run_id)
+        """LSN of the run's first commit (its ``run_created``), or ``None`` (see :meth:`head`)."""
+        return await self.subjects.first_seq(run_id) if is_token(run_id) else None
 
     async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
         """The run's commits with LSN in ``[from_lsn, upto_lsn]``, in order.
 
+        An id that is not one subject token has no commits (see :meth:`head`).
+
         Raises:
             UnknownEventType: a commit holds an event this version cannot decode.
         """
+        if not is_token(run_id):
+            return []
         raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, from_seq=from_lsn)
         return [(lsn, decode_commit(body)) for lsn, body in raw]
 
