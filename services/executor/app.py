@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import time
 from collections import OrderedDict
 from typing import Any
@@ -27,6 +28,7 @@ from shared.blobstore import JetStreamBlobStore
 from shared.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
 from shared.config import Config
 from shared.errors import (
+    BlobMissing,
     ConcurrencyConflict,
     InvalidCommand,
     ModelError,
@@ -61,6 +63,7 @@ from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, 
 log = structlog.get_logger("reel.executor")
 
 TEXT_CACHE_BYTES = 64 * 1024 * 1024
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
 
 
@@ -137,7 +140,23 @@ class Executor:
         if start.workflow is not None:
             return validate_workflow(start.workflow)
         assert start.workflow_ref is not None
-        return await self._load_spec(start.workflow_ref)
+        return await self._spec_of_ref(start.workflow_ref)
+
+    async def _spec_of_ref(self, ref: BlobRef) -> WorkflowSpec:
+        """The workflow a start command sends by reference; errors name `$.workflow_ref`.
+
+        Raises:
+            InvalidCommand: ``sha256`` is not a sha256 hex digest.
+            BlobMissing: the blob store has no such (intact) blob.
+            WorkflowInvalid: the blob is not a valid workflow.
+        """
+        if not _SHA256_HEX.fullmatch(ref.sha256):
+            raise InvalidCommand(f"workflow_ref.sha256 must be 64 lowercase hex digits, got {ref.sha256[:80]!r}"
+                                 " (at `$.workflow_ref.sha256`)")
+        try:
+            return await self._load_spec(ref)
+        except BlobMissing as exc:
+            raise BlobMissing(f"workflow_ref: {exc.message}; upload the workflow first (at `$.workflow_ref`)") from exc
 
     async def _load_spec(self, ref: BlobRef) -> WorkflowSpec:
         spec = self._specs.get(ref.sha256)
