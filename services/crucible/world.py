@@ -76,6 +76,19 @@ async def git(cwd: Path, *args: str, it: int = 0, stdin: bytes | None = None) ->
     return done.stdout
 
 
+def _diffstat(numstat: list[list[str]]) -> str:
+    """``git diff --stat``'s summary line from ``--numstat`` rows (binary files count no lines)."""
+    ins = sum(int(c[0]) for c in numstat if c[0].isdigit())
+    dels = sum(int(c[1]) for c in numstat if c[1].isdigit())
+    n = len(numstat)
+    parts = [f"{n} file{'s' if n != 1 else ''} changed"]
+    if ins:
+        parts.append(f"{ins} insertion{'s' if ins != 1 else ''}(+)")
+    if dels:
+        parts.append(f"{dels} deletion{'s' if dels != 1 else ''}(-)")
+    return ", ".join(parts)
+
+
 class GitWorld:
     """One session's world (see module doc)."""
 
@@ -151,13 +164,12 @@ class GitWorld:
         """
         await git(self.root, "clean", "-q", "-ffdX")
         await git(self.root, "add", "-A")
-        names = await git(self.root, "diff", "--cached", "--name-only", "--no-renames", "-z")
-        paths = tuple(sorted(p for p in names.split("\0") if p))
-        if not paths:
+        numstat = await git(self.root, "diff", "--cached", "--numstat", "--no-renames", "-z")
+        counts = [ln.split("\t", 2) for ln in numstat.split("\0") if ln]
+        if not counts:
             return Staged(paths=(), diffstat="", patch=b"")
-        stat = (await git(self.root, "diff", "--cached", "--stat=200")).strip().splitlines()
         patch = await git(self.root, "diff", "--cached", "--binary")
-        return Staged(paths=paths, diffstat=stat[-1].strip() if stat else "", patch=patch.encode())
+        return Staged(paths=tuple(sorted(c[2] for c in counts)), diffstat=_diffstat(counts), patch=patch.encode())
 
     async def apply(self, it: int, note: str) -> Snapshot:
         """Commit the staged candidate of iteration ``it``; its snapshot (also ``refs/crucible/<session>/<it>``).

@@ -6,7 +6,8 @@ World (a fresh git repo per test): ``value.txt`` and ``judge.py``. The judge pri
 the first ``n`` calls), ``rendezvous`` (writes its pid to the FIFO
 ``$RENDEZVOUS`` and then hangs). ``$NOISE`` adds deterministic noise from a call
 counter in ``$JUDGE_STATE``;
-``$SCALE`` multiplies the score, ``$TOTAL`` is the reported total.
+``$DRIFT`` adds ``DRIFT × calls`` (a judge whose readings creep up), ``$SCALE`` multiplies
+the score, ``$TOTAL`` is the reported total.
 
 Proposer (outside the world): plays the plan file given as its argument — entry ``CRUCIBLE_ITERATION - 1``
 (``{"done": true}`` past the end): ``write`` files, then print its JSON directives
@@ -63,6 +64,7 @@ JUDGE = textwrap.dedent('''
         noise = float(os.environ.get("NOISE", "0"))
         jitter = random.Random(n).uniform(-noise, noise) if noise else 0.0
         scale = float(os.environ.get("SCALE", "1"))
+        jitter += float(os.environ.get("DRIFT", "0")) * n
         print(json.dumps({"score": (float(kind) + jitter) * scale, "total": int(os.environ.get("TOTAL", "10"))}))
 ''')
 

@@ -29,7 +29,7 @@ from shared.crucible.events import (
     normalized,
 )
 from shared.crucible.names import CrucibleNames
-from shared.crucible.state import InvalidReading, LoopExit, Segment, Snapshot
+from shared.crucible.state import InvalidReading, LoopExit, Segment, Snapshot, Verdict
 from shared.jetstream import connect
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import JUDGE, make_config, make_repo, write
@@ -228,6 +228,24 @@ async def test_noisy_judge_with_noop_candidates_keeps_nothing(crucible: Crucible
     naive = await session("naive", 0.0)  # the same noise sequence, no margin
     assert guarded == ["discard"] * len(noop)
     assert "keep" in naive  # the judge is noisy enough to fool a margin-less loop
+
+
+async def test_incumbent_is_remeasured_before_a_promotion(crucible: Crucible, root: Path) -> None:
+    judge = {"command": ["{python}", "judge.py"], "direction": "maximize", "reads": ["judge.py"],
+             "env": {"JUDGE_STATE": str(root / "js"), "DRIFT": "0.5"}}  # every reading 0.5 higher than the last
+
+    async def session(tag: str, remeasure: bool) -> object:
+        return await crucible.run(make_config(root / tag, await make_repo(root / tag, "1"), [write("1.0")],
+                                              judge={**judge, "env": {**judge["env"], "JUDGE_STATE": str(root / tag)}},
+                                              noise={"remeasure_incumbent": remeasure}))
+
+    naive = await session("naive", False)
+    assert verdicts(naive) == ["keep"]  # 1.5 after a 1.0 baseline: drift mistaken for progress
+    o = await session("checked", True)
+    row = o.state.run.rows[0]  # type: ignore[attr-defined]
+    assert [(e.target, e.reading.score) for e in o.of(Measured)] == [("candidate", 1.5), ("incumbent", 2.0)]
+    assert row.verdict is Verdict.DISCARD and row.incumbent == (2.0,) and row.score == 1.5
+    assert (Path(o.state.started.world_dir) / "value.txt").read_text() == "1\n"  # type: ignore[attr-defined]
 
 
 async def test_unavailable_judge_parks_the_iteration_instead_of_discarding(crucible: Crucible, root: Path) -> None:
