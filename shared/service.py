@@ -29,6 +29,9 @@ from shared.subjects import REPLY_TO_HEADER
 log = structlog.get_logger(__name__)
 
 
+FETCH_TIMEOUT_S = 0.5
+
+
 class Ack(enum.Enum):
     """What to do with a command message once its handler returns."""
 
@@ -86,36 +89,51 @@ class CommandConsumer:
         )
         try:
             await self.infra.js.add_consumer(self.stream, config)
-        except Exception as exc:  # exists with another config: update it
-            log.debug("consumer.exists", durable=durable, error=str(exc))
+        except Exception as exc:  # exists with a config the server will not update in place
+            log.warning("consumer.config_kept", durable=durable, error=str(exc))
         return await self.infra.js.pull_subscribe_bind(durable, stream=self.stream)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and handle commands until ``stop`` is set, then drain in-flight work."""
+        """Fetch and handle commands until ``stop`` is set, then drain in-flight work.
+
+        Fetches one message at a time while a handler slot is free (``concurrency``).
+        A fetch is never abandoned half-way: a cancelled fetch leaves its pull
+        request on the server, which would strand the next command until its ack
+        wait expires (nats.py#986); a message that arrives while stopping is nak'ed
+        so another instance gets it at once.
+        """
         psub = await self._subscribe()
-        sem = asyncio.Semaphore(self.concurrency)
         log.info("service.consuming", subjects=self.subjects, durable=self.cfg.names.consumer(self.service))
-        while not stop.is_set():
-            await sem.acquire()
-            if stop.is_set():
-                sem.release()
-                break
-            try:
-                msgs = await psub.fetch(1, timeout=1.0)  # type: ignore[attr-defined]
-            except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-                sem.release()
-                continue
-            except Exception as exc:  # connection trouble: back off, the client reconnects
-                sem.release()
-                log.warning("service.fetch_failed", error=str(exc))
-                await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
-                task = asyncio.create_task(self._handle(m, sem))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(self._tasks)
+                if free <= 0:
+                    await asyncio.wait({*self._tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    msgs = await psub.fetch(1, timeout=FETCH_TIMEOUT_S)  # type: ignore[attr-defined]
+                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                    continue
+                except Exception as exc:  # connection trouble: back off, the client reconnects
+                    log.warning("service.fetch_failed", error=str(exc))
+                    await asyncio.sleep(0.5)
+                    continue
+                if stop.is_set():  # arrived while stopping: hand it straight back for another instance
+                    for m in msgs:
+                        with contextlib.suppress(Exception):
+                            await m.nak()
+                    break
+                for m in msgs:
+                    task = asyncio.create_task(self._handle(m))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            stopper.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()  # type: ignore[attr-defined]
 
     async def _keepalive(self, msg: Msg) -> None:
         while True:
@@ -123,7 +141,7 @@ class CommandConsumer:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
 
-    async def _handle(self, msg: Msg, sem: asyncio.Semaphore) -> None:
+    async def _handle(self, msg: Msg) -> None:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(service=self.service)
         meta = msg.metadata
@@ -139,7 +157,6 @@ class CommandConsumer:
             decision = Ack.NAK
         finally:
             keepalive.cancel()
-            sem.release()
         try:
             if decision is Ack.ACK:
                 await msg.ack()
