@@ -4,12 +4,13 @@ Prompts, outputs, workflows and large tool results live here; commits carry only
 :class:`~shared.events.BlobRef` (sha256 + size). Objects are named by their sha256
 hex digest and never overwritten (an overwrite during a ``get`` can hang it).
 
-Small bodies (≤ 512 KiB) are written as one chunk plus the meta record, in the
-object store's own wire format (NATS ADR-20), pipelined in one round trip and
-fenced with ``Nats-Expected-Last-Subject-Sequence: 0`` on the meta subject so an
-existing object is never replaced. Larger bodies go through nats-py's
-``ObjectStore.put`` with 512 KiB chunks. Reads always go through nats-py's
-``ObjectStore.get``, with a timeout, and the body's sha256 is checked.
+Bodies are written in the object store's own wire format (NATS ADR-20): 512 KiB
+chunks, then the meta record fenced with ``Nats-Expected-Last-Subject-Sequence: 0``
+on the meta subject, so an existing object is never replaced (racing writers of
+one body: one wins, the others purge their chunks). A single-chunk body and its
+meta record go out pipelined in one round trip. Reads go through nats-py's
+``ObjectStore.get`` (so the format stays the library's), with a timeout, and the
+body's sha256 is checked.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
 
 log = structlog.get_logger(__name__)
 
-SMALL_MAX_BYTES = 512 * 1024
 CHUNK_BYTES = 512 * 1024
 GET_TIMEOUT_S = 30.0
 _KNOWN_CACHE = 4096
@@ -87,34 +87,40 @@ class JetStreamBlobStore:
         if ref.sha256 in self._known:
             done.set_result(ref)
             return done
-        if len(data) > SMALL_MAX_BYTES:
-            return asyncio.ensure_future(self._put_large(ref, data))
-        return asyncio.ensure_future(self._put_small(ref, data))
+        return asyncio.ensure_future(self._put(ref, data))
 
-    async def _put_small(self, ref: BlobRef, data: bytes) -> BlobRef:
+    async def _put(self, ref: BlobRef, data: bytes) -> BlobRef:
+        """Chunks, then the meta record fenced on "no meta yet" (ADR-20 wire format, never an overwrite)."""
         nuid = self._nc._nuid.next().decode()
         chunk_subject = f"$O.{self._bucket}.C.{nuid}"
         meta_subject = f"$O.{self._bucket}.M.{base64.urlsafe_b64encode(ref.sha256.encode()).decode()}"
+        pieces = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
+        chunks = [publish_pipelined(self._nc, chunk_subject, p, None, self._timeout_s) for p in pieces]
+        if len(pieces) > 1:  # the meta record must not name chunks that may not exist
+            failed = [r for r in await asyncio.gather(*chunks, return_exceptions=True) if isinstance(r, BaseException)]
+            if failed:
+                await self._purge(chunk_subject)
+                raise failed[0]
+            chunks = []
         info = jsapi.ObjectInfo(
-            name=ref.sha256, bucket=self._bucket, nuid=nuid, size=len(data), chunks=1 if data else 0,
+            name=ref.sha256, bucket=self._bucket, nuid=nuid, size=len(data), chunks=len(pieces),
             mtime=datetime.now(UTC).isoformat(),
             digest="SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode(),
             headers={"Content-Type": [ref.media_type]},
             options=jsapi.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
         )
-        chunk = publish_pipelined(self._nc, chunk_subject, data, None, self._timeout_s) if data else None
         meta = publish_pipelined(
             self._nc, meta_subject, json.dumps(info.as_dict()).encode(),
             {jsapi.Header.ROLLUP: "sub", EXPECTED_LAST_SUBJECT_SEQ_HEADER: "0"}, self._timeout_s,
         )
-        results = await asyncio.gather(*(f for f in (chunk, meta) if f is not None), return_exceptions=True)
+        results = await asyncio.gather(*chunks, meta, return_exceptions=True)
         meta_result = results[-1]
         if isinstance(meta_result, APIError) and meta_result.err_code == 10071:
-            await self._purge(chunk_subject)  # the object already existed; drop our duplicate chunk
+            await self._purge(chunk_subject)  # the object already existed; drop our duplicate chunks
         elif isinstance(meta_result, BaseException):
             await self._purge(chunk_subject)
             raise meta_result
-        if chunk is not None and isinstance(results[0], BaseException):
+        elif chunks and isinstance(results[0], BaseException):
             await self._purge(meta_subject)
             raise results[0]
         self._remember(ref.sha256)
@@ -125,16 +131,6 @@ class JetStreamBlobStore:
             await self._nc.jetstream().purge_stream(f"OBJ_{self._bucket}", subject=subject)
         except Exception as exc:  # cleanup is best effort; the object itself is consistent
             log.warning("blob.purge_failed", subject=subject, error=str(exc))
-
-    async def _put_large(self, ref: BlobRef, data: bytes) -> BlobRef:
-        if not await self.exists(ref):
-            meta = jsapi.ObjectMeta(
-                name=ref.sha256, headers={"Content-Type": [ref.media_type]},
-                options=jsapi.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
-            )
-            await self._obs.put(ref.sha256, data, meta=meta)
-        self._remember(ref.sha256)
-        return ref
 
     async def exists(self, ref: BlobRef) -> bool:
         """True if the store holds the body of ``ref``."""

@@ -17,7 +17,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api as jsapi
 
-from shared.blobstore import CHUNK_BYTES, SMALL_MAX_BYTES, JetStreamBlobStore, ref_for
+from shared.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
 from shared.config import Config
 from shared.errors import BlobMissing
 from shared.eventlog import JetStreamEventLog
@@ -67,10 +67,6 @@ async def test_concurrent_puts_of_the_same_body_store_it_once(infra: Infra, cfg:
     assert await fresh_store(infra, cfg).get(refs[0]) == data
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: shared/blobstore.py _put_large checks exists() then calls nats-py ObjectStore.put with no "
-    "Nats-Expected-Last-Subject-Sequence fence on the meta subject, so racing puts of one large body each "
-    "overwrite the object (an overwrite during a get can hang it, brief §10) and orphan the earlier chunks"))
 async def test_concurrent_puts_of_the_same_large_body_store_it_once(infra: Infra, cfg: Config) -> None:
     data = os.urandom(3 * CHUNK_BYTES + 5)
     refs = await asyncio.gather(*(fresh_store(infra, cfg).put(data) for _ in range(4)))
@@ -91,7 +87,7 @@ async def test_get_by_ref(blobs: JetStreamBlobStore, infra: Infra, cfg: Config) 
     assert info.headers and info.headers.get("Content-Type") == ["text/markdown"]
 
 
-@pytest.mark.parametrize("size", [SMALL_MAX_BYTES, SMALL_MAX_BYTES + 1, 3 * CHUNK_BYTES + 17])
+@pytest.mark.parametrize("size", [CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES + 17])
 async def test_large_multi_chunk_bodies(infra: Infra, cfg: Config, size: int) -> None:
     data = os.urandom(size)
     ref = await fresh_store(infra, cfg).put(data, "application/octet-stream")
@@ -146,7 +142,7 @@ async def test_written_by_nats_py_readable_by_reel(infra: Infra, cfg: Config) ->
 async def test_written_by_reel_readable_by_nats_py(infra: Infra, cfg: Config, other_nc: Client) -> None:
     """Reel's own small-object writer speaks the object store's wire format (ADR-20)."""
     obs = await other_nc.jetstream().object_store(cfg.names.blob_bucket)
-    for data in (b"written by the pipelined small path", os.urandom(SMALL_MAX_BYTES + 1000)):
+    for data in (b"written by the pipelined small path", os.urandom(CHUNK_BYTES + 1000)):
         ref = await fresh_store(infra, cfg).put(data, "text/x-test")
         result = await obs.get(ref.sha256)  # nats-py checks the SHA-256 digest itself
         assert result.data == data
