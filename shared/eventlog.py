@@ -153,13 +153,14 @@ class SubjectLog:
         start = from_seq or 1
         out: list[tuple[int, bytes]] = []
         while True:
-            msgs = await self._direct_get({"seq": start, "next_by_subj": subject, "batch": DIRECT_GET_BATCH})
+            batch = DIRECT_GET_BATCH if upto_seq is None else max(1, min(DIRECT_GET_BATCH, upto_seq - start + 1))
+            msgs = await self._direct_get({"seq": start, "next_by_subj": subject, "batch": batch})
             for m in msgs:
                 seq = msg_seq(m)
                 if upto_seq is not None and seq > upto_seq:
                     return out
                 out.append((seq, m.data))
-            if len(msgs) < DIRECT_GET_BATCH or int((msgs[-1].headers or {}).get("Nats-Num-Pending", "0")) == 0:
+            if len(msgs) < batch or int((msgs[-1].headers or {}).get("Nats-Num-Pending", "0")) == 0:
                 return out
             start = msg_seq(msgs[-1]) + 1
 
