@@ -9,8 +9,8 @@ commit of the resolutions, or a ``ResumeRun``):
 * a sweep every ``lease_ttl_s / 2`` seconds looks at the indexed runs whose
   open intents could now be acted on;
 * the ``<ns>.cmd.recover`` command (``RecoverRuns{run_id?}``) scans one run, or
-  every indexed run once the index has caught up with the stream, and replies
-  with what it resolved.
+  every indexed run with an open intent once the index has caught up with the
+  stream, and replies with what it resolved, resumed and left waiting.
 
 Liveness is the executor's lease in the leases KV (an entry exists while the
 executor heartbeats; the bucket's max age is the lease TTL). A lease that cannot
@@ -172,10 +172,17 @@ class RecoveryService:
         due = [s.run_id for s in states if (t := recovery.triage(s, live)).resolve or t.resume]
         return sorted(set(due) | self.index.stale)
 
-    async def sweep(self) -> list[RunReport]:
-        """One pass over every actionable run; a run that fails is logged and skipped."""
+    async def sweep(self, *, every_open_run: bool = False) -> list[RunReport]:
+        """One pass over every actionable run (or every run with an open intent, to report them all).
+
+        A run that fails is logged and skipped.
+        """
         reports: list[RunReport] = []
-        for run_id in await self.actionable():
+        if every_open_run:
+            run_ids = sorted({s.run_id for s in self.index.candidates()} | self.index.stale)
+        else:
+            run_ids = await self.actionable()
+        for run_id in run_ids:
             try:
                 reports.append(await self.recover_run(run_id))
             except ReelError as exc:
@@ -215,7 +222,7 @@ class RecoveryService:
             else:
                 if not await self.catch_up():
                     raise ReelError("recovery's index is behind the event stream; retry")
-                reports = await self.sweep()
+                reports = await self.sweep(every_open_run=True)
             reply = Reply(ok=True, run_id=req.run_id, detail={
                 "resolved": [r for rep in reports for r in rep.resolved],
                 "resumed": [rep.run_id for rep in reports if rep.resumed],
