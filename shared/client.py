@@ -8,6 +8,7 @@ then for the service's :class:`~shared.commands.Reply`.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -78,7 +79,7 @@ class ReelClient:
             cmd = StartRun(workflow_ref=ref, idempotency_key=idempotency_key, labels=labels or {})
         else:
             cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {})
-        return await self.command("start", encode(cmd), timeout_s=timeout_s)
+        return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=uuid.uuid4().hex)
 
     async def cancel(self, run_id: str, reason: str = "", *, timeout_s: float = 30.0) -> Reply:
         """Cancel a run."""

@@ -48,6 +48,7 @@ class Command:
     data: bytes
     reply_to: str | None
     stream_seq: int
+    stored_ns: int  # when the stream stored it (Unix ns): with stream_seq, unique even across stream re-creation
     num_delivered: int
     msg_id: str | None
 
@@ -148,6 +149,7 @@ class CommandConsumer:
         headers = msg.headers or {}
         cmd = Command(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
                       stream_seq=meta.sequence.stream, num_delivered=meta.num_delivered,
+                      stored_ns=int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0,
                       msg_id=headers.get("Nats-Msg-Id"))
         keepalive = asyncio.create_task(self._keepalive(msg))
         try:

@@ -113,7 +113,8 @@ class Executor:
     async def _start(self, cmd: Command) -> str:
         start = decode_command(cmd.data, StartRun)
         spec = await self._spec_of_command(start)
-        key = start.idempotency_key or f"cmd:{cmd.msg_id or cmd.stream_seq}"
+        # no key: the command message itself is the identity (stable across redeliveries of it)
+        key = start.idempotency_key or f"cmd:{cmd.msg_id or f'{cmd.stream_seq}@{cmd.stored_ns}'}"
         run_id = run_id_for_key(key)
         structlog.contextvars.bind_contextvars(run_id=run_id)
         workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
