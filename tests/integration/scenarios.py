@@ -213,11 +213,15 @@ async def crash_executor_mid_attempt(
         reply = await client.start(crashed_attempt_workflow(verifiers), timeout_s=timeout_s)
         assert reply.ok and reply.run_id, reply
         code = await asyncio.wait_for(proc.wait(), timeout_s)
+    except Exception as exc:
+        raise AssertionError(f"the crashing executor did not run as scripted ({exc!r}); "
+                             f"its log ({log_path}): {log_path.read_text()[-3000:]}") from exc
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert code == 137, f"executor exited {code}, not the injected crash; log: {log_path.read_text()[-2000:]}"
+    assert code == 137, f"executor exited {code}, not the injected crash; log: {log_path.read_text()[-3000:]}"
+    log_path.unlink(missing_ok=True)
     state = await client.log.load(reply.run_id)
     lost = attempt_of(state, STEP, crash_attempt)
     assert lost.status == "dispatched", lost
