@@ -46,6 +46,7 @@ from shared.crucible.events import (
     ProvisioningBlocked,
     ProvisioningCleared,
     SegmentOpened,
+    SegmentReason,
     SessionEnded,
 )
 from shared.crucible.fold import SessionState, apply_commit
@@ -130,7 +131,7 @@ class Driver:
 # ---- segments ---------------------------------------------------------------------------------
 
 
-async def open_segment(d: Driver, regime: Regime, reason: str) -> LoopExit | None:
+async def open_segment(d: Driver, regime: Regime, reason: SegmentReason) -> LoopExit | None:
     """Measure a baseline of the current best snapshot under ``regime`` and open its segment.
 
     The one call behind both the initial baseline and a rescope (ADR 0004
@@ -150,7 +151,7 @@ async def open_segment(d: Driver, regime: Regime, reason: str) -> LoopExit | Non
         return await d.end(LoopExit.ESCALATED, why, Escalated(reason=why, at_ms=now_ms()))
     d.fingerprint_parts = fp.parts
     await d.commit(SegmentOpened(
-        regime=regime.name, reason="rescope" if reason == "rescope" else "baseline", fingerprint=fp.digest,
+        regime=regime.name, reason=reason, fingerprint=fp.digest,
         fingerprint_parts=fp.parts, reading=reading, snap=snap,
         goal_met=goal_met(regime.judge.direction, reading.score, regime.goal), wall_ms=_ms_since(t0), at_ms=now_ms(),
     ))
