@@ -28,6 +28,11 @@ def _readings(r: Row) -> str:
     return ",".join("∅" if v is None else f"{v:.6g}" for v in r.readings)
 
 
+def _note(r: Row) -> str:
+    reason = r.reason if r.verdict is not Verdict.DISCARD else ""
+    return " — ".join(p for p in (r.note, reason) if p)
+
+
 def _delta(x: float | None) -> str:
     return "" if x is None else f"{x:+.6g}"
 
@@ -43,7 +48,7 @@ def rows_table(state: SessionState) -> Table:
     for r in state.run.rows if state.run else ():
         t.add_row(str(r.it), r.regime, f"[{_STYLE.get(r.verdict, '')}]{r.verdict.value}[/]", _readings(r),
                   _num(r.score), _delta(r.delta), _num(r.best_score), (r.kept_sha or "")[:12],
-                  escape((r.note + (f" — {r.reason}" if r.reason and r.verdict is not Verdict.DISCARD else ""))[:200]))
+                  escape(_note(r)[:200]))
     return t
 
 
