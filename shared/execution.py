@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.events import BlobRef
-from shared.fold import RunState, branch_terminal, step_status
+from shared.fold import RunState, branch_terminal, final_success, step_status
 from shared.packer import Candidate, PackPolicy
 from shared.tokens import TokenCounter
 from shared.workflow import ContextItemSpec, ModelStep, WorkflowSpec
@@ -71,11 +71,9 @@ def next_action(state: RunState, executor_id: str) -> Action:
 
 
 def succeeded_output(state: RunState, branch_id: str, step_id: str) -> BlobRef | None:
-    """The output BlobRef of the succeeded attempt of ``step_id`` on ``branch_id``, if any."""
-    for a in state.branches[branch_id].attempts.get(step_id, []):
-        if a.status == "succeeded":
-            return a.output_ref
-    return None
+    """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.fold.final_success`)."""
+    win = final_success(state.branches[branch_id].attempts.get(step_id, []))
+    return win.output_ref if win is not None else None
 
 
 def content_hash(text: str) -> str:

@@ -288,6 +288,17 @@ def step_status(state: RunState, branch_id: str, step_id: str) -> StepStatus:
     return _own_status(state, branch, state.step_decl(step_id))
 
 
+def final_success(attempts: list[AttemptState]) -> AttemptState | None:
+    """The attempt whose output counts: the last non-recovered success, else the last success.
+
+    A recovered success is a superseded attempt's late outcome; the attempt that
+    replaced it is what the run went on with.
+    """
+    wins = [a for a in attempts if a.status == "succeeded"]
+    own = [a for a in wins if not a.recovered]
+    return own[-1] if own else (wins[-1] if wins else None)
+
+
 def _own_status(state: RunState, branch: BranchState, decl: StepDecl) -> StepStatus:
     attempts = branch.attempts.get(decl.step_id)
     if not attempts:
@@ -297,7 +308,9 @@ def _own_status(state: RunState, branch: BranchState, decl: StepDecl) -> StepSta
     last = attempts[-1]
     if last.status == "dispatched":
         return "running"
-    failed = sum(1 for a in attempts if a.status == "failed")
+    # a superseded attempt (its executor died, a later attempt replaced it) was not a try of the step:
+    # recovery's late verdict on it does not count against max_attempts
+    failed = sum(1 for a in attempts if a.status == "failed" and not (a.recovered and a is not last))
     if not last.retryable or failed >= decl.max_attempts:
         return "failed"
     return "retrying"

@@ -53,10 +53,11 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def final_attempt(self) -> AttemptView | None:
-        """The succeeded attempt if any, else the last one."""
-        for a in self.attempts:
-            if a.status == "succeeded":
-                return a
+        """The last non-recovered success, else the last success, else the last attempt."""
+        wins = [a for a in self.attempts if a.status == "succeeded"]
+        own = [a for a in wins if not a.recovered]
+        if own or wins:
+            return (own or wins)[-1]
         return self.attempts[-1] if self.attempts else None
 
 

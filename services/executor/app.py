@@ -63,6 +63,7 @@ from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, 
 log = structlog.get_logger("reel.executor")
 
 TEXT_CACHE_BYTES = 64 * 1024 * 1024
+OUTCOME_RETRIES = 20
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
 
@@ -88,6 +89,7 @@ class Executor:
         self._specs: dict[str, WorkflowSpec] = {}
         self._texts: OrderedDict[str, str] = OrderedDict()  # sha256 → output text, LRU
         self._texts_bytes = 0
+        self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ---- command handling ------------------------------------------------------------
@@ -107,8 +109,19 @@ class Executor:
             return Ack.ACK
         if kind == "resume":
             await send_reply(self.infra, cmd, Reply(ok=True, run_id=run_id))
-        await self.drive(run_id)
-        return Ack.ACK
+        if run_id in self._driving:  # this process drives it already: make that loop look once more
+            self._driving[run_id] = True
+            log.info("run.already_driving", command=kind)
+            return Ack.ACK
+        self._driving[run_id] = False
+        try:
+            while True:
+                await self.drive(run_id)
+                if not self._driving[run_id]:
+                    return Ack.ACK
+                self._driving[run_id] = False
+        finally:
+            del self._driving[run_id]
 
     async def _start(self, cmd: Command) -> str:
         start = decode_command(cmd.data, StartRun)
@@ -179,12 +192,18 @@ class Executor:
             log.warning("run.not_found")
             return None
         spec = await self._load_spec(state.workflow_ref)
+        claimed = False
         while True:
             try:
                 action = plan.next_action(state, self.executor_id)
                 if isinstance(action, plan.Rest):
                     log.info("run.resting", status=action.status, lsn=state.head_lsn)
                     return state
+                if isinstance(action, plan.Claim):
+                    if claimed:  # we held it and another executor took it over: never take it back
+                        log.info("run.yielded", owner=state.executor_id)
+                        return state
+                    claimed = True
                 state = await self._perform(state, spec, action)
             except ConcurrencyConflict:
                 state = await self.log.load(run_id)
@@ -307,18 +326,44 @@ class Executor:
         fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
                                           writer=self.executor_id)
         await marker
-        state = await self._applied(state, fut, [event])
+        state = await self._outcome(state, fut, event)
         log.info("attempt.succeeded", lsn=state.head_lsn, output_bytes=len(body),
                  input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                  latency_ms=round(usage.latency_ms, 3))
         return state
+
+    async def _outcome(self, state: RunState, fut: asyncio.Future[int],
+                       event: AttemptSucceeded | AttemptFailed) -> RunState:
+        """Settle an outcome commit. If someone else committed while the side effect ran (a cancel,
+        a rewind, recovery), the outcome is still a fact about this attempt: record it on top of
+        their commit, unless the attempt was resolved meanwhile. Never drops an outcome silently.
+        """
+        try:
+            return await self._applied(state, fut, [event])
+        except ConcurrencyConflict:
+            pass
+        for _ in range(OUTCOME_RETRIES):
+            state = await self.log.load(state.run_id)
+            attempt = next((a for a in state.branches[event.branch_id].attempts.get(event.step_id, [])
+                            if a.attempt == event.attempt), None)
+            if attempt is None or attempt.status != "dispatched":
+                log.info("attempt.outcome_already_recorded", lsn=state.head_lsn)
+                return state
+            try:
+                return await self._commit(state, [event])
+            except ConcurrencyConflict:
+                continue
+        raise ConcurrencyConflict(f"could not record the outcome of {event.step_id}#{event.attempt}",
+                                  run_id=state.run_id)
 
     async def _fail(self, state: RunState, action: plan.Dispatch, kind: str, message: str, retryable: bool,
                     usage: Usage) -> RunState:
         event = AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                               error_kind=kind, message=message[:2000], retryable=retryable, usage=usage,
                               at_ms=now_ms())
-        state = await self._commit(state, [event])
+        fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
+                                          writer=self.executor_id)
+        state = await self._outcome(state, fut, event)
         log.info("attempt.failed", lsn=state.head_lsn, error_kind=kind, reason=message[:200], retryable=retryable)
         return state
 

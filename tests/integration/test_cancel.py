@@ -34,7 +34,7 @@ async def test_cancel_stops_an_executor_driving_the_run(
         await wait_until(lambda: _exists(started), timeout_s=30, what="the slow tool to start")
         reply = await client.cancel(run, "user pressed stop")
         assert reply.ok and reply.status == "cancelled" and reply.lsn > 0, reply
-        gate.touch()  # the tool finishes; the executor's outcome commit now hits the fence
+        gate.touch()  # the tool finishes; the executor's outcome commit hits the fence, is re-read, lands
 
         async def executor_done() -> bool:  # the executor acks the start command once drive() returns
             info = await infra.js.consumer_info(cfg.names.commands_stream, cfg.names.consumer("executor"))
@@ -43,9 +43,11 @@ async def test_cancel_stops_an_executor_driving_the_run(
         await wait_until(executor_done, timeout_s=30, what="the executor to stop driving the run")
     state = await event_log.load(run)
     assert state.status == "cancelled" and state.cancel_reason == "user pressed stop"
-    assert state.head_lsn == reply.lsn, "the executor committed after the cancel"
+    # the side effect had happened: its outcome is still recorded, on top of the cancel, and nothing more
+    slow = attempt_of(state, "slow", 1)
+    assert (slow.status, slow.outcome_lsn) == ("succeeded", reply.lsn + 1)
+    assert state.head_lsn == reply.lsn + 1, "the executor committed more than the outcome after the cancel"
     assert "next" not in state.branches["main"].attempts  # it never went on to the next step
-    assert attempt_of(state, "slow", 1).status == "dispatched"  # its outcome was fenced out
     await assert_refold_identical(event_log, state)
 
 

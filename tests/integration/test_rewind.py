@@ -134,7 +134,10 @@ async def test_rewind_of_a_running_run_is_continued_by_its_own_executor(
     assert state.verifying_branch == reply.branch_id
     assert {s: [(a.attempt, a.status) for a in atts] for s, atts in new.attempts.items()} == {
         "slow": [(1, "succeeded")], "next": [(1, "succeeded")]}
-    assert attempt_of(state, "slow", 1, "main").status == "dispatched"  # its outcome was fenced out by the fork
+    # the side effect on main happened: its outcome is recorded on main (above the fork), main is not driven on
+    old = attempt_of(state, "slow", 1, "main")
+    assert old.status == "succeeded" and old.outcome_lsn is not None and old.outcome_lsn > reply.lsn
+    assert "next" not in state.branches["main"].attempts
     assert reply.detail["resume"] == "owner_driving"
 
 
