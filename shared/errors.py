@@ -89,15 +89,22 @@ class UnknownEventType(ReelError):
 
 
 class ModelError(ReelError):
-    """A model adapter failed to produce an output for an attempt."""
+    """A model adapter failed to produce an output for an attempt.
+
+    Attributes:
+        kind: error kind recorded on the failed attempt (e.g. ``rate_limited``).
+        cost_usd: what the failed call was billed (USD); budgets count failed calls too.
+    """
 
     code = "model_error"
     retryable = True
 
-    def __init__(self, message: str, *, kind: str = "model_error", retryable: bool = True) -> None:
+    def __init__(self, message: str, *, kind: str = "model_error", retryable: bool = True,
+                 cost_usd: float = 0.0) -> None:
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
+        self.cost_usd = cost_usd
 
 
 class ToolError(ReelError):

@@ -197,7 +197,7 @@ class ModelProposer:
                 prompt_tokens=DEFAULT_COUNTER.count(prompt)))
         except ModelError as exc:
             ms = int((time.perf_counter() - started) * 1000)
-            cost = float(getattr(exc, "cost_usd", 0.0) or 0.0)
+            cost = exc.cost_usd
             return Proposal(kind="blocked" if exc.retryable else "failed", cost_usd=cost, proposer_ms=ms,
                             detail=f"model error {exc.kind}: {exc.message}"[:300], prompt=prompt)
         ms = int((time.perf_counter() - started) * 1000)

@@ -287,7 +287,7 @@ class Executor:
             resp = await adapter.complete(ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
                                                        prompt=prompt, prompt_tokens=packed.packed_tokens))
         except ModelError as exc:
-            usage = Usage(input_tokens=packed.packed_tokens, latency_ms=_ms_since(started))
+            usage = Usage(input_tokens=packed.packed_tokens, latency_ms=_ms_since(started), cost_usd=exc.cost_usd)
             return await self._fail(state, action, exc.kind, exc.message, exc.retryable, usage)
         usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
                       latency_ms=_ms_since(started), cost_usd=resp.cost_usd)

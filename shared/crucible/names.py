@@ -10,8 +10,8 @@ resume a session (service)     ``reel.cmd.crucible.resume``         ″
 service durable consumer       ``reel_crucible``
 =============================  ===================================  ======================================
 
-(These live here rather than in shared/subjects.py, which Crucible does not own;
-they hang off the same namespace so several deployments can share a server.)
+They derive from :class:`shared.subjects.Names`, so they hang off the same
+namespace and several deployments can share a server.
 """
 
 from __future__ import annotations
