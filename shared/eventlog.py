@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import structlog
@@ -41,27 +41,30 @@ READ_TIMEOUT_S = 10.0
 COMMIT_ID_HEADER = "Reel-Commit-Id"
 
 
-def publish_pipelined(
-    nc: Client, subject: str, body: bytes, headers: dict[str, str] | None, timeout_s: float
-) -> asyncio.Future[PubAck]:
-    """Publish to a stream subject now; the future resolves to the PubAck.
+async def request_ack(nc: Client, subject: str, body: bytes, headers: dict[str, str] | None,
+                      timeout_s: float) -> PubAck:
+    """Publish to a stream subject and wait for its PubAck (one request on the shared reply inbox).
 
-    Several of these in flight at once share one round trip. (nats-py's own
-    ``publish_async`` cannot be used: it loses error acks such as 10071.)
-
-    Raises (from the future):
+    Raises:
         nats.js.errors.APIError: the server refused the message (e.g. 10071).
         nats.errors.TimeoutError: no ack within ``timeout_s``.
     """
+    resp = await nc.request(subject, body, timeout=timeout_s, headers=headers)
+    data = json.loads(resp.data)
+    if "error" in data:
+        APIError.from_error(data["error"])  # raises the typed subclass
+    return PubAck.from_response(data)
 
-    async def go() -> PubAck:
-        resp = await nc.request(subject, body, timeout=timeout_s, headers=headers)
-        data = json.loads(resp.data)
-        if "error" in data:
-            APIError.from_error(data["error"])  # raises the typed subclass
-        return PubAck.from_response(data)
 
-    return asyncio.ensure_future(go())
+def publish_pipelined(
+    nc: Client, subject: str, body: bytes, headers: dict[str, str] | None, timeout_s: float
+) -> asyncio.Future[PubAck]:
+    """Publish to a stream subject now; the future resolves to the PubAck (see :func:`request_ack`).
+
+    Several of these in flight at once share one round trip. (nats-py's own
+    ``publish_async`` cannot be used: it loses error acks such as 10071.)
+    """
+    return asyncio.ensure_future(request_ack(nc, subject, body, headers, timeout_s))
 
 
 class SubjectLog:
@@ -80,26 +83,30 @@ class SubjectLog:
         self.subject_of = subject_of
         self._timeout_s = timeout_s
 
+    def _headers(self, cid: str, expected_seq: int) -> dict[str, str]:
+        return {MSG_ID_HEADER: cid, EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(expected_seq), COMMIT_ID_HEADER: cid}
+
     async def append_async(self, key: str, body: bytes, *, expected_seq: int,
                            commit_id: str | None = None) -> asyncio.Future[int]:
-        """Send one message now; the future resolves to its sequence.
+        """Send one message now; the future resolves to its sequence (see :meth:`append`)."""
+        cid = commit_id or new_commit_id()
+        ack = request_ack(self._nc, self.subject_of(key), body, self._headers(cid, expected_seq), self._timeout_s)
+        return asyncio.ensure_future(self._settle(key, cid, expected_seq, ack))
 
-        Raises (from the future):
+    async def append(self, key: str, body: bytes, *, expected_seq: int, commit_id: str | None = None) -> int:
+        """Append one message to the key's subject, fenced on ``expected_seq``; returns its sequence.
+
+        Raises:
             ConcurrencyConflict: the key's last sequence is not ``expected_seq``
                 and the head is not this very commit (a retry that landed).
         """
         cid = commit_id or new_commit_id()
-        headers = {MSG_ID_HEADER: cid, EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(expected_seq), COMMIT_ID_HEADER: cid}
-        ack_fut = publish_pipelined(self._nc, self.subject_of(key), body, headers, self._timeout_s)
-        return asyncio.ensure_future(self._settle(key, cid, expected_seq, ack_fut))
+        ack = request_ack(self._nc, self.subject_of(key), body, self._headers(cid, expected_seq), self._timeout_s)
+        return await self._settle(key, cid, expected_seq, ack)
 
-    async def append(self, key: str, body: bytes, *, expected_seq: int, commit_id: str | None = None) -> int:
-        """:meth:`append_async` and wait for the sequence."""
-        return await (await self.append_async(key, body, expected_seq=expected_seq, commit_id=commit_id))
-
-    async def _settle(self, key: str, cid: str, expected_seq: int, ack_fut: asyncio.Future[PubAck]) -> int:
+    async def _settle(self, key: str, cid: str, expected_seq: int, ack_wait: Awaitable[PubAck]) -> int:
         try:
-            ack = await ack_fut
+            ack = await ack_wait
         except APIError as exc:
             if exc.err_code not in (WRONG_LAST_SEQUENCE, RACING_WRITE):
                 raise
@@ -113,25 +120,36 @@ class SubjectLog:
         return int(ack.seq)
 
     async def _direct_get(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
-        """Raw (batched) Direct Get; the messages before the end-of-batch status."""
+        """Raw (batched) Direct Get; the messages before the end-of-batch status.
+
+        Replies are collected by a subscription callback (one future for the whole
+        batch, not a ``next_msg`` task per message).
+        """
         api_subject = f"$JS.API.DIRECT.GET.{self.stream}{subject_suffix}"
-        inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox)
         out: list[Msg] = []
-        try:
-            await self._nc.publish(api_subject, json.dumps(payload).encode() if payload else b"", reply=inbox)
-            while True:
-                msg = await sub.next_msg(timeout=self._timeout_s)
-                status = (msg.headers or {}).get("Status")
-                if status is not None:
-                    if status in ("404", "204", "408"):
-                        return out
-                    raise ReelError(f"direct get failed: {status} {(msg.headers or {}).get('Description')}")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        single = "batch" not in payload
+
+        async def on_reply(msg: Msg) -> None:
+            if done.done():
+                return
+            status = (msg.headers or {}).get("Status")
+            if status is None:
                 out.append(msg)
-                if "batch" not in payload:
-                    return out
+                if single:
+                    done.set_result(None)
+            elif status in ("404", "204", "408"):
+                done.set_result(None)
+            else:
+                done.set_exception(ReelError(f"direct get failed: {status} {(msg.headers or {}).get('Description')}"))
+
+        sub = await self._nc.subscribe(self._nc.new_inbox(), cb=on_reply)
+        try:
+            await self._nc.publish(api_subject, json.dumps(payload).encode() if payload else b"", reply=sub.subject)
+            await asyncio.wait_for(done, self._timeout_s)
         finally:
             await sub.unsubscribe()
+        return out
 
     async def head_msg(self, key: str) -> Msg | None:
         """The key's last message (headers include ``Nats-Sequence``), or ``None``."""
@@ -204,8 +222,9 @@ class JetStreamEventLog:
         Raises:
             ConcurrencyConflict: someone else committed since ``expected_lsn``.
         """
-        fut = await self.commit_async(run_id, events, expected_lsn=expected_lsn, writer=writer, commit_id=commit_id)
-        return await fut
+        cid = commit_id or new_commit_id()
+        body = encode_commit(Commit(commit_id=cid, run_id=run_id, writer=writer, events=tuple(events)))
+        return await self.subjects.append(run_id, body, expected_seq=expected_lsn, commit_id=cid)
 
     async def commit_async(
         self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",

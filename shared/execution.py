@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.events import BlobRef
-from shared.fold import RunState, branch_terminal, final_success, step_status
+from shared.fold import RunState, final_success, step_statuses
 from shared.packer import Candidate, PackPolicy
 from shared.tokens import TokenCounter
 from shared.workflow import ContextItemSpec, ModelStep, WorkflowSpec
@@ -60,13 +60,11 @@ def next_action(state: RunState, executor_id: str) -> Action:
         return Claim()
     bid = state.active_branch
     branch = state.branches[bid]
-    for decl in state.steps:
-        status = step_status(state, bid, decl.step_id)
+    for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
         if status in ("succeeded", "failed", "skipped"):
             continue
         attempts = branch.attempts.get(decl.step_id, [])
         return Dispatch(bid, decl.step_id, attempts[-1].attempt + 1 if attempts else 1)
-    assert branch_terminal(state, bid)
     return EnterVerifying(bid)
 
 
@@ -113,13 +111,41 @@ def needed_outputs(step: ModelStep, spec: WorkflowSpec) -> list[str]:
     return list(dict.fromkeys(need))
 
 
-def candidates(items: list[tuple[ContextItemSpec, str]], counter: TokenCounter) -> list[Candidate]:
-    """Packer candidates (ids, kinds, token estimates, hashes) for the items."""
-    return [
-        Candidate(id=i.id, kind=i.kind, tokens=counter.count(text), priority=i.priority, stale=i.stale,
-                  content_hash=content_hash(text))
-        for i, text in items
-    ]
+class TextFacts:
+    """Token count and content hash per text, computed once per distinct text (bounded memo).
+
+    A model step's candidates are mostly the previous step's candidates plus one or
+    two new items; without the memo a run would recount every earlier message at
+    every step (O(steps²) counting). Pure: the same text always maps to the same facts.
+    """
+
+    def __init__(self, counter: TokenCounter, max_entries: int = 50_000) -> None:
+        self.counter = counter
+        self._facts: dict[str, tuple[int, str]] = {}
+        self._max = max_entries
+
+    def __call__(self, text: str) -> tuple[int, str]:
+        """``(tokens, sha256 hex)`` of ``text``."""
+        hit = self._facts.get(text)
+        if hit is None:
+            if len(self._facts) >= self._max:
+                self._facts.clear()
+            hit = self._facts[text] = (self.counter.count(text), content_hash(text))
+        return hit
+
+
+def candidates(items: list[tuple[ContextItemSpec, str]], facts: TokenCounter | TextFacts) -> list[Candidate]:
+    """Packer candidates (ids, kinds, token estimates, hashes) for the items.
+
+    ``facts`` is a :class:`TextFacts` memo (what the executor passes) or a bare counter.
+    """
+    memo = facts if isinstance(facts, TextFacts) else TextFacts(facts)
+    out = []
+    for i, text in items:
+        tokens, digest = memo(text)
+        out.append(Candidate(id=i.id, kind=i.kind, tokens=tokens, priority=i.priority, stale=i.stale,
+                             content_hash=digest))
+    return out
 
 
 def policy_for(step: ModelStep, spec: WorkflowSpec) -> PackPolicy:

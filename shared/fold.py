@@ -104,22 +104,33 @@ class RunState(msgspec.Struct, kw_only=True):
     finished_ms: int | None = None
 
     def step_decl(self, step_id: str) -> StepDecl:
-        """The declaration of ``step_id``.
+        """The declaration of ``step_id`` (O(1)).
 
         Raises:
             KeyError: unknown step.
         """
-        for decl in self.steps:
-            if decl.step_id == step_id:
-                return decl
-        raise KeyError(step_id)
+        return self.steps[_positions(self.steps)[step_id]]
 
     def step_index(self, step_id: str) -> int:
-        """Position of ``step_id`` in the workflow (0-based). Raises KeyError."""
-        for i, decl in enumerate(self.steps):
-            if decl.step_id == step_id:
-                return i
-        raise KeyError(step_id)
+        """Position of ``step_id`` in the workflow (0-based, O(1)). Raises KeyError."""
+        return _positions(self.steps)[step_id]
+
+
+_POSITIONS: dict[int, tuple[tuple[StepDecl, ...], dict[str, int]]] = {}
+_POSITIONS_MAX = 4096
+
+
+def _positions(steps: tuple[StepDecl, ...]) -> dict[str, int]:
+    """Step id → index for one ``steps`` tuple, built once per tuple (keyed by identity; the
+    entry holds the tuple, so its id cannot be reused while cached)."""
+    hit = _POSITIONS.get(id(steps))
+    if hit is not None and hit[0] is steps:
+        return hit[1]
+    if len(_POSITIONS) >= _POSITIONS_MAX:
+        _POSITIONS.clear()
+    index = {d.step_id: i for i, d in enumerate(steps)}
+    _POSITIONS[id(steps)] = (steps, index)
+    return index
 
 
 def _attempt(state: RunState, branch_id: str, step_id: str, attempt: int) -> AttemptState:
@@ -277,15 +288,27 @@ def fold(commits: Iterable[tuple[int, Commit]], upto_lsn: int | None = None) -> 
 # ---- derived facts (pure) -------------------------------------------------
 
 
-def step_status(state: RunState, branch_id: str, step_id: str) -> StepStatus:
-    """Derived status of one step on one branch (``skipped`` after an earlier terminal failure)."""
+def step_statuses(state: RunState, branch_id: str) -> list[StepStatus]:
+    """Derived status of every step of one branch, in workflow order, in one pass.
+
+    ``skipped`` follows a step that failed after its last attempt.
+    """
     branch = state.branches[branch_id]
+    out: list[StepStatus] = []
+    failed_before = False
     for decl in state.steps:
-        if decl.step_id == step_id:
-            break
-        if _own_status(state, branch, decl) == "failed":
-            return "skipped"
-    return _own_status(state, branch, state.step_decl(step_id))
+        if failed_before:
+            out.append("skipped")
+            continue
+        status = _own_status(branch, decl)
+        failed_before = status == "failed"
+        out.append(status)
+    return out
+
+
+def step_status(state: RunState, branch_id: str, step_id: str) -> StepStatus:
+    """Derived status of one step on one branch (see :func:`step_statuses`). Raises KeyError."""
+    return step_statuses(state, branch_id)[state.step_index(step_id)]
 
 
 def final_success(attempts: list[AttemptState]) -> AttemptState | None:
@@ -299,7 +322,7 @@ def final_success(attempts: list[AttemptState]) -> AttemptState | None:
     return own[-1] if own else (wins[-1] if wins else None)
 
 
-def _own_status(state: RunState, branch: BranchState, decl: StepDecl) -> StepStatus:
+def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
     attempts = branch.attempts.get(decl.step_id)
     if not attempts:
         return "pending"
@@ -318,11 +341,9 @@ def _own_status(state: RunState, branch: BranchState, decl: StepDecl) -> StepSta
 
 def branch_terminal(state: RunState, branch_id: str) -> bool:
     """True when every step of the branch is succeeded, failed or skipped (brief §2)."""
-    return all(
-        step_status(state, branch_id, d.step_id) in ("succeeded", "failed", "skipped") for d in state.steps
-    )
+    return all(s in ("succeeded", "failed", "skipped") for s in step_statuses(state, branch_id))
 
 
 def branch_failed(state: RunState, branch_id: str) -> bool:
     """True when some step of the branch failed after its last attempt."""
-    return any(step_status(state, branch_id, d.step_id) == "failed" for d in state.steps)
+    return "failed" in step_statuses(state, branch_id)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import msgspec
 
 from shared.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
-from shared.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_status
+from shared.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_statuses
 
 
 class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,7 +132,7 @@ def build_episode_view(state: RunState, branch_id: str | None = None) -> Episode
     branch = state.branches[bid]
     steps: list[StepView] = []
     totals = [0, 0, 0.0, 0.0]
-    for decl in state.steps:
+    for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
         attempts = branch.attempts.get(decl.step_id, [])
         views = []
         for i, a in enumerate(attempts):
@@ -147,7 +147,7 @@ def build_episode_view(state: RunState, branch_id: str | None = None) -> Episode
             totals[1] += a.usage.output_tokens
             totals[2] += a.usage.latency_ms
             totals[3] += a.usage.cost_usd
-        steps.append(StepView(step_id=decl.step_id, kind=decl.kind, status=step_status(state, bid, decl.step_id),
+        steps.append(StepView(step_id=decl.step_id, kind=decl.kind, status=status,
                               attempts=tuple(views)))
     return EpisodeView(
         run_id=state.run_id, workflow_name=state.workflow_name, branch_id=bid, snapshot_lsn=state.head_lsn,

@@ -24,7 +24,7 @@ import msgspec
 import structlog
 
 from shared import execution as plan
-from shared.blobstore import JetStreamBlobStore
+from shared.blobstore import JetStreamBlobStore, ref_for
 from shared.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
 from shared.config import Config
 from shared.errors import (
@@ -86,6 +86,7 @@ class Executor:
         self.log = JetStreamEventLog(infra.nc, cfg.names)
         self.blobs = JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
         self.counter = counter
+        self.facts = plan.TextFacts(counter)
         self._specs: dict[str, WorkflowSpec] = {}
         self._texts: OrderedDict[str, str] = OrderedDict()  # sha256 → output text, LRU
         self._texts_bytes = 0
@@ -269,15 +270,23 @@ class Executor:
                              action: plan.Dispatch) -> RunState:
         outputs = await self._outputs(state, action.branch_id, plan.needed_outputs(step, spec))
         items = plan.context_items(step, spec, outputs)
-        packed = pack(plan.candidates(items, self.counter), plan.policy_for(step, spec))
+        packed = pack(plan.candidates(items, self.facts), plan.policy_for(step, spec))
         prompt = plan.render_prompt(step, items, packed.partition.packed)
-        prompt_fut = await self.blobs.put_async(prompt.encode())
-        prompt_ref = await prompt_fut
+        body = prompt.encode()
+        prompt_ref = ref_for(body)
         intent = AttemptDispatched(
             branch_id=action.branch_id, step_id=step.id, attempt=action.attempt, executor_id=self.executor_id,
             at_ms=now_ms(), prompt_ref=prompt_ref, context=packed.partition,
         )
-        state = await self._commit(state, [intent])
+        # the prompt blob and the intent go out in one round trip (the ref is computed locally); the model
+        # is called only once both are acked, so no side effect ever follows an intent whose prompt is missing
+        prompt_fut = await self.blobs.put_async(body)
+        intent_fut = await self.log.commit_async(state.run_id, [intent], expected_lsn=state.head_lsn,
+                                                 writer=self.executor_id)
+        blob_result, = await asyncio.gather(prompt_fut, return_exceptions=True)
+        state = await self._applied(state, intent_fut, [intent])
+        if isinstance(blob_result, BaseException):
+            return await self._fail(state, action, "prompt_store_failed", str(blob_result), True, Usage())
         p = packed.partition
         log.info("attempt.dispatched", lsn=state.head_lsn, packed=len(p.packed), available=len(p.available),
                  dropped=len(p.dropped), prompt_tokens=packed.packed_tokens)
