@@ -111,9 +111,11 @@ async def _server_listening(host: str = "127.0.0.1", port: int = 4222) -> bool:
         writer.close()
 
 
-async def _executor_active(infra: Infra, cfg: Config) -> bool:
+async def _service_active(infra: Infra, cfg: Config, name: str) -> bool:
+    """True if some instance of service ``name`` is consuming (its durable consumer has pull requests waiting)."""
+    stream = cfg.names.events_stream if name == "verifier" else cfg.names.commands_stream
     try:
-        info = await infra.js.consumer_info(cfg.names.commands_stream, cfg.names.consumer("executor"))
+        info = await infra.js.consumer_info(stream, cfg.names.consumer(name))
     except Exception:
         return False
     return bool(info.num_waiting)
@@ -128,28 +130,29 @@ def service_serve(name: str) -> Callable[..., Coroutine[Any, Any, None]] | None:
 
 
 @contextlib.asynccontextmanager
-async def in_process_services(infra: Infra, cfg: Config) -> AsyncIterator[list[str]]:
-    """Run every service as a task of this process (one-shot CLI commands on the embedded default)."""
+async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]) -> AsyncIterator[list[str]]:
+    """Run the ``wanted`` services that no process is running yet as tasks of this process."""
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     names: list[str] = []
-    for name in SERVICES:
+    for name in wanted:
         serve = service_serve(name)
-        if serve is not None:
+        if serve is not None and not await _service_active(infra, cfg, name):
             tasks.append(asyncio.create_task(serve(infra, cfg, stop)))
             names.append(name)
     try:
         yield names
     finally:
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
 
 
 @contextlib.asynccontextmanager
-async def session(nats_url: str | None, namespace: str, *, services: bool) -> AsyncIterator[Session]:
+async def session(nats_url: str | None, namespace: str, *, services: tuple[str, ...] = ()
+                  ) -> AsyncIterator[Session]:
     """Connect to ``nats_url``, or to a local ``reel up``, or start the embedded default.
 
-    With ``services``, Reel's services run in this process when none is running.
+    Each of ``services`` that no process runs yet runs inside this process for the session.
     """
     url = nats_url
     async with contextlib.AsyncExitStack() as stack:
@@ -168,9 +171,10 @@ async def session(nats_url: str | None, namespace: str, *, services: bool) -> As
             raise CliError(f"cannot reach NATS at {url}: {exc}") from exc
         stack.push_async_callback(nc.close)
         infra = await ensure_infra(nc, cfg)
-        if services and not await _executor_active(infra, cfg):
-            started = await stack.enter_async_context(in_process_services(infra, cfg))
-            console.print(f"[dim]services in this process: {', '.join(started)}[/]")
+        if services:
+            started = await stack.enter_async_context(in_process_services(infra, cfg, services))
+            if started:
+                err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
         yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded)
 
@@ -221,7 +225,7 @@ def run(
     """Start a run of a workflow, follow its progress, print its timeline and outcome."""
     async def body() -> int:
         spec = load_workflow(file)
-        async with session(nats_url, namespace, services=True) as s:
+        async with session(nats_url, namespace, services=SERVICES) as s:
             reply = await s.client.start(spec, idempotency_key=key)
             if not reply.ok or reply.run_id is None:
                 raise CliError(f"start refused: {reply.error.code if reply.error else '?'}: "
@@ -255,7 +259,7 @@ def replay(
         for f in files:
             specs += [(f, w) for w in load_trajectories(f, budget_tokens=budget_tokens, limit=limit)]
         show = timelines if timelines is not None else len(specs) <= 10
-        async with session(nats_url, namespace, services=True) as s:
+        async with session(nats_url, namespace, services=SERVICES) as s:
             results = await _replay_all(s, specs, fresh=fresh, wait_s=timeout, show=show)
         _replay_summary(results)
         return max((exit_code(st) for _, _, st in results), default=0)
@@ -310,7 +314,7 @@ def show(
 ) -> None:
     """Print a run's timeline: steps, attempts with status, partition sizes, usage, LSNs, branches, verdicts."""
     async def body() -> int:
-        async with session(nats_url, namespace, services=False) as s:
+        async with session(nats_url, namespace, services=()) as s:
             state = await s.client.log.load(run_id)
         if branch is not None and branch not in state.branches:
             raise CliError(f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
@@ -329,7 +333,7 @@ def show(
 def list_runs(nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """List runs with their status and outcome."""
     async def body() -> int:
-        async with session(nats_url, namespace, services=False) as s:
+        async with session(nats_url, namespace, services=()) as s:
             table = Table()
             for col in ("run", "workflow", "status", "outcome", "branch", "commits", "head lsn"):
                 table.add_column(col)
@@ -352,7 +356,7 @@ def verdicts(
 ) -> None:
     """Print the verdicts published about a run (replayed from the verdict stream)."""
     async def body() -> int:
-        async with session(nats_url, namespace, services=False) as s:
+        async with session(nats_url, namespace, services=()) as s:
             await s.client.log.load(run_id)  # RunNotFound for a typo
             subject = s.cfg.names.verdict(run_id)
             seen: list[Verdict] = []
@@ -386,7 +390,7 @@ def verdicts(
 def _print_reply(reply: Any) -> int:
     if not reply.ok:
         raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
-    console.print(msgspec.json.encode(reply).decode())
+    sys.stdout.write(msgspec.json.encode(reply).decode() + "\n")
     return 0
 
 
@@ -395,7 +399,7 @@ def cancel(run_id: str = typer.Argument(...), reason: str = typer.Option("", hel
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Cancel a run (legal from Pending, Running and Verifying)."""
     async def body() -> int:
-        async with session(nats_url, namespace, services=True) as s:
+        async with session(nats_url, namespace, services=("cancel",)) as s:
             return _print_reply(await s.client.cancel(run_id, reason))
 
     run_async(body())
@@ -417,9 +421,14 @@ def rewind(
         raise typer.Exit(2)
 
     async def body() -> int:
-        async with session(nats_url, namespace, services=True) as s:
-            return _print_reply(await s.client.rewind(run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
+        async with session(nats_url, namespace, services=("rewind",)) as s:
+            code = _print_reply(await s.client.rewind(run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
                                                       idempotency_key=key))
+            if not await _service_active(s.infra, s.cfg, "executor"):
+                err_console.print("[dim]no executor is running: the run continues on the new branch when one"
+                                  " starts (`reel up`, or `reel serve executor`);"
+                                  f" follow it with `reel show {run_id}`[/]")
+            return code
 
     run_async(body())
 
@@ -495,6 +504,10 @@ async def supervise(url: str, namespace: str, replicas: int) -> int:
 
 
 # ---- single services ---------------------------------------------------------------------------
+serve_app = typer.Typer(help="Run one instance of a Reel service (scale by running more).", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+
 def _service_command(name: str) -> None:
     def cmd() -> None:
         serve = service_serve(name)
@@ -505,8 +518,8 @@ def _service_command(name: str) -> None:
 
         main_for(name, serve)
 
-    cmd.__doc__ = f"Run one {name} service instance (env: NATS_URL, REEL_NAMESPACE; see docs/architecture.md)."
-    app.command(name)(cmd)
+    cmd.__doc__ = f"Run one {name} instance (env: NATS_URL, REEL_NAMESPACE; see docs/architecture.md)."
+    serve_app.command(name)(cmd)
 
 
 for _name in SERVICES:
@@ -520,7 +533,7 @@ with contextlib.suppress(ImportError):
 
 def main() -> None:
     """Console-script entry point."""
-    setup_logging("cli", level=os.environ.get("REEL_LOG_LEVEL", "WARNING"))
+    setup_logging("cli", level=os.environ.get("REEL_LOG_LEVEL", "ERROR"))
     app()
 
 
