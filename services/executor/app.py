@@ -313,7 +313,9 @@ class Executor:
                 step.tool.stdin_from, "").encode()
         started = time.perf_counter()
         try:
-            text = await run_tool(step.tool, attempt=action.attempt, stdin=stdin)
+            text = await run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
+                "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
+                "REEL_ATTEMPT": str(action.attempt)})
         except ToolError as exc:
             return await self._fail(state, action, exc.kind, exc.message, exc.retryable,
                                     Usage(latency_ms=_ms_since(started)))

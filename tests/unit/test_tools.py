@@ -1,0 +1,84 @@
+"""Tool steps' commands: process groups die with the attempt (timeout, cancellation)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from shared.errors import ToolError
+from shared.tools import run_tool
+from shared.workflow import ToolSpec
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0): look at its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _gone(pid: int, within_s: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def _read_pid(path: Path) -> int | None:
+    text = path.read_text().strip() if path.exists() else ""
+    return int(text) if text else None
+
+
+async def _pid_from(path: Path) -> int:
+    for _ in range(500):
+        pid = _read_pid(path)
+        if pid is not None:
+            return pid
+        await asyncio.sleep(0.01)
+    raise AssertionError("the tool never wrote its child's pid")
+
+
+def _spawning(pidfile: Path, timeout_s: float = 60) -> ToolSpec:
+    # the tool starts a grandchild that would outlive a naive kill of the direct child
+    return ToolSpec(type="command", argv=("sh", "-c", f"sleep 30 & echo $! > {pidfile}; wait"), timeout_s=timeout_s)
+
+
+async def test_cancelling_an_attempt_kills_the_whole_tool_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    task = asyncio.create_task(run_tool(_spawning(pidfile), attempt=1))
+    child = await _pid_from(pidfile)
+    assert _alive(child)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _gone(child), "the tool's background child survived the cancelled attempt"
+
+
+async def test_a_timed_out_tool_is_killed_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    with pytest.raises(ToolError) as err:
+        await run_tool(_spawning(pidfile, timeout_s=0.5), attempt=1)
+    assert err.value.kind == "timeout"
+    assert await _gone(await _pid_from(pidfile))
+
+
+async def test_the_attempt_identity_is_in_the_tool_environment() -> None:
+    spec = ToolSpec(type="command", argv=("sh", "-c", "echo $REEL_RUN_ID/$REEL_STEP_ID/$REEL_ATTEMPT"))
+    out = await run_tool(spec, attempt=2, env={"REEL_RUN_ID": "r-1", "REEL_STEP_ID": "s", "REEL_ATTEMPT": "2"})
+    assert out.strip() == "r-1/s/2"
+
+
+async def test_a_failing_command_reports_its_exit_code() -> None:
+    with pytest.raises(ToolError) as err:
+        await run_tool(ToolSpec(type="command", argv=("sh", "-c", "echo boom; exit 7")), attempt=1)
+    assert err.value.kind == "exit_7" and "boom" in err.value.message
