@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from shared.config import Config
+from shared.subjects import COMMANDS
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +74,8 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
         description="Reel run events: one subject per run, one message per commit, LSN = stream sequence",
     ))
     await _ensure_stream(js, jsapi.StreamConfig(
-        name=n.commands_stream, subjects=[n.commands_all], storage=storage, num_replicas=cfg.replicas,
+        name=n.commands_stream, subjects=[n.command(c) for c in COMMANDS] + [n.command("crucible.*")],
+        storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
         duplicate_window=DUPLICATE_WINDOW_S, description="Reel commands (start, cancel, rewind, resume)",
     ))

@@ -9,9 +9,11 @@ names the offending field, e.g.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
+import jsonschema
 import msgspec
 import yaml
 
@@ -211,13 +213,13 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
         raise WorkflowInvalid("workflow has no steps (at `$.steps`)")
     seen: set[str] = set()
     for i, step in enumerate(spec.steps):
-        where = f"`$.steps[{i}]`"
+        where = f"$.steps[{i}]"
         if not is_token(step.id):
-            raise WorkflowInvalid(f"step id {step.id!r} must match [A-Za-z0-9_-]{{1,128}} (at {where}.id)")
+            raise WorkflowInvalid(f"step id {step.id!r} must match [A-Za-z0-9_-]{{1,128}} (at `{where}.id`)")
         if step.id in seen:
-            raise WorkflowInvalid(f"duplicate step id {step.id!r} (at {where}.id)")
+            raise WorkflowInvalid(f"duplicate step id {step.id!r} (at `{where}.id`)")
         if step.max_attempts < 1:
-            raise WorkflowInvalid(f"max_attempts must be >= 1 (at {where}.max_attempts)")
+            raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{where}.max_attempts`)")
         if isinstance(step, ModelStep):
             _check_model(step, seen, where)
         else:
@@ -231,51 +233,67 @@ def _check_model(step: ModelStep, earlier: set[str], where: str) -> None:
     if step.model.adapter not in MODEL_ADAPTERS:
         raise WorkflowInvalid(
             f"unknown model adapter {step.model.adapter!r}; known: {', '.join(MODEL_ADAPTERS)}"
-            f" (at {where}.model.adapter)"
+            f" (at `{where}.model.adapter`)"
         )
     if step.model.adapter == "replay" and step.model.output is None:
-        raise WorkflowInvalid(f"replay adapter needs `output` (at {where}.model.output)")
+        raise WorkflowInvalid(f"replay adapter needs `output` (at `{where}.model.output`)")
     if step.model.adapter == "scripted" and not step.model.outputs:
-        raise WorkflowInvalid(f"scripted adapter needs `outputs` (at {where}.model.outputs)")
+        raise WorkflowInvalid(f"scripted adapter needs `outputs` (at `{where}.model.outputs`)")
     ids: set[str] = set()
     for j, item in enumerate(step.context):
         at = f"{where}.context[{j}]"
         if item.id in ids:
-            raise WorkflowInvalid(f"duplicate context item id {item.id!r} (at {at}.id)")
+            raise WorkflowInvalid(f"duplicate context item id {item.id!r} (at `{at}.id`)")
         ids.add(item.id)
         if (item.text is None) == (item.from_step is None):
-            raise WorkflowInvalid(f"context item needs exactly one of `text` or `from_step` (at {at})")
+            raise WorkflowInvalid(f"context item needs exactly one of `text` or `from_step` (at `{at}`)")
         if item.from_step is not None and item.from_step not in earlier:
-            raise WorkflowInvalid(f"from_step {item.from_step!r} is not an earlier step (at {at}.from_step)")
+            raise WorkflowInvalid(f"from_step {item.from_step!r} is not an earlier step (at `{at}.from_step`)")
 
 
 def _check_tool(step: ToolStep, earlier: set[str], where: str) -> None:
     t = step.tool
     if t.type == "recorded" and t.output is None:
-        raise WorkflowInvalid(f"recorded tool needs `output` (at {where}.tool.output)")
+        raise WorkflowInvalid(f"recorded tool needs `output` (at `{where}.tool.output`)")
     if t.type == "scripted" and not t.outputs:
-        raise WorkflowInvalid(f"scripted tool needs `outputs` (at {where}.tool.outputs)")
+        raise WorkflowInvalid(f"scripted tool needs `outputs` (at `{where}.tool.outputs`)")
     if t.type == "command" and not t.argv:
-        raise WorkflowInvalid(f"command tool needs `argv` (at {where}.tool.argv)")
+        raise WorkflowInvalid(f"command tool needs `argv` (at `{where}.tool.argv`)")
     if t.stdin_from is not None and t.stdin_from not in earlier:
-        raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at {where}.tool.stdin_from)")
+        raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at `{where}.tool.stdin_from`)")
 
 
 def _check_verifiers(spec: WorkflowSpec, steps: set[str]) -> None:
     names: set[str] = set()
     for i, v in enumerate(spec.verifiers):
-        at = f"`$.verifiers[{i}]`"
+        at = f"$.verifiers[{i}]"
         if v.label in names:
-            raise WorkflowInvalid(f"duplicate verifier name {v.label!r} (at {at}.name)")
+            raise WorkflowInvalid(f"duplicate verifier name {v.label!r} (at `{at}.name`)")
         names.add(v.label)
         if v.step is not None and v.step not in steps:
-            raise WorkflowInvalid(f"verifier step {v.step!r} is not a step of the workflow (at {at}.step)")
+            raise WorkflowInvalid(f"verifier step {v.step!r} is not a step of the workflow (at `{at}.step`)")
+        _check_verifier_params(v, at)
         need = {"output_regex": v.pattern, "output_json_schema": v.json_schema, "context_requires": v.item,
                 "python": v.path, "command": v.argv or None, "recorded_outcome": v.expect}
         if need.get(v.type) is None:
             field = {"output_regex": "pattern", "output_json_schema": "json_schema", "context_requires": "item",
                      "python": "path", "command": "argv", "recorded_outcome": "expect"}[v.type]
-            raise WorkflowInvalid(f"verifier {v.type} needs `{field}` (at {at}.{field})")
+            raise WorkflowInvalid(f"verifier {v.type} needs `{field}` (at `{at}.{field}`)")
+
+
+def _check_verifier_params(v: VerifierSpec, at: str) -> None:
+    if v.pattern is not None:
+        try:
+            re.compile(v.pattern)
+        except re.error as exc:
+            raise WorkflowInvalid(f"invalid regex {v.pattern!r}: {exc} (at `{at}.pattern`)") from exc
+    if v.json_schema is not None:
+        try:
+            jsonschema.validators.validator_for(v.json_schema).check_schema(v.json_schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise WorkflowInvalid(f"invalid JSON Schema: {exc.message} (at `{at}.json_schema`)") from exc
+    if v.timeout_s <= 0:
+        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
 
 
 def parse_workflow(
@@ -296,7 +314,14 @@ def parse_workflow(
             else:
                 spec = msgspec.convert(yaml.safe_load(text), WorkflowSpec)
     except (msgspec.ValidationError, msgspec.DecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        msg = str(exc).replace("Invalid value", "invalid value").replace("`$.steps", "`$.steps")
+        if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+            mark = exc.problem_mark
+            msg = f"YAML syntax error: {exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+        else:
+            msg = " ".join(str(exc).split()).replace("Invalid value", "invalid value")
+        if not isinstance(data, dict) and fmt != "json" and isinstance(exc, msgspec.ValidationError) \
+                and "Expected `object`" in msg and "$." not in msg:
+            msg += " (the file must hold one mapping with `name` and `steps`)"
         if "`$.steps[" in msg and ".kind`" in msg:
             msg += " (a step's `kind` must be `model` or `tool`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc

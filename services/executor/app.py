@@ -51,7 +51,7 @@ from shared.events import (
     Usage,
 )
 from shared.fold import RunState, apply_commit
-from shared.ids import ExecutorId, new_executor_id, run_id_for_key
+from shared.ids import ExecutorId, is_token, new_executor_id, run_id_for_key
 from shared.jetstream import Infra
 from shared.models import ModelRequest, make_adapter
 from shared.packer import pack
@@ -102,6 +102,8 @@ class Executor:
                 run_id = await self._start(cmd)
             else:
                 run_id = decode_command(cmd.data, ResumeRun).run_id
+                if not is_token(run_id):
+                    raise InvalidCommand(f"{run_id[:80]!r} is not a valid run id (at `$.run_id`)")
                 await self.log.load(run_id)  # RunNotFound before anything else
         except ReelError as exc:
             log.warning("command.rejected", command=kind, code=exc.code, reason=exc.message,
@@ -145,7 +147,7 @@ class Executor:
         except ConcurrencyConflict:
             state = await self.log.load(run_id)
             log.info("run.exists", status=state.status, idempotency_key=start.idempotency_key)
-            reply = Reply(ok=True, run_id=run_id, status=state.status, created=False, lsn=state.created_lsn)
+            reply = Reply(ok=True, run_id=run_id, status=state.status, created=False)  # nothing committed: lsn 0
         await send_reply(self.infra, cmd, reply)
         return run_id
 

@@ -102,8 +102,8 @@ BAD: list[tuple[str, str, bytes, str, tuple[str, ...]]] = [
     ("malformed-workflow-ref", "start", dumps({"workflow_ref": {"sha256": "../x.>", "size_bytes": 10}}),
      "invalid_command", ("$.workflow_ref.sha256",)),
     ("resume-unknown-run", "resume", dumps({"run_id": "r-nope"}), "run_not_found", ("r-nope",)),
-    ("resume-wildcard-run", "resume", dumps({"run_id": "*"}), "run_not_found", ("'*'",)),
-    ("resume-multi-token-run", "resume", dumps({"run_id": ">"}), "run_not_found", ("'>'",)),
+    ("resume-wildcard-run", "resume", dumps({"run_id": "*"}), "invalid_command", ("'*'", "$.run_id")),
+    ("resume-multi-token-run", "resume", dumps({"run_id": ">"}), "invalid_command", ("'>'", "$.run_id")),
     ("resume-malformed", "resume", b"{", "invalid_command", ("not valid JSON",)),
     ("resume-wrong-type", "resume", dumps({"run_id": 5}), "invalid_command", ("$.run_id",)),
 ]

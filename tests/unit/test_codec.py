@@ -231,3 +231,16 @@ def test_bad_commands_name_the_problem(body: bytes, kind: type, needle: str) -> 
         decode_command(body, kind)
     assert info.value.code == "invalid_command"
     assert needle in info.value.message.replace("`", ""), info.value.message
+
+
+@pytest.mark.parametrize(("verifier", "where"), [
+    ({"type": "output_regex", "pattern": "("}, "$.verifiers[0].pattern"),
+    ({"type": "output_json_schema", "json_schema": {"type": 12}}, "$.verifiers[0].json_schema"),
+    ({"type": "output_regex", "pattern": "x", "timeout_s": 0}, "$.verifiers[0].timeout_s"),
+])
+def test_verifier_parameters_are_checked_when_the_workflow_loads(verifier: dict[str, object], where: str) -> None:
+    spec = {"name": "w", "steps": [{"kind": "tool", "id": "a", "tool": {"type": "recorded", "output": "o"}}],
+            "verifiers": [verifier]}
+    with pytest.raises(WorkflowInvalid) as err:
+        parse_workflow(spec)
+    assert f"`{where}`" in err.value.message
