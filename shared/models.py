@@ -14,6 +14,7 @@ Shipped adapters:
 
 from __future__ import annotations
 
+import importlib
 from typing import Protocol
 
 import msgspec
@@ -101,13 +102,27 @@ class ScriptedAdapter:
 
 
 def make_adapter(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> ModelAdapter:
-    """The adapter a :class:`ModelSpec` names.
+    """The adapter a :class:`ModelSpec` names: ``replay``, ``scripted``, or ``module:factory``.
+
+    A ``module:factory`` adapter is your own model endpoint: ``factory(spec, counter)``
+    must return an object with ``name`` and ``async complete(ModelRequest) -> ModelResponse``
+    that raises :class:`~shared.errors.ModelError` on failure.
 
     Raises:
-        ValueError: unknown adapter (workflow validation rejects these earlier).
+        ModelError: a ``module:factory`` that cannot be imported (non-retryable, kind ``adapter_unavailable``).
+        ValueError: unknown built-in adapter (workflow validation rejects these earlier).
     """
     if spec.adapter == "replay":
         return ReplayAdapter(spec, counter)
     if spec.adapter == "scripted":
         return ScriptedAdapter(spec, counter)
+    if ":" in spec.adapter:
+        module, _, name = spec.adapter.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ModelError(f"cannot load model adapter {spec.adapter!r}: {exc}", kind="adapter_unavailable",
+                             retryable=False) from exc
+        adapter: ModelAdapter = factory(spec, counter)
+        return adapter
     raise ValueError(f"unknown model adapter {spec.adapter!r}")

@@ -22,6 +22,7 @@ from shared.events import StepDecl
 from shared.ids import is_token
 
 MODEL_ADAPTERS = ("replay", "scripted")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 VerifierType = Literal[
     "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
 ]
@@ -230,9 +231,9 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
 
 
 def _check_model(step: ModelStep, earlier: set[str], where: str) -> None:
-    if step.model.adapter not in MODEL_ADAPTERS:
+    if step.model.adapter not in MODEL_ADAPTERS and not _IMPORT_PATH.match(step.model.adapter):
         raise WorkflowInvalid(
-            f"unknown model adapter {step.model.adapter!r}; known: {', '.join(MODEL_ADAPTERS)}"
+            f"unknown model adapter {step.model.adapter!r}; known: {', '.join(MODEL_ADAPTERS)}, or module:factory"
             f" (at `{where}.model.adapter`)"
         )
     if step.model.adapter == "replay" and step.model.output is None:

@@ -72,6 +72,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class HandedBack(Exception):
+    """This executor is stopping: the run goes back to the queue (its command is nak'ed) between steps."""
+
+
 class Yielded(Exception):
     """Another executor owns the run now; stop driving it."""
 
@@ -80,8 +84,9 @@ class Executor:
     """One executor process: its id, the log, the blob store, and the workflows it has loaded."""
 
     def __init__(self, infra: Infra, cfg: Config, *, executor_id: ExecutorId | None = None,
-                 counter: TokenCounter = DEFAULT_COUNTER) -> None:
+                 counter: TokenCounter = DEFAULT_COUNTER, stopping: asyncio.Event | None = None) -> None:
         self.infra, self.cfg = infra, cfg
+        self.stopping = stopping  # set on shutdown: finish the attempt in flight, then hand runs back
         self.executor_id = executor_id or new_executor_id()
         self.log = JetStreamEventLog(infra.nc, cfg.names)
         self.blobs = JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
@@ -123,6 +128,8 @@ class Executor:
                 if not self._driving[run_id]:
                     return Ack.ACK
                 self._driving[run_id] = False
+        except HandedBack:
+            return Ack.NAK  # redelivered at once to another instance, which takes over from the log
         finally:
             del self._driving[run_id]
 
@@ -202,6 +209,9 @@ class Executor:
                 if isinstance(action, plan.Rest):
                     log.info("run.resting", status=action.status, lsn=state.head_lsn)
                     return state
+                if self.stopping is not None and self.stopping.is_set():
+                    log.info("run.handed_back", lsn=state.head_lsn, reason="executor stopping")
+                    raise HandedBack(state.run_id)
                 if isinstance(action, plan.Claim):
                     if claimed:  # we held it and another executor took it over: never take it back
                         log.info("run.yielded", owner=state.executor_id)
@@ -292,9 +302,9 @@ class Executor:
         p = packed.partition
         log.info("attempt.dispatched", lsn=state.head_lsn, packed=len(p.packed), available=len(p.available),
                  dropped=len(p.dropped), prompt_tokens=packed.packed_tokens)
-        adapter = make_adapter(step.model, self.counter)
         started = time.perf_counter()
         try:
+            adapter = make_adapter(step.model, self.counter)
             resp = await adapter.complete(ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
                                                        prompt=prompt, prompt_tokens=packed.packed_tokens))
         except ModelError as exc:
@@ -399,14 +409,15 @@ async def heartbeat(infra: Infra, executor_id: str, ttl_s: int, stop: asyncio.Ev
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
     """Run one executor instance until ``stop`` is set."""
-    ex = Executor(infra, cfg, **kwargs)
+    ex = Executor(infra, cfg, stopping=stop, **kwargs)
     structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
     names = cfg.names
     consumer = CommandConsumer(infra, cfg, "executor", [names.command("start"), names.command("resume")],
                                ex.handle, concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)
-    hb = asyncio.create_task(heartbeat(infra, ex.executor_id, cfg.lease_ttl_s, stop))
+    lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
+    hb = asyncio.create_task(heartbeat(infra, ex.executor_id, cfg.lease_ttl_s, lease_stop))
     try:
         await consumer.run(stop)
     finally:
-        stop.set()
+        lease_stop.set()
         await hb
