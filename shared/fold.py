@@ -208,7 +208,7 @@ def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
             branch = state.branches.get(event.branch_id)
             if branch is None:
                 raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
-            if not any(d.step_id == event.step_id for d in state.steps):
+            if event.step_id not in _positions(state.steps):
                 raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
             if state.status == "pending":
                 state.status = "running"
@@ -241,7 +241,7 @@ def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
             parent = state.branches.get(event.parent_branch_id)
             if parent is None:
                 raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
-            if event.from_step is not None and not any(d.step_id == event.from_step for d in state.steps):
+            if event.from_step is not None and event.from_step not in _positions(state.steps):
                 raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=state.run_id)
             state.branches[event.branch_id] = BranchState(
                 branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
