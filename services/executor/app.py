@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import structlog
+import tenacity
 
 from shared import execution as plan
 from shared.blobstore import JetStreamBlobStore, ref_for
@@ -37,7 +38,7 @@ from shared.errors import (
     ToolError,
     WorkflowInvalid,
 )
-from shared.eventlog import JetStreamEventLog
+from shared.eventlog import JetStreamEventLog, publish_pipelined
 from shared.events import (
     AnyEvent,
     AttemptDispatched,
@@ -64,6 +65,7 @@ log = structlog.get_logger("reel.executor")
 
 TEXT_CACHE_BYTES = 64 * 1024 * 1024
 OUTCOME_RETRIES = 20
+BLOB_TIMEOUT_S = 30.0
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
 
@@ -334,26 +336,46 @@ class Executor:
         return await self._succeed(state, action, text, Usage(latency_ms=_ms_since(started)))
 
     async def _succeed(self, state: RunState, action: plan.Dispatch, text: str, usage: Usage) -> RunState:
+        """Store the output, its recovery marker and the outcome commit in one round trip.
+
+        The three go out together on one connection, so the server stores the blob
+        and the marker before it sees the commit. If the blob write is refused while
+        the commit lands, the blob is written again (the ref is content-addressed,
+        so the commit's ref becomes valid) before the run moves on.
+        """
         body = text.encode()
-        blob_fut = await self.blobs.put_async(body)
-        key = f"{state.run_id}.{action.branch_id}.{action.step_id}.{action.attempt}"
-        ref = await blob_fut
+        ref = ref_for(body)
         self._remember_text(ref.sha256, text)
-        marker = self.infra.outcomes.put(key, msgspec.json.encode(ref))
+        key = f"{state.run_id}.{action.branch_id}.{action.step_id}.{action.attempt}"
+        blob_fut = await self.blobs.put_async(body)
+        marker_fut = publish_pipelined(self.infra.nc, f"$KV.{self.cfg.names.outcome_bucket}.{key}",
+                                       msgspec.json.encode(ref), None, BLOB_TIMEOUT_S)
         if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
-            await marker
+            await asyncio.gather(blob_fut, marker_fut)
             log.error("executor.crash_injected", point=self._crash_at)
             os._exit(137)
         event = AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                  output_ref=ref, usage=usage, at_ms=now_ms())
         fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
                                           writer=self.executor_id)
-        await marker
+        stored = await asyncio.gather(blob_fut, marker_fut, return_exceptions=True)
+        if isinstance(stored[0], BaseException):
+            log.warning("attempt.output_rewrite", error=str(stored[0]))
+            await self._store_until_done(body)
+        if isinstance(stored[1], BaseException):  # the marker only matters if the commit is lost too
+            log.warning("attempt.marker_failed", error=str(stored[1]))
         state = await self._outcome(state, fut, event)
         log.info("attempt.succeeded", lsn=state.head_lsn, output_bytes=len(body),
                  input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                  latency_ms=round(usage.latency_ms, 3))
         return state
+
+    async def _store_until_done(self, body: bytes) -> None:
+        """Write a blob whose ref is (about to be) committed, retrying with backoff until it is stored."""
+        async for attempt in tenacity.AsyncRetrying(wait=tenacity.wait_exponential(max=10), reraise=True,
+                                                    stop=tenacity.stop_after_delay(600)):
+            with attempt:
+                await self.blobs.put(body)
 
     async def _outcome(self, state: RunState, fut: asyncio.Future[int],
                        event: AttemptSucceeded | AttemptFailed) -> RunState:
