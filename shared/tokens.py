@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-_PIECE = re.compile(r"[A-Za-z]+|\d{1,3}|[^\sA-Za-z\d]")
+_WORDS = re.compile(r"[A-Za-z]+")
+_DIGITS = re.compile(r"\d+")
+_OTHER = re.compile(r"[^\sA-Za-z\d]")
 
 
 class TokenCounter(Protocol):
@@ -30,12 +32,15 @@ class HeuristicCounter:
     name = "heuristic-v1"
 
     def count(self, text: str) -> int:
-        """Estimated tokens in ``text`` (0 for the empty string)."""
-        total = 0
-        for m in _PIECE.finditer(text):
-            n = m.end() - m.start()
-            total += 1 + (n - 1) // 6 if m.group()[0].isalpha() else 1
-        return total
+        """Estimated tokens in ``text`` (0 for the empty string).
+
+        A run of letters counts ``1 + (len - 1) // 6``, a run of digits one per
+        3 digits, every other non-space character one.
+        """
+        words = _WORDS.findall(text)
+        n = len(words) + sum((len(w) - 1) // 6 for w in words if len(w) > 6)
+        n += sum((len(d) + 2) // 3 for d in _DIGITS.findall(text))
+        return n + len(_OTHER.findall(text))
 
 
 DEFAULT_COUNTER: TokenCounter = HeuristicCounter()
