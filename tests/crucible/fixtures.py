@@ -74,6 +74,11 @@ PROPOSER = textwrap.dedent('''
     plan = json.loads(Path(sys.argv[1]).read_text())
     it = int(os.environ["CRUCIBLE_ITERATION"])
     step = plan[it - 1] if it <= len(plan) else {"done": True}
+    if "hold" in step:  # a rendezvous for tests: say we started, then wait for the gate file
+        import time
+        Path(step["hold"]["started"]).write_text("x")
+        while not Path(step["hold"]["gate"]).exists():
+            time.sleep(0.01)
     if "record_head" in step:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()

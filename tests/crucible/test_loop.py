@@ -28,9 +28,7 @@ from shared.crucible.events import (
     SessionEnded,
     normalized,
 )
-from shared.crucible.names import CrucibleNames
 from shared.crucible.state import InvalidReading, LoopExit, Segment, Snapshot, Verdict
-from shared.jetstream import connect
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import JUDGE, make_config, make_repo, write
 
@@ -94,19 +92,22 @@ async def test_escalation_by_the_proposer_rolls_back_and_needs_a_human(crucible:
 
 
 async def test_stop_request_ends_at_the_next_gate(crucible: Crucible, root: Path, cfg: Config) -> None:
+    """A stop set while iteration 2 is under way lets it finish and ends the run at gate 3."""
     repo = await make_repo(root, "1")
+    started, gate = root / "it2-started", root / "it2-gate"
+    hold = {"started": str(started), "gate": str(gate)}
     stop = asyncio.Event()
-    nc = await connect(cfg)
-    sub = await nc.subscribe(CrucibleNames(cfg.names).session("stopme"))
-    task = asyncio.create_task(crucible.run(make_config(root, repo, [write(2), write(3), write(4)]),
+    task = asyncio.create_task(crucible.run(make_config(root, repo, [write(2), {**write(3), "hold": hold},
+                                                                     write(4)]),
                                             session_id="stopme", stop=stop))
-    async for msg in sub.messages:  # rendezvous on the log: stop once iteration 1 is closed
-        if b'"iteration_closed"' in msg.data:
-            stop.set()
-            break
+    while not await asyncio.to_thread(started.exists):  # rendezvous: iteration 2's proposer is running
+        assert not task.done(), "the run ended before iteration 2 proposed"
+        await asyncio.sleep(0.01)
+    stop.set()
+    gate.touch()
     o = await task
-    await nc.close()
-    assert o.exit is LoopExit.STOPPED and o.state.ended.reason == "stop requested" and verdicts(o) == ["keep"]
+    assert o.exit is LoopExit.STOPPED and o.state.ended.reason == "stop requested"
+    assert verdicts(o) == ["keep", "keep"]  # iteration 2 completed; iteration 3 never entered Proposed
 
 
 async def test_park_time_is_excluded_from_the_time_budget(crucible: Crucible, root: Path) -> None:
