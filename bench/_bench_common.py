@@ -49,6 +49,40 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def server_cpu_s(srv: EmbeddedServer) -> float:
+    """CPU seconds the nats-server process has run so far; NaN where /proc is missing (not Linux).
+
+    The sum of its threads' ``schedstat`` run times (ns resolution; ``stat`` only counts 10 ms ticks).
+    """
+    total = 0
+    try:
+        for task in os.scandir(f"/proc/{srv.process.pid}/task"):
+            with contextlib.suppress(OSError), open(f"{task.path}/schedstat") as f:  # a thread may just have exited
+                total += int(f.read().split()[0])
+    except OSError:
+        return float("nan")
+    return total / 1e9
+
+
+@dataclass
+class CpuMeter:
+    """Client (this process) and server CPU seconds accumulated over the blocks run inside ``with meter:``."""
+
+    srv: EmbeddedServer
+    client_s: float = 0.0
+    server_s: float = 0.0
+    _c0: float = 0.0
+    _s0: float = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self._c0, self._s0 = time.process_time(), server_cpu_s(self.srv)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client_s += time.process_time() - self._c0
+        self.server_s += server_cpu_s(self.srv) - self._s0
+
+
 def git_note() -> str:
     """The checkout's commit (``+dirty`` if shared/ or services/ have uncommitted changes)."""
     repo = Path(__file__).resolve().parent.parent

@@ -13,8 +13,9 @@ Against one embedded nats-server (file storage, R1), in one process:
    workflow of N replay model steps (N = 10, 100, 200 by default; each step has 10
    candidate context items — the task and the last 9 messages — under a budget
    that packs 6, a distinct prompt and a distinct recorded output). Per step it
-   does what the executor always does: plan, pack, prompt blob, intent commit,
-   replay adapter, output blob, KV outcome marker ∥ outcome commit. Reported as
+   does what the executor always does: plan, pack, prompt blob ∥ intent commit,
+   replay adapter, output blob ∥ KV outcome marker ∥ outcome commit (2 round
+   trips, ∥ = pipelined). Reported as
    µs per step (``drive`` wall time / N) and as the ``_perform`` time of one
    step (pack + I/O, planning excluded), each as a ratio to the raw publish p50
    of the same round. Target: ≤ 2.5.
@@ -23,8 +24,8 @@ Each round alternates the three publish kinds in blocks of 100, then drives one
 run per N, so background load on a shared machine hits all of them alike; every
 figure is the median over rounds (each ratio: the median of per-round ratios).
 ``--experiments`` adds what-ifs from bench/_whatif.py (not what Reel does today):
-the per-step I/O reproduced with the real classes, as-is and with more
-pipelining, and the executor with a one-pass planner and memoized token counts.
+the per-step I/O reproduced with the real classes, as the executor does it and
+with one ack future per round trip, plus a lower bound.
 
     python bench/commit_vs_publish.py [--rounds 5] [--n 1000] [--steps 10,100,200] [--experiments] [--profile]
 """
@@ -33,24 +34,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
-import json
 import pstats
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import _whatif as whatif
 import msgspec
-from _bench_common import Bench, bench_server, console, dispatch_event, machine_note, median, namespace, pct
+from _bench_common import (
+    Bench,
+    CpuMeter,
+    bench_server,
+    console,
+    dispatch_event,
+    machine_note,
+    median,
+    namespace,
+    pct,
+)
 from rich.table import Table
 
 from services.executor import app as executor_app
 from shared import execution as plan
 from shared.blobstore import ref_for
-from shared.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
+from shared.eventlog import COMMIT_ID_HEADER, JetStreamEventLog, publish_pipelined
 from shared.events import AnyEvent, AttemptDispatched, AttemptSucceeded, Commit, RunCreated, Usage, encode_commit
 from shared.fold import RunState
 from shared.ids import new_commit_id, new_run_id
@@ -141,10 +150,6 @@ class PublishBench:
         self.raw_subject = f"benchxyz_raw.{self.run_id}"
         self.hdr_subject = f"benchxyz_raw.h-{self.run_id}"
         self.hdr_last = 0
-        self.nc = b.nc
-        self.lean_run = new_run_id()
-        self.lean_subject = b.cfg.names.events(self.lean_run)
-        self.lean_lsn = 0
 
     async def setup(self) -> None:
         from nats.js import api as jsapi
@@ -165,17 +170,6 @@ class PublishBench:
 
     async def commit(self) -> None:
         self.lsn = await self.log.commit(self.run_id, [self.event], expected_lsn=self.lsn, writer="x-0123456789ab")
-
-    async def lean_commit(self) -> None:
-        """What-if: the same guarded commit awaited inline (no commit_async/_settle Tasks, no PubAck object)."""
-        cid = uuid.uuid4().hex
-        body = encode_commit(Commit(commit_id=cid, run_id=self.lean_run, writer="x-0123456789ab", events=(self.event,)))
-        msg = await self.nc.request(self.lean_subject, body, timeout=10.0, headers={
-            MSG_ID_HEADER: cid, EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(self.lean_lsn), COMMIT_ID_HEADER: cid})
-        data = json.loads(msg.data)
-        if "error" in data:  # a real version keeps SubjectLog._settle's 10071/10164 handling here
-            raise RuntimeError(data["error"])
-        self.lean_lsn = int(data["seq"])
 
 
 # ---- part 2: model steps through the real executor ------------------------------------------------
@@ -243,41 +237,19 @@ class IoReplica:
                                 usage=Usage(input_tokens=900, output_tokens=200), at_ms=int(time.time() * 1000))
 
     async def as_executor(self) -> None:
-        """4 round trips: prompt blob │ intent │ output blob │ KV marker + outcome (today's order)."""
-        prompt, output = self._bodies()
-        pref = await (await self.blobs.put_async(prompt))
-        self.lsn = await (await self.log.commit_async(self.run_id, [self._intent(pref)], expected_lsn=self.lsn))
-        oref = await (await self.blobs.put_async(output))
-        marker = self.kv.put(f"{self.run_id}.main.s{self.k}.1", msgspec.json.encode(oref))
-        fut = await self.log.commit_async(self.run_id, [self._outcome(oref)], expected_lsn=self.lsn)
-        await marker
-        self.lsn = await fut
-
-    async def prompt_with_intent(self) -> None:
-        """3 round trips: prompt blob + intent pipelined (ref computed locally) │ output blob │ marker + outcome."""
+        """2 round trips, as ``Executor._model_attempt``/``_succeed`` do them (∥ = pipelined):
+        prompt blob ∥ intent │ output blob ∥ KV marker ∥ outcome."""
         prompt, output = self._bodies()
         pfut = await self.blobs.put_async(prompt)
         cfut = await self.log.commit_async(self.run_id, [self._intent(ref_for(prompt))], expected_lsn=self.lsn)
-        await pfut
-        self.lsn = await cfut
-        oref = await (await self.blobs.put_async(output))
-        marker = self.kv.put(f"{self.run_id}.main.s{self.k}.1", msgspec.json.encode(oref))
-        fut = await self.log.commit_async(self.run_id, [self._outcome(oref)], expected_lsn=self.lsn)
-        await marker
-        self.lsn = await fut
-
-    async def two_rtt(self) -> None:
-        """2 round trips: prompt blob + intent │ output blob + marker + outcome, all pipelined."""
-        prompt, output = self._bodies()
-        pfut = await self.blobs.put_async(prompt)
-        cfut = await self.log.commit_async(self.run_id, [self._intent(ref_for(prompt))], expected_lsn=self.lsn)
-        await pfut
+        await asyncio.gather(pfut, return_exceptions=True)
         self.lsn = await cfut
         oref = ref_for(output)
         ofut = await self.blobs.put_async(output)
-        marker = self.kv.put(f"{self.run_id}.main.s{self.k}.1", msgspec.json.encode(oref))
+        marker = publish_pipelined(self.nc, f"$KV.{self.names.outcome_bucket}.{self.run_id}.main.s{self.k}.1",
+                                   msgspec.json.encode(oref), None, 30.0)
         fut = await self.log.commit_async(self.run_id, [self._outcome(oref)], expected_lsn=self.lsn)
-        await asyncio.gather(ofut, marker)
+        await asyncio.gather(ofut, marker, return_exceptions=True)
         self.lsn = await fut
 
     def _commit_msg(self, event: AnyEvent) -> whatif.Outgoing:
@@ -314,15 +286,9 @@ def fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
-@contextlib.contextmanager
-def executor_whatif() -> Iterator[None]:
-    """Swap in the one-pass planner and memoized token counts (bench/_whatif.py) for this block only."""
-    saved = plan.next_action, plan.candidates
-    plan.next_action, plan.candidates = whatif.next_action_one_pass, whatif.memo_candidates
-    try:
-        yield
-    finally:
-        plan.next_action, plan.candidates = saved
+def cpu_cells(meter: CpuMeter, n: int) -> tuple[str, str]:
+    """Client and server CPU µs per operation."""
+    return fmt(meter.client_s / n * 1e6), fmt(meter.server_s / n * 1e6)
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -335,6 +301,8 @@ async def main(args: argparse.Namespace) -> int:
     exp_p50: dict[str, list[float]] = {}
     exp_ratio: dict[str, list[float]] = {}
     profiler = cProfile.Profile() if args.profile else None
+    cpu: dict[str, CpuMeter] = {}  # kind or step label → CPU used over all rounds
+    ops: dict[str, int] = {}
     async with bench_server() as srv, namespace(srv, NS) as b:
         console.print(f"nats-server {b.nc._server_info.get('version', '?')} at {srv.url}, store {srv.store_dir} "
                       f"(file storage, R1)")
@@ -345,17 +313,14 @@ async def main(args: argparse.Namespace) -> int:
         console.print(f"model step workload: {workload_note()}")
         kinds: dict[str, Callable[[], Awaitable[object]]] = {
             "raw js.publish": pb.raw, "js.publish + Reel headers": pb.raw_headers, "Reel commit": pb.commit}
-        if args.experiments:
-            kinds["what-if: lean Reel commit (not today)"] = pb.lean_commit
         for fn in kinds.values():  # warm-up: connections, stream files, code paths
             await timed(fn, args.warmup, [])
         for k in range(3):
             await run_model_steps(b, replay_workflow(5, f"warm{k}"))
         replica = await IoReplica(b, "x").start()
         variants: dict[str, Callable[[], Awaitable[None]]] = {
-            "executor order: prompt blob │ intent │ output blob │ marker ∥ outcome (4 RTT)": replica.as_executor,
-            "prompt blob ∥ intent │ output blob │ marker ∥ outcome (3 RTT)": replica.prompt_with_intent,
-            "prompt blob ∥ intent │ output blob ∥ marker ∥ outcome (2 RTT)": replica.two_rtt,
+            "executor (today): prompt blob ∥ intent │ output blob ∥ marker ∥ outcome (2 RTT, 7 msgs)":
+                replica.as_executor,
             "same 2 RTT, one ack future per round trip (whatif.AckBatch)": replica.two_rtt_one_ack_batch,
             "bound: 2 guarded commits carrying the bodies (not allowed)": replica.floor_two_commits,
         }
@@ -366,21 +331,22 @@ async def main(args: argparse.Namespace) -> int:
             samples: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(max(1, args.n // BLOCK)):
                 for name, fn in kinds.items():
-                    await timed(fn, BLOCK, samples[name])
+                    with cpu.setdefault(name, CpuMeter(srv)):
+                        await timed(fn, BLOCK, samples[name])
+                    ops[name] = ops.get(name, 0) + BLOCK
             for name, vals in samples.items():
                 per_round.setdefault(name, []).append({"p50": pct(vals, 50), "p90": pct(vals, 90),
                                                        "p99": pct(vals, 99), "mean": sum(vals) / len(vals)})
             raw50 = per_round["raw js.publish"][-1]["p50"]
             ratios_commit.append(per_round["Reel commit"][-1]["p50"] / raw50)
-            runs = [(f"today, N={n}", n, False) for n in step_counts]
-            if args.experiments:
-                runs += [(f"what-if planner+counts, N={n}", n, True) for n in step_counts]
-            for label, n, patched in runs:
+            for n in step_counts:
+                label = f"today, N={n}"
                 spec = replay_workflow(n, f"r{r}{label}")
-                if profiler and not patched:
+                if profiler:
                     profiler.enable()
-                with executor_whatif() if patched else contextlib.nullcontext():
+                with cpu.setdefault(label, CpuMeter(srv)):
                     wall, perf = await run_model_steps(b, spec)
+                ops[label] = ops.get(label, 0) + n
                 if profiler:
                     profiler.disable()
                 d = steps.setdefault(label, {})
@@ -401,32 +367,35 @@ async def main(args: argparse.Namespace) -> int:
 
     table = Table(title=f"One acked publish, µs: median over {args.rounds} rounds of {args.n} sequential publishes "
                         f"per kind (kinds alternate every {BLOCK})")
-    for col in ("what", "p50", "p90", "p99", "mean", "× raw p50"):
+    for col in ("what", "p50", "p90", "p99", "mean", "× raw p50", "client CPU", "server CPU"):
         table.add_column(col, justify="left" if col == "what" else "right")
     raw50 = median([x["p50"] for x in per_round["raw js.publish"]])
     for name, rounds in per_round.items():
         row = {q: median([x[q] for x in rounds]) for q in ("p50", "p90", "p99", "mean")}
         table.add_row(name, fmt(row["p50"]), fmt(row["p90"]), fmt(row["p99"]), fmt(row["mean"]),
-                      f"{row['p50'] / raw50:.2f}")
+                      f"{row['p50'] / raw50:.2f}", *cpu_cells(cpu[name], ops[name]))
     console.print(table)
     r_commit = median(ratios_commit)
     console.print(f"Reel commit / raw publish (median of per-round p50 ratios) = {r_commit:.2f}, target ≤ 1.3: "
                   f"{'met' if r_commit <= 1.3 else '[red]MISSED[/]'}")
 
     t2 = Table(title=f"Replay model step through the real Executor, µs; median over {args.rounds} runs per row")
-    for col in ("run", "wall / step", "× raw", "≤ 2.5", "_perform p50", "p90", "p99", "× raw (p50)"):
+    for col in ("run", "wall / step", "× raw", "≤ 2.5", "_perform p50", "p90", "p99", "× raw (p50)",
+                "client CPU", "server CPU"):
         t2.add_column(col, justify="left" if col == "run" else "right")
     met = True
     for label, d in steps.items():
         rw, rp = median(d["r_wall"]), median(d["r_perf"])
-        if label.startswith("today"):
-            met &= rw <= 2.5
+        met &= rw <= 2.5
         t2.add_row(label, fmt(median(d["wall"])), f"{rw:.2f}", "yes" if rw <= 2.5 else "[red]NO[/]",
-                   fmt(median(d["perf"])), fmt(median(d["p90"])), fmt(median(d["p99"])), f"{rp:.2f}")
+                   fmt(median(d["perf"])), fmt(median(d["p90"])), fmt(median(d["p99"])), f"{rp:.2f}",
+                   *cpu_cells(cpu[label], ops[label]))
     console.print(t2)
-    console.print("wall / step = Executor.drive() time / N (planning, pack, 4 round trips; the run's load, claim "
-                  "and Verifying commits amortized). _perform = one Dispatch: pack + prompt blob + intent + replay "
-                  "adapter + output blob + KV marker ∥ outcome.")
+    console.print("wall / step = Executor.drive() time / N (planning, pack, 2 round trips; the run's load, claim "
+                  "and Verifying commits amortized). _perform = one Dispatch: pack + prompt blob ∥ intent + replay "
+                  "adapter + output blob ∥ KV marker ∥ outcome. CPU columns: µs of CPU per publish / per step "
+                  "(mean over all rounds; this Python process, and the nats-server process from /proc)"
+                  + (" — inflated by --profile" if profiler else "") + ".")
     if args.experiments:
         t3 = Table(title="What-if: the per-step I/O alone, reproduced with the real classes (blob store, event log, "
                          "KV); p50 µs, median over rounds")
@@ -443,8 +412,57 @@ async def main(args: argparse.Namespace) -> int:
                   f"({args.rounds} rounds); 2-core machine shared with other work: compare ratios, not absolute µs.")
     if profiler:
         console.print("[bold]cProfile of today's model-step runs (top by own time)[/]")
-        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.profile_top)
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(args.profile_top)
+        n_steps = args.rounds * sum(step_counts)
+        t4 = Table(title=f"Profiled own time by component, µs per model step ({n_steps} steps; cProfile inflates "
+                         "Python-heavy code, so read shares, not absolute µs)")
+        for col in ("component", "µs / step", "share"):
+            t4.add_column(col, justify="left" if col == "component" else "right")
+        parts = profile_breakdown(stats)
+        total = sum(parts.values())
+        ranked = sorted(parts.items(), key=lambda kv: -kv[1])
+        rest = sum(tt for _, tt in ranked[14:])
+        for name, tt in [*ranked[:14], ("everything else", rest)]:
+            t4.add_row(name, fmt(tt / n_steps * 1e6), f"{100 * tt / total:.0f} %")
+        console.print(t4)
     return 0
+
+
+def _component(path: str) -> str:
+    p = path.replace("\\", "/")
+    for root in ("/shared/", "/services/"):
+        if root in p:
+            return root.strip("/") + "." + p.rsplit(root, 1)[1].removesuffix(".py").replace("/", ".")
+    if "/site-packages/nats/" in p:
+        return "nats-py (client, JetStream API)"
+    if "/site-packages/" in p:
+        return p.rsplit("/site-packages/", 1)[1].split("/", 1)[0]
+    if "/asyncio/" in p or p.endswith(("/selectors.py", "/socket.py")):
+        return "asyncio event loop"
+    if "/bench/" in p:
+        return "bench harness"
+    return "stdlib: " + p.rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def profile_breakdown(stats: pstats.Stats) -> dict[str, float]:
+    """Own time per component; a C function's time goes to the component of each Python caller."""
+    out: dict[str, float] = {}
+    raw = stats.stats  # type: ignore[attr-defined]
+    for (path, _line, name), (_cc, _nc, tt, _ct, callers) in raw.items():
+        if path == "~" and callers:  # a builtin: charge whoever called it
+            for (cpath, _cl, _cn), cstats in callers.items():
+                if name.startswith("<method 'poll'"):
+                    key = "epoll wait (idle: waiting for the server)"
+                elif name.startswith(("<method 'send'", "<method 'recv'")):
+                    key = "socket send/recv syscalls"
+                else:
+                    key = _component(cpath)
+                out[key] = out.get(key, 0.0) + cstats[2]
+        else:
+            key = _component(path) if path != "~" else "other builtins"
+            out[key] = out.get(key, 0.0) + tt
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

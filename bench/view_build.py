@@ -13,9 +13,10 @@ Against one embedded nats-server (file storage, R1):
   published fast with pipelined ``js.publish_async`` (no expected-sequence fence),
   so a run of 10 commits spans the whole stream. Target: interleaved / alone ≤ 3×
   at every size, growing with the run's own commits, not the stream.
-* **fold rate**: events/s of ``decode_commit`` + ``fold`` over the bodies of the
-  largest run, vs events/s of a raw typed ``msgspec`` decode of the same bodies
-  (``msgspec.json.Decoder(Commit)``). Target: ratio ≥ 0.5.
+* **fold rate**: events/s of ``decode_commit`` + ``fold`` over the bodies of each
+  run, in memory, vs events/s of a raw typed ``msgspec`` decode of the same bodies
+  (``msgspec.json.Decoder(Commit)``), kinds alternating. Target: ratio ≥ 0.5.
+* **server CPU / read**: the nats-server's CPU per read of the run (``/proc``).
 
 Commits look like the executor's: ``run_created`` (with the step declarations),
 ``run_started``, then per attempt an ``attempt_dispatched`` (prompt ref + context
@@ -23,10 +24,10 @@ partition) and an ``attempt_succeeded``/``attempt_failed`` (output ref, usage);
 every 10th step fails once and is retried. Every figure is the median of
 ``--reps`` builds, alone and interleaved builds alternating.
 
-``--experiments`` adds what-ifs (bench/_whatif.py, not what Reel does today):
-Direct Get collected by a callback, an ordered push consumer, a tail read from the
-run's last 10 % (what a snapshot would buy), and a fold with O(1) step lookup plus
-a one-pass ``build_episode_view`` (checked byte-identical to today's).
+``--experiments`` adds what-ifs (bench/_whatif.py, not what Reel does today): an
+ordered push consumer, a tail read from the run's last 10 % (what a snapshot would
+buy), and a fold with the hot events handled inline (checked byte-identical to
+today's), each fold also timed with the cyclic GC paused.
 
     python bench/view_build.py [--noise 1000000] [--sizes 10,100,1000,10000] [--reps 5] [--experiments]
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +46,7 @@ import _whatif as whatif
 import msgspec
 from _bench_common import (
     Bench,
+    CpuMeter,
     bench_server,
     console,
     dispatch_event,
@@ -71,7 +74,7 @@ from shared.events import (
 )
 from shared.ids import new_commit_id
 from shared.subjects import MSG_ID_HEADER
-from shared.views import build_episode_view, serialize_view
+from shared.views import build_episode_view
 
 EXECUTOR = "x-0123456789ab"
 
@@ -196,6 +199,32 @@ async def view_build(log: JetStreamEventLog, run_id: str) -> tuple[float, float,
     return t1 - t0, t2 - t1, state.commits
 
 
+def per_call_s(fns: dict[str, Callable[[], object]], reps: int, *, no_gc: frozenset[str] = frozenset(),
+               min_sample_s: float = 0.02) -> dict[str, float]:
+    """Median seconds per call of each ``fn``; the fns alternate, each sample repeats a fn for ≥ ``min_sample_s``.
+
+    Names in ``no_gc`` are timed with the cyclic GC paused.
+    """
+    inner = {}
+    for name, fn in fns.items():  # calibrate (and warm up)
+        t0 = time.perf_counter()
+        fn()
+        inner[name] = max(1, int(min_sample_s / max(time.perf_counter() - t0, 1e-7)))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            if name in no_gc:
+                gc.disable()
+            try:
+                t0 = time.perf_counter()
+                for _ in range(inner[name]):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / inner[name])
+            finally:
+                gc.enable()
+    return {name: median(v) for name, v in samples.items()}
+
+
 def fold_rates(bodies: Sequence[bytes], reps: int) -> dict[str, float]:
     """events/s of: typed msgspec decode; decode_commit + fold; decode_commit + fold + view."""
     dec = msgspec.json.Decoder(Commit)
@@ -214,50 +243,34 @@ def fold_rates(bodies: Sequence[bytes], reps: int) -> dict[str, float]:
         assert state is not None
         build_episode_view(state)
 
-    out: dict[str, float] = {}
-    for name, fn in (("raw msgspec decode", raw), ("decode_commit + fold", folded),
-                     ("decode_commit + fold + build_episode_view", viewed)):
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        out[name] = events / median(times)
-    return out
+    secs = per_call_s({"raw msgspec decode": raw, "decode_commit + fold": folded,
+                       "decode_commit + fold + build_episode_view": viewed}, reps)
+    return {name: events / s for name, s in secs.items()}
 
 
 def ms(x: float) -> str:
     return f"{x * 1000:,.2f}" if x < 0.1 else f"{x * 1000:,.0f}"
 
 
-async def measure_reads(alone: Bench, noisy: Bench, run_id: str, m: int, reps: int) -> dict[str, float]:
-    """--experiments: read paths (today's and what-ifs) and a what-if view build, medians in seconds."""
+async def measure_reads(alone: Bench, noisy: Bench, run_id: str, reps: int) -> dict[str, float]:
+    """--experiments: today's read and what-if read paths, medians in seconds."""
     out: dict[str, list[float]] = {}
     for kind, b in (("alone", alone), ("interleaved", noisy)):
         log = JetStreamEventLog(b.nc, b.cfg.names)
-        subject, stream = b.cfg.names.events(run_id), b.cfg.names.events_stream
+        subject = b.cfg.names.events(run_id)
         raw = await log.subjects.read_raw(run_id)
         tail_from = raw[int(len(raw) * 0.9)][0]
-
-        async def whatif_build(log: JetStreamEventLog = log, subject: str = subject, stream: str = stream) -> None:
-            pairs = await whatif.read_direct_get_cb(log.subjects._nc, stream, subject)
-            state = whatif.fold_o1((lsn, decode_commit(body)) for lsn, body in pairs)
-            assert state is not None
-            whatif.build_view_one_pass(state)
-
         variants = {
             "read today": lambda log=log: log.subjects.read_raw(run_id),
-            "read cb": lambda b=b, stream=stream, subject=subject: whatif.read_direct_get_cb(b.nc, stream, subject),
             "read ordered": lambda b=b, subject=subject: whatif.read_ordered_consumer(b.infra.js, subject),
             "read tail 10%": lambda log=log, t=tail_from: log.subjects.read_raw(run_id, from_seq=t),
-            "build what-if": whatif_build,
         }
         for _ in range(reps):
             for name, fn in variants.items():
                 t0 = time.perf_counter()
                 got = await fn()
                 out.setdefault(f"{kind} {name}", []).append(time.perf_counter() - t0)
-                if name in ("read cb", "read ordered"):
+                if name == "read ordered":
                     assert [s for s, _ in got] == [s for s, _ in raw], name  # same messages, same order
     return {k: median(v) for k, v in out.items()}
 
@@ -296,25 +309,32 @@ async def main(args: argparse.Namespace) -> int:
                 await write_alone(b, run_id, commits)
                 alone_bench[run_id] = b
             console.print("  alone: one stream per run, written with JetStreamEventLog.commit")
+            idle = CpuMeter(srv)
+            with idle:
+                await asyncio.sleep(2.0)
+            idle_ms_per_s = idle.server_s / 2.0 * 1000
             first_build: dict[str, float] = {}
+            cpu = {(run_id, kind): CpuMeter(srv) for run_id in runs for kind in ("alone", "noisy")}
             for run_id in runs:
                 alone_log = JetStreamEventLog(alone_bench[run_id].nc, alone_bench[run_id].cfg.names)
                 for rep in range(args.reps):
                     for kind, log in (("noisy", noisy_log), ("alone", alone_log)):
-                        total, read, n = await view_build(log, run_id)
+                        with cpu[(run_id, kind)] if rep else contextlib.nullcontext():  # not the cold 1st build
+                            total, read, n = await view_build(log, run_id)
                         assert n == len(runs[run_id])
                         if rep == 0 and kind == "noisy":
                             first_build[run_id] = total
                         res[run_id][kind].append(total)
                         res[run_id][kind + "_read"].append(read)
             if args.experiments:
-                for m, run_id in zip(sizes, runs, strict=True):
-                    exp[run_id] = await measure_reads(alone_bench[run_id], noisy, run_id, m, args.reps)
+                for run_id in runs:
+                    exp[run_id] = await measure_reads(alone_bench[run_id], noisy, run_id, args.reps)
 
     table = Table(title=f"View build = JetStreamEventLog.load (batched Direct Get + decode + fold) + "
                         f"build_episode_view, ms; median of {args.reps} builds (1st interleaved build shown apart)")
     for col in ("run commits", "LSN span", "alone", "interleaved", "ratio", "≤ 3×",
-                "interleaved 1st", "read alone", "read interleaved", "read ratio", "interleaved µs/commit"):
+                "interleaved 1st", "read alone", "read interleaved", "read ratio", "server CPU / read A",
+                "server CPU / read I"):
         table.add_column(col, justify="right")
     ok_all = True
     for m, run_id in zip(sizes, runs, strict=True):
@@ -324,10 +344,15 @@ async def main(args: argparse.Namespace) -> int:
         first, last = spans[run_id]
         table.add_row(f"{m:,}", f"{last - first + 1:,}", ms(a), ms(n), f"{n / a:.2f}",
                       "yes" if n / a <= 3.0 else "[red]NO[/]", ms(first_build[run_id]), ms(ra), ms(rn),
-                      f"{rn / ra:.2f}", f"{n / m * 1e6:,.0f}")
+                      f"{rn / ra:.2f}",
+                      *(ms(cpu[(run_id, k)].server_s / (2 * max(1, args.reps - 1))) for k in ("alone", "noisy")))
     console.print(table)
+    console.print("server CPU / read: nats-server CPU (/proc schedstat) over the builds after the first ÷ the reads "
+                  "they made (each build reads the run twice: load, then the timed read_raw); A = alone, "
+                  f"I = interleaved. Idle server: {idle_ms_per_s:.2f} ms CPU per s.")
 
-    t2 = Table(title=f"Fold rate in memory (the same commit bodies), events/s; median of {max(3, args.reps)}")
+    t2 = Table(title=f"Fold rate in memory (the same commit bodies), events/s; median of {max(3, args.reps)} "
+                     "samples of ≥ 20 ms each, kinds alternating")
     for col in ("run commits", "raw msgspec decode", "decode_commit + fold", "fold ÷ raw", "≥ 0.5",
                 "+ build_episode_view"):
         t2.add_column(col, justify="right")
@@ -342,31 +367,30 @@ async def main(args: argparse.Namespace) -> int:
     console.print(t2)
 
     if args.experiments:
-        t3 = Table(title="What-if (--experiments; not what Reel does today): read paths and view build, ms, "
+        t3 = Table(title="What-if (--experiments; not what Reel does today): read paths, ms, "
                          f"median of {args.reps}")
-        cols = ("run commits", "read today A", "read today I", "cb Direct Get A", "cb Direct Get I",
-                "ordered consumer A", "ordered consumer I", "tail 10% I", "what-if build A", "what-if build I",
-                "what-if ratio")
-        for col in cols:
+        for col in ("run commits", "read today A", "read today I", "ordered consumer A", "ordered consumer I",
+                    "tail 10% I"):
             t3.add_column(col, justify="right")
         for m, run_id in zip(sizes, runs, strict=True):
             e = exp[run_id]
-            t3.add_row(f"{m:,}", *(ms(e[f"{k} {v}"]) for v in ("read today", "read cb", "read ordered")
-                                   for k in ("alone", "interleaved")),
-                       ms(e["interleaved read tail 10%"]), ms(e["alone build what-if"]),
-                       ms(e["interleaved build what-if"]),
-                       f"{e['interleaved build what-if'] / e['alone build what-if']:.2f}")
+            t3.add_row(f"{m:,}", *(ms(e[f"{k} {v}"]) for v in ("read today", "read ordered")
+                                   for k in ("alone", "interleaved")), ms(e["interleaved read tail 10%"]))
         console.print(t3)
-        console.print("A = alone, I = interleaved. what-if build = callback-collected Direct Get + O(1)-lookup fold "
-                      "+ one-pass build_episode_view (bench/_whatif.py, byte-identical results).")
-        t4 = Table(title="What-if fold: O(1) step lookup + type-dispatched hot path (bench/_whatif.py), events/s")
-        for col in ("run commits", "raw msgspec decode", "fold today", "fold what-if", "what-if ÷ raw",
-                    "view today ms", "view one-pass ms"):
+        console.print("A = alone, I = interleaved. tail 10% = read_raw from the run's last 10 % of commits "
+                      "(what replaying from a snapshot would read).")
+        t4 = Table(title="What-if fold: hot events inline (_whatif.fold_hot, identical state), and the cyclic GC "
+                         "paused during the fold; events/s ÷ raw msgspec decode")
+        for col in ("run commits", "raw decode ev/s", "fold today ÷ raw", "fold_hot ÷ raw", "today, GC paused",
+                    "fold_hot, GC paused", "GC collections per fold today", "raw decode, all kept ÷ raw",
+                    "fold today ÷ raw kept"):
             t4.add_column(col, justify="right")
         for m, (run_id, commits) in zip(sizes, runs.items(), strict=True):
             w = whatif_fold(commits, run_id, max(3, args.reps))
-            t4.add_row(f"{m:,}", f"{w['raw']:,.0f}", f"{w['today']:,.0f}", f"{w['whatif']:,.0f}",
-                       f"{w['whatif'] / w['raw']:.2f}", ms(w["view_today"]), ms(w["view_whatif"]))
+            t4.add_row(f"{m:,}", f"{w['raw']:,.0f}", *(f"{w[k] / w['raw']:.2f}" for k in
+                                                       ("today", "hot", "today_nogc", "hot_nogc")),
+                       f"{w['collections']:.1f}", f"{w['raw_kept'] / w['raw']:.2f}",
+                       f"{w['today'] / w['raw_kept']:.2f}")
         console.print(t4)
 
     worst = max(median(res[r]["noisy"]) / median(res[r]["alone"]) for r in runs)
@@ -379,37 +403,38 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def whatif_fold(commits: list[list[AnyEvent]], run_id: str, reps: int) -> dict[str, float]:
-    """Today's fold/view vs bench/_whatif.py's, after checking they give identical bytes."""
+    """Today's fold vs bench/_whatif.py's (checked identical), each also with the cyclic GC paused."""
     bodies = [encoded(run_id, c)[0] for c in commits]
     pairs = list(enumerate(bodies, start=1))
     dec = msgspec.json.Decoder(Commit)
     today = folding.fold((lsn, decode_commit(b)) for lsn, b in pairs)
-    fast = whatif.fold_o1((lsn, decode_commit(b)) for lsn, b in pairs)
+    fast = whatif.fold_hot((lsn, decode_commit(b)) for lsn, b in pairs)
     assert today is not None and fast is not None
-    enc = msgspec.json.Encoder()
-    assert enc.encode(today) == enc.encode(fast)
-    assert serialize_view(build_episode_view(today)) == serialize_view(whatif.build_view_one_pass(fast))
-
-    def t(fn: Callable[[], object]) -> float:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return median(times)
+    assert msgspec.json.encode(today) == msgspec.json.encode(fast)
 
     def raw() -> None:
         for body in bodies:
             dec.decode(body)
 
+    def raw_kept() -> None:
+        [dec.decode(body) for body in bodies]
+
+    def fold_today() -> None:
+        folding.fold((lsn, decode_commit(b)) for lsn, b in pairs)
+
+    def fold_hot() -> None:
+        whatif.fold_hot((lsn, decode_commit(b)) for lsn, b in pairs)
+
+    before = sum(s["collections"] for s in gc.get_stats())
+    for _ in range(5):
+        fold_today()
+    collections = (sum(s["collections"] for s in gc.get_stats()) - before) / 5
+    secs = per_call_s({"raw": raw, "raw_kept": raw_kept, "today": fold_today, "hot": fold_hot, "today_nogc": fold_today,
+                       "hot_nogc": fold_hot}, reps, no_gc=frozenset({"today_nogc", "hot_nogc"}))
     n = len(commits)
-    return {
-        "raw": n / t(raw),
-        "today": n / t(lambda: folding.fold((lsn, decode_commit(b)) for lsn, b in pairs)),
-        "whatif": n / t(lambda: whatif.fold_o1((lsn, decode_commit(b)) for lsn, b in pairs)),
-        "view_today": t(lambda: build_episode_view(today)),
-        "view_whatif": t(lambda: whatif.build_view_one_pass(fast)),
-    }
+    out = {name: n / s for name, s in secs.items()}
+    out["collections"] = collections
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -420,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="10,100,1000,10000", help="commits of the measured runs (comma-separated)")
     p.add_argument("--reps", type=int, default=5, help="builds per run and placement (figures are medians)")
     p.add_argument("--experiments", action="store_true",
-                   help="also time what-if read paths and fold/view variants (bench/_whatif.py)")
+                   help="also time what-if read paths and fold variants (bench/_whatif.py)")
     p.add_argument("--fail-every", type=int, default=10, help="every Nth step fails once and is retried (0: never)")
     return p.parse_args(argv)
 
