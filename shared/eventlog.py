@@ -266,7 +266,8 @@ class JetStreamEventLog:
         if not is_token(run_id):
             return []
         raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, from_seq=from_lsn)
-        return [(lsn, decode_commit(body)) for lsn, body in raw]
+        with folding.gc_paused():
+            return [(lsn, decode_commit(body)) for lsn, body in raw]
 
     async def load(self, run_id: str, *, upto_lsn: int | None = None) -> folding.RunState:
         """Cold re-fold of one run (up to ``upto_lsn``).
