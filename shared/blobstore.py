@@ -30,8 +30,8 @@ from nats.js.errors import APIError, NotFoundError
 from nats.js.object_store import ObjectStore
 
 from shared.errors import BlobMissing, BlobTimeout
-from shared.eventlog import publish_pipelined
 from shared.events import BlobRef
+from shared.publish import publish_pipelined
 from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
 
 log = structlog.get_logger(__name__)

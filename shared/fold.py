@@ -42,6 +42,10 @@ from shared.events import (
     VerdictRecorded,
 )
 
+FOLD_VERSION = 1
+"""Bump when the fold changes what a log means (with the golden expectations): snapshots written
+by another version are ignored."""
+
 RunStatus = Literal["pending", "running", "verifying", "completed", "cancelled"]
 AttemptStatus = Literal["dispatched", "succeeded", "failed"]
 StepStatus = Literal["pending", "running", "retrying", "succeeded", "failed", "skipped"]

@@ -35,6 +35,7 @@ class Infra:
     blobs: ObjectStore
     leases: KeyValue
     outcomes: KeyValue
+    snapshots: KeyValue
 
 
 async def connect(cfg: Config, name: str = "reel") -> Client:
@@ -92,7 +93,11 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
     outcomes = await _kv(js, jsapi.KeyValueConfig(
         bucket=n.outcome_bucket, storage=storage, replicas=cfg.replicas, history=1, ttl=7 * 24 * 3600.0,
     ))
-    return Infra(nc=nc, js=js, blobs=blobs, leases=leases, outcomes=outcomes)
+    snapshots = await _kv(js, jsapi.KeyValueConfig(
+        bucket=n.snapshot_bucket, storage=storage, replicas=cfg.replicas, history=1,
+        description="Latest folded-state snapshot per run (a shortcut for reads, never a source of truth)",
+    ))
+    return Infra(nc=nc, js=js, blobs=blobs, leases=leases, outcomes=outcomes, snapshots=snapshots)
 
 
 async def _object_store(js: JetStreamContext, cfg: Config) -> ObjectStore:

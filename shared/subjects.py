@@ -17,6 +17,7 @@ verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
 blobs                  object store ``reel_blobs`` content-addressed (sha256)
 executor leases        KV ``reel_leases``          per-message TTL heartbeats
 stored outcomes        KV ``reel_outcomes``        ``<run>.<branch>.<step>.<attempt>``
+run snapshots          KV ``reel_snapshots``       key ``<run>``: latest snapshot (shared/snapshots.py)
 =====================  ==========================  =================================
 
 Replies: a command carries the subject to answer on in the ``Reel-Reply-To``
@@ -69,6 +70,10 @@ class Names:
     @property
     def outcome_bucket(self) -> str:
         return f"{self.namespace}_outcomes"
+
+    @property
+    def snapshot_bucket(self) -> str:
+        return f"{self.namespace}_snapshots"
 
     # subjects
     def events(self, run_id: str) -> str:

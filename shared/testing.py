@@ -22,7 +22,7 @@ async def assert_refold_identical(log: JetStreamEventLog, state: RunState) -> Ru
     Raises:
         AssertionError: the encodings differ (the message shows the first differing byte).
     """
-    cold = await log.load(state.run_id, upto_lsn=state.head_lsn)
+    cold = await log.load(state.run_id, upto_lsn=state.head_lsn, cold=True)
     a, b = _enc.encode(state), _enc.encode(cold)
     if a != b:
         i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))

@@ -38,7 +38,7 @@ from shared.errors import (
     ToolError,
     WorkflowInvalid,
 )
-from shared.eventlog import JetStreamEventLog, publish_pipelined
+from shared.eventlog import JetStreamEventLog
 from shared.events import (
     AnyEvent,
     AttemptDispatched,
@@ -52,10 +52,11 @@ from shared.events import (
     Usage,
 )
 from shared.fold import RunState, apply_commit
-from shared.ids import ExecutorId, is_token, new_executor_id, run_id_for_key
+from shared.ids import ExecutorId, is_token, new_commit_id, new_executor_id, run_id_for_key
 from shared.jetstream import Infra
 from shared.models import ModelRequest, make_adapter
 from shared.packer import pack
+from shared.publish import publish_pipelined
 from shared.service import Ack, Command, CommandConsumer, send_reply
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.tools import run_tool
@@ -242,8 +243,13 @@ class Executor:
             log.info("run.claimed", executor_id=self.executor_id, lsn=state.head_lsn)
             return state
         if isinstance(action, plan.EnterVerifying):
-            state = await self._commit(state, [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())])
+            cid = new_commit_id()
+            events: list[AnyEvent] = [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())]
+            fut = await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn,
+                                              writer=self.executor_id, commit_id=cid)
+            state = await self._applied(state, fut, events)
             log.info("run.verifying", branch_id=action.branch_id, lsn=state.head_lsn)
+            await self._snapshot(state, cid)
             return state
         assert isinstance(action, plan.Dispatch)
         step = spec.step(action.step_id)
@@ -265,6 +271,15 @@ class Executor:
         while self._texts_bytes > TEXT_CACHE_BYTES and len(self._texts) > 1:
             _, old = self._texts.popitem(last=False)
             self._texts_bytes -= len(old)
+
+    async def _snapshot(self, state: RunState, commit_id: str) -> None:
+        """Snapshot the state every verifier of this run pins (best effort: readers fall back to the log)."""
+        try:
+            store = await self.log.snapshots()
+            if store is not None:
+                await store.save(state, commit_id)
+        except Exception as exc:  # a snapshot is only a shortcut; the run is already safely in Verifying
+            log.warning("run.snapshot_failed", lsn=state.head_lsn, error=str(exc))
 
     async def _outputs(self, state: RunState, branch_id: str, step_ids: list[str]) -> dict[str, str]:
         """Output texts of earlier steps (from this executor's LRU, else the blob store)."""

@@ -31,10 +31,10 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from shared.blobstore import JetStreamBlobStore
-from shared.errors import BlobMissing, ConcurrencyConflict, ReelError, WorkflowInvalid
+from shared.errors import BlobMissing, ConcurrencyConflict, ReelError, RunNotFound, WorkflowInvalid
 from shared.eventlog import JetStreamEventLog, SubjectLog
 from shared.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
-from shared.fold import RunState, apply_commit, branch_failed, fold
+from shared.fold import RunState, apply_commit, branch_failed
 from shared.subjects import MSG_ID_HEADER, Names
 from shared.verifiers import (
     Verifier,
@@ -104,16 +104,19 @@ class VerificationHandler:
         self._specs: dict[str, WorkflowSpec] = {}
 
     async def open_job(self, run_id: str, snapshot_lsn: int, branch_id: str) -> Job:
-        """Read the run once; fold it at the snapshot and at the head.
+        """Fold the run at the snapshot LSN and at the head (each from the run's state snapshot, if any,
+        plus the commits above it — or cold; see JetStreamEventLog.load).
 
         Raises:
             SnapshotNotVisible: the read does not contain the commit at ``snapshot_lsn``.
         """
-        commits = await self.log.read(run_id)
-        if not any(lsn == snapshot_lsn for lsn, _ in commits):
+        try:
+            pinned = await self.log.load(run_id, upto_lsn=snapshot_lsn)
+        except RunNotFound:
+            pinned = None
+        if pinned is None or pinned.head_lsn != snapshot_lsn:
             raise SnapshotNotVisible(f"commit {snapshot_lsn} of {run_id} not visible yet", run_id=run_id)
-        pinned, current = fold(commits, snapshot_lsn), fold(commits)
-        assert pinned is not None and current is not None
+        current = await self.log.load(run_id)
         view = build_episode_view(pinned, branch_id)
         return Job(run_id=run_id, branch_id=branch_id, snapshot_lsn=snapshot_lsn, pinned=pinned, view=view,
                    current=current)

@@ -174,12 +174,15 @@ async def test_refs_and_views_fetch_nothing(infra: Infra, cfg: Config, blobs: Je
     reader_blobs = JetStreamBlobStore(other_nc, await other_nc.jetstream().object_store(cfg.names.blob_bucket),
                                       cfg.names.blob_bucket)
     before = other_nc.stats["in_msgs"], other_nc.stats["in_bytes"]
-    state = await reader_log.load("r-lazy")
+    state = await reader_log.load("r-lazy", cold=True)
     view = build_episode_view(state)
     refs = [ref_for(b"x" * n) for n in range(100)]
     received = other_nc.stats["in_msgs"] - before[0], other_nc.stats["in_bytes"] - before[1]
     assert received[0] == 3 + 1, "three commits and the end-of-batch status, no blob"
     assert received[1] < prompt.size_bytes, "no body came over the wire"
+    before = other_nc.stats["in_msgs"], other_nc.stats["in_bytes"]
+    assert build_episode_view(await reader_log.load("r-lazy")) == view  # the default path (looks for a snapshot)
+    assert other_nc.stats["in_bytes"] - before[1] < prompt.size_bytes, "no body came over the wire"
     attempt = view.step("s").attempts[0]
     assert attempt.prompt_ref == prompt and attempt.output_ref == output and len(refs) == 100
 

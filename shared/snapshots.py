@@ -1,0 +1,104 @@
+"""Snapshots of a run's folded state, so a read need not replay the whole log (brief §10).
+
+A snapshot is the :class:`~shared.fold.RunState` of one run at one LSN, encoded
+as JSON in the blob store, with a pointer in the KV bucket ``<ns>_snapshots``
+(key = run id, the latest snapshot only). The executor writes one when a run
+enters ``Verifying`` — the LSN every verifier of that run pins — so a verifier
+reads the snapshot plus the commits above it instead of the whole run, whose
+commits may be spread thinly over a busy stream.
+
+A snapshot is only a shortcut, never a source of truth:
+
+* it carries the commit id of the commit at its LSN; a reader re-reads the log
+  *from* that LSN and uses the snapshot only if that commit is there with that id;
+* it carries :data:`shared.fold.FOLD_VERSION`; one written by another fold is ignored;
+* anything wrong (missing blob, undecodable, mismatch) falls back to a cold fold.
+
+Tests check that a snapshot-based load equals a cold re-fold byte for byte.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from shared.blobstore import JetStreamBlobStore
+from shared.errors import ReelError
+from shared.events import BlobRef
+from shared.fold import FOLD_VERSION, RunState
+from shared.subjects import Names
+
+log = structlog.get_logger(__name__)
+
+
+class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
+    """The KV pointer to a run's latest snapshot.
+
+    Attributes:
+        lsn: the LSN the state was folded up to (its ``head_lsn``).
+        commit_id: the id of the commit at ``lsn`` (checked against the log on read).
+        state_ref: the blob holding the JSON-encoded RunState.
+        fold_version: :data:`shared.fold.FOLD_VERSION` of the writer.
+    """
+
+    run_id: str
+    lsn: int
+    commit_id: str
+    state_ref: BlobRef
+    fold_version: int
+
+
+_state_decoder = msgspec.json.Decoder(RunState)
+_enc = msgspec.json.Encoder()
+
+
+class SnapshotStore:
+    """Read and write run snapshots (KV pointer + blob body)."""
+
+    def __init__(self, kv: KeyValue, blobs: JetStreamBlobStore) -> None:
+        self.kv, self.blobs = kv, blobs
+
+    @classmethod
+    async def open(cls, nc: Client, names: Names) -> SnapshotStore | None:
+        """The store of ``names``, or ``None`` if its bucket does not exist (no snapshots then)."""
+        js = nc.jetstream()
+        try:
+            kv = await js.key_value(names.snapshot_bucket)
+            obs = await js.object_store(names.blob_bucket)
+        except (NotFoundError, BadRequestError):
+            return None
+        return cls(kv, JetStreamBlobStore(nc, obs, names.blob_bucket))
+
+    async def save(self, state: RunState, commit_id: str) -> SnapshotRef:
+        """Store ``state`` (folded up to ``state.head_lsn``, whose commit has ``commit_id``)."""
+        body_ref = await self.blobs.put(_enc.encode(state), "application/json")
+        ref = SnapshotRef(run_id=state.run_id, lsn=state.head_lsn, commit_id=commit_id, state_ref=body_ref,
+                          fold_version=FOLD_VERSION)
+        await self.kv.put(state.run_id, _enc.encode(ref))
+        return ref
+
+    async def latest(self, run_id: str) -> SnapshotRef | None:
+        """The run's latest usable snapshot pointer (same fold version), or ``None``."""
+        try:
+            entry = await self.kv.get(run_id)
+        except KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        try:
+            ref = msgspec.json.decode(entry.value, type=SnapshotRef)
+        except msgspec.MsgspecError:
+            log.warning("snapshot.undecodable", run_id=run_id)
+            return None
+        return ref if ref.fold_version == FOLD_VERSION and ref.run_id == run_id else None
+
+    async def state(self, ref: SnapshotRef) -> RunState | None:
+        """The snapshot's state, or ``None`` if its body is missing or undecodable."""
+        try:
+            return _state_decoder.decode(await self.blobs.get(ref.state_ref))
+        except (ReelError, msgspec.MsgspecError) as exc:
+            log.warning("snapshot.unreadable", run_id=ref.run_id, lsn=ref.lsn, error=str(exc))
+            return None

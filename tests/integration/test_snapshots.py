@@ -1,0 +1,94 @@
+"""Run-state snapshots: a shortcut for reads that must always equal a cold re-fold."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.client import ReelClient
+from shared.config import Config
+from shared.eventlog import JetStreamEventLog
+from shared.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
+from shared.jetstream import Infra, connect
+from shared.snapshots import SnapshotRef
+from shared.workflow import parse_workflow
+from tests.integration.scenarios import commit_events, create_manual_run
+
+_enc = msgspec.json.Encoder()
+OUT = BlobRef(sha256="1" * 64, size_bytes=1)
+
+
+async def _same(log: JetStreamEventLog, run_id: str, upto: int | None = None) -> bytes:
+    warm = await log.load(run_id, upto_lsn=upto)
+    cold = await log.load(run_id, upto_lsn=upto, cold=True)
+    assert _enc.encode(warm) == _enc.encode(cold)
+    return _enc.encode(warm)
+
+
+async def test_the_executor_snapshots_the_verifying_state_and_loads_equal_a_cold_fold(
+    executor: None, client: ReelClient, event_log: JetStreamEventLog, infra: Infra
+) -> None:
+    spec = parse_workflow({"name": "snap", "steps": [
+        {"kind": "tool", "id": f"s{i}", "max_attempts": 2,
+         "tool": {"type": "scripted", "outputs": [{"error": "flaky"}, f"out {i}"] if i % 3 == 0 else [f"out {i}"]}}
+        for i in range(12)]})
+    reply = await client.start(spec)
+    assert reply.run_id
+    state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
+    entry = await infra.snapshots.get(reply.run_id)
+    assert entry.value is not None
+    ref = msgspec.json.decode(entry.value, type=SnapshotRef)
+    verifying = [(lsn, c) for lsn, c in await event_log.read(reply.run_id) if lsn == state.verifying_lsn]
+    assert ref.lsn == state.verifying_lsn and ref.commit_id == verifying[0][1].commit_id
+    await _same(event_log, reply.run_id, upto=state.verifying_lsn)
+    await commit_events(event_log, reply.run_id, RunCancelled(reason="after the snapshot", at_ms=1))
+    assert b'"cancelled"' in await _same(event_log, reply.run_id)  # snapshot + the commit above it
+
+
+async def test_a_snapshot_that_does_not_match_the_log_is_ignored(infra: Infra, event_log: JetStreamEventLog) -> None:
+    run = "r-snapshot-mismatch"
+    await create_manual_run(event_log, run, [("s", 1)])
+    await commit_events(event_log, run, AttemptDispatched(branch_id="main", step_id="s", attempt=1,
+                                                          executor_id="x", at_ms=1))
+    store = await event_log.snapshots()
+    assert store is not None
+    state = await event_log.load(run, cold=True)
+    forged = msgspec.structs.replace(state, status="completed")  # a state the log does not say
+    await store.save(forged, commit_id="not-the-commit-at-that-lsn")
+    assert (await event_log.load(run)).status == "running"  # mismatch detected: cold fold
+    await store.save(forged, commit_id=(await event_log.read(run))[-1][1].commit_id)
+    assert (await event_log.load(run)).status == "completed"  # (a matching snapshot is trusted: writers own it)
+    stale = SnapshotRef(run_id=run, lsn=state.head_lsn, commit_id="x", state_ref=OUT, fold_version=0)
+    await infra.snapshots.put(run, _enc.encode(stale))  # another fold version: ignored
+    assert (await event_log.load(run)).status == "running"
+
+
+async def test_a_snapshot_read_fetches_only_the_commits_above_it(
+    infra: Infra, cfg: Config, event_log: JetStreamEventLog
+) -> None:
+    run = "r-snapshot-cost"
+    await create_manual_run(event_log, run, [(f"s{i}", 1) for i in range(200)])
+    for i in range(200):
+        await commit_events(event_log, run, AttemptDispatched(branch_id="main", step_id=f"s{i}", attempt=1,
+                                                              executor_id="x", at_ms=i))
+        await commit_events(event_log, run, AttemptSucceeded(branch_id="main", step_id=f"s{i}", attempt=1,
+                                                             output_ref=OUT, at_ms=i))
+    store = await event_log.snapshots()
+    assert store is not None
+    state = await event_log.load(run, cold=True)
+    await store.save(state, commit_id=(await event_log.read(run))[-1][1].commit_id)
+    await commit_events(event_log, run, RunCancelled(reason="one more", at_ms=1))
+
+    reader = await connect(cfg, name="counting-reader")  # its own connection: its message count is ours
+    try:
+        log = JetStreamEventLog(reader, cfg.names)
+        before = reader.stats["in_msgs"]
+        cold = await log.load(run, cold=True)
+        cold_msgs = reader.stats["in_msgs"] - before
+        before = reader.stats["in_msgs"]
+        warm = await log.load(run)
+        warm_msgs = reader.stats["in_msgs"] - before
+    finally:
+        await reader.close()
+    assert _enc.encode(warm) == _enc.encode(cold)
+    assert cold_msgs > 401  # every one of the 402 commits
+    assert warm_msgs < 20, warm_msgs  # the snapshot pointer and body, and the 2 commits from its LSN on
