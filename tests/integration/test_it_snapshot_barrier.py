@@ -91,7 +91,7 @@ async def _assert_snapshot_facts(rv: parking.Rendezvous, event_log: JetStreamEve
     assert at_p and any(isinstance(e, RunVerifying) for e in at_p[0].events)
     assert view.snapshot_lsn == ctx.snapshot_lsn
     # ... and a view built by a cold re-fold at that LSN equals the held one, byte for byte
-    cold = await event_log.load(ctx.run, upto_lsn=ctx.snapshot_lsn)
+    cold = await event_log.load(ctx.run, upto_lsn=ctx.snapshot_lsn, cold=True)
     assert serialize_view(build_episode_view(cold, view.branch_id)) == rv.before == serialize_view(view)
     # 6. failed attempts are present in the snapshot, and counted
     failed = [a for a in view.attempts() if a.status == "failed"]
@@ -216,7 +216,7 @@ async def test_snapshot_barrier_recovery(verifier: None, client: ReelClient, inf
 
     # the held view is unchanged; a freshly built view shows the new outcome of the same attempt
     assert serialize_view(ctx.episode) == rv.before and lost(ctx.episode) == held_lost
-    fresh = build_episode_view(await event_log.load(crash.run_id), "main")
+    fresh = build_episode_view(await event_log.load(crash.run_id, cold=True), "main")
     fresh_lost = lost(fresh)
     assert (fresh_lost.status, fresh_lost.recovered, fresh_lost.output_ref) == (
         "succeeded", True, crash.lost_output_ref)

@@ -61,10 +61,10 @@ async def test_recovery_resolves_lost_attempt_above_the_verifying_lsn(
     assert (await blobs.get_text(crash.lost_output_ref)) == LOST_OUTPUT
     assert state.status == "verifying" and state.verifying_lsn == crash.verifying_lsn  # run state not moved
 
-    fresh = build_episode_view(await event_log.load(crash.run_id))
+    fresh = build_episode_view(await event_log.load(crash.run_id, cold=True))
     fresh_lost = fresh.step(STEP).attempts[crash.lost_attempt - 1]
     assert fresh_lost.status == "succeeded" and fresh_lost.recovered
-    at_snapshot = build_episode_view(await event_log.load(crash.run_id, upto_lsn=crash.verifying_lsn))
+    at_snapshot = build_episode_view(await event_log.load(crash.run_id, upto_lsn=crash.verifying_lsn, cold=True))
     assert at_snapshot.step(STEP).attempts[crash.lost_attempt - 1].status == "dispatched"
     assert serialize_view(at_snapshot) == held
     assert at_snapshot.failed_attempts == 1 and len(at_snapshot.step(STEP).attempts) == 3
