@@ -67,6 +67,7 @@ from shared.events import (
     Commit,
     RunCreated,
     RunStarted,
+    RunVerifying,
     StepDecl,
     Usage,
     decode_commit,
@@ -103,7 +104,9 @@ def run_events(run_id: str, n_commits: int, fail_every: int = 10) -> list[list[A
         steps=tuple(StepDecl(step_id=f"s{k:05d}", kind="model", max_attempts=3) for k in range(n_steps)),
         verifiers=("output_regex",), created_ms=t0 - 1000, labels={"bench": "view_build"},
     )
-    return [[created], [RunStarted(executor_id=EXECUTOR, at_ms=t0 - 500)], *body]
+    # like the executor's runs, it ends with its move to Verifying (where the executor snapshots the state)
+    verifying: list[AnyEvent] = [RunVerifying(branch_id="main", at_ms=t0 + 10 * len(attempts))]
+    return [[created], [RunStarted(executor_id=EXECUTOR, at_ms=t0 - 500)], *body[:-1], verifying]
 
 
 def encoded(run_id: str, events: list[AnyEvent]) -> tuple[bytes, dict[str, str]]:
@@ -187,10 +190,22 @@ async def write_interleaved(b: Bench, runs: dict[str, list[list[AnyEvent]]], noi
 
 # ---- measuring -------------------------------------------------------------------------------------
 
-async def view_build(log: JetStreamEventLog, run_id: str) -> tuple[float, float, int]:
-    """(seconds for load + build_episode_view, seconds for the Direct Get read alone, commits)."""
+async def snapshot_at_verifying(log: JetStreamEventLog, run_id: str) -> None:
+    """What the executor does when the run enters Verifying: snapshot its state (shared/snapshots.py)."""
+    head = await log.head(run_id)
+    store = await log.snapshots()
+    assert head is not None and store is not None
+    await store.save(await log.load(run_id, cold=True), head[1].commit_id)
+
+
+async def view_build(log: JetStreamEventLog, run_id: str, *, cold: bool = False) -> tuple[float, float, int]:
+    """(seconds for load + build_episode_view, seconds for the Direct Get read alone, commits).
+
+    Default: what a verifier does (load from the Verifying snapshot + the commits from its LSN on);
+    ``cold``: fold every commit of the run.
+    """
     t0 = time.perf_counter()
-    state = await log.load(run_id)
+    state = await log.load(run_id, cold=cold)
     view = build_episode_view(state)
     t1 = time.perf_counter()
     raw = await log.subjects.read_raw(run_id)
@@ -281,8 +296,8 @@ async def main(args: argparse.Namespace) -> int:
                   f"{machine_note()}")
     runs = {f"r-view{m:05d}": run_events(f"r-view{m:05d}", m, args.fail_every) for m in sizes}
     assert all(len(c) == m for c, m in zip(runs.values(), sizes, strict=True))
-    res: dict[str, dict[str, list[float]]] = {r: {"alone": [], "noisy": [], "alone_read": [], "noisy_read": []}
-                                             for r in runs}
+    res: dict[str, dict[str, list[float]]] = {r: {"alone": [], "noisy": [], "alone_read": [], "noisy_read": [],
+                                                  "alone_cold": [], "noisy_cold": []} for r in runs}
     exp: dict[str, dict[str, float]] = {}
     async with bench_server() as srv:
         console.print(f"nats-server at {srv.url}, store {srv.store_dir} (file storage, R1)")
@@ -309,6 +324,11 @@ async def main(args: argparse.Namespace) -> int:
                 await write_alone(b, run_id, commits)
                 alone_bench[run_id] = b
             console.print("  alone: one stream per run, written with JetStreamEventLog.commit")
+            for run_id in runs:
+                await snapshot_at_verifying(noisy_log, run_id)
+                await snapshot_at_verifying(JetStreamEventLog(alone_bench[run_id].nc, alone_bench[run_id].cfg.names),
+                                            run_id)
+            console.print("  each run ends in Verifying, snapshotted there as the executor does")
             idle = CpuMeter(srv)
             with idle:
                 await asyncio.sleep(2.0)
@@ -326,14 +346,17 @@ async def main(args: argparse.Namespace) -> int:
                             first_build[run_id] = total
                         res[run_id][kind].append(total)
                         res[run_id][kind + "_read"].append(read)
+                        res[run_id][kind + "_cold"].append((await view_build(log, run_id, cold=True))[0])
             if args.experiments:
                 for run_id in runs:
                     exp[run_id] = await measure_reads(alone_bench[run_id], noisy, run_id, args.reps)
 
-    table = Table(title=f"View build = JetStreamEventLog.load (batched Direct Get + decode + fold) + "
-                        f"build_episode_view, ms; median of {args.reps} builds (1st interleaved build shown apart)")
+    table = Table(title=f"View build = JetStreamEventLog.load (Verifying snapshot + commits from its LSN, as a "
+                        f"verifier reads) + build_episode_view, ms; cold = fold every commit; median of {args.reps} "
+                        "builds (1st interleaved build shown apart)")
     for col in ("run commits", "LSN span", "alone", "interleaved", "ratio", "≤ 3×",
-                "interleaved 1st", "read alone", "read interleaved", "read ratio", "server CPU / read A",
+                "interleaved 1st", "cold alone", "cold interleaved", "cold ratio",
+                "read alone", "read interleaved", "read ratio", "server CPU / read A",
                 "server CPU / read I"):
         table.add_column(col, justify="right")
     ok_all = True
@@ -342,8 +365,10 @@ async def main(args: argparse.Namespace) -> int:
         ra, rn = median(res[run_id]["alone_read"]), median(res[run_id]["noisy_read"])
         ok_all &= n / a <= 3.0
         first, last = spans[run_id]
+        ca, cn = median(res[run_id]["alone_cold"]), median(res[run_id]["noisy_cold"])
         table.add_row(f"{m:,}", f"{last - first + 1:,}", ms(a), ms(n), f"{n / a:.2f}",
-                      "yes" if n / a <= 3.0 else "[red]NO[/]", ms(first_build[run_id]), ms(ra), ms(rn),
+                      "yes" if n / a <= 3.0 else "[red]NO[/]", ms(first_build[run_id]), ms(ca), ms(cn),
+                      f"{cn / ca:.2f}", ms(ra), ms(rn),
                       f"{rn / ra:.2f}",
                       *(ms(cpu[(run_id, k)].server_s / (2 * max(1, args.reps - 1))) for k in ("alone", "noisy")))
     console.print(table)

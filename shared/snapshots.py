@@ -1,8 +1,8 @@
 """Snapshots of a run's folded state, so a read need not replay the whole log (brief §10).
 
-A snapshot is the :class:`~shared.fold.RunState` of one run at one LSN, encoded
-as JSON in the blob store, with a pointer in the KV bucket ``<ns>_snapshots``
-(key = run id, the latest snapshot only). The executor writes one when a run
+A snapshot is the :class:`~shared.fold.RunState` of one run at one LSN, as JSON
+in the KV bucket ``<ns>_snapshots`` (key = run id, the latest snapshot only) —
+inline when small, else in the blob store with the KV entry pointing at it. The executor writes one when a run
 enters ``Verifying`` — the LSN every verifier of that run pins — so a verifier
 reads the snapshot plus the commits above it instead of the whole run, whose
 commits may be spread thinly over a busy stream.
@@ -35,11 +35,12 @@ log = structlog.get_logger(__name__)
 
 
 class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
-    """The KV pointer to a run's latest snapshot.
+    """The KV entry of a run's latest snapshot.
 
     Attributes:
         lsn: the LSN the state was folded up to (its ``head_lsn``).
         commit_id: the id of the commit at ``lsn`` (checked against the log on read).
+        state: the RunState itself when its JSON is at most :data:`INLINE_MAX_BYTES`, else
         state_ref: the blob holding the JSON-encoded RunState.
         fold_version: :data:`shared.fold.FOLD_VERSION` of the writer.
     """
@@ -47,14 +48,14 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     lsn: int
     commit_id: str
-    state_ref: BlobRef
+    state: RunState | None = None
+    state_ref: BlobRef | None = None
     fold_version: int
 
 
+INLINE_MAX_BYTES = 256 * 1024
 _state_decoder = msgspec.json.Decoder(RunState)
 _enc = msgspec.json.Encoder()
-
-
 class SnapshotStore:
     """Read and write run snapshots (KV pointer + blob body)."""
 
@@ -73,10 +74,16 @@ class SnapshotStore:
         return cls(kv, JetStreamBlobStore(nc, obs, names.blob_bucket))
 
     async def save(self, state: RunState, commit_id: str) -> SnapshotRef:
-        """Store ``state`` (folded up to ``state.head_lsn``, whose commit has ``commit_id``)."""
-        body_ref = await self.blobs.put(_enc.encode(state), "application/json")
-        ref = SnapshotRef(run_id=state.run_id, lsn=state.head_lsn, commit_id=commit_id, state_ref=body_ref,
-                          fold_version=FOLD_VERSION)
+        """Store ``state`` (folded up to ``state.head_lsn``, whose commit has ``commit_id``).
+
+        Small states go inline in the KV entry (one read); larger ones to the blob store.
+        """
+        body = _enc.encode(state)
+        ref = SnapshotRef(run_id=state.run_id, lsn=state.head_lsn, commit_id=commit_id, fold_version=FOLD_VERSION)
+        if len(body) <= INLINE_MAX_BYTES:
+            ref = msgspec.structs.replace(ref, state=state)
+        else:
+            ref = msgspec.structs.replace(ref, state_ref=await self.blobs.put(body, "application/json"))
         await self.kv.put(state.run_id, _enc.encode(ref))
         return ref
 
@@ -97,6 +104,10 @@ class SnapshotStore:
 
     async def state(self, ref: SnapshotRef) -> RunState | None:
         """The snapshot's state, or ``None`` if its body is missing or undecodable."""
+        if ref.state is not None:
+            return ref.state
+        if ref.state_ref is None:
+            return None
         try:
             return _state_decoder.decode(await self.blobs.get(ref.state_ref))
         except (ReelError, msgspec.MsgspecError) as exc:

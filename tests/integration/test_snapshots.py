@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
+from shared import snapshots
 from shared.client import ReelClient
 from shared.config import Config
 from shared.eventlog import JetStreamEventLog
@@ -92,3 +94,20 @@ async def test_a_snapshot_read_fetches_only_the_commits_above_it(
     assert _enc.encode(warm) == _enc.encode(cold)
     assert cold_msgs > 401  # every one of the 402 commits
     assert warm_msgs < 20, warm_msgs  # the snapshot pointer and body, and the 2 commits from its LSN on
+
+
+async def test_a_large_snapshot_goes_to_the_blob_store(
+    event_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = "r-snapshot-large"
+    await create_manual_run(event_log, run, [("s", 1)])
+    await commit_events(event_log, run, AttemptDispatched(branch_id="main", step_id="s", attempt=1,
+                                                          executor_id="x", at_ms=1))
+    monkeypatch.setattr(snapshots, "INLINE_MAX_BYTES", 0)  # every state counts as large
+    store = await event_log.snapshots()
+    assert store is not None
+    ref = await store.save(await event_log.load(run, cold=True), (await event_log.read(run))[-1][1].commit_id)
+    assert ref.state is None and ref.state_ref is not None
+    await commit_events(event_log, run, AttemptSucceeded(branch_id="main", step_id="s", attempt=1,
+                                                         output_ref=OUT, at_ms=2))
+    assert b'"succeeded"' in await _same(event_log, run)
