@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
 import shutil
+import signal
 import sys
 import sysconfig
 import tempfile
@@ -37,6 +39,12 @@ class StoreInUse(RuntimeError):
     def __init__(self, store_dir: str, holder: str) -> None:
         super().__init__(f"the JetStream store {store_dir} is in use by another process ({holder or 'unknown'})")
         self.store_dir, self.holder = store_dir, holder
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the server gets SIGTERM if the process that embeds it dies (kill -9 included): no orphan."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _lock_store(store_dir: str) -> int:
@@ -101,7 +109,7 @@ async def embedded_server(
     lock_fd = _lock_store(sd)
     proc = await asyncio.create_subprocess_exec(
         find_binary(), "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent,
     )
     try:
         found = await asyncio.wait_for(_read_port(proc), start_timeout_s)

@@ -153,9 +153,9 @@ def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: str, lsn: int
         raise LsnNotInLineage(f"lsn {lsn} is beyond the head of run {state.run_id} (head lsn {state.head_lsn})",
                               run_id=state.run_id)
     if lsn not in lineage:
-        where = "a commit of run" if lsn >= state.created_lsn else "a commit of run (it predates the run)"
-        raise LsnNotInLineage(f"lsn {lsn} is not {where} {state.run_id} on the lineage of branch {branch_id!r}",
-                              run_id=state.run_id)
+        why = (f"it is before the run's first commit (lsn {state.created_lsn})" if lsn < state.created_lsn
+               else f"it is not a commit on the lineage of branch {branch_id!r}")
+        raise LsnNotInLineage(f"lsn {lsn} cannot be a fork point of run {state.run_id}: {why}", run_id=state.run_id)
 
 
 def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: str, step_id: str) -> int:
