@@ -51,7 +51,7 @@ EXIT = {"passed": 0, "succeeded": 0, "failed": 3, "error": 3, "cancelled": 4, "t
 app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 NatsUrl = typer.Option(None, "--nats-url", envvar="NATS_URL", help="NATS server URL (default: embedded server)")
 Namespace = typer.Option("reel", "--namespace", envvar="REEL_NAMESPACE", help="subject/stream namespace")
@@ -146,9 +146,13 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
             names.append(name)
     try:
         yield names
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+    except BaseException:  # Ctrl-C / cancelled: stop now (attempts in flight are killed; runs resume later)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    stop.set()  # normal end: let in-flight work drain
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
 
 
 @contextlib.asynccontextmanager
@@ -235,7 +239,12 @@ def run(
                 raise CliError(f"start refused: {reply.error.code if reply.error else '?'}: "
                                f"{reply.error.message if reply.error else ''}")
             console.print(f"run [bold]{reply.run_id}[/] {'created' if reply.created else 'already existed'}")
-            state = await follow(s, reply.run_id, until=await wait_states(s), timeout_s=timeout, quiet=quiet)
+            try:
+                state = await follow(s, reply.run_id, until=await wait_states(s), timeout_s=timeout, quiet=quiet)
+            except asyncio.CancelledError:
+                err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an executor "
+                                  f"runs (`reel up`); `reel cancel {reply.run_id}` stops it")
+                raise
             if state is None:
                 raise CliError(f"run {reply.run_id} did not finish within {timeout}s", EXIT["timeout"])
             print_timeline(console, state)

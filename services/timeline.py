@@ -57,7 +57,7 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
         case RunCompleted():
             t.append(f"completed: {event.outcome}", style=STATUS_STYLE.get(event.outcome, "bold"))
         case RunCancelled():
-            t.append(f"cancelled: {event.reason}", style="red")
+            t.append(f"cancelled: {event.reason}" if event.reason else "cancelled", style="red")
         case BranchForked():
             t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
                      + (f" (step {event.from_step})" if event.from_step else ""), style="cyan")

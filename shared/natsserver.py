@@ -110,6 +110,7 @@ async def embedded_server(
     proc = await asyncio.create_subprocess_exec(
         find_binary(), "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent,
+        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle; we stop the server in order
     )
     try:
         found = await asyncio.wait_for(_read_port(proc), start_timeout_s)

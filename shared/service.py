@@ -129,6 +129,10 @@ class CommandConsumer:
                     task = asyncio.create_task(self._handle(m))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+        except asyncio.CancelledError:  # cancelled (not stopped): cancel the handlers too, don't drain them
+            for task in self._tasks:
+                task.cancel()
+            raise
         finally:
             stopper.cancel()
             if self._tasks:
