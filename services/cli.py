@@ -546,6 +546,7 @@ with contextlib.suppress(ImportError):
 
 def main() -> None:
     """Console-script entry point."""
+    os.environ.setdefault("REEL_TOOL_DIR", str((reel_home() / "tools").resolve()))  # services reap orphans
     setup_logging("cli", level=os.environ.get("REEL_LOG_LEVEL", "ERROR"))
     app()
 

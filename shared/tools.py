@@ -2,8 +2,9 @@
 
 Each returns the tool's output text or raises :class:`~shared.errors.ToolError`.
 A command runs in its own process group, killed as a whole on timeout or when
-the attempt is cancelled, and (on Linux) killed if the executor process dies, so
-a crashed executor never leaves a tool running beside the attempt that replaces it.
+the attempt is cancelled. If the executor process dies (kill -9), Linux's
+parent-death signal kills the tool's direct child, and the next executor started
+on the host kills the rest of the group (:func:`reap_orphaned_tools`).
 Tool steps run at least once per attempt: a step that must not repeat a side
 effect should be idempotent (e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``).
 """
@@ -16,6 +17,7 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 
 from shared.errors import ToolError
 from shared.workflow import ScriptedFailure, ToolSpec
@@ -51,6 +53,64 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+TOOL_DIR_ENV = "REEL_TOOL_DIR"
+
+
+def _registry() -> Path | None:
+    d = os.environ.get(TOOL_DIR_ENV)
+    return Path(d) if d else None
+
+
+def _register(pgid: int) -> Path | None:
+    """Record a running tool's process group as ``<executor pid>.<pgid>`` in ``$REEL_TOOL_DIR``."""
+    d = _registry()
+    if d is None:
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{os.getpid()}.{pgid}"
+    path.touch()
+    return path
+
+
+def _group_is_a_tool(pgid: int) -> bool:
+    """True if some live process of group ``pgid`` carries a Reel attempt in its environment."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and b"REEL_ATTEMPT=" in (stat.parent / "environ").read_bytes():
+                return True
+        except (OSError, IndexError, ValueError):
+            continue
+    return False
+
+
+def reap_orphaned_tools() -> int:
+    """Kill the tool process groups left by executors of this host that died (kill -9, OOM).
+
+    Linux's parent-death signal reaches only a tool's direct child; its own
+    children (``sh -c "…; sleep …"``) would run on beside the attempt that
+    replaces it. Every executor records its tools in ``$REEL_TOOL_DIR``; one that
+    starts kills the groups whose executor is gone. Returns how many it killed.
+    """
+    d = _registry()
+    if d is None or not d.is_dir():
+        return 0
+    killed = 0
+    for entry in d.iterdir():
+        try:
+            owner, pgid = (int(x) for x in entry.name.split("."))
+        except ValueError:
+            continue
+        if Path(f"/proc/{owner}").exists():
+            continue  # its executor lives: its tool is not an orphan
+        if _group_is_a_tool(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed += 1
+        entry.unlink(missing_ok=True)
+    return killed
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -66,6 +126,7 @@ async def _run_command(spec: ToolSpec, stdin: bytes | None, env: dict[str, str] 
         )
     except OSError as exc:
         raise ToolError(f"cannot run {spec.argv[0]!r}: {exc.strerror}", kind="spawn_failed", retryable=False) from exc
+    registered = _register(proc.pid)  # start_new_session: its pgid is its pid
     try:
         out, _ = await asyncio.wait_for(proc.communicate(stdin or b""), spec.timeout_s)
     except TimeoutError as exc:
@@ -78,6 +139,8 @@ async def _run_command(spec: ToolSpec, stdin: bytes | None, env: dict[str, str] 
     finally:
         if proc.returncode is not None:
             _kill_group(proc)  # background children the tool left behind
+        if registered is not None:
+            registered.unlink(missing_ok=True)
     text = out[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
     if proc.returncode != 0:
         raise ToolError(f"{spec.argv[0]} exited {proc.returncode}: {text[-500:]}", kind=f"exit_{proc.returncode}")

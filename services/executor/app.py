@@ -59,7 +59,7 @@ from shared.packer import pack
 from shared.publish import publish_pipelined
 from shared.service import Ack, Command, CommandConsumer, send_reply
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.tools import run_tool
+from shared.tools import reap_orphaned_tools, run_tool
 from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow, validate_workflow
 
 log = structlog.get_logger("reel.executor")
@@ -448,6 +448,9 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     """Run one executor instance until ``stop`` is set."""
     ex = Executor(infra, cfg, stopping=stop, **kwargs)
     structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
+    reaped = await asyncio.to_thread(reap_orphaned_tools)
+    if reaped:
+        log.warning("executor.reaped_orphaned_tools", process_groups=reaped)
     names = cfg.names
     consumer = CommandConsumer(infra, cfg, "executor", [names.command("start"), names.command("resume")],
                                ex.handle, concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)

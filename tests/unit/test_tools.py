@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from shared.errors import ToolError
-from shared.tools import run_tool
+from shared.tools import reap_orphaned_tools, run_tool
 from shared.workflow import ToolSpec
 
 
@@ -82,3 +83,26 @@ async def test_a_failing_command_reports_its_exit_code() -> None:
     with pytest.raises(ToolError) as err:
         await run_tool(ToolSpec(type="command", argv=("sh", "-c", "echo boom; exit 7")), attempt=1)
     assert err.value.kind == "exit_7" and "boom" in err.value.message
+
+
+async def test_tool_groups_left_by_a_killed_executor_are_reaped(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of an executor: its tool's grandchild survives the parent-death signal; the next executor
+    started on the host kills that process group."""
+    monkeypatch.setenv("REEL_TOOL_DIR", str(tmp_path / "tools"))
+    pidfile = tmp_path / "grandchild.pid"
+    executor = (
+        "import asyncio\n"
+        "from shared.tools import reap_orphaned_tools, run_tool\n"
+        "from shared.workflow import ToolSpec\n"
+        f"spec = ToolSpec(type='command', argv=('sh', '-c', 'sleep 60 & echo $! > {pidfile}; wait'))\n"
+        "asyncio.run(run_tool(spec, attempt=1, env={'REEL_RUN_ID': 'r-x', 'REEL_ATTEMPT': '1'}))\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", executor, cwd=Path(__file__).parents[2])
+    grandchild = await _pid_from(pidfile)
+    proc.kill()  # SIGKILL: no cleanup runs in the executor
+    await proc.wait()
+    assert _alive(grandchild), "the grandchild outlived its executor (the case being tested)"
+    assert reap_orphaned_tools() == 1
+    assert await _gone(grandchild)
+    assert not list((tmp_path / "tools").iterdir())
