@@ -49,11 +49,17 @@ def ref_for(data: bytes, media_type: str = "text/plain") -> BlobRef:
 class BlobStore(Protocol):
     """Port: store bodies by content, fetch them lazily by ref."""
 
-    async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef: ...
+    async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef:
+        """Store ``data`` (idempotent, content-addressed); returns its ref."""
+        ...
 
-    async def get(self, ref: BlobRef) -> bytes: ...
+    async def get(self, ref: BlobRef) -> bytes:
+        """The body of ``ref``. Raises BlobMissing / BlobTimeout."""
+        ...
 
-    async def exists(self, ref: BlobRef) -> bool: ...
+    async def exists(self, ref: BlobRef) -> bool:
+        """True if the store holds the body of ``ref``."""
+        ...
 
 
 class JetStreamBlobStore:

@@ -170,12 +170,17 @@ class EventLog(Protocol):
     async def commit(
         self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
         commit_id: str | None = None,
-    ) -> int: ...
-
-    async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
+    ) -> int:
+        """Append one fenced commit; returns its LSN. Raises ConcurrencyConflict."""
         ...
 
-    async def head(self, run_id: str) -> tuple[int, Commit] | None: ...
+    async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
+        """The run's ``(lsn, commit)`` pairs in ``[from_lsn, upto_lsn]``, in order."""
+        ...
+
+    async def head(self, run_id: str) -> tuple[int, Commit] | None:
+        """The run's last commit and its LSN, or ``None``."""
+        ...
 
 
 class JetStreamEventLog:

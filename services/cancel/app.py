@@ -13,12 +13,12 @@ A held ``EpisodeView`` is untouched: the cancel is one more commit above it.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import msgspec
 import structlog
 
+from shared.clock import now_ms
 from shared.commands import CancelRun, Reply, decode_command, error_reply
 from shared.config import Config
 from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
@@ -47,10 +47,6 @@ def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> RunCancelled | NoO
     if state.status in CANCELLABLE:
         return RunCancelled(reason=cmd.reason, at_ms=at_ms)
     return NoOp(reason=f"run is already {state.status}")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class CancelService:

@@ -26,6 +26,7 @@ import tenacity
 
 from shared import execution as plan
 from shared.blobstore import JetStreamBlobStore, ref_for
+from shared.clock import now_ms
 from shared.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
 from shared.config import Config
 from shared.errors import (
@@ -71,16 +72,8 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class HandedBack(Exception):
     """This executor is stopping: the run goes back to the queue (its command is nak'ed) between steps."""
-
-
-class Yielded(Exception):
-    """Another executor owns the run now; stop driving it."""
 
 
 class Executor:
@@ -226,8 +219,6 @@ class Executor:
                 if state.executor_id not in (None, self.executor_id) and state.status in ("pending", "running"):
                     log.info("run.yielded", owner=state.executor_id)
                     return state
-            except Yielded:
-                return state
 
     async def _commit(self, state: RunState, events: list[AnyEvent]) -> RunState:
         fut = await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn, writer=self.executor_id)

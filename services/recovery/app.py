@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,6 +32,7 @@ from nats.js import api as jsapi
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 
 from shared import recovery
+from shared.clock import now_ms
 from shared.commands import RecoverRuns, Reply, ResumeRun, decode_command, encode, error_reply
 from shared.config import Config
 from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
@@ -51,10 +51,6 @@ log = structlog.get_logger("reel.recovery")
 WRITER = "recovery"
 MAX_TRIES = 5
 CATCH_UP_TIMEOUT_S = 10.0
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class RunReport(msgspec.Struct, kw_only=True):

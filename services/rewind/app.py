@@ -17,13 +17,13 @@ seq>``), so a redelivered command finds its branch instead of forking twice.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import structlog
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 
 from shared import rewind
+from shared.clock import now_ms
 from shared.commands import Reply, ResumeRun, RewindRun, decode_command, encode, error_reply
 from shared.config import Config
 from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
@@ -38,10 +38,6 @@ log = structlog.get_logger("reel.rewind")
 
 WRITER = "rewind"
 MAX_TRIES = 10
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _detail(branch: BranchState, **extra: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from shared.blobstore import JetStreamBlobStore
+from shared.clock import now_ms
 from shared.errors import BlobMissing, ConcurrencyConflict, ReelError, RunNotFound, WorkflowInvalid
 from shared.eventlog import JetStreamEventLog, SubjectLog
 from shared.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
@@ -52,10 +53,6 @@ log = structlog.get_logger("reel.verifier")
 
 SPEC_CACHE = 256
 MAX_TRIES = 50  # fenced commit attempts before the job gives up and is redelivered
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def verdict_msg_id(run_id: str, snapshot_lsn: int, verifier: str) -> str:
