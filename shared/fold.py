@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterable, Iterator
-from typing import Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 import msgspec
 
@@ -196,6 +196,84 @@ def create(lsn: int, event: RunCreated) -> RunState:
     )
 
 
+def _created(state: RunState, lsn: int, event: RunCreated) -> None:
+    raise InvalidTransition("run_created on an existing run", run_id=state.run_id)
+
+
+def _started(state: RunState, lsn: int, event: RunStarted) -> None:
+    if state.status == "pending":
+        state.status = "running"
+    state.executor_id = event.executor_id
+
+
+def _dispatched(state: RunState, lsn: int, event: AttemptDispatched) -> None:
+    branch = state.branches.get(event.branch_id)
+    if branch is None:
+        raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
+    if event.step_id not in _positions(state.steps):
+        raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
+    if state.status == "pending":
+        state.status = "running"
+    branch.attempts.setdefault(event.step_id, []).append(AttemptState(
+        step_id=event.step_id, attempt=event.attempt, status="dispatched", executor_id=event.executor_id,
+        dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context,
+    ))
+
+
+def _succeeded(state: RunState, lsn: int, event: AttemptSucceeded) -> None:
+    a = _attempt(state, event.branch_id, event.step_id, event.attempt)
+    a.status, a.outcome_lsn, a.finished_ms = "succeeded", lsn, event.at_ms
+    a.output_ref, a.usage, a.recovered = event.output_ref, event.usage, event.recovered
+
+
+def _failed(state: RunState, lsn: int, event: AttemptFailed) -> None:
+    a = _attempt(state, event.branch_id, event.step_id, event.attempt)
+    a.status, a.outcome_lsn, a.finished_ms = "failed", lsn, event.at_ms
+    a.error_kind, a.error_message, a.retryable = event.error_kind, event.message, event.retryable
+    a.usage, a.recovered = event.usage, event.recovered
+
+
+def _verifying(state: RunState, lsn: int, event: RunVerifying) -> None:
+    state.status = "verifying"
+    state.verifying_lsn, state.verifying_branch = lsn, event.branch_id
+
+
+def _verdict(state: RunState, lsn: int, event: VerdictRecorded) -> None:
+    state.verdicts.append(event.verdict)
+
+
+def _completed(state: RunState, lsn: int, event: RunCompleted) -> None:
+    state.status, state.outcome, state.finished_ms = "completed", event.outcome, event.at_ms
+
+
+def _cancelled(state: RunState, lsn: int, event: RunCancelled) -> None:
+    state.status, state.cancel_reason, state.finished_ms = "cancelled", event.reason, event.at_ms
+
+
+def _forked(state: RunState, lsn: int, event: BranchForked) -> None:
+    parent = state.branches.get(event.parent_branch_id)
+    if parent is None:
+        raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
+    if event.from_step is not None and event.from_step not in _positions(state.steps):
+        raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=state.run_id)
+    state.branches[event.branch_id] = BranchState(
+        branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
+        fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
+        attempts=_inherit(state, parent, event.fork_lsn, event.from_step),
+    )
+    state.active_branch = event.branch_id
+    state.status, state.outcome, state.finished_ms = "running", None, None
+    state.verifying_lsn = state.verifying_branch = None
+
+
+# one case per event type, looked up by type (every event type has one: test_codec checks the union)
+_APPLY: dict[type, Callable[[RunState, int, Any], None]] = {
+    RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
+    AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
+    RunCancelled: _cancelled, BranchForked: _forked,
+}
+
+
 def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
     """Apply one event committed at ``lsn``; returns ``state`` (mutated in place).
 
@@ -203,60 +281,7 @@ def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
         InvalidTransition: the event is structurally impossible on this state
             (an outcome for an attempt never dispatched, an unknown branch…).
     """
-    match event:
-        case RunCreated():
-            raise InvalidTransition("run_created on an existing run", run_id=state.run_id)
-        case RunStarted(executor_id=executor_id):
-            if state.status == "pending":
-                state.status = "running"
-            state.executor_id = executor_id
-        case AttemptDispatched():
-            branch = state.branches.get(event.branch_id)
-            if branch is None:
-                raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
-            if event.step_id not in _positions(state.steps):
-                raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
-            if state.status == "pending":
-                state.status = "running"
-            branch.attempts.setdefault(event.step_id, []).append(
-                AttemptState(
-                    step_id=event.step_id, attempt=event.attempt, status="dispatched",
-                    executor_id=event.executor_id, dispatched_lsn=lsn, dispatched_ms=event.at_ms,
-                    prompt_ref=event.prompt_ref, context=event.context,
-                )
-            )
-        case AttemptSucceeded():
-            a = _attempt(state, event.branch_id, event.step_id, event.attempt)
-            a.status, a.outcome_lsn, a.finished_ms = "succeeded", lsn, event.at_ms
-            a.output_ref, a.usage, a.recovered = event.output_ref, event.usage, event.recovered
-        case AttemptFailed():
-            a = _attempt(state, event.branch_id, event.step_id, event.attempt)
-            a.status, a.outcome_lsn, a.finished_ms = "failed", lsn, event.at_ms
-            a.error_kind, a.error_message, a.retryable = event.error_kind, event.message, event.retryable
-            a.usage, a.recovered = event.usage, event.recovered
-        case RunVerifying():
-            state.status = "verifying"
-            state.verifying_lsn, state.verifying_branch = lsn, event.branch_id
-        case VerdictRecorded(verdict=verdict):
-            state.verdicts.append(verdict)
-        case RunCompleted():
-            state.status, state.outcome, state.finished_ms = "completed", event.outcome, event.at_ms
-        case RunCancelled():
-            state.status, state.cancel_reason, state.finished_ms = "cancelled", event.reason, event.at_ms
-        case BranchForked():
-            parent = state.branches.get(event.parent_branch_id)
-            if parent is None:
-                raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
-            if event.from_step is not None and event.from_step not in _positions(state.steps):
-                raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=state.run_id)
-            state.branches[event.branch_id] = BranchState(
-                branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
-                fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
-                attempts=_inherit(state, parent, event.fork_lsn, event.from_step),
-            )
-            state.active_branch = event.branch_id
-            state.status, state.outcome, state.finished_ms = "running", None, None
-            state.verifying_lsn = state.verifying_branch = None
+    _APPLY[type(event)](state, lsn, event)
     return state
 
 
@@ -272,7 +297,7 @@ def apply_commit(state: RunState | None, lsn: int, commit: Commit) -> RunState:
             raise InvalidTransition("a run's first commit must start with run_created", run_id=commit.run_id)
         state, events = create(lsn, events[0]), events[1:]
     for event in events:
-        apply(state, lsn, event)
+        _APPLY[type(event)](state, lsn, event)
     state.head_lsn = lsn
     state.commits += 1
     return state

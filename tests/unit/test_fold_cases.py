@@ -1,0 +1,12 @@
+"""Every event type of the wire union has exactly one fold case."""
+
+from __future__ import annotations
+
+import typing
+
+from shared.events import AnyEvent
+from shared.fold import _APPLY
+
+
+def test_every_event_type_has_a_fold_case() -> None:
+    assert set(typing.get_args(AnyEvent)) == set(_APPLY)
