@@ -51,11 +51,13 @@ async def connect(cfg: Config, name: str = "reel") -> Client:
     )
 
 
-def _storage(cfg: Config) -> jsapi.StorageType:
+def storage_type(cfg: Config) -> jsapi.StorageType:
+    """The JetStream storage type ``cfg.storage`` names (``file`` or ``memory``)."""
     return jsapi.StorageType.MEMORY if cfg.storage == "memory" else jsapi.StorageType.FILE
 
 
-async def _ensure_stream(js: JetStreamContext, config: jsapi.StreamConfig) -> None:
+async def ensure_stream(js: JetStreamContext, config: jsapi.StreamConfig) -> None:
+    """Create the stream, or update it to ``config`` if it exists with another configuration (idempotent)."""
     try:
         await js.add_stream(config)
     except BadRequestError as exc:
@@ -68,19 +70,19 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
     """Create (or confirm) the streams, object store and KV buckets of ``cfg.names``."""
     js = nc.jetstream()
     n = cfg.names
-    storage = _storage(cfg)
-    await _ensure_stream(js, jsapi.StreamConfig(
+    storage = storage_type(cfg)
+    await ensure_stream(js, jsapi.StreamConfig(
         name=n.events_stream, subjects=[n.events_all], storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
         description="Reel run events: one subject per run, one message per commit, LSN = stream sequence",
     ))
-    await _ensure_stream(js, jsapi.StreamConfig(
+    await ensure_stream(js, jsapi.StreamConfig(
         name=n.commands_stream, subjects=[n.command(c) for c in COMMANDS] + [n.command("crucible.*")],
         storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
         duplicate_window=DUPLICATE_WINDOW_S, description="Reel commands (start, cancel, rewind, resume)",
     ))
-    await _ensure_stream(js, jsapi.StreamConfig(
+    await ensure_stream(js, jsapi.StreamConfig(
         name=n.verdicts_stream, subjects=[n.verdicts_all], storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
         description="Reel verdicts, replayable by late consumers",
@@ -106,7 +108,7 @@ async def _object_store(js: JetStreamContext, cfg: Config) -> ObjectStore:
     except (NotFoundError, BadRequestError):
         pass
     return await js.create_object_store(cfg.names.blob_bucket, jsapi.ObjectStoreConfig(
-        bucket=cfg.names.blob_bucket, storage=_storage(cfg), replicas=cfg.replicas,
+        bucket=cfg.names.blob_bucket, storage=storage_type(cfg), replicas=cfg.replicas,
         description="Reel blobs: prompts, outputs, workflows; named by sha256",
     ))
 

@@ -26,7 +26,7 @@ import msgspec
 import structlog
 
 from services.crucible.session import Backend, resume_session, start_session
-from services.crucible.sessionlog import SessionLog, ensure_stream
+from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from shared.blobstore import JetStreamBlobStore
 from shared.commands import Reply, decode_command, error_reply
 from shared.config import Config
@@ -55,7 +55,7 @@ class ResumeSession(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 def session_id_for(cmd: Command) -> str:
     """The session id of a ``run`` without one: derived from the message, so a redelivery maps to it again."""
-    return "cs-" + hashlib.sha256(f"{cmd.msg_id or ''}:{cmd.stream_seq}".encode()).hexdigest()[:12]
+    return "cs-" + hashlib.sha256(cmd.identity.encode()).hexdigest()[:12]
 
 
 class Worker:
@@ -98,7 +98,7 @@ class Worker:
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
     """Run one Crucible worker until ``stop`` is set (creates the session-log stream idempotently)."""
-    await ensure_stream(infra.js, cfg)
+    await ensure_session_stream(infra.js, cfg)
     names = CrucibleNames(cfg.names)
     worker = Worker(infra, cfg, stop)
     consumer = CommandConsumer(infra, cfg, names.consumer_service, [names.command("run"), names.command("resume")],

@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from services.crucible.gates import protected_paths
 from services.crucible.loop import Driver, now_ms, open_segment, run_loop
 from services.crucible.proposer import make_proposer
-from services.crucible.sessionlog import SessionLog, ensure_stream
+from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from services.crucible.world import GitWorld
 from shared.blobstore import JetStreamBlobStore
 from shared.config import Config
@@ -98,7 +98,7 @@ async def backend(cfg: Config, *, writer: str) -> AsyncIterator[Backend]:
     nc = await connect(cfg, name=f"reel-{writer}")
     try:
         infra = await ensure_infra(nc, cfg)
-        await ensure_stream(infra.js, cfg)
+        await ensure_session_stream(infra.js, cfg)
         yield Backend(nc=nc, cfg=cfg, log=SessionLog(nc, cfg, writer=writer),
                       blobs=JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket))
     finally:

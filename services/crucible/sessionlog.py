@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
-from nats.js.errors import BadRequestError
 
 from shared.config import Config
 from shared.crucible.errors import SessionBusy, SessionNotFound
@@ -24,26 +23,17 @@ from shared.crucible.names import CrucibleNames
 from shared.errors import ConcurrencyConflict
 from shared.eventlog import SubjectLog
 from shared.ids import new_commit_id
-
-DUPLICATE_WINDOW_S = 120.0
-STREAM_IN_USE = 10058
+from shared.jetstream import DUPLICATE_WINDOW_S, ensure_stream, storage_type
 
 
-async def ensure_stream(js: JetStreamContext, cfg: Config) -> None:
+async def ensure_session_stream(js: JetStreamContext, cfg: Config) -> None:
     """Create (or update to) the session-log stream; idempotent."""
     names = CrucibleNames(cfg.names)
-    config = jsapi.StreamConfig(
-        name=names.stream, subjects=[names.all_sessions], num_replicas=cfg.replicas,
-        storage=jsapi.StorageType.MEMORY if cfg.storage == "memory" else jsapi.StorageType.FILE,
+    await ensure_stream(js, jsapi.StreamConfig(
+        name=names.stream, subjects=[names.all_sessions], num_replicas=cfg.replicas, storage=storage_type(cfg),
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
         description="Crucible session logs: one subject per session, one message per commit, LSN = stream sequence",
-    )
-    try:
-        await js.add_stream(config)
-    except BadRequestError as exc:
-        if exc.err_code != STREAM_IN_USE:
-            raise
-        await js.update_stream(config)
+    ))
 
 
 class SessionLog:
