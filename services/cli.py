@@ -35,7 +35,7 @@ from services.timeline import event_line, print_timeline, verdict_table
 from shared.blobstore import JetStreamBlobStore
 from shared.client import ReelClient
 from shared.config import Config
-from shared.errors import ReelError
+from shared.errors import ReelError, RunNotFound
 from shared.events import Verdict
 from shared.fold import RunState, apply_commit
 from shared.jetstream import Infra, connect, ensure_infra
@@ -215,7 +215,8 @@ def exit_code(state: RunState | None) -> int:
     return EXIT.get(state.outcome or "", 0)
 
 
-async def wait_states(s: Session) -> tuple[str, ...]:
+def wait_states() -> tuple[str, ...]:
+    """The statuses a one-shot command waits for: completed/cancelled (Verifying too if no verifier is installed)."""
     has_verifier = service_serve("verifier") is not None
     return ("completed", "cancelled") if has_verifier else ("verifying", "completed", "cancelled")
 
@@ -240,7 +241,7 @@ def run(
                                f"{reply.error.message if reply.error else ''}")
             console.print(f"run [bold]{reply.run_id}[/] {'created' if reply.created else 'already existed'}")
             try:
-                state = await follow(s, reply.run_id, until=await wait_states(s), timeout_s=timeout, quiet=quiet)
+                state = await follow(s, reply.run_id, until=wait_states(), timeout_s=timeout, quiet=quiet)
             except asyncio.CancelledError:
                 err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an executor "
                                   f"runs (`reel up`); `reel cancel {reply.run_id}` stops it")
@@ -282,7 +283,7 @@ def replay(
 
 async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fresh: bool, wait_s: float,
                       show: bool) -> list[tuple[Path, str, RunState | None]]:
-    until = await wait_states(s)
+    until = wait_states()
     started: list[tuple[Path, str, float]] = []
     for path, spec in specs:
         digest = hashlib.sha256(encode_workflow(spec)).hexdigest()[:32]
@@ -370,7 +371,8 @@ def verdicts(
     """Print the verdicts published about a run (replayed from the verdict stream)."""
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
-            await s.client.log.load(run_id)  # RunNotFound for a typo
+            if await s.client.log.head(run_id) is None:  # a typo: say so rather than wait for verdicts
+                raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
             subject = s.cfg.names.verdict(run_id)
             seen: list[Verdict] = []
             sub = await s.infra.js.subscribe(subject, ordered_consumer=True)

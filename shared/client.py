@@ -18,7 +18,7 @@ from nats.js.errors import NoStreamResponseError
 from shared.blobstore import JetStreamBlobStore
 from shared.commands import CancelRun, Reply, RewindRun, StartRun, encode
 from shared.config import Config
-from shared.errors import ReelError
+from shared.errors import ReelError, RunNotFound
 from shared.eventlog import JetStreamEventLog
 from shared.events import Verdict
 from shared.fold import RunState
@@ -94,14 +94,21 @@ class ReelClient:
         return await self.command("rewind", encode(cmd), timeout_s=timeout_s)
 
     async def watch(self, run_id: str, *, poll_s: float = 0.05) -> AsyncIterator[RunState]:
-        """Yield the run's state each time its head LSN moves (reads only this run's subject)."""
-        last = -1
+        """Yield the run's state each time its head LSN moves: loaded once, then refreshed with only the
+        commits above it (reads only this run's subject). Polls every ``poll_s`` seconds."""
+        state: RunState | None = None
+        while state is None:
+            try:
+                state = await self.log.load(run_id)
+            except RunNotFound:
+                await asyncio.sleep(poll_s)
+        yield state
         while True:
-            head = await self.log.head(run_id)
-            if head is not None and head[0] != last:
-                last = head[0]
-                yield await self.log.load(run_id)
-            await asyncio.sleep(poll_s)
+            state, new = await self.log.refresh(state)
+            if new:
+                yield state
+            else:
+                await asyncio.sleep(poll_s)
 
     async def wait_for(self, run_id: str, statuses: tuple[str, ...] = ("verifying", "completed", "cancelled"),
                        *, timeout_s: float = 120.0) -> RunState:

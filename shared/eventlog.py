@@ -76,9 +76,7 @@ class SubjectLog:
             ConcurrencyConflict: the key's last sequence is not ``expected_seq``
                 and the head is not this very commit (a retry that landed).
         """
-        cid = commit_id or new_commit_id()
-        ack = request_ack(self._nc, self.subject_of(key), body, self._headers(cid, expected_seq), self._timeout_s)
-        return await self._settle(key, cid, expected_seq, ack)
+        return await (await self.append_async(key, body, expected_seq=expected_seq, commit_id=commit_id))
 
     async def _settle(self, key: str, cid: str, expected_seq: int, ack_wait: Awaitable[PubAck]) -> int:
         try:
@@ -213,9 +211,8 @@ class JetStreamEventLog:
         Raises:
             ConcurrencyConflict: someone else committed since ``expected_lsn``.
         """
-        cid = commit_id or new_commit_id()
-        body = encode_commit(Commit(commit_id=cid, run_id=run_id, writer=writer, events=tuple(events)))
-        return await self.subjects.append(run_id, body, expected_seq=expected_lsn, commit_id=cid)
+        return await (await self.commit_async(run_id, events, expected_lsn=expected_lsn, writer=writer,
+                                              commit_id=commit_id))
 
     async def commit_async(
         self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
@@ -295,6 +292,17 @@ class JetStreamEventLog:
             for lsn, commit in tail[1:]:
                 folding.apply_commit(state, lsn, commit)
         return state
+
+    async def refresh(self, state: folding.RunState) -> tuple[folding.RunState, list[tuple[int, Commit]]]:
+        """Bring a folded ``state`` up to the run's head by applying only the commits above it.
+
+        Returns the (mutated) state and the commits applied, in order.
+        """
+        new = await self.read(state.run_id, from_lsn=state.head_lsn + 1)
+        with folding.gc_paused():
+            for lsn, commit in new:
+                folding.apply_commit(state, lsn, commit)
+        return state, new
 
     async def list_runs(self) -> list[str]:
         """Run ids that have at least one commit."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.events import BlobRef
-from shared.fold import RunState, final_success, step_statuses
+from shared.fold import DRIVABLE, RunState, final_success, step_statuses
 from shared.packer import Candidate, PackPolicy
 from shared.tokens import TokenCounter
 from shared.workflow import ContextItemSpec, ModelStep, WorkflowSpec
@@ -54,7 +54,7 @@ Action = Claim | Dispatch | EnterVerifying | Rest
 
 def next_action(state: RunState, executor_id: str) -> Action:
     """The next thing ``executor_id`` must do to drive ``state`` towards ``Verifying``."""
-    if state.status not in ("pending", "running"):
+    if state.status not in DRIVABLE:
         return Rest(state.status)
     if state.executor_id != executor_id:
         return Claim()

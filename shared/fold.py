@@ -49,7 +49,12 @@ by another version are ignored."""
 RunStatus = Literal["pending", "running", "verifying", "completed", "cancelled"]
 AttemptStatus = Literal["dispatched", "succeeded", "failed"]
 StepStatus = Literal["pending", "running", "retrying", "succeeded", "failed", "skipped"]
-LIVE_STATUSES: frozenset[str] = frozenset({"pending", "running", "verifying"})
+LIVE: frozenset[str] = frozenset({"pending", "running", "verifying"})
+"""Statuses a run can leave: cancel is legal in each (brief §2)."""
+DRIVABLE: frozenset[str] = frozenset({"pending", "running"})
+"""Statuses in which an executor drives the run."""
+RESTING: frozenset[str] = frozenset({"verifying", "completed", "cancelled"})
+"""Statuses in which no executor drives the run."""
 
 
 class AttemptState(msgspec.Struct, kw_only=True):

@@ -38,9 +38,9 @@ from typing import Literal
 import msgspec
 
 from shared.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.fold import AttemptState, RunState
+from shared.fold import RESTING, AttemptState, RunState
+from shared.subjects import outcome_key
 
-RESTING: frozenset[str] = frozenset({"verifying", "completed", "cancelled"})
 EXECUTOR_LOST = "executor_lost"
 
 WaitReason = Literal["executor_alive", "latest_attempt", "owner_alive"]
@@ -98,11 +98,6 @@ class Triage(msgspec.Struct, frozen=True, kw_only=True):
     resolve: tuple[OpenIntent, ...] = ()
     resume: bool = False
     waiting: tuple[Waiting, ...] = ()
-
-
-def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
-    """The outcomes-KV key the executor writes before committing a success."""
-    return f"{run_id}.{branch_id}.{step_id}.{attempt}"
 
 
 def origin_branch(state: RunState, branch_id: str, attempt: AttemptState) -> str:

@@ -35,7 +35,7 @@ import msgspec
 from shared.commands import RewindRun
 from shared.errors import InvalidCommand, InvalidTransition
 from shared.events import BranchForked
-from shared.fold import BranchState, RunState
+from shared.fold import DRIVABLE, BranchState, RunState
 
 
 class BranchNotFound(InvalidCommand):
@@ -87,7 +87,7 @@ def needs_resume(state: RunState, owner_alive: bool) -> bool:
     other's in-flight attempts. Anything else (resting, or an owner that is gone)
     needs an executor to pick the run up.
     """
-    driven = state.status in ("pending", "running") and state.executor_id is not None and owner_alive
+    driven = state.status in DRIVABLE and state.executor_id is not None and owner_alive
     return not driven
 
 

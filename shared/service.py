@@ -24,7 +24,7 @@ from nats.js.errors import FetchTimeoutError
 from shared.commands import Reply, encode
 from shared.config import Config
 from shared.jetstream import Infra
-from shared.subjects import REPLY_TO_HEADER
+from shared.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +51,12 @@ class Command:
     stored_ns: int  # when the stream stored it (Unix ns): with stream_seq, unique even across stream re-creation
     num_delivered: int
     msg_id: str | None
+
+    @property
+    def identity(self) -> str:
+        """What identifies this command message across redeliveries and stream re-creation:
+        its ``Nats-Msg-Id`` if the client sent one, else ``<stream seq>@<stored ns>``."""
+        return self.msg_id or f"{self.stream_seq}@{self.stored_ns}"
 
 
 Handler = Callable[[Command], Awaitable[Ack]]
@@ -154,7 +160,7 @@ class CommandConsumer:
         cmd = Command(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
                       stream_seq=meta.sequence.stream, num_delivered=meta.num_delivered,
                       stored_ns=int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0,
-                      msg_id=headers.get("Nats-Msg-Id"))
+                      msg_id=headers.get(MSG_ID_HEADER))
         keepalive = asyncio.create_task(self._keepalive(msg))
         try:
             decision = await self.handler(cmd)

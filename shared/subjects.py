@@ -100,6 +100,15 @@ class Names:
     def verdicts_all(self) -> str:
         return f"{self.namespace}.verdict.>"
 
+    def outcome_marker(self, key: str) -> str:
+        """The KV subject of one outcome marker (``key`` from :func:`outcome_key`)."""
+        return f"$KV.{self.outcome_bucket}.{key}"
+
     def consumer(self, service: str) -> str:
         """Durable consumer name of a service."""
         return f"{self.namespace}_{service}"
+
+
+def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
+    """The outcomes-KV key the executor writes before committing a success, and recovery reads."""
+    return f"{run_id}.{branch_id}.{step_id}.{attempt}"

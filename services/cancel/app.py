@@ -24,7 +24,7 @@ from shared.config import Config
 from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
 from shared.eventlog import JetStreamEventLog
 from shared.events import RunCancelled
-from shared.fold import RunState
+from shared.fold import LIVE, RunState
 from shared.ids import is_token
 from shared.jetstream import Infra
 from shared.service import Ack, Command, CommandConsumer, send_reply
@@ -33,7 +33,6 @@ log = structlog.get_logger("reel.cancel")
 
 WRITER = "cancel"
 MAX_TRIES = 10
-CANCELLABLE = ("pending", "running", "verifying")
 
 
 class NoOp(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,7 +43,7 @@ class NoOp(msgspec.Struct, frozen=True, kw_only=True):
 
 def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> RunCancelled | NoOp:
     """Pure: the event cancelling ``state``, or why there is nothing to do."""
-    if state.status in CANCELLABLE:
+    if state.status in LIVE:
         return RunCancelled(reason=cmd.reason, at_ms=at_ms)
     return NoOp(reason=f"run is already {state.status}")
 

@@ -52,13 +52,14 @@ from shared.events import (
     RunVerifying,
     Usage,
 )
-from shared.fold import RunState, apply_commit
-from shared.ids import ExecutorId, is_token, new_commit_id, new_executor_id, run_id_for_key
+from shared.fold import DRIVABLE, RunState, apply_commit
+from shared.ids import ROOT_BRANCH, ExecutorId, is_token, new_commit_id, new_executor_id, run_id_for_key
 from shared.jetstream import Infra
 from shared.models import ModelRequest, make_adapter
 from shared.packer import pack
 from shared.publish import publish_pipelined
 from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.subjects import outcome_key
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.tools import reap_orphaned_tools, run_tool
 from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow, validate_workflow
@@ -105,7 +106,8 @@ class Executor:
                 run_id = decode_command(cmd.data, ResumeRun).run_id
                 if not is_token(run_id):
                     raise InvalidCommand(f"{run_id[:80]!r} is not a valid run id (at `$.run_id`)")
-                await self.log.load(run_id)  # RunNotFound before anything else
+                if await self.log.head(run_id) is None:  # refuse before anything else; drive() loads it
+                    raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
         except ReelError as exc:
             log.warning("command.rejected", command=kind, code=exc.code, reason=exc.message,
                         stream_seq=cmd.stream_seq)
@@ -132,14 +134,13 @@ class Executor:
     async def _start(self, cmd: Command) -> str:
         start = decode_command(cmd.data, StartRun)
         spec = await self._spec_of_command(start)
-        # no key: the command message itself is the identity (stable across redeliveries of it)
-        key = start.idempotency_key or f"cmd:{cmd.msg_id or f'{cmd.stream_seq}@{cmd.stored_ns}'}"
+        key = start.idempotency_key or f"cmd:{cmd.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         structlog.contextvars.bind_contextvars(run_id=run_id)
         workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
         self._specs[workflow_ref.sha256] = spec
         created = RunCreated(
-            run_id=run_id, branch_id="main", workflow_name=spec.name, workflow_ref=workflow_ref,
+            run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
         )
@@ -216,7 +217,7 @@ class Executor:
                 state = await self._perform(state, spec, action)
             except ConcurrencyConflict:
                 state = await self.log.load(run_id)
-                if state.executor_id not in (None, self.executor_id) and state.status in ("pending", "running"):
+                if state.executor_id not in (None, self.executor_id) and state.status in DRIVABLE:
                     log.info("run.yielded", owner=state.executor_id)
                     return state
 
@@ -352,9 +353,9 @@ class Executor:
         body = text.encode()
         ref = ref_for(body)
         self._remember_text(ref.sha256, text)
-        key = f"{state.run_id}.{action.branch_id}.{action.step_id}.{action.attempt}"
+        key = outcome_key(state.run_id, action.branch_id, action.step_id, action.attempt)
         blob_fut = await self.blobs.put_async(body)
-        marker_fut = publish_pipelined(self.infra.nc, f"$KV.{self.cfg.names.outcome_bucket}.{key}",
+        marker_fut = publish_pipelined(self.infra.nc, self.cfg.names.outcome_marker(key),
                                        msgspec.json.encode(ref), None, BLOB_TIMEOUT_S)
         if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
             await asyncio.gather(blob_fut, marker_fut)

@@ -33,7 +33,7 @@ from nats.js.errors import InvalidKeyError, KeyNotFoundError
 
 from shared import recovery
 from shared.clock import now_ms
-from shared.commands import RecoverRuns, Reply, ResumeRun, decode_command, encode, error_reply
+from shared.commands import RecoverRuns, Reply, decode_command, error_reply
 from shared.config import Config
 from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
 from shared.eventlog import JetStreamEventLog
@@ -41,8 +41,8 @@ from shared.events import BlobRef, Commit
 from shared.fold import RunState, apply_commit
 from shared.ids import is_token
 from shared.jetstream import Infra
+from shared.leases import executor_alive, publish_resume
 from shared.service import Ack, Command, CommandConsumer, send_reply
-from shared.subjects import MSG_ID_HEADER
 
 from .index import IntentIndex
 
@@ -71,22 +71,10 @@ class RecoveryService:
         self.index = IntentIndex(cfg.names.events(""))
 
     # ---- facts recovery cannot derive from the log ----------------------------------------
-    async def is_live(self, executor_id: str) -> bool:
-        """True while ``executor_id`` holds a lease entry (unreadable → assumed alive)."""
-        try:
-            entry = await self.infra.leases.get(executor_id)
-        except KeyNotFoundError:
-            return False
-        except InvalidKeyError:
-            return False  # such an id can never hold a lease
-        except Exception as exc:
-            log.warning("recovery.lease_unreadable", executor_id=executor_id, error=str(exc))
-            return True
-        return bool(entry.value)  # a server-written expiry marker has no body
-
     async def live_set(self, executor_ids: Iterable[str]) -> set[str]:
+        """The executors among ``executor_ids`` that hold a lease now."""
         ids = sorted(set(executor_ids))
-        flags = await asyncio.gather(*(self.is_live(e) for e in ids))
+        flags = await asyncio.gather(*(executor_alive(self.infra.leases, e) for e in ids))
         return {e for e, alive in zip(ids, flags, strict=True) if alive}
 
     async def marker(self, key: str) -> BlobRef | None:
@@ -153,8 +141,7 @@ class RecoveryService:
         return report
 
     async def _resume(self, state: RunState) -> None:
-        await self.infra.js.publish(self.cfg.names.command("resume"), encode(ResumeRun(run_id=state.run_id)),
-                                    headers={MSG_ID_HEADER: f"resume:{state.run_id}:{state.head_lsn}"})
+        await publish_resume(self.infra.js, self.cfg.names, state.run_id, state.head_lsn)
         log.info("recovery.resume_published", branch_id=state.active_branch, lsn=state.head_lsn)
 
     # ---- sweeps ----------------------------------------------------------------------------

@@ -23,8 +23,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from shared.events import AttemptDispatched, BranchForked, RunCreated, decode_commit
-from shared.fold import RunState, apply_commit
-from shared.recovery import RESTING
+from shared.fold import RESTING, RunState, apply_commit
 
 log = structlog.get_logger("reel.recovery")
 

@@ -20,19 +20,18 @@ import asyncio
 from typing import Any
 
 import structlog
-from nats.js.errors import InvalidKeyError, KeyNotFoundError
 
 from shared import rewind
 from shared.clock import now_ms
-from shared.commands import Reply, ResumeRun, RewindRun, decode_command, encode, error_reply
+from shared.commands import Reply, RewindRun, decode_command, error_reply
 from shared.config import Config
 from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
 from shared.eventlog import JetStreamEventLog
-from shared.fold import BranchState, RunState, fold
+from shared.fold import DRIVABLE, BranchState, RunState, fold
 from shared.ids import branch_id_for_key, is_token
 from shared.jetstream import Infra
+from shared.leases import executor_alive, publish_resume
 from shared.service import Ack, Command, CommandConsumer, send_reply
-from shared.subjects import MSG_ID_HEADER
 
 log = structlog.get_logger("reel.rewind")
 
@@ -59,7 +58,7 @@ class RewindService:
             if not is_token(req.run_id):
                 raise InvalidCommand(f"run_id {req.run_id!r} is not a valid run id")
             structlog.contextvars.bind_contextvars(run_id=req.run_id)
-            key = req.idempotency_key or f"cmd:{cmd.msg_id or cmd.stream_seq}"
+            key = req.idempotency_key or f"cmd:{cmd.identity}"
             reply = await self._rewind(req, branch_id_for_key(req.run_id, key))
         except ReelError as exc:
             log.warning("rewind.rejected", code=exc.code, reason=exc.message, stream_seq=cmd.stream_seq)
@@ -101,30 +100,17 @@ class RewindService:
         """A repeated rewind: same branch, no commit; re-send the (deduplicated) resume if still pending."""
         log.info("rewind.exists", created_lsn=branch.created_lsn, status=state.status)
         resume = "not_needed"
-        if state.active_branch == branch.branch_id and state.status in ("pending", "running"):
+        if state.active_branch == branch.branch_id and state.status in DRIVABLE:
             resume = await self._maybe_resume(state, branch.created_lsn)
         return Reply(ok=True, run_id=state.run_id, status=state.status, created=False, branch_id=branch.branch_id,
                      lsn=branch.created_lsn, detail=_detail(branch, resume=resume))
 
-    async def _owner_alive(self, executor_id: str | None) -> bool:
-        if executor_id is None:
-            return False
-        try:
-            entry = await self.infra.leases.get(executor_id)
-        except (KeyNotFoundError, InvalidKeyError):
-            return False
-        except Exception as exc:  # unknown: do not risk a second drive loop; redelivery still resumes it
-            log.warning("rewind.lease_unreadable", executor_id=executor_id, error=str(exc))
-            return True
-        return bool(entry.value)
-
     async def _maybe_resume(self, state: RunState, fork_commit_lsn: int) -> str:
         """Publish ``ResumeRun`` (deduplicated by the fork's LSN) unless the live owner drives the run."""
-        if not rewind.needs_resume(state, await self._owner_alive(state.executor_id)):
+        if not rewind.needs_resume(state, await executor_alive(self.infra.leases, state.executor_id)):
             log.info("rewind.owner_driving", executor_id=state.executor_id, lsn=fork_commit_lsn)
             return "owner_driving"
-        await self.infra.js.publish(self.cfg.names.command("resume"), encode(ResumeRun(run_id=state.run_id)),
-                                    headers={MSG_ID_HEADER: f"resume:{state.run_id}:{fork_commit_lsn}"})
+        await publish_resume(self.infra.js, self.cfg.names, state.run_id, fork_commit_lsn)
         log.info("rewind.resume_published", lsn=fork_commit_lsn)
         return "published"
 

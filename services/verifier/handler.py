@@ -2,8 +2,8 @@
 
 A job is triggered by a commit carrying ``run_verifying`` at LSN P. It:
 
-1. reads the run's commits once and cold-folds them up to P (the pinned view)
-   and to the head (what is already recorded);
+1. folds the run up to P (the pinned view) and to the head (what is already
+   recorded) — each from the run's state snapshot plus the commits above it, or cold;
 2. builds the frozen :class:`~shared.views.EpisodeView` of the verifying branch at P;
 3. runs every configured verifier whose verdict for (branch, P) is not yet in the
    log — a restarted job resumes, it never judges twice;
@@ -187,11 +187,8 @@ class VerificationHandler:
 
     async def _refresh(self, job: Job) -> RunState:
         """Apply the commits above the job's current head (incremental re-read)."""
-        state = job.current
-        for lsn, commit in await self.log.read(job.run_id, from_lsn=state.head_lsn + 1):
-            state = apply_commit(state, lsn, commit)
-        job.current = state
-        return state
+        job.current, _ = await self.log.refresh(job.current)
+        return job.current
 
     async def _commit_fenced(self, job: Job, decide: Callable[[RunState], Sequence[AnyEvent] | None]) -> int | None:
         """Commit ``decide(head state)`` fenced on the head; on a conflict re-read and decide again.

@@ -53,7 +53,7 @@ from shared.eventlog import JetStreamEventLog
 from shared.events import AnyEvent, BlobRef, RunCreated, StepDecl
 from shared.fold import AttemptState, RunState
 from shared.jetstream import Infra
-from shared.recovery import outcome_key
+from shared.subjects import outcome_key
 from shared.workflow import WorkflowSpec, parse_workflow
 from tests.conftest import REPO, running
 

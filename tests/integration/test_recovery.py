@@ -17,7 +17,8 @@ from shared.config import Config
 from shared.eventlog import JetStreamEventLog
 from shared.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
 from shared.jetstream import Infra
-from shared.recovery import EXECUTOR_LOST, outcome_key
+from shared.recovery import EXECUTOR_LOST
+from shared.subjects import outcome_key
 from shared.testing import assert_refold_identical
 from shared.views import build_episode_view, serialize_view
 from shared.workflow import parse_workflow
