@@ -67,11 +67,12 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
 def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
     """Verdicts as a table: verifier, status, score, branch, snapshot LSN, reason."""
     table = Table(title="verdicts", title_justify="left")
-    for col in ("verifier", "status", "score", "branch", "lsn", "reason"):
-        table.add_column(col)
+    for col in ("verifier", "status", "score", "branch", "lsn"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("reason", overflow="fold")
     for v in verdicts:
         table.add_row(f"{v.verifier}@{v.verifier_version}", Text(v.status, style=STATUS_STYLE.get(v.status, "")),
-                      f"{v.score:.2f}", v.branch_id, str(v.snapshot_lsn), v.reason[:100])
+                      f"{v.score:.2f}", v.branch_id, str(v.snapshot_lsn), v.reason)
     return table
 
 
@@ -86,12 +87,11 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
     if state.outcome:
         header.append(f"  outcome {state.outcome}", style=STATUS_STYLE.get(state.outcome, ""))
     header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
-    branches = Text("branches: ")
-    for b in state.branches.values():
-        mark = "* " if b.branch_id == state.active_branch else ""
-        shown = " (shown)" if b.branch_id == bid else ""
-        parent = f" ← {b.parent_branch_id}@{b.fork_lsn}" if b.parent_branch_id else ""
-        branches.append(f"{mark}{b.branch_id}{parent}{shown}   ")
+    branches = Text("branches: " + "   ".join(
+        ("* " if b.branch_id == state.active_branch else "") + b.branch_id
+        + (f" ← {b.parent_branch_id}@{b.fork_lsn}" if b.parent_branch_id else "")
+        + (" (shown)" if b.branch_id == bid else "")
+        for b in state.branches.values()))
     table = Table(title=f"branch {bid}", title_justify="left")
     for col in ("step", "kind", "#", "status", "packed", "avail", "dropped", "in tok", "out tok", "ms", "lsn",
                 "error"):
