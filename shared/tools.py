@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -46,13 +47,6 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None,
     return await _run_command(spec, stdin, env)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the tool gets SIGKILL if the executor dies (kill -9 included), so no orphan keeps running."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 TOOL_DIR_ENV = "REEL_TOOL_DIR"
 
 
@@ -61,15 +55,14 @@ def _registry() -> Path | None:
     return Path(d) if d else None
 
 
-def _register(pgid: int) -> Path | None:
-    """Record a running tool's process group as ``<executor pid>.<pgid>`` in ``$REEL_TOOL_DIR``."""
-    d = _registry()
-    if d is None:
-        return None
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{os.getpid()}.{pgid}"
-    path.touch()
-    return path
+def _child_setup(registry: Path | None) -> None:  # pragma: no cover - runs in the child between fork and exec
+    """In the tool's process, before it runs anything: die with the executor (Linux parent-death
+    signal: kill -9 included) and record ``<executor pid>.<pgid>`` in ``$REEL_TOOL_DIR`` — from the
+    child itself, so the record exists before the tool can start children of its own."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if registry is not None:
+        os.close(os.open(registry / f"{os.getppid()}.{os.getpid()}", os.O_CREAT | os.O_WRONLY, 0o644))
 
 
 def _group_is_a_tool(pgid: int) -> bool:
@@ -118,15 +111,18 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 async def _run_command(spec: ToolSpec, stdin: bytes | None, env: dict[str, str] | None) -> str:
     """Run ``spec.argv`` in its own process group; the whole group is killed on timeout or cancellation."""
+    registry = _registry()
+    if registry is not None:
+        registry.mkdir(parents=True, exist_ok=True)
     try:
         proc = await asyncio.create_subprocess_exec(
             *spec.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            preexec_fn=functools.partial(_child_setup, registry),
             env={**os.environ, **env} if env else None,
         )
     except OSError as exc:
         raise ToolError(f"cannot run {spec.argv[0]!r}: {exc.strerror}", kind="spawn_failed", retryable=False) from exc
-    registered = _register(proc.pid)  # start_new_session: its pgid is its pid
     try:
         out, _ = await asyncio.wait_for(proc.communicate(stdin or b""), spec.timeout_s)
     except TimeoutError as exc:
@@ -139,8 +135,8 @@ async def _run_command(spec: ToolSpec, stdin: bytes | None, env: dict[str, str] 
     finally:
         if proc.returncode is not None:
             _kill_group(proc)  # background children the tool left behind
-        if registered is not None:
-            registered.unlink(missing_ok=True)
+        if registry is not None:  # start_new_session: the tool's pgid is its pid
+            (registry / f"{os.getpid()}.{proc.pid}").unlink(missing_ok=True)
     text = out[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
     if proc.returncode != 0:
         raise ToolError(f"{spec.argv[0]} exited {proc.returncode}: {text[-500:]}", kind=f"exit_{proc.returncode}")
