@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from rich.console import Console
 
 from shared.config import Config
-from shared.events import (
+from shared.core.events import (
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -29,9 +29,9 @@ from shared.events import (
     ContextPartition,
     Usage,
 )
-from shared.jetstream import Infra, connect, ensure_infra
-from shared.natsserver import EmbeddedServer, embedded_server
-from shared.subjects import Names
+from shared.core.subjects import Names
+from shared.nats.embedded import EmbeddedServer, embedded_server
+from shared.nats.infra import Infra, connect, ensure_infra
 
 console = Console(width=max(150, Console().width))
 

@@ -28,10 +28,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
-from shared import fold as folding
-from shared.blobstore import CHUNK_BYTES, ref_for
-from shared.errors import InvalidTransition, ReelError
-from shared.events import (
+from shared.core import fold as folding
+from shared.core.errors import InvalidTransition, ReelError
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -40,14 +39,15 @@ from shared.events import (
     Commit,
     RunCreated,
 )
-from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.nats.blobstore import CHUNK_BYTES, ref_for
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]  # subject, body, headers
 
 # ---- fold ---------------------------------------------------------------------------------------------
 
 def fold_hot(commits: Iterable[tuple[int, Commit]]) -> folding.RunState | None:
-    """:func:`shared.fold.fold` with the three hot events handled inline (same result, checked byte for byte).
+    """:func:`shared.core.fold.fold` with the three hot events handled inline (same result, checked byte for byte).
 
     Today every event goes through ``apply_commit`` → ``apply`` (a ``match`` that
     tries the event classes in turn: an attempt outcome is the 4th/5th case) and

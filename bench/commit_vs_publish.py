@@ -57,18 +57,18 @@ from _bench_common import (
 from rich.table import Table
 
 from services.executor import app as executor_app
-from shared import execution as plan
-from shared.blobstore import ref_for
-from shared.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
-from shared.events import AnyEvent, AttemptDispatched, AttemptSucceeded, Commit, RunCreated, Usage, encode_commit
-from shared.fold import RunState
-from shared.ids import new_commit_id, new_run_id
+from shared.core import planning as plan
+from shared.core.events import AnyEvent, AttemptDispatched, AttemptSucceeded, Commit, RunCreated, Usage, encode_commit
+from shared.core.fold import RunState
+from shared.core.ids import new_commit_id, new_run_id
+from shared.core.packer import pack
+from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.workflow import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
 from shared.logging import setup_logging
-from shared.packer import pack
-from shared.publish import publish_pipelined
-from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
-from shared.tokens import DEFAULT_COUNTER
-from shared.workflow import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
+from shared.nats.blobstore import ref_for
+from shared.nats.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
+from shared.nats.publish import publish_pipelined
 
 NS = "benchxyz"
 RAW_STREAM = "BENCHXYZ_RAW"

@@ -29,12 +29,12 @@ from rich.table import Table
 
 from services.crucible.session import backend, start_session
 from shared.config import Config
+from shared.core.subjects import Names
 from shared.crucible.config import parse_config
 from shared.crucible.events import IterationClosed, Measured, ProposalMade, SegmentOpened
 from shared.crucible.state import Reading
 from shared.logging import setup_logging
-from shared.natsserver import embedded_server
-from shared.subjects import Names
+from shared.nats.embedded import embedded_server
 
 SCENARIOS = {
     # name: (proposer shell snippet, description)

@@ -59,9 +59,8 @@ from _bench_common import (
 from nats.js.api import PubAck
 from rich.table import Table
 
-from shared import fold as folding
-from shared.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
-from shared.events import (
+from shared.core import fold as folding
+from shared.core.events import (
     AnyEvent,
     AttemptSucceeded,
     Commit,
@@ -73,9 +72,10 @@ from shared.events import (
     decode_commit,
     encode_commit,
 )
-from shared.ids import new_commit_id
-from shared.subjects import MSG_ID_HEADER
-from shared.views import build_episode_view
+from shared.core.ids import new_commit_id
+from shared.core.subjects import MSG_ID_HEADER
+from shared.core.views import build_episode_view
+from shared.nats.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
 
 EXECUTOR = "x-0123456789ab"
 
@@ -191,7 +191,7 @@ async def write_interleaved(b: Bench, runs: dict[str, list[list[AnyEvent]]], noi
 # ---- measuring -------------------------------------------------------------------------------------
 
 async def snapshot_at_verifying(log: JetStreamEventLog, run_id: str) -> None:
-    """What the executor does when the run enters Verifying: snapshot its state (shared/snapshots.py)."""
+    """What the executor does when the run enters Verifying: snapshot its state (shared/nats/snapshots.py)."""
     head = await log.head(run_id)
     store = await log.snapshots()
     assert head is not None and store is not None

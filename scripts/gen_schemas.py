@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from shared.commands import CancelRun, RecoverRuns, Reply, ResumeRun, RewindRun, StartRun
-from shared.events import Commit, Verdict
-from shared.workflow import WorkflowSpec
+from shared.core.commands import CancelRun, RecoverRuns, Reply, ResumeRun, RewindRun, StartRun
+from shared.core.events import Commit, Verdict
+from shared.core.workflow import WorkflowSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "schemas"

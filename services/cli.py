@@ -32,17 +32,17 @@ from rich.console import Console
 from rich.table import Table
 
 from services.timeline import event_line, print_timeline, verdict_table
-from shared.blobstore import JetStreamBlobStore
-from shared.client import ReelClient
 from shared.config import Config
-from shared.errors import ReelError, RunNotFound
-from shared.events import Verdict
-from shared.fold import RunState, apply_commit
-from shared.jetstream import Infra, connect, ensure_infra
+from shared.core.errors import ReelError, RunNotFound
+from shared.core.events import Verdict
+from shared.core.fold import RunState, apply_commit
+from shared.core.subjects import Names
+from shared.core.workflow import WorkflowSpec, encode_workflow, load_workflow
 from shared.logging import setup_logging
-from shared.natsserver import NatsServerNotFound, StoreInUse, embedded_server
-from shared.subjects import Names
-from shared.workflow import WorkflowSpec, encode_workflow, load_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
+from shared.nats.embedded import NatsServerNotFound, StoreInUse, embedded_server
+from shared.nats.infra import Infra, connect, ensure_infra
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
@@ -266,7 +266,7 @@ def replay(
     namespace: str = Namespace,
 ) -> None:
     """Replay recorded agent trajectories as Reel runs; print each run's timeline and verdicts."""
-    from shared.trajectories import load_trajectories
+    from shared.core.trajectories import load_trajectories
 
     async def body() -> int:
         specs: list[tuple[Path, WorkflowSpec]] = []
@@ -333,7 +333,7 @@ def show(
         if branch is not None and branch not in state.branches:
             raise CliError(f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
         if json_out:
-            from shared.views import build_episode_view, serialize_view
+            from shared.core.views import build_episode_view, serialize_view
 
             sys.stdout.write(serialize_view(build_episode_view(state, branch)).decode() + "\n")
         else:

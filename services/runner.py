@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from shared.config import Config
-from shared.jetstream import Infra, connect, ensure_infra
 from shared.logging import setup_logging
+from shared.nats.infra import Infra, connect, ensure_infra
 
 Serve = Callable[[Infra, Config, asyncio.Event], Awaitable[None]]
 

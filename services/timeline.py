@@ -6,7 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from shared.events import (
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -20,8 +20,8 @@ from shared.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.fold import RunState
-from shared.views import build_episode_view
+from shared.core.fold import RunState
+from shared.core.views import build_episode_view
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
                 "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",

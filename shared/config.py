@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from shared.subjects import Names
+from shared.core.subjects import Names
 
 
 @dataclass(frozen=True)

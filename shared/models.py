@@ -1,7 +1,7 @@
 """Model adapters: the port a model step calls (brief §1; real endpoints implement it later).
 
 An adapter turns a :class:`ModelRequest` (the packed prompt text and ids) into a
-:class:`ModelResponse` or raises :class:`~shared.errors.ModelError` (whose
+:class:`ModelResponse` or raises :class:`~shared.core.errors.ModelError` (whose
 ``kind`` and ``retryable`` decide whether the step retries). Adapters must not
 read the clock for anything that is committed; the executor measures latency.
 
@@ -19,9 +19,9 @@ from typing import Protocol
 
 import msgspec
 
-from shared.errors import ModelError
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.workflow import ModelSpec, ScriptedFailure
+from shared.core.errors import ModelError
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.workflow import ModelSpec, ScriptedFailure
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +106,7 @@ def make_adapter(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> Mo
 
     A ``module:factory`` adapter is your own model endpoint: ``factory(spec, counter)``
     must return an object with ``name`` and ``async complete(ModelRequest) -> ModelResponse``
-    that raises :class:`~shared.errors.ModelError` on failure.
+    that raises :class:`~shared.core.errors.ModelError` on failure.
 
     Raises:
         ModelError: a ``module:factory`` that cannot be imported (non-retryable, kind ``adapter_unavailable``).

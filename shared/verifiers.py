@@ -1,12 +1,12 @@
 """Verifiers: what judges a run resting in ``Verifying`` (seed T4.2; docs/verifiers.md).
 
 A verifier gets a :class:`VerifierCtx` — the run, the step and attempt it judges,
-the frozen :class:`~shared.views.EpisodeView` built at the snapshot LSN, a lazy
+the frozen :class:`~shared.core.views.EpisodeView` built at the snapshot LSN, a lazy
 blob handle (nothing is fetched unless the verifier asks) and a deadline — and
 answers with a :class:`VerdictResult`. :func:`run_verifier` turns a raise, a
 malformed answer or a passed deadline into an ``error`` result, never a hang.
 
-Built-ins (configured per workflow, :class:`~shared.workflow.VerifierSpec`):
+Built-ins (configured per workflow, :class:`~shared.core.workflow.VerifierSpec`):
 
 * ``output_regex`` / ``output_json_schema`` — the judged attempt's output;
 * ``command`` — argv with the output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes;
@@ -39,10 +39,10 @@ import jsonschema
 import msgspec
 import structlog
 
-from shared.errors import ReelError
-from shared.events import BlobRef, RunOutcome, VerdictStatus
-from shared.views import AttemptView, EpisodeView, StepView
-from shared.workflow import VerifierSpec
+from shared.core.errors import ReelError
+from shared.core.events import BlobRef, RunOutcome, VerdictStatus
+from shared.core.views import AttemptView, EpisodeView, StepView
+from shared.core.workflow import VerifierSpec
 
 log = structlog.get_logger(__name__)
 
@@ -59,7 +59,7 @@ class VerifierInvalid(ReelError):
 
 
 class BlobReader(Protocol):
-    """The read side of :class:`~shared.blobstore.BlobStore`: what a verifier may fetch."""
+    """The read side of :class:`~shared.nats.blobstore.BlobStore`: what a verifier may fetch."""
 
     async def get(self, ref: BlobRef) -> bytes: ...
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.blobstore import JetStreamBlobStore
-from shared.client import ReelClient
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.jetstream import Infra, connect, ensure_infra
+from shared.core.subjects import Names
 from shared.logging import setup_logging
-from shared.natsserver import embedded_server
-from shared.subjects import Names
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
+from shared.nats.embedded import embedded_server
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra, connect, ensure_infra
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,15 +19,15 @@ import msgspec
 import structlog
 
 from shared.clock import now_ms
-from shared.commands import CancelRun, Reply, decode_command, error_reply
 from shared.config import Config
-from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
-from shared.eventlog import JetStreamEventLog
-from shared.events import RunCancelled
-from shared.fold import LIVE, RunState
-from shared.ids import is_token
-from shared.jetstream import Infra
-from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.core.commands import CancelRun, Reply, decode_command, error_reply
+from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError
+from shared.core.events import RunCancelled
+from shared.core.fold import LIVE, RunState
+from shared.core.ids import is_token
+from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 
 log = structlog.get_logger("reel.cancel")
 

@@ -27,15 +27,15 @@ import structlog
 
 from services.crucible.session import Backend, resume_session, start_session
 from services.crucible.sessionlog import SessionLog, ensure_session_stream
-from shared.blobstore import JetStreamBlobStore
-from shared.commands import Reply, decode_command, error_reply
 from shared.config import Config
+from shared.core.commands import Reply, decode_command, error_reply
+from shared.core.errors import ReelError
 from shared.crucible.config import SessionConfig, validate
 from shared.crucible.errors import ConfigInvalid, SessionExists
 from shared.crucible.names import CrucibleNames
-from shared.errors import ReelError
-from shared.jetstream import Infra
-from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.nats.infra import Infra
 
 log = structlog.get_logger("reel.crucible")
 

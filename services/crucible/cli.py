@@ -37,12 +37,12 @@ from services.crucible.session import (
     start_session,
 )
 from shared.config import Config
+from shared.core.errors import ReelError
+from shared.core.subjects import Names
 from shared.crucible.fold import SessionState
 from shared.crucible.state import LoopExit
-from shared.errors import ReelError
 from shared.logging import setup_logging
-from shared.natsserver import NatsServerNotFound, embedded_server
-from shared.subjects import Names
+from shared.nats.embedded import NatsServerNotFound, embedded_server
 
 app = typer.Typer(
     help="Crucible, the autoresearch loop: a proposer edits a git world, a frozen judge scores it, "

@@ -26,7 +26,8 @@ from services.crucible.judge import Judge, Unavailable
 from services.crucible.proposer import Proposal, ProposeContext, Proposer
 from services.crucible.sessionlog import SessionLog
 from services.crucible.world import GitWorld
-from shared.blobstore import BlobStore
+from shared.core.errors import ReelError
+from shared.core.events import BlobRef
 from shared.crucible import budget
 from shared.crucible.config import Regime, SessionConfig
 from shared.crucible.events import (
@@ -54,8 +55,7 @@ from shared.crucible.iteration import Applied, Candidate, Iteration, gate_row
 from shared.crucible.iteration import Measured as MeasuredState
 from shared.crucible.noise import goal_met, improvement, margin
 from shared.crucible.state import InvalidReading, LoopExit, Measurement, Reading, Row, Run, Snapshot, Verdict
-from shared.errors import ReelError
-from shared.events import BlobRef
+from shared.nats.blobstore import BlobStore
 
 log = structlog.get_logger("reel.crucible")
 

@@ -24,7 +24,7 @@ timeout: the iteration fails (rolled back, the loop goes on).
 endpoints later) asked with a prompt (instructions, goal, recent rows, files); it
 answers a unified diff in a fenced block (applied with ``git apply``), or
 ``DONE``, ``ESCALATE: <reason>``, ``RESCOPE: <regime>``. A line ``NOTE: …`` sets
-the note. A retryable :class:`~shared.errors.ModelError` parks (provisioning), a
+the note. A retryable :class:`~shared.core.errors.ModelError` parks (provisioning), a
 non-retryable one fails the iteration.
 """
 
@@ -41,12 +41,12 @@ import msgspec
 
 from services.crucible import proc
 from services.crucible.world import GitWorld, git
+from shared.core.errors import ModelError
+from shared.core.tokens import DEFAULT_COUNTER
 from shared.crucible.config import ProposerSpec, Regime
 from shared.crucible.errors import WorldError
 from shared.crucible.state import Row
-from shared.errors import ModelError
 from shared.models import ModelRequest, make_adapter
-from shared.tokens import DEFAULT_COUNTER
 
 ProposalKind = Literal["edited", "failed", "escalate", "done", "rescope", "blocked"]
 _FENCE = re.compile(r"```(?:diff|patch)?[ \t]*\n(.*?)```", re.DOTALL)

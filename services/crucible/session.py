@@ -28,16 +28,16 @@ from services.crucible.loop import Driver, now_ms, open_segment, run_loop
 from services.crucible.proposer import make_proposer
 from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from services.crucible.world import GitWorld
-from shared.blobstore import JetStreamBlobStore
 from shared.config import Config
+from shared.core.ids import is_token
 from shared.crucible.config import SessionConfig, parse_config
 from shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
 from shared.crucible.events import SegmentOpened, SessionResumed, SessionStarted
 from shared.crucible.fold import SessionState
 from shared.crucible.iteration import interrupted_row
 from shared.crucible.state import LoopExit
-from shared.ids import is_token
-from shared.jetstream import connect, ensure_infra
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.infra import connect, ensure_infra
 
 log = structlog.get_logger("reel.crucible")
 

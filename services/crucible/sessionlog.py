@@ -4,7 +4,7 @@ Same commit discipline as run events (brief §4): one writer per session, every
 commit one message fenced with ``Nats-Expected-Last-Subject-Sequence`` (the LSN
 the writer last saw) and carrying its commit id as ``Nats-Msg-Id``; LSN = stream
 sequence; reads are batched Direct Gets of the session's own subject
-(:class:`shared.eventlog.SubjectLog`).
+(:class:`shared.nats.eventlog.SubjectLog`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
 from shared.config import Config
+from shared.core.errors import ConcurrencyConflict
+from shared.core.ids import new_commit_id
 from shared.crucible.errors import SessionBusy, SessionNotFound
 from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
 from shared.crucible.fold import SessionState, fold
 from shared.crucible.names import CrucibleNames
-from shared.errors import ConcurrencyConflict
-from shared.eventlog import SubjectLog
-from shared.ids import new_commit_id
-from shared.jetstream import DUPLICATE_WINDOW_S, ensure_stream, storage_type
+from shared.nats.eventlog import SubjectLog
+from shared.nats.infra import DUPLICATE_WINDOW_S, ensure_stream, storage_type
 
 
 async def ensure_session_stream(js: JetStreamContext, cfg: Config) -> None:

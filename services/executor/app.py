@@ -24,12 +24,11 @@ import msgspec
 import structlog
 import tenacity
 
-from shared import execution as plan
-from shared.blobstore import JetStreamBlobStore, ref_for
 from shared.clock import now_ms
-from shared.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
 from shared.config import Config
-from shared.errors import (
+from shared.core import planning as plan
+from shared.core.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
+from shared.core.errors import (
     BlobMissing,
     ConcurrencyConflict,
     InvalidCommand,
@@ -39,8 +38,7 @@ from shared.errors import (
     ToolError,
     WorkflowInvalid,
 )
-from shared.eventlog import JetStreamEventLog
-from shared.events import (
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -52,17 +50,19 @@ from shared.events import (
     RunVerifying,
     Usage,
 )
-from shared.fold import DRIVABLE, RunState, apply_commit
-from shared.ids import ROOT_BRANCH, ExecutorId, is_token, new_commit_id, new_executor_id, run_id_for_key
-from shared.jetstream import Infra
+from shared.core.fold import DRIVABLE, RunState, apply_commit
+from shared.core.ids import ROOT_BRANCH, ExecutorId, is_token, new_commit_id, new_executor_id, run_id_for_key
+from shared.core.packer import pack
+from shared.core.subjects import outcome_key
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow, validate_workflow
 from shared.models import ModelRequest, make_adapter
-from shared.packer import pack
-from shared.publish import publish_pipelined
-from shared.service import Ack, Command, CommandConsumer, send_reply
-from shared.subjects import outcome_key
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.tools import reap_orphaned_tools, run_tool
-from shared.workflow import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow, validate_workflow
+from shared.nats.blobstore import JetStreamBlobStore, ref_for
+from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
+from shared.nats.publish import publish_pipelined
+from shared.proc.tools import reap_orphaned_tools, run_tool
 
 log = structlog.get_logger("reel.executor")
 

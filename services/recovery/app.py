@@ -1,7 +1,7 @@
 """Recovery service: resolves ``dispatched`` intents whose executor is gone (brief §3; docs/mutators.md).
 
 Three ways in, one code path (:meth:`RecoveryService.recover_run`: cold fold →
-liveness and marker look-ups → :func:`shared.recovery.triage` → one fenced
+liveness and marker look-ups → :func:`shared.core.recovery.triage` → one fenced
 commit of the resolutions, or a ``ResumeRun``):
 
 * an ordered consumer on ``<ns>.ev.>`` keeps an :class:`IntentIndex` of runs
@@ -31,18 +31,18 @@ import structlog
 from nats.js import api as jsapi
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 
-from shared import recovery
 from shared.clock import now_ms
-from shared.commands import RecoverRuns, Reply, decode_command, error_reply
 from shared.config import Config
-from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError
-from shared.eventlog import JetStreamEventLog
-from shared.events import BlobRef, Commit
-from shared.fold import RunState, apply_commit
-from shared.ids import is_token
-from shared.jetstream import Infra
-from shared.leases import executor_alive, publish_resume
-from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.core import recovery
+from shared.core.commands import RecoverRuns, Reply, decode_command, error_reply
+from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError
+from shared.core.events import BlobRef, Commit
+from shared.core.fold import RunState, apply_commit
+from shared.core.ids import is_token
+from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
+from shared.nats.leases import executor_alive, publish_resume
 
 from .index import IntentIndex
 

@@ -22,8 +22,8 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from shared.events import AttemptDispatched, BranchForked, RunCreated, decode_commit
-from shared.fold import RESTING, RunState, apply_commit
+from shared.core.events import AttemptDispatched, BranchForked, RunCreated, decode_commit
+from shared.core.fold import RESTING, RunState, apply_commit
 
 log = structlog.get_logger("reel.recovery")
 

@@ -1,11 +1,11 @@
 """Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (brief §3; docs/mutators.md).
 
-Per command: read the run's commits, fold, :func:`shared.rewind.decide`, commit
+Per command: read the run's commits, fold, :func:`shared.core.rewind.decide`, commit
 the fork fenced on the head LSN it folded (re-read and decide again on a
 conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
 ``Nats-Msg-Id`` derived from the fork's LSN, so an executor continues the run on
 the new branch and a repeated publish is deduplicated — unless the run's live
-owner is driving it (:func:`shared.rewind.needs_resume`): that executor's next
+owner is driving it (:func:`shared.core.rewind.needs_resume`): that executor's next
 fenced commit conflicts with the fork and it continues on the new branch itself. The parent branch's
 records are never changed; a verifier holding a view of it keeps it.
 
@@ -21,17 +21,17 @@ from typing import Any
 
 import structlog
 
-from shared import rewind
 from shared.clock import now_ms
-from shared.commands import Reply, RewindRun, decode_command, error_reply
 from shared.config import Config
-from shared.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
-from shared.eventlog import JetStreamEventLog
-from shared.fold import DRIVABLE, BranchState, RunState, fold
-from shared.ids import branch_id_for_key, is_token
-from shared.jetstream import Infra
-from shared.leases import executor_alive, publish_resume
-from shared.service import Ack, Command, CommandConsumer, send_reply
+from shared.core import rewind
+from shared.core.commands import Reply, RewindRun, decode_command, error_reply
+from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
+from shared.core.fold import DRIVABLE, BranchState, RunState, fold
+from shared.core.ids import branch_id_for_key, is_token
+from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
+from shared.nats.leases import executor_alive, publish_resume
 
 log = structlog.get_logger("reel.rewind")
 

@@ -16,12 +16,12 @@ import uuid
 import msgspec
 import structlog
 
-from shared.blobstore import JetStreamBlobStore
 from shared.config import Config
-from shared.errors import InvalidTransition, ReelError, RunNotFound, UnknownEventType
-from shared.events import decode_commit
-from shared.jetstream import Infra
-from shared.service import Ack, Command, CommandConsumer
+from shared.core.errors import InvalidTransition, ReelError, RunNotFound, UnknownEventType
+from shared.core.events import decode_commit
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.consumer import Ack, Command, CommandConsumer
+from shared.nats.infra import Infra
 
 from .handler import SnapshotNotVisible, VerificationHandler, verifying_event
 

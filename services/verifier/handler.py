@@ -4,7 +4,7 @@ A job is triggered by a commit carrying ``run_verifying`` at LSN P. It:
 
 1. folds the run up to P (the pinned view) and to the head (what is already
    recorded) — each from the run's state snapshot plus the commits above it, or cold;
-2. builds the frozen :class:`~shared.views.EpisodeView` of the verifying branch at P;
+2. builds the frozen :class:`~shared.core.views.EpisodeView` of the verifying branch at P;
 3. runs every configured verifier whose verdict for (branch, P) is not yet in the
    log — a restarted job resumes, it never judges twice;
 4. records each verdict in the run's log (``verdict_recorded``, a fenced commit;
@@ -30,13 +30,15 @@ import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from shared.blobstore import JetStreamBlobStore
 from shared.clock import now_ms
-from shared.errors import BlobMissing, ConcurrencyConflict, ReelError, RunNotFound, WorkflowInvalid
-from shared.eventlog import JetStreamEventLog, SubjectLog
-from shared.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
-from shared.fold import RunState, apply_commit, branch_failed
-from shared.subjects import MSG_ID_HEADER, Names
+from shared.core.errors import BlobMissing, ConcurrencyConflict, ReelError, RunNotFound, WorkflowInvalid
+from shared.core.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
+from shared.core.fold import RunState, apply_commit, branch_failed
+from shared.core.subjects import MSG_ID_HEADER, Names
+from shared.core.views import EpisodeView, build_episode_view
+from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.eventlog import JetStreamEventLog, SubjectLog
 from shared.verifiers import (
     Verifier,
     VerifierInvalid,
@@ -46,8 +48,6 @@ from shared.verifiers import (
     make_verifier,
     run_verifier,
 )
-from shared.views import EpisodeView, build_episode_view
-from shared.workflow import VerifierSpec, WorkflowSpec, parse_workflow
 
 log = structlog.get_logger("reel.verifier")
 

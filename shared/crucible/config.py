@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.core.workflow import ModelSpec
 from shared.crucible.errors import ConfigInvalid
-from shared.workflow import ModelSpec
 
 Direction = Literal["maximize", "minimize"]
 OnDeny = Literal["escalate", "skip"]

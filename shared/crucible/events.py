@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.core.errors import UnknownEventType
+from shared.core.events import BlobRef
 from shared.crucible.config import SessionConfig
 from shared.crucible.state import LoopExit, Measurement, Reading, Row
-from shared.errors import UnknownEventType
-from shared.events import BlobRef
 
 SCHEMA_VERSION = 1
 

@@ -21,6 +21,7 @@ from datetime import timedelta
 import msgspec
 from msgspec.structs import replace
 
+from shared.core.errors import InvalidTransition
 from shared.crucible.events import (
     AnySessionEvent,
     ApplyFailed,
@@ -52,7 +53,6 @@ from shared.crucible.state import (
     Spent,
     Verdict,
 )
-from shared.errors import InvalidTransition
 
 
 class SessionState(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,7 +20,7 @@ from shared.crucible.events import MeasureStarted, SessionEnded, SessionResumed
 from shared.crucible.fold import fold
 from shared.crucible.names import CrucibleNames
 from shared.crucible.state import LoopExit, Verdict
-from shared.jetstream import connect
+from shared.nats.infra import connect
 from tests.crucible.fixtures import config_dict, make_repo, write
 
 REPO = Path(__file__).resolve().parents[2]

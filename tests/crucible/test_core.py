@@ -6,6 +6,7 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
+from shared.core.errors import UnknownEventType
 from shared.crucible import budget
 from shared.crucible.config import BudgetSpec, NoiseSpec, SessionConfig, parse_config
 from shared.crucible.errors import ConfigInvalid
@@ -34,7 +35,6 @@ from shared.crucible.state import (
     Spent,
     Verdict,
 )
-from shared.errors import UnknownEventType
 
 CFG = parse_config({
     "world": {"repo": "/src"}, "judge": {"command": ["j"], "direction": "maximize"}, "proposer": {"command": ["p"]},

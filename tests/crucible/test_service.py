@@ -6,12 +6,12 @@ import msgspec
 
 from services.crucible.app import ResumeSession, RunSession, serve
 from services.crucible.session import backend
-from shared.commands import Reply
 from shared.config import Config
+from shared.core.commands import Reply
+from shared.core.subjects import REPLY_TO_HEADER
 from shared.crucible.names import CrucibleNames
 from shared.crucible.state import LoopExit
-from shared.jetstream import Infra
-from shared.subjects import REPLY_TO_HEADER
+from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.crucible.fixtures import make_config, make_repo, write
 

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from services.executor.app import CRASH_ENV, serve
-from shared.client import ReelClient
-from shared.commands import StartRun, encode
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.jetstream import connect, ensure_infra
+from shared.core.commands import StartRun, encode
+from shared.core.subjects import Names
+from shared.core.workflow import parse_workflow
 from shared.logging import setup_logging
-from shared.natsserver import embedded_server
-from shared.subjects import Names
-from shared.workflow import parse_workflow
+from shared.nats.client import ReelClient
+from shared.nats.embedded import embedded_server
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import connect, ensure_infra
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 REPO = GOLDEN_DIR.parent.parent

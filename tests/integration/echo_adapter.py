@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shared.errors import ModelError
+from shared.core.errors import ModelError
+from shared.core.tokens import TokenCounter
+from shared.core.workflow import ModelSpec
 from shared.models import ModelRequest, ModelResponse
-from shared.tokens import TokenCounter
-from shared.workflow import ModelSpec
 
 
 class EchoModel:

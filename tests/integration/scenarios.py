@@ -46,15 +46,15 @@ from typing import Any
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
-from shared.client import ReelClient
-from shared.commands import ResumeRun, encode
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import AnyEvent, BlobRef, RunCreated, StepDecl
-from shared.fold import AttemptState, RunState
-from shared.jetstream import Infra
-from shared.subjects import outcome_key
-from shared.workflow import WorkflowSpec, parse_workflow
+from shared.core.commands import ResumeRun, encode
+from shared.core.events import AnyEvent, BlobRef, RunCreated, StepDecl
+from shared.core.fold import AttemptState, RunState
+from shared.core.subjects import outcome_key
+from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 from tests.conftest import REPO, running
 
 STEP = "work"

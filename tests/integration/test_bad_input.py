@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from services.executor.app import serve
-from shared.blobstore import JetStreamBlobStore
-from shared.client import ReelClient
-from shared.commands import Reply
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.jetstream import Infra
-from shared.subjects import REPLY_TO_HEADER
+from shared.core.commands import Reply
+from shared.core.subjects import REPLY_TO_HEADER
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 
 VALID_WORKFLOW = {"name": "ok", "steps": [{"kind": "tool", "id": "a", "tool": {"type": "recorded", "output": "x"}}]}
 KNOWN_CODES = {"invalid_command", "workflow_invalid", "blob_missing", "run_not_found"}

@@ -17,13 +17,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api as jsapi
 
-from shared.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
 from shared.config import Config
-from shared.errors import BlobMissing
-from shared.eventlog import JetStreamEventLog
-from shared.events import AttemptDispatched, AttemptSucceeded, ContextPartition, RunCreated, StepDecl
-from shared.jetstream import Infra, connect
-from shared.views import build_episode_view
+from shared.core.errors import BlobMissing
+from shared.core.events import AttemptDispatched, AttemptSucceeded, ContextPartition, RunCreated, StepDecl
+from shared.core.views import build_episode_view
+from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra, connect
 
 
 def fresh_store(infra: Infra, cfg: Config) -> JetStreamBlobStore:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
+from shared.nats.eventlog import JetStreamEventLog
 
 REPO = Path(__file__).resolve().parents[2]
 

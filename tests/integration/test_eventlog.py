@@ -14,9 +14,8 @@ from nats.aio.client import Client
 from nats.js import api as jsapi
 
 from shared.config import Config
-from shared.errors import ConcurrencyConflict, RunNotFound
-from shared.eventlog import DIRECT_GET_BATCH, JetStreamEventLog
-from shared.events import (
+from shared.core.errors import ConcurrencyConflict, RunNotFound
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptSucceeded,
@@ -26,10 +25,11 @@ from shared.events import (
     StepDecl,
     decode_commit,
 )
-from shared.fold import fold
-from shared.jetstream import Infra, connect, ensure_infra
-from shared.subjects import Names
-from shared.testing import assert_refold_identical
+from shared.core.fold import fold
+from shared.core.subjects import Names
+from shared.nats.eventlog import DIRECT_GET_BATCH, JetStreamEventLog
+from shared.nats.infra import Infra, connect, ensure_infra
+from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)
 

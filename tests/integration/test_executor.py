@@ -19,12 +19,9 @@ from typing import Any
 import pytest
 
 from services.executor.app import CRASH_ENV, Executor, serve
-from shared.blobstore import JetStreamBlobStore
-from shared.client import CommandTimeout, ReelClient
-from shared.commands import Reply, StartRun, encode
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import (
+from shared.core.commands import Reply, StartRun, encode
+from shared.core.events import (
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -33,16 +30,19 @@ from shared.events import (
     RunStarted,
     decode_commit,
 )
-from shared.execution import succeeded_output
-from shared.fold import RunState, branch_failed, step_status
-from shared.ids import run_id_for_key
-from shared.jetstream import Infra
-from shared.service import CommandConsumer
-from shared.subjects import REPLY_TO_HEADER
-from shared.testing import assert_refold_identical
-from shared.views import build_episode_view
-from shared.workflow import encode_workflow, parse_workflow
+from shared.core.fold import RunState, branch_failed, step_status
+from shared.core.ids import run_id_for_key
+from shared.core.planning import succeeded_output
+from shared.core.subjects import REPLY_TO_HEADER
+from shared.core.views import build_episode_view
+from shared.core.workflow import encode_workflow, parse_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import CommandTimeout, ReelClient
+from shared.nats.consumer import CommandConsumer
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 from tests.conftest import REPO, running
+from tests.refold import assert_refold_identical
 
 # Runs as the side effect of a tool step: what is the run's last commit *now*?
 HEAD_PROBE = r"""

@@ -6,13 +6,13 @@ import asyncio
 from pathlib import Path
 
 from services.executor.app import serve as executor_serve
-from shared.client import ReelClient
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import RunStarted
-from shared.jetstream import Infra
-from shared.testing import assert_refold_identical
-from shared.workflow import parse_workflow
+from shared.core.events import RunStarted
+from shared.core.workflow import parse_workflow
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
+from tests.refold import assert_refold_identical
 
 
 async def _until(path: Path) -> None:

@@ -7,12 +7,12 @@ real executor service.
 
 from __future__ import annotations
 
-from shared.client import ReelClient
-from shared.eventlog import JetStreamEventLog
-from shared.testing import assert_refold_identical
-from shared.tokens import DEFAULT_COUNTER
-from shared.views import build_episode_view
-from shared.workflow import parse_workflow
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.views import build_episode_view
+from shared.core.workflow import parse_workflow
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from tests.refold import assert_refold_identical
 
 WORDS = ["alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike"]
 

@@ -32,15 +32,15 @@ from services.cancel.app import serve as cancel_serve
 from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
 from services.verifier.app import serve as verifier_serve
-from shared.client import ReelClient
-from shared.commands import RecoverRuns, encode
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import RunCompleted, RunVerifying, Verdict
-from shared.fold import RunState
-from shared.jetstream import Infra
-from shared.views import EpisodeView, build_episode_view, serialize_view
-from shared.workflow import parse_workflow
+from shared.core.commands import RecoverRuns, encode
+from shared.core.events import RunCompleted, RunVerifying, Verdict
+from shared.core.fold import RunState
+from shared.core.views import EpisodeView, build_episode_view, serialize_view
+from shared.core.workflow import parse_workflow
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration import parking
 from tests.integration.scenarios import crashed_attempt_scenario

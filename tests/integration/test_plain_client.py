@@ -20,8 +20,8 @@ import pytest
 
 from services.verifier.app import serve as verifier_serve
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.jetstream import Infra
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 from tests.conftest import REPO, running
 
 CLIENT = REPO / "examples" / "plain_client.py"

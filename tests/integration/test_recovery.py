@@ -10,18 +10,17 @@ from collections.abc import AsyncIterator
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
-from shared.blobstore import JetStreamBlobStore
-from shared.client import ReelClient
-from shared.commands import RecoverRuns, encode
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
-from shared.jetstream import Infra
-from shared.recovery import EXECUTOR_LOST
-from shared.subjects import outcome_key
-from shared.testing import assert_refold_identical
-from shared.views import build_episode_view, serialize_view
-from shared.workflow import parse_workflow
+from shared.core.commands import RecoverRuns, encode
+from shared.core.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
+from shared.core.recovery import EXECUTOR_LOST
+from shared.core.subjects import outcome_key
+from shared.core.views import build_episode_view, serialize_view
+from shared.core.workflow import parse_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration.scenarios import (
     LOST_OUTPUT,
@@ -34,6 +33,7 @@ from tests.integration.scenarios import (
     head_lsn,
     wait_state,
 )
+from tests.refold import assert_refold_identical
 
 
 async def recover(client: ReelClient, run_id: str | None = None) -> dict[str, object]:

@@ -9,15 +9,14 @@ import msgspec
 
 from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
-from shared.client import ReelClient
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
-from shared.ids import branch_id_for_key
-from shared.jetstream import Infra
-from shared.testing import assert_refold_identical
-from shared.views import build_episode_view, serialize_view
-from shared.workflow import WorkflowSpec, parse_workflow
+from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
+from shared.core.ids import branch_id_for_key
+from shared.core.views import build_episode_view, serialize_view
+from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration.scenarios import (
     attempt_of,
@@ -27,6 +26,7 @@ from tests.integration.scenarios import (
     wait_state,
     wait_until,
 )
+from tests.refold import assert_refold_identical
 
 _enc = msgspec.json.Encoder()
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared import snapshots
-from shared.client import ReelClient
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog
-from shared.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
-from shared.jetstream import Infra, connect
-from shared.snapshots import SnapshotRef
-from shared.workflow import parse_workflow
+from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
+from shared.core.workflow import parse_workflow
+from shared.nats import snapshots
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra, connect
+from shared.nats.snapshots import SnapshotRef
 from tests.integration.scenarios import commit_events, create_manual_run
 
 _enc = msgspec.json.Encoder()

@@ -17,11 +17,8 @@ import msgspec
 import pytest
 
 from services.verifier.app import serve
-from shared.blobstore import JetStreamBlobStore
-from shared.client import ReelClient
 from shared.config import Config
-from shared.eventlog import JetStreamEventLog, SubjectLog
-from shared.events import (
+from shared.core.events import (
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -32,10 +29,13 @@ from shared.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.jetstream import Infra
+from shared.core.views import build_episode_view
+from shared.core.workflow import VerifierSpec, parse_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
+from shared.nats.eventlog import JetStreamEventLog, SubjectLog
+from shared.nats.infra import Infra
 from shared.verifiers import ContextRequires, OutputRegex, make_ctx, run_verifier
-from shared.views import build_episode_view
-from shared.workflow import VerifierSpec, parse_workflow
 from tests.conftest import REPO, running
 from tests.integration import parking
 

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 import yaml
 
-from shared.commands import CancelRun, ResumeRun, StartRun, decode_command
-from shared.errors import InvalidCommand, UnknownEventType, WorkflowInvalid
-from shared.events import (
+from shared.core.commands import CancelRun, ResumeRun, StartRun, decode_command
+from shared.core.errors import InvalidCommand, UnknownEventType, WorkflowInvalid
+from shared.core.events import (
     SCHEMA_VERSION,
     AnyEvent,
     AttemptDispatched,
@@ -38,7 +38,7 @@ from shared.events import (
     decode_commit,
     encode_commit,
 )
-from shared.workflow import encode_workflow, parse_workflow
+from shared.core.workflow import encode_workflow, parse_workflow
 
 REF = BlobRef(sha256="ab" * 32, size_bytes=123, media_type="application/json")
 USAGE = Usage(input_tokens=11, output_tokens=7, latency_ms=12.5, cost_usd=0.25)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidTransition
-from shared.events import (
+from shared.core.errors import InvalidTransition
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -35,8 +35,8 @@ from shared.events import (
     decode_commit,
     encode_commit,
 )
-from shared.fold import RunState, apply_commit, branch_failed, branch_terminal, fold, step_status
-from shared.views import build_episode_view
+from shared.core.fold import RunState, apply_commit, branch_failed, branch_terminal, fold, step_status
+from shared.core.views import build_episode_view
 
 _enc = msgspec.json.Encoder()
 REF = BlobRef(sha256="0" * 64, size_bytes=10, media_type="application/json")

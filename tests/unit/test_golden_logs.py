@@ -16,9 +16,9 @@ from typing import get_args
 import msgspec
 import pytest
 
-from shared.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, BranchForked, RunCreated
-from shared.events import Commit as CommitT
-from shared.fold import RunState, apply_commit, fold
+from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, BranchForked, RunCreated
+from shared.core.events import Commit as CommitT
+from shared.core.fold import RunState, apply_commit, fold
 from tests.golden.regen import GOLDEN_DIR, canonical, expectations, logs, read_log
 
 LOGS = logs()

@@ -6,10 +6,10 @@ import pytest
 
 from services.cancel.app import NoOp
 from services.cancel.app import decide as decide_cancel
-from shared import recovery, rewind
-from shared.commands import CancelRun, RewindRun
-from shared.errors import InvalidCommand, InvalidTransition
-from shared.events import (
+from shared.core import recovery, rewind
+from shared.core.commands import CancelRun, RewindRun
+from shared.core.errors import InvalidCommand, InvalidTransition
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -23,7 +23,7 @@ from shared.events import (
     RunVerifying,
     StepDecl,
 )
-from shared.fold import RunState, fold
+from shared.core.fold import RunState, fold
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 OTHER_REF = BlobRef(sha256="b" * 64, size_bytes=5)

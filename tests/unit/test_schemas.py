@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from shared.commands import CancelRun, Reply, RewindRun, StartRun, encode
-from shared.events import (
+from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
+from shared.core.events import (
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -26,7 +26,7 @@ from shared.events import (
     VerdictRecorded,
     encode_commit,
 )
-from shared.workflow import encode_workflow, parse_workflow
+from shared.core.workflow import encode_workflow, parse_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "docs" / "schemas"

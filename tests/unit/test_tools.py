@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ToolError
-from shared.tools import reap_orphaned_tools, run_tool
-from shared.workflow import ToolSpec
+from shared.core.errors import ToolError
+from shared.core.workflow import ToolSpec
+from shared.proc.tools import reap_orphaned_tools, run_tool
 
 
 def _alive(pid: int) -> bool:
@@ -93,8 +93,8 @@ async def test_tool_groups_left_by_a_killed_executor_are_reaped(tmp_path: Path,
     pidfile = tmp_path / "grandchild.pid"
     executor = (
         "import asyncio\n"
-        "from shared.tools import reap_orphaned_tools, run_tool\n"
-        "from shared.workflow import ToolSpec\n"
+        "from shared.proc.tools import reap_orphaned_tools, run_tool\n"
+        "from shared.core.workflow import ToolSpec\n"
         f"spec = ToolSpec(type='command', argv=('sh', '-c', 'sleep 60 & echo $! > {pidfile}; wait'))\n"
         "asyncio.run(run_tool(spec, attempt=1, env={'REEL_RUN_ID': 'r-x', 'REEL_ATTEMPT': '1'}))\n"
     )

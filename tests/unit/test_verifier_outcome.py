@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from shared.events import BlobRef, ContextPartition, VerdictStatus
+from shared.core.events import BlobRef, ContextPartition, VerdictStatus
+from shared.core.views import AttemptView, EpisodeView, StepView
+from shared.core.workflow import VerifierSpec
 from shared.verifiers import (
     ContextRequires,
     VerdictResult,
@@ -18,8 +20,6 @@ from shared.verifiers import (
     make_verifier,
     run_verifier,
 )
-from shared.views import AttemptView, EpisodeView, StepView
-from shared.workflow import VerifierSpec
 
 
 @pytest.mark.parametrize(("step_failed", "statuses", "outcome"), [

@@ -1,4 +1,4 @@
-"""Rewind's pure core: validate a :class:`~shared.commands.RewindRun` and decide the fork (brief §3).
+"""Rewind's pure core: validate a :class:`~shared.core.commands.RewindRun` and decide the fork (brief §3).
 
 The rewind service (services/rewind) reads one run's commits, folds them and
 asks :func:`decide` what to do; it commits and publishes, nothing else. No clock,
@@ -32,10 +32,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.commands import RewindRun
-from shared.errors import InvalidCommand, InvalidTransition
-from shared.events import BranchForked
-from shared.fold import DRIVABLE, BranchState, RunState
+from shared.core.commands import RewindRun
+from shared.core.errors import InvalidCommand, InvalidTransition
+from shared.core.events import BranchForked
+from shared.core.fold import DRIVABLE, BranchState, RunState
 
 
 class BranchNotFound(InvalidCommand):

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from shared.errors import UnknownEventType
+from shared.core.errors import UnknownEventType
 
 SCHEMA_VERSION = 1
 

@@ -37,9 +37,9 @@ from typing import Literal
 
 import msgspec
 
-from shared.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.fold import RESTING, AttemptState, RunState
-from shared.subjects import outcome_key
+from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
+from shared.core.fold import RESTING, AttemptState, RunState
+from shared.core.subjects import outcome_key
 
 EXECUTOR_LOST = "executor_lost"
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.errors import InvalidCommand, ReelError
-from shared.events import BlobRef
-from shared.workflow import WorkflowSpec
+from shared.core.errors import InvalidCommand, ReelError
+from shared.core.events import BlobRef
+from shared.core.workflow import WorkflowSpec
 
 _T = TypeVar("_T")
 

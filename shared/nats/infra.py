@@ -18,7 +18,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from shared.config import Config
-from shared.subjects import COMMANDS
+from shared.core.subjects import COMMANDS
 
 log = structlog.get_logger(__name__)
 

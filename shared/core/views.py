@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import msgspec
 
-from shared.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
-from shared.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_statuses
+from shared.core.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
+from shared.core.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_statuses
 
 
 class AttemptView(msgspec.Struct, frozen=True, kw_only=True):

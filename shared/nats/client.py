@@ -2,7 +2,7 @@
 
 It publishes a command to the commands stream with ``Reel-Reply-To`` set to a
 fresh inbox, waits for JetStream's PubAck (the command is durably queued) and
-then for the service's :class:`~shared.commands.Reply`.
+then for the service's :class:`~shared.core.commands.Reply`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import msgspec
 from nats.aio.client import Client
 from nats.js.errors import NoStreamResponseError
 
-from shared.blobstore import JetStreamBlobStore
-from shared.commands import CancelRun, Reply, RewindRun, StartRun, encode
 from shared.config import Config
-from shared.errors import ReelError, RunNotFound
-from shared.eventlog import JetStreamEventLog
-from shared.events import Verdict
-from shared.fold import RunState
-from shared.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
-from shared.workflow import WorkflowSpec, encode_workflow
+from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
+from shared.core.errors import ReelError, RunNotFound
+from shared.core.events import Verdict
+from shared.core.fold import RunState
+from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from shared.core.workflow import WorkflowSpec, encode_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.eventlog import JetStreamEventLog
 
 INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.eventlog import JetStreamEventLog
-from shared.fold import RunState
+from shared.core.fold import RunState
+from shared.nats.eventlog import JetStreamEventLog
 
 _enc = msgspec.json.Encoder()
 

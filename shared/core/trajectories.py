@@ -1,7 +1,7 @@
 """Recorded agent trajectories → replayable Reel workflows (see docs/trajectories.md).
 
 :func:`load_trajectories` reads one trajectory file, detects its format
-(:func:`detect_format`) and returns one :class:`~shared.workflow.WorkflowSpec` per
+(:func:`detect_format`) and returns one :class:`~shared.core.workflow.WorkflowSpec` per
 recorded run in it. Pure: no NATS, no clock; the only I/O is reading the file and,
 for mini-swe-agent, its companion SWE-bench ``report.json`` (the outcome label).
 
@@ -32,9 +32,9 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from shared.errors import TrajectoryFormatError
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.workflow import (
+from shared.core.errors import TrajectoryFormatError
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.workflow import (
     ContextItemSpec,
     ModelSpec,
     ModelStep,

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.events import BlobRef
-from shared.fold import DRIVABLE, RunState, final_success, step_statuses
-from shared.packer import Candidate, PackPolicy
-from shared.tokens import TokenCounter
-from shared.workflow import ContextItemSpec, ModelStep, WorkflowSpec
+from shared.core.events import BlobRef
+from shared.core.fold import DRIVABLE, RunState, final_success, step_statuses
+from shared.core.packer import Candidate, PackPolicy
+from shared.core.tokens import TokenCounter
+from shared.core.workflow import ContextItemSpec, ModelStep, WorkflowSpec
 
 
 class Claim(msgspec.Struct, frozen=True):
@@ -69,7 +69,7 @@ def next_action(state: RunState, executor_id: str) -> Action:
 
 
 def succeeded_output(state: RunState, branch_id: str, step_id: str) -> BlobRef | None:
-    """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.fold.final_success`)."""
+    """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.core.fold.final_success`)."""
     win = final_success(state.branches[branch_id].attempts.get(step_id, []))
     return win.output_ref if win is not None else None
 

@@ -1,7 +1,7 @@
 """Content-addressed blob store on the JetStream object store (brief §4, seed T4.2 ``blobs``).
 
 Prompts, outputs, workflows and large tool results live here; commits carry only
-:class:`~shared.events.BlobRef` (sha256 + size). Objects are named by their sha256
+:class:`~shared.core.events.BlobRef` (sha256 + size). Objects are named by their sha256
 hex digest and never overwritten (an overwrite during a ``get`` can hang it).
 
 Bodies are written in the object store's own wire format (NATS ADR-20): 512 KiB
@@ -29,10 +29,10 @@ from nats.js import api as jsapi
 from nats.js.errors import APIError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from shared.errors import BlobMissing, BlobTimeout
-from shared.events import BlobRef
-from shared.publish import publish_pipelined
-from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.core.errors import BlobMissing, BlobTimeout
+from shared.core.events import BlobRef
+from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.nats.publish import publish_pipelined
 
 log = structlog.get_logger(__name__)
 

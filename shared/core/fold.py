@@ -4,11 +4,11 @@
 :class:`RunState`. It reads no clock, does no I/O, draws no randomness and logs
 nothing: the same commits always give an equal state, which is what lets any
 materialized state be checked against a cold re-fold
-(:func:`shared.testing.assert_refold_identical`).
+(:func:`tests.refold.assert_refold_identical`).
 
 ``RunState`` is owned by whoever folded it (it is mutated in place by
 :func:`apply` for speed: O(1) per event). Anything handed to other code — the
-``EpisodeView`` of a verifier above all — is a frozen copy (:mod:`shared.views`).
+``EpisodeView`` of a verifier above all — is a frozen copy (:mod:`shared.core.views`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.errors import InvalidTransition
-from shared.events import (
+from shared.core.errors import InvalidTransition
+from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,

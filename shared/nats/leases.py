@@ -8,8 +8,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from shared.commands import ResumeRun, encode
-from shared.subjects import MSG_ID_HEADER, Names
+from shared.core.commands import ResumeRun, encode
+from shared.core.subjects import MSG_ID_HEADER, Names
 
 log = structlog.get_logger(__name__)
 

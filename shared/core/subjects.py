@@ -17,7 +17,7 @@ verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
 blobs                  object store ``reel_blobs`` content-addressed (sha256)
 executor leases        KV ``reel_leases``          per-message TTL heartbeats
 stored outcomes        KV ``reel_outcomes``        ``<run>.<branch>.<step>.<attempt>``
-run snapshots          KV ``reel_snapshots``       key ``<run>``: latest snapshot (shared/snapshots.py)
+run snapshots          KV ``reel_snapshots``       key ``<run>``: latest snapshot (shared/nats/snapshots.py)
 =====================  ==========================  =================================
 
 Replies: a command carries the subject to answer on in the ``Reel-Reply-To``

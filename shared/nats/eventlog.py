@@ -9,7 +9,7 @@ Two layers:
   deduplicated). Reads use batched Direct Get on the key's own subject, starting
   at its first sequence, so replaying one key costs O(its messages), not O(stream).
   Crucible's session log uses it too.
-* :class:`JetStreamEventLog` — run commits (:class:`~shared.events.Commit`) on it.
+* :class:`JetStreamEventLog` — run commits (:class:`~shared.core.events.Commit`) on it.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
 
-from shared import fold as folding
-from shared.errors import ConcurrencyConflict, ReelError, RunNotFound
-from shared.events import AnyEvent, Commit, decode_commit, encode_commit
-from shared.ids import is_token, new_commit_id
-from shared.publish import request_ack
-from shared.snapshots import SnapshotStore
-from shared.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names
+from shared.core import fold as folding
+from shared.core.errors import ConcurrencyConflict, ReelError, RunNotFound
+from shared.core.events import AnyEvent, Commit, decode_commit, encode_commit
+from shared.core.ids import is_token, new_commit_id
+from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names
+from shared.nats.publish import request_ack
+from shared.nats.snapshots import SnapshotStore
 
 log = structlog.get_logger(__name__)
 
@@ -261,7 +261,7 @@ class JetStreamEventLog:
         """The run's state folded up to ``upto_lsn`` (default: its head).
 
         Starts from the run's latest snapshot at or below ``upto_lsn`` when there is
-        one (shared/snapshots.py) and replays only the commits from the snapshot's
+        one (shared/nats/snapshots.py) and replays only the commits from the snapshot's
         LSN on — checking that the commit at that LSN is the one the snapshot was
         taken after; otherwise, or with ``cold``, it folds the whole run from its
         first commit. Both give the same state (tested byte for byte).

@@ -1,7 +1,7 @@
 """Context packing with partition capture (brief §7, seed T1.5).
 
 Pure: :func:`pack` takes candidate items and a policy and returns the
-:class:`~shared.events.ContextPartition` plus the packed items in prompt order.
+:class:`~shared.core.events.ContextPartition` plus the packed items in prompt order.
 
 What the three buckets mean in Reel:
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.events import ContextPartition
+from shared.core.events import ContextPartition
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,9 +17,9 @@ import jsonschema
 import msgspec
 import yaml
 
-from shared.errors import WorkflowInvalid
-from shared.events import StepDecl
-from shared.ids import is_token
+from shared.core.errors import WorkflowInvalid
+from shared.core.events import StepDecl
+from shared.core.ids import is_token
 
 MODEL_ADAPTERS = ("replay", "scripted")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -77,7 +77,7 @@ class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Packing policy of one model step (see :mod:`shared.packer`); tokens."""
+    """Packing policy of one model step (see :mod:`shared.core.packer`); tokens."""
 
     budget_tokens: int | None = None
     exclude_kinds: tuple[str, ...] = ()

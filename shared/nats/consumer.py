@@ -21,10 +21,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as jsapi
 from nats.js.errors import FetchTimeoutError
 
-from shared.commands import Reply, encode
 from shared.config import Config
-from shared.jetstream import Infra
-from shared.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from shared.core.commands import Reply, encode
+from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from shared.nats.infra import Infra
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Tool runners for tool steps: recorded, scripted, and real commands.
 
-Each returns the tool's output text or raises :class:`~shared.errors.ToolError`.
+Each returns the tool's output text or raises :class:`~shared.core.errors.ToolError`.
 A command runs in its own process group, killed as a whole on timeout or when
 the attempt is cancelled. If the executor process dies (kill -9), Linux's
 parent-death signal kills the tool's direct child, and the next executor started
@@ -20,8 +20,8 @@ import signal
 import sys
 from pathlib import Path
 
-from shared.errors import ToolError
-from shared.workflow import ScriptedFailure, ToolSpec
+from shared.core.errors import ToolError
+from shared.core.workflow import ScriptedFailure, ToolSpec
 
 MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 
