@@ -31,7 +31,7 @@ from services.crucible.session import backend, start_session
 from shared.config import Config
 from shared.core.subjects import Names
 from shared.crucible.config import parse_config
-from shared.crucible.events import IterationClosed, Measured, ProposalMade, SegmentOpened
+from shared.crucible.events import IterationClosed, MeasureFinished, ProposalMade, SegmentOpened
 from shared.crucible.state import Reading
 from shared.logging import setup_logging
 from shared.nats.embedded import embedded_server
@@ -69,7 +69,7 @@ async def scenario(cfg: Config, root: Path, name: str, iterations: int) -> dict[
     opened = next(e for e in events if isinstance(e, SegmentOpened))
     closed = [e for e in events if isinstance(e, IterationClosed)]
     proposer = {e.it: e.proposer_ms for e in events if isinstance(e, ProposalMade)}
-    judge = {e.it: e.reading.judge_ms for e in events if isinstance(e, Measured)}
+    judge = {e.it: e.reading.judge_ms for e in events if isinstance(e, MeasureFinished)}
     overhead, cycle = [], []
     prev = opened.at_ms
     for e in closed:
@@ -94,7 +94,7 @@ async def scenario(cfg: Config, root: Path, name: str, iterations: int) -> dict[
 async def commit_ms(cfg: Config, n: int = 200) -> float:
     """Mean latency of one guarded session-log commit (one ``measured`` event), ms."""
     async with backend(cfg, writer="bench") as b:
-        event = Measured(it=1, reading=Reading(values=(1.0,), score=1.0, total=10), at_ms=0)
+        event = MeasureFinished(it=1, reading=Reading(values=(1.0,), score=1.0, total=10), at_ms=0)
         lsn = 0
         t0 = time.perf_counter()
         for _ in range(n):

@@ -38,7 +38,7 @@ from shared.crucible.events import (
     Escalated,
     FingerprintChanged,
     IterationClosed,
-    Measured,
+    MeasureFinished,
     MeasureStarted,
     ParkEnded,
     ParkStarted,
@@ -51,10 +51,9 @@ from shared.crucible.events import (
     SessionEnded,
 )
 from shared.crucible.fold import SessionState, apply_commit
-from shared.crucible.iteration import Applied, Candidate, Iteration, gate_row
-from shared.crucible.iteration import Measured as MeasuredState
-from shared.crucible.noise import goal_met, improvement, margin
-from shared.crucible.state import InvalidReading, LoopExit, Measurement, Reading, Row, Run, Snapshot, Verdict
+from shared.crucible.iteration import Applied, CandidateChange, Iteration, Measured, gate_row
+from shared.crucible.noise import goal_met
+from shared.crucible.state import Fate, InvalidReading, LoopExit, Measurement, Reading, Row, Run, WorldSha
 from shared.nats.blobstore import BlobStore
 
 log = structlog.get_logger("reel.crucible")
@@ -121,9 +120,9 @@ class Driver:
         log.info("crucible.ended", exit=exit_.value, exit_code=exit_.exit_code, reason=reason)
         return exit_
 
-    async def best(self) -> Snapshot:
+    async def best(self) -> WorldSha:
         """Roll the world back to the best snapshot (or the base, before any baseline); that snapshot."""
-        snap = self.run.segment.best_snap if self.state.run is not None else Snapshot(self.state.started.base_sha)
+        snap = self.run.segment.best_snap if self.state.run is not None else WorldSha(self.state.started.base_sha)
         await self.world.rollback(snap)
         return snap
 
@@ -280,11 +279,11 @@ async def _wait_block(d: Driver, tally: Tally) -> LoopExit | None:
         why = (f"{block.resource} unavailable for {blocked_ms / 1000:.1f}s (> {d.cfg.gates.max_block_s:g}s): "
                f"{block.reason}")
         await d.best()
-        return await _close_and_end(d, tally, LoopExit.ESCALATED, Verdict.ESCALATED, why, blocked_ms,
+        return await _close_and_end(d, tally, LoopExit.ESCALATED, Fate.ESCALATED, why, blocked_ms,
                                     Escalated(it=tally.it, reason=why, at_ms=now_ms()))
     if await gates.wait(d.stop, d.cfg.gates.retry_s):
         await d.best()
-        return await _close_and_end(d, tally, LoopExit.STOPPED, Verdict.ABANDONED,
+        return await _close_and_end(d, tally, LoopExit.STOPPED, Fate.ABANDONED,
                                     f"stop requested while {block.resource} was unavailable", now_ms() - block.since_ms)
     return None
 
@@ -296,7 +295,7 @@ async def _cleared(d: Driver, tally: Tally, resource: str) -> None:
                                            at_ms=now_ms()))
 
 
-async def _close_and_end(d: Driver, tally: Tally, exit_: LoopExit, verdict: Verdict, reason: str, waited_ms: int,
+async def _close_and_end(d: Driver, tally: Tally, exit_: LoopExit, verdict: Fate, reason: str, waited_ms: int,
                          *extra: AnySessionEvent) -> LoopExit:
     cleared: tuple[AnySessionEvent, ...] = ()
     if d.run.pending_block is not None:
@@ -306,7 +305,7 @@ async def _close_and_end(d: Driver, tally: Tally, exit_: LoopExit, verdict: Verd
     return await d.end(exit_, reason, *cleared, *extra, IterationClosed(row=row, at_ms=now_ms()))
 
 
-def _row(d: Driver, tally: Tally, verdict: Verdict, reason: str, note: str = "", diffstat: str = "") -> Row:
+def _row(d: Driver, tally: Tally, verdict: Fate, reason: str, note: str = "", diffstat: str = "") -> Row:
     return gate_row(it=tally.it, regime=d.run.segment.regime, verdict=verdict, best_score=d.run.segment.best_score,
                     reason=reason, note=note, diffstat=diffstat, cost_usd=tally.cost_usd, wall_ms=tally.wall_ms)
 
@@ -339,23 +338,23 @@ async def _after_proposal(d: Driver, tally: Tally, p: Proposal) -> LoopExit | No
         return await _candidate(d, tally, p, made)
     await d.best()
     if p.kind == "failed":
-        await _close(d, _row(d, tally, Verdict.FAILED, p.detail, p.note), made("failed", detail=p.detail))
+        await _close(d, _row(d, tally, Fate.FAILED, p.detail, p.note), made("failed", detail=p.detail))
         return None
     if p.kind == "escalate":
         await d.commit(made("escalate", detail=p.detail))
         why = f"proposer escalated: {p.detail}"
-        return await _close_and_end(d, tally, LoopExit.ESCALATED, Verdict.ESCALATED, why, 0,
+        return await _close_and_end(d, tally, LoopExit.ESCALATED, Fate.ESCALATED, why, 0,
                                     Escalated(it=tally.it, reason=why, at_ms=now_ms()))
     if p.kind == "done":
         await d.commit(made("done", detail=p.detail))
         why = "proposer has nothing more to propose" + (f": {p.detail}" if p.detail else "")
-        return await _close_and_end(d, tally, LoopExit.FINISHED, Verdict.SKIP, why, 0)
+        return await _close_and_end(d, tally, LoopExit.FINISHED, Fate.SKIP, why, 0)
     assert p.kind == "rescope"
     if p.detail not in {r.name for r in d.cfg.regimes}:
         why = f"rescope to unknown regime {p.detail!r}"
-        await _close(d, _row(d, tally, Verdict.FAILED, why, p.note), made("failed", detail=why))
+        await _close(d, _row(d, tally, Fate.FAILED, why, p.note), made("failed", detail=why))
         return None
-    await _close(d, _row(d, tally, Verdict.SKIP, f"rescope to {p.detail} requested", p.note),
+    await _close(d, _row(d, tally, Fate.SKIP, f"rescope to {p.detail} requested", p.note),
                  made("rescope", detail=p.detail))
     return None
 
@@ -363,7 +362,7 @@ async def _after_proposal(d: Driver, tally: Tally, p: Proposal) -> LoopExit | No
 async def _candidate(d: Driver, tally: Tally, p: Proposal, made: _Made) -> LoopExit | None:
     staged = await d.world.stage()
     if staged.empty:
-        await _close(d, _row(d, tally, Verdict.SKIP, "empty diff: nothing to measure", p.note), made("empty"))
+        await _close(d, _row(d, tally, Fate.SKIP, "empty diff: nothing to measure", p.note), made("empty"))
         return None
     patch = await d.blobs.put(staged.patch, "text/x-diff")
     await d.commit(made("candidate", paths=staged.paths, diffstat=staged.diffstat, patch=patch))
@@ -371,7 +370,7 @@ async def _candidate(d: Driver, tally: Tally, p: Proposal, made: _Made) -> LoopE
     if bad:
         await d.best()
         why = f"candidate touches protected paths: {', '.join(bad)}"
-        row = _row(d, tally, Verdict.DENIED, why, p.note, staged.diffstat)
+        row = _row(d, tally, Fate.DENIED, why, p.note, staged.diffstat)
         denial = CandidateDenied(it=tally.it, paths=bad, reason=why, at_ms=now_ms())
         if d.cfg.gates.on_deny == "escalate":
             return await d.end(LoopExit.ESCALATED, why, denial, IterationClosed(row=row, at_ms=now_ms()),
@@ -379,13 +378,13 @@ async def _candidate(d: Driver, tally: Tally, p: Proposal, made: _Made) -> LoopE
         await _close(d, row, denial)
         return None
     proposed = Iteration.propose(tally.it, d.run.segment.regime,
-                                 Candidate(note=p.note, paths=staged.paths, diffstat=staged.diffstat,
+                                 CandidateChange(note=p.note, paths=staged.paths, diffstat=staged.diffstat,
                                            cost_usd=tally.cost_usd))
     try:
         sha = await d.world.apply(tally.it, p.note)
     except ReelError as exc:
         await d.best()
-        await _close(d, _row(d, tally, Verdict.FAILED, exc.message, p.note, staged.diffstat),
+        await _close(d, _row(d, tally, Fate.FAILED, exc.message, p.note, staged.diffstat),
                      ApplyFailed(it=tally.it, error=exc.message, at_ms=now_ms()))
         return None
     applied = proposed.apply(sha)
@@ -403,7 +402,7 @@ async def _measure_and_decide(d: Driver, tally: Tally, applied: Iteration[Applie
     regime = d.regime()
     decided = measured.decide(segment=d.run.segment, direction=regime.judge.direction, noise=d.cfg.noise,
                               goal=regime.goal, wall_ms=tally.wall_ms, incumbent=incumbent)
-    if decided.verdict is not Verdict.KEEP:
+    if decided.verdict is not Fate.KEEP:
         await d.best()
     await _close(d, decided.row)
     return None
@@ -425,7 +424,7 @@ async def _fingerprint_ok(d: Driver, tally: Tally, applied: Iteration[Applied]) 
                        IterationClosed(row=row, at_ms=now_ms()))
 
 
-async def measure(d: Driver, tally: Tally, applied: Iteration[Applied]) -> Iteration[MeasuredState] | LoopExit:
+async def measure(d: Driver, tally: Tally, applied: Iteration[Applied]) -> Iteration[Measured] | LoopExit:
     """Applied → Measured: check the fingerprint, run the judge, wait out an unavailable judge (not a discard)."""
     regime = d.regime()
     while True:
@@ -442,19 +441,17 @@ async def measure(d: Driver, tally: Tally, applied: Iteration[Applied]) -> Itera
                 return waited
             continue
         await _cleared(d, tally, "judge")
-        await d.commit(Measured(it=tally.it, reading=got, at_ms=now_ms()))
+        await d.commit(MeasureFinished(it=tally.it, reading=got, at_ms=now_ms()))
         return applied.measure(got)
 
 
 async def _incumbent(d: Driver, tally: Tally, applied: Iteration[Applied],
-                     measured: Iteration[MeasuredState]) -> Reading | LoopExit | None:
+                     measured: Iteration[Measured]) -> Reading | LoopExit | None:
     """Re-measure the best snapshot before promoting a candidate (``noise.remeasure_incumbent``)."""
-    reading = measured.state.reading
     regime, seg = d.regime(), d.run.segment
-    if not d.cfg.noise.remeasure_incumbent or not isinstance(reading, Reading):
+    if not d.cfg.noise.remeasure_incumbent:
         return None
-    gain = improvement(regime.judge.direction, reading.score, seg.best_score)
-    if gain <= margin(d.cfg.noise, seg.best_score, seg.baseline_readings):
+    if not measured.promotes(segment=seg, direction=regime.judge.direction, noise=d.cfg.noise):
         return None  # not a promotion: nothing to re-check
     await d.world.rollback(seg.best_snap)
     digest = await _fingerprint_ok(d, tally, applied)
@@ -464,7 +461,7 @@ async def _incumbent(d: Driver, tally: Tally, applied: Iteration[Applied],
     got = await d.judge(regime).measure(regime.judge.repeats)
     await d.world.rollback(measured.state.sha)
     recorded = got if not isinstance(got, Unavailable) else InvalidReading(reason=f"unavailable: {got.reason}")
-    await d.commit(Measured(it=tally.it, target="incumbent", reading=recorded, at_ms=now_ms()))
+    await d.commit(MeasureFinished(it=tally.it, target="incumbent", reading=recorded, at_ms=now_ms()))
     return recorded if isinstance(recorded, Reading) else None
 
 

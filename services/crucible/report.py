@@ -12,12 +12,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from shared.crucible.fold import SessionState
-from shared.crucible.state import Row, Verdict
+from shared.crucible.state import Fate, Row
 
 TSV_COLUMNS = ("it", "regime", "verdict", "readings", "score", "delta", "best", "sha", "kept_sha", "cost_usd",
                "wall_ms", "note", "reason")
-_STYLE = {Verdict.KEEP: "bold green", Verdict.DISCARD: "yellow", Verdict.INVALID: "red", Verdict.DENIED: "red",
-          Verdict.FAILED: "red", Verdict.ESCALATED: "bold red", Verdict.ABANDONED: "magenta", Verdict.SKIP: "dim"}
+_STYLE = {Fate.KEEP: "bold green", Fate.DISCARD: "yellow", Fate.INVALID: "red", Fate.DENIED: "red",
+          Fate.FAILED: "red", Fate.ESCALATED: "bold red", Fate.ABANDONED: "magenta", Fate.SKIP: "dim"}
 
 
 def _num(x: float | None) -> str:
@@ -29,7 +29,7 @@ def _readings(r: Row) -> str:
 
 
 def _note(r: Row) -> str:
-    reason = r.reason if r.verdict is not Verdict.DISCARD else ""
+    reason = r.reason if r.verdict is not Fate.DISCARD else ""
     return " — ".join(p for p in (r.note, reason) if p)
 
 
@@ -101,11 +101,11 @@ def plot_png(state: SessionState, path: Path) -> None:
     rows = state.run.rows if state.run else ()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     measured = [r for r in rows if r.score is not None]
-    kept = [r for r in measured if r.verdict is Verdict.KEEP]
-    other = [r for r in measured if r.verdict is not Verdict.KEEP]
+    kept = [r for r in measured if r.verdict is Fate.KEEP]
+    other = [r for r in measured if r.verdict is not Fate.KEEP]
     ax.scatter([r.it for r in other], [r.score or 0.0 for r in other], color="tab:gray", label="discarded", zorder=2)
     ax.scatter([r.it for r in kept], [r.score or 0.0 for r in kept], color="tab:green", label="kept", zorder=3)
-    invalid = [r for r in rows if r.verdict is Verdict.INVALID]
+    invalid = [r for r in rows if r.verdict is Fate.INVALID]
     for r in invalid:
         ax.axvline(r.it, color="tab:red", alpha=0.25, lw=1)
     if rows:

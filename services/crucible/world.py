@@ -29,7 +29,7 @@ from pathlib import Path
 from services.crucible import proc
 from shared.crucible.config import WorldSpec
 from shared.crucible.errors import SessionBusy, WorldError
-from shared.crucible.state import Snapshot
+from shared.crucible.state import WorldSha
 
 COMMIT_EPOCH_S = 1_700_000_000
 GIT_TIMEOUT_S = 120.0
@@ -97,7 +97,7 @@ class GitWorld:
         self.session_id = session_id
 
     @classmethod
-    async def create(cls, spec: WorldSpec, session_id: str) -> tuple[GitWorld, Snapshot]:
+    async def create(cls, spec: WorldSpec, session_id: str) -> tuple[GitWorld, WorldSha]:
         """Clone ``spec.repo`` at ``spec.rev`` into the session's directory; the world and its base snapshot.
 
         A leftover directory of a session that never got a log is replaced.
@@ -115,7 +115,7 @@ class GitWorld:
         root.parent.mkdir(parents=True, exist_ok=True)
         await git(root.parent, "clone", "--quiet", "--no-checkout", str(source), str(root))
         await git(root, "checkout", "--quiet", "-B", f"crucible/{session_id}", sha)
-        return cls(root, session_id), Snapshot(sha)
+        return cls(root, session_id), WorldSha(sha)
 
     @classmethod
     def open(cls, world_dir: str, session_id: str) -> GitWorld:
@@ -152,9 +152,9 @@ class GitWorld:
         """Where the proposer finds the rows so far (JSON), outside the world."""
         return self.root.parent / "history.json"
 
-    async def head(self) -> Snapshot:
+    async def head(self) -> WorldSha:
         """The snapshot the working tree is at."""
-        return Snapshot((await git(self.root, "rev-parse", "HEAD")).strip())
+        return WorldSha((await git(self.root, "rev-parse", "HEAD")).strip())
 
     async def stage(self) -> Staged:
         """Stage every edit in the working tree as the candidate.
@@ -171,7 +171,7 @@ class GitWorld:
         patch = await git(self.root, "diff", "--cached", "--binary")
         return Staged(paths=tuple(sorted(c[2] for c in counts)), diffstat=_diffstat(counts), patch=patch.encode())
 
-    async def apply(self, it: int, note: str) -> Snapshot:
+    async def apply(self, it: int, note: str) -> WorldSha:
         """Commit the staged candidate of iteration ``it``; its snapshot (also ``refs/crucible/<session>/<it>``).
 
         Raises:
@@ -188,7 +188,7 @@ class GitWorld:
         """The ref that keeps iteration ``it``'s candidate retrievable."""
         return f"refs/crucible/{self.session_id}/{it}"
 
-    async def rollback(self, snap: Snapshot) -> None:
+    async def rollback(self, snap: WorldSha) -> None:
         """Reset the working tree to ``snap``, dropping every edit and untracked file."""
         await git(self.root, "reset", "--quiet", "--hard", snap)
         await git(self.root, "clean", "-q", "-ffdx")

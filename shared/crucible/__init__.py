@@ -7,9 +7,10 @@ proposer, commits events to the session log and folds them with :func:`fold.appl
 from shared.crucible.config import SessionConfig, parse_config
 from shared.crucible.events import AnySessionEvent, SessionCommit
 from shared.crucible.fold import SessionState, fold
-from shared.crucible.iteration import Applied, Candidate, Decided, Iteration, Measured, Proposed
+from shared.crucible.iteration import Applied, CandidateChange, Decided, Iteration, Measured, Proposed
 from shared.crucible.state import (
     EXIT_CODES,
+    Fate,
     InvalidReading,
     LoopExit,
     Measurement,
@@ -18,16 +19,16 @@ from shared.crucible.state import (
     Row,
     Run,
     Segment,
-    Snapshot,
-    Verdict,
+    WorldSha,
 )
 
 __all__ = [
     "EXIT_CODES",
     "AnySessionEvent",
     "Applied",
-    "Candidate",
+    "CandidateChange",
     "Decided",
+    "Fate",
     "InvalidReading",
     "Iteration",
     "LoopExit",
@@ -42,8 +43,7 @@ __all__ = [
     "SessionCommit",
     "SessionConfig",
     "SessionState",
-    "Snapshot",
-    "Verdict",
+    "WorldSha",
     "fold",
     "parse_config",
 ]

@@ -12,7 +12,7 @@ An iteration's events, in order (each its own commit unless noted)::
       [ProvisioningBlocked/Cleared]*      proposer or judge unavailable: parked, not discarded
       CandidateDenied                     deny gate refused it before apply
       CandidateApplied(sha)               Proposed → Applied (world commit)
-      MeasureStarted, Measured            Applied → Measured (per measurement)
+      MeasureStarted, MeasureFinished     Applied → Measured (per measurement)
     IterationClosed(row)                  the decision; keep moves best_score/best_snap
 
 Schema evolution: new fields get defaults, a field never changes type; a breaking
@@ -175,8 +175,8 @@ class MeasureStarted(SessionEvent, tag="measure_started", kw_only=True, frozen=T
     at_ms: int
 
 
-class Measured(SessionEvent, tag="measured", kw_only=True, frozen=True):
-    """Applied → Measured: the judge's reading of ``target`` (valid or invalid)."""
+class MeasureFinished(SessionEvent, tag="measured", kw_only=True, frozen=True):
+    """Applied → Measured: the judge's reading of ``target`` (valid or invalid). Tag ``measured`` (its wire name)."""
 
     it: int
     target: MeasureTarget = "candidate"
@@ -230,7 +230,7 @@ AnySessionEvent = (
     | CandidateApplied
     | ApplyFailed
     | MeasureStarted
-    | Measured
+    | MeasureFinished
     | FingerprintChanged
     | IterationClosed
     | Escalated

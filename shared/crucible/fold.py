@@ -30,7 +30,7 @@ from shared.crucible.events import (
     Escalated,
     FingerprintChanged,
     IterationClosed,
-    Measured,
+    MeasureFinished,
     MeasureStarted,
     ParkEnded,
     ParkStarted,
@@ -44,14 +44,14 @@ from shared.crucible.events import (
     SessionStarted,
 )
 from shared.crucible.state import (
+    Fate,
     OpenIteration,
     PendingProvisioning,
     Row,
     Run,
     Segment,
-    Snapshot,
     Spent,
-    Verdict,
+    WorldSha,
 )
 
 
@@ -81,7 +81,7 @@ def _spend(run: Run, *, iterations: int = 0, cost_usd: float = 0.0, wall_ms: int
 
 
 def _open_segment(run: Run | None, e: SegmentOpened) -> Run:
-    segment = Segment.baseline(regime=e.regime, fingerprint=e.fingerprint, reading=e.reading, snap=Snapshot(e.snap))
+    segment = Segment.baseline(regime=e.regime, fingerprint=e.fingerprint, reading=e.reading, snap=WorldSha(e.snap))
     if run is None:
         return Run(segment=segment, spent=Spent(wall_ms=e.wall_ms), solved_any=e.goal_met)
     return replace(run, segment=segment, rescope_to=None, solved_any=run.solved_any or e.goal_met,
@@ -90,8 +90,8 @@ def _open_segment(run: Run | None, e: SegmentOpened) -> Run:
 
 def _close(run: Run, row: Row) -> Run:
     segment, kept = run.segment, run.kept_shas
-    if row.verdict is Verdict.KEEP and row.kept_sha is not None and row.score is not None:
-        segment = segment.promoted(row.score, Snapshot(row.kept_sha))
+    if row.verdict is Fate.KEEP and row.kept_sha is not None and row.score is not None:
+        segment = segment.promoted(row.score, WorldSha(row.kept_sha))
         kept = (*kept, row.kept_sha)
     return replace(run, rows=(*run.rows, row), segment=segment, kept_shas=kept, open_it=None, pending_block=None,
                    solved_any=run.solved_any or row.goal_met, spent=_spend(run, wall_ms=row.wall_ms))
@@ -144,7 +144,7 @@ def apply_run(run: Run, event: AnySessionEvent) -> Run:
             return replace(run, exit=None, exit_reason="")
         case SessionEnded(exit=exit_, reason=reason):
             return replace(run, exit=exit_, exit_reason=reason, open_it=None)
-        case (ParkStarted() | CandidateDenied() | ApplyFailed() | MeasureStarted() | Measured()
+        case (ParkStarted() | CandidateDenied() | ApplyFailed() | MeasureStarted() | MeasureFinished()
               | FingerprintChanged() | Escalated()):
             return run  # recorded for the reader; the row carries their effect
         case SessionStarted():

@@ -25,10 +25,10 @@ from msgspec.structs import replace
 
 from shared.crucible.config import Direction, NoiseSpec
 from shared.crucible.noise import goal_met, improvement, margin
-from shared.crucible.state import InvalidReading, Measurement, Reading, Row, Run, Segment, Snapshot, Verdict
+from shared.crucible.state import Fate, InvalidReading, Measurement, Reading, Row, Run, Segment, WorldSha
 
 
-class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+class CandidateChange(msgspec.Struct, frozen=True, kw_only=True):
     """A change the proposer staged in the world.
 
     Attributes:
@@ -48,23 +48,23 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
 class Proposed(msgspec.Struct, frozen=True, kw_only=True):
     """State: the candidate is staged in the world and passed the gates."""
 
-    candidate: Candidate
+    candidate: CandidateChange
 
 
 @final
 class Applied(msgspec.Struct, frozen=True, kw_only=True):
     """State: the world committed the candidate (``sha`` is its snapshot)."""
 
-    candidate: Candidate
-    sha: Snapshot
+    candidate: CandidateChange
+    sha: WorldSha
 
 
 @final
 class Measured(msgspec.Struct, frozen=True, kw_only=True):
     """State: the frozen judge measured the applied candidate."""
 
-    candidate: Candidate
-    sha: Snapshot
+    candidate: CandidateChange
+    sha: WorldSha
     reading: Measurement
 
 
@@ -75,13 +75,13 @@ class Decided(msgspec.Struct, frozen=True, kw_only=True):
     """The result of :meth:`Iteration.decide`: the row, its verdict, and the reading it rests on."""
 
     row: Row
-    verdict: Verdict
+    verdict: Fate
     reading: Measurement
 
     @property
     def kept(self) -> Reading | None:
         """The valid reading that made this a keep, else ``None``."""
-        return self.reading if self.verdict is Verdict.KEEP and isinstance(self.reading, Reading) else None
+        return self.reading if self.verdict is Fate.KEEP and isinstance(self.reading, Reading) else None
 
 
 @final
@@ -105,11 +105,11 @@ class Iteration(Generic[S]):
         return f"Iteration[{type(self.state).__name__}](it={self.it}, regime={self.regime!r})"
 
     @staticmethod
-    def propose(it: int, regime: str, candidate: Candidate) -> Iteration[Proposed]:
+    def propose(it: int, regime: str, candidate: CandidateChange) -> Iteration[Proposed]:
         """Enter the protocol: a candidate that passed the gates."""
         return Iteration(it, regime, Proposed(candidate=candidate))
 
-    def apply(self: Iteration[Proposed], sha: Snapshot) -> Iteration[Applied]:
+    def apply(self: Iteration[Proposed], sha: WorldSha) -> Iteration[Applied]:
         """Proposed → Applied, with the snapshot the world's commit produced."""
         return Iteration(self.it, self.regime, Applied(candidate=self.state.candidate, sha=sha))
 
@@ -121,9 +121,21 @@ class Iteration(Generic[S]):
     def abandon(self: Iteration[Applied], *, best_score: float, reason: str, wall_ms: int) -> Row:
         """The row of an applied candidate that will never be measured (e.g. the judge's fingerprint moved)."""
         s = self.state
-        return Row(it=self.it, regime=self.regime, verdict=Verdict.ABANDONED, best_score=best_score, sha=s.sha,
+        return Row(it=self.it, regime=self.regime, verdict=Fate.ABANDONED, best_score=best_score, sha=s.sha,
                    note=s.candidate.note, diffstat=s.candidate.diffstat, cost_usd=s.candidate.cost_usd,
                    wall_ms=wall_ms, reason=reason)
+
+    def promotes(self: Iteration[Measured], *, segment: Segment, direction: Direction, noise: NoiseSpec) -> bool:
+        """Whether :meth:`decide` without an incumbent would keep this reading (a valid one past the margin).
+
+        The shell asks this before spending a re-measurement of the incumbent
+        (``noise.remeasure_incumbent``): only a would-be promotion is re-checked.
+        """
+        reading = self.state.reading
+        if not isinstance(reading, Reading):
+            return False
+        gain, need = keep_test(reading.score, segment.best_score, segment=segment, direction=direction, noise=noise)
+        return gain > need
 
     def decide(self: Iteration[Measured], *, segment: Segment, direction: Direction, noise: NoiseSpec,
                goal: float | None, wall_ms: int, incumbent: Reading | None = None) -> Decided:
@@ -138,17 +150,16 @@ class Iteration(Generic[S]):
         s = self.state
         c, best = s.candidate, segment.best_score
         reading: Measurement = s.reading
-        base = Row(it=self.it, regime=self.regime, verdict=Verdict.INVALID, best_score=best, sha=s.sha,
+        base = Row(it=self.it, regime=self.regime, verdict=Fate.INVALID, best_score=best, sha=s.sha,
                    note=c.note, diffstat=c.diffstat, cost_usd=c.cost_usd, wall_ms=wall_ms,
                    incumbent=incumbent.values if incumbent is not None else ())
         if isinstance(reading, InvalidReading):
             row = replace(base, readings=(*reading.values, None), reason=reading.reason)
-            return Decided(row=row, verdict=Verdict.INVALID, reading=reading)
+            return Decided(row=row, verdict=Fate.INVALID, reading=reading)
         ref = incumbent.score if incumbent is not None else best
-        gain = improvement(direction, reading.score, ref)
-        need = margin(noise, ref, segment.baseline_readings)
+        gain, need = keep_test(reading.score, ref, segment=segment, direction=direction, noise=noise)
         keep = gain > need
-        verdict = Verdict.KEEP if keep else Verdict.DISCARD
+        verdict = Fate.KEEP if keep else Fate.DISCARD
         row = replace(base, verdict=verdict, readings=reading.values, score=reading.score,
                       delta=reading.score - best, best_score=reading.score if keep else best,
                       kept_sha=s.sha if keep else None, goal_met=keep and goal_met(direction, reading.score, goal),
@@ -156,7 +167,23 @@ class Iteration(Generic[S]):
         return Decided(row=row, verdict=verdict, reading=reading)
 
 
-def gate_row(*, it: int, regime: str, verdict: Verdict, best_score: float, reason: str, note: str = "",
+def keep_test(score: float, ref: float, *, segment: Segment, direction: Direction,
+              noise: NoiseSpec) -> tuple[float, float]:
+    """The one keep test's figures: ``(gain, need)``; a reading is kept iff ``gain > need``.
+
+    Args:
+        score: the candidate's score (judge units).
+        ref: what it must beat: the segment's best, or a fresh incumbent score.
+        segment: supplies the baseline readings the noise margin is computed from.
+
+    Returns:
+        ``gain``: the improvement of ``score`` over ``ref`` in ``direction`` (positive = better);
+        ``need``: the noise margin it must exceed (:func:`shared.crucible.noise.margin`).
+    """
+    return improvement(direction, score, ref), margin(noise, ref, segment.baseline_readings)
+
+
+def gate_row(*, it: int, regime: str, verdict: Fate, best_score: float, reason: str, note: str = "",
              diffstat: str = "", cost_usd: float = 0.0, wall_ms: int = 0) -> Row:
     """The row of an iteration a gate or the proposer ended before it entered ``Proposed``."""
     return Row(it=it, regime=regime, verdict=verdict, best_score=best_score, note=note, diffstat=diffstat,
@@ -172,5 +199,5 @@ def interrupted_row(run: Run, reason: str = "interrupted (process died); resumed
     o = run.open_it
     if o is None:
         return None
-    return Row(it=o.it, regime=run.segment.regime, verdict=Verdict.ABANDONED, best_score=run.segment.best_score,
+    return Row(it=o.it, regime=run.segment.regime, verdict=Fate.ABANDONED, best_score=run.segment.best_score,
                sha=o.sha, note=o.note, cost_usd=o.cost_usd, reason=reason)

@@ -22,8 +22,11 @@ from typing import NewType
 
 import msgspec
 
-Snapshot = NewType("Snapshot", str)
-"""The world's opaque snapshot handle (a git commit sha) — ADR 0004 open question 2."""
+WorldSha = NewType("WorldSha", str)
+"""The world's opaque snapshot handle (a git commit sha) — ADR 0004 open question 2.
+
+Not a run-state snapshot (:mod:`shared.nats.snapshots`): this names a state of the crucible's world.
+"""
 
 
 class Reading(msgspec.Struct, frozen=True, kw_only=True, tag="valid", tag_field="kind"):
@@ -59,8 +62,11 @@ class InvalidReading(msgspec.Struct, frozen=True, kw_only=True, tag="invalid", t
 Measurement = Reading | InvalidReading
 
 
-class Verdict(enum.StrEnum):
-    """What became of one iteration (one row each)."""
+class Fate(enum.StrEnum):
+    """What became of one iteration (one row each; the row's ``verdict`` field on the wire).
+
+    Not a verifier's run-event ``Verdict`` (:class:`shared.core.events.Verdict`).
+    """
 
     KEEP = "keep"  # measured better by more than the margin: the new best snapshot
     DISCARD = "discard"  # measured, not better enough: rolled back
@@ -78,7 +84,7 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         it: iteration number (1-based, per session).
         regime: the segment's regime when it ran.
-        verdict: see :class:`Verdict`.
+        verdict: see :class:`Fate`.
         readings: every repeat's score (``None`` for a repeat without a valid value).
         score: the reading's score (``None`` unless valid).
         delta: ``score - best`` before the decision, in judge units (sign as printed).
@@ -95,7 +101,7 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
 
     it: int
     regime: str
-    verdict: Verdict
+    verdict: Fate
     readings: tuple[float | None, ...] = ()
     score: float | None = None
     delta: float | None = None
@@ -129,11 +135,11 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
     baseline_score: float
     best_score: float
     baseline_total: int
-    best_snap: Snapshot
+    best_snap: WorldSha
     baseline_readings: tuple[float, ...] = ()
 
     @classmethod
-    def baseline(cls, *, regime: str, fingerprint: str, reading: Reading, snap: Snapshot) -> Segment:
+    def baseline(cls, *, regime: str, fingerprint: str, reading: Reading, snap: WorldSha) -> Segment:
         """Open a segment from a baseline measurement of ``snap`` (ADR 0004 ``Segment::baseline``).
 
         The shell measures (the judge's fingerprint and a valid reading of the
@@ -143,7 +149,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
                    best_score=reading.score, baseline_total=reading.total or 0, best_snap=snap,
                    baseline_readings=reading.values)
 
-    def promoted(self, score: float, snap: Snapshot) -> Segment:
+    def promoted(self, score: float, snap: WorldSha) -> Segment:
         """The segment after a keep: best score and best snapshot move together."""
         return msgspec.structs.replace(self, best_score=score, best_snap=snap)
 

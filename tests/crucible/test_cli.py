@@ -19,7 +19,7 @@ from shared.config import Config
 from shared.crucible.events import MeasureStarted, SessionEnded, SessionResumed
 from shared.crucible.fold import fold
 from shared.crucible.names import CrucibleNames
-from shared.crucible.state import LoopExit, Verdict
+from shared.crucible.state import Fate, LoopExit
 from shared.nats.infra import connect
 from tests.crucible.fixtures import config_dict, make_repo, write
 
@@ -118,7 +118,7 @@ async def test_kill9_mid_iteration_then_resume_restores_the_log_state(cfg: Confi
         before = await b.log.load("killed")
     run = before.run
     assert run is not None and before.ended is None
-    assert [r.verdict for r in run.rows] == [Verdict.KEEP] and run.open_it is not None and run.open_it.it == 2
+    assert [r.verdict for r in run.rows] == [Fate.KEEP] and run.open_it is not None and run.open_it.it == 2
     candidate = run.open_it.sha
     world = Path(before.started.world_dir)
     assert candidate and (await git(world, "rev-parse", "HEAD")).strip() == candidate  # died with it applied
@@ -132,7 +132,7 @@ async def test_kill9_mid_iteration_then_resume_restores_the_log_state(cfg: Confi
     at_resume = fold([(lsn, c) for lsn, c in commits if lsn <= lsn_resumed])
     assert at_resume is not None and at_resume.run is not None
     assert at_resume.run.spent == run.spent and at_resume.run.segment == run.segment  # counters, spend, best sha
-    assert at_resume.run.rows[-1].verdict is Verdict.ABANDONED and at_resume.run.rows[-1].sha == candidate
+    assert at_resume.run.rows[-1].verdict is Fate.ABANDONED and at_resume.run.rows[-1].sha == candidate
     found = json.loads(head_file.read_text())  # what the proposer of iteration 3 found
     assert found == {"head": run.segment.best_snap, "clean": True}
     assert [r.verdict.value for r in after.run.rows] == ["keep", "abandoned", "keep", "keep"]

@@ -22,18 +22,18 @@ from shared.crucible.events import (
     normalized,
 )
 from shared.crucible.fold import fold
-from shared.crucible.iteration import Candidate, Iteration
+from shared.crucible.iteration import CandidateChange, Iteration
 from shared.crucible.state import (
     EXIT_CODES,
+    Fate,
     InvalidReading,
     LoopExit,
     Reading,
     Row,
     Run,
     Segment,
-    Snapshot,
     Spent,
-    Verdict,
+    WorldSha,
 )
 
 CFG = parse_config({
@@ -43,7 +43,7 @@ CFG = parse_config({
 
 def seg(score: float = 1.0, **kw: object) -> Segment:
     base = Segment.baseline(regime="a", fingerprint="f1", reading=Reading(values=(score,), score=score, total=10),
-                            snap=Snapshot("s1"))
+                            snap=WorldSha("s1"))
     return replace(base, **kw)
 
 
@@ -63,7 +63,7 @@ def test_rescope_replaces_every_segment_field_in_one_assignment() -> None:
     started = SessionStarted(session_id="s", config=CFG, base_sha="s0", world_dir="/w", protected=(), at_ms=0)
     first = SegmentOpened(regime="easy", reason="baseline", fingerprint="fp-easy", fingerprint_parts={},
                           reading=Reading(values=(1.0, 1.2), score=1.1, total=10), snap="s0", wall_ms=1, at_ms=1)
-    keep = IterationClosed(row=Row(it=1, regime="easy", verdict=Verdict.KEEP, score=2.0, best_score=2.0, sha="s1",
+    keep = IterationClosed(row=Row(it=1, regime="easy", verdict=Fate.KEEP, score=2.0, best_score=2.0, sha="s1",
                                    kept_sha="s1"), at_ms=2)
     rescope = SegmentOpened(regime="hard", reason="rescope", fingerprint="fp-hard", fingerprint_parts={},
                             reading=Reading(values=(7.0,), score=7.0, total=99), snap="s9", wall_ms=1, at_ms=3)
@@ -74,39 +74,39 @@ def test_rescope_replaces_every_segment_field_in_one_assignment() -> None:
     after = fold([*commits, (3, SessionCommit(commit_id="c3", session_id="s", events=(rescope,)))])
     assert after is not None and after.run is not None
     old, new = before.run.segment, after.run.segment
-    assert new == Segment.baseline(regime="hard", fingerprint="fp-hard", reading=rescope.reading, snap=Snapshot("s9"))
+    assert new == Segment.baseline(regime="hard", fingerprint="fp-hard", reading=rescope.reading, snap=WorldSha("s9"))
     for name in Segment.__struct_fields__:
         assert getattr(old, name) != getattr(new, name), name  # every field replaced, none half-updated
     assert after.run.rows == before.run.rows and after.run.kept_shas == ("s1",)  # run state outside the segment kept
 
 
 def test_decide_keeps_only_a_valid_reading_beyond_the_margin() -> None:
-    cand = Candidate(note="n", paths=("x",))
-    applied = Iteration.propose(1, "a", cand).apply(Snapshot("c1"))
+    cand = CandidateChange(note="n", paths=("x",))
+    applied = Iteration.propose(1, "a", cand).apply(WorldSha("c1"))
     noise = NoiseSpec(abs_margin=0.5)
     kw = {"segment": seg(1.0), "direction": "maximize", "noise": noise, "goal": 1.4, "wall_ms": 5}
-    assert applied.measure(Reading(values=(1.6,), score=1.6)).decide(**kw).verdict is Verdict.KEEP  # type: ignore[arg-type]
+    assert applied.measure(Reading(values=(1.6,), score=1.6)).decide(**kw).verdict is Fate.KEEP  # type: ignore[arg-type]
     small = applied.measure(Reading(values=(1.4,), score=1.4)).decide(**kw)  # type: ignore[arg-type]
-    assert small.verdict is Verdict.DISCARD and small.kept is None and small.row.best_score == 1.0
+    assert small.verdict is Fate.DISCARD and small.kept is None and small.row.best_score == 1.0
     bad = applied.measure(InvalidReading(reason="nan", values=(9.0,))).decide(**kw)  # type: ignore[arg-type]
-    assert bad.verdict is Verdict.INVALID and bad.row.score is None and bad.row.readings == (9.0, None)
+    assert bad.verdict is Fate.INVALID and bad.row.score is None and bad.row.readings == (9.0, None)
     kept = applied.measure(Reading(values=(3.0,), score=3.0)).decide(**kw)  # type: ignore[arg-type]
     assert kept.kept == Reading(values=(3.0,), score=3.0) and kept.row.goal_met and kept.row.kept_sha == "c1"
     down = applied.measure(Reading(values=(0.2,), score=0.2)).decide(**{**kw, "direction": "minimize"})  # type: ignore[arg-type]
-    assert down.verdict is Verdict.KEEP  # direction is configured, never inferred
+    assert down.verdict is Fate.KEEP  # direction is configured, never inferred
 
 
 def test_k_sigma_margin_uses_the_repeated_baseline() -> None:
     s = seg(1.0, baseline_readings=(0.8, 1.0, 1.2))  # σ = 0.2
-    applied = Iteration.propose(1, "a", Candidate(note="n", paths=("x",))).apply(Snapshot("c"))
+    applied = Iteration.propose(1, "a", CandidateChange(note="n", paths=("x",))).apply(WorldSha("c"))
     noise = NoiseSpec(k_sigma=3.0, baseline_repeats=3)
     kw = {"segment": s, "direction": "maximize", "noise": noise, "goal": None, "wall_ms": 0}
-    assert applied.measure(Reading(values=(1.55,), score=1.55)).decide(**kw).verdict is Verdict.DISCARD  # type: ignore[arg-type]
-    assert applied.measure(Reading(values=(1.65,), score=1.65)).decide(**kw).verdict is Verdict.KEEP  # type: ignore[arg-type]
+    assert applied.measure(Reading(values=(1.55,), score=1.55)).decide(**kw).verdict is Fate.DISCARD  # type: ignore[arg-type]
+    assert applied.measure(Reading(values=(1.65,), score=1.65)).decide(**kw).verdict is Fate.KEEP  # type: ignore[arg-type]
 
 
 def test_budget_stops_before_overshooting() -> None:
-    rows = (Row(it=1, regime="a", verdict=Verdict.DISCARD, best_score=1, cost_usd=0.4, wall_ms=300),)
+    rows = (Row(it=1, regime="a", verdict=Fate.DISCARD, best_score=1, cost_usd=0.4, wall_ms=300),)
     run = Run(segment=seg(), rows=rows, spent=Spent(iterations=1, cost_usd=0.4, wall_ms=400))
     assert budget.exhausted(run, BudgetSpec(iterations=5, cost_usd=1.0)) is None  # 0.4 + 0.4 ≤ 1.0
     run2 = replace(run, spent=Spent(iterations=2, cost_usd=0.8, wall_ms=700))

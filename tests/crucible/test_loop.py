@@ -18,7 +18,7 @@ from shared.crucible.events import (
     Escalated,
     FingerprintChanged,
     IterationClosed,
-    Measured,
+    MeasureFinished,
     ParkEnded,
     ParkStarted,
     ProposalMade,
@@ -28,7 +28,7 @@ from shared.crucible.events import (
     SessionEnded,
     normalized,
 )
-from shared.crucible.state import InvalidReading, LoopExit, Segment, Snapshot, Verdict
+from shared.crucible.state import Fate, InvalidReading, LoopExit, Segment, WorldSha
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import JUDGE, make_config, make_repo, write
 
@@ -155,7 +155,7 @@ async def test_rescope_opens_a_new_segment_in_one_event(crucible: Crucible, root
     assert seg.regime == "hard" and seg.baseline_total == 100 and seg.baseline_score == 20.0
     assert seg.fingerprint == rescope.fingerprint != opened[0].fingerprint
     assert seg == Segment.baseline(regime="hard", fingerprint=rescope.fingerprint, reading=rescope.reading,
-                                   snap=Snapshot(rescope.snap)).promoted(70.0, Snapshot(o.state.run.rows[2].sha or ""))
+                                   snap=WorldSha(rescope.snap)).promoted(70.0, WorldSha(o.state.run.rows[2].sha or ""))
     assert o.exit is LoopExit.SOLVED and o.state.run.solved_any
 
 
@@ -166,7 +166,7 @@ async def test_deny_refuses_a_judge_edit_before_apply(crucible: Crucible, root: 
     assert o.exit is LoopExit.ESCALATED
     denial = o.of(CandidateDenied)[0]
     assert denial.paths == ("judge.py",) and "protected" in denial.reason
-    assert not o.of(CandidateApplied) and not o.of(Measured)  # refused before apply, never measured
+    assert not o.of(CandidateApplied) and not o.of(MeasureFinished)  # refused before apply, never measured
     assert verdicts(o) == ["denied"]
     world = Path(o.state.started.world_dir)
     assert (world / "judge.py").read_text() == JUDGE and (world / "value.txt").read_text() == "1\n"
@@ -191,7 +191,7 @@ async def test_fingerprint_change_stops_the_run(crucible: Crucible, root: Path) 
     changed = o.of(FingerprintChanged)[0]
     assert changed.it == 2 and changed.changed == (f"read:{data}",)
     assert verdicts(o) == ["keep", "abandoned"] and o.state.run.segment.best_score == 2.0
-    assert len(o.of(Measured)) == 1  # iteration 2 was never measured against the moved goalpost
+    assert len(o.of(MeasureFinished)) == 1  # iteration 2 was never measured against the moved goalpost
     assert (Path(o.state.started.world_dir) / "value.txt").read_text() == "2\n"
 
 
@@ -209,7 +209,7 @@ async def test_nan_inf_crash_missing_and_timeout_are_invalid_never_kept(crucible
     assert reasons[2].startswith("crash: exit 1") and "on purpose" in reasons[2]
     assert reasons[3].startswith("missing value") and reasons[4] == "timeout after 1s"
     assert all(r.score is None and r.kept_sha is None and r.best_score == 1.0 for r in rows[:5])
-    assert all(isinstance(e.reading, InvalidReading) for e in o.of(Measured)[:5])
+    assert all(isinstance(e.reading, InvalidReading) for e in o.of(MeasureFinished)[:5])
     assert o.state.run.segment.best_score == 2.0
 
 
@@ -244,8 +244,8 @@ async def test_incumbent_is_remeasured_before_a_promotion(crucible: Crucible, ro
     assert verdicts(naive) == ["keep"]  # 1.5 after a 1.0 baseline: drift mistaken for progress
     o = await session("checked", True)
     row = o.state.run.rows[0]  # type: ignore[attr-defined]
-    assert [(e.target, e.reading.score) for e in o.of(Measured)] == [("candidate", 1.5), ("incumbent", 2.0)]
-    assert row.verdict is Verdict.DISCARD and row.incumbent == (2.0,) and row.score == 1.5
+    assert [(e.target, e.reading.score) for e in o.of(MeasureFinished)] == [("candidate", 1.5), ("incumbent", 2.0)]
+    assert row.verdict is Fate.DISCARD and row.incumbent == (2.0,) and row.score == 1.5
     assert (Path(o.state.started.world_dir) / "value.txt").read_text() == "1\n"  # type: ignore[attr-defined]
 
 

@@ -19,10 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 PRELUDE = textwrap.dedent("""\
     from shared.crucible.config import NoiseSpec
-    from shared.crucible.iteration import Candidate, Decided, Iteration, Measured
-    from shared.crucible.state import Reading, Segment, Snapshot, Verdict
+    from shared.crucible.iteration import CandidateChange, Decided, Iteration, Measured
+    from shared.crucible.state import Reading, Segment, WorldSha, Fate
 
-    CAND = Candidate(note="n", paths=("value.txt",))
+    CAND = CandidateChange(note="n", paths=("value.txt",))
     READING = Reading(values=(1.0,), score=1.0)
     NOISE = NoiseSpec()
 """)
@@ -31,7 +31,7 @@ SNIPPETS = {
     "legal": """
         def run(seg: Segment) -> Decided:
             proposed = Iteration.propose(1, "main", CAND)
-            applied = proposed.apply(Snapshot("abc"))
+            applied = proposed.apply(WorldSha("abc"))
             measured = applied.measure(READING)
             return measured.decide(segment=seg, direction="maximize", noise=NOISE, goal=None, wall_ms=0)
     """,
@@ -42,7 +42,7 @@ SNIPPETS = {
     """,
     "decide_without_reading": """
         def run(seg: Segment) -> None:
-            applied = Iteration.propose(1, "main", CAND).apply(Snapshot("abc"))
+            applied = Iteration.propose(1, "main", CAND).apply(WorldSha("abc"))
             applied.decide(segment=seg, direction="maximize", noise=NOISE, goal=None, wall_ms=0)  # ERROR
     """,
     "keep_a_proposal": """
@@ -52,11 +52,11 @@ SNIPPETS = {
     """,
     "measured_without_reading": """
         def run() -> None:
-            Measured(candidate=CAND, sha=Snapshot("abc"), reading=None)  # ERROR
+            Measured(candidate=CAND, sha=WorldSha("abc"), reading=None)  # ERROR
     """,
     "apply_twice": """
         def run() -> None:
-            Iteration.propose(1, "main", CAND).apply(Snapshot("a")).apply(Snapshot("b"))  # ERROR
+            Iteration.propose(1, "main", CAND).apply(WorldSha("a")).apply(WorldSha("b"))  # ERROR
     """,
 }
 
