@@ -28,6 +28,7 @@ from services.crucible.sessionlog import SessionLog
 from services.crucible.world import GitWorld
 from shared.core.errors import ReelError
 from shared.core.events import BlobRef
+from shared.core.ports import BlobStore
 from shared.crucible import budget
 from shared.crucible.config import Regime, SessionConfig
 from shared.crucible.events import (
@@ -54,7 +55,6 @@ from shared.crucible.fold import SessionState, apply_commit
 from shared.crucible.iteration import Applied, CandidateChange, Iteration, Measured, gate_row
 from shared.crucible.noise import goal_met
 from shared.crucible.state import Fate, InvalidReading, LoopExit, Measurement, Reading, Row, Run, WorldSha
-from shared.nats.blobstore import BlobStore
 
 log = structlog.get_logger("reel.crucible")
 

@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 from nats.aio.client import Client
@@ -31,6 +31,7 @@ from nats.js.object_store import ObjectStore
 
 from shared.core.errors import BlobMissing, BlobTimeout
 from shared.core.events import BlobRef
+from shared.core.ports import BlobStore
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
 from shared.nats.publish import publish_pipelined
 
@@ -46,24 +47,8 @@ def ref_for(data: bytes, media_type: str = "text/plain") -> BlobRef:
     return BlobRef(sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), media_type=media_type)
 
 
-class BlobStore(Protocol):
-    """Port: store bodies by content, fetch them lazily by ref."""
-
-    async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef:
-        """Store ``data`` (idempotent, content-addressed); returns its ref."""
-        ...
-
-    async def get(self, ref: BlobRef) -> bytes:
-        """The body of ``ref``. Raises BlobMissing / BlobTimeout."""
-        ...
-
-    async def exists(self, ref: BlobRef) -> bool:
-        """True if the store holds the body of ``ref``."""
-        ...
-
-
 class JetStreamBlobStore:
-    """:class:`BlobStore` on a JetStream object store bucket."""
+    """The :class:`~shared.core.ports.BlobStore` port on a JetStream object store bucket."""
 
     def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S) -> None:
         self._nc = nc
@@ -170,3 +155,7 @@ class JetStreamBlobStore:
     async def get_text(self, ref: BlobRef) -> str:
         """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
         return (await self.get(ref)).decode("utf-8", errors="replace")
+
+
+if TYPE_CHECKING:
+    _port: type[BlobStore] = JetStreamBlobStore  # the adapter satisfies its port (mypy checks it)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 from nats.aio.client import Client
@@ -30,6 +30,7 @@ from shared.core import fold as folding
 from shared.core.errors import ConcurrencyConflict, ReelError, RunNotFound
 from shared.core.events import AnyEvent, Commit, decode_commit, encode_commit
 from shared.core.ids import is_token, new_commit_id
+from shared.core.ports import EventLog
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names
 from shared.nats.publish import request_ack
 from shared.nats.snapshots import SnapshotStore
@@ -162,27 +163,8 @@ class SubjectLog:
         return sorted(s[len(prefix):] for s in (info.state.subjects or {}))
 
 
-class EventLog(Protocol):
-    """Port for the run event log."""
-
-    async def commit(
-        self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
-        commit_id: str | None = None,
-    ) -> int:
-        """Append one fenced commit; returns its LSN. Raises ConcurrencyConflict."""
-        ...
-
-    async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
-        """The run's ``(lsn, commit)`` pairs in ``[from_lsn, upto_lsn]``, in order."""
-        ...
-
-    async def head(self, run_id: str) -> tuple[int, Commit] | None:
-        """The run's last commit and its LSN, or ``None``."""
-        ...
-
-
 class JetStreamEventLog:
-    """:class:`EventLog` of run commits on ``Names.events_stream``."""
+    """The :class:`~shared.core.ports.EventLog` port: run commits on ``Names.events_stream``."""
 
     def __init__(self, nc: Client, names: Names, *, timeout_s: float = READ_TIMEOUT_S) -> None:
         self.names = names
@@ -312,3 +294,7 @@ class JetStreamEventLog:
 def msg_seq(msg: Msg) -> int:
     """The stream sequence of a Direct Get reply."""
     return int((msg.headers or {})["Nats-Sequence"])
+
+
+if TYPE_CHECKING:
+    _port: type[EventLog] = JetStreamEventLog  # the adapter satisfies its port (mypy checks it)

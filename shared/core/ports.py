@@ -1,0 +1,131 @@
+"""The ports: what services and the application layer need from storage, as Protocols (no I/O here).
+
+Pure declarations, satisfied structurally by the adapters in ``shared/nats/``:
+
+* :class:`EventLog` — :class:`shared.nats.eventlog.JetStreamEventLog` (one JetStream stream,
+  one subject per run, LSN = stream sequence; brief §4);
+* :class:`BlobStore` — :class:`shared.nats.blobstore.JetStreamBlobStore` (content-addressed
+  bodies on the object store);
+* :class:`SnapshotStore` — :class:`shared.nats.snapshots.SnapshotStore` (run-state snapshots
+  in KV, a read shortcut only).
+
+Services get them constructed once in ``serve()`` and type their handlers against these
+Protocols, so another implementation (an in-memory twin for unit tests, another broker)
+plugs in without touching a handler. The behaviour every :class:`EventLog` must have is
+pinned by one contract suite: tests/integration/test_eventlog_contract.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from shared.core.events import AnyEvent, BlobRef, Commit
+from shared.core.fold import RunState
+
+
+class SnapshotStore(Protocol):
+    """Port: run-state snapshots (a shortcut for reads, never a source of truth)."""
+
+    async def save(self, state: RunState, commit_id: str) -> object:
+        """Store ``state`` as the run's latest snapshot; ``commit_id`` is the id of the commit at
+        ``state.head_lsn`` (readers check it against the log). Returns the store's pointer."""
+        ...
+
+
+class EventLog(Protocol):
+    """Port: the run event log. One append-only log per run; LSN = the log's sequence number.
+
+    Every write is *fenced*: it names the head LSN the writer last saw (0 for a run
+    that does not exist yet) and is refused with ``ConcurrencyConflict`` if anyone
+    else committed since. A commit id makes a retried write idempotent.
+    """
+
+    async def commit(
+        self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
+        commit_id: str | None = None,
+    ) -> int:
+        """Append ``events`` as one commit of ``run_id``; returns its LSN.
+
+        Args:
+            expected_lsn: the run's head LSN as the writer last saw it (0: a new run).
+            writer: who commits (recorded in the commit).
+            commit_id: reuse to retry a write whose acknowledgement was lost (deduplicated).
+
+        Raises:
+            ConcurrencyConflict: the run's head is not ``expected_lsn`` (and is not this very commit).
+        """
+        ...
+
+    async def commit_async(
+        self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
+        commit_id: str | None = None,
+    ) -> asyncio.Future[int]:
+        """Send the commit now; the future resolves to its LSN or raises as :meth:`commit` would."""
+        ...
+
+    async def head(self, run_id: str) -> tuple[int, Commit] | None:
+        """The run's last commit and its LSN, or ``None`` (also for an id that is not one token)."""
+        ...
+
+    async def first_lsn(self, run_id: str) -> int | None:
+        """The LSN of the run's first commit (its ``run_created``), or ``None``."""
+        ...
+
+    async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
+        """The run's ``(lsn, commit)`` pairs with LSN in ``[from_lsn, upto_lsn]``, ascending.
+
+        Costs O(the run's commits), never O(the log). Raises UnknownEventType.
+        """
+        ...
+
+    async def load(self, run_id: str, *, upto_lsn: int | None = None, cold: bool = False) -> RunState:
+        """The run folded up to ``upto_lsn`` (default: its head); from a snapshot unless ``cold``.
+
+        Raises:
+            RunNotFound: the run has no commit at or below ``upto_lsn``.
+        """
+        ...
+
+    async def refresh(self, state: RunState) -> tuple[RunState, list[tuple[int, Commit]]]:
+        """``state`` brought up to the run's head by applying only the commits above
+        ``state.head_lsn``; returns the new state and those commits, ascending."""
+        ...
+
+    async def list_runs(self) -> list[str]:
+        """Ids of the runs that have at least one commit, sorted."""
+        ...
+
+    async def snapshots(self) -> SnapshotStore | None:
+        """The snapshot store beside the log, or ``None`` if there is none."""
+        ...
+
+
+class BlobStore(Protocol):
+    """Port: bodies stored by content (sha256), fetched lazily by :class:`BlobRef`."""
+
+    async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef:
+        """Store ``data`` (idempotent: content-addressed, never overwritten); returns its ref."""
+        ...
+
+    async def put_async(self, data: bytes, media_type: str = "text/plain") -> asyncio.Future[BlobRef]:
+        """Start storing ``data`` now; the future resolves to its ref once stored."""
+        ...
+
+    async def get(self, ref: BlobRef) -> bytes:
+        """The body of ``ref``.
+
+        Raises:
+            BlobMissing: no such body, or it does not hash to ``ref.sha256``.
+            BlobTimeout: the read took longer than the store's timeout.
+        """
+        ...
+
+    async def get_text(self, ref: BlobRef) -> str:
+        """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
+        ...
+
+    async def exists(self, ref: BlobRef) -> bool:
+        """True if the store holds the body of ``ref``."""
+        ...

@@ -1,0 +1,188 @@
+"""Fenced commits, written once: load → decide → commit fenced on the head → on a conflict refresh and decide again.
+
+Every mutator of a run (executor, cancel, rewind, recovery, verifier) writes through
+:func:`commit_decided`; the creation of a run through :func:`commit_new`. The caller
+supplies only a pure ``decide(state) -> events | NoCommit`` (it may raise a
+:class:`~shared.core.errors.ReelError`: a domain refusal, propagated unchanged, no retry).
+
+This module owns:
+
+* the state decided on: the caller's materialized ``state``, else ``log.load`` (snapshot-aware);
+* the fence: each commit names ``state.head_lsn`` as the expected LSN (0 for a new run);
+* the conflict path: another writer committed first → ``log.refresh(state)`` applies only the
+  commits above the head → ``decide`` again on the refreshed state;
+* one retry policy (:data:`DEFAULT_POLICY`, tenacity: bounded tries, small jittered exponential
+  backoff); each conflict is logged as ``<log_name>.conflict`` with ``expected_lsn`` and ``try_no``;
+  after the last try it raises :class:`~shared.core.errors.ConcurrencyConflict` (retryable).
+
+**Creating a run** is the same loop over an *absent* state: the first try commits the given
+events with expected LSN 0; if the run exists (the fence fails), the existing run is loaded and
+``if_exists(state)`` decides (by default :class:`NoCommit`: "run exists").
+
+Typed against the ports (:mod:`shared.core.ports`) only; no NATS here (import contract).
+docs/architecture.md ("One fenced commit") and docs/mutators.md describe the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+import msgspec
+import structlog
+import tenacity
+
+from shared.core.errors import ConcurrencyConflict
+from shared.core.events import AnyEvent, Commit
+from shared.core.fold import RunState, apply_commit
+from shared.core.ids import new_commit_id
+from shared.core.ports import EventLog
+
+logger = structlog.get_logger("reel.fenced")
+
+
+class NoCommit(msgspec.Struct, frozen=True):
+    """``decide`` said there is nothing to write; ``state`` is the state it decided on."""
+
+    reason: str
+    state: RunState
+
+
+class Committed(msgspec.Struct, frozen=True):
+    """The decided events were committed at ``lsn`` (id ``commit_id``); ``state`` is after applying them."""
+
+    lsn: int
+    state: RunState
+    events: tuple[AnyEvent, ...]
+    commit_id: str = ""
+
+
+Decide = Callable[[RunState], Sequence[AnyEvent] | NoCommit]
+"""Pure: the events to commit on top of a state, or :class:`NoCommit`; may raise a ReelError."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a fenced commit is re-decided after losing the fence, and how long it waits between.
+
+    Attributes:
+        tries: commits attempted in all (the first included) before ConcurrencyConflict is raised.
+        backoff_s: the wait before the 2nd try is uniform in ``[0, backoff_s]``; the bound doubles
+            each try ("full jitter", so racing writers spread out) up to
+        max_backoff_s: the largest bound on one wait.
+    """
+
+    tries: int = 20
+    backoff_s: float = 0.005
+    max_backoff_s: float = 0.2
+
+    def retrying(self, on_exhausted: Callable[[tenacity.RetryCallState], NoReturn]) -> tenacity.AsyncRetrying:
+        """The tenacity iterator: retry on ConcurrencyConflict only; ``on_exhausted`` after the last try."""
+        return tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.tries),
+            wait=tenacity.wait_random_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            retry=tenacity.retry_if_exception_type(ConcurrencyConflict),
+            retry_error_callback=on_exhausted,
+        )
+
+
+DEFAULT_POLICY = RetryPolicy()
+"""The one policy every mutator uses: 20 tries, waits ≤ 5 ms, 10 ms, 20 ms … capped at 200 ms
+(≈ 3 s of waiting at worst before giving up)."""
+
+
+async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: str,
+                         state: RunState | None = None, policy: RetryPolicy = DEFAULT_POLICY,
+                         sent: Awaitable[int] | None = None, log_name: str | None = None) -> Committed | NoCommit:
+    """Commit ``decide(state)`` to ``run_id``, fenced on ``state.head_lsn``; re-decide on conflicts.
+
+    Args:
+        decide: pure; called once per try on the state of that try.
+        writer: recorded as the commits' writer.
+        state: a materialized state of the run to start from (else ``log.load(run_id)``); the
+            loop refreshes it, so a caller keeping it must use the returned one.
+        policy: the retry policy (:data:`DEFAULT_POLICY`).
+        sent: the first try's commit already in flight — ``log.commit_async(run_id, decide(state),
+            expected_lsn=state.head_lsn, ...)`` sent by the caller to pipeline it with other writes
+            (needs ``state``; ``decide(state)`` must return those very events). Its result is the
+            first try's.
+        log_name: prefix of the ``<log_name>.conflict`` log line (default: ``writer``).
+
+    Returns:
+        :class:`Committed` (the LSN and the state after the commit), or the :class:`NoCommit`
+        ``decide`` returned.
+
+    Raises:
+        RunNotFound: no ``state`` given and the run has no commit.
+        ReelError: whatever ``decide`` raised (not retried).
+        ConcurrencyConflict: the fence failed on every one of ``policy.tries`` tries.
+    """
+    if sent is not None and state is None:
+        raise ValueError("commit_decided(sent=...) needs the state the sent commit was decided on")
+    start = state if state is not None else await log.load(run_id)
+
+    def on_state(s: RunState | None) -> Sequence[AnyEvent] | NoCommit:
+        assert s is not None  # a run that exists never becomes absent: its log only grows
+        return decide(s)
+
+    return await _loop(log, run_id, on_state, start, writer=writer, policy=policy, sent=sent,
+                       log_name=log_name or writer)
+
+
+def _exists(state: RunState) -> NoCommit:
+    return NoCommit(reason="run exists", state=state)
+
+
+async def commit_new(log: EventLog, run_id: str, events: Sequence[AnyEvent], *, writer: str,
+                     if_exists: Decide = _exists, policy: RetryPolicy = DEFAULT_POLICY,
+                     log_name: str | None = None) -> Committed | NoCommit:
+    """Create ``run_id``: commit ``events`` (starting with ``run_created``) fenced on "no commit yet" (LSN 0).
+
+    If the run exists already (its id comes from an idempotency key, or a racing creator won),
+    ``if_exists(existing state)`` decides instead — by default :class:`NoCommit` ``"run exists"``.
+
+    Raises:
+        ReelError: whatever ``if_exists`` raised.
+        ConcurrencyConflict: the fence failed on every try (only when ``if_exists`` commits).
+    """
+    def decide(state: RunState | None) -> Sequence[AnyEvent] | NoCommit:
+        return events if state is None else if_exists(state)
+
+    return await _loop(log, run_id, decide, None, writer=writer, policy=policy, sent=None,
+                       log_name=log_name or writer)
+
+
+async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], Sequence[AnyEvent] | NoCommit],
+                state: RunState | None, *, writer: str, policy: RetryPolicy, sent: Awaitable[int] | None,
+                log_name: str) -> Committed | NoCommit:
+    """The one loop (see module doc). ``state`` ``None``: the run does not exist (yet)."""
+    def exhausted(retry: tenacity.RetryCallState) -> NoReturn:
+        raise ConcurrencyConflict(
+            f"run {run_id} kept moving: not committed after {retry.attempt_number} tries", run_id=run_id,
+            expected_lsn=state.head_lsn if state is not None else 0,
+        )
+
+    async for attempt in policy.retrying(exhausted):
+        with attempt:
+            try_no = attempt.retry_state.attempt_number
+            if try_no > 1:
+                state = (await log.refresh(state))[0] if state is not None else await log.load(run_id)
+            decision = decide(state)
+            if isinstance(decision, NoCommit):
+                return decision
+            events = tuple(decision)
+            expected = state.head_lsn if state is not None else 0
+            cid: str = new_commit_id()
+            try:
+                if try_no == 1 and sent is not None:
+                    lsn = await sent
+                    cid = ""  # the caller chose the in-flight commit's id
+                else:
+                    lsn = await log.commit(run_id, events, expected_lsn=expected, writer=writer, commit_id=cid)
+            except ConcurrencyConflict:
+                logger.info(f"{log_name}.conflict", expected_lsn=expected, try_no=try_no)
+                raise
+            after = apply_commit(state, lsn, Commit(commit_id=cid, run_id=run_id, writer=writer, events=events))
+            return Committed(lsn=lsn, state=after, events=events, commit_id=cid)
+    raise AssertionError("unreachable: tenacity either returns, raises, or calls on_exhausted")  # pragma: no cover

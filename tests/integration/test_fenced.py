@@ -1,0 +1,204 @@
+"""The one fenced-commit mechanism (shared/fenced.py) on a real nats-server.
+
+Conflicts are real: another writer commits to the run on the server between the
+state a decision was made on and its commit (:class:`Interloper` does that before
+each of its first ``n`` commits, on the real log), so the fence really fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import structlog
+
+from shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
+from shared.core.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
+from shared.core.fold import RunState
+from shared.fenced import DEFAULT_POLICY, Committed, NoCommit, RetryPolicy, commit_decided, commit_new
+from shared.nats.eventlog import JetStreamEventLog
+from tests.refold import assert_refold_identical
+
+REF = BlobRef(sha256="f" * 64, size_bytes=1)
+FAST = RetryPolicy(tries=3, backoff_s=0.001, max_backoff_s=0.002)
+
+
+def created(run_id: str) -> RunCreated:
+    return RunCreated(run_id=run_id, branch_id="main", workflow_name="w", workflow_ref=REF,
+                      steps=(StepDecl(step_id="s", kind="tool"),), created_ms=1)
+
+
+@contextlib.contextmanager
+def info_logs() -> Iterator[list[dict[str, Any]]]:
+    """The structured log lines emitted in the block, info level included (tests log at WARNING)."""
+    saved = structlog.get_config()
+    capture = structlog.testing.LogCapture()
+    structlog.configure(processors=[capture],
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        yield capture.entries
+    finally:
+        structlog.configure(**saved)
+
+
+class Interloper:
+    """The real event log, except that before each of its first ``n`` fenced commits another
+    writer commits ``run_started`` to the same run, so the fence fails on the server."""
+
+    def __init__(self, real: JetStreamEventLog, n: int) -> None:
+        self.real, self.left, self.commits = real, n, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    async def commit(self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
+                     commit_id: str | None = None) -> int:
+        self.commits += 1
+        if self.left > 0:
+            self.left -= 1
+            head = await self.real.head(run_id)
+            await self.real.commit(run_id, [RunStarted(executor_id=f"x-{self.left}", at_ms=2)],
+                                   expected_lsn=head[0] if head else 0, writer="interloper")
+        return await self.real.commit(run_id, events, expected_lsn=expected_lsn, writer=writer, commit_id=commit_id)
+
+
+async def test_decides_on_the_loaded_state_and_commits_fenced_on_its_head(event_log: JetStreamEventLog) -> None:
+    base = await event_log.commit("r-1", [created("r-1")], expected_lsn=0)
+    seen: list[int] = []
+
+    def decide(state: RunState) -> list[AnyEvent]:
+        seen.append(state.head_lsn)
+        return [RunCancelled(reason="x", at_ms=3)]
+
+    result = await commit_decided(event_log, "r-1", decide, writer="t")
+    assert isinstance(result, Committed) and seen == [base]
+    assert result.state.status == "cancelled" and result.state.head_lsn == result.lsn > base
+    commits = await event_log.read("r-1")
+    assert [(lsn, c.writer, c.commit_id) for lsn, c in commits[1:]] == [(result.lsn, "t", result.commit_id)]
+    await assert_refold_identical(event_log, result.state)
+
+
+async def test_a_conflict_refreshes_and_decides_again(event_log: JetStreamEventLog) -> None:
+    await event_log.commit("r-2", [created("r-2")], expected_lsn=0)
+    stale = await event_log.load("r-2")
+    log = Interloper(event_log, n=2)
+    decided_on: list[tuple[int, str | None]] = []
+
+    def decide(state: RunState) -> list[AnyEvent]:
+        decided_on.append((state.head_lsn, state.executor_id))
+        return [RunCancelled(reason=f"seen {state.executor_id}", at_ms=3)]
+
+    with info_logs() as logs:
+        result = await commit_decided(log, "r-2", decide, writer="t", state=stale, policy=FAST,  # type: ignore[arg-type]
+                                      log_name="cancel")
+    assert isinstance(result, Committed)
+    commits = await event_log.read("r-2")
+    assert [c.writer for _, c in commits] == ["", "interloper", "interloper", "t"]
+    # each try decided on the state the previous try lost to (the interloper's commit applied)
+    assert decided_on == [(commits[0][0], None), (commits[1][0], "x-1"), (commits[2][0], "x-0")]
+    assert result.events == (RunCancelled(reason="seen x-0", at_ms=3),)
+    assert [(e["event"], e["try_no"], e["expected_lsn"]) for e in logs if e["event"] == "cancel.conflict"] == [
+        ("cancel.conflict", 1, commits[0][0]), ("cancel.conflict", 2, commits[1][0])]
+    await assert_refold_identical(event_log, result.state)
+
+
+async def test_no_commit_writes_nothing(event_log: JetStreamEventLog) -> None:
+    base = await event_log.commit("r-3", [created("r-3")], expected_lsn=0)
+    result = await commit_decided(event_log, "r-3", lambda s: NoCommit(reason=f"is {s.status}", state=s), writer="t")
+    assert isinstance(result, NoCommit) and result.reason == "is pending" and result.state.head_lsn == base
+    assert len(await event_log.read("r-3")) == 1
+
+
+async def test_a_domain_error_propagates_untried_again(event_log: JetStreamEventLog) -> None:
+    await event_log.commit("r-4", [created("r-4")], expected_lsn=0)
+    calls = 0
+
+    def decide(state: RunState) -> list[AnyEvent]:
+        nonlocal calls
+        calls += 1
+        raise InvalidTransition("not now", run_id=state.run_id)
+
+    with pytest.raises(InvalidTransition, match="not now"):
+        await commit_decided(event_log, "r-4", decide, writer="t")
+    assert calls == 1 and len(await event_log.read("r-4")) == 1
+
+
+async def test_a_missing_run_is_run_not_found(event_log: JetStreamEventLog) -> None:
+    with pytest.raises(RunNotFound):
+        await commit_decided(event_log, "r-none", lambda s: [RunCancelled(at_ms=1)], writer="t")
+
+
+async def test_losing_every_try_raises_concurrency_conflict(event_log: JetStreamEventLog) -> None:
+    await event_log.commit("r-5", [created("r-5")], expected_lsn=0)
+    log = Interloper(event_log, n=FAST.tries)
+    with pytest.raises(ConcurrencyConflict) as info:
+        await commit_decided(log, "r-5", lambda s: [RunCancelled(at_ms=3)], writer="t", policy=FAST)  # type: ignore[arg-type]
+    assert info.value.retryable and info.value.run_id == "r-5"
+    assert f"after {FAST.tries} tries" in info.value.message
+    assert log.commits == FAST.tries
+    assert {c.writer for _, c in await event_log.read("r-5")} == {"", "interloper"}
+
+
+async def test_an_in_flight_first_try_that_loses_is_decided_again(event_log: JetStreamEventLog) -> None:
+    base = await event_log.commit("r-6", [created("r-6")], expected_lsn=0)
+    state = await event_log.load("r-6")
+    other = await event_log.commit("r-6", [RunStarted(executor_id="x-9", at_ms=2)], expected_lsn=base)
+    events: list[AnyEvent] = [RunCancelled(reason="mine", at_ms=3)]
+    sent = await event_log.commit_async("r-6", events, expected_lsn=state.head_lsn, writer="t")
+    result = await commit_decided(event_log, "r-6", lambda s: events, writer="t", state=state, sent=sent)
+    assert isinstance(result, Committed) and result.lsn > other
+    assert [c.writer for _, c in await event_log.read("r-6")] == ["", "", "t"]
+
+
+async def test_an_in_flight_first_try_that_wins_is_the_result(event_log: JetStreamEventLog) -> None:
+    await event_log.commit("r-7", [created("r-7")], expected_lsn=0)
+    state = await event_log.load("r-7")
+    events: list[AnyEvent] = [RunCancelled(reason="mine", at_ms=3)]
+    sent = await event_log.commit_async("r-7", events, expected_lsn=state.head_lsn, writer="t")
+    result = await commit_decided(event_log, "r-7", lambda s: events, writer="t", state=state, sent=sent)
+    assert isinstance(result, Committed) and result.state.status == "cancelled"
+    assert len(await event_log.read("r-7")) == 2
+
+
+async def test_commit_new_creates_once(event_log: JetStreamEventLog) -> None:
+    first = await commit_new(event_log, "r-8", [created("r-8")], writer="a")
+    assert isinstance(first, Committed) and first.state.status == "pending" and first.state.head_lsn == first.lsn
+    again = await commit_new(event_log, "r-8", [created("r-8")], writer="b")
+    assert isinstance(again, NoCommit) and again.reason == "run exists" and again.state.head_lsn == first.lsn
+    assert [c.writer for _, c in await event_log.read("r-8")] == ["a"]
+
+
+async def test_racing_creators_one_wins_the_others_see_it(event_log: JetStreamEventLog) -> None:
+    results = await asyncio.gather(*(commit_new(event_log, "r-9", [created("r-9")], writer=f"w{i}")
+                                     for i in range(6)))
+    wins = [r for r in results if isinstance(r, Committed)]
+    assert len(wins) == 1
+    assert all(isinstance(r, NoCommit) and r.state.head_lsn == wins[0].lsn for r in results if r is not wins[0])
+    assert len(await event_log.read("r-9")) == 1
+
+
+async def test_commit_new_on_an_existing_run_may_decide_on_it(event_log: JetStreamEventLog) -> None:
+    await commit_new(event_log, "r-10", [created("r-10")], writer="a")
+    result = await commit_new(event_log, "r-10", [created("r-10")], writer="b",
+                              if_exists=lambda s: [RunCancelled(reason="dup", at_ms=5)])
+    assert isinstance(result, Committed) and result.state.status == "cancelled"
+
+
+def test_the_default_policy_is_bounded_and_jittered() -> None:
+    """Waits are drawn uniformly under a doubling bound (capped), so racing writers spread out."""
+    assert DEFAULT_POLICY.tries == 20
+    retrying = DEFAULT_POLICY.retrying(lambda _: (_ for _ in ()).throw(AssertionError()))
+    bounds = [min(DEFAULT_POLICY.max_backoff_s, DEFAULT_POLICY.backoff_s * 2 ** (n - 1)) for n in range(1, 20)]
+    assert bounds[0] == 0.005 and bounds[-1] == 0.2 and sum(bounds) < 4.0
+
+    class State:
+        def __init__(self, n: int) -> None:
+            self.attempt_number = n
+
+    for n, bound in enumerate(bounds, start=1):
+        waits = {retrying.wait(State(n)) for _ in range(50)}  # type: ignore[arg-type]
+        assert all(0 <= w <= bound for w in waits) and len(waits) > 1
