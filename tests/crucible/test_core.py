@@ -105,6 +105,21 @@ def test_k_sigma_margin_uses_the_repeated_baseline() -> None:
     assert applied.measure(Reading(values=(1.65,), score=1.65)).decide(**kw).verdict is Fate.KEEP  # type: ignore[arg-type]
 
 
+def test_promotes_is_decides_keep_test_against_the_recorded_best() -> None:
+    applied = Iteration.propose(1, "a", CandidateChange(note="n", paths=("x",))).apply(WorldSha("c"))
+    for direction in ("maximize", "minimize"):
+        for noise in (NoiseSpec(abs_margin=0.5), NoiseSpec(k_sigma=3.0, baseline_repeats=3)):
+            s = seg(1.0, baseline_readings=(0.8, 1.0, 1.2))
+            for reading in (Reading(values=(v,), score=v) for v in (0.2, 0.5, 0.9, 1.0, 1.4, 1.5, 1.6, 1.65, 3.0)):
+                measured = applied.measure(reading)
+                decided = measured.decide(segment=s, direction=direction, noise=noise, goal=None,  # type: ignore[arg-type]
+                                          wall_ms=0)
+                assert measured.promotes(segment=s, direction=direction, noise=noise) is (  # type: ignore[arg-type]
+                    decided.verdict is Fate.KEEP), (direction, noise, reading.score)
+    invalid = applied.measure(InvalidReading(reason="nan", values=(9.0,)))
+    assert not invalid.promotes(segment=seg(1.0), direction="maximize", noise=NoiseSpec())
+
+
 def test_budget_stops_before_overshooting() -> None:
     rows = (Row(it=1, regime="a", verdict=Fate.DISCARD, best_score=1, cost_usd=0.4, wall_ms=300),)
     run = Run(segment=seg(), rows=rows, spent=Spent(iterations=1, cost_usd=0.4, wall_ms=400))
