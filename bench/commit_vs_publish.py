@@ -9,7 +9,7 @@ Against one embedded nats-server (file storage, R1), in one process:
    same duplicate window), one subject per run like Reel. A third row publishes
    the raw bytes *with* Reel's headers through ``js.publish``, which separates the
    server's dedupe/fence cost from Reel's client-side overhead. Target: commit / raw ≤ 1.3.
-2. **model step** — the real :class:`services.executor.app.Executor` drives a
+2. **model step** — the real :class:`services.executor.driver.Driver` drives a
    workflow of N replay model steps (N = 10, 100, 200 by default; each step has 10
    candidate context items — the task and the last 9 messages — under a budget
    that packs 6, a distinct prompt and a distinct recorded output). Per step it
@@ -56,11 +56,13 @@ from _bench_common import (
 )
 from rich.table import Table
 
-from services.executor import app as executor_app
+from services.executor.app import ports
+from services.executor.attempts import Attempts
+from services.executor.driver import Driver, WorkflowSpecs
 from shared.core import planning as plan
 from shared.core.events import AnyEvent, AttemptDispatched, AttemptSucceeded, Commit, RunCreated, Usage, encode_commit
 from shared.core.fold import RunState
-from shared.core.ids import new_commit_id, new_run_id
+from shared.core.ids import new_commit_id, new_executor_id, new_run_id
 from shared.core.packer import pack
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
 from shared.core.tokens import DEFAULT_COUNTER
@@ -175,8 +177,8 @@ class PublishBench:
 
 # ---- part 2: model steps through the real executor ------------------------------------------------
 
-class TimedExecutor(executor_app.Executor):
-    """The real executor; records the wall time of each dispatched attempt (`_perform`)."""
+class TimedDriver(Driver):
+    """The real executor's driver; records the wall time of each dispatched attempt (`_perform`)."""
 
     step_us: list[float]
 
@@ -188,12 +190,19 @@ class TimedExecutor(executor_app.Executor):
         return out
 
 
+def timed_driver(b: Bench) -> TimedDriver:
+    """A driver wired as the executor's ``serve()`` wires it (its own ports, a fresh executor id)."""
+    log, blobs = ports(b.infra, b.cfg)
+    attempts = Attempts(log, blobs, b.nc, b.cfg.names, new_executor_id(), DEFAULT_COUNTER)
+    return TimedDriver(log, WorkflowSpecs(blobs), attempts)
+
+
 async def run_model_steps(b: Bench, spec: WorkflowSpec) -> tuple[float, list[float]]:
     """Create a run of ``spec`` (replay model steps) and drive it to Verifying; (wall µs/step, per-step µs)."""
-    ex = TimedExecutor(b.infra, b.cfg)
+    ex = timed_driver(b)
     ex.step_us = []
     n_steps = len(spec.steps)
-    ref = await ex.blobs.put(encode_workflow(spec), "application/json")
+    ref = await ex.specs.blobs.put(encode_workflow(spec), "application/json")
     run_id = new_run_id()
     created = RunCreated(run_id=run_id, branch_id="main", workflow_name=spec.name, workflow_ref=ref,
                          steps=spec.decls(), created_ms=int(time.time() * 1000))
@@ -212,10 +221,10 @@ class IoReplica:
     """The executor's per-model-step I/O, reproduced call for call with the real classes."""
 
     def __init__(self, b: Bench, salt: str) -> None:
-        ex = executor_app.Executor(b.infra, b.cfg)
-        self.log, self.blobs, self.kv = ex.log, ex.blobs, b.infra.outcomes
+        self.log, self.blobs = ports(b.infra, b.cfg)
+        self.kv = b.infra.outcomes
         self.run_id, self.lsn, self.salt, self.k = new_run_id(), 0, salt, 0
-        self.eid = ex.executor_id
+        self.eid = new_executor_id()
         self.nc, self.names = b.nc, b.cfg.names
         self.batch: whatif.AckBatch | None = None
 
@@ -238,7 +247,7 @@ class IoReplica:
                                 usage=Usage(input_tokens=900, output_tokens=200), at_ms=int(time.time() * 1000))
 
     async def as_executor(self) -> None:
-        """2 round trips, as ``Executor._model_attempt``/``_succeed`` do them (∥ = pipelined):
+        """2 round trips, as ``Attempts.model``/``_succeed`` do them (∥ = pipelined):
         prompt blob ∥ intent │ output blob ∥ KV marker ∥ outcome."""
         prompt, output = self._bodies()
         pfut = await self.blobs.put_async(prompt)
@@ -392,7 +401,7 @@ async def main(args: argparse.Namespace) -> int:
                    fmt(median(d["perf"])), fmt(median(d["p90"])), fmt(median(d["p99"])), f"{rp:.2f}",
                    *cpu_cells(cpu[label], ops[label]))
     console.print(t2)
-    console.print("wall / step = Executor.drive() time / N (planning, pack, 2 round trips; the run's load, claim "
+    console.print("wall / step = Driver.drive() time / N (planning, pack, 2 round trips; the run's load, claim "
                   "and Verifying commits amortized). _perform = one Dispatch: pack + prompt blob ∥ intent + replay "
                   "adapter + output blob ∥ KV marker ∥ outcome. CPU columns: µs of CPU per publish / per step "
                   "(mean over all rounds; this Python process, and the nats-server process from /proc)"

@@ -31,7 +31,8 @@ from shared.core.ids import branch_id_for_key, is_token
 from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive, publish_resume
+from shared.nats.leases import executor_alive
+from shared.nats.publish import publish_resume
 
 log = structlog.get_logger("reel.rewind")
 

@@ -68,6 +68,22 @@ def next_action(state: RunState, executor_id: str) -> Action:
     return EnterVerifying(bid)
 
 
+def outcome_recorded(state: RunState, branch_id: str, step_id: str, attempt: int) -> bool:
+    """True when attempt ``attempt`` of ``step_id`` on ``branch_id`` takes no outcome commit any more.
+
+    The executor decides this after its outcome commit lost the fence (a cancel, a
+    rewind, recovery committed while the side effect ran): the outcome is still a
+    fact about the attempt and is recorded on top of their commit, unless the
+    attempt was resolved meanwhile (recovery recorded it) or is no longer on the
+    branch. Pure.
+
+    Raises:
+        KeyError: ``branch_id`` is not a branch of the run.
+    """
+    found = next((a for a in state.branches[branch_id].attempts.get(step_id, []) if a.attempt == attempt), None)
+    return found is None or found.status != "dispatched"
+
+
 def succeeded_output(state: RunState, branch_id: str, step_id: str) -> BlobRef | None:
     """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.core.fold.final_success`)."""
     win = final_success(state.branches[branch_id].attempts.get(step_id, []))

@@ -1,17 +1,39 @@
-"""Executor liveness (brief §6): an executor holds an entry in the leases KV bucket while it
-heartbeats; the bucket's max age is the lease TTL, so a dead executor's entry expires."""
+"""Executor leases (brief §6): the writer (:func:`heartbeat`) and the reader (:func:`executor_alive`).
+
+An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
+executor id; body: ``{"executor_id": …, "pid": …}`` as JSON) while it heartbeats. The
+bucket's max age is the lease TTL, so a dead executor's entry expires by itself; a
+stopping one deletes it. Recovery and rewind read it to tell a live owner from a dead one.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+
 import structlog
-from nats.js import JetStreamContext
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from shared.core.commands import ResumeRun, encode
-from shared.core.subjects import MSG_ID_HEADER, Names
-
 log = structlog.get_logger(__name__)
+
+
+async def heartbeat(leases: KeyValue, executor_id: str, ttl_s: int, stop: asyncio.Event) -> None:
+    """Keep ``executor_id``'s lease alive (one put every ``ttl_s / 3`` seconds) until ``stop``, then delete it.
+
+    Best effort: a put or delete the server refuses is skipped (the next beat tries
+    again; an undeleted lease expires after ``ttl_s``). Never raises.
+    """
+    body = json.dumps({"executor_id": executor_id, "pid": os.getpid()}).encode()
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            await leases.put(executor_id, body)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ttl_s / 3)
+    with contextlib.suppress(Exception):
+        await leases.delete(executor_id)
 
 
 async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
@@ -30,9 +52,3 @@ async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
         log.warning("lease.unreadable", executor_id=executor_id, error=str(exc))
         return True
     return bool(entry.value)  # a server-written expiry marker has no body
-
-
-async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn: int) -> None:
-    """Queue ``ResumeRun`` for an executor, deduplicated per (run, LSN that made it needed)."""
-    await js.publish(names.command("resume"), encode(ResumeRun(run_id=run_id)),
-                     headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"})

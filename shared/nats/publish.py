@@ -1,4 +1,5 @@
-"""Acked publishes to JetStream subjects, pipelined (several in flight share one round trip)."""
+"""Acked publishes to JetStream subjects, pipelined (several in flight share one round trip), and the
+one command a service queues for another (:func:`publish_resume`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import asyncio
 import json
 
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
+
+from shared.core.commands import ResumeRun, encode
+from shared.core.subjects import MSG_ID_HEADER, Names
 
 
 async def request_ack(nc: Client, subject: str, body: bytes, headers: dict[str, str] | None,
@@ -34,3 +39,9 @@ def publish_pipelined(
     ``publish_async`` cannot be used: it loses error acks such as 10071.)
     """
     return asyncio.ensure_future(request_ack(nc, subject, body, headers, timeout_s))
+
+
+async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn: int) -> None:
+    """Queue ``ResumeRun`` for an executor, deduplicated per (run, LSN that made it needed)."""
+    await js.publish(names.command("resume"), encode(ResumeRun(run_id=run_id)),
+                     headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"})

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.executor.app import CRASH_ENV, serve
+from services.executor.app import serve
+from services.executor.attempts import CRASH_ENV
 from shared.config import Config
 from shared.core.commands import StartRun, encode
 from shared.core.subjects import Names

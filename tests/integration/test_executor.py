@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from services.executor.app import CRASH_ENV, Executor, serve
+from services.executor.app import ports, serve
+from services.executor.attempts import CRASH_ENV
+from services.executor.handler import Executor
 from shared.config import Config
 from shared.core.commands import Reply, StartRun, encode
 from shared.core.events import (
@@ -304,7 +306,7 @@ class RestingExecutor(Executor):
 @contextlib.asynccontextmanager
 async def resting_executor(infra: Infra, cfg: Config) -> AsyncIterator[RestingExecutor]:
     """An in-process executor on the shared durable consumer, with a 2 s redelivery delay."""
-    ex = RestingExecutor(infra, cfg)
+    ex = RestingExecutor(infra, cfg, *ports(infra, cfg))
     names = cfg.names
     consumer = CommandConsumer(infra, cfg, "executor", [names.command("start"), names.command("resume")],
                                ex.handle, ack_wait_s=2.0)
@@ -372,7 +374,7 @@ async def _create_run(infra: Infra, cfg: Config, event_log: JetStreamEventLog, r
 
 async def test_two_executors_racing_for_runs_never_both_write(
         infra: Infra, cfg: Config, event_log: JetStreamEventLog, tmp_path: Path) -> None:
-    xs = [Executor(infra, cfg) for _ in range(3)]
+    xs = [Executor(infra, cfg, *ports(infra, cfg)) for _ in range(3)]
     runs = [f"r-race-{i}" for i in range(6)]
     for run_id in runs:
         effects = tmp_path / f"{run_id}.log"
@@ -423,7 +425,7 @@ async def test_a_live_executor_that_lost_the_run_is_fenced_off(
         async with resting_executor(infra, cfg) as a:
             await start(client, workflow, "fence")
             await until_dispatched(1)  # A is now inside b#1's side effect
-            b = Executor(infra, cfg)
+            b = Executor(infra, cfg, *ports(infra, cfg))
             taking_over = asyncio.create_task(b.drive(run_id))
             await until_dispatched(2)  # B claimed the run and dispatched b#2
             os.write(gate_fd, b"go")  # one byte for each blocked tool call

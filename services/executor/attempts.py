@@ -1,0 +1,260 @@
+"""One attempt of a step: the intent commit, the side effect, the outcome commit (brief §3, §4).
+
+Per attempt the executor commits the intent (``attempt_dispatched``, with the prompt
+blob ref and the ContextPartition of a model step, in one commit) *before* the side
+effect (the model call or the tool run), and the outcome after. The output goes to
+the blob store and, keyed by ``<run>.<branch>.<step>.<attempt>``, to the outcomes KV
+bucket (the recovery marker: if the outcome commit is lost with this process,
+recovery finds the output there). Every commit is fenced on the LSN the executor
+last saw; what happens when the fence is lost is :meth:`Attempts.outcome`'s job for
+outcomes and the driver's (services/executor/driver.py) for everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import OrderedDict
+
+import msgspec
+import structlog
+import tenacity
+from nats.aio.client import Client
+
+from shared.clock import now_ms
+from shared.core import planning as plan
+from shared.core.errors import ConcurrencyConflict, ModelError, ToolError
+from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, Commit, Usage
+from shared.core.fold import RunState, apply_commit
+from shared.core.ids import ExecutorId
+from shared.core.packer import pack
+from shared.core.subjects import Names, outcome_key
+from shared.core.tokens import TokenCounter
+from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
+from shared.models import ModelRequest, make_adapter
+from shared.nats.blobstore import JetStreamBlobStore, ref_for
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.publish import publish_pipelined
+from shared.proc.tools import run_tool
+
+log = structlog.get_logger("reel.executor")
+
+TEXT_CACHE_BYTES = 64 * 1024 * 1024
+OUTCOME_RETRIES = 20
+BLOB_TIMEOUT_S = 30.0
+CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
+
+
+class Attempts:
+    """Performs attempts for one executor: its id, the event log, the blob store, the marker bucket.
+
+    Args:
+        log: the event log every commit goes to (fenced, written as ``executor_id``).
+        blobs: where prompts and outputs go (content-addressed).
+        nc: the connection the recovery markers are published on (``names.outcome_marker``).
+        counter: token counter of the packer's candidates.
+    """
+
+    def __init__(self, log: JetStreamEventLog, blobs: JetStreamBlobStore, nc: Client, names: Names,
+                 executor_id: ExecutorId, counter: TokenCounter) -> None:
+        self.log, self.blobs, self._nc, self._names = log, blobs, nc, names
+        self.executor_id = executor_id
+        self.counter = counter
+        self.facts = plan.TextFacts(counter)
+        self._texts: OrderedDict[str, str] = OrderedDict()  # sha256 → output text, LRU
+        self._texts_bytes = 0
+        self._crash_at = os.environ.get(CRASH_ENV, "")
+
+    # ---- commits -------------------------------------------------------------------------
+    async def commit(self, state: RunState, events: list[AnyEvent]) -> RunState:
+        """Commit ``events`` fenced on ``state.head_lsn``; the state after them.
+
+        Raises:
+            ConcurrencyConflict: someone else committed since ``state.head_lsn``.
+        """
+        fut = await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn, writer=self.executor_id)
+        return await self.applied(state, fut, events)
+
+    async def applied(self, state: RunState, fut: asyncio.Future[int], events: list[AnyEvent]) -> RunState:
+        """``state`` with ``events`` applied once the commit in flight (``fut``) has landed.
+
+        Raises:
+            ConcurrencyConflict: the commit lost its fence.
+        """
+        lsn = await fut
+        return apply_commit(state, lsn, Commit(commit_id="", run_id=state.run_id, events=tuple(events)))
+
+    # ---- attempts ------------------------------------------------------------------------
+    async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep, action: plan.Dispatch) -> RunState:
+        """Pack the context, commit the intent with the prompt blob, call the model, record the outcome.
+
+        Raises:
+            ConcurrencyConflict: the intent lost its fence (nothing was called).
+        """
+        outputs = await self.outputs(state, action.branch_id, plan.needed_outputs(step, spec))
+        items = plan.context_items(step, spec, outputs)
+        packed = pack(plan.candidates(items, self.facts), plan.policy_for(step, spec))
+        prompt = plan.render_prompt(step, items, packed.partition.packed)
+        body = prompt.encode()
+        prompt_ref = ref_for(body)
+        intent = AttemptDispatched(
+            branch_id=action.branch_id, step_id=step.id, attempt=action.attempt, executor_id=self.executor_id,
+            at_ms=now_ms(), prompt_ref=prompt_ref, context=packed.partition,
+        )
+        # the prompt blob and the intent go out in one round trip (the ref is computed locally); the model
+        # is called only once both are acked, so no side effect ever follows an intent whose prompt is missing
+        prompt_fut = await self.blobs.put_async(body)
+        intent_fut = await self.log.commit_async(state.run_id, [intent], expected_lsn=state.head_lsn,
+                                                 writer=self.executor_id)
+        blob_result, = await asyncio.gather(prompt_fut, return_exceptions=True)
+        state = await self.applied(state, intent_fut, [intent])
+        if isinstance(blob_result, BaseException):
+            return await self._fail(state, action, "prompt_store_failed", str(blob_result), True, Usage())
+        p = packed.partition
+        log.info("attempt.dispatched", lsn=state.head_lsn, packed=len(p.packed), available=len(p.available),
+                 dropped=len(p.dropped), prompt_tokens=packed.packed_tokens)
+        started = time.perf_counter()
+        try:
+            adapter = make_adapter(step.model, self.counter)
+            resp = await adapter.complete(ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
+                                                       prompt=prompt, prompt_tokens=packed.packed_tokens))
+        except ModelError as exc:
+            usage = Usage(input_tokens=packed.packed_tokens, latency_ms=_ms_since(started), cost_usd=exc.cost_usd)
+            return await self._fail(state, action, exc.kind, exc.message, exc.retryable, usage)
+        usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
+                      latency_ms=_ms_since(started), cost_usd=resp.cost_usd)
+        return await self._succeed(state, action, resp.text, usage)
+
+    async def tool(self, state: RunState, step: ToolStep, action: plan.Dispatch) -> RunState:
+        """Commit the intent, run the tool, record the outcome.
+
+        Raises:
+            ConcurrencyConflict: the intent lost its fence (the tool was not run).
+        """
+        intent = AttemptDispatched(branch_id=action.branch_id, step_id=step.id, attempt=action.attempt,
+                                   executor_id=self.executor_id, at_ms=now_ms())
+        state = await self.commit(state, [intent])
+        log.info("attempt.dispatched", lsn=state.head_lsn, tool=step.tool.type)
+        stdin = None
+        if step.tool.stdin_from:
+            stdin = (await self.outputs(state, action.branch_id, [step.tool.stdin_from])).get(
+                step.tool.stdin_from, "").encode()
+        started = time.perf_counter()
+        try:
+            text = await run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
+                "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
+                "REEL_ATTEMPT": str(action.attempt)})
+        except ToolError as exc:
+            return await self._fail(state, action, exc.kind, exc.message, exc.retryable,
+                                    Usage(latency_ms=_ms_since(started)))
+        return await self._succeed(state, action, text, Usage(latency_ms=_ms_since(started)))
+
+    # ---- outputs -------------------------------------------------------------------------
+    def _remember_text(self, sha: str, text: str) -> None:
+        if sha in self._texts:
+            self._texts.move_to_end(sha)
+            return
+        self._texts[sha] = text
+        self._texts_bytes += len(text)
+        while self._texts_bytes > TEXT_CACHE_BYTES and len(self._texts) > 1:
+            _, old = self._texts.popitem(last=False)
+            self._texts_bytes -= len(old)
+
+    async def outputs(self, state: RunState, branch_id: str, step_ids: list[str]) -> dict[str, str]:
+        """Output texts of earlier steps (from this executor's LRU, else the blob store); step id → text.
+
+        Raises:
+            BlobMissing: an output's blob is gone from the store.
+        """
+        out: dict[str, str] = {}
+        for sid in step_ids:
+            ref = plan.succeeded_output(state, branch_id, sid)
+            if ref is None:
+                continue
+            text = self._texts.get(ref.sha256)
+            if text is None:
+                text = await self.blobs.get_text(ref)
+            self._remember_text(ref.sha256, text)
+            out[sid] = text
+        return out
+
+    # ---- outcomes ------------------------------------------------------------------------
+    async def _succeed(self, state: RunState, action: plan.Dispatch, text: str, usage: Usage) -> RunState:
+        """Store the output, its recovery marker and the outcome commit in one round trip.
+
+        The three go out together on one connection, so the server stores the blob
+        and the marker before it sees the commit. If the blob write is refused while
+        the commit lands, the blob is written again (the ref is content-addressed,
+        so the commit's ref becomes valid) before the run moves on.
+        """
+        body = text.encode()
+        ref = ref_for(body)
+        self._remember_text(ref.sha256, text)
+        key = outcome_key(state.run_id, action.branch_id, action.step_id, action.attempt)
+        blob_fut = await self.blobs.put_async(body)
+        marker_fut = publish_pipelined(self._nc, self._names.outcome_marker(key),
+                                       msgspec.json.encode(ref), None, BLOB_TIMEOUT_S)
+        if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
+            await asyncio.gather(blob_fut, marker_fut)
+            log.error("executor.crash_injected", point=self._crash_at)
+            os._exit(137)
+        event = AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                 output_ref=ref, usage=usage, at_ms=now_ms())
+        fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
+                                          writer=self.executor_id)
+        stored = await asyncio.gather(blob_fut, marker_fut, return_exceptions=True)
+        if isinstance(stored[0], BaseException):
+            log.warning("attempt.output_rewrite", error=str(stored[0]))
+            await self._store_until_done(body)
+        if isinstance(stored[1], BaseException):  # the marker only matters if the commit is lost too
+            log.warning("attempt.marker_failed", error=str(stored[1]))
+        state = await self._outcome(state, fut, event)
+        log.info("attempt.succeeded", lsn=state.head_lsn, output_bytes=len(body),
+                 input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                 latency_ms=round(usage.latency_ms, 3))
+        return state
+
+    async def _store_until_done(self, body: bytes) -> None:
+        """Write a blob whose ref is (about to be) committed, retrying with backoff until it is stored."""
+        async for attempt in tenacity.AsyncRetrying(wait=tenacity.wait_exponential(max=10), reraise=True,
+                                                    stop=tenacity.stop_after_delay(600)):
+            with attempt:
+                await self.blobs.put(body)
+
+    async def _outcome(self, state: RunState, fut: asyncio.Future[int],
+                       event: AttemptSucceeded | AttemptFailed) -> RunState:
+        """Settle an outcome commit. If someone else committed while the side effect ran (a cancel,
+        a rewind, recovery), the outcome is still a fact about this attempt: record it on top of
+        their commit, unless the attempt was resolved meanwhile. Never drops an outcome silently.
+        """
+        try:
+            return await self.applied(state, fut, [event])
+        except ConcurrencyConflict:
+            pass
+        for _ in range(OUTCOME_RETRIES):
+            state = await self.log.load(state.run_id)
+            if plan.outcome_recorded(state, event.branch_id, event.step_id, event.attempt):
+                log.info("attempt.outcome_already_recorded", lsn=state.head_lsn)
+                return state
+            try:
+                return await self.commit(state, [event])
+            except ConcurrencyConflict:
+                continue
+        raise ConcurrencyConflict(f"could not record the outcome of {event.step_id}#{event.attempt}",
+                                  run_id=state.run_id)
+
+    async def _fail(self, state: RunState, action: plan.Dispatch, kind: str, message: str, retryable: bool,
+                    usage: Usage) -> RunState:
+        event = AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                              error_kind=kind, message=message[:2000], retryable=retryable, usage=usage,
+                              at_ms=now_ms())
+        fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
+                                          writer=self.executor_id)
+        state = await self._outcome(state, fut, event)
+        log.info("attempt.failed", lsn=state.head_lsn, error_kind=kind, reason=message[:200], retryable=retryable)
+        return state
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

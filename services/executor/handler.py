@@ -1,0 +1,143 @@
+"""The executor's commands: ``start`` (create a run) and ``resume`` (drive an existing one).
+
+A command is decoded and validated, answered with a :class:`~shared.core.commands.Reply`,
+and then the run is driven until it rests (services/executor/driver.py). The command
+message stays un-acked (kept alive with in-progress acks by the consumer shell) until
+the run rests, so if this process dies JetStream redelivers the command and another
+executor takes over from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import structlog
+
+from shared.clock import now_ms
+from shared.config import Config
+from shared.core.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
+from shared.core.errors import BlobMissing, ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
+from shared.core.events import BlobRef, RunCreated
+from shared.core.fold import RunState
+from shared.core.ids import ROOT_BRANCH, ExecutorId, is_token, new_executor_id, run_id_for_key
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.consumer import Ack, Command, send_reply
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra
+
+from .attempts import Attempts
+from .driver import Driver, HandedBack, WorkflowSpecs
+
+log = structlog.get_logger("reel.executor")
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class Executor:
+    """One executor: its id, its ports, the runs it drives, and the start/resume handler.
+
+    Args:
+        log: the event log port (constructed once by ``serve()``).
+        blobs: the blob store port (constructed once by ``serve()``).
+        stopping: set on shutdown: finish the attempt in flight, then hand runs back.
+    """
+
+    def __init__(self, infra: Infra, cfg: Config, log: JetStreamEventLog, blobs: JetStreamBlobStore, *,
+                 executor_id: ExecutorId | None = None, counter: TokenCounter = DEFAULT_COUNTER,
+                 stopping: asyncio.Event | None = None) -> None:
+        self.infra, self.log, self.blobs = infra, log, blobs
+        self.executor_id = executor_id or new_executor_id()
+        self.specs = WorkflowSpecs(blobs)
+        attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter)
+        self.driver = Driver(log, self.specs, attempts, stopping=stopping)
+        self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
+
+    async def drive(self, run_id: str) -> RunState | None:
+        """Drive ``run_id`` until it rests (see :meth:`Driver.drive`)."""
+        return await self.driver.drive(run_id)
+
+    async def handle(self, cmd: Command) -> Ack:
+        """Handle one start or resume command (reply, then drive the run until it rests)."""
+        kind = cmd.subject.rsplit(".", 1)[-1]
+        try:
+            if kind == "start":
+                run_id = await self._start(cmd)
+            else:
+                run_id = decode_command(cmd.data, ResumeRun).run_id
+                if not is_token(run_id):
+                    raise InvalidCommand(f"{run_id[:80]!r} is not a valid run id (at `$.run_id`)")
+                if await self.log.head(run_id) is None:  # refuse before anything else; drive() loads it
+                    raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
+        except ReelError as exc:
+            log.warning("command.rejected", command=kind, code=exc.code, reason=exc.message,
+                        stream_seq=cmd.stream_seq)
+            await send_reply(self.infra, cmd, error_reply(exc))
+            return Ack.ACK
+        if kind == "resume":
+            await send_reply(self.infra, cmd, Reply(ok=True, run_id=run_id))
+        if run_id in self._driving:  # this process drives it already: make that loop look once more
+            self._driving[run_id] = True
+            log.info("run.already_driving", command=kind)
+            return Ack.ACK
+        self._driving[run_id] = False
+        try:
+            while True:
+                await self.drive(run_id)
+                if not self._driving[run_id]:
+                    return Ack.ACK
+                self._driving[run_id] = False
+        except HandedBack:
+            return Ack.NAK  # redelivered at once to another instance, which takes over from the log
+        finally:
+            del self._driving[run_id]
+
+    async def _start(self, cmd: Command) -> str:
+        start = decode_command(cmd.data, StartRun)
+        spec = await self._spec_of_command(start)
+        key = start.idempotency_key or f"cmd:{cmd.identity}"  # no key: the command message is the identity
+        run_id = run_id_for_key(key)
+        structlog.contextvars.bind_contextvars(run_id=run_id)
+        workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
+        self.specs.remember(workflow_ref.sha256, spec)
+        created = RunCreated(
+            run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
+            steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
+            idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
+        )
+        try:
+            lsn = await self.log.commit(run_id, [created], expected_lsn=0, writer=self.executor_id)
+            log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=lsn)
+            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=lsn)
+        except ConcurrencyConflict:
+            state = await self.log.load(run_id)
+            log.info("run.exists", status=state.status, idempotency_key=start.idempotency_key)
+            reply = Reply(ok=True, run_id=run_id, status=state.status, created=False)  # nothing committed: lsn 0
+        await send_reply(self.infra, cmd, reply)
+        return run_id
+
+    async def _spec_of_command(self, start: StartRun) -> WorkflowSpec:
+        if (start.workflow is None) == (start.workflow_ref is None):
+            raise InvalidCommand("start needs exactly one of `workflow` or `workflow_ref`")
+        if start.workflow is not None:
+            return validate_workflow(start.workflow)
+        assert start.workflow_ref is not None
+        return await self._spec_of_ref(start.workflow_ref)
+
+    async def _spec_of_ref(self, ref: BlobRef) -> WorkflowSpec:
+        """The workflow a start command sends by reference; errors name `$.workflow_ref`.
+
+        Raises:
+            InvalidCommand: ``sha256`` is not a sha256 hex digest.
+            BlobMissing: the blob store has no such (intact) blob.
+            WorkflowInvalid: the blob is not a valid workflow.
+        """
+        if not _SHA256_HEX.fullmatch(ref.sha256):
+            raise InvalidCommand(f"workflow_ref.sha256 must be 64 lowercase hex digits, got {ref.sha256[:80]!r}"
+                                 " (at `$.workflow_ref.sha256`)")
+        try:
+            return await self.specs.load(ref)
+        except BlobMissing as exc:
+            raise BlobMissing(f"workflow_ref: {exc.message}; upload the workflow first (at `$.workflow_ref`)") from exc
