@@ -36,6 +36,7 @@ from shared.config import Config
 from shared.core.errors import ReelError, RunNotFound
 from shared.core.events import Verdict
 from shared.core.fold import RunState, apply_commit
+from shared.core.ids import BranchId
 from shared.core.subjects import Names
 from shared.core.workflow import WorkflowSpec, encode_workflow, load_workflow
 from shared.logging import setup_logging
@@ -335,7 +336,8 @@ def show(
         if json_out:
             from shared.core.views import build_episode_view, serialize_view
 
-            sys.stdout.write(serialize_view(build_episode_view(state, branch)).decode() + "\n")
+            sys.stdout.write(serialize_view(build_episode_view(state, BranchId(branch) if branch else None)).decode()
+                             + "\n")
         else:
             print_timeline(console, state, branch)
         return 0

@@ -21,6 +21,7 @@ from shared.core.events import (
     VerdictRecorded,
 )
 from shared.core.fold import RunState
+from shared.core.ids import BranchId
 from shared.core.views import build_episode_view
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
@@ -78,7 +79,7 @@ def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
 
 def timeline(state: RunState, branch_id: str | None = None) -> Group:
     """``reel show``: header, branches, one row per attempt (status, partition sizes, usage, LSNs), verdicts."""
-    bid = branch_id or state.active_branch
+    bid = BranchId(branch_id) if branch_id else state.active_branch
     view = build_episode_view(state, bid)
     header = Text()
     header.append(f"run {state.run_id}", style="bold")

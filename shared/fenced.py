@@ -36,7 +36,7 @@ import tenacity
 from shared.core.errors import ConcurrencyConflict
 from shared.core.events import AnyEvent, Commit
 from shared.core.fold import RunState, apply_commit
-from shared.core.ids import new_commit_id
+from shared.core.ids import CommitId, RunId, new_commit_id
 from shared.core.ports import EventLog
 
 logger = structlog.get_logger("reel.fenced")
@@ -183,6 +183,7 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
             except ConcurrencyConflict:
                 logger.info(f"{log_name}.conflict", expected_lsn=expected, try_no=try_no)
                 raise
-            after = apply_commit(state, lsn, Commit(commit_id=cid, run_id=run_id, writer=writer, events=events))
+            done = Commit(commit_id=CommitId(cid), run_id=RunId(run_id), writer=writer, events=events)
+            after = apply_commit(state, lsn, done)
             return Committed(lsn=lsn, state=after, events=events, commit_id=cid)
     raise AssertionError("unreachable: tenacity either returns, raises, or calls on_exhausted")  # pragma: no cover

@@ -41,6 +41,7 @@ import structlog
 
 from shared.core.errors import ReelError
 from shared.core.events import BlobRef, RunOutcome, VerdictStatus
+from shared.core.ids import LSN, AttemptNo, BranchId, RunId, StepId
 from shared.core.views import AttemptView, EpisodeView, StepView
 from shared.core.workflow import VerifierSpec
 
@@ -106,16 +107,16 @@ class VerifierCtx:
         snapshot_lsn: the LSN of the ``run_verifying`` commit the view was built at.
     """
 
-    run: str
-    step: str
-    attempt: int | None
+    run: RunId
+    step: StepId
+    attempt: AttemptNo | None
     episode: EpisodeView
     blobs: BlobReader
     deadline: float
-    snapshot_lsn: int
+    snapshot_lsn: LSN
 
     @property
-    def branch(self) -> str:
+    def branch(self) -> BranchId:
         """The judged branch."""
         return self.episode.branch_id
 

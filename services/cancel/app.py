@@ -24,7 +24,7 @@ from shared.core.commands import CancelRun, Reply, decode_command, error_reply
 from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError
 from shared.core.events import RunCancelled
 from shared.core.fold import LIVE, RunState
-from shared.core.ids import is_token
+from shared.core.ids import LSN, is_token
 from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
@@ -85,7 +85,7 @@ class CancelService:
                 await asyncio.sleep(0.01 * attempt)
                 continue
             log.info("cancel.committed", previous_status=state.status, lsn=lsn, reason=req.reason)
-            return Reply(ok=True, run_id=state.run_id, status="cancelled", lsn=lsn,
+            return Reply(ok=True, run_id=state.run_id, status="cancelled", lsn=LSN(lsn),
                          detail={"previous_status": state.status})
         raise ConcurrencyConflict(f"run {req.run_id} kept moving; cancel not committed after {MAX_TRIES} tries",
                                   run_id=req.run_id)

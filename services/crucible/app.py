@@ -30,6 +30,7 @@ from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from shared.config import Config
 from shared.core.commands import Reply, decode_command, error_reply
 from shared.core.errors import ReelError
+from shared.core.ids import RunId
 from shared.crucible.config import SessionConfig, validate
 from shared.crucible.errors import ConfigInvalid, SessionExists
 from shared.crucible.names import CrucibleNames
@@ -81,7 +82,8 @@ class Worker:
         except ReelError as exc:
             await send_reply(self.infra, cmd, error_reply(exc))
             return Ack.ACK
-        await send_reply(self.infra, cmd, Reply(ok=True, run_id=sid, status="resuming" if resume else "starting"))
+        await send_reply(self.infra, cmd,
+                         Reply(ok=True, run_id=RunId(sid), status="resuming" if resume else "starting"))
         try:
             if resume:
                 exit_ = (await resume_session(self.backend, sid, stop=self.stop)).exit

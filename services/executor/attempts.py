@@ -27,7 +27,7 @@ from shared.core import planning as plan
 from shared.core.errors import ConcurrencyConflict, ModelError, ToolError
 from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, Commit, Usage
 from shared.core.fold import RunState, apply_commit
-from shared.core.ids import ExecutorId
+from shared.core.ids import BranchId, CommitId, ExecutorId, StepId
 from shared.core.packer import pack
 from shared.core.subjects import Names, outcome_key
 from shared.core.tokens import TokenCounter
@@ -83,7 +83,7 @@ class Attempts:
             ConcurrencyConflict: the commit lost its fence.
         """
         lsn = await fut
-        return apply_commit(state, lsn, Commit(commit_id="", run_id=state.run_id, events=tuple(events)))
+        return apply_commit(state, lsn, Commit(commit_id=CommitId(""), run_id=state.run_id, events=tuple(events)))
 
     # ---- attempts ------------------------------------------------------------------------
     async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep, action: plan.Dispatch) -> RunState:
@@ -99,7 +99,7 @@ class Attempts:
         body = prompt.encode()
         prompt_ref = ref_for(body)
         intent = AttemptDispatched(
-            branch_id=action.branch_id, step_id=step.id, attempt=action.attempt, executor_id=self.executor_id,
+            branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=self.executor_id,
             at_ms=now_ms(), prompt_ref=prompt_ref, context=packed.partition,
         )
         # the prompt blob and the intent go out in one round trip (the ref is computed locally); the model
@@ -132,7 +132,7 @@ class Attempts:
         Raises:
             ConcurrencyConflict: the intent lost its fence (the tool was not run).
         """
-        intent = AttemptDispatched(branch_id=action.branch_id, step_id=step.id, attempt=action.attempt,
+        intent = AttemptDispatched(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                    executor_id=self.executor_id, at_ms=now_ms())
         state = await self.commit(state, [intent])
         log.info("attempt.dispatched", lsn=state.head_lsn, tool=step.tool.type)
@@ -161,7 +161,7 @@ class Attempts:
             _, old = self._texts.popitem(last=False)
             self._texts_bytes -= len(old)
 
-    async def outputs(self, state: RunState, branch_id: str, step_ids: list[str]) -> dict[str, str]:
+    async def outputs(self, state: RunState, branch_id: BranchId, step_ids: list[str]) -> dict[str, str]:
         """Output texts of earlier steps (from this executor's LRU, else the blob store); step id → text.
 
         Raises:
@@ -169,7 +169,7 @@ class Attempts:
         """
         out: dict[str, str] = {}
         for sid in step_ids:
-            ref = plan.succeeded_output(state, branch_id, sid)
+            ref = plan.succeeded_output(state, branch_id, StepId(sid))
             if ref is None:
                 continue
             text = self._texts.get(ref.sha256)

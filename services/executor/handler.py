@@ -20,7 +20,7 @@ from shared.core.commands import Reply, ResumeRun, StartRun, decode_command, err
 from shared.core.errors import BlobMissing, ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
-from shared.core.ids import ROOT_BRANCH, ExecutorId, is_token, new_executor_id, run_id_for_key
+from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, RunId, is_token, new_executor_id, run_id_for_key
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
 from shared.nats.blobstore import JetStreamBlobStore
@@ -77,7 +77,7 @@ class Executor:
             await send_reply(self.infra, cmd, error_reply(exc))
             return Ack.ACK
         if kind == "resume":
-            await send_reply(self.infra, cmd, Reply(ok=True, run_id=run_id))
+            await send_reply(self.infra, cmd, Reply(ok=True, run_id=RunId(run_id)))
         if run_id in self._driving:  # this process drives it already: make that loop look once more
             self._driving[run_id] = True
             log.info("run.already_driving", command=kind)
@@ -110,7 +110,7 @@ class Executor:
         try:
             lsn = await self.log.commit(run_id, [created], expected_lsn=0, writer=self.executor_id)
             log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=lsn)
-            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=lsn)
+            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=LSN(lsn))
         except ConcurrencyConflict:
             state = await self.log.load(run_id)
             log.info("run.exists", status=state.status, idempotency_key=start.idempotency_key)

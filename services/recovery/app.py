@@ -38,7 +38,7 @@ from shared.core.commands import RecoverRuns, Reply, decode_command, error_reply
 from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError
 from shared.core.events import BlobRef, Commit
 from shared.core.fold import RunState, apply_commit
-from shared.core.ids import is_token
+from shared.core.ids import CommitId, is_token
 from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
@@ -134,7 +134,7 @@ class RecoveryService:
                 log.info("recovery.resolved", branch_id=intent.branch_id, step_id=intent.step_id,
                          attempt=intent.attempt, outcome=outcome, lsn=lsn, executor_id=intent.executor_id,
                          inherited=intent.inherited, status=state.status, above_lsn=state.head_lsn)
-            state = apply_commit(state, lsn, Commit(commit_id="", run_id=state.run_id, events=events))
+            state = apply_commit(state, lsn, Commit(commit_id=CommitId(""), run_id=state.run_id, events=events))
         if plan.resume:
             await self._resume(state)
             report.resumed = True

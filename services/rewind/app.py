@@ -27,7 +27,7 @@ from shared.core import rewind
 from shared.core.commands import Reply, RewindRun, decode_command, error_reply
 from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
 from shared.core.fold import DRIVABLE, BranchState, RunState, fold
-from shared.core.ids import branch_id_for_key, is_token
+from shared.core.ids import LSN, BranchId, branch_id_for_key, is_token
 from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
@@ -74,7 +74,7 @@ class RewindService:
             raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
         return state, [lsn for lsn, _ in commits]
 
-    async def _rewind(self, req: RewindRun, branch_id: str) -> Reply:
+    async def _rewind(self, req: RewindRun, branch_id: BranchId) -> Reply:
         structlog.contextvars.bind_contextvars(branch_id=branch_id)
         for attempt in range(1, MAX_TRIES + 1):
             state, lsns = await self._load(req.run_id)
@@ -91,7 +91,8 @@ class RewindService:
             log.info("rewind.forked", parent_branch_id=event.parent_branch_id, fork_lsn=event.fork_lsn,
                      from_step=event.from_step, lsn=lsn, previous_status=state.status)
             resume = await self._maybe_resume(state, lsn)
-            return Reply(ok=True, run_id=state.run_id, status="running", created=True, branch_id=branch_id, lsn=lsn,
+            return Reply(ok=True, run_id=state.run_id, status="running", created=True, branch_id=branch_id,
+                         lsn=LSN(lsn),
                          detail={"parent_branch_id": event.parent_branch_id, "fork_lsn": event.fork_lsn,
                                  "from_step": event.from_step, "resume": resume})
         raise ConcurrencyConflict(f"run {req.run_id} kept moving; rewind not committed after {MAX_TRIES} tries",

@@ -34,6 +34,7 @@ from shared.clock import now_ms
 from shared.core.errors import BlobMissing, ConcurrencyConflict, ReelError, RunNotFound, WorkflowInvalid
 from shared.core.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
 from shared.core.fold import RunState, apply_commit, branch_failed
+from shared.core.ids import LSN, BranchId, CommitId, RunId
 from shared.core.subjects import MSG_ID_HEADER, Names
 from shared.core.views import EpisodeView, build_episode_view
 from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
@@ -71,9 +72,9 @@ class SnapshotNotVisible(ReelError):
 class Job:
     """The verification of ``run_id`` at ``snapshot_lsn`` (on ``branch_id``)."""
 
-    run_id: str
-    branch_id: str
-    snapshot_lsn: int
+    run_id: RunId
+    branch_id: BranchId
+    snapshot_lsn: LSN
     pinned: RunState
     view: EpisodeView
     current: RunState
@@ -114,9 +115,9 @@ class VerificationHandler:
         if pinned is None or pinned.head_lsn != snapshot_lsn:
             raise SnapshotNotVisible(f"commit {snapshot_lsn} of {run_id} not visible yet", run_id=run_id)
         current = await self.log.load(run_id)
-        view = build_episode_view(pinned, branch_id)
-        return Job(run_id=run_id, branch_id=branch_id, snapshot_lsn=snapshot_lsn, pinned=pinned, view=view,
-                   current=current)
+        view = build_episode_view(pinned, BranchId(branch_id))
+        return Job(run_id=RunId(run_id), branch_id=BranchId(branch_id), snapshot_lsn=LSN(snapshot_lsn), pinned=pinned,
+                   view=view, current=current)
 
     async def run(self, job: Job) -> None:
         """Judge, record, publish, complete (see module doc)."""
@@ -210,7 +211,8 @@ class VerificationHandler:
                 except ConcurrencyConflict:
                     log.info("verification.conflict", expected_lsn=state.head_lsn)
                     continue
-                job.current = apply_commit(state, lsn, Commit(commit_id="", run_id=job.run_id, events=tuple(events)))
+                job.current = apply_commit(state, lsn, Commit(commit_id=CommitId(""), run_id=job.run_id,
+                                                              events=tuple(events)))
                 return lsn
         raise ConcurrencyConflict(f"{job.run_id} kept moving: {MAX_TRIES} fenced commits lost", run_id=job.run_id)
 

@@ -14,6 +14,7 @@ import msgspec
 
 from shared.core.errors import InvalidCommand, ReelError
 from shared.core.events import BlobRef
+from shared.core.ids import LSN, BranchId, RunId, StepId
 from shared.core.workflow import WorkflowSpec
 
 _T = TypeVar("_T")
@@ -39,7 +40,7 @@ class StartRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class CancelRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Cancel a run (``<ns>.cmd.cancel``); legal from Pending, Running, Verifying."""
 
-    run_id: str
+    run_id: RunId
     reason: str = ""
 
 
@@ -49,23 +50,23 @@ class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     Exactly one of ``at_step`` / ``at_lsn``. ``branch`` defaults to the run's active branch.
     """
 
-    run_id: str
-    branch: str | None = None
-    at_step: str | None = None
-    at_lsn: int | None = None
+    run_id: RunId
+    branch: BranchId | None = None
+    at_step: StepId | None = None
+    at_lsn: LSN | None = None
     idempotency_key: str | None = None
 
 
 class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Ask an executor to continue a run (``<ns>.cmd.resume``); sent by rewind and recovery."""
 
-    run_id: str
+    run_id: RunId
 
 
 class RecoverRuns(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Ask recovery to scan now (``<ns>.cmd.recover``): one run, or every run with open intents."""
 
-    run_id: str | None = None
+    run_id: RunId | None = None
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,18 +91,19 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """
 
     ok: bool
-    run_id: str | None = None
+    run_id: RunId | None = None
     status: str | None = None
     created: bool | None = None
-    branch_id: str | None = None
-    lsn: int = 0
+    branch_id: BranchId | None = None
+    lsn: LSN = LSN(0)
     error: ErrorInfo | None = None
     detail: dict[str, Any] = {}
 
 
 def error_reply(exc: ReelError, run_id: str | None = None) -> Reply:
     """The reply for a refused command."""
-    return Reply(ok=False, run_id=run_id or exc.run_id,
+    rid = run_id or exc.run_id
+    return Reply(ok=False, run_id=None if rid is None else RunId(rid),
                  error=ErrorInfo(code=exc.code, message=exc.message, retryable=exc.retryable))
 
 

@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 from shared.core.errors import UnknownEventType
+from shared.core.ids import LSN, AttemptNo, BranchId, CommitId, ContextItemId, ExecutorId, RunId, StepId
 
 SCHEMA_VERSION = 1
 
@@ -63,15 +64,15 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
             duplicate, over the per-item cap, or larger than the whole budget).
     """
 
-    packed: tuple[str, ...]
-    available: tuple[str, ...]
-    dropped: tuple[str, ...]
+    packed: tuple[ContextItemId, ...]
+    available: tuple[ContextItemId, ...]
+    dropped: tuple[ContextItemId, ...]
 
 
 class StepDecl(msgspec.Struct, frozen=True, kw_only=True):
     """The fold's view of one workflow step: enough to know when it is terminal."""
 
-    step_id: str
+    step_id: StepId
     kind: StepKind
     max_attempts: int = 1
 
@@ -90,13 +91,13 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
         at_ms: when the verdict was produced (epoch ms).
     """
 
-    run_id: str
-    branch_id: str
-    snapshot_lsn: int
+    run_id: RunId
+    branch_id: BranchId
+    snapshot_lsn: LSN
     verifier: str
     verifier_version: str = "1"
-    step_id: str | None = None
-    attempt: int | None = None
+    step_id: StepId | None = None
+    attempt: AttemptNo | None = None
     status: VerdictStatus
     score: float = 0.0
     reason: str = ""
@@ -110,8 +111,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
     """A run exists and is ``Pending``. The workflow body is in the blob store."""
 
-    run_id: str
-    branch_id: str
+    run_id: RunId
+    branch_id: BranchId
     workflow_name: str
     workflow_ref: BlobRef
     steps: tuple[StepDecl, ...]
@@ -124,7 +125,7 @@ class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
 class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     """An executor claimed the run: ``Pending``/``Running`` → ``Running``."""
 
-    executor_id: str
+    executor_id: ExecutorId
     at_ms: int
 
 
@@ -136,10 +137,10 @@ class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=Tr
     that step that is still ``dispatched`` (its executor died).
     """
 
-    branch_id: str
-    step_id: str
-    attempt: int
-    executor_id: str
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    executor_id: ExecutorId
     at_ms: int
     prompt_ref: BlobRef | None = None
     context: ContextPartition | None = None
@@ -148,9 +149,9 @@ class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=Tr
 class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True):
     """The outcome of a dispatched attempt: success, with its output blob."""
 
-    branch_id: str
-    step_id: str
-    attempt: int
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
     output_ref: BlobRef
     usage: Usage = Usage()
     at_ms: int
@@ -160,9 +161,9 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
 class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
     """The outcome of a dispatched attempt: failure, kept in the log forever."""
 
-    branch_id: str
-    step_id: str
-    attempt: int
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
     error_kind: str
     message: str
     retryable: bool = True
@@ -174,7 +175,7 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
 class RunVerifying(Event, tag="run_verifying", kw_only=True, frozen=True):
     """Every step of the branch is terminal; the run rests in ``Verifying``."""
 
-    branch_id: str
+    branch_id: BranchId
     at_ms: int
 
 
@@ -187,9 +188,9 @@ class VerdictRecorded(Event, tag="verdict_recorded", kw_only=True, frozen=True):
 class RunCompleted(Event, tag="run_completed", kw_only=True, frozen=True):
     """Terminal: every expected verdict for the snapshot is in (or none was configured)."""
 
-    branch_id: str
+    branch_id: BranchId
     outcome: RunOutcome
-    snapshot_lsn: int = 0
+    snapshot_lsn: LSN = LSN(0)
     at_ms: int
 
 
@@ -208,10 +209,10 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
     records never change. The run goes back to ``Running`` on the new branch.
     """
 
-    branch_id: str
-    parent_branch_id: str
-    fork_lsn: int
-    from_step: str | None = None
+    branch_id: BranchId
+    parent_branch_id: BranchId
+    fork_lsn: LSN
+    from_step: StepId | None = None
     at_ms: int
 
 
@@ -241,8 +242,8 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     v: int = SCHEMA_VERSION
-    commit_id: str
-    run_id: str
+    commit_id: CommitId
+    run_id: RunId
     writer: str = ""
     events: tuple[AnyEvent, ...]
 

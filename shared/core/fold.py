@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -26,125 +26,44 @@ from shared.core.events import (
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
-    BlobRef,
     BranchForked,
     Commit,
-    ContextPartition,
     RunCancelled,
     RunCompleted,
     RunCreated,
-    RunOutcome,
     RunStarted,
     RunVerifying,
     StepDecl,
     Usage,
-    Verdict,
     VerdictRecorded,
+)
+from shared.core.ids import LSN, AttemptNo, BranchId, StepId
+from shared.core.state import (
+    DRIVABLE,
+    LIVE,
+    RESTING,
+    STEP_TERMINAL,
+    AttemptState,
+    AttemptStatus,
+    BranchState,
+    RunState,
+    RunStatus,
+    StepStatus,
+    _positions,
 )
 
 FOLD_VERSION = 1
 """Bump when the fold changes what a log means (with the golden expectations): snapshots written
 by another version are ignored."""
 
-RunStatus = Literal["pending", "running", "verifying", "completed", "cancelled"]
-AttemptStatus = Literal["dispatched", "succeeded", "failed"]
-StepStatus = Literal["pending", "running", "retrying", "succeeded", "failed", "skipped"]
-LIVE: frozenset[str] = frozenset({"pending", "running", "verifying"})
-"""Statuses a run can leave: cancel is legal in each (brief §2)."""
-DRIVABLE: frozenset[str] = frozenset({"pending", "running"})
-"""Statuses in which an executor drives the run."""
-RESTING: frozenset[str] = frozenset({"verifying", "completed", "cancelled"})
-"""Statuses in which no executor drives the run."""
+__all__ = [
+    "DRIVABLE", "FOLD_VERSION", "LIVE", "RESTING", "STEP_TERMINAL", "AttemptState", "AttemptStatus", "BranchState",
+    "RunState", "RunStatus", "StepStatus", "apply", "apply_commit", "branch_failed", "branch_terminal", "create",
+    "final_success", "fold", "gc_paused", "step_status", "step_statuses",
+]
 
 
-class AttemptState(msgspec.Struct, kw_only=True):
-    """One attempt of one step on one branch, as of the folded LSN."""
-
-    step_id: str
-    attempt: int
-    status: AttemptStatus
-    executor_id: str
-    dispatched_lsn: int
-    dispatched_ms: int
-    prompt_ref: BlobRef | None = None
-    context: ContextPartition | None = None
-    outcome_lsn: int | None = None
-    finished_ms: int | None = None
-    output_ref: BlobRef | None = None
-    usage: Usage = Usage()
-    error_kind: str | None = None
-    error_message: str | None = None
-    retryable: bool = True
-    recovered: bool = False
-
-
-class BranchState(msgspec.Struct, kw_only=True):
-    """One line of history of a run; ``attempts`` maps step id → attempts in order."""
-
-    branch_id: str
-    parent_branch_id: str | None = None
-    fork_lsn: int | None = None
-    from_step: str | None = None
-    created_lsn: int
-    attempts: dict[str, list[AttemptState]] = {}
-
-
-class RunState(msgspec.Struct, kw_only=True):
-    """Everything known about one run at ``head_lsn``."""
-
-    run_id: str
-    status: RunStatus
-    workflow_name: str
-    workflow_ref: BlobRef
-    steps: tuple[StepDecl, ...]
-    verifiers: tuple[str, ...] = ()
-    idempotency_key: str | None = None
-    labels: dict[str, str] = {}
-    created_ms: int
-    created_lsn: int
-    head_lsn: int
-    commits: int = 0
-    executor_id: str | None = None
-    active_branch: str
-    branches: dict[str, BranchState] = {}
-    verifying_lsn: int | None = None
-    verifying_branch: str | None = None
-    verdicts: list[Verdict] = []
-    outcome: RunOutcome | None = None
-    cancel_reason: str | None = None
-    finished_ms: int | None = None
-
-    def step_decl(self, step_id: str) -> StepDecl:
-        """The declaration of ``step_id`` (O(1)).
-
-        Raises:
-            KeyError: unknown step.
-        """
-        return self.steps[_positions(self.steps)[step_id]]
-
-    def step_index(self, step_id: str) -> int:
-        """Position of ``step_id`` in the workflow (0-based, O(1)). Raises KeyError."""
-        return _positions(self.steps)[step_id]
-
-
-_POSITIONS: dict[int, tuple[tuple[StepDecl, ...], dict[str, int]]] = {}
-_POSITIONS_MAX = 4096
-
-
-def _positions(steps: tuple[StepDecl, ...]) -> dict[str, int]:
-    """Step id → index for one ``steps`` tuple, built once per tuple (keyed by identity; the
-    entry holds the tuple, so its id cannot be reused while cached)."""
-    hit = _POSITIONS.get(id(steps))
-    if hit is not None and hit[0] is steps:
-        return hit[1]
-    if len(_POSITIONS) >= _POSITIONS_MAX:
-        _POSITIONS.clear()
-    index = {d.step_id: i for i, d in enumerate(steps)}
-    _POSITIONS[id(steps)] = (steps, index)
-    return index
-
-
-def _attempt(state: RunState, branch_id: str, step_id: str, attempt: int) -> AttemptState:
+def _attempt(state: RunState, branch_id: BranchId, step_id: StepId, attempt: AttemptNo) -> AttemptState:
     branch = state.branches.get(branch_id)
     if branch is None:
         raise InvalidTransition(f"unknown branch {branch_id!r}", run_id=state.run_id)
@@ -158,11 +77,11 @@ def _attempt(state: RunState, branch_id: str, step_id: str, attempt: int) -> Att
 
 
 def _inherit(
-    state: RunState, parent: BranchState, fork_lsn: int, from_step: str | None
-) -> dict[str, list[AttemptState]]:
+    state: RunState, parent: BranchState, fork_lsn: LSN, from_step: StepId | None
+) -> dict[StepId, list[AttemptState]]:
     """The parent's attempts as of ``fork_lsn`` (and before ``from_step``), deep-copied."""
     cutoff = state.step_index(from_step) if from_step is not None else len(state.steps)
-    out: dict[str, list[AttemptState]] = {}
+    out: dict[StepId, list[AttemptState]] = {}
     for step_id, attempts in parent.attempts.items():
         if state.step_index(step_id) >= cutoff:
             continue
@@ -173,7 +92,7 @@ def _inherit(
             copy = msgspec.structs.replace(a)
             if copy.outcome_lsn is not None and copy.outcome_lsn > fork_lsn:
                 copy = msgspec.structs.replace(
-                    copy, status="dispatched", outcome_lsn=None, finished_ms=None, output_ref=None,
+                    copy, status=AttemptStatus.DISPATCHED, outcome_lsn=None, finished_ms=None, output_ref=None,
                     usage=Usage(), error_kind=None, error_message=None, retryable=True, recovered=False,
                 )
             kept.append(copy)
@@ -182,11 +101,11 @@ def _inherit(
     return out
 
 
-def create(lsn: int, event: RunCreated) -> RunState:
+def create(lsn: LSN, event: RunCreated) -> RunState:
     """The state right after a run's first commit."""
     return RunState(
         run_id=event.run_id,
-        status="pending",
+        status=RunStatus.PENDING,
         workflow_name=event.workflow_name,
         workflow_ref=event.workflow_ref,
         steps=event.steps,
@@ -201,61 +120,61 @@ def create(lsn: int, event: RunCreated) -> RunState:
     )
 
 
-def _created(state: RunState, lsn: int, event: RunCreated) -> None:
+def _created(state: RunState, lsn: LSN, event: RunCreated) -> None:
     raise InvalidTransition("run_created on an existing run", run_id=state.run_id)
 
 
-def _started(state: RunState, lsn: int, event: RunStarted) -> None:
-    if state.status == "pending":
-        state.status = "running"
+def _started(state: RunState, lsn: LSN, event: RunStarted) -> None:
+    if state.status == RunStatus.PENDING:
+        state.status = RunStatus.RUNNING
     state.executor_id = event.executor_id
 
 
-def _dispatched(state: RunState, lsn: int, event: AttemptDispatched) -> None:
+def _dispatched(state: RunState, lsn: LSN, event: AttemptDispatched) -> None:
     branch = state.branches.get(event.branch_id)
     if branch is None:
         raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
     if event.step_id not in _positions(state.steps):
         raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
-    if state.status == "pending":
-        state.status = "running"
+    if state.status == RunStatus.PENDING:
+        state.status = RunStatus.RUNNING
     branch.attempts.setdefault(event.step_id, []).append(AttemptState(
-        step_id=event.step_id, attempt=event.attempt, status="dispatched", executor_id=event.executor_id,
+        step_id=event.step_id, attempt=event.attempt, status=AttemptStatus.DISPATCHED, executor_id=event.executor_id,
         dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context,
     ))
 
 
-def _succeeded(state: RunState, lsn: int, event: AttemptSucceeded) -> None:
+def _succeeded(state: RunState, lsn: LSN, event: AttemptSucceeded) -> None:
     a = _attempt(state, event.branch_id, event.step_id, event.attempt)
-    a.status, a.outcome_lsn, a.finished_ms = "succeeded", lsn, event.at_ms
+    a.status, a.outcome_lsn, a.finished_ms = AttemptStatus.SUCCEEDED, lsn, event.at_ms
     a.output_ref, a.usage, a.recovered = event.output_ref, event.usage, event.recovered
 
 
-def _failed(state: RunState, lsn: int, event: AttemptFailed) -> None:
+def _failed(state: RunState, lsn: LSN, event: AttemptFailed) -> None:
     a = _attempt(state, event.branch_id, event.step_id, event.attempt)
-    a.status, a.outcome_lsn, a.finished_ms = "failed", lsn, event.at_ms
+    a.status, a.outcome_lsn, a.finished_ms = AttemptStatus.FAILED, lsn, event.at_ms
     a.error_kind, a.error_message, a.retryable = event.error_kind, event.message, event.retryable
     a.usage, a.recovered = event.usage, event.recovered
 
 
-def _verifying(state: RunState, lsn: int, event: RunVerifying) -> None:
-    state.status = "verifying"
+def _verifying(state: RunState, lsn: LSN, event: RunVerifying) -> None:
+    state.status = RunStatus.VERIFYING
     state.verifying_lsn, state.verifying_branch = lsn, event.branch_id
 
 
-def _verdict(state: RunState, lsn: int, event: VerdictRecorded) -> None:
+def _verdict(state: RunState, lsn: LSN, event: VerdictRecorded) -> None:
     state.verdicts.append(event.verdict)
 
 
-def _completed(state: RunState, lsn: int, event: RunCompleted) -> None:
-    state.status, state.outcome, state.finished_ms = "completed", event.outcome, event.at_ms
+def _completed(state: RunState, lsn: LSN, event: RunCompleted) -> None:
+    state.status, state.outcome, state.finished_ms = RunStatus.COMPLETED, event.outcome, event.at_ms
 
 
-def _cancelled(state: RunState, lsn: int, event: RunCancelled) -> None:
-    state.status, state.cancel_reason, state.finished_ms = "cancelled", event.reason, event.at_ms
+def _cancelled(state: RunState, lsn: LSN, event: RunCancelled) -> None:
+    state.status, state.cancel_reason, state.finished_ms = RunStatus.CANCELLED, event.reason, event.at_ms
 
 
-def _forked(state: RunState, lsn: int, event: BranchForked) -> None:
+def _forked(state: RunState, lsn: LSN, event: BranchForked) -> None:
     parent = state.branches.get(event.parent_branch_id)
     if parent is None:
         raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
@@ -267,19 +186,19 @@ def _forked(state: RunState, lsn: int, event: BranchForked) -> None:
         attempts=_inherit(state, parent, event.fork_lsn, event.from_step),
     )
     state.active_branch = event.branch_id
-    state.status, state.outcome, state.finished_ms = "running", None, None
+    state.status, state.outcome, state.finished_ms = RunStatus.RUNNING, None, None
     state.verifying_lsn = state.verifying_branch = None
 
 
 # one case per event type, looked up by type (every event type has one: test_codec checks the union)
-_APPLY: dict[type, Callable[[RunState, int, Any], None]] = {
+_APPLY: dict[type, Callable[[RunState, LSN, Any], None]] = {
     RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
     AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
     RunCancelled: _cancelled, BranchForked: _forked,
 }
 
 
-def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
+def apply(state: RunState, lsn: LSN, event: AnyEvent) -> RunState:
     """Apply one event committed at ``lsn``; returns ``state`` (mutated in place).
 
     Raises:
@@ -291,19 +210,19 @@ def apply(state: RunState, lsn: int, event: AnyEvent) -> RunState:
 
 
 def apply_commit(state: RunState | None, lsn: int, commit: Commit) -> RunState:
-    """Apply every event of one commit (all or nothing is the log's job: one message).
+    """Apply every event of one commit (all or nothing is the log's job: one message) at ``lsn``.
 
     Raises:
         InvalidTransition: the first commit of a run is not ``run_created``, or see :func:`apply`.
     """
-    events = commit.events
+    at, events = LSN(lsn), commit.events
     if state is None:
         if not events or not isinstance(events[0], RunCreated):
             raise InvalidTransition("a run's first commit must start with run_created", run_id=commit.run_id)
-        state, events = create(lsn, events[0]), events[1:]
+        state, events = create(at, events[0]), events[1:]
     for event in events:
-        _APPLY[type(event)](state, lsn, event)
-    state.head_lsn = lsn
+        _APPLY[type(event)](state, at, event)
+    state.head_lsn = at
     state.commits += 1
     return state
 
@@ -342,7 +261,7 @@ def fold(commits: Iterable[tuple[int, Commit]], upto_lsn: int | None = None) -> 
 # ---- derived facts (pure) -------------------------------------------------
 
 
-def step_statuses(state: RunState, branch_id: str) -> list[StepStatus]:
+def step_statuses(state: RunState, branch_id: BranchId) -> list[StepStatus]:
     """Derived status of every step of one branch, in workflow order, in one pass.
 
     ``skipped`` follows a step that failed after its last attempt.
@@ -352,15 +271,15 @@ def step_statuses(state: RunState, branch_id: str) -> list[StepStatus]:
     failed_before = False
     for decl in state.steps:
         if failed_before:
-            out.append("skipped")
+            out.append(StepStatus.SKIPPED)
             continue
         status = _own_status(branch, decl)
-        failed_before = status == "failed"
+        failed_before = status == StepStatus.FAILED
         out.append(status)
     return out
 
 
-def step_status(state: RunState, branch_id: str, step_id: str) -> StepStatus:
+def step_status(state: RunState, branch_id: BranchId, step_id: StepId) -> StepStatus:
     """Derived status of one step on one branch (see :func:`step_statuses`). Raises KeyError."""
     return step_statuses(state, branch_id)[state.step_index(step_id)]
 
@@ -371,7 +290,7 @@ def final_success(attempts: list[AttemptState]) -> AttemptState | None:
     A recovered success is a superseded attempt's late outcome; the attempt that
     replaced it is what the run went on with.
     """
-    wins = [a for a in attempts if a.status == "succeeded"]
+    wins = [a for a in attempts if a.status == AttemptStatus.SUCCEEDED]
     own = [a for a in wins if not a.recovered]
     return own[-1] if own else (wins[-1] if wins else None)
 
@@ -379,25 +298,25 @@ def final_success(attempts: list[AttemptState]) -> AttemptState | None:
 def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
     attempts = branch.attempts.get(decl.step_id)
     if not attempts:
-        return "pending"
-    if any(a.status == "succeeded" for a in attempts):
-        return "succeeded"
+        return StepStatus.PENDING
+    if any(a.status == AttemptStatus.SUCCEEDED for a in attempts):
+        return StepStatus.SUCCEEDED
     last = attempts[-1]
-    if last.status == "dispatched":
-        return "running"
+    if last.status == AttemptStatus.DISPATCHED:
+        return StepStatus.RUNNING
     # a superseded attempt (its executor died, a later attempt replaced it) was not a try of the step:
     # recovery's late verdict on it does not count against max_attempts
-    failed = sum(1 for a in attempts if a.status == "failed" and not (a.recovered and a is not last))
+    failed = sum(1 for a in attempts if a.status == AttemptStatus.FAILED and not (a.recovered and a is not last))
     if not last.retryable or failed >= decl.max_attempts:
-        return "failed"
-    return "retrying"
+        return StepStatus.FAILED
+    return StepStatus.RETRYING
 
 
-def branch_terminal(state: RunState, branch_id: str) -> bool:
+def branch_terminal(state: RunState, branch_id: BranchId) -> bool:
     """True when every step of the branch is succeeded, failed or skipped (brief §2)."""
-    return all(s in ("succeeded", "failed", "skipped") for s in step_statuses(state, branch_id))
+    return all(s in STEP_TERMINAL for s in step_statuses(state, branch_id))
 
 
-def branch_failed(state: RunState, branch_id: str) -> bool:
+def branch_failed(state: RunState, branch_id: BranchId) -> bool:
     """True when some step of the branch failed after its last attempt."""
-    return "failed" in step_statuses(state, branch_id)
+    return StepStatus.FAILED in step_statuses(state, branch_id)

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.core.events import ContextPartition
+from shared.core.ids import ContextItemId
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,7 +40,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         content_hash: sha256 of its text, used for duplicate detection.
     """
 
-    id: str
+    id: ContextItemId
     kind: str = "message"
     tokens: int
     priority: float = 0.0
@@ -89,7 +90,7 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
         raise ValueError("candidate ids must be unique")
     if policy.budget_tokens < 0:
         raise ValueError("budget_tokens must be >= 0")
-    dropped: list[str] = []
+    dropped: list[ContextItemId] = []
     eligible: list[tuple[int, Candidate]] = []
     seen: set[str] = set()
     for pos, c in enumerate(candidates):
@@ -102,7 +103,7 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
     ranked = sorted(eligible, key=lambda pc: (-pc[1].priority, -pc[0]))
     left = policy.budget_tokens
     packed_pos: list[int] = []
-    available: list[str] = []
+    available: list[ContextItemId] = []
     for pos, c in ranked:
         if c.tokens <= left:
             left -= c.tokens

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.core.events import BlobRef
-from shared.core.fold import DRIVABLE, RunState, final_success, step_statuses
+from shared.core.fold import DRIVABLE, STEP_TERMINAL, AttemptStatus, RunState, RunStatus, final_success, step_statuses
+from shared.core.ids import AttemptNo, BranchId, ContextItemId, StepId
 from shared.core.packer import Candidate, PackPolicy
 from shared.core.tokens import TokenCounter
 from shared.core.workflow import ContextItemSpec, ModelStep, WorkflowSpec
@@ -32,21 +33,21 @@ class Claim(msgspec.Struct, frozen=True):
 class Dispatch(msgspec.Struct, frozen=True):
     """Start attempt ``attempt`` of ``step_id`` on ``branch_id``."""
 
-    branch_id: str
-    step_id: str
-    attempt: int
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
 
 
 class EnterVerifying(msgspec.Struct, frozen=True):
     """Every step of the branch is terminal: commit ``run_verifying``."""
 
-    branch_id: str
+    branch_id: BranchId
 
 
 class Rest(msgspec.Struct, frozen=True):
     """Nothing for an executor to do (verifying, completed, cancelled)."""
 
-    status: str
+    status: RunStatus
 
 
 Action = Claim | Dispatch | EnterVerifying | Rest
@@ -61,14 +62,14 @@ def next_action(state: RunState, executor_id: str) -> Action:
     bid = state.active_branch
     branch = state.branches[bid]
     for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
-        if status in ("succeeded", "failed", "skipped"):
+        if status in STEP_TERMINAL:
             continue
         attempts = branch.attempts.get(decl.step_id, [])
-        return Dispatch(bid, decl.step_id, attempts[-1].attempt + 1 if attempts else 1)
+        return Dispatch(bid, decl.step_id, AttemptNo(attempts[-1].attempt + 1 if attempts else 1))
     return EnterVerifying(bid)
 
 
-def outcome_recorded(state: RunState, branch_id: str, step_id: str, attempt: int) -> bool:
+def outcome_recorded(state: RunState, branch_id: BranchId, step_id: StepId, attempt: AttemptNo) -> bool:
     """True when attempt ``attempt`` of ``step_id`` on ``branch_id`` takes no outcome commit any more.
 
     The executor decides this after its outcome commit lost the fence (a cancel, a
@@ -81,10 +82,10 @@ def outcome_recorded(state: RunState, branch_id: str, step_id: str, attempt: int
         KeyError: ``branch_id`` is not a branch of the run.
     """
     found = next((a for a in state.branches[branch_id].attempts.get(step_id, []) if a.attempt == attempt), None)
-    return found is None or found.status != "dispatched"
+    return found is None or found.status != AttemptStatus.DISPATCHED
 
 
-def succeeded_output(state: RunState, branch_id: str, step_id: str) -> BlobRef | None:
+def succeeded_output(state: RunState, branch_id: BranchId, step_id: StepId) -> BlobRef | None:
     """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.core.fold.final_success`)."""
     win = final_success(state.branches[branch_id].attempts.get(step_id, []))
     return win.output_ref if win is not None else None
@@ -159,7 +160,7 @@ def candidates(items: list[tuple[ContextItemSpec, str]], facts: TokenCounter | T
     out = []
     for i, text in items:
         tokens, digest = memo(text)
-        out.append(Candidate(id=i.id, kind=i.kind, tokens=tokens, priority=i.priority, stale=i.stale,
+        out.append(Candidate(id=ContextItemId(i.id), kind=i.kind, tokens=tokens, priority=i.priority, stale=i.stale,
                              content_hash=digest))
     return out
 

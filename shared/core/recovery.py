@@ -38,7 +38,8 @@ from typing import Literal
 import msgspec
 
 from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.core.fold import RESTING, AttemptState, RunState
+from shared.core.fold import RESTING, AttemptState, AttemptStatus, RunState
+from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from shared.core.subjects import outcome_key
 
 EXECUTOR_LOST = "executor_lost"
@@ -56,13 +57,13 @@ class OpenIntent(msgspec.Struct, frozen=True, kw_only=True):
         dispatched_lsn: the LSN of the intent commit.
     """
 
-    run_id: str
-    branch_id: str
-    origin_branch_id: str
-    step_id: str
-    attempt: int
-    executor_id: str
-    dispatched_lsn: int
+    run_id: RunId
+    branch_id: BranchId
+    origin_branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    executor_id: ExecutorId
+    dispatched_lsn: LSN
     superseded: bool
 
     @property
@@ -100,7 +101,7 @@ class Triage(msgspec.Struct, frozen=True, kw_only=True):
     waiting: tuple[Waiting, ...] = ()
 
 
-def origin_branch(state: RunState, branch_id: str, attempt: AttemptState) -> str:
+def origin_branch(state: RunState, branch_id: BranchId, attempt: AttemptState) -> BranchId:
     """The branch ``attempt`` (a record of ``branch_id``) was dispatched on.
 
     A dispatch on a forked branch comes after the fork commit (``created_lsn``);
@@ -120,7 +121,7 @@ def open_intents(state: RunState) -> list[OpenIntent]:
         for decl in state.steps:
             attempts = attempts_by_step.get(decl.step_id, [])
             for i, a in enumerate(attempts):
-                if a.status == "dispatched":
+                if a.status == AttemptStatus.DISPATCHED:
                     out.append(OpenIntent(
                         run_id=state.run_id, branch_id=branch_id, origin_branch_id=origin_branch(state, branch_id, a),
                         step_id=a.step_id, attempt=a.attempt, executor_id=a.executor_id,
@@ -129,7 +130,7 @@ def open_intents(state: RunState) -> list[OpenIntent]:
     return out
 
 
-def executors_to_check(state: RunState, intents: Iterable[OpenIntent]) -> set[str]:
+def executors_to_check(state: RunState, intents: Iterable[OpenIntent]) -> set[ExecutorId]:
     """Executor ids whose liveness :func:`triage` needs (intent writers and the run's owner)."""
     ids = {i.executor_id for i in intents}
     if state.executor_id is not None:
@@ -167,7 +168,7 @@ def triage(state: RunState, live_executors: Set[str]) -> Triage:
         writer_gone = intent.executor_id not in live_executors
         if settled(state, intent):
             origin = origin_record(state, intent)
-            if writer_gone or (origin is not None and origin.status != "dispatched"):
+            if writer_gone or (origin is not None and origin.status != AttemptStatus.DISPATCHED):
                 resolve.append(intent)
             else:
                 waiting.append(Waiting(intent=intent, reason="executor_alive"))
@@ -193,7 +194,7 @@ def resolution_events(
     events: list[AnyEvent] = []
     for intent in intents:
         origin = origin_record(state, intent)
-        if origin is not None and origin.status != "dispatched":
+        if origin is not None and origin.status != AttemptStatus.DISPATCHED:
             events.append(_copy_outcome(intent, origin, at_ms))
             continue
         ref = markers.get(intent.marker_key)
@@ -210,7 +211,7 @@ def resolution_events(
 
 
 def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AnyEvent:
-    if origin.status == "succeeded" and origin.output_ref is not None:
+    if origin.status == AttemptStatus.SUCCEEDED and origin.output_ref is not None:
         return AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
                                 output_ref=origin.output_ref, usage=origin.usage, at_ms=at_ms, recovered=True)
     return AttemptFailed(
@@ -220,6 +221,6 @@ def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AnyEv
     )
 
 
-def outcome_of(event: AnyEvent) -> str:
+def outcome_of(event: AnyEvent) -> AttemptStatus:
     """``succeeded`` or ``failed`` for a resolution event (for replies and logs)."""
-    return "succeeded" if isinstance(event, AttemptSucceeded) else "failed"
+    return AttemptStatus.SUCCEEDED if isinstance(event, AttemptSucceeded) else AttemptStatus.FAILED

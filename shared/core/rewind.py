@@ -35,7 +35,8 @@ import msgspec
 from shared.core.commands import RewindRun
 from shared.core.errors import InvalidCommand, InvalidTransition
 from shared.core.events import BranchForked
-from shared.core.fold import DRIVABLE, BranchState, RunState
+from shared.core.fold import DRIVABLE, BranchState, RunState, RunStatus
+from shared.core.ids import LSN, BranchId, StepId
 
 
 class BranchNotFound(InvalidCommand):
@@ -91,7 +92,7 @@ def needs_resume(state: RunState, owner_alive: bool) -> bool:
     return not driven
 
 
-def lineage_lsns(state: RunState, commit_lsns: Sequence[int], branch_id: str) -> list[int]:
+def lineage_lsns(state: RunState, commit_lsns: Sequence[int], branch_id: BranchId) -> list[int]:
     """The run's commit LSNs a fork of ``branch_id`` may start from, ascending.
 
     Args:
@@ -108,7 +109,8 @@ def lineage_lsns(state: RunState, commit_lsns: Sequence[int], branch_id: str) ->
     return inherited + own
 
 
-def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branch_id: str, at_ms: int) -> Decision:
+def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branch_id: BranchId, at_ms: int
+           ) -> Decision:
     """What a rewind command does to ``state``.
 
     Args:
@@ -130,7 +132,7 @@ def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branc
     if existing is not None:
         _check_same_request(state, existing, cmd)
         return ExistingBranch(branch=existing)
-    if state.status == "cancelled":
+    if state.status == RunStatus.CANCELLED:
         raise InvalidTransition(f"run {state.run_id} is cancelled; a cancelled run cannot be rewound",
                                 run_id=state.run_id)
     parent = cmd.branch or state.active_branch
@@ -148,7 +150,7 @@ def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branc
                                    from_step=from_step, at_ms=at_ms))
 
 
-def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: str, lsn: int) -> None:
+def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId, lsn: int) -> None:
     if lsn > state.head_lsn:
         raise LsnNotInLineage(f"lsn {lsn} is beyond the head of run {state.run_id} (head lsn {state.head_lsn})",
                               run_id=state.run_id)
@@ -158,7 +160,7 @@ def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: str, lsn: int
         raise LsnNotInLineage(f"lsn {lsn} cannot be a fork point of run {state.run_id}: {why}", run_id=state.run_id)
 
 
-def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: str, step_id: str) -> int:
+def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId, step_id: StepId) -> LSN:
     try:
         state.step_index(step_id)
     except KeyError:
@@ -166,10 +168,10 @@ def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: str, step
                            f"{', '.join(d.step_id for d in state.steps)})", run_id=state.run_id) from None
     attempts = state.branches[branch_id].attempts.get(step_id)
     if not attempts:
-        return lineage[-1]
+        return LSN(lineage[-1])
     first = attempts[0].dispatched_lsn
     before = [lsn for lsn in lineage if lsn < first]
-    return before[-1] if before else state.created_lsn
+    return LSN(before[-1]) if before else state.created_lsn
 
 
 def _check_same_request(state: RunState, existing: BranchState, cmd: RewindRun) -> None:

@@ -14,6 +14,7 @@ import msgspec
 
 from shared.core.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
 from shared.core.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_statuses
+from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 
 
 class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,13 +28,13 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
         usage: tokens, latency (ms), cost (USD).
     """
 
-    step_id: str
-    attempt: int
+    step_id: StepId
+    attempt: AttemptNo
     status: AttemptStatus
     superseded: bool = False
-    executor_id: str
-    dispatched_lsn: int
-    outcome_lsn: int | None = None
+    executor_id: ExecutorId
+    dispatched_lsn: LSN
+    outcome_lsn: LSN | None = None
     prompt_ref: BlobRef | None = None
     output_ref: BlobRef | None = None
     context: ContextPartition | None = None
@@ -46,7 +47,7 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
 class StepView(msgspec.Struct, frozen=True, kw_only=True):
     """One step of the branch with all its attempts (failed ones included), in order."""
 
-    step_id: str
+    step_id: StepId
     kind: StepKind
     status: StepStatus
     attempts: tuple[AttemptView, ...] = ()
@@ -54,7 +55,7 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def final_attempt(self) -> AttemptView | None:
         """The last non-recovered success, else the last success, else the last attempt."""
-        wins = [a for a in self.attempts if a.status == "succeeded"]
+        wins = [a for a in self.attempts if a.status == AttemptStatus.SUCCEEDED]
         own = [a for a in wins if not a.recovered]
         if own or wins:
             return (own or wins)[-1]
@@ -64,10 +65,10 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
 class BranchInfo(msgspec.Struct, frozen=True, kw_only=True):
     """One branch of the lineage: its parent and where it forked (LSN, step)."""
 
-    branch_id: str
-    parent_branch_id: str | None = None
-    fork_lsn: int | None = None
-    from_step: str | None = None
+    branch_id: BranchId
+    parent_branch_id: BranchId | None = None
+    fork_lsn: LSN | None = None
+    from_step: StepId | None = None
 
 
 class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,10 +81,10 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
         usage: the sum over every attempt (failed ones too).
     """
 
-    run_id: str
+    run_id: RunId
     workflow_name: str
-    branch_id: str
-    snapshot_lsn: int
+    branch_id: BranchId
+    snapshot_lsn: LSN
     status: RunStatus
     lineage: tuple[BranchInfo, ...]
     steps: tuple[StepView, ...]
@@ -105,12 +106,12 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def failed_attempts(self) -> int:
         """How many attempts failed (the learning signal)."""
-        return sum(1 for a in self.attempts() if a.status == "failed")
+        return sum(1 for a in self.attempts() if a.status == AttemptStatus.FAILED)
 
 
-def _lineage(state: RunState, branch_id: str) -> tuple[BranchInfo, ...]:
+def _lineage(state: RunState, branch_id: BranchId) -> tuple[BranchInfo, ...]:
     out: list[BranchInfo] = []
-    current: str | None = branch_id
+    current: BranchId | None = branch_id
     while current is not None:
         b = state.branches[current]
         out.append(BranchInfo(branch_id=b.branch_id, parent_branch_id=b.parent_branch_id,
@@ -119,7 +120,7 @@ def _lineage(state: RunState, branch_id: str) -> tuple[BranchInfo, ...]:
     return tuple(reversed(out))
 
 
-def build_episode_view(state: RunState, branch_id: str | None = None) -> EpisodeView:
+def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> EpisodeView:
     """Copy the folded state of one branch into a frozen :class:`EpisodeView`.
 
     The snapshot LSN is ``state.head_lsn``: fold up to the pinned LSN first
@@ -138,7 +139,7 @@ def build_episode_view(state: RunState, branch_id: str | None = None) -> Episode
         for i, a in enumerate(attempts):
             views.append(AttemptView(
                 step_id=a.step_id, attempt=a.attempt, status=a.status,
-                superseded=a.status == "dispatched" and i < len(attempts) - 1,
+                superseded=a.status == AttemptStatus.DISPATCHED and i < len(attempts) - 1,
                 executor_id=a.executor_id, dispatched_lsn=a.dispatched_lsn, outcome_lsn=a.outcome_lsn,
                 prompt_ref=a.prompt_ref, output_ref=a.output_ref, context=a.context, usage=a.usage,
                 error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered,

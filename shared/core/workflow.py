@@ -19,7 +19,7 @@ import yaml
 
 from shared.core.errors import WorkflowInvalid
 from shared.core.events import StepDecl
-from shared.core.ids import is_token
+from shared.core.ids import StepId, is_token
 
 MODEL_ADAPTERS = ("replay", "scripted")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -191,7 +191,8 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def decls(self) -> tuple[StepDecl, ...]:
         """What the fold needs to know of the steps."""
         return tuple(
-            StepDecl(step_id=s.id, kind="model" if isinstance(s, ModelStep) else "tool", max_attempts=s.max_attempts)
+            StepDecl(step_id=StepId(s.id), kind="model" if isinstance(s, ModelStep) else "tool",
+                     max_attempts=s.max_attempts)
             for s in self.steps
         )
 

@@ -20,6 +20,7 @@ from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
 from shared.core.errors import ReelError, RunNotFound
 from shared.core.events import Verdict
 from shared.core.fold import RunState
+from shared.core.ids import LSN, BranchId, RunId, StepId
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.core.workflow import WorkflowSpec, encode_workflow
 from shared.nats.blobstore import JetStreamBlobStore
@@ -83,14 +84,15 @@ class ReelClient:
 
     async def cancel(self, run_id: str, reason: str = "", *, timeout_s: float = 30.0) -> Reply:
         """Cancel a run."""
-        return await self.command("cancel", encode(CancelRun(run_id=run_id, reason=reason)), timeout_s=timeout_s)
+        return await self.command("cancel", encode(CancelRun(run_id=RunId(run_id), reason=reason)), timeout_s=timeout_s)
 
     async def rewind(self, run_id: str, *, at_step: str | None = None, at_lsn: int | None = None,
                      branch: str | None = None, idempotency_key: str | None = None,
                      timeout_s: float = 30.0) -> Reply:
         """Fork a new branch of a run at a step or LSN."""
-        cmd = RewindRun(run_id=run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
-                        idempotency_key=idempotency_key)
+        cmd = RewindRun(run_id=RunId(run_id), at_step=None if at_step is None else StepId(at_step),
+                        at_lsn=None if at_lsn is None else LSN(at_lsn),
+                        branch=None if branch is None else BranchId(branch), idempotency_key=idempotency_key)
         return await self.command("rewind", encode(cmd), timeout_s=timeout_s)
 
     async def watch(self, run_id: str, *, poll_s: float = 0.05) -> AsyncIterator[RunState]:

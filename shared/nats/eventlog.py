@@ -29,7 +29,7 @@ from nats.js.errors import APIError
 from shared.core import fold as folding
 from shared.core.errors import ConcurrencyConflict, ReelError, RunNotFound
 from shared.core.events import AnyEvent, Commit, decode_commit, encode_commit
-from shared.core.ids import is_token, new_commit_id
+from shared.core.ids import CommitId, RunId, is_token, new_commit_id
 from shared.core.ports import EventLog
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names
 from shared.nats.publish import request_ack
@@ -206,7 +206,7 @@ class JetStreamEventLog:
         await all acks together.
         """
         cid = commit_id or new_commit_id()
-        body = encode_commit(Commit(commit_id=cid, run_id=run_id, writer=writer, events=tuple(events)))
+        body = encode_commit(Commit(commit_id=CommitId(cid), run_id=RunId(run_id), writer=writer, events=tuple(events)))
         return await self.subjects.append_async(run_id, body, expected_seq=expected_lsn, commit_id=cid)
 
     async def head(self, run_id: str) -> tuple[int, Commit] | None:

@@ -12,6 +12,7 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError
 
 from shared.core.commands import ResumeRun, encode
+from shared.core.ids import RunId
 from shared.core.subjects import MSG_ID_HEADER, Names
 
 
@@ -43,5 +44,5 @@ def publish_pipelined(
 
 async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn: int) -> None:
     """Queue ``ResumeRun`` for an executor, deduplicated per (run, LSN that made it needed)."""
-    await js.publish(names.command("resume"), encode(ResumeRun(run_id=run_id)),
+    await js.publish(names.command("resume"), encode(ResumeRun(run_id=RunId(run_id))),
                      headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"})
