@@ -31,6 +31,8 @@ from shared.nats.embedded import embedded_server
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect, ensure_infra
 
+pytest_plugins = ("tests.support.chat_server",)  # the `chat_server` fixture (loopback HTTP)
+
 REPO = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("REEL_LOG_FORMAT", "json")

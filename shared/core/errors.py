@@ -94,17 +94,36 @@ class ModelError(ReelError):
     Attributes:
         kind: error kind recorded on the failed attempt (e.g. ``rate_limited``).
         cost_usd: what the failed call was billed (USD); budgets count failed calls too.
+        retry_after_s: the provider's ``Retry-After`` (s): the earliest the next attempt should go, or None.
     """
 
     code = "model_error"
     retryable = True
 
     def __init__(self, message: str, *, kind: str = "model_error", retryable: bool = True,
-                 cost_usd: float = 0.0) -> None:
+                 cost_usd: float = 0.0, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
         self.cost_usd = cost_usd
+        self.retry_after_s = retry_after_s
+
+
+class ToolCallInvalid(ReelError):
+    """A model's tool call cannot be run as given (arguments not a JSON object, …).
+
+    The agent loop hands this back to the model as an error observation; it never ends the run.
+
+    Attributes:
+        call_id: the tool call's id; name: the tool it named.
+    """
+
+    code = "tool_call_invalid"
+
+    def __init__(self, message: str, *, call_id: str = "", name: str = "") -> None:
+        super().__init__(message)
+        self.call_id = call_id
+        self.name = name
 
 
 class ToolError(ReelError):

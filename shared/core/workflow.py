@@ -21,48 +21,20 @@ from shared.core.errors import WorkflowInvalid
 from shared.core.events import StepDecl
 from shared.core.ids import StepId, is_token
 
-MODEL_ADAPTERS = ("replay", "scripted")
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Re-exported (`X as X`): these lived here before shared.core.modelspec.
+from shared.core.modelspec import MODEL_ADAPTERS as MODEL_ADAPTERS
+from shared.core.modelspec import ModelSpec as ModelSpec
+from shared.core.modelspec import Price as Price
+from shared.core.modelspec import RecordedUsage as RecordedUsage
+from shared.core.modelspec import ScriptedFailure as ScriptedFailure
+from shared.core.modelspec import ScriptedOutput as ScriptedOutput
+from shared.core.modelspec import ScriptedToolCall as ScriptedToolCall
+from shared.core.modelspec import ScriptedTurn as ScriptedTurn
+from shared.core.modelspec import check_model_spec
+
 VerifierType = Literal[
     "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
 ]
-
-
-class ScriptedFailure(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A scripted attempt that fails with ``error`` (kind) and ``message``."""
-
-    error: str
-    message: str = ""
-    retryable: bool = True
-
-
-ScriptedOutput = str | ScriptedFailure
-
-
-class RecordedUsage(msgspec.Struct, frozen=True, kw_only=True):
-    """Usage recorded with a replayed output (tokens, USD)."""
-
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float = 0.0
-
-
-class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Which model adapter a model step calls.
-
-    Attributes:
-        adapter: ``replay`` (plays ``output``) or ``scripted`` (plays ``outputs[attempt-1]``).
-        output: the recorded output (replay).
-        outputs: per-attempt outputs or failures (scripted); the last one repeats.
-        usage: recorded usage to report instead of counted tokens (replay).
-        name: model name for logs, e.g. ``google/gemini-3-pro-preview``.
-    """
-
-    adapter: str
-    output: str | None = None
-    outputs: tuple[ScriptedOutput, ...] = ()
-    usage: RecordedUsage | None = None
-    name: str = ""
 
 
 class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -232,15 +204,7 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
 
 
 def _check_model(step: ModelStep, earlier: set[str], where: str) -> None:
-    if step.model.adapter not in MODEL_ADAPTERS and not _IMPORT_PATH.match(step.model.adapter):
-        raise WorkflowInvalid(
-            f"unknown model adapter {step.model.adapter!r}; known: {', '.join(MODEL_ADAPTERS)}, or module:factory"
-            f" (at `{where}.model.adapter`)"
-        )
-    if step.model.adapter == "replay" and step.model.output is None:
-        raise WorkflowInvalid(f"replay adapter needs `output` (at `{where}.model.output`)")
-    if step.model.adapter == "scripted" and not step.model.outputs:
-        raise WorkflowInvalid(f"scripted adapter needs `outputs` (at `{where}.model.outputs`)")
+    check_model_spec(step.model, f"{where}.model")
     ids: set[str] = set()
     for j, item in enumerate(step.context):
         at = f"{where}.context[{j}]"

@@ -1,0 +1,19 @@
+"""Model adapters: the ports model steps and agent turns call (docs/models.md).
+
+Shipped adapters: ``replay`` (recorded outputs or turns), ``scripted`` (answers written in
+the workflow, tool calls included), ``openai`` (any OpenAI-compatible chat-completions
+endpoint); or your own by ``module:factory``.
+"""
+
+from __future__ import annotations
+
+from shared.models.base import ChatModel as ChatModel
+from shared.models.base import LegacyChat as LegacyChat
+from shared.models.base import ModelAdapter as ModelAdapter
+from shared.models.base import ModelRequest as ModelRequest
+from shared.models.base import ModelResponse as ModelResponse
+from shared.models.base import as_chat_model as as_chat_model
+from shared.models.loader import make_adapter as make_adapter
+from shared.models.loader import make_chat_model as make_chat_model
+from shared.models.replay import ReplayAdapter as ReplayAdapter
+from shared.models.scripted import ScriptedAdapter as ScriptedAdapter

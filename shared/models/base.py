@@ -1,0 +1,105 @@
+"""The model port: what a model step (``ModelAdapter``) and an agent turn (``ChatModel``) call.
+
+Two protocols (docs/models.md):
+
+* **v2, chat** — ``async complete_chat(ChatRequest) -> ChatResponse``: chat messages
+  and tool schemas in; text, tool calls, finish reason and usage out. Every shipped
+  adapter implements it.
+* **v1, prompt** — ``async complete(ModelRequest) -> ModelResponse``: one packed prompt
+  text in, text out. What ``kind: model`` steps call; adapters written for it keep
+  working, and :class:`LegacyChat` lets one serve chat requests too (messages flattened
+  to a prompt, never any tool call).
+
+Both raise :class:`~shared.core.errors.ModelError`, whose ``kind``, ``retryable`` and
+``retry_after_s`` decide whether and when the attempt is retried. Adapters must not
+read the clock for anything that is committed; the executor measures latency.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from shared.core.chat import ChatRequest, ChatResponse, flatten
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+
+
+class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a model step sends: ids for logs, the prompt text, the attempt (1-based)."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    prompt: str
+    prompt_tokens: int
+
+
+class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's answer: text, token counts and cost (USD)."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float = 0.0
+    model: str = ""
+
+
+class ModelAdapter(Protocol):
+    """Port v1, implemented by every model backend a ``kind: model`` step can name."""
+
+    name: str
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Produce the model's output for ``request``.
+
+        Raises:
+            ModelError: the call failed; ``kind``/``retryable`` say how.
+        """
+        ...
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Port v2: a chat model an agent turn calls."""
+
+    name: str
+
+    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
+        """Answer one attempt of one turn.
+
+        The response's ``tool_calls`` have unique non-empty ids (provider ids kept, others
+        assigned by :func:`shared.core.chat.assign_call_ids`); ``message`` is the response
+        message as the provider sent it.
+
+        Raises:
+            ModelError: the attempt failed; ``kind``, ``retryable``, ``retry_after_s`` (s) say how.
+        """
+        ...
+
+
+class LegacyChat:
+    """Serves chat requests with a v1 adapter: the messages flattened to one prompt, the text returned.
+
+    Tools offered are ignored (a v1 adapter cannot call them), so an agent step on such an
+    adapter ends after its first turn.
+    """
+
+    def __init__(self, adapter: ModelAdapter, counter: TokenCounter = DEFAULT_COUNTER) -> None:
+        self.adapter, self.counter, self.name = adapter, counter, adapter.name
+
+    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
+        prompt = flatten(request.messages)
+        resp = await self.adapter.complete(ModelRequest(
+            run_id=request.run_id, step_id=request.step_id, attempt=request.attempt, prompt=prompt,
+            prompt_tokens=self.counter.count(prompt)))
+        return ChatResponse(text=resp.text, finish_reason="stop", input_tokens=resp.input_tokens,
+                            output_tokens=resp.output_tokens, cost_usd=resp.cost_usd, model=resp.model,
+                            message={"role": "assistant", "content": resp.text})
+
+
+def as_chat_model(adapter: ModelAdapter | ChatModel, counter: TokenCounter = DEFAULT_COUNTER) -> ChatModel:
+    """``adapter`` itself when it speaks port v2, else wrapped in :class:`LegacyChat`."""
+    if isinstance(adapter, ChatModel):
+        return adapter
+    return LegacyChat(adapter, counter)

@@ -1,0 +1,59 @@
+"""Which adapter a :class:`~shared.core.modelspec.ModelSpec` names: built-in, or ``module:factory``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from shared.core.errors import ModelError
+from shared.core.modelspec import ModelSpec
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.models.base import ChatModel, ModelAdapter, as_chat_model
+from shared.models.replay import ReplayAdapter
+from shared.models.scripted import ScriptedAdapter
+
+
+def _load(spec: ModelSpec, counter: TokenCounter) -> Any:
+    if spec.adapter == "replay":
+        return ReplayAdapter(spec, counter)
+    if spec.adapter == "scripted":
+        return ScriptedAdapter(spec, counter)
+    if spec.adapter == "openai":
+        from shared.models.openai import OpenAIAdapter  # imports the openai package (≈1 s) only when used
+
+        return OpenAIAdapter(spec, counter)
+    if ":" in spec.adapter:
+        module, _, name = spec.adapter.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ModelError(f"cannot load model adapter {spec.adapter!r}: {exc}", kind="adapter_unavailable",
+                             retryable=False) from exc
+        return factory(spec, counter)
+    raise ValueError(f"unknown model adapter {spec.adapter!r}")
+
+
+def make_adapter(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> ModelAdapter:
+    """The port-v1 adapter a spec names: ``replay``, ``scripted``, ``openai``, or ``module:factory``.
+
+    A ``module:factory`` adapter is your own model endpoint: ``factory(spec, counter)``
+    must return an object with ``name`` and ``async complete(ModelRequest) -> ModelResponse``
+    (and, for agent steps, ``async complete_chat(ChatRequest) -> ChatResponse``) that raises
+    :class:`~shared.core.errors.ModelError` on failure.
+
+    Raises:
+        ModelError: a ``module:factory`` that cannot be imported (non-retryable, kind ``adapter_unavailable``).
+        ValueError: unknown built-in adapter (workflow validation rejects these earlier).
+    """
+    adapter: ModelAdapter = _load(spec, counter)
+    return adapter
+
+
+def make_chat_model(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> ChatModel:
+    """The port-v2 model a spec names (a v1-only ``module:factory`` adapter wrapped in ``LegacyChat``).
+
+    Raises:
+        ModelError: as :func:`make_adapter`.
+        ValueError: as :func:`make_adapter`.
+    """
+    return as_chat_model(_load(spec, counter), counter)

@@ -1,0 +1,179 @@
+"""The ``openai`` adapter: any OpenAI-compatible chat-completions endpoint, on the official ``openai`` package.
+
+vLLM, llama.cpp's server, Ollama, LiteLLM and most hosted providers serve this wire
+format. Each attempt is one HTTP call (the client's own retries are off, so every try
+is an attempt in the log) on a client opened and closed for it. The body sent is
+exactly :func:`shared.core.chat.wire_request` of the request — what the executor
+stored as the prompt blob — and the response message is returned exactly as sent.
+
+The API key is read from the environment variable ``api_key_env`` names, at each call,
+in the executor's process; it is never put in an error message, a log line or
+anything returned (any echo of it in a provider's message is replaced by ``***``).
+
+Errors (``ModelError.kind``; retryable ones marked *):
+``rate_limited``* (429; ``Retry-After``/``retry-after-ms`` → ``retry_after_s``),
+``quota_exceeded`` (429 ``insufficient_quota``), ``server_error``* (5xx),
+``timeout``* (``timeout_s`` passed, or 408), ``connection``*, ``conflict``* (409),
+``bad_request`` (400, 422), ``auth`` (401, 403, or the key's variable unset),
+``not_found`` (404), ``context_length`` (context exceeded, or 413),
+``empty_response``*, ``malformed_response``*.
+Source: OpenAI API reference, "Error codes"; the ``openai`` package's exception classes.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import openai
+
+from shared.core.chat import ChatMessage, ChatRequest, ChatResponse, chat_request, response_from_wire, wire_request
+from shared.core.errors import ModelError
+from shared.core.modelspec import ModelSpec
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.models.base import ModelRequest, ModelResponse
+
+PLACEHOLDER_KEY = "reel-no-key"  # sent when no api_key_env is given (local servers ignore it)
+_MAX_MESSAGE = 500
+_CONTEXT = re.compile(r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long", re.I)
+_CONTEXT_CODES = {"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"}
+
+
+def retry_after_s(headers: Mapping[str, str], now_s: float | None = None) -> float | None:
+    """The delay a response asks for (s): ``retry-after-ms``, else ``Retry-After`` (seconds or HTTP date)."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
+
+
+def _provider_message(exc: openai.APIStatusError) -> tuple[str, str]:
+    """(message, code) of an error response: ``error.message``/``error.code``, else the body text."""
+    body = exc.body
+    if isinstance(body, dict):
+        message = body.get("message") or body.get("detail") or body.get("error")
+        code = body.get("code") or body.get("type") or ""
+        return (str(message) if message else msgspec.json.encode(body).decode()), str(code)
+    text = body if isinstance(body, str) else exc.response.text
+    return text.strip(), ""
+
+
+def _kind(status: int, code: str, message: str) -> tuple[str, bool]:
+    if status == 429:
+        return ("quota_exceeded", False) if code == "insufficient_quota" else ("rate_limited", True)
+    if status == 413 or code in _CONTEXT_CODES or (status == 400 and _CONTEXT.search(message)):
+        return "context_length", False
+    if status >= 500:
+        return "server_error", True
+    fixed = {400: ("bad_request", False), 422: ("bad_request", False), 401: ("auth", False), 403: ("auth", False),
+             404: ("not_found", False), 408: ("timeout", True), 409: ("conflict", True)}
+    return fixed.get(status, ("http_error", False))
+
+
+class OpenAIAdapter:
+    """A chat-completions endpoint (``base_url``, ``model``, ``api_key_env``, ``params``, ``timeout_s``, ``price``)."""
+
+    name = "openai"
+
+    def __init__(self, spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> None:
+        for field in ("base_url", "model"):
+            if not isinstance(getattr(spec, field), str):
+                raise ValueError(f"openai adapter needs `{field}`")
+        assert isinstance(spec.base_url, str)
+        self._spec, self._counter, self._base_url = spec, counter, spec.base_url
+
+    def __repr__(self) -> str:
+        return f"OpenAIAdapter(base_url={self._base_url!r}, model={self._spec.model_name!r})"
+
+    def _api_key(self) -> str:
+        env = self._spec.api_key_env
+        if not isinstance(env, str):
+            return PLACEHOLDER_KEY
+        key = os.environ.get(env)
+        if not key:
+            raise ModelError(f"the API key variable {env} is not set in the executor's environment", kind="auth",
+                             retryable=False)
+        return key
+
+    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
+        """One HTTP call sending exactly ``wire_request(request)``.
+
+        Raises:
+            ModelError: mapped as in the module docstring; never carries the API key.
+        """
+        key = self._api_key()
+        body = wire_request(request)
+        data, err = await self._post(body, key)
+        if err is not None:  # raised outside the handler: no __context__ holding the SDK's request
+            raise err
+        try:
+            decoded = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise ModelError(f"malformed chat-completions response: not a JSON object: {_scrub(data[:200], key)}",
+                             kind="malformed_response", retryable=True)
+        taken = {c.id for m in request.messages for c in m.tool_calls}
+        resp = response_from_wire(decoded, turn=request.turn, spec=self._spec, taken=taken)
+        if "usage" not in decoded:  # a server that reports none: count, so budgets still see the call
+            tokens_in = self._counter.count(msgspec.json.encode(body["messages"]).decode())
+            tokens_out = self._counter.count(" ".join([resp.text, *(c.arguments for c in resp.tool_calls)]))
+            resp = msgspec.structs.replace(resp, input_tokens=tokens_in, output_tokens=tokens_out,
+                                           cost_usd=self._spec.cost_usd(tokens_in, tokens_out))
+        return resp
+
+    async def _post(self, body: dict[str, Any], key: str) -> tuple[bytes, ModelError | None]:
+        timeout = self._spec.timeout
+        try:
+            async with openai.AsyncOpenAI(api_key=key, base_url=self._base_url, timeout=timeout,
+                                          max_retries=0) as client:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=body["model"], messages=body["messages"],
+                    extra_body={k: v for k, v in body.items() if k not in ("model", "messages")})
+                return raw.http_response.content, None
+        except openai.APIStatusError as exc:
+            message, code = _provider_message(exc)
+            kind, retryable = _kind(exc.status_code, code, message)
+            after = retry_after_s(exc.response.headers) if retryable else None
+            text = f"{self._base_url} answered {exc.status_code}{f' ({code})' if code else ''}: {message}"
+            return b"", ModelError(_scrub(text, key), kind=kind, retryable=retryable, retry_after_s=after)
+        except openai.APITimeoutError:
+            return b"", ModelError(f"{self._base_url} did not answer within {timeout:g} s", kind="timeout")
+        except openai.APIConnectionError as exc:
+            cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+            return b"", ModelError(_scrub(f"cannot reach {self._base_url}{cause}", key), kind="connection")
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Port v1 (a ``kind: model`` step): the packed prompt as one user message, the text back."""
+        chat = chat_request(self._spec, run_id=request.run_id, step_id=request.step_id, attempt=request.attempt,
+                            messages=[ChatMessage(role="user", content=request.prompt)])
+        resp = await self.complete_chat(chat)
+        return ModelResponse(text=resp.text, input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
+                             cost_usd=resp.cost_usd, model=resp.model)
+
+
+def _scrub(text: str | bytes, key: str) -> str:
+    """``text`` with every occurrence of the API key replaced by ``***`` (and cut to 500 characters)."""
+    s = text.decode(errors="replace") if isinstance(text, bytes) else text
+    if key and key != PLACEHOLDER_KEY:
+        s = s.replace(key, "***")
+    return s if len(s) <= _MAX_MESSAGE else s[:_MAX_MESSAGE] + "…"

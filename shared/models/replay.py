@@ -1,0 +1,44 @@
+"""The ``replay`` adapter: plays what a real trajectory recorded.
+
+``output`` (one recorded answer, text) serves model steps and single-turn chat;
+``turns`` (recorded assistant messages, tool calls included, with their usage) serve
+an agent step turn by turn, exactly as the scripted adapter plays them.
+"""
+
+from __future__ import annotations
+
+from shared.core.chat import ChatRequest, ChatResponse
+from shared.core.modelspec import ModelSpec, ScriptedTurn
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.models.base import ModelRequest, ModelResponse
+from shared.models.scripted import play_turn, scripted_turn
+
+
+class ReplayAdapter:
+    """Plays a recorded output; reports recorded usage when the recording has it."""
+
+    name = "replay"
+
+    def __init__(self, spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> None:
+        if spec.output is None and not spec.scripted_turns:
+            raise ValueError("replay adapter needs a recorded output")
+        self._spec, self._output, self._counter = spec, spec.output or "", counter
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        usage = self._spec.usage
+        in_tokens = usage.input_tokens if usage and usage.input_tokens is not None else request.prompt_tokens
+        out_tokens = usage.output_tokens if usage and usage.output_tokens is not None else self._counter.count(
+            self._output
+        )
+        return ModelResponse(
+            text=self._output, input_tokens=in_tokens, output_tokens=out_tokens,
+            cost_usd=usage.cost_usd if usage else 0.0, model=self._spec.name or "replay",
+        )
+
+    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
+        """Turn *t* plays ``turns[t-1]``; without ``turns``, the recorded ``output`` as text."""
+        if self._spec.scripted_turns:
+            turn = scripted_turn(self._spec, request.turn)
+        else:
+            turn = ScriptedTurn(text=self._output, usage=self._spec.usage)
+        return play_turn(self._spec, turn, request, self._counter)

@@ -1,0 +1,100 @@
+"""The ``scripted`` adapter: plays answers written in the workflow (tests, demos, the shipped example).
+
+Two shapes (docs/models.md):
+
+* ``outputs`` — per attempt: attempt *a* plays ``outputs[a-1]`` (the last repeats); a
+  ``{error, message, retryable}`` entry fails that attempt. Text only.
+* ``turns`` — per turn of an agent step: turn *t* plays ``turns[t-1]`` (the last repeats):
+  attempts 1…len(``failures``) fail with those, the next answers with ``text`` and
+  ``tool_calls`` ``{name, arguments, id?}``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.core.chat import ChatRequest, ChatResponse, ToolCall, assign_call_ids, flatten, wire_call
+from shared.core.errors import ModelError
+from shared.core.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.models.base import ModelRequest, ModelResponse
+
+
+def _fail(entry: ScriptedFailure) -> ModelError:
+    return ModelError(entry.message or entry.error, kind=entry.error, retryable=entry.retryable)
+
+
+def _taken_ids(request: ChatRequest) -> set[str]:
+    return {c.id for m in request.messages for c in m.tool_calls}
+
+
+def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter: TokenCounter) -> ChatResponse:
+    """The answer ``turn`` scripts for ``request`` (failures by attempt first).
+
+    Tokens: ``turn.usage`` when recorded, else counted (the flattened transcript in; text
+    and arguments out); cost from the spec's price unless usage recorded one.
+
+    Raises:
+        ModelError: the attempt is one of the turn's scripted failures.
+    """
+    if request.attempt <= len(turn.failures):
+        raise _fail(turn.failures[request.attempt - 1])
+    sent = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments if isinstance(c.arguments, str)
+                          else msgspec.json.encode(c.arguments).decode()) for c in turn.tool_calls)
+    message: dict[str, object] = {"role": "assistant", "content": turn.text or None}
+    if sent:
+        message["tool_calls"] = [wire_call(c) for c in sent]
+    u = turn.usage
+    tokens_in = u.input_tokens if u and u.input_tokens is not None else counter.count(flatten(request.messages))
+    tokens_out = u.output_tokens if u and u.output_tokens is not None else counter.count(
+        " ".join([turn.text, *(c.arguments for c in sent)]))
+    return ChatResponse(
+        text=turn.text, tool_calls=assign_call_ids(sent, turn=request.turn, taken=_taken_ids(request)),
+        finish_reason="tool_calls" if sent else "stop", input_tokens=tokens_in, output_tokens=tokens_out,
+        cost_usd=u.cost_usd if u and u.cost_usd else spec.cost_usd(tokens_in, tokens_out),
+        model=spec.model_name, message=message,
+    )
+
+
+def scripted_turn(spec: ModelSpec, turn: int) -> ScriptedTurn:
+    """``turns[turn-1]``, the last one repeating. Raises IndexError when ``turns`` is empty."""
+    turns = spec.scripted_turns
+    return turns[min(turn, len(turns)) - 1]
+
+
+class ScriptedAdapter:
+    """Plays ``outputs[attempt-1]`` (prompt port) or ``turns[turn-1]`` (chat port)."""
+
+    name = "scripted"
+
+    def __init__(self, spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> None:
+        if not spec.outputs and not spec.scripted_turns:
+            raise ValueError("scripted adapter needs outputs or turns")
+        self._spec, self._counter = spec, counter
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Attempt *a* plays ``outputs[a-1]``; without ``outputs``, turn 1's text."""
+        outputs = self._spec.outputs
+        if not outputs:
+            chat = await self.complete_chat(ChatRequest(
+                run_id=request.run_id, step_id=request.step_id, attempt=request.attempt, turn=1, messages=()))
+            return ModelResponse(text=chat.text, input_tokens=request.prompt_tokens,
+                                 output_tokens=chat.output_tokens, cost_usd=chat.cost_usd, model=chat.model)
+        entry = outputs[min(request.attempt, len(outputs)) - 1]
+        if isinstance(entry, ScriptedFailure):
+            raise _fail(entry)
+        return ModelResponse(
+            text=entry, input_tokens=request.prompt_tokens, output_tokens=self._counter.count(entry),
+            model=self._spec.name or "scripted",
+        )
+
+    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
+        """Turn *t* plays ``turns[t-1]``; without ``turns``, attempt *a* plays ``outputs[a-1]`` as text."""
+        if self._spec.scripted_turns:
+            return play_turn(self._spec, scripted_turn(self._spec, request.turn), request, self._counter)
+        outputs = self._spec.outputs
+        entry = outputs[min(request.attempt, len(outputs)) - 1]
+        if isinstance(entry, ScriptedFailure):
+            raise _fail(entry)
+        return play_turn(self._spec, ScriptedTurn(text=entry), msgspec.structs.replace(request, attempt=1),
+                         self._counter)

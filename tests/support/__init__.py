@@ -1,0 +1,1 @@
+"""Test helpers shared across suites (the loopback chat-completions server)."""

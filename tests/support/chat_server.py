@@ -1,0 +1,172 @@
+"""A real chat-completions server on a free loopback port, scripted per test (no HTTP mocks).
+
+The ``chat_server`` fixture starts one :class:`ChatServer` (an aiohttp app serving
+``POST /v1/chat/completions``) per test. A test queues behaviours — one per request, in
+order — and reads back every request body it saw::
+
+    chat_server.script(reply(tool_calls=[call("read_file", {"path": "a.py"})]), rate_limited(2), reply("done"))
+    ...  # point an openai adapter at chat_server.url
+    assert chat_server.requests[0].body["tools"][0]["function"]["name"] == "read_file"
+
+A request with nothing left in the queue gets a 500 and is counted in ``unscripted``.
+A :func:`slow` behaviour holds its request until the server stops (a client timeout
+fires first), so timeout tests need no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+COMPLETIONS = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What the server does with one request.
+
+    ``body`` is JSON-encoded unless it is ``bytes`` (sent raw); any ``{authorization}`` in
+    a string body is replaced by the request's Authorization header (to test key scrubbing).
+    ``hold`` keeps the request open until the server stops.
+    """
+
+    status: int = 200
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    hold: bool = False
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request the server received: its JSON body and headers."""
+
+    body: dict[str, Any]
+    headers: Mapping[str, str]
+
+
+def call(name: str, arguments: Mapping[str, Any] | str, id: str = "") -> dict[str, Any]:
+    """A tool call in the wire format (``arguments`` JSON-encoded unless given as text)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(dict(arguments))
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def reply(text: str | None = None, tool_calls: Iterable[dict[str, Any]] = (), *, usage: tuple[int, int] | None = (
+        12, 7), model: str = "loopback-1", finish_reason: str | None = None) -> Behaviour:
+    """A 200 completion: ``text`` and/or ``tool_calls``; ``usage`` (prompt, completion) or None for none."""
+    calls = list(tool_calls)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = calls
+    body: dict[str, Any] = {
+        "id": "chatcmpl-loopback", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": finish_reason or ("tool_calls" if calls else "stop")}],
+    }
+    if usage is not None:
+        body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+    return Behaviour(body=body)
+
+
+def error(status: int, message: str, *, code: str | None = None, type: str = "invalid_request_error",
+          headers: Mapping[str, str] | None = None) -> Behaviour:
+    """An error response in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+    return Behaviour(status=status, body={"error": {"message": message, "type": type, "code": code}},
+                     headers=dict(headers or {}))
+
+
+def rate_limited(retry_after: str | float = 2) -> Behaviour:
+    """A 429 with ``Retry-After`` (seconds or an HTTP date)."""
+    return error(429, "Rate limit reached, slow down", code="rate_limit_exceeded", type="requests",
+                 headers={"Retry-After": str(retry_after)})
+
+
+def server_error(status: int = 500) -> Behaviour:
+    """A 5xx."""
+    return error(status, "The server had an error while processing your request", type="server_error")
+
+
+def slow() -> Behaviour:
+    """Never answers while the client waits (held until the server stops)."""
+    return Behaviour(hold=True)
+
+
+def empty(no_choices: bool = False) -> Behaviour:
+    """A 200 with no content and no tool calls (or with no choices at all)."""
+    b = reply(None)
+    if no_choices:
+        return Behaviour(body={**b.body, "choices": []})
+    return b
+
+
+class ChatServer:
+    """The loopback server: ``url`` is its ``base_url`` (``http://127.0.0.1:<port>/v1``)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Behaviour] = deque()
+        self.requests: list[Seen] = []
+        self.unscripted = 0
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *behaviours: Behaviour) -> None:
+        """Queue behaviours for the next requests, in order."""
+        self.queue.extend(behaviours)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(Seen(body=await request.json(), headers=dict(request.headers)))
+        if not self.queue:
+            self.unscripted += 1
+            return web.json_response({"error": {"message": "chat_server: no scripted behaviour left"}}, status=500)
+        b = self.queue.popleft()
+        if b.hold:
+            await self._release.wait()
+            return web.json_response({"error": {"message": "released at shutdown"}}, status=503)
+        body = b.body
+        if isinstance(body, str):
+            body = body.replace("{authorization}", request.headers.get("Authorization", ""))
+        elif isinstance(body, dict) and isinstance(body.get("error"), dict):
+            err = dict(body["error"])
+            err["message"] = str(err.get("message", "")).replace(
+                "{authorization}", request.headers.get("Authorization", ""))
+            body = {**body, "error": err}
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return web.Response(status=b.status, body=data, headers=dict(b.headers), content_type="application/json")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post(COMPLETIONS, self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+
+    async def stop(self) -> None:
+        self._release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def chat_server() -> AsyncIterator[ChatServer]:
+    """A started :class:`ChatServer`, stopped after the test."""
+    server = ChatServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
