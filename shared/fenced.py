@@ -36,7 +36,7 @@ import tenacity
 from shared.core.errors import ConcurrencyConflict
 from shared.core.events import AnyEvent, Commit
 from shared.core.fold import RunState, apply_commit
-from shared.core.ids import CommitId, RunId, new_commit_id
+from shared.core.ids import LSN, CommitId, RunId, new_commit_id
 from shared.core.ports import EventLog
 
 logger = structlog.get_logger("reel.fenced")
@@ -52,7 +52,7 @@ class NoCommit(msgspec.Struct, frozen=True):
 class Committed(msgspec.Struct, frozen=True):
     """The decided events were committed at ``lsn`` (id ``commit_id``); ``state`` is after applying them."""
 
-    lsn: int
+    lsn: LSN
     state: RunState
     events: tuple[AnyEvent, ...]
     commit_id: str = ""
@@ -60,6 +60,8 @@ class Committed(msgspec.Struct, frozen=True):
 
 Decide = Callable[[RunState], Sequence[AnyEvent] | NoCommit]
 """Pure: the events to commit on top of a state, or :class:`NoCommit`; may raise a ReelError."""
+Refresh = Callable[[RunState], Awaitable[RunState]]
+"""A state brought up to the run's head (default: ``log.refresh(state)[0]``)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ DEFAULT_POLICY = RetryPolicy()
 
 async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: str,
                          state: RunState | None = None, policy: RetryPolicy = DEFAULT_POLICY,
-                         sent: Awaitable[int] | None = None, log_name: str | None = None) -> Committed | NoCommit:
+                         sent: Awaitable[int] | None = None, refresh: Refresh | None = None,
+                         log_name: str | None = None) -> Committed | NoCommit:
     """Commit ``decide(state)`` to ``run_id``, fenced on ``state.head_lsn``; re-decide on conflicts.
 
     Args:
@@ -107,6 +110,9 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
             expected_lsn=state.head_lsn, ...)`` sent by the caller to pipeline it with other writes
             (needs ``state``; ``decide(state)`` must return those very events). Its result is the
             first try's.
+        refresh: how a state that lost the fence is brought to the head (default
+            ``log.refresh``; a caller that keeps facts beside the state, e.g. rewind's commit
+            LSNs, wraps it to keep them in step).
         log_name: prefix of the ``<log_name>.conflict`` log line (default: ``writer``).
 
     Returns:
@@ -126,7 +132,7 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
         assert s is not None  # a run that exists never becomes absent: its log only grows
         return decide(s)
 
-    return await _loop(log, run_id, on_state, start, writer=writer, policy=policy, sent=sent,
+    return await _loop(log, run_id, on_state, start, writer=writer, policy=policy, sent=sent, refresh=refresh,
                        log_name=log_name or writer)
 
 
@@ -149,13 +155,13 @@ async def commit_new(log: EventLog, run_id: str, events: Sequence[AnyEvent], *, 
     def decide(state: RunState | None) -> Sequence[AnyEvent] | NoCommit:
         return events if state is None else if_exists(state)
 
-    return await _loop(log, run_id, decide, None, writer=writer, policy=policy, sent=None,
+    return await _loop(log, run_id, decide, None, writer=writer, policy=policy, sent=None, refresh=None,
                        log_name=log_name or writer)
 
 
 async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], Sequence[AnyEvent] | NoCommit],
                 state: RunState | None, *, writer: str, policy: RetryPolicy, sent: Awaitable[int] | None,
-                log_name: str) -> Committed | NoCommit:
+                refresh: Refresh | None, log_name: str) -> Committed | NoCommit:
     """The one loop (see module doc). ``state`` ``None``: the run does not exist (yet)."""
     def exhausted(retry: tenacity.RetryCallState) -> NoReturn:
         raise ConcurrencyConflict(
@@ -167,7 +173,10 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
         with attempt:
             try_no = attempt.retry_state.attempt_number
             if try_no > 1:
-                state = (await log.refresh(state))[0] if state is not None else await log.load(run_id)
+                if state is None:
+                    state = await log.load(run_id)
+                else:
+                    state = await refresh(state) if refresh is not None else (await log.refresh(state))[0]
             decision = decide(state)
             if isinstance(decision, NoCommit):
                 return decision
@@ -185,5 +194,5 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
                 raise
             done = Commit(commit_id=CommitId(cid), run_id=RunId(run_id), writer=writer, events=events)
             after = apply_commit(state, lsn, done)
-            return Committed(lsn=lsn, state=after, events=events, commit_id=cid)
+            return Committed(lsn=LSN(lsn), state=after, events=events, commit_id=cid)
     raise AssertionError("unreachable: tenacity either returns, raises, or calls on_exhausted")  # pragma: no cover

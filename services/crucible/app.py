@@ -28,14 +28,14 @@ import structlog
 from services.crucible.session import Backend, resume_session, start_session
 from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from shared.config import Config
-from shared.core.commands import Reply, decode_command, error_reply
+from shared.core.commands import Reply
 from shared.core.errors import ReelError
 from shared.core.ids import RunId
 from shared.crucible.config import SessionConfig, validate
 from shared.crucible.errors import ConfigInvalid, SessionExists
 from shared.crucible.names import CrucibleNames
 from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.nats.consumer import Ack, CommandConsumer, Delivery, Router, Then
 from shared.nats.infra import Infra
 
 log = structlog.get_logger("reel.crucible")
@@ -54,7 +54,7 @@ class ResumeSession(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     session_id: str
 
 
-def session_id_for(cmd: Command) -> str:
+def session_id_for(cmd: Delivery) -> str:
     """The session id of a ``run`` without one: derived from the message, so a redelivery maps to it again."""
     return "cs-" + hashlib.sha256(cmd.identity.encode()).hexdigest()[:12]
 
@@ -67,35 +67,34 @@ class Worker:
         self.backend = Backend(nc=infra.nc, cfg=cfg, log=SessionLog(infra.nc, cfg, writer="crucible-service"),
                                blobs=JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket))
 
-    async def handle(self, cmd: Command) -> Ack:
-        """Reply, then drive the session until it ends (or this worker stops)."""
-        structlog.contextvars.bind_contextvars(command=cmd.subject.rsplit(".", 1)[-1])
-        try:
-            if cmd.subject.endswith(".run"):
-                start = decode_command(cmd.data, RunSession)
-                sid = start.session_id or session_id_for(cmd)
-                validate(start.config)
-                resume = await self.backend.log.exists(sid)
-            else:
-                sid, resume = decode_command(cmd.data, ResumeSession).session_id, True
-                await self.backend.log.load(sid)  # SessionNotFound before anything else
-        except ReelError as exc:
-            await send_reply(self.infra, cmd, error_reply(exc))
-            return Ack.ACK
-        await send_reply(self.infra, cmd,
-                         Reply(ok=True, run_id=RunId(sid), status="resuming" if resume else "starting"))
-        try:
-            if resume:
+    async def run(self, start: RunSession, cmd: Delivery) -> Then:
+        """Reply, then start the session (or resume it: a redelivered ``run``) and drive it to its end."""
+        sid = start.session_id or session_id_for(cmd)
+        validate(start.config)
+        resume = await self.backend.log.exists(sid)
+        return self._drive(sid, start.config if not resume else None)
+
+    async def resume(self, req: ResumeSession, _: Delivery) -> Then:
+        """Reply, then resume the session and drive it to its end."""
+        await self.backend.log.load(req.session_id)  # SessionNotFound before anything else
+        return self._drive(req.session_id, None)
+
+    def _drive(self, sid: str, config: SessionConfig | None) -> Then:
+        async def work() -> Ack:
+            try:
+                if config is None:
+                    exit_ = (await resume_session(self.backend, sid, stop=self.stop)).exit
+                else:
+                    exit_ = (await start_session(self.backend, config, stop=self.stop, session_id=sid)).exit
+            except SessionExists:
                 exit_ = (await resume_session(self.backend, sid, stop=self.stop)).exit
-            else:
-                exit_ = (await start_session(self.backend, start.config, stop=self.stop, session_id=sid)).exit
-        except SessionExists:
-            exit_ = (await resume_session(self.backend, sid, stop=self.stop)).exit
-        except (ConfigInvalid, ReelError) as exc:
-            log.warning("crucible.command_failed", session_id=sid, code=exc.code, reason=exc.message)
-            return Ack.NAK if exc.retryable else Ack.ACK
-        log.info("crucible.session_done", session_id=sid, exit=exit_.value, exit_code=exit_.exit_code)
-        return Ack.ACK
+            except (ConfigInvalid, ReelError) as exc:
+                log.warning("crucible.command_failed", session_id=sid, code=exc.code, reason=exc.message)
+                return Ack.NAK if exc.retryable else Ack.ACK
+            log.info("crucible.session_done", session_id=sid, exit=exit_.value, exit_code=exit_.exit_code)
+            return Ack.ACK
+
+        return Then(Reply(ok=True, run_id=RunId(sid), status="starting" if config is not None else "resuming"), work)
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
@@ -103,6 +102,9 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
     await ensure_session_stream(infra.js, cfg)
     names = CrucibleNames(cfg.names)
     worker = Worker(infra, cfg, stop)
-    consumer = CommandConsumer(infra, cfg, names.consumer_service, [names.command("run"), names.command("resume")],
-                               worker.handle, concurrency=cfg.max_concurrent_runs)
+    router = Router(infra)
+    router.route(names.command("run"), RunSession, worker.run, bind={"command": "run"})
+    router.route(names.command("resume"), ResumeSession, worker.resume, bind={"command": "resume"})
+    consumer = CommandConsumer(infra, cfg, names.consumer_service, router.subjects, router,
+                               concurrency=cfg.max_concurrent_runs)
     await consumer.run(stop)

@@ -4,7 +4,8 @@ Same commit discipline as run events (brief §4): one writer per session, every
 commit one message fenced with ``Nats-Expected-Last-Subject-Sequence`` (the LSN
 the writer last saw) and carrying its commit id as ``Nats-Msg-Id``; LSN = stream
 sequence; reads are batched Direct Gets of the session's own subject
-(:class:`shared.nats.eventlog.SubjectLog`).
+(:class:`shared.nats.eventlog.SubjectLog`). A lost fence is never retried: one process
+drives a session (world lock), so it means another one does (:class:`SessionBusy`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
 from shared.config import Config
-from shared.core.errors import ConcurrencyConflict
 from shared.core.ids import new_commit_id
 from shared.crucible.errors import SessionBusy, SessionNotFound
 from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
@@ -36,12 +36,17 @@ async def ensure_session_stream(js: JetStreamContext, cfg: Config) -> None:
     ))
 
 
+def _busy(session_id: str, message: str, _expected: int) -> SessionBusy:
+    """A lost fence on a session: one process drives a session, so it is never retried."""
+    return SessionBusy(f"session {session_id} was written by another process ({message})")
+
+
 class SessionLog:
     """Guarded appends and cold reads of session logs."""
 
     def __init__(self, nc: Client, cfg: Config, *, writer: str = "crucible") -> None:
         self.names = CrucibleNames(cfg.names)
-        self.subjects = SubjectLog(nc, self.names.stream, self.names.session)
+        self.subjects = SubjectLog(nc, self.names.stream, self.names.session, conflict=_busy)
         self.writer = writer
 
     async def append(self, session_id: str, events: Sequence[AnySessionEvent], *, expected_lsn: int,
@@ -53,11 +58,8 @@ class SessionLog:
         """
         commit = SessionCommit(commit_id=commit_id or new_commit_id(), session_id=session_id, writer=self.writer,
                                events=tuple(events))
-        try:
-            lsn = await self.subjects.append(session_id, encode_session_commit(commit), expected_seq=expected_lsn,
-                                             commit_id=commit.commit_id)
-        except ConcurrencyConflict as exc:
-            raise SessionBusy(f"session {session_id} was written by another process ({exc.message})") from exc
+        lsn = await self.subjects.append(session_id, encode_session_commit(commit), expected_seq=expected_lsn,
+                                         commit_id=commit.commit_id)
         return lsn, commit
 
     async def read(self, session_id: str, *, upto_lsn: int | None = None) -> list[tuple[int, SessionCommit]]:

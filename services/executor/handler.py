@@ -24,7 +24,7 @@ from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, RunId, is_token, new_e
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
 from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import Ack, Command, send_reply
+from shared.nats.consumer import Ack, Delivery, send_reply
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
@@ -59,7 +59,7 @@ class Executor:
         """Drive ``run_id`` until it rests (see :meth:`Driver.drive`)."""
         return await self.driver.drive(run_id)
 
-    async def handle(self, cmd: Command) -> Ack:
+    async def handle(self, cmd: Delivery) -> Ack:
         """Handle one start or resume command (reply, then drive the run until it rests)."""
         kind = cmd.subject.rsplit(".", 1)[-1]
         try:
@@ -94,7 +94,7 @@ class Executor:
         finally:
             del self._driving[run_id]
 
-    async def _start(self, cmd: Command) -> str:
+    async def _start(self, cmd: Delivery) -> str:
         start = decode_command(cmd.data, StartRun)
         spec = await self._spec_of_command(start)
         key = start.idempotency_key or f"cmd:{cmd.identity}"  # no key: the command message is the identity

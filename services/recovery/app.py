@@ -1,8 +1,8 @@
 """Recovery service: resolves ``dispatched`` intents whose executor is gone (brief §3; docs/mutators.md).
 
-Three ways in, one code path (:meth:`RecoveryService.recover_run`: cold fold →
-liveness and marker look-ups → :func:`shared.core.recovery.triage` → one fenced
-commit of the resolutions, or a ``ResumeRun``):
+Three ways in, one code path (:meth:`RecoveryService.recover_run`: load →
+liveness and marker look-ups → :func:`shared.core.recovery.decide` → one fenced
+commit of the resolutions (:func:`shared.fenced.commit_decided`), or a ``ResumeRun``):
 
 * an ordered consumer on ``<ns>.ev.>`` keeps an :class:`IntentIndex` of runs
   with open intents (a hint; decisions are made on a fresh fold);
@@ -16,14 +16,16 @@ Liveness is the executor's lease in the leases KV (an entry exists while the
 executor heartbeats; the bucket's max age is the lease TTL). A lease that cannot
 be read is treated as alive: recovery never guesses against a live executor.
 Every commit is fenced on the head LSN recovery folded, so it lands above any
-snapshot LSN and loses cleanly to a concurrent executor commit (then re-reads).
+snapshot LSN and loses cleanly to a concurrent executor commit; the run is then
+refreshed and decided again on the facts already looked up (an executor first
+seen in the refreshed state is presumed alive until a later pass looks it up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -34,12 +36,13 @@ from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from shared.clock import now_ms
 from shared.config import Config
 from shared.core import recovery
-from shared.core.commands import RecoverRuns, Reply, decode_command, error_reply
-from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError
-from shared.core.events import BlobRef, Commit
-from shared.core.fold import RunState, apply_commit
-from shared.core.ids import CommitId, is_token
-from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.core.commands import RecoverRuns, Reply
+from shared.core.errors import ReelError
+from shared.core.events import AnyEvent, BlobRef
+from shared.core.fold import RunState
+from shared.core.ports import EventLog
+from shared.fenced import Committed, NoCommit, commit_decided
+from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import executor_alive
@@ -50,7 +53,6 @@ from .index import IntentIndex
 log = structlog.get_logger("reel.recovery")
 
 WRITER = "recovery"
-MAX_TRIES = 5
 CATCH_UP_TIMEOUT_S = 10.0
 
 
@@ -66,9 +68,9 @@ class RunReport(msgspec.Struct, kw_only=True):
 class RecoveryService:
     """The recovery logic over one NATS connection."""
 
-    def __init__(self, infra: Infra, cfg: Config) -> None:
+    def __init__(self, infra: Infra, cfg: Config, events: EventLog) -> None:
         self.infra, self.cfg = infra, cfg
-        self.log = JetStreamEventLog(infra.nc, cfg.names)
+        self.log = events
         self.index = IntentIndex(cfg.names.events(""))
 
     # ---- facts recovery cannot derive from the log ----------------------------------------
@@ -92,54 +94,46 @@ class RecoveryService:
 
     # ---- one run ---------------------------------------------------------------------------
     async def recover_run(self, run_id: str) -> RunReport:
-        """Resolve what can be resolved in ``run_id`` now (cold fold, fenced commit, retries).
+        """Resolve what can be resolved in ``run_id`` now: load, look up leases and markers,
+        :func:`shared.core.recovery.decide`, one fenced commit (:func:`shared.fenced.commit_decided`).
 
         Raises:
             RunNotFound: no such run.
-            ConcurrencyConflict: the run kept moving for :data:`MAX_TRIES` reads.
+            ConcurrencyConflict: the run kept moving for every try of the retry policy.
         """
         with structlog.contextvars.bound_contextvars(run_id=run_id):
-            for _ in range(MAX_TRIES):
-                state = await self.log.load(run_id)
-                report = await self._pass(state)
-                if report is not None:
-                    return report
-            raise ConcurrencyConflict(f"run {run_id} kept moving during recovery", run_id=run_id)
+            state = await self.log.load(run_id)
+            intents = recovery.open_intents(state)
+            if not intents:
+                self.index.offer(state)
+                return RunReport(run_id=state.run_id)
+            checked = recovery.executors_to_check(state, intents)
+            dead = checked - await self.live_set(checked)
+            markers = {i.marker_key: await self.marker(i.marker_key) for i in intents if i.executor_id in dead}
+            at_ms = now_ms()
+            passes: list[tuple[recovery.Pass, str, int]] = []  # (decision, status, head) per try
 
-    async def _pass(self, state: RunState) -> RunReport | None:
-        """One decide-and-commit pass; ``None`` when the fence failed (re-read and retry)."""
-        intents = recovery.open_intents(state)
-        if not intents:
-            self.index.offer(state)
-            return RunReport(run_id=state.run_id)
-        live = await self.live_set(recovery.executors_to_check(state, intents))
-        plan = recovery.triage(state, live)
-        markers: dict[str, BlobRef] = {}
-        for intent in plan.resolve:
-            ref = await self.marker(intent.marker_key)
-            if ref is not None:
-                markers[intent.marker_key] = ref
-        events = recovery.resolution_events(state, plan.resolve, markers, at_ms=now_ms())
-        report = RunReport(run_id=state.run_id, waiting=[{**w.intent.describe(), "reason": w.reason}
-                                                         for w in plan.waiting])
-        if events:
-            try:
-                lsn = await self.log.commit(state.run_id, events, expected_lsn=state.head_lsn, writer=WRITER)
-            except ConcurrencyConflict:
-                log.info("recovery.conflict", expected_lsn=state.head_lsn)
-                return None
-            for intent, event in zip(plan.resolve, events, strict=True):
-                outcome = recovery.outcome_of(event)
-                report.resolved.append({**intent.describe(), "outcome": outcome, "lsn": lsn})
-                log.info("recovery.resolved", branch_id=intent.branch_id, step_id=intent.step_id,
-                         attempt=intent.attempt, outcome=outcome, lsn=lsn, executor_id=intent.executor_id,
-                         inherited=intent.inherited, status=state.status, above_lsn=state.head_lsn)
-            state = apply_commit(state, lsn, Commit(commit_id=CommitId(""), run_id=state.run_id, events=events))
-        if plan.resume:
-            await self._resume(state)
-            report.resumed = True
-        self.index.offer(state)
-        return report
+            def decide(s: RunState) -> Sequence[AnyEvent] | NoCommit:
+                passes.append((recovery.decide(s, dead=dead, markers=markers, at_ms=at_ms), s.status, s.head_lsn))
+                return passes[-1][0].events or NoCommit(reason="nothing to resolve", state=s)
+
+            result = await commit_decided(self.log, run_id, decide, writer=WRITER, state=state, log_name="recovery")
+            decision, status, above_lsn = passes[-1]
+            plan = decision.triage
+            report = RunReport(run_id=run_id, waiting=[{**w.intent.describe(), "reason": w.reason}
+                                                       for w in plan.waiting])
+            if isinstance(result, Committed):
+                for intent, event in zip(plan.resolve, result.events, strict=True):
+                    outcome = recovery.outcome_of(event)
+                    report.resolved.append({**intent.describe(), "outcome": outcome, "lsn": result.lsn})
+                    log.info("recovery.resolved", branch_id=intent.branch_id, step_id=intent.step_id,
+                             attempt=intent.attempt, outcome=outcome, lsn=result.lsn, executor_id=intent.executor_id,
+                             inherited=intent.inherited, status=status, above_lsn=above_lsn)
+            if plan.resume:
+                await self._resume(result.state)
+                report.resumed = True
+            self.index.offer(result.state)
+            return report
 
     async def _resume(self, state: RunState) -> None:
         await publish_resume(self.infra.js, self.cfg.names, state.run_id, state.head_lsn)
@@ -194,31 +188,22 @@ class RecoveryService:
                 await asyncio.wait_for(stop.wait(), interval_s)
 
     # ---- the recover command -----------------------------------------------------------------
-    async def handle(self, cmd: Command) -> Ack:
+    async def recover(self, req: RecoverRuns, _: Delivery) -> Reply:
         """``RecoverRuns{run_id?}``: scan now, reply with what was resolved."""
-        try:
-            req = decode_command(cmd.data, RecoverRuns)
-            if req.run_id is not None:
-                if not is_token(req.run_id):
-                    raise InvalidCommand(f"run_id {req.run_id!r} is not a valid run id")
-                structlog.contextvars.bind_contextvars(run_id=req.run_id)
-                reports = [await self.recover_run(req.run_id)]
-            else:
-                if not await self.catch_up():
-                    raise ReelError("recovery's index is behind the event stream; retry")
-                reports = await self.sweep(every_open_run=True)
-            reply = Reply(ok=True, run_id=req.run_id, detail={
-                "resolved": [r for rep in reports for r in rep.resolved],
-                "resumed": [rep.run_id for rep in reports if rep.resumed],
-                "waiting": [w for rep in reports for w in rep.waiting],
-                "runs_scanned": len(reports),
-            })
-            log.info("recover.done", resolved=len(reply.detail["resolved"]), runs=len(reports))
-        except ReelError as exc:
-            log.warning("recover.rejected", code=exc.code, reason=exc.message, stream_seq=cmd.stream_seq)
-            reply = error_reply(exc)
-        await send_reply(self.infra, cmd, reply)
-        return Ack.ACK
+        if req.run_id is not None:
+            reports = [await self.recover_run(req.run_id)]
+        else:
+            if not await self.catch_up():
+                raise ReelError("recovery's index is behind the event stream; retry")
+            reports = await self.sweep(every_open_run=True)
+        reply = Reply(ok=True, run_id=req.run_id, detail={
+            "resolved": [r for rep in reports for r in rep.resolved],
+            "resumed": [rep.run_id for rep in reports if rep.resumed],
+            "waiting": [w for rep in reports for w in rep.waiting],
+            "runs_scanned": len(reports),
+        })
+        log.info("recover.done", resolved=len(reply.detail["resolved"]), runs=len(reports))
+        return reply
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool = True,
@@ -229,11 +214,13 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool =
         sweep: run the periodic sweep (tests turn it off to drive recovery by command only).
         sweep_interval_s: default ``lease_ttl_s / 2``.
     """
-    service = RecoveryService(infra, cfg)
+    service = RecoveryService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names))
     names = cfg.names
     sub = await infra.js.subscribe(names.events_all, stream=names.events_stream, cb=service.index.on_msg,
                                    ordered_consumer=True, deliver_policy=jsapi.DeliverPolicy.ALL)
-    consumer = CommandConsumer(infra, cfg, "recovery", [names.command("recover")], service.handle)
+    router = Router(infra)
+    router.route(names.command("recover"), RecoverRuns, service.recover, rejected="recover.rejected")
+    consumer = CommandConsumer(infra, cfg, "recovery", router.subjects, router)
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(consumer.run(stop))

@@ -1,8 +1,8 @@
 """Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (brief §3; docs/mutators.md).
 
-Per command: read the run's commits, fold, :func:`shared.core.rewind.decide`, commit
-the fork fenced on the head LSN it folded (re-read and decide again on a
-conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
+Per command: load the run and its commit LSNs, :func:`shared.core.rewind.decide`,
+commit the fork fenced on the head (:func:`shared.fenced.commit_decided`: refreshed
+and decided again on a conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
 ``Nats-Msg-Id`` derived from the fork's LSN, so an executor continues the run on
 the new branch and a repeated publish is deduplicated — unless the run's live
 owner is driving it (:func:`shared.core.rewind.needs_resume`): that executor's next
@@ -19,16 +19,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import structlog
 
 from shared.clock import now_ms
 from shared.config import Config
 from shared.core import rewind
-from shared.core.commands import Reply, RewindRun, decode_command, error_reply
-from shared.core.errors import ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
-from shared.core.fold import DRIVABLE, BranchState, RunState, fold
-from shared.core.ids import LSN, BranchId, branch_id_for_key, is_token
-from shared.nats.consumer import Ack, Command, CommandConsumer, send_reply
+from shared.core.commands import Reply, RewindRun
+from shared.core.events import AnyEvent
+from shared.core.fold import DRIVABLE, BranchState, RunState
+from shared.core.ids import branch_id_for_key
+from shared.core.ports import EventLog
+from shared.fenced import NoCommit, commit_decided
+from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import executor_alive
@@ -37,7 +40,6 @@ from shared.nats.publish import publish_resume
 log = structlog.get_logger("reel.rewind")
 
 WRITER = "rewind"
-MAX_TRIES = 10
 
 
 def _detail(branch: BranchState, **extra: Any) -> dict[str, Any]:
@@ -48,55 +50,47 @@ def _detail(branch: BranchState, **extra: Any) -> dict[str, Any]:
 class RewindService:
     """Handles rewind commands against the event log."""
 
-    def __init__(self, infra: Infra, cfg: Config) -> None:
+    def __init__(self, infra: Infra, cfg: Config, events: EventLog) -> None:
         self.infra, self.cfg = infra, cfg
-        self.log = JetStreamEventLog(infra.nc, cfg.names)
+        self.log = events
 
-    async def handle(self, cmd: Command) -> Ack:
-        """Decode, fork (with fenced retries), resume, reply; every refusal is a reply, never a crash."""
-        try:
-            req = decode_command(cmd.data, RewindRun)
-            if not is_token(req.run_id):
-                raise InvalidCommand(f"run_id {req.run_id!r} is not a valid run id")
-            structlog.contextvars.bind_contextvars(run_id=req.run_id)
-            key = req.idempotency_key or f"cmd:{cmd.identity}"
-            reply = await self._rewind(req, branch_id_for_key(req.run_id, key))
-        except ReelError as exc:
-            log.warning("rewind.rejected", code=exc.code, reason=exc.message, stream_seq=cmd.stream_seq)
-            reply = error_reply(exc)
-        await send_reply(self.infra, cmd, reply)
-        return Ack.ACK
-
-    async def _load(self, run_id: str) -> tuple[RunState, list[int]]:
-        commits = await self.log.read(run_id)
-        state = fold(commits)
-        if state is None:
-            raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
-        return state, [lsn for lsn, _ in commits]
-
-    async def _rewind(self, req: RewindRun, branch_id: BranchId) -> Reply:
+    async def rewind(self, req: RewindRun, cmd: Delivery) -> Reply:
+        """Fork (fenced, re-decided on conflicts), resume, reply."""
+        key = req.idempotency_key or f"cmd:{cmd.identity}"
+        branch_id = branch_id_for_key(req.run_id, key)
         structlog.contextvars.bind_contextvars(branch_id=branch_id)
-        for attempt in range(1, MAX_TRIES + 1):
-            state, lsns = await self._load(req.run_id)
-            decision = rewind.decide(state, lsns, req, branch_id=branch_id, at_ms=now_ms())
+        state = await self.log.load(req.run_id)
+        # the lineage needs every commit LSN of the run, kept in step with the state on a refresh
+        lsns = [lsn for lsn, _ in await self.log.read(req.run_id, upto_lsn=state.head_lsn)]
+
+        async def refresh(s: RunState) -> RunState:
+            s, new = await self.log.refresh(s)
+            lsns.extend(lsn for lsn, _ in new)
+            return s
+
+        at_ms = now_ms()
+        seen: list[tuple[RunState, rewind.Decision]] = []  # (the state before, the decision) per try
+
+        def decide(s: RunState) -> list[AnyEvent] | NoCommit:
+            decision = rewind.decide(s, lsns, req, branch_id=branch_id, at_ms=at_ms)
+            seen.append((msgspec.structs.replace(s), decision))  # a copy: the state is folded in place
             if isinstance(decision, rewind.ExistingBranch):
-                return await self._existing(state, decision.branch)
-            event = decision.event
-            try:
-                lsn = await self.log.commit(state.run_id, [event], expected_lsn=state.head_lsn, writer=WRITER)
-            except ConcurrencyConflict:
-                log.info("rewind.conflict", expected_lsn=state.head_lsn, attempt=attempt)
-                await asyncio.sleep(0.01 * attempt)
-                continue
-            log.info("rewind.forked", parent_branch_id=event.parent_branch_id, fork_lsn=event.fork_lsn,
-                     from_step=event.from_step, lsn=lsn, previous_status=state.status)
-            resume = await self._maybe_resume(state, lsn)
-            return Reply(ok=True, run_id=state.run_id, status="running", created=True, branch_id=branch_id,
-                         lsn=LSN(lsn),
-                         detail={"parent_branch_id": event.parent_branch_id, "fork_lsn": event.fork_lsn,
-                                 "from_step": event.from_step, "resume": resume})
-        raise ConcurrencyConflict(f"run {req.run_id} kept moving; rewind not committed after {MAX_TRIES} tries",
-                                  run_id=req.run_id)
+                return NoCommit(reason="branch exists", state=s)
+            return [decision.event]
+
+        result = await commit_decided(self.log, req.run_id, decide, writer=WRITER, state=state, refresh=refresh)
+        before, decision = seen[-1]
+        if isinstance(result, NoCommit):
+            assert isinstance(decision, rewind.ExistingBranch)
+            return await self._existing(result.state, decision.branch)
+        assert isinstance(decision, rewind.Fork)
+        event, lsn = decision.event, result.lsn
+        log.info("rewind.forked", parent_branch_id=event.parent_branch_id, fork_lsn=event.fork_lsn,
+                 from_step=event.from_step, lsn=lsn, previous_status=before.status)
+        resume = await self._maybe_resume(before, lsn)
+        return Reply(ok=True, run_id=req.run_id, status="running", created=True, branch_id=branch_id, lsn=lsn,
+                     detail={"parent_branch_id": event.parent_branch_id, "fork_lsn": event.fork_lsn,
+                             "from_step": event.from_step, "resume": resume})
 
     async def _existing(self, state: RunState, branch: BranchState) -> Reply:
         """A repeated rewind: same branch, no commit; re-send the (deduplicated) resume if still pending."""
@@ -119,6 +113,7 @@ class RewindService:
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> None:
     """Run one rewind service instance until ``stop`` is set."""
-    service = RewindService(infra, cfg)
-    consumer = CommandConsumer(infra, cfg, "rewind", [cfg.names.command("rewind")], service.handle)
-    await consumer.run(stop)
+    service = RewindService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names))
+    router = Router(infra)
+    router.route(cfg.names.command("rewind"), RewindRun, service.rewind, rejected="rewind.rejected")
+    await CommandConsumer(infra, cfg, "rewind", router.subjects, router).run(stop)

@@ -19,8 +19,10 @@ import structlog
 from shared.config import Config
 from shared.core.errors import InvalidTransition, ReelError, RunNotFound, UnknownEventType
 from shared.core.events import decode_commit
+from shared.core.ports import BlobStore, EventLog
 from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import Ack, Command, CommandConsumer
+from shared.nats.consumer import Ack, CommandConsumer, Delivery
+from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
 from .handler import SnapshotNotVisible, VerificationHandler, verifying_event
@@ -36,12 +38,12 @@ def new_verifier_id() -> str:
 class VerifierService:
     """One verifier instance: decode a delivered commit, run its verification job if it has one."""
 
-    def __init__(self, infra: Infra, cfg: Config, *, instance_id: str | None = None) -> None:
+    def __init__(self, infra: Infra, cfg: Config, events: EventLog, blobs: BlobStore, *,
+                 instance_id: str | None = None) -> None:
         self.instance_id = instance_id or new_verifier_id()
-        blobs = JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
-        self.handler = VerificationHandler(infra.nc, cfg.names, blobs, writer=self.instance_id)
+        self.handler = VerificationHandler(infra.nc, cfg.names, events, blobs, writer=self.instance_id)
 
-    async def handle(self, cmd: Command) -> Ack:
+    async def handle(self, cmd: Delivery) -> Ack:
         """Handle one run-events message (``cmd.stream_seq`` is its LSN)."""
         try:
             commit = decode_commit(cmd.data)
@@ -81,7 +83,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, ack_wait_s: f
         concurrency: jobs (and commits) handled at once by this instance.
         instance_id: this instance's id (the ``writer`` of its commits).
     """
-    service = VerifierService(infra, cfg, instance_id=instance_id)
+    service = VerifierService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names),
+                              JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket), instance_id=instance_id)
     structlog.contextvars.bind_contextvars(verifier_id=service.instance_id)
     consumer = CommandConsumer(
         infra, cfg, "verifier", [cfg.names.events_all], service.handle, stream=cfg.names.events_stream,

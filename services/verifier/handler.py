@@ -7,13 +7,14 @@ A job is triggered by a commit carrying ``run_verifying`` at LSN P. It:
 2. builds the frozen :class:`~shared.core.views.EpisodeView` of the verifying branch at P;
 3. runs every configured verifier whose verdict for (branch, P) is not yet in the
    log — a restarted job resumes, it never judges twice;
-4. records each verdict in the run's log (``verdict_recorded``, a fenced commit;
-   on a conflict it re-reads and retries, or drops its own if a verdict for the
-   same (branch, P, verifier) landed meanwhile) and then publishes the recorded
+4. records each verdict in the run's log (``verdict_recorded``, a fenced commit
+   through :func:`shared.fenced.commit_decided` deciding :func:`shared.core.verification.record`:
+   on a conflict it refreshes and decides again, dropping its own if a verdict for
+   the same (branch, P, verifier) landed meanwhile) and then publishes the recorded
    verdict on ``<ns>.verdict.<run_id>`` with ``Nats-Msg-Id = run:P:verifier``;
-5. commits ``run_completed`` only if the run still rests in ``Verifying`` at P.
-   A run cancelled or rewound meanwhile keeps its verdicts (they name the old
-   branch and P) but is not completed by them.
+5. commits ``run_completed`` only if the run still rests in ``Verifying`` at P
+   (:func:`shared.core.verification.completion`). A run cancelled or rewound
+   meanwhile keeps its verdicts (they name the old branch and P) but is not completed by them.
 
 The log is the source of truth: what is published is always what was recorded.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -31,19 +32,20 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from shared.clock import now_ms
-from shared.core.errors import BlobMissing, ConcurrencyConflict, ReelError, RunNotFound, WorkflowInvalid
-from shared.core.events import AnyEvent, Commit, RunCompleted, RunVerifying, Verdict, VerdictRecorded
-from shared.core.fold import RunState, apply_commit, branch_failed
-from shared.core.ids import LSN, BranchId, CommitId, RunId
+from shared.core import verification
+from shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInvalid
+from shared.core.events import AnyEvent, Commit, RunVerifying, Verdict
+from shared.core.fold import RunState, branch_failed
+from shared.core.ids import LSN, BranchId, RunId
+from shared.core.ports import BlobStore, EventLog
 from shared.core.subjects import MSG_ID_HEADER, Names
 from shared.core.views import EpisodeView, build_episode_view
 from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.eventlog import JetStreamEventLog, SubjectLog
+from shared.fenced import Committed, Decide, NoCommit, commit_decided
+from shared.nats.eventlog import SubjectLog
 from shared.verifiers import (
     Verifier,
     VerifierInvalid,
-    derive_outcome,
     errored,
     make_ctx,
     make_verifier,
@@ -53,7 +55,6 @@ from shared.verifiers import (
 log = structlog.get_logger("reel.verifier")
 
 SPEC_CACHE = 256
-MAX_TRIES = 50  # fenced commit attempts before the job gives up and is redelivered
 
 
 def verdict_msg_id(run_id: str, snapshot_lsn: int, verifier: str) -> str:
@@ -82,8 +83,7 @@ class Job:
 
     def recorded(self, state: RunState | None = None) -> dict[str, Verdict]:
         """Verdicts already in the log for this (branch, snapshot), by verifier name."""
-        return {v.verifier: v for v in (state or self.current).verdicts
-                if v.snapshot_lsn == self.snapshot_lsn and v.branch_id == self.branch_id}
+        return verification.recorded(state or self.current, self.branch_id, self.snapshot_lsn)
 
 
 def verifying_event(commit: Commit) -> RunVerifying | None:
@@ -94,9 +94,9 @@ def verifying_event(commit: Commit) -> RunVerifying | None:
 class VerificationHandler:
     """Runs verification jobs for one verifier service instance."""
 
-    def __init__(self, nc: Client, names: Names, blobs: JetStreamBlobStore, *, writer: str) -> None:
+    def __init__(self, nc: Client, names: Names, events: EventLog, blobs: BlobStore, *, writer: str) -> None:
         self.names, self.blobs, self.writer = names, blobs, writer
-        self.log = JetStreamEventLog(nc, names)
+        self.log = events
         self.js: JetStreamContext = nc.jetstream()
         self.published = SubjectLog(nc, names.verdicts_stream, names.verdict)
         self._specs: dict[str, WorkflowSpec] = {}
@@ -186,40 +186,24 @@ class VerificationHandler:
         log.info("verdict", verifier=name, status=recorded.status, score=recorded.score, reason=recorded.reason,
                  mine=recorded is verdict, duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
-    async def _refresh(self, job: Job) -> RunState:
-        """Apply the commits above the job's current head (incremental re-read)."""
-        job.current, _ = await self.log.refresh(job.current)
-        return job.current
-
-    async def _commit_fenced(self, job: Job, decide: Callable[[RunState], Sequence[AnyEvent] | None]) -> int | None:
-        """Commit ``decide(head state)`` fenced on the head; on a conflict re-read and decide again.
-
-        Returns the LSN, or ``None`` when ``decide`` says there is nothing to write.
+    async def _commit_fenced(self, job: Job, decide: Decide) -> Committed | NoCommit:
+        """Commit ``decide(state)`` on the job's state brought to the head (one at a time per job).
 
         Raises:
-            ConcurrencyConflict: lost :data:`MAX_TRIES` times in a row (the job is redelivered).
+            ConcurrencyConflict: the fence failed on every try (the job is redelivered).
         """
         async with job.lock:
-            for _ in range(MAX_TRIES):
-                state = await self._refresh(job)
-                events = decide(state)
-                if events is None:
-                    return None
-                try:
-                    lsn = await self.log.commit(job.run_id, events, expected_lsn=state.head_lsn,
-                                                writer=self.writer)
-                except ConcurrencyConflict:
-                    log.info("verification.conflict", expected_lsn=state.head_lsn)
-                    continue
-                job.current = apply_commit(state, lsn, Commit(commit_id=CommitId(""), run_id=job.run_id,
-                                                              events=tuple(events)))
-                return lsn
-        raise ConcurrencyConflict(f"{job.run_id} kept moving: {MAX_TRIES} fenced commits lost", run_id=job.run_id)
+            job.current, _ = await self.log.refresh(job.current)
+            result = await commit_decided(self.log, job.run_id, decide, writer=self.writer, state=job.current,
+                                          log_name="verification")
+            job.current = result.state
+            return result
 
     async def _record(self, job: Job, verdict: Verdict) -> Verdict:
         """Record ``verdict`` unless one for its (branch, snapshot, verifier) is in; returns the recorded one."""
-        def decide(state: RunState) -> Sequence[AnyEvent] | None:
-            return None if verdict.verifier in job.recorded(state) else [VerdictRecorded(verdict=verdict)]
+        def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+            event = verification.record(state, verdict)
+            return [event] if event is not None else NoCommit(reason="verdict recorded", state=state)
 
         await self._commit_fenced(job, decide)
         return job.recorded()[verdict.verifier]
@@ -249,21 +233,17 @@ class VerificationHandler:
     async def _complete(self, job: Job) -> None:
         """Commit ``run_completed`` iff the run still rests in Verifying at the snapshot."""
         step_failed = branch_failed(job.pinned, job.branch_id)
+        at_ms = now_ms()
 
-        def decide(state: RunState) -> Sequence[AnyEvent] | None:
-            if (state.status, state.verifying_lsn, state.verifying_branch) != (
-                "verifying", job.snapshot_lsn, job.branch_id
-            ):
-                log.info("verification.not_completing", status=state.status, verifying_lsn=state.verifying_lsn,
-                         active_branch=state.active_branch)
-                return None
-            recorded = job.recorded(state)
-            if any(n not in recorded for n in state.verifiers):
-                return None  # cannot happen after run(): every missing verdict was recorded
-            outcome = derive_outcome(step_failed=step_failed, statuses=[recorded[n].status for n in state.verifiers])
-            return [RunCompleted(branch_id=job.branch_id, outcome=outcome, snapshot_lsn=job.snapshot_lsn,
-                                 at_ms=now_ms())]
+        def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+            event = verification.completion(state, branch_id=job.branch_id, snapshot_lsn=job.snapshot_lsn,
+                                            step_failed=step_failed, at_ms=at_ms)
+            return [event] if not isinstance(event, verification.NotCompleting) else NoCommit(event.reason, state)
 
-        lsn = await self._commit_fenced(job, decide)
-        if lsn is not None:
-            log.info("run.completed", outcome=job.current.outcome, lsn=lsn)
+        result = await self._commit_fenced(job, decide)
+        if isinstance(result, Committed):
+            log.info("run.completed", outcome=result.state.outcome, lsn=result.lsn)
+        elif result.reason == "moved":
+            state = result.state
+            log.info("verification.not_completing", status=state.status, verifying_lsn=state.verifying_lsn,
+                     active_branch=state.active_branch)

@@ -25,7 +25,7 @@ executor normally commits the outcome; recovery steps in only when it cannot:
   that (:attr:`Triage.resume`) instead of resolving it.
 
 The service fetches the facts this module cannot (which executors are live,
-which markers exist), and commits :func:`resolution_events` fenced on the head
+which markers exist), and commits what :func:`decide` returns fenced on the head
 it folded, so a recovery commit always lands above any snapshot LSN and never
 races an executor silently.
 """
@@ -224,3 +224,31 @@ def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AnyEv
 def outcome_of(event: AnyEvent) -> AttemptStatus:
     """``succeeded`` or ``failed`` for a resolution event (for replies and logs)."""
     return AttemptStatus.SUCCEEDED if isinstance(event, AttemptSucceeded) else AttemptStatus.FAILED
+
+
+class Pass(msgspec.Struct, frozen=True, kw_only=True):
+    """One recovery decision on one folded state: the triage and the events resolving ``triage.resolve``."""
+
+    triage: Triage
+    events: tuple[AnyEvent, ...]
+
+
+def decide(state: RunState, *, dead: Set[ExecutorId], markers: Mapping[str, BlobRef | None], at_ms: int) -> Pass:
+    """What recovery does to ``state``, given what it looked up outside the log (pure).
+
+    Args:
+        dead: executors looked up and found without a lease.
+        markers: the outcome markers looked up (every open intent of a ``dead`` executor), by
+            :attr:`OpenIntent.marker_key`; ``None``: the executor stored none.
+        at_ms: the resolution time (epoch ms).
+
+    Every other executor is presumed live — one first seen in ``state`` (the state moved on
+    since the look-ups), and a dead one with an intent whose marker was not looked up: recovery
+    never guesses, a later pass looks them up.
+    """
+    intents = open_intents(state)
+    unchecked = {i.executor_id for i in intents if i.executor_id in dead and i.marker_key not in markers}
+    live = executors_to_check(state, intents) - (set(dead) - unchecked)
+    plan = triage(state, live)
+    found = {key: ref for key, ref in markers.items() if ref is not None}
+    return Pass(triage=plan, events=resolution_events(state, plan.resolve, found, at_ms=at_ms))

@@ -1,10 +1,17 @@
-"""The thin async shell every command-consuming service shares (brief §6).
+"""The thin async shell every consuming service shares (brief §6).
 
-A service is a durable pull consumer on the commands stream, filtered to its own
-command subjects. Several instances of a service share one durable consumer, so
-work spreads across them. A handler gets the message body and returns an
-:class:`Ack` decision; only this shell touches the JetStream message (ack, nak,
-term, in-progress heartbeats while long work runs).
+A service is a durable pull consumer on the commands stream (the verifier: the
+events stream), filtered to its own subjects. Several instances of a service share
+one durable consumer, so work spreads across them. A handler gets the
+:class:`Delivery` and returns an :class:`Ack` decision; only this shell touches the
+JetStream message (ack, nak, term, in-progress heartbeats while long work runs).
+
+Command services do not write that handler: a :class:`Router` is one. Per command
+subject it decodes the body into the command struct, checks its run id, binds the
+log context, calls the service's handler (which returns the :class:`Reply`, or
+:class:`Then`: a reply now and more work before the ack), turns a refusal
+(:class:`~shared.core.errors.ReelError`) into an error reply with a
+``<service>.rejected`` log line, answers on ``Reel-Reply-To`` and acks.
 """
 
 from __future__ import annotations
@@ -12,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
 from nats.aio.msg import Msg
@@ -22,7 +30,9 @@ from nats.js import api as jsapi
 from nats.js.errors import FetchTimeoutError
 
 from shared.config import Config
-from shared.core.commands import Reply, encode
+from shared.core.commands import Reply, decode_command, encode, error_reply
+from shared.core.errors import InvalidCommand, ReelError
+from shared.core.ids import is_token
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.nats.infra import Infra
 
@@ -41,8 +51,9 @@ class Ack(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Command:
-    """One delivered command: body, subject, the client's reply subject, delivery count."""
+class Delivery:
+    """One delivered message (a command, or a run commit for the verifier): body, subject,
+    the client's reply subject, delivery count."""
 
     subject: str
     data: bytes
@@ -54,18 +65,100 @@ class Command:
 
     @property
     def identity(self) -> str:
-        """What identifies this command message across redeliveries and stream re-creation:
+        """What identifies this message across redeliveries and stream re-creation:
         its ``Nats-Msg-Id`` if the client sent one, else ``<stream seq>@<stored ns>``."""
         return self.msg_id or f"{self.stream_seq}@{self.stored_ns}"
 
 
-Handler = Callable[[Command], Awaitable[Ack]]
+Handler = Callable[[Delivery], Awaitable[Ack]]
+_C = TypeVar("_C")
 
 
-async def send_reply(infra: Infra, cmd: Command, reply: Reply) -> None:
+async def send_reply(infra: Infra, cmd: Delivery, reply: Reply) -> None:
     """Answer a command on its ``Reel-Reply-To`` subject (no-op when it has none)."""
     if cmd.reply_to:
         await infra.nc.publish(cmd.reply_to, encode(reply))
+
+
+@dataclass(frozen=True)
+class Then:
+    """A handler's answer that needs more work: send ``reply`` now, then keep the message
+    un-acked (in-progress acks) while ``work()`` runs; its :class:`Ack` decides. An error
+    raised by ``work`` is not a reply (one was sent): it is logged and the message nak'ed."""
+
+    reply: Reply
+    work: Callable[[], Awaitable[Ack]]
+
+
+def _invalid_run_id(run_id: str) -> str:
+    return f"run_id {run_id!r} is not a valid run id"
+
+
+def _run_id_of(cmd: object) -> str | None:
+    run_id = getattr(cmd, "run_id", None)
+    return run_id if isinstance(run_id, str) else None
+
+
+class Router:
+    """A :data:`Handler` that routes each command subject to its typed handler (see module doc).
+
+    Args:
+        infra: the connection replies go out on.
+    """
+
+    def __init__(self, infra: Infra) -> None:
+        self.infra = infra
+        self._routes: dict[str, Handler] = {}
+
+    @property
+    def subjects(self) -> list[str]:
+        """The routed subjects, in the order routed (the consumer's filter)."""
+        return list(self._routes)
+
+    def route(self, subject: str, kind: type[_C], handler: Callable[[_C, Delivery], Awaitable[Reply | Then]], *,
+              rejected: str | None = None, rejected_fields: Mapping[str, Any] | None = None,
+              bind: Mapping[str, Any] | None = None,
+              invalid_run_id: Callable[[str], str] = _invalid_run_id) -> None:
+        """Send commands on ``subject`` (decoded as ``kind``) to ``handler(command, delivery)``.
+
+        Args:
+            rejected: the warning logged for a refused command (``code``, ``reason``,
+                ``stream_seq``, after ``rejected_fields``); ``None``: no line.
+            bind: log context bound for the whole command (before decoding).
+            invalid_run_id: the refusal's message for a ``run_id`` that is not one subject token.
+
+        The command's ``run_id`` (if it has a non-null one) must be one token
+        (:func:`~shared.core.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
+        """
+        extra = dict(rejected_fields or {})
+        context = dict(bind or {})
+
+        async def handle(delivery: Delivery) -> Ack:
+            structlog.contextvars.bind_contextvars(**context)
+            try:
+                cmd = decode_command(delivery.data, kind)
+                run_id = _run_id_of(cmd)
+                if run_id is not None:
+                    if not is_token(run_id):
+                        raise InvalidCommand(invalid_run_id(run_id))
+                    structlog.contextvars.bind_contextvars(run_id=run_id)
+                answer = await handler(cmd, delivery)
+            except ReelError as exc:
+                if rejected is not None:
+                    log.warning(rejected, **extra, code=exc.code, reason=exc.message, stream_seq=delivery.stream_seq)
+                answer = error_reply(exc)
+            await send_reply(self.infra, delivery, answer.reply if isinstance(answer, Then) else answer)
+            return await answer.work() if isinstance(answer, Then) else Ack.ACK
+
+        self._routes[subject] = handle
+
+    async def __call__(self, delivery: Delivery) -> Ack:
+        """Handle one delivery by its subject's route (an unrouted subject is logged and acked)."""
+        handle = self._routes.get(delivery.subject)
+        if handle is None:
+            log.error("command.unrouted", subject=delivery.subject, stream_seq=delivery.stream_seq)
+            return Ack.ACK
+        return await handle(delivery)
 
 
 class CommandConsumer:
@@ -157,7 +250,7 @@ class CommandConsumer:
         structlog.contextvars.bind_contextvars(service=self.service)
         meta = msg.metadata
         headers = msg.headers or {}
-        cmd = Command(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
+        cmd = Delivery(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
                       stream_seq=meta.sequence.stream, num_delivered=meta.num_delivered,
                       stored_ns=int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0,
                       msg_id=headers.get(MSG_ID_HEADER))

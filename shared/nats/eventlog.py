@@ -44,16 +44,25 @@ READ_TIMEOUT_S = 10.0
 COMMIT_ID_HEADER = "Reel-Commit-Id"
 
 
+def concurrency_conflict(key: str, message: str, expected_seq: int) -> ReelError:
+    """The error a lost fence raises by default: :class:`ConcurrencyConflict` (``run_id`` = the key)."""
+    return ConcurrencyConflict(message, run_id=key, expected_lsn=expected_seq)
+
+
 class SubjectLog:
     """A guarded append-only log per key on one stream (see module doc).
 
     Args:
         stream: the stream name (must have ``allow_direct``).
         subject_of: key → its subject (one token per key).
+        conflict: ``(key, message, expected_seq)`` → the error a lost fence raises
+            (default :func:`concurrency_conflict`; crucible's session log: ``SessionBusy``).
     """
 
     def __init__(self, nc: Client, stream: str, subject_of: Callable[[str], str], *,
-                 timeout_s: float = READ_TIMEOUT_S) -> None:
+                 timeout_s: float = READ_TIMEOUT_S,
+                 conflict: Callable[[str, str, int], ReelError] = concurrency_conflict) -> None:
+        self._conflict = conflict
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self.stream = stream
@@ -74,8 +83,8 @@ class SubjectLog:
         """Append one message to the key's subject, fenced on ``expected_seq``; returns its sequence.
 
         Raises:
-            ConcurrencyConflict: the key's last sequence is not ``expected_seq``
-                and the head is not this very commit (a retry that landed).
+            ConcurrencyConflict: (or the ``conflict`` error) the key's last sequence is not
+                ``expected_seq`` and the head is not this very commit (a retry that landed).
         """
         return await (await self.append_async(key, body, expected_seq=expected_seq, commit_id=commit_id))
 
@@ -88,9 +97,8 @@ class SubjectLog:
             head = await self.head_msg(key)
             if head is not None and (head.headers or {}).get(COMMIT_ID_HEADER) == cid:
                 return msg_seq(head)  # our earlier publish of this commit landed
-            raise ConcurrencyConflict(
-                f"{key} moved past sequence {expected_seq} (now {msg_seq(head) if head else 0})",
-                run_id=key, expected_lsn=expected_seq,
+            raise self._conflict(
+                key, f"{key} moved past sequence {expected_seq} (now {msg_seq(head) if head else 0})", expected_seq,
             ) from exc
         return int(ack.seq)
 

@@ -8,19 +8,16 @@ each of its first ``n`` commits, on the real log), so the fence really fails.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
-import structlog
 
 from shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
 from shared.core.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
 from shared.core.fold import RunState
 from shared.fenced import DEFAULT_POLICY, Committed, NoCommit, RetryPolicy, commit_decided, commit_new
 from shared.nats.eventlog import JetStreamEventLog
+from tests.logcapture import info_logs
 from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)
@@ -30,19 +27,6 @@ FAST = RetryPolicy(tries=3, backoff_s=0.001, max_backoff_s=0.002)
 def created(run_id: str) -> RunCreated:
     return RunCreated(run_id=run_id, branch_id="main", workflow_name="w", workflow_ref=REF,
                       steps=(StepDecl(step_id="s", kind="tool"),), created_ms=1)
-
-
-@contextlib.contextmanager
-def info_logs() -> Iterator[list[dict[str, Any]]]:
-    """The structured log lines emitted in the block, info level included (tests log at WARNING)."""
-    saved = structlog.get_config()
-    capture = structlog.testing.LogCapture()
-    structlog.configure(processors=[capture],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        yield capture.entries
-    finally:
-        structlog.configure(**saved)
 
 
 class Interloper:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.cancel.app import NoOp
-from services.cancel.app import decide as decide_cancel
 from shared.core import recovery, rewind
+from shared.core.cancel import NoOp
+from shared.core.cancel import decide as decide_cancel
 from shared.core.commands import CancelRun, RewindRun
 from shared.core.errors import InvalidCommand, InvalidTransition
 from shared.core.events import (

@@ -1,0 +1,85 @@
+"""The verifier's pure decisions (seed T4.2): record a verdict once, complete a run only at its snapshot.
+
+A verification job judges one run at one snapshot LSN P on one branch. The
+service (services/verifier) runs the verifiers and commits through
+:func:`shared.fenced.commit_decided`; what it commits is decided here, on the run's
+state at the head, with no clock (the time comes in as an argument), no I/O and
+no logging:
+
+* :func:`record` — a verdict is recorded unless one for its (branch, P, verifier)
+  already is (a restarted job, or a racing instance, got there first);
+* :func:`completion` — ``run_completed`` only if the run still rests in
+  ``verifying`` at P on that branch with every configured verdict recorded; its
+  outcome by :func:`derive_outcome`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from shared.core.events import RunCompleted, RunOutcome, Verdict, VerdictRecorded, VerdictStatus
+from shared.core.fold import RunState
+from shared.core.ids import LSN, BranchId
+
+
+def recorded(state: RunState, branch_id: BranchId, snapshot_lsn: LSN) -> dict[str, Verdict]:
+    """The verdicts in ``state`` for (``branch_id``, ``snapshot_lsn``), by verifier name."""
+    return {v.verifier: v for v in state.verdicts if v.snapshot_lsn == snapshot_lsn and v.branch_id == branch_id}
+
+
+def record(state: RunState, verdict: Verdict) -> VerdictRecorded | None:
+    """The event recording ``verdict``, or ``None`` if one for its (branch, snapshot, verifier) is in."""
+    if verdict.verifier in recorded(state, verdict.branch_id, verdict.snapshot_lsn):
+        return None
+    return VerdictRecorded(verdict=verdict)
+
+
+class NotCompleting(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a job does not complete the run.
+
+    Attributes:
+        reason: ``moved`` — the run no longer rests in ``verifying`` at the job's snapshot
+            and branch (cancelled, rewound, completed); ``verdicts_missing`` — a configured
+            verifier has no verdict yet (not after a finished job).
+    """
+
+    reason: Literal["moved", "verdicts_missing"]
+
+
+def completion(state: RunState, *, branch_id: BranchId, snapshot_lsn: LSN, step_failed: bool,
+               at_ms: int) -> RunCompleted | NotCompleting:
+    """Whether the job at (``branch_id``, ``snapshot_lsn``) completes ``state``, and with which outcome.
+
+    Args:
+        step_failed: a step of the branch failed for good, as of the snapshot
+            (:func:`shared.core.fold.branch_failed` on the pinned state).
+        at_ms: the completion time (epoch ms).
+    """
+    if (state.status, state.verifying_lsn, state.verifying_branch) != ("verifying", snapshot_lsn, branch_id):
+        return NotCompleting(reason="moved")
+    verdicts = recorded(state, branch_id, snapshot_lsn)
+    if any(name not in verdicts for name in state.verifiers):
+        return NotCompleting(reason="verdicts_missing")
+    outcome = derive_outcome(step_failed=step_failed, statuses=[verdicts[n].status for n in state.verifiers])
+    return RunCompleted(branch_id=branch_id, outcome=outcome, snapshot_lsn=snapshot_lsn, at_ms=at_ms)
+
+
+def derive_outcome(*, step_failed: bool, statuses: Sequence[VerdictStatus]) -> RunOutcome:
+    """The run's outcome from its branch and the verdicts for one snapshot (pure).
+
+    A step failed after its last attempt → ``failed``; else no verifier →
+    ``succeeded``; all pass → ``passed``; any fail → ``failed``; else (some
+    error, no fail) → ``error``.
+    """
+    if step_failed:
+        return "failed"
+    if not statuses:
+        return "succeeded"
+    if all(s == "pass" for s in statuses):
+        return "passed"
+    if any(s == "fail" for s in statuses):
+        return "failed"
+    return "error"
