@@ -21,7 +21,10 @@ from shared.core.ids import LSN, AttemptNo, BranchId, CommitId, ContextItemId, E
 
 SCHEMA_VERSION = 1
 
-StepKind = Literal["model", "tool"]
+StepKind = Literal["model", "tool", "agent"]
+DeclaredKind = Literal["turn", "tool_call"]
+AgentStatus = Literal["succeeded", "failed"]
+ARGUMENTS_INLINE_MAX = 2048  # bytes of a tool call's raw JSON arguments carried inline (larger: a blob)
 VerdictStatus = Literal["pass", "fail", "error"]
 RunOutcome = Literal["passed", "failed", "error", "succeeded"]
 
@@ -70,11 +73,19 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StepDecl(msgspec.Struct, frozen=True, kw_only=True):
-    """The fold's view of one workflow step: enough to know when it is terminal."""
+    """The fold's view of one workflow step: enough to know when it is terminal.
+
+    Attributes:
+        max_attempts: attempts of the step (of each turn, for an agent step).
+        max_turns, max_parallel_tools: agent steps only (unset and not encoded otherwise):
+            the loop's turn bound, and how many tool calls of one turn run at once.
+    """
 
     step_id: StepId
     kind: StepKind
     max_attempts: int = 1
+    max_turns: int | msgspec.UnsetType = msgspec.UNSET
+    max_parallel_tools: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -216,6 +227,67 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
     at_ms: int
 
 
+class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One dynamic step of an agent (brief §11): a turn, or one tool call of a turn.
+
+    Attributes:
+        step_id: ``<agent>:t<turn>`` or ``<agent>:t<turn>:c<i>`` (:mod:`shared.core.stepids`).
+        kind: ``turn`` or ``tool_call``.
+        turn: the turn (1-based) the step is, or belongs to.
+        max_attempts: attempts of this step.
+        call_id: the tool-call id echoed back to the model as ``tool_call_id`` (the
+            provider's, or one Reel assigned when it was empty or a duplicate).
+        tool_name: the tool called; ``arguments`` its raw JSON arguments when at most
+            :data:`ARGUMENTS_INLINE_MAX` bytes, else ``arguments_ref`` (a blob).
+        retry_safe: the tool may be re-run after an executor crash; otherwise an
+            in-flight attempt left by a dead executor is recorded ``outcome_unknown``.
+        fatal: the tool's failure (after its attempts) fails the agent step.
+    """
+
+    step_id: StepId
+    kind: DeclaredKind
+    turn: int
+    max_attempts: int = 1
+    call_id: str | None = None
+    tool_name: str | None = None
+    arguments: str | None = None
+    arguments_ref: BlobRef | None = None
+    retry_safe: bool = False
+    fatal: bool = False
+
+
+class StepsDeclared(Event, tag="steps_declared", kw_only=True, frozen=True):
+    """Dynamic steps of the agent step ``parent_step`` on ``branch_id``, in order (brief §11).
+
+    Turn 1 is declared with its first intent; the calls of turn *t* in the commit of
+    turn *t*'s outcome (with their intents); turn *t+1* with the last result of turn *t*.
+    """
+
+    branch_id: BranchId
+    parent_step: StepId
+    steps: tuple[DeclaredStep, ...]
+
+
+class AgentFinished(Event, tag="agent_finished", kw_only=True, frozen=True):
+    """The agent loop of ``step_id`` ended, in the commit of the outcome that ended it.
+
+    Attributes:
+        status: ``succeeded`` (a turn made no tool call) or ``failed``.
+        output_ref: the final turn's output (the step's output), when succeeded.
+        turns: how many turns the loop ran.
+        error_kind: ``max_turns``, ``turn_failed`` or ``fatal_tool`` when failed.
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    status: AgentStatus
+    output_ref: BlobRef | None = None
+    turns: int
+    error_kind: str | None = None
+    message: str = ""
+    at_ms: int
+
+
 AnyEvent = (
     RunCreated
     | RunStarted
@@ -227,6 +299,8 @@ AnyEvent = (
     | RunCompleted
     | RunCancelled
     | BranchForked
+    | StepsDeclared
+    | AgentFinished
 )
 
 

@@ -20,8 +20,10 @@ from typing import Any
 
 import msgspec
 
+from shared.core import agentfold
 from shared.core.errors import InvalidTransition
 from shared.core.events import (
+    AgentFinished,
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -34,6 +36,7 @@ from shared.core.events import (
     RunStarted,
     RunVerifying,
     StepDecl,
+    StepsDeclared,
     Usage,
     VerdictRecorded,
 )
@@ -51,6 +54,7 @@ from shared.core.state import (
     StepStatus,
     _positions,
 )
+from shared.core.stepids import order_key
 
 FOLD_VERSION = 1
 """Bump when the fold changes what a log means (with the golden expectations): snapshots written
@@ -58,8 +62,8 @@ by another version are ignored."""
 
 __all__ = [
     "DRIVABLE", "FOLD_VERSION", "LIVE", "RESTING", "STEP_TERMINAL", "AttemptState", "AttemptStatus", "BranchState",
-    "RunState", "RunStatus", "StepStatus", "apply", "apply_commit", "branch_failed", "branch_terminal", "create",
-    "final_success", "fold", "gc_paused", "step_status", "step_statuses",
+    "RunState", "RunStatus", "StepStatus", "apply", "apply_commit", "attempts_status", "branch_failed",
+    "branch_terminal", "create", "final_success", "fold", "gc_paused", "step_status", "step_statuses",
 ]
 
 
@@ -80,10 +84,11 @@ def _inherit(
     state: RunState, parent: BranchState, fork_lsn: LSN, from_step: StepId | None
 ) -> dict[StepId, list[AttemptState]]:
     """The parent's attempts as of ``fork_lsn`` (and before ``from_step``), deep-copied."""
-    cutoff = state.step_index(from_step) if from_step is not None else len(state.steps)
+    positions = _positions(state.steps)
+    cutoff = agentfold.cutoff_key(positions, from_step)
     out: dict[StepId, list[AttemptState]] = {}
     for step_id, attempts in parent.attempts.items():
-        if state.step_index(step_id) >= cutoff:
+        if order_key(positions, step_id) >= cutoff:
             continue
         kept: list[AttemptState] = []
         for a in attempts:
@@ -134,7 +139,8 @@ def _dispatched(state: RunState, lsn: LSN, event: AttemptDispatched) -> None:
     branch = state.branches.get(event.branch_id)
     if branch is None:
         raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
-    if event.step_id not in _positions(state.steps):
+    pos = _positions(state.steps).get(event.step_id)
+    if state.steps[pos].kind == "agent" if pos is not None else agentfold.declared(branch, event.step_id) is None:
         raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
     if state.status == RunStatus.PENDING:
         state.status = RunStatus.RUNNING
@@ -178,12 +184,14 @@ def _forked(state: RunState, lsn: LSN, event: BranchForked) -> None:
     parent = state.branches.get(event.parent_branch_id)
     if parent is None:
         raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
-    if event.from_step is not None and event.from_step not in _positions(state.steps):
+    if event.from_step is not None and not agentfold.is_fork_point(state, event.from_step):
         raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=state.run_id)
+    positions = _positions(state.steps)
     state.branches[event.branch_id] = BranchState(
         branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
         fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
         attempts=_inherit(state, parent, event.fork_lsn, event.from_step),
+        agents=agentfold.inherit(parent, positions, event.fork_lsn, agentfold.cutoff_key(positions, event.from_step)),
     )
     state.active_branch = event.branch_id
     state.status, state.outcome, state.finished_ms = RunStatus.RUNNING, None, None
@@ -194,7 +202,8 @@ def _forked(state: RunState, lsn: LSN, event: BranchForked) -> None:
 _APPLY: dict[type, Callable[[RunState, LSN, Any], None]] = {
     RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
     AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
-    RunCancelled: _cancelled, BranchForked: _forked,
+    RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: agentfold.apply_declared,
+    AgentFinished: agentfold.apply_finished,
 }
 
 
@@ -296,7 +305,13 @@ def final_success(attempts: list[AttemptState]) -> AttemptState | None:
 
 
 def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
-    attempts = branch.attempts.get(decl.step_id)
+    if decl.kind == "agent":
+        return agentfold.agent_status(branch, decl.step_id)
+    return attempts_status(branch.attempts.get(decl.step_id), decl.max_attempts)
+
+
+def attempts_status(attempts: list[AttemptState] | None, max_attempts: int) -> StepStatus:
+    """Status of one step from its attempts (see :func:`step_statuses`); an agent's turns and calls use it too."""
     if not attempts:
         return StepStatus.PENDING
     if any(a.status == AttemptStatus.SUCCEEDED for a in attempts):
@@ -307,7 +322,7 @@ def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
     # a superseded attempt (its executor died, a later attempt replaced it) was not a try of the step:
     # recovery's late verdict on it does not count against max_attempts
     failed = sum(1 for a in attempts if a.status == AttemptStatus.FAILED and not (a.recovered and a is not last))
-    if not last.retryable or failed >= decl.max_attempts:
+    if not last.retryable or failed >= max_attempts:
         return StepStatus.FAILED
     return StepStatus.RETRYING
 

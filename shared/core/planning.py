@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from shared.core import agentfold
 from shared.core.events import BlobRef
 from shared.core.fold import DRIVABLE, STEP_TERMINAL, AttemptStatus, RunState, RunStatus, final_success, step_statuses
 from shared.core.ids import AttemptNo, BranchId, ContextItemId, StepId
@@ -86,7 +87,11 @@ def outcome_recorded(state: RunState, branch_id: BranchId, step_id: StepId, atte
 
 
 def succeeded_output(state: RunState, branch_id: BranchId, step_id: StepId) -> BlobRef | None:
-    """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.core.fold.final_success`)."""
+    """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.core.fold.final_success`);
+    of an agent step, its ``agent_finished`` output (the final turn's text)."""
+    rec = agentfold.record(state.branches[branch_id], step_id)
+    if rec is not None:
+        return rec.finished.output_ref if rec.finished is not None and rec.finished.status == "succeeded" else None
     win = final_success(state.branches[branch_id].attempts.get(step_id, []))
     return win.output_ref if win is not None else None
 

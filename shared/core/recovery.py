@@ -37,6 +37,7 @@ from typing import Literal
 
 import msgspec
 
+from shared.core.agentfold import step_ids
 from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import RESTING, AttemptState, AttemptStatus, RunState
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
@@ -114,12 +115,12 @@ def origin_branch(state: RunState, branch_id: BranchId, attempt: AttemptState) -
 
 
 def open_intents(state: RunState) -> list[OpenIntent]:
-    """Every ``dispatched`` attempt of every branch, in branch then workflow order."""
+    """Every ``dispatched`` attempt of every branch, in branch then step order (agents' turns and calls too)."""
     out: list[OpenIntent] = []
     for branch_id in sorted(state.branches):
         attempts_by_step = state.branches[branch_id].attempts
-        for decl in state.steps:
-            attempts = attempts_by_step.get(decl.step_id, [])
+        for step_id in step_ids(state.steps, state.branches[branch_id]):
+            attempts = attempts_by_step.get(step_id, [])
             for i, a in enumerate(attempts):
                 if a.status == AttemptStatus.DISPATCHED:
                     out.append(OpenIntent(

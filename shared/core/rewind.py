@@ -14,7 +14,12 @@ Where a branch may be forked:
   or an LSN between a branch's fork point and its creation is refused.
 * ``at_step`` forks just before the step's first attempt on that branch (the
   previous lineage LSN), or at the head if the step never ran there, with
-  ``from_step`` set so the new branch keeps only the steps before it.
+  ``from_step`` set so the new branch keeps only the steps before it. An agent
+  step forks before its first turn. A turn or tool call (``solve:t2``,
+  ``solve:t1:c1``) forks *at* the commit that declared it: that commit may also
+  hold the outcome of the step before it (the last tool result of turn 1 and turn
+  2's intent share one commit), and ``from_step`` excludes the declared step
+  itself. A turn or call never declared on the branch is refused.
 
 After a fork the service asks an executor to resume the run unless its live
 owner is still driving it (:func:`needs_resume`).
@@ -32,11 +37,13 @@ from collections.abc import Sequence
 
 import msgspec
 
+from shared.core import agentfold
 from shared.core.commands import RewindRun
 from shared.core.errors import InvalidCommand, InvalidTransition
 from shared.core.events import BranchForked
 from shared.core.fold import DRIVABLE, BranchState, RunState, RunStatus
 from shared.core.ids import LSN, BranchId, StepId
+from shared.core.stepids import parse_step_id
 
 
 class BranchNotFound(InvalidCommand):
@@ -161,15 +168,24 @@ def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId, lsn
 
 
 def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId, step_id: StepId) -> LSN:
-    try:
-        state.step_index(step_id)
-    except KeyError:
+    if not agentfold.is_fork_point(state, step_id):
         raise StepNotFound(f"run {state.run_id} has no step {step_id!r} (steps: "
-                           f"{', '.join(d.step_id for d in state.steps)})", run_id=state.run_id) from None
-    attempts = state.branches[branch_id].attempts.get(step_id)
-    if not attempts:
+                           f"{', '.join(d.step_id for d in state.steps)})", run_id=state.run_id)
+    branch = state.branches[branch_id]
+    if parse_step_id(step_id) is not None:
+        entry = agentfold.entry(branch, step_id)
+        if entry is None:
+            raise StepNotFound(f"run {state.run_id} has no step {step_id!r} on branch {branch_id!r} (an agent's turns"
+                               " and calls exist once declared)", run_id=state.run_id)
+        return entry.lsn
+    rec = agentfold.record(branch, step_id)
+    attempts = branch.attempts.get(step_id)
+    if rec is not None and rec.turns:
+        first = rec.turns[0].lsn
+    elif not attempts:
         return LSN(lineage[-1])
-    first = attempts[0].dispatched_lsn
+    else:
+        first = attempts[0].dispatched_lsn
     before = [lsn for lsn in lineage if lsn < first]
     return LSN(before[-1]) if before else state.created_lsn
 

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 import msgspec
 
+from shared.core.agentstate import AgentRecord
 from shared.core.events import BlobRef, ContextPartition, RunOutcome, StepDecl, Usage, Verdict
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 
@@ -78,7 +79,9 @@ class AttemptState(msgspec.Struct, kw_only=True):
 
 
 class BranchState(msgspec.Struct, kw_only=True):
-    """One line of history of a run; ``attempts`` maps step id → attempts in order."""
+    """One line of history of a run; ``attempts`` maps step id → attempts in order (an agent's turns and
+    calls too); ``agents`` holds the agent steps' declarations and outcomes (:mod:`shared.core.agentfold`;
+    unset, and not encoded, on a branch without agents)."""
 
     branch_id: BranchId
     parent_branch_id: BranchId | None = None
@@ -86,6 +89,7 @@ class BranchState(msgspec.Struct, kw_only=True):
     from_step: StepId | None = None
     created_lsn: LSN
     attempts: dict[StepId, list[AttemptState]] = {}
+    agents: dict[StepId, AgentRecord] | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunState(msgspec.Struct, kw_only=True):

@@ -16,7 +16,7 @@ scan for lost intents  ``reel.cmd.recover``        ″ (recovery)
 verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
 blobs                  object store ``reel_blobs`` content-addressed (sha256)
 executor leases        KV ``reel_leases``          per-message TTL heartbeats
-stored outcomes        KV ``reel_outcomes``        ``<run>.<branch>.<step>.<attempt>``
+stored outcomes        KV ``reel_outcomes``        ``<run>.<branch>.<step>.<attempt>`` (``:`` → ``=``)
 run snapshots          KV ``reel_snapshots``       key ``<run>``: latest snapshot (shared/nats/snapshots.py)
 =====================  ==========================  =================================
 
@@ -27,6 +27,8 @@ header (JetStream itself answers the publish with its PubAck), see docs/subjects
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from shared.core.stepids import kv_safe
 
 REPLY_TO_HEADER = "Reel-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -110,5 +112,9 @@ class Names:
 
 
 def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
-    """The outcomes-KV key the executor writes before committing a success, and recovery reads."""
-    return f"{run_id}.{branch_id}.{step_id}.{attempt}"
+    """The outcomes-KV key the executor writes before committing a success, and recovery reads.
+
+    An agent's turn or call id (``solve:t1:c0``) is written with ``=`` for ``:``
+    (:func:`shared.core.stepids.kv_safe`): KV keys do not allow ``:``.
+    """
+    return f"{run_id}.{branch_id}.{kv_safe(step_id)}.{attempt}"

@@ -12,8 +12,18 @@ from collections.abc import Iterator
 
 import msgspec
 
+from shared.core import agentfold
 from shared.core.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
-from shared.core.fold import AttemptStatus, RunState, RunStatus, StepStatus, step_statuses
+from shared.core.fold import (
+    AttemptState,
+    AttemptStatus,
+    BranchState,
+    RunState,
+    RunStatus,
+    StepStatus,
+    attempts_status,
+    step_statuses,
+)
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 
 
@@ -45,12 +55,28 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StepView(msgspec.Struct, frozen=True, kw_only=True):
-    """One step of the branch with all its attempts (failed ones included), in order."""
+    """One step of the branch with all its attempts (failed ones included), in order.
+
+    An agent step (kind ``agent``, no attempts of its own) is followed by its turns
+    (kind ``model``) and tool calls (kind ``tool``), which name it as ``parent_step``.
+    The other fields below are set only where they apply (unset fields are not encoded).
+
+    Attributes:
+        parent_step, turn: the agent step and turn (1-based) of a turn or tool call.
+        tool_name, call_id: the tool a call called and the id the model sees it by.
+        output_ref, error_kind: an agent step's output (its final turn's) or why it failed.
+    """
 
     step_id: StepId
     kind: StepKind
     status: StepStatus
     attempts: tuple[AttemptView, ...] = ()
+    parent_step: StepId | msgspec.UnsetType = msgspec.UNSET
+    turn: int | msgspec.UnsetType = msgspec.UNSET
+    tool_name: str | msgspec.UnsetType = msgspec.UNSET
+    call_id: str | msgspec.UnsetType = msgspec.UNSET
+    output_ref: BlobRef | msgspec.UnsetType | None = msgspec.UNSET
+    error_kind: str | msgspec.UnsetType | None = msgspec.UNSET
 
     @property
     def final_attempt(self) -> AttemptView | None:
@@ -134,22 +160,11 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
     steps: list[StepView] = []
     totals = [0, 0, 0.0, 0.0]
     for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
-        attempts = branch.attempts.get(decl.step_id, [])
-        views = []
-        for i, a in enumerate(attempts):
-            views.append(AttemptView(
-                step_id=a.step_id, attempt=a.attempt, status=a.status,
-                superseded=a.status == AttemptStatus.DISPATCHED and i < len(attempts) - 1,
-                executor_id=a.executor_id, dispatched_lsn=a.dispatched_lsn, outcome_lsn=a.outcome_lsn,
-                prompt_ref=a.prompt_ref, output_ref=a.output_ref, context=a.context, usage=a.usage,
-                error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered,
-            ))
-            totals[0] += a.usage.input_tokens
-            totals[1] += a.usage.output_tokens
-            totals[2] += a.usage.latency_ms
-            totals[3] += a.usage.cost_usd
+        if decl.kind == "agent":
+            steps.extend(_agent_views(branch, decl.step_id, status, totals))
+            continue
         steps.append(StepView(step_id=decl.step_id, kind=decl.kind, status=status,
-                              attempts=tuple(views)))
+                              attempts=_attempt_views(branch.attempts.get(decl.step_id, []), totals)))
     return EpisodeView(
         run_id=state.run_id, workflow_name=state.workflow_name, branch_id=bid, snapshot_lsn=state.head_lsn,
         status=state.status, lineage=_lineage(state, bid), steps=tuple(steps),
@@ -157,6 +172,42 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
         usage=Usage(input_tokens=int(totals[0]), output_tokens=int(totals[1]), latency_ms=totals[2],
                     cost_usd=totals[3]),
     )
+
+
+def _attempt_views(attempts: list[AttemptState], totals: list[float]) -> tuple[AttemptView, ...]:
+    views = []
+    for i, a in enumerate(attempts):
+        views.append(AttemptView(
+            step_id=a.step_id, attempt=a.attempt, status=a.status,
+            superseded=a.status == AttemptStatus.DISPATCHED and i < len(attempts) - 1,
+            executor_id=a.executor_id, dispatched_lsn=a.dispatched_lsn, outcome_lsn=a.outcome_lsn,
+            prompt_ref=a.prompt_ref, output_ref=a.output_ref, context=a.context, usage=a.usage,
+            error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered,
+        ))
+        totals[0] += a.usage.input_tokens
+        totals[1] += a.usage.output_tokens
+        totals[2] += a.usage.latency_ms
+        totals[3] += a.usage.cost_usd
+    return tuple(views)
+
+
+def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals: list[float]) -> Iterator[StepView]:
+    """The agent step's own view, then one per turn and tool call, in step order."""
+    rec = agentfold.record(branch, agent)
+    done = rec.finished if rec is not None else None
+    yield StepView(step_id=agent, kind="agent", status=status, output_ref=done.output_ref if done else None,
+                   error_kind=done.error_kind if done else None)
+    for d in agentfold.declarations(branch, agent):
+        attempts = branch.attempts.get(d.step_id, [])
+        own = attempts_status(attempts, d.max_attempts)
+        if done is not None and own == StepStatus.PENDING:
+            own = StepStatus.SKIPPED
+        if d.kind == "turn":
+            yield StepView(step_id=d.step_id, kind="model", status=own, attempts=_attempt_views(attempts, totals),
+                           parent_step=agent, turn=d.turn)
+        else:
+            yield StepView(step_id=d.step_id, kind="tool", status=own, attempts=_attempt_views(attempts, totals),
+                           parent_step=agent, turn=d.turn, tool_name=d.tool_name or "", call_id=d.call_id or "")
 
 
 _enc = msgspec.json.Encoder()

@@ -1,7 +1,9 @@
 """Workflow specs: what a run executes (YAML or JSON; documented in docs/workflow.md).
 
 A workflow is an ordered list of steps. A **model step** packs candidate context
-under a token budget and calls a model adapter; a **tool step** calls a tool.
+under a token budget and calls a model adapter; a **tool step** calls a tool; an
+**agent step** loops model turns and the tool calls they ask for (brief §11,
+:mod:`shared.core.agentspec`).
 Validation happens once at the edge (:func:`parse_workflow`), with an error that
 names the offending field, e.g.
 ``workflow_invalid: Expected `int`, got `str` - at `$.steps[0].max_attempts```.
@@ -9,14 +11,13 @@ names the offending field, e.g.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
 import msgspec
 import yaml
 
+from shared.core.agentspec import AgentToolSpec, check_agent
 from shared.core.errors import WorkflowInvalid
 from shared.core.events import StepDecl
 from shared.core.ids import StepId, is_token
@@ -31,10 +32,9 @@ from shared.core.modelspec import ScriptedOutput as ScriptedOutput
 from shared.core.modelspec import ScriptedToolCall as ScriptedToolCall
 from shared.core.modelspec import ScriptedTurn as ScriptedTurn
 from shared.core.modelspec import check_model_spec
-
-VerifierType = Literal[
-    "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
-]
+from shared.core.verifierspec import VerifierSpec as VerifierSpec
+from shared.core.verifierspec import VerifierType as VerifierType
+from shared.core.verifierspec import check_verifiers
 
 
 class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -56,37 +56,6 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_item_tokens: int | None = None
     drop_stale: bool = True
     dedupe: bool = True
-
-
-class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A verifier configured on a workflow (see docs/verifiers.md).
-
-    Attributes:
-        type: built-in kind, or ``python`` with ``path`` = ``module:callable``.
-        name: unique name (default: the type).
-        step: the step judged (default: the last step).
-        pattern: regex for ``output_regex``; ``json_schema`` for ``output_json_schema``.
-        argv: command for ``command`` (output on stdin and in ``$REEL_OUTPUT_FILE``).
-        item: context item id for ``context_requires``.
-        expect: the recording's own outcome label for ``recorded_outcome``.
-        timeout_s: deadline of this verifier (s).
-    """
-
-    type: VerifierType
-    name: str | None = None
-    step: str | None = None
-    pattern: str | None = None
-    json_schema: dict[str, Any] | None = None
-    argv: tuple[str, ...] = ()
-    item: str | None = None
-    expect: bool | None = None
-    path: str | None = None
-    version: str = "1"
-    timeout_s: float = 30.0
-
-    @property
-    def label(self) -> str:
-        return self.name or self.type
 
 
 class ModelStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="model", tag_field="kind"):
@@ -131,7 +100,28 @@ class ToolStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_attempts: int = 1
 
 
-Step = ModelStep | ToolStep
+class AgentStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="agent",
+                tag_field="kind"):
+    """A model-driven loop: turn *t* is a model call over the task and the earlier turns; its tool calls
+    run as steps of their own and their results feed turn *t+1* (brief §11; docs/workflow.md).
+
+    Attributes:
+        max_turns: the turn that asks for tools at this bound fails the step (``max_turns``).
+        max_attempts: attempts of each turn; max_parallel_tools: calls of one turn running at once.
+    """
+
+    id: str
+    model: ModelSpec
+    instructions: str = ""
+    context: tuple[ContextItemSpec, ...] = ()
+    policy: PolicySpec = PolicySpec()
+    tools: tuple[AgentToolSpec, ...] = ()
+    max_turns: int = 12
+    max_attempts: int = 1
+    max_parallel_tools: int = 4
+
+
+Step = ModelStep | ToolStep | AgentStep
 
 
 class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -153,18 +143,28 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     labels: dict[str, str] = {}
     source: dict[str, Any] = {}
 
-    def step(self, step_id: str) -> Step:
-        """The step named ``step_id``. Raises KeyError."""
+    def step(self, step_id: str) -> ModelStep | ToolStep:
+        """The model or tool step named ``step_id`` (what a ``Dispatch`` names). Raises KeyError (also for an
+        agent step: see :meth:`agent`)."""
         for s in self.steps:
-            if s.id == step_id:
+            if s.id == step_id and not isinstance(s, AgentStep):
+                return s
+        raise KeyError(step_id)
+
+    def agent(self, step_id: str) -> AgentStep:
+        """The agent step named ``step_id``. Raises KeyError."""
+        for s in self.steps:
+            if s.id == step_id and isinstance(s, AgentStep):
                 return s
         raise KeyError(step_id)
 
     def decls(self) -> tuple[StepDecl, ...]:
         """What the fold needs to know of the steps."""
         return tuple(
-            StepDecl(step_id=StepId(s.id), kind="model" if isinstance(s, ModelStep) else "tool",
-                     max_attempts=s.max_attempts)
+            StepDecl(step_id=StepId(s.id), kind="agent", max_attempts=s.max_attempts, max_turns=s.max_turns,
+                     max_parallel_tools=s.max_parallel_tools) if isinstance(s, AgentStep)
+            else StepDecl(step_id=StepId(s.id), kind="model" if isinstance(s, ModelStep) else "tool",
+                          max_attempts=s.max_attempts)
             for s in self.steps
         )
 
@@ -194,16 +194,18 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
             raise WorkflowInvalid(f"duplicate step id {step.id!r} (at `{where}.id`)")
         if step.max_attempts < 1:
             raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{where}.max_attempts`)")
-        if isinstance(step, ModelStep):
+        if isinstance(step, ModelStep | AgentStep):
             _check_model(step, seen, where)
+            if isinstance(step, AgentStep):
+                check_agent(step, where)
         else:
             _check_tool(step, seen, where)
         seen.add(step.id)
-    _check_verifiers(spec, seen)
+    check_verifiers(spec.verifiers, seen, {s.id for s in spec.steps if isinstance(s, AgentStep)})
     return spec
 
 
-def _check_model(step: ModelStep, earlier: set[str], where: str) -> None:
+def _check_model(step: ModelStep | AgentStep, earlier: set[str], where: str) -> None:
     check_model_spec(step.model, f"{where}.model")
     ids: set[str] = set()
     for j, item in enumerate(step.context):
@@ -227,39 +229,6 @@ def _check_tool(step: ToolStep, earlier: set[str], where: str) -> None:
         raise WorkflowInvalid(f"command tool needs `argv` (at `{where}.tool.argv`)")
     if t.stdin_from is not None and t.stdin_from not in earlier:
         raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at `{where}.tool.stdin_from`)")
-
-
-def _check_verifiers(spec: WorkflowSpec, steps: set[str]) -> None:
-    names: set[str] = set()
-    for i, v in enumerate(spec.verifiers):
-        at = f"$.verifiers[{i}]"
-        if v.label in names:
-            raise WorkflowInvalid(f"duplicate verifier name {v.label!r} (at `{at}.name`)")
-        names.add(v.label)
-        if v.step is not None and v.step not in steps:
-            raise WorkflowInvalid(f"verifier step {v.step!r} is not a step of the workflow (at `{at}.step`)")
-        _check_verifier_params(v, at)
-        need = {"output_regex": v.pattern, "output_json_schema": v.json_schema, "context_requires": v.item,
-                "python": v.path, "command": v.argv or None, "recorded_outcome": v.expect}
-        if need.get(v.type) is None:
-            field = {"output_regex": "pattern", "output_json_schema": "json_schema", "context_requires": "item",
-                     "python": "path", "command": "argv", "recorded_outcome": "expect"}[v.type]
-            raise WorkflowInvalid(f"verifier {v.type} needs `{field}` (at `{at}.{field}`)")
-
-
-def _check_verifier_params(v: VerifierSpec, at: str) -> None:
-    if v.pattern is not None:
-        try:
-            re.compile(v.pattern)
-        except re.error as exc:
-            raise WorkflowInvalid(f"invalid regex {v.pattern!r}: {exc} (at `{at}.pattern`)") from exc
-    if v.json_schema is not None:
-        try:
-            jsonschema.validators.validator_for(v.json_schema).check_schema(v.json_schema)
-        except jsonschema.exceptions.SchemaError as exc:
-            raise WorkflowInvalid(f"invalid JSON Schema: {exc.message} (at `{at}.json_schema`)") from exc
-    if v.timeout_s <= 0:
-        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
 
 
 def parse_workflow(
@@ -289,7 +258,9 @@ def parse_workflow(
                 and "Expected `object`" in msg and "$." not in msg:
             msg += " (the file must hold one mapping with `name` and `steps`)"
         if "`$.steps[" in msg and ".kind`" in msg:
-            msg += " (a step's `kind` must be `model` or `tool`)"
+            msg += " (a step's `kind` must be `model`, `tool` or `agent`)"
+        if ".tools[" in msg and "unknown field" in msg:
+            msg += " (a tool's type is one of `python`, `command` or `recorded`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
     return validate_workflow(spec)
 

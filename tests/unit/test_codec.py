@@ -18,6 +18,7 @@ from shared.core.commands import CancelRun, ResumeRun, StartRun, decode_command
 from shared.core.errors import InvalidCommand, UnknownEventType, WorkflowInvalid
 from shared.core.events import (
     SCHEMA_VERSION,
+    AgentFinished,
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -26,12 +27,14 @@ from shared.core.events import (
     BranchForked,
     Commit,
     ContextPartition,
+    DeclaredStep,
     RunCancelled,
     RunCompleted,
     RunCreated,
     RunStarted,
     RunVerifying,
     StepDecl,
+    StepsDeclared,
     Usage,
     Verdict,
     VerdictRecorded,
@@ -46,7 +49,8 @@ USAGE = Usage(input_tokens=11, output_tokens=7, latency_ms=12.5, cost_usd=0.25)
 # One instance of every event type, every optional field set away from its default.
 SAMPLES: list[AnyEvent] = [
     RunCreated(run_id="r-1", branch_id="main", workflow_name="wf", workflow_ref=REF,
-               steps=(StepDecl(step_id="a", kind="model", max_attempts=3), StepDecl(step_id="b", kind="tool")),
+               steps=(StepDecl(step_id="a", kind="model", max_attempts=3), StepDecl(step_id="b", kind="tool"),
+                      StepDecl(step_id="s", kind="agent", max_attempts=2, max_turns=5, max_parallel_tools=3)),
                verifiers=("v1", "v2"), idempotency_key="key-1", created_ms=1, labels={"team": "x"}),
     RunStarted(executor_id="x-1", at_ms=2),
     AttemptDispatched(branch_id="main", step_id="a", attempt=1, executor_id="x-1", at_ms=3, prompt_ref=REF,
@@ -61,7 +65,14 @@ SAMPLES: list[AnyEvent] = [
                                     reason="no", at_ms=7)),
     RunCompleted(branch_id="main", outcome="failed", snapshot_lsn=9, at_ms=8),
     RunCancelled(reason="because", at_ms=9),
-    BranchForked(branch_id="b-1", parent_branch_id="main", fork_lsn=4, from_step="a", at_ms=10),
+    BranchForked(branch_id="b-1", parent_branch_id="main", fork_lsn=4, from_step="s:t2", at_ms=10),
+    StepsDeclared(branch_id="main", parent_step="s", steps=(
+        DeclaredStep(step_id="s:t1:c0", kind="tool_call", turn=1, max_attempts=2, call_id="call_✋1",
+                     tool_name="read_file", arguments='{"path": "a.py"}', retry_safe=True, fatal=True),
+        DeclaredStep(step_id="s:t1:c1", kind="tool_call", turn=1, call_id="", tool_name="big", arguments_ref=REF),
+        DeclaredStep(step_id="s:t2", kind="turn", turn=2, max_attempts=3))),
+    AgentFinished(branch_id="main", step_id="s", status="failed", output_ref=REF, turns=12, error_kind="max_turns",
+                  message="12 turns", at_ms=11),
 ]
 
 
@@ -110,6 +121,19 @@ def test_future_schema_version_is_refused() -> None:
     body["v"] = SCHEMA_VERSION + 1
     with pytest.raises(UnknownEventType, match=f"v{SCHEMA_VERSION + 1}"):
         decode_commit(json.dumps(body).encode())
+
+
+def test_step_decls_of_model_and_tool_steps_encode_as_before() -> None:
+    """The agent-only fields of StepDecl are unset elsewhere and absent from the body (old logs stay byte-equal)."""
+    body = msgspec.json.encode(StepDecl(step_id="a", kind="model", max_attempts=3))
+    assert body == b'{"step_id":"a","kind":"model","max_attempts":3}'
+    agent = msgspec.json.decode(msgspec.json.encode(SAMPLES[0]), type=RunCreated).steps[2]
+    assert (agent.max_turns, agent.max_parallel_tools) == (5, 3)
+
+
+def test_declared_step_omits_its_defaults() -> None:
+    turn = DeclaredStep(step_id="s:t1", kind="turn", turn=1)
+    assert msgspec.json.encode(turn) == b'{"step_id":"s:t1","kind":"turn","turn":1}'
 
 
 def test_older_body_without_defaulted_fields_still_decodes() -> None:

@@ -1,0 +1,138 @@
+"""The tools of an agent step and the load-time checks of ``kind: agent`` (brief §11, docs/workflow.md).
+
+An agent step (:class:`shared.core.workflow.AgentStep`) declares ``tools:``, each a
+:class:`AgentToolSpec` of exactly one type:
+
+* ``python: "module:function"`` — called as ``fn(**arguments)`` by the executor;
+* ``command: [argv…]`` — run without a shell, arguments as JSON on stdin;
+* ``recorded: {…}`` — returns recorded results (replay).
+
+Everything here is pure: whether a ``python`` path *imports* is checked outside the
+core, when the executor loads the workflow (:func:`shared.tools_check.check_tool_imports`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Literal
+
+import jsonschema
+import msgspec
+
+from shared.core.errors import WorkflowInvalid
+
+if TYPE_CHECKING:
+    from shared.core.workflow import AgentStep
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""What chat-completions endpoints accept as a function name."""
+PYTHON_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+RESERVED_ITEM_IDS = frozenset({"instructions"})
+ToolType = Literal["python", "command", "recorded"]
+
+
+def _empty_object_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": {}}
+
+
+class RecordedToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a ``recorded`` tool returns: by tool-call id, else ``output``.
+
+    Attributes:
+        output: the result of a call not listed below.
+        by_call_id: tool-call id → the recorded result text.
+        errors: tool-call id → the recorded error text (the model sees an ``is_error`` observation).
+    """
+
+    output: str | None = None
+    by_call_id: dict[str, str] = {}
+    errors: dict[str, str] = {}
+
+
+class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One tool the model of an agent step may call.
+
+    Attributes:
+        name: the function name the model sees (``[A-Za-z0-9_-]{1,64}``, unique in the step).
+        description: shown to the model.
+        parameters: JSON Schema of the arguments object (checked as a schema at load).
+        python, command, recorded: the implementation — exactly one.
+        retry_safe: may be re-run after an executor crash (default false: the in-flight
+            attempt is recorded ``outcome_unknown`` and the model told).
+        fatal: a failure of this tool (after its attempts) fails the agent step; otherwise
+            it is an ``is_error`` observation for the next turn.
+        max_attempts: attempts of one call (a retryable failure is retried).
+        timeout_s: deadline of one attempt (s).
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=_empty_object_schema)
+    python: str | None = None
+    command: tuple[str, ...] | None = None
+    recorded: RecordedToolSpec | None = None
+    retry_safe: bool = False
+    fatal: bool = False
+    max_attempts: int = 1
+    timeout_s: float = 60.0
+
+    @property
+    def type(self) -> ToolType:
+        """Which implementation the tool has (valid after :func:`check_agent`)."""
+        if self.python is not None:
+            return "python"
+        return "command" if self.command is not None else "recorded"
+
+
+def check_agent(step: AgentStep, where: str) -> None:
+    """The agent-only checks of one ``kind: agent`` step (the model and context checks are shared).
+
+    Raises:
+        WorkflowInvalid: naming the field path of the first problem, e.g.
+            ``duplicate tool name 'read' (at `$.steps[0].tools[2].name`)``.
+    """
+    for field in ("max_turns", "max_parallel_tools"):
+        if getattr(step, field) < 1:
+            raise WorkflowInvalid(f"{field} must be >= 1 (at `{where}.{field}`)")
+    for j, item in enumerate(step.context):
+        if item.id in RESERVED_ITEM_IDS or ":" in item.id:
+            raise WorkflowInvalid(f"context item id {item.id!r} is reserved in an agent step (`instructions` and"
+                                  f" ids with `:` name the loop's own items) (at `{where}.context[{j}].id`)")
+    if not any(item.kind == "task" for item in step.context):
+        raise WorkflowInvalid(f"an agent step needs a context item of kind `task` (the request every turn leads"
+                              f" with) (at `{where}.context`)")
+    names: set[str] = set()
+    for j, tool in enumerate(step.tools):
+        at = f"{where}.tools[{j}]"
+        if tool.name in names:
+            raise WorkflowInvalid(f"duplicate tool name {tool.name!r} (at `{at}.name`)")
+        names.add(tool.name)
+        _check_tool(tool, at)
+
+
+def _check_tool(tool: AgentToolSpec, at: str) -> None:
+    if not TOOL_NAME.match(tool.name):
+        raise WorkflowInvalid(f"tool name {tool.name!r} must match [A-Za-z0-9_-]{{1,64}} (at `{at}.name`)")
+    kinds = [k for k in ("python", "command", "recorded") if getattr(tool, k) is not None]
+    if len(kinds) != 1:
+        got = f"got {', '.join(kinds)}" if kinds else "got none"
+        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command` or `recorded`, {got}"
+                              f" (at `{at}`)")
+    if tool.python is not None and not PYTHON_PATH.match(tool.python):
+        raise WorkflowInvalid(f"python tool path {tool.python!r} must be `module:function` (at `{at}.python`)")
+    if tool.command is not None and not tool.command:
+        raise WorkflowInvalid(f"command tool needs a non-empty argv (at `{at}.command`)")
+    rec = tool.recorded
+    if rec is not None and rec.output is None and not rec.by_call_id and not rec.errors:
+        raise WorkflowInvalid(f"recorded tool needs `output`, `by_call_id` or `errors` (at `{at}.recorded`)")
+    try:
+        jsonschema.validators.validator_for(tool.parameters).check_schema(tool.parameters)
+    except jsonschema.exceptions.SchemaError as exc:
+        raise WorkflowInvalid(f"parameters are not a JSON Schema: {exc.message} (at `{at}.parameters`)") from exc
+    if tool.parameters.get("type", "object") != "object":
+        raise WorkflowInvalid(f"parameters must describe an object (the call's keyword arguments), got type"
+                              f" {tool.parameters.get('type')!r} (at `{at}.parameters.type`)")
+    if tool.max_attempts < 1:
+        raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{at}.max_attempts`)")
+    if tool.timeout_s <= 0:
+        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
