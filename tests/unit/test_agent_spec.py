@@ -19,7 +19,8 @@ from shared.tools_check import check_tool_imports
 
 def _agent(**kw: Any) -> dict[str, Any]:
     return {"kind": "agent", "id": "solve", "max_turns": 6, "max_attempts": 3, "max_parallel_tools": 2,
-            "instructions": "Fix the bug.", "model": {"adapter": "scripted", "outputs": ["done"]},
+            "instructions": "Fix the bug.", "model": {"adapter": "scripted", "turns": [
+                {"text": "", "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]}, {"text": "done"}]},
             "context": [{"id": "task", "kind": "task", "text": "tests fail"}], "policy": {"budget_tokens": 4000},
             "tools": [
                 {"name": "read_file", "description": "read one file",
@@ -86,6 +87,8 @@ BAD: dict[str, tuple[dict[str, Any], str, str]] = {
                    "$.steps[1].context[1].id", "reserved"),
     "unknown-adapter": (_with(lambda a: a.update(model={"adapter": "gpt-9000"})), "$.steps[1].model.adapter",
                         "gpt-9000"),
+    "adapter-without-model": (_with(lambda a: a.update(model={"adapter": "openai", "base_url": "http://127.0.0.1:1/v1"})),
+                              "$.steps[1].model.model", "model"),
     "agent-forward-ref": (_with(lambda a: a["context"].append({"id": "r", "from_step": "review"})),
                           "$.steps[1].context[1].from_step", "'review'"),
     "unknown-field": (_with(lambda a: a.update(max_turn=3)), "$.steps[1]", "max_turn"),
