@@ -30,6 +30,7 @@ from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from services.crucible.world import GitWorld
 from shared.config import Config
 from shared.core.ids import is_token
+from shared.core.ports import BlobStore
 from shared.crucible.config import SessionConfig, parse_config
 from shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
 from shared.crucible.events import SegmentOpened, SessionResumed, SessionStarted
@@ -89,7 +90,7 @@ class Backend:
     nc: Client
     cfg: Config
     log: SessionLog
-    blobs: JetStreamBlobStore
+    blobs: BlobStore
 
 
 @contextlib.asynccontextmanager

@@ -1,20 +1,18 @@
-"""The event log on a real nats-server (brief §4, §10): fenced commits, dedup, per-run reads.
+"""The JetStream event log's own layout and infrastructure on a real nats-server (brief §4, §10).
 
-No mocks: every assertion about "what is in the stream" asks the server (stream info,
-raw message get) or counts the messages a connection actually received.
+What every EventLog must do (fence, dedup, reads at an LSN, per-run read cost, snapshots) is
+the contract suite, tests/integration/test_eventlog_contract.py; here: how JetStreamEventLog
+lays commits out in the stream, and the streams ensure_infra creates. No mocks: every
+assertion about "what is in the stream" asks the server (stream info, raw message get).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
-from nats.aio.client import Client
 from nats.js import api as jsapi
 
 from shared.config import Config
-from shared.core.errors import ConcurrencyConflict, RunNotFound
 from shared.core.events import (
     AnyEvent,
     AttemptDispatched,
@@ -25,11 +23,9 @@ from shared.core.events import (
     StepDecl,
     decode_commit,
 )
-from shared.core.fold import fold
 from shared.core.subjects import Names
-from shared.nats.eventlog import DIRECT_GET_BATCH, JetStreamEventLog
-from shared.nats.infra import Infra, connect, ensure_infra
-from tests.refold import assert_refold_identical
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra, ensure_infra
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)
 
@@ -51,147 +47,9 @@ async def stream_messages(infra: Infra, cfg: Config) -> int:
     return (await infra.js.stream_info(cfg.names.events_stream)).state.messages
 
 
-@pytest.fixture
-async def reader_nc(cfg: Config, infra: Infra) -> AsyncIterator[Client]:
-    """A second connection, used only for reads, so its message counter measures them exactly."""
-    nc = await connect(cfg, name="reel-tests-reader")
-    try:
-        yield nc
-    finally:
-        await nc.close()
-
-
-async def test_commit_read_head_first_lsn(event_log: JetStreamEventLog) -> None:
-    assert await event_log.head("r-a") is None
-    assert await event_log.first_lsn("r-a") is None
-    assert await event_log.read("r-a") == []
-    with pytest.raises(RunNotFound):
-        await event_log.load("r-a")
-
-    lsn1 = await event_log.commit("r-a", [created("r-a")], expected_lsn=0, writer="t")
-    lsn2 = await event_log.commit("r-a", [started()], expected_lsn=lsn1, writer="t")
-    assert lsn2 > lsn1 >= 1
-    commits = await event_log.read("r-a")
-    assert [lsn for lsn, _ in commits] == [lsn1, lsn2]
-    assert [type(c.events[0]) for _, c in commits] == [RunCreated, RunStarted]
-    assert all(c.run_id == "r-a" and c.writer == "t" for _, c in commits)
-    head = await event_log.head("r-a")
-    assert head is not None and head[0] == lsn2 and head[1] == commits[1][1]
-    assert await event_log.first_lsn("r-a") == lsn1
-    state = await event_log.load("r-a")
-    assert (state.status, state.head_lsn, state.created_lsn, state.executor_id) == ("running", lsn2, lsn1, "x-1")
-    await assert_refold_identical(event_log, state)
-    assert await event_log.list_runs() == ["r-a"]
-
-
-async def test_stale_writer_gets_conflict_and_never_overwrites(event_log: JetStreamEventLog, infra: Infra,
-                                                             cfg: Config) -> None:
-    base = await event_log.commit("r-b", [created("r-b")], expected_lsn=0)
-    # two writers both saw `base`; the first to commit wins
-    won = await event_log.commit("r-b", [started("x-winner")], expected_lsn=base, writer="x-winner")
-    before = await stream_messages(infra, cfg)
-    with pytest.raises(ConcurrencyConflict) as info:
-        await event_log.commit("r-b", [started("x-loser")], expected_lsn=base, writer="x-loser")
-    assert info.value.run_id == "r-b" and info.value.expected_lsn == base and info.value.retryable
-    assert await stream_messages(infra, cfg) == before
-    commits = await event_log.read("r-b")
-    assert [lsn for lsn, _ in commits] == [base, won]
-    assert {c.writer for _, c in commits[1:]} == {"x-winner"}
-    assert (await event_log.load("r-b")).executor_id == "x-winner"
-    # an expectation from the future is just as stale
-    with pytest.raises(ConcurrencyConflict):
-        await event_log.commit("r-b", [started("x-loser")], expected_lsn=won + 100)
-
-
-async def test_creating_an_existing_run_conflicts(event_log: JetStreamEventLog) -> None:
-    first = await event_log.commit("r-c", [created("r-c")], expected_lsn=0, writer="first")
-    with pytest.raises(ConcurrencyConflict):
-        await event_log.commit("r-c", [created("r-c")], expected_lsn=0, writer="second")
-    assert [(lsn, c.writer) for lsn, c in await event_log.read("r-c")] == [(first, "first")]
-
-
-async def test_concurrent_writers_with_the_same_expectation_exactly_one_wins(event_log: JetStreamEventLog) -> None:
-    base = await event_log.commit("r-race", [created("r-race")], expected_lsn=0)
-    results = await asyncio.gather(
-        *(event_log.commit("r-race", [started(f"x-{i}")], expected_lsn=base, writer=f"x-{i}") for i in range(8)),
-        return_exceptions=True,
-    )
-    wins = [r for r in results if isinstance(r, int)]
-    assert len(wins) == 1
-    assert all(isinstance(r, ConcurrencyConflict) for r in results if not isinstance(r, int))
-    assert len(await event_log.read("r-race")) == 2
-
-
-async def test_retried_commit_with_stale_expectation_returns_the_original_lsn(
-        event_log: JetStreamEventLog, infra: Infra, cfg: Config) -> None:
-    """R1 answers the retry with 10071; the head's commit id says it was ours (brief §10)."""
-    base = await event_log.commit("r-d", [created("r-d")], expected_lsn=0)
-    lsn = await event_log.commit("r-d", [started()], expected_lsn=base, commit_id="cid-1")
-    before = await stream_messages(infra, cfg)
-    again = await event_log.commit("r-d", [started()], expected_lsn=base, commit_id="cid-1")
-    assert again == lsn
-    assert await stream_messages(infra, cfg) == before
-    assert [c.commit_id for _, c in await event_log.read("r-d")][1:] == ["cid-1"]
-
-
-async def test_retried_commit_with_current_expectation_is_deduplicated(
-        event_log: JetStreamEventLog, infra: Infra, cfg: Config) -> None:
-    """The expectation matches the head, so only Nats-Msg-Id dedup stops a second message."""
-    base = await event_log.commit("r-e", [created("r-e")], expected_lsn=0)
-    lsn = await event_log.commit("r-e", [started()], expected_lsn=base, commit_id="cid-2")
-    before = await stream_messages(infra, cfg)
-    again = await event_log.commit("r-e", [started()], expected_lsn=lsn, commit_id="cid-2")
-    assert again == lsn
-    assert await stream_messages(infra, cfg) == before
-    assert len(await event_log.read("r-e")) == 2
-
-
-async def test_retry_after_someone_else_committed_is_a_conflict_not_a_duplicate(
-        event_log: JetStreamEventLog) -> None:
-    base = await event_log.commit("r-f", [created("r-f")], expected_lsn=0)
-    mine = await event_log.commit("r-f", [started("x-me")], expected_lsn=base, commit_id="cid-mine")
-    await event_log.commit("r-f", [started("x-other")], expected_lsn=mine, commit_id="cid-other")
-    with pytest.raises(ConcurrencyConflict):
-        await event_log.commit("r-f", [started("x-me")], expected_lsn=base, commit_id="cid-mine")
-    ids = [c.commit_id for _, c in await event_log.read("r-f")]
-    assert ids.count("cid-mine") == 1 and ids[-1] == "cid-other"
-
-
-async def test_reading_one_run_reads_only_its_messages_and_upto_truncates(event_log: JetStreamEventLog) -> None:
-    heads = {r: await event_log.commit(r, [created(r)], expected_lsn=0) for r in ("r-x", "r-y", "r-z")}
-    mine: list[int] = [heads["r-x"]]
-    for i in range(1, 13):  # interleave: r-x's commits are spread over the stream
-        for r in ("r-y", "r-x", "r-z"):
-            heads[r] = await event_log.commit(r, [dispatched(i)], expected_lsn=heads[r])
-            if r == "r-x":
-                mine.append(heads[r])
-    commits = await event_log.read("r-x")
-    assert [lsn for lsn, _ in commits] == mine
-    assert {c.run_id for _, c in commits} == {"r-x"}
-    cut = mine[5]
-    assert [lsn for lsn, _ in await event_log.read("r-x", upto_lsn=cut)] == mine[:6]
-    assert [lsn for lsn, _ in await event_log.read("r-x", upto_lsn=cut + 1)] == mine[:6]  # r-y/r-z LSN
-    assert [lsn for lsn, _ in await event_log.read("r-x", from_lsn=mine[3], upto_lsn=mine[7])] == mine[3:8]
-    assert await event_log.read("r-x", upto_lsn=mine[0] - 1) == []
-    state = await event_log.load("r-x", upto_lsn=cut)
-    assert state.head_lsn == cut and state.commits == 6
-    with pytest.raises(RunNotFound):
-        await event_log.load("r-x", upto_lsn=mine[0] - 1)
-    assert await event_log.list_runs() == ["r-x", "r-y", "r-z"]
-
-
-@pytest.mark.parametrize("bad_id", ["*", ">", "r-w.*", "r-w.x", "", "r w"])
-async def test_an_id_that_is_not_one_token_reads_no_run(event_log: JetStreamEventLog, bad_id: str) -> None:
-    """Run ids arrive in commands; a wildcard must not read other runs' subjects."""
-    await event_log.commit("r-w", [created("r-w")], expected_lsn=0)
-    assert await event_log.read(bad_id) == []
-    assert await event_log.head(bad_id) is None
-    assert await event_log.first_lsn(bad_id) is None
-    with pytest.raises(RunNotFound):
-        await event_log.load(bad_id)
-
-
-async def test_a_multi_event_commit_is_one_message(event_log: JetStreamEventLog, infra: Infra, cfg: Config) -> None:
+async def test_a_commit_is_one_message_on_the_runs_subject(event_log: JetStreamEventLog, infra: Infra,
+                                                            cfg: Config) -> None:
+    """The JetStream layout under the port (the port-level behaviour is in test_eventlog_contract.py)."""
     base = await event_log.commit("r-m", [created("r-m")], expected_lsn=0)
     events: list[AnyEvent] = [started()]
     for n in range(1, 40):
@@ -203,71 +61,6 @@ async def test_a_multi_event_commit_is_one_message(event_log: JetStreamEventLog,
     raw = await infra.js.get_msg(cfg.names.events_stream, lsn)
     assert raw.subject == cfg.names.events("r-m")
     assert decode_commit(raw.data).events == tuple(events)
-    commits = await event_log.read("r-m")
-    assert len(commits) == 2 and len(commits[1][1].events) == len(events)
-
-
-async def test_readers_never_see_half_a_commit(event_log: JetStreamEventLog, cfg: Config, reader_nc: Client) -> None:
-    """A reader racing a writer of 5-event commits only ever sees whole commits."""
-    reader = JetStreamEventLog(reader_nc, cfg.names)
-    head = await event_log.commit("r-h", [created("r-h")], expected_lsn=0)
-    done = asyncio.Event()
-    seen: list[int] = []
-
-    async def write() -> None:
-        nonlocal head
-        for n in range(0, 150, 5):
-            head = await event_log.commit("r-h", [dispatched(n + k) for k in range(1, 6)], expected_lsn=head)
-        done.set()
-
-    async def read() -> None:
-        while not done.is_set():
-            commits = await reader.read("r-h")
-            seen.append(len(commits))
-            assert all(len(c.events) == 5 for _, c in commits[1:]), "a commit was seen in part"
-            state = fold(commits)
-            assert state is not None
-            assert len(state.branches["main"].attempts.get("s", [])) == 5 * (len(commits) - 1)
-
-    await asyncio.gather(write(), read())
-    assert len(seen) > 1 and seen[0] < seen[-1] <= 31, "the reader really raced the writer"
-
-
-async def test_reader_cost_does_not_depend_on_other_runs(event_log: JetStreamEventLog, cfg: Config,
-                                                         reader_nc: Client) -> None:
-    """Counted in messages the reader's connection received, not in time (brief §4)."""
-    reader = JetStreamEventLog(reader_nc, cfg.names)
-    n_mine = DIRECT_GET_BATCH + 44  # two Direct Get batches
-    heads = {"r-me": await event_log.commit("r-me", [created("r-me")], expected_lsn=0)}
-    for i in range(1, n_mine):
-        heads["r-me"] = await event_log.commit("r-me", [dispatched(i)], expected_lsn=heads["r-me"])
-        other = f"r-o{i % 7}"
-        heads[other] = await event_log.commit(other, [created(other) if other not in heads else dispatched(i)],
-                                              expected_lsn=heads.get(other, 0))
-
-    async def fetched_by(read: object) -> int:
-        before = reader_nc.stats["in_msgs"]
-        await read
-        return reader_nc.stats["in_msgs"] - before
-
-    first = await reader.first_lsn("r-me")
-    assert first is not None
-    cost = await fetched_by(reader.read("r-me"))
-    assert n_mine <= cost <= n_mine + 2, "the run's commits, plus at most one end-of-batch status per batch"
-    # a pinned read may over-fetch the run's own later commits (one batch at most), never other runs'
-    pinned_cost = await fetched_by(reader.read("r-me", upto_lsn=first + 20))
-    assert pinned_cost <= DIRECT_GET_BATCH + 1
-
-    # many more commits of other runs, before, between and after: the read fetches exactly as much
-    for i in range(600):
-        other = f"r-late{i % 5}"
-        heads[other] = await event_log.commit(other, [created(other) if other not in heads else dispatched(i)],
-                                              expected_lsn=heads.get(other, 0))
-    assert await fetched_by(reader.read("r-me")) == cost
-    assert len(await reader.read("r-me")) == n_mine
-    assert await fetched_by(reader.read("r-me", upto_lsn=first + 20)) == pinned_cost
-    assert await fetched_by(reader.head("r-me")) == 1
-    assert await fetched_by(reader.first_lsn("r-me")) == 1
 
 
 # ---- infrastructure ------------------------------------------------------------------------------

@@ -1,17 +1,20 @@
-"""Run-state snapshots: a shortcut for reads that must always equal a cold re-fold."""
+"""Run-state snapshots: a shortcut for reads that must always equal a cold re-fold.
+
+The port-level behaviour (a snapshot load equals a cold fold and reads only the commits
+above it) is in the contract suite, tests/integration/test_eventlog_contract.py.
+"""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from shared.config import Config
 from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
 from shared.core.workflow import parse_workflow
 from shared.nats import snapshots
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect
+from shared.nats.infra import Infra
 from shared.nats.snapshots import SnapshotRef
 from tests.integration.scenarios import commit_events, create_manual_run
 
@@ -62,38 +65,6 @@ async def test_a_snapshot_that_does_not_match_the_log_is_ignored(infra: Infra, e
     stale = SnapshotRef(run_id=run, lsn=state.head_lsn, commit_id="x", state_ref=OUT, fold_version=0)
     await infra.snapshots.put(run, _enc.encode(stale))  # another fold version: ignored
     assert (await event_log.load(run)).status == "running"
-
-
-async def test_a_snapshot_read_fetches_only_the_commits_above_it(
-    infra: Infra, cfg: Config, event_log: JetStreamEventLog
-) -> None:
-    run = "r-snapshot-cost"
-    await create_manual_run(event_log, run, [(f"s{i}", 1) for i in range(200)])
-    for i in range(200):
-        await commit_events(event_log, run, AttemptDispatched(branch_id="main", step_id=f"s{i}", attempt=1,
-                                                              executor_id="x", at_ms=i))
-        await commit_events(event_log, run, AttemptSucceeded(branch_id="main", step_id=f"s{i}", attempt=1,
-                                                             output_ref=OUT, at_ms=i))
-    store = await event_log.snapshots()
-    assert store is not None
-    state = await event_log.load(run, cold=True)
-    await store.save(state, commit_id=(await event_log.read(run))[-1][1].commit_id)
-    await commit_events(event_log, run, RunCancelled(reason="one more", at_ms=1))
-
-    reader = await connect(cfg, name="counting-reader")  # its own connection: its message count is ours
-    try:
-        log = JetStreamEventLog(reader, cfg.names)
-        before = reader.stats["in_msgs"]
-        cold = await log.load(run, cold=True)
-        cold_msgs = reader.stats["in_msgs"] - before
-        before = reader.stats["in_msgs"]
-        warm = await log.load(run)
-        warm_msgs = reader.stats["in_msgs"] - before
-    finally:
-        await reader.close()
-    assert _enc.encode(warm) == _enc.encode(cold)
-    assert cold_msgs > 401  # every one of the 402 commits
-    assert warm_msgs < 20, warm_msgs  # the snapshot pointer and body, and the 2 commits from its LSN on
 
 
 async def test_a_large_snapshot_goes_to_the_blob_store(
