@@ -5,9 +5,18 @@ blob ref and the ContextPartition of a model step, in one commit) *before* the s
 effect (the model call or the tool run), and the outcome after. The output goes to
 the blob store and, keyed by ``<run>.<branch>.<step>.<attempt>``, to the outcomes KV
 bucket (the recovery marker: if the outcome commit is lost with this process,
-recovery finds the output there). Every commit is fenced on the LSN the executor
-last saw; what happens when the fence is lost is :meth:`Attempts.outcome`'s job for
-outcomes and the driver's (services/executor/driver.py) for everything else.
+recovery finds the output there).
+
+Every commit goes through :func:`shared.fenced.commit_decided`, fenced on the head of
+the state the executor materialized (never a re-read of the run). Two decisions:
+
+* an intent (and the driver's claim and ``run_verifying``) was planned on one head
+  and is committed only on that head (:func:`on_head`); if someone else committed
+  first, the result is :class:`~shared.fenced.NoCommit` with the run as it is now,
+  and the driver plans again (services/executor/driver.py);
+* an outcome is a fact about an attempt whose side effect happened: it is recorded on
+  top of whatever was committed meanwhile (a cancel, a rewind, recovery), unless the
+  attempt was resolved meanwhile (:func:`shared.core.planning.outcome_recorded`).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import asyncio
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import msgspec
 import structlog
@@ -24,26 +34,43 @@ from nats.aio.client import Client
 
 from shared.clock import now_ms
 from shared.core import planning as plan
-from shared.core.errors import ConcurrencyConflict, ModelError, ToolError
-from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, Commit, Usage
-from shared.core.fold import RunState, apply_commit
-from shared.core.ids import BranchId, CommitId, ExecutorId, StepId
+from shared.core.errors import ModelError, ToolError
+from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, Usage
+from shared.core.fold import RunState
+from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.packer import pack
+from shared.core.ports import BlobStore, EventLog
 from shared.core.subjects import Names, outcome_key
 from shared.core.tokens import TokenCounter
 from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
+from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.models import ModelRequest, make_adapter
-from shared.nats.blobstore import JetStreamBlobStore, ref_for
-from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.blobstore import ref_for
 from shared.nats.publish import publish_pipelined
 from shared.proc.tools import run_tool
 
 log = structlog.get_logger("reel.executor")
 
 TEXT_CACHE_BYTES = 64 * 1024 * 1024
-OUTCOME_RETRIES = 20
 BLOB_TIMEOUT_S = 30.0
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
+LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
+
+
+def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
+    """Decide ``events`` only on the head they were planned on (``head_lsn``); else "run moved"."""
+    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+        return events if state.head_lsn == head_lsn else NoCommit(reason="run moved", state=state)
+    return decide
+
+
+def record_outcome(event: AttemptSucceeded | AttemptFailed) -> Decide:
+    """Decide ``event`` on any head, unless the attempt's outcome is recorded already (pure)."""
+    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+        if plan.outcome_recorded(state, event.branch_id, event.step_id, event.attempt):
+            return NoCommit(reason="outcome already recorded", state=state)
+        return (event,)
+    return decide
 
 
 class Attempts:
@@ -56,7 +83,7 @@ class Attempts:
         counter: token counter of the packer's candidates.
     """
 
-    def __init__(self, log: JetStreamEventLog, blobs: JetStreamBlobStore, nc: Client, names: Names,
+    def __init__(self, log: EventLog, blobs: BlobStore, nc: Client, names: Names,
                  executor_id: ExecutorId, counter: TokenCounter) -> None:
         self.log, self.blobs, self._nc, self._names = log, blobs, nc, names
         self.executor_id = executor_id
@@ -67,30 +94,33 @@ class Attempts:
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ---- commits -------------------------------------------------------------------------
-    async def commit(self, state: RunState, events: list[AnyEvent]) -> RunState:
-        """Commit ``events`` fenced on ``state.head_lsn``; the state after them.
+    async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int]:
+        """Send the commit of ``events`` fenced on ``state.head_lsn`` now (to pipeline it); its LSN future."""
+        return await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn,
+                                           writer=self.executor_id)
+
+    async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
+                     ) -> Committed | NoCommit:
+        """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already).
 
         Raises:
-            ConcurrencyConflict: someone else committed since ``state.head_lsn``.
+            ConcurrencyConflict: the fence was lost on every try of the one retry policy.
         """
-        fut = await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn, writer=self.executor_id)
-        return await self.applied(state, fut, events)
+        return await commit_decided(self.log, state.run_id, decide, writer=self.executor_id, state=state,
+                                    sent=sent, log_name=LOG_NAME)
 
-    async def applied(self, state: RunState, fut: asyncio.Future[int], events: list[AnyEvent]) -> RunState:
-        """``state`` with ``events`` applied once the commit in flight (``fut``) has landed.
-
-        Raises:
-            ConcurrencyConflict: the commit lost its fence.
-        """
-        lsn = await fut
-        return apply_commit(state, lsn, Commit(commit_id=CommitId(""), run_id=state.run_id, events=tuple(events)))
+    async def intent(self, state: RunState, events: Sequence[AnyEvent], *,
+                     sent: asyncio.Future[int] | None = None) -> RunState | NoCommit:
+        """Commit ``events`` planned on ``state``: the state after them, or NoCommit (the run moved)."""
+        done = await self.commit(state, on_head(state.head_lsn, events), sent=sent)
+        return done.state if isinstance(done, Committed) else done
 
     # ---- attempts ------------------------------------------------------------------------
-    async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep, action: plan.Dispatch) -> RunState:
+    async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep,
+                    action: plan.Dispatch) -> RunState | NoCommit:
         """Pack the context, commit the intent with the prompt blob, call the model, record the outcome.
 
-        Raises:
-            ConcurrencyConflict: the intent lost its fence (nothing was called).
+        Returns the state after the outcome, or NoCommit if the intent lost its fence (nothing was called).
         """
         outputs = await self.outputs(state, action.branch_id, plan.needed_outputs(step, spec))
         items = plan.context_items(step, spec, outputs)
@@ -105,10 +135,12 @@ class Attempts:
         # the prompt blob and the intent go out in one round trip (the ref is computed locally); the model
         # is called only once both are acked, so no side effect ever follows an intent whose prompt is missing
         prompt_fut = await self.blobs.put_async(body)
-        intent_fut = await self.log.commit_async(state.run_id, [intent], expected_lsn=state.head_lsn,
-                                                 writer=self.executor_id)
+        intent_fut = await self.send(state, [intent])
         blob_result, = await asyncio.gather(prompt_fut, return_exceptions=True)
-        state = await self.applied(state, intent_fut, [intent])
+        done = await self.intent(state, [intent], sent=intent_fut)
+        if isinstance(done, NoCommit):
+            return done
+        state = done
         if isinstance(blob_result, BaseException):
             return await self._fail(state, action, "prompt_store_failed", str(blob_result), True, Usage())
         p = packed.partition
@@ -126,15 +158,17 @@ class Attempts:
                       latency_ms=_ms_since(started), cost_usd=resp.cost_usd)
         return await self._succeed(state, action, resp.text, usage)
 
-    async def tool(self, state: RunState, step: ToolStep, action: plan.Dispatch) -> RunState:
+    async def tool(self, state: RunState, step: ToolStep, action: plan.Dispatch) -> RunState | NoCommit:
         """Commit the intent, run the tool, record the outcome.
 
-        Raises:
-            ConcurrencyConflict: the intent lost its fence (the tool was not run).
+        Returns the state after the outcome, or NoCommit if the intent lost its fence (the tool was not run).
         """
         intent = AttemptDispatched(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                    executor_id=self.executor_id, at_ms=now_ms())
-        state = await self.commit(state, [intent])
+        done = await self.intent(state, [intent])
+        if isinstance(done, NoCommit):
+            return done
+        state = done
         log.info("attempt.dispatched", lsn=state.head_lsn, tool=step.tool.type)
         stdin = None
         if step.tool.stdin_from:
@@ -201,8 +235,7 @@ class Attempts:
             os._exit(137)
         event = AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                  output_ref=ref, usage=usage, at_ms=now_ms())
-        fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
-                                          writer=self.executor_id)
+        fut = await self.send(state, [event])
         stored = await asyncio.gather(blob_fut, marker_fut, return_exceptions=True)
         if isinstance(stored[0], BaseException):
             log.warning("attempt.output_rewrite", error=str(stored[0]))
@@ -224,33 +257,25 @@ class Attempts:
 
     async def _outcome(self, state: RunState, fut: asyncio.Future[int],
                        event: AttemptSucceeded | AttemptFailed) -> RunState:
-        """Settle an outcome commit. If someone else committed while the side effect ran (a cancel,
-        a rewind, recovery), the outcome is still a fact about this attempt: record it on top of
-        their commit, unless the attempt was resolved meanwhile. Never drops an outcome silently.
+        """Settle an outcome commit (``fut``: its first try, in flight). If someone else committed
+        while the side effect ran (a cancel, a rewind, recovery), the outcome is still a fact about
+        this attempt: it is recorded on top of their commit, unless the attempt was resolved
+        meanwhile (:func:`record_outcome`). Never drops an outcome silently.
+
+        Raises:
+            ConcurrencyConflict: the fence was lost on every try of the one retry policy.
         """
-        try:
-            return await self.applied(state, fut, [event])
-        except ConcurrencyConflict:
-            pass
-        for _ in range(OUTCOME_RETRIES):
-            state = await self.log.load(state.run_id)
-            if plan.outcome_recorded(state, event.branch_id, event.step_id, event.attempt):
-                log.info("attempt.outcome_already_recorded", lsn=state.head_lsn)
-                return state
-            try:
-                return await self.commit(state, [event])
-            except ConcurrencyConflict:
-                continue
-        raise ConcurrencyConflict(f"could not record the outcome of {event.step_id}#{event.attempt}",
-                                  run_id=state.run_id)
+        done = await self.commit(state, record_outcome(event), sent=fut)
+        if isinstance(done, NoCommit):
+            log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
+        return done.state
 
     async def _fail(self, state: RunState, action: plan.Dispatch, kind: str, message: str, retryable: bool,
                     usage: Usage) -> RunState:
         event = AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                               error_kind=kind, message=message[:2000], retryable=retryable, usage=usage,
                               at_ms=now_ms())
-        fut = await self.log.commit_async(state.run_id, [event], expected_lsn=state.head_lsn,
-                                          writer=self.executor_id)
+        fut = await self.send(state, [event])
         state = await self._outcome(state, fut, event)
         log.info("attempt.failed", lsn=state.head_lsn, error_kind=kind, reason=message[:200], retryable=retryable)
         return state

@@ -4,7 +4,11 @@
 :class:`Driver` performs the action (claim, an attempt, entering Verifying), applies
 its commit to the state it holds and asks again, until the run rests or another
 executor owns it. The state is loaded once per drive and then kept up to date
-commit by commit: the run is never re-read on the hot path.
+commit by commit (:func:`shared.fenced.commit_decided` is handed it): the run is
+never re-read on the hot path. When a commit planned on that state loses the fence
+(another writer committed first), the result is a NoCommit carrying the state
+refreshed to the run's head: the driver yields if another executor owns the run,
+else plans again.
 """
 
 from __future__ import annotations
@@ -15,15 +19,14 @@ import structlog
 
 from shared.clock import now_ms
 from shared.core import planning as plan
-from shared.core.errors import ConcurrencyConflict, RunNotFound, WorkflowInvalid
-from shared.core.events import AnyEvent, BlobRef, RunStarted, RunVerifying
+from shared.core.errors import RunNotFound, WorkflowInvalid
+from shared.core.events import BlobRef, RunStarted, RunVerifying
 from shared.core.fold import DRIVABLE, RunState
-from shared.core.ids import new_commit_id
+from shared.core.ports import BlobStore, EventLog
 from shared.core.workflow import ModelStep, WorkflowSpec, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.eventlog import JetStreamEventLog
+from shared.fenced import NoCommit
 
-from .attempts import Attempts
+from .attempts import Attempts, on_head
 
 log = structlog.get_logger("reel.executor")
 
@@ -35,7 +38,7 @@ class HandedBack(Exception):
 class WorkflowSpecs:
     """The workflows this executor has loaded, by the sha256 of their blob (never evicted: specs are small)."""
 
-    def __init__(self, blobs: JetStreamBlobStore) -> None:
+    def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
         self._specs: dict[str, WorkflowSpec] = {}
 
@@ -67,7 +70,7 @@ class Driver:
         stopping: set on shutdown: the attempt in flight finishes, then runs are handed back.
     """
 
-    def __init__(self, log: JetStreamEventLog, specs: WorkflowSpecs, attempts: Attempts, *,
+    def __init__(self, log: EventLog, specs: WorkflowSpecs, attempts: Attempts, *,
                  stopping: asyncio.Event | None = None) -> None:
         self.log, self.specs, self.attempts = log, specs, attempts
         self.executor_id = attempts.executor_id
@@ -81,6 +84,7 @@ class Driver:
 
         Raises:
             HandedBack: the executor is stopping (between two steps).
+            ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
         try:
@@ -91,40 +95,42 @@ class Driver:
         spec = await self.specs.load(state.workflow_ref)
         claimed = False
         while True:
-            try:
-                action = plan.next_action(state, self.executor_id)
-                if isinstance(action, plan.Rest):
-                    log.info("run.resting", status=action.status, lsn=state.head_lsn)
-                    return state
-                if self.stopping is not None and self.stopping.is_set():
-                    log.info("run.handed_back", lsn=state.head_lsn, reason="executor stopping")
-                    raise HandedBack(state.run_id)
-                if isinstance(action, plan.Claim):
-                    if claimed:  # we held it and another executor took it over: never take it back
-                        log.info("run.yielded", owner=state.executor_id)
-                        return state
-                    claimed = True
-                state = await self._perform(state, spec, action)
-            except ConcurrencyConflict:
-                state = await self.log.load(run_id)
-                if state.executor_id not in (None, self.executor_id) and state.status in DRIVABLE:
+            action = plan.next_action(state, self.executor_id)
+            if isinstance(action, plan.Rest):
+                log.info("run.resting", status=action.status, lsn=state.head_lsn)
+                return state
+            if self.stopping is not None and self.stopping.is_set():
+                log.info("run.handed_back", lsn=state.head_lsn, reason="executor stopping")
+                raise HandedBack(state.run_id)
+            if isinstance(action, plan.Claim):
+                if claimed:  # we held it and another executor took it over: never take it back
                     log.info("run.yielded", owner=state.executor_id)
                     return state
+                claimed = True
+            done = await self._perform(state, spec, action)
+            if not isinstance(done, NoCommit):
+                state = done
+                continue
+            state = done.state  # someone else committed first: the run as it is now
+            if state.executor_id not in (None, self.executor_id) and state.status in DRIVABLE:
+                log.info("run.yielded", owner=state.executor_id)
+                return state
 
-    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action) -> RunState:
+    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action) -> RunState | NoCommit:
+        """Perform one action planned on ``state``: the state after it, or NoCommit if it lost the fence."""
         if isinstance(action, plan.Claim):
-            state = await self.attempts.commit(state, [RunStarted(executor_id=self.executor_id, at_ms=now_ms())])
-            log.info("run.claimed", executor_id=self.executor_id, lsn=state.head_lsn)
-            return state
+            claim = await self.attempts.intent(state, [RunStarted(executor_id=self.executor_id, at_ms=now_ms())])
+            if not isinstance(claim, NoCommit):
+                log.info("run.claimed", executor_id=self.executor_id, lsn=claim.head_lsn)
+            return claim
         if isinstance(action, plan.EnterVerifying):
-            cid = new_commit_id()
-            events: list[AnyEvent] = [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())]
-            fut = await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn,
-                                              writer=self.executor_id, commit_id=cid)
-            state = await self.attempts.applied(state, fut, events)
-            log.info("run.verifying", branch_id=action.branch_id, lsn=state.head_lsn)
-            await self._snapshot(state, cid)
-            return state
+            events = [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())]
+            done = await self.attempts.commit(state, on_head(state.head_lsn, events))
+            if isinstance(done, NoCommit):
+                return done
+            log.info("run.verifying", branch_id=action.branch_id, lsn=done.state.head_lsn)
+            await self._snapshot(done.state, done.commit_id)
+            return done.state
         assert isinstance(action, plan.Dispatch)
         step = spec.step(action.step_id)
         structlog.contextvars.bind_contextvars(step_id=action.step_id, attempt=action.attempt,

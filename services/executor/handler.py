@@ -17,18 +17,18 @@ import structlog
 from shared.clock import now_ms
 from shared.config import Config
 from shared.core.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
-from shared.core.errors import BlobMissing, ConcurrencyConflict, InvalidCommand, ReelError, RunNotFound
+from shared.core.errors import BlobMissing, InvalidCommand, ReelError, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
 from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, RunId, is_token, new_executor_id, run_id_for_key
+from shared.core.ports import BlobStore, EventLog
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
-from shared.nats.blobstore import JetStreamBlobStore
+from shared.fenced import Committed, commit_new
 from shared.nats.consumer import Ack, Delivery, send_reply
-from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
-from .attempts import Attempts
+from .attempts import LOG_NAME, Attempts
 from .driver import Driver, HandedBack, WorkflowSpecs
 
 log = structlog.get_logger("reel.executor")
@@ -45,7 +45,7 @@ class Executor:
         stopping: set on shutdown: finish the attempt in flight, then hand runs back.
     """
 
-    def __init__(self, infra: Infra, cfg: Config, log: JetStreamEventLog, blobs: JetStreamBlobStore, *,
+    def __init__(self, infra: Infra, cfg: Config, log: EventLog, blobs: BlobStore, *,
                  executor_id: ExecutorId | None = None, counter: TokenCounter = DEFAULT_COUNTER,
                  stopping: asyncio.Event | None = None) -> None:
         self.infra, self.log, self.blobs = infra, log, blobs
@@ -107,14 +107,13 @@ class Executor:
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
         )
-        try:
-            lsn = await self.log.commit(run_id, [created], expected_lsn=0, writer=self.executor_id)
-            log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=lsn)
-            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=LSN(lsn))
-        except ConcurrencyConflict:
-            state = await self.log.load(run_id)
-            log.info("run.exists", status=state.status, idempotency_key=start.idempotency_key)
-            reply = Reply(ok=True, run_id=run_id, status=state.status, created=False)  # nothing committed: lsn 0
+        done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
+        if isinstance(done, Committed):
+            log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=done.lsn)
+            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=LSN(done.lsn))
+        else:  # the key's run exists (a repeated or redelivered start)
+            log.info("run.exists", status=done.state.status, idempotency_key=start.idempotency_key)
+            reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
         await send_reply(self.infra, cmd, reply)
         return run_id
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 
 from services.executor.app import ports, serve
 from services.executor.attempts import CRASH_ENV
@@ -452,4 +455,59 @@ async def test_a_live_executor_that_lost_the_run_is_fenced_off(
     assert len(late) == 1 and late[0][0] > claim_b
     assert succeeded_output(state, "main", "b") == b_attempts[1].output_ref
     assert effects.read_text().splitlines() == ["started", "started"]
+    await assert_refold_identical(event_log, state)
+
+
+@contextlib.contextmanager
+def info_logs() -> Iterator[list[dict[str, Any]]]:
+    """Capture log lines from INFO up (the suite logs WARNING and up), then restore the level."""
+    old = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(wrapper_class=old)
+
+
+async def test_an_outcome_resolved_meanwhile_is_not_recorded_twice(
+        infra: Infra, cfg: Config, event_log: JetStreamEventLog, blobs: JetStreamBlobStore, tmp_path: Path) -> None:
+    """Recovery resolves b#1 while its tool still runs: the executor's own outcome loses the fence,
+    is re-decided on the refreshed state, found recorded already, and the run goes on from there."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    gate_fd = os.open(gate, os.O_RDWR | os.O_NONBLOCK)
+    blocked = {"type": "command", "argv": ["sh", "-c", f"dd if={gate} bs=1 count=1 2>/dev/null; echo mine"]}
+    run_id = "r-resolved-meanwhile"
+    await _create_run(infra, cfg, event_log, run_id, {"name": "resolved", "steps": [
+        tool("b", blocked), recorded("c")]})
+    commits = await infra.nc.subscribe(cfg.names.events(run_id))
+    ex = Executor(infra, cfg, *ports(infra, cfg))
+    try:
+        with info_logs() as logs:
+            driving = asyncio.create_task(ex.drive(run_id))
+            while not any(isinstance(e, AttemptDispatched) and e.step_id == "b"
+                          for e in decode_commit((await commits.next_msg(timeout=30)).data).events):
+                pass
+            head = await event_log.head(run_id)  # b#1 is inside its side effect now
+            assert head is not None
+            theirs = await blobs.put(b"recovered output")
+            await event_log.commit(run_id, [AttemptSucceeded(branch_id="main", step_id="b", attempt=1,
+                                                             output_ref=theirs, at_ms=1, recovered=True)],
+                                   expected_lsn=head[0], writer="recovery")
+            os.write(gate_fd, b"g")
+            state = await asyncio.wait_for(driving, 30)
+    finally:
+        os.close(gate_fd)
+        await commits.unsubscribe()
+    assert state is not None and state.status == "verifying"
+    b = state.branches["main"].attempts["b"]
+    assert [(a.attempt, a.status, a.recovered, a.output_ref) for a in b] == [(1, "succeeded", True, theirs)]
+    log = await event_log.read(run_id)
+    outcomes_b = [(c.writer, e) for _, c in log for e in c.events
+                  if isinstance(e, AttemptSucceeded | AttemptFailed) and e.step_id == "b"]
+    assert [w for w, _ in outcomes_b] == ["recovery"], "the executor's own outcome was not committed on top"
+    assert [e["event"] for e in logs if e["event"] in ("executor.conflict", "attempt.outcome_already_recorded")] \
+        == ["executor.conflict", "attempt.outcome_already_recorded"]
+    assert step_status(state, "main", "c") == "succeeded"
     await assert_refold_identical(event_log, state)
