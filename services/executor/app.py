@@ -39,9 +39,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     reaped = await asyncio.to_thread(reap_orphaned_tools)
     if reaped:
         log.warning("executor.reaped_orphaned_tools", process_groups=reaped)
-    names = cfg.names
-    consumer = CommandConsumer(infra, cfg, "executor", [names.command("start"), names.command("resume")],
-                               ex.handle, concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)
+    consumer = CommandConsumer(infra, cfg, "executor", ex.router.subjects, ex.router,
+                               concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)
     lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
     hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop))
     try:

@@ -1,10 +1,12 @@
 """The executor's commands: ``start`` (create a run) and ``resume`` (drive an existing one).
 
-A command is decoded and validated, answered with a :class:`~shared.core.commands.Reply`,
-and then the run is driven until it rests (services/executor/driver.py). The command
-message stays un-acked (kept alive with in-progress acks by the consumer shell) until
-the run rests, so if this process dies JetStream redelivers the command and another
-executor takes over from the log.
+The consumer shell's :class:`~shared.nats.consumer.Router` decodes and validates each
+command (a refusal is a ``command.rejected`` line and an error reply); the handlers here
+return a :class:`~shared.nats.consumer.Then`: the :class:`~shared.core.commands.Reply`
+now, then the run is driven until it rests (services/executor/driver.py) before the
+ack. The command message stays un-acked (kept alive with in-progress acks by the
+shell) until the run rests, so if this process dies JetStream redelivers the command
+and another executor takes over from the log.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ import structlog
 
 from shared.clock import now_ms
 from shared.config import Config
-from shared.core.commands import Reply, ResumeRun, StartRun, decode_command, error_reply
-from shared.core.errors import BlobMissing, InvalidCommand, ReelError, RunNotFound
+from shared.core.commands import Reply, ResumeRun, StartRun
+from shared.core.errors import BlobMissing, InvalidCommand, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
-from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, RunId, is_token, new_executor_id, run_id_for_key
+from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
 from shared.core.ports import BlobStore, EventLog
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
 from shared.fenced import Committed, commit_new
-from shared.nats.consumer import Ack, Delivery, send_reply
+from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.infra import Infra
 
 from .attempts import LOG_NAME, Attempts
@@ -34,6 +36,10 @@ from .driver import Driver, HandedBack, WorkflowSpecs
 log = structlog.get_logger("reel.executor")
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _invalid_run_id(run_id: str) -> str:
+    return f"{run_id[:80]!r} is not a valid run id (at `$.run_id`)"
 
 
 class Executor:
@@ -54,50 +60,29 @@ class Executor:
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping)
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
+        self.router = Router(infra)
+        names = cfg.names
+        self.router.route(names.command("start"), StartRun, self.start, rejected="command.rejected",
+                          rejected_fields={"command": "start"})
+        self.router.route(names.command("resume"), ResumeRun, self.resume, rejected="command.rejected",
+                          rejected_fields={"command": "resume"}, invalid_run_id=_invalid_run_id)
 
     async def drive(self, run_id: str) -> RunState | None:
         """Drive ``run_id`` until it rests (see :meth:`Driver.drive`)."""
         return await self.driver.drive(run_id)
 
-    async def handle(self, cmd: Delivery) -> Ack:
+    async def handle(self, delivery: Delivery) -> Ack:
         """Handle one start or resume command (reply, then drive the run until it rests)."""
-        kind = cmd.subject.rsplit(".", 1)[-1]
-        try:
-            if kind == "start":
-                run_id = await self._start(cmd)
-            else:
-                run_id = decode_command(cmd.data, ResumeRun).run_id
-                if not is_token(run_id):
-                    raise InvalidCommand(f"{run_id[:80]!r} is not a valid run id (at `$.run_id`)")
-                if await self.log.head(run_id) is None:  # refuse before anything else; drive() loads it
-                    raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
-        except ReelError as exc:
-            log.warning("command.rejected", command=kind, code=exc.code, reason=exc.message,
-                        stream_seq=cmd.stream_seq)
-            await send_reply(self.infra, cmd, error_reply(exc))
-            return Ack.ACK
-        if kind == "resume":
-            await send_reply(self.infra, cmd, Reply(ok=True, run_id=RunId(run_id)))
-        if run_id in self._driving:  # this process drives it already: make that loop look once more
-            self._driving[run_id] = True
-            log.info("run.already_driving", command=kind)
-            return Ack.ACK
-        self._driving[run_id] = False
-        try:
-            while True:
-                await self.drive(run_id)
-                if not self._driving[run_id]:
-                    return Ack.ACK
-                self._driving[run_id] = False
-        except HandedBack:
-            return Ack.NAK  # redelivered at once to another instance, which takes over from the log
-        finally:
-            del self._driving[run_id]
+        return await self.router(delivery)
 
-    async def _start(self, cmd: Delivery) -> str:
-        start = decode_command(cmd.data, StartRun)
+    async def start(self, start: StartRun, delivery: Delivery) -> Then:
+        """Create the run of a start command (or find the one its key made), reply, then drive it.
+
+        Raises:
+            InvalidCommand, BlobMissing, WorkflowInvalid: the command's workflow cannot run.
+        """
         spec = await self._spec_of_command(start)
-        key = start.idempotency_key or f"cmd:{cmd.identity}"  # no key: the command message is the identity
+        key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         structlog.contextvars.bind_contextvars(run_id=run_id)
         workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
@@ -114,8 +99,34 @@ class Executor:
         else:  # the key's run exists (a repeated or redelivered start)
             log.info("run.exists", status=done.state.status, idempotency_key=start.idempotency_key)
             reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
-        await send_reply(self.infra, cmd, reply)
-        return run_id
+        return Then(reply, lambda: self._drive_until_rest(run_id, "start"))
+
+    async def resume(self, resume: ResumeRun, _: Delivery) -> Then:
+        """Reply, then drive an existing run (after a rewind, or recovery) until it rests.
+
+        Raises:
+            RunNotFound: there is no such run (refused before anything else; the drive loads it).
+        """
+        if await self.log.head(resume.run_id) is None:
+            raise RunNotFound(f"no run {resume.run_id!r}", run_id=resume.run_id)
+        return Then(Reply(ok=True, run_id=resume.run_id), lambda: self._drive_until_rest(resume.run_id, "resume"))
+
+    async def _drive_until_rest(self, run_id: str, kind: str) -> Ack:
+        if run_id in self._driving:  # this process drives it already: make that loop look once more
+            self._driving[run_id] = True
+            log.info("run.already_driving", command=kind)
+            return Ack.ACK
+        self._driving[run_id] = False
+        try:
+            while True:
+                await self.drive(run_id)
+                if not self._driving[run_id]:
+                    return Ack.ACK
+                self._driving[run_id] = False
+        except HandedBack:
+            return Ack.NAK  # redelivered at once to another instance, which takes over from the log
+        finally:
+            del self._driving[run_id]
 
     async def _spec_of_command(self, start: StartRun) -> WorkflowSpec:
         if (start.workflow is None) == (start.workflow_ref is None):
