@@ -1,0 +1,239 @@
+"""The one way Reel runs a command: in its own process group, killed whole on every way out.
+
+:func:`run_group` starts ``argv`` as the leader of a new session (its pgid is its
+pid). The child dies with this process and is recorded for the reaper
+(:mod:`shared.proc.orphans`). Whatever ends the call, the whole group is
+SIGKILLed before it returns or raises:
+
+* **normal exit** — the leader has exited and its output pipes are closed: the
+  group is killed, so background children it left behind do not outlive it;
+* **timeout** — the group is killed, the output so far kept, ``timed_out`` set;
+* **cancellation** of the awaiting task, or **any exception** — the group is
+  killed, then the exception propagates.
+
+With ``term_grace_s`` the group first gets SIGTERM and that long to exit (a
+service draining its work) before the SIGKILL. Output is read as it comes:
+each captured stream keeps at most ``output_limit_bytes`` (the first or the
+last, ``keep``), so a chatty child never grows this process beyond the limit.
+
+Callers map :class:`Completed` to their own results: tools
+(:mod:`shared.proc.tools`), the command verifier (:mod:`shared.proc.verifier`),
+Crucible's judge, proposer, probes and git (``services/crucible/proc.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import os
+import signal as signals
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from shared.proc import orphans
+
+Keep = Literal["head", "tail"]
+Stream = Literal["stdout", "stderr"]
+
+DEFAULT_OUTPUT_LIMIT_BYTES = 8 * 1024 * 1024
+DRAIN_AFTER_KILL_S = 2.0
+"""After the kill, how long the output pipes may stay open (held by a process that left the group)."""
+_CHUNK_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """How a group's leader ended, what it printed, how long it ran.
+
+    Attributes:
+        argv: the command as run.
+        exit_code: its exit status, or ``None`` if a signal ended it.
+        signal: the signal that ended it (SIGKILL after a timeout), or ``None`` if it exited.
+        timed_out: ``timeout_s`` passed before it finished; the group was killed.
+        stdout: its standard output (with ``merge_stderr``, its standard error too), cut to the limit.
+        stderr: its standard error (empty with ``merge_stderr`` or ``capture=False``), cut to the limit.
+        stdout_truncated: stdout was longer than the limit (``stdout`` holds its head or tail).
+        stderr_truncated: the same for stderr.
+        duration_ms: wall time from the spawn to the group's end (ms).
+    """
+
+    argv: tuple[str, ...]
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: int
+
+    @property
+    def returncode(self) -> int:
+        """asyncio's convention: the exit status, or minus the signal number."""
+        return self.exit_code if self.exit_code is not None else -(self.signal or 0)
+
+    @property
+    def truncated(self) -> bool:
+        """Either stream was cut to the limit."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    def text(self, stream: Stream = "stdout") -> str:
+        """A stream decoded as UTF-8 (undecodable bytes replaced)."""
+        return (self.stdout if stream == "stdout" else self.stderr).decode("utf-8", errors="replace")
+
+    def last_line(self, stream: Stream = "stdout", limit_chars: int = 300) -> str:
+        """The last non-empty line of a stream, stripped and cut to ``limit_chars``."""
+        lines = [ln.strip() for ln in self.text(stream).splitlines() if ln.strip()]
+        return lines[-1][:limit_chars] if lines else ""
+
+
+class _Kept:
+    """One output stream as it arrives: its first or last ``limit`` bytes, and how many came."""
+
+    def __init__(self, limit: int, keep: Keep) -> None:
+        self.limit, self.tail = limit, keep == "tail"
+        self.seen = 0
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.tail:
+            self._buf += chunk
+            if len(self._buf) > 2 * self.limit + _CHUNK_BYTES:  # trim now and then, not on every chunk
+                del self._buf[: len(self._buf) - self.limit]
+        elif len(self._buf) < self.limit:
+            self._buf += chunk[: self.limit - len(self._buf)]
+
+    @property
+    def truncated(self) -> bool:
+        return self.seen > self.limit
+
+    def value(self) -> bytes:
+        return bytes(self._buf[max(0, len(self._buf) - self.limit):] if self.tail else self._buf)
+
+
+async def run_group(
+    argv: Sequence[str], *, timeout_s: float | None, cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT_BYTES, keep: Keep = "head", merge_stderr: bool = False,
+    capture: bool = True, term_grace_s: float = 0.0,
+) -> Completed:
+    """Run ``argv`` in a new process group; the group is killed on every way out (see module doc).
+
+    Args:
+        argv: the program and its arguments (``argv[0]`` looked up in ``PATH``).
+        timeout_s: seconds from the spawn until the group is killed (``None``: no deadline).
+            The leader must have exited *and* closed its output pipes within it.
+        cwd: working directory (default: this process's).
+        env: exactly the child's environment (default: this process's).
+        stdin: bytes written to its standard input, then closed; ``None``: ``/dev/null``.
+        output_limit_bytes: at most this much kept per captured stream (the rest is read and dropped).
+        keep: ``"head"`` keeps the first ``output_limit_bytes``, ``"tail"`` the last.
+        merge_stderr: standard error goes to the stdout pipe (interleaved as written).
+        capture: ``False`` leaves stdout/stderr as this process's own (nothing is kept).
+        term_grace_s: when the group must die before the leader has exited (timeout, cancellation,
+            error), it first gets SIGTERM and this long to exit; then SIGKILL. 0: SIGKILL at once.
+
+    Returns:
+        The :class:`Completed` leader (a timeout is a result, not an error).
+
+    Raises:
+        OSError: the program cannot be started (``FileNotFoundError``, ``PermissionError``, …).
+        asyncio.CancelledError: the awaiting task was cancelled (the group was killed first).
+    """
+    if output_limit_bytes < 0 or keep not in ("head", "tail"):
+        raise ValueError(f"bad output limit {output_limit_bytes!r} / keep {keep!r}")
+    records = orphans.registry()
+    if records is not None:
+        records.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    proc = await _spawn(argv, cwd=cwd, env=env, stdin=stdin is not None, merge_stderr=merge_stderr,
+                        capture=capture, records=records)
+    out, err = _Kept(output_limit_bytes, keep), _Kept(output_limit_bytes, keep)
+    pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
+        _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
+    try:
+        _, pending = await asyncio.wait(pumps, timeout=timeout_s)
+    finally:
+        try:
+            await _end(proc, pumps, term_grace_s)
+        finally:
+            orphans.forget(records, proc.pid)
+    failure = next((e for p in pumps if p.done() and not p.cancelled() and (e := p.exception())), None)
+    if failure is not None:
+        raise failure
+    rc = proc.returncode
+    assert rc is not None  # _end waited for the leader
+    return Completed(
+        argv=tuple(argv), exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else None,
+        timed_out=bool(pending), stdout=out.value(), stderr=err.value(),
+        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
+async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[str, str] | None, stdin: bool,
+                 merge_stderr: bool, capture: bool, records: Path | None) -> asyncio.subprocess.Process:
+    pipe = asyncio.subprocess.PIPE
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=None if cwd is None else str(cwd), env=None if env is None else dict(env),
+            stdin=pipe if stdin else asyncio.subprocess.DEVNULL, stdout=pipe if capture else None,
+            stderr=(asyncio.subprocess.STDOUT if merge_stderr else pipe) if capture else None,
+            start_new_session=True, preexec_fn=functools.partial(orphans.child_setup, os.getpid(), records),
+        )
+    except subprocess.SubprocessError as exc:  # child_setup raised in the child (its record not writable)
+        raise OSError(errno.EIO, f"process setup failed ({orphans.REGISTRY_ENV}={records}): {exc}") from exc
+
+
+async def _write(pipe: asyncio.StreamWriter | None, data: bytes | None) -> None:
+    if pipe is None:
+        return
+    try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the child need not read it all
+            pipe.write(data or b"")
+            await pipe.drain()
+    finally:
+        pipe.close()
+
+
+async def _read(stream: asyncio.StreamReader | None, into: _Kept) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(_CHUNK_BYTES):
+        into.feed(chunk)
+
+
+def _signal_group(pgid: int, sig: signals.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _end(proc: asyncio.subprocess.Process, pumps: list[asyncio.Future[Any]], term_grace_s: float) -> None:
+    """Kill the group (SIGTERM and a grace first if asked and the leader runs), reap the leader,
+    give the pipes :data:`DRAIN_AFTER_KILL_S` to close, then drop whatever still reads."""
+    killed = False
+    try:
+        if proc.returncode is None and term_grace_s > 0:
+            _signal_group(proc.pid, signals.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pumps[-1]), term_grace_s)
+        _signal_group(proc.pid, signals.SIGKILL)
+        killed = True
+        await asyncio.shield(pumps[-1])
+        await asyncio.wait(pumps, timeout=DRAIN_AFTER_KILL_S)
+    finally:  # cancelled again while cleaning up: the group dies all the same
+        if not killed:
+            _signal_group(proc.pid, signals.SIGKILL)
+        held = any(not p.done() for p in pumps[:3])
+        for p in pumps:
+            p.cancel()
+        transport = getattr(proc, "_transport", None)
+        if held and transport is not None:  # pipes still open, held by a process that left the group
+            transport.close()
