@@ -39,18 +39,12 @@ from shared.core.fold import RunState, branch_failed
 from shared.core.ids import LSN, BranchId, RunId
 from shared.core.ports import BlobStore, EventLog
 from shared.core.subjects import MSG_ID_HEADER, Names
+from shared.core.verifiers import Verifier, VerifierInvalid, errored, make_ctx
 from shared.core.views import EpisodeView, build_episode_view
 from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.nats.eventlog import SubjectLog
-from shared.verifiers import (
-    Verifier,
-    VerifierInvalid,
-    errored,
-    make_ctx,
-    make_verifier,
-    run_verifier,
-)
+from shared.verify import make_verifier, run_verifier
 
 log = structlog.get_logger("reel.verifier")
 

@@ -29,13 +29,14 @@ from shared.core.events import (
     Verdict,
     VerdictRecorded,
 )
+from shared.core.verifiers import ContextRequires, OutputRegex, make_ctx
 from shared.core.views import build_episode_view
 from shared.core.workflow import VerifierSpec, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog, SubjectLog
 from shared.nats.infra import Infra
-from shared.verifiers import ContextRequires, OutputRegex, make_ctx, run_verifier
+from shared.verify import run_verifier
 from tests.conftest import REPO, running
 from tests.integration import parking
 

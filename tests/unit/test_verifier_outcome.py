@@ -1,4 +1,4 @@
-"""Pure parts of shared/verifiers.py: outcome derivation, the deadline guard, ctx defaults (no server)."""
+"""Pure parts of the verifiers (shared/core/verifiers/, shared/verify.py): outcome, deadline guard, ctx defaults."""
 
 from __future__ import annotations
 
@@ -8,18 +8,11 @@ import time
 import pytest
 
 from shared.core.events import BlobRef, ContextPartition, VerdictStatus
+from shared.core.verification import derive_outcome
+from shared.core.verifiers import ContextRequires, VerdictResult, VerifierCtx, VerifierInvalid, make_ctx
 from shared.core.views import AttemptView, EpisodeView, StepView
 from shared.core.workflow import VerifierSpec
-from shared.verifiers import (
-    ContextRequires,
-    VerdictResult,
-    VerifierCtx,
-    VerifierInvalid,
-    derive_outcome,
-    make_ctx,
-    make_verifier,
-    run_verifier,
-)
+from shared.verify import make_verifier, run_verifier
 
 
 @pytest.mark.parametrize(("step_failed", "statuses", "outcome"), [

@@ -1,0 +1,30 @@
+"""Verifiers, the pure part: what a verifier gets and answers, the built-ins (docs/verifiers.md).
+
+What judges a run resting in ``Verifying`` (seed T4.2). This package holds the
+types (:mod:`.context`) and the built-ins that need nothing but the ctx
+(:mod:`.builtin`); the run's outcome from its verdicts is
+:func:`shared.core.verification.derive_outcome`. The ``command``
+verifier runs a process (:mod:`shared.proc.verifier`); building a verifier from
+its spec (import paths included) and running it under its deadline is
+:mod:`shared.verify`.
+"""
+
+from shared.core.verifiers.builtin import ContextRequires, OutputJsonSchema, OutputRegex, RecordedOutcome
+from shared.core.verifiers.context import (
+    BlobReader,
+    VerdictResult,
+    Verifier,
+    VerifierCtx,
+    VerifierInvalid,
+    checked,
+    errored,
+    failed,
+    make_ctx,
+    passed,
+)
+
+__all__ = [
+    "BlobReader", "ContextRequires", "OutputJsonSchema", "OutputRegex", "RecordedOutcome", "VerdictResult",
+    "Verifier", "VerifierCtx", "VerifierInvalid", "checked", "errored", "failed", "make_ctx",
+    "passed",
+]

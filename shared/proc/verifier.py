@@ -1,0 +1,64 @@
+"""The ``command`` verifier: argv with the judged output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes.
+
+It runs on :func:`~shared.proc.group.run_group`: its own process group, which dies
+with the verifier service and is killed whole when the command exits, at its
+timeout, or when :func:`~shared.verify.run_verifier` cancels it at the ctx deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from shared.core.verifiers.builtin import no_output
+from shared.core.verifiers.context import VerdictResult, VerifierCtx, errored, failed, passed
+from shared.core.workflow import VerifierSpec
+from shared.proc.group import run_group
+
+KILL_MARGIN_S = 0.25  # a command verifier is killed this long before its deadline
+OUTPUT_FILE_ENV = "REEL_OUTPUT_FILE"
+OUTPUT_TAIL_BYTES = 1 << 20  # of the command's output, the last MiB is kept (its last line is quoted)
+
+
+class CommandVerifier:
+    """Runs ``argv`` with the output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes.
+
+    The command also gets ``REEL_RUN_ID``, ``REEL_BRANCH_ID``, ``REEL_STEP_ID``,
+    ``REEL_ATTEMPT`` and ``REEL_SNAPSHOT_LSN``. It runs in its own process group,
+    killed whole at ``timeout_s`` (or the ctx deadline, whichever is first) → ``error``.
+    The reason quotes the exit code and the last line of its output (stdout and stderr).
+    """
+
+    def __init__(self, spec: VerifierSpec) -> None:
+        self.name, self.version = spec.label, spec.version
+        self._argv, self._timeout_s = spec.argv, spec.timeout_s
+
+    async def verify(self, ctx: VerifierCtx) -> VerdictResult:
+        body = await ctx.output()
+        if body is None:
+            return no_output(ctx)
+        with tempfile.TemporaryDirectory(prefix="reel-verify-") as tmp:
+            path = Path(tmp) / "output"
+            path.write_bytes(body)
+            env = {**os.environ, OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
+                   "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt),
+                   "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)}
+            # stop a little before the ctx deadline, so the kill is ours and the reason says so
+            budget_s = min(self._timeout_s, ctx.remaining_s())
+            return await self._run(body, env, budget_s - min(KILL_MARGIN_S, budget_s / 2))
+
+    async def _run(self, stdin: bytes, env: Mapping[str, str], timeout_s: float) -> VerdictResult:
+        try:
+            done = await run_group(self._argv, timeout_s=timeout_s, env=env, stdin=stdin,
+                                   output_limit_bytes=OUTPUT_TAIL_BYTES, keep="tail", merge_stderr=True)
+        except OSError as exc:
+            return errored(f"cannot run {self._argv[0]!r}: {exc.strerror}")
+        if done.timed_out:
+            return errored(f"{self._argv[0]} did not finish within its {self._timeout_s:g}s timeout (killed)")
+        tail = done.text().strip().splitlines()[-1:] or [""]
+        said = f": {tail[0][:200]}" if tail[0] else ""
+        if done.returncode == 0:
+            return passed(f"{self._argv[0]} exited 0{said}")
+        return failed(f"{self._argv[0]} exited {done.returncode}{said}")
