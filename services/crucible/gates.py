@@ -89,9 +89,9 @@ async def probe(spec: ParkSpec, world: Path) -> Go | Park | Broken:
         done = await proc.run(spec.command, cwd=world, env=dict(os.environ), timeout_s=max(30.0, spec.poll_s))
     except OSError as exc:
         return Broken(f"park probe cannot start: {exc}")
-    if done.returncode == 0:
+    if done.returncode == 0 and not done.timed_out:
         return Go()
-    if done.returncode == proc.EX_TEMPFAIL:
+    if done.returncode == proc.EX_TEMPFAIL and not done.timed_out:
         return Park(done.last_line() or "parked")
     why = "timed out" if done.timed_out else f"exit {done.returncode}: {done.last_line('stderr') or done.last_line()}"
     return Broken(f"park probe failed: {why}")

@@ -164,16 +164,16 @@ class Judge:
         except OSError as exc:
             return InvalidReading(reason=f"crash: cannot start judge: {exc}")
         if done.timed_out:
-            return InvalidReading(reason=f"timeout after {self.spec.timeout_s:g}s", judge_ms=done.wall_ms)
+            return InvalidReading(reason=f"timeout after {self.spec.timeout_s:g}s", judge_ms=done.duration_ms)
         if done.returncode == proc.EX_TEMPFAIL:
             return Unavailable(reason=done.last_line("stderr") or done.last_line() or "judge unavailable (exit 75)")
         if done.returncode != 0:
             why = done.last_line("stderr") or done.last_line()
             return InvalidReading(reason=f"crash: exit {done.returncode}" + (f": {why}" if why else ""),
-                                  judge_ms=done.wall_ms)
-        value, total, problem = parse_score(done.stdout)
+                                  judge_ms=done.duration_ms)
+        value, total, problem = parse_score(done.text())
         if problem or value is None:
-            return InvalidReading(reason=problem or "missing value", judge_ms=done.wall_ms)
+            return InvalidReading(reason=problem or "missing value", judge_ms=done.duration_ms)
         return value, total
 
     async def measure(self, repeats: int) -> Measurement | Unavailable:

@@ -123,18 +123,18 @@ class CommandProposer:
                                   timeout_s=self.spec.timeout_s)
         except OSError as exc:
             return Proposal(kind="failed", detail=f"cannot start proposer: {exc}")
-        info = _last_json(done.stdout)
+        info = _last_json(done.text())
         note = str(info.get("note", "")) if info else done.last_line()
         cost = _cost(info)
         if done.timed_out:
-            return Proposal(kind="failed", note=note, cost_usd=cost, proposer_ms=done.wall_ms,
+            return Proposal(kind="failed", note=note, cost_usd=cost, proposer_ms=done.duration_ms,
                             detail=f"proposer timed out after {self.spec.timeout_s:g}s")
         if done.returncode == proc.EX_TEMPFAIL:
-            return Proposal(kind="blocked", note=note, cost_usd=cost, proposer_ms=done.wall_ms,
+            return Proposal(kind="blocked", note=note, cost_usd=cost, proposer_ms=done.duration_ms,
                             detail=done.last_line("stderr") or note or "proposer unavailable (exit 75)")
         if done.returncode != 0:
             why = done.last_line("stderr") or done.last_line()
-            return Proposal(kind="failed", note=note, cost_usd=cost, proposer_ms=done.wall_ms,
+            return Proposal(kind="failed", note=note, cost_usd=cost, proposer_ms=done.duration_ms,
                             detail=f"proposer exit {done.returncode}" + (f": {why}" if why else ""))
         kind: ProposalKind = "edited"
         detail = ""
@@ -144,7 +144,7 @@ class CommandProposer:
             kind, detail = "done", str(info.get("done") if isinstance(info.get("done"), str) else "")
         elif info and info.get("rescope"):
             kind, detail = "rescope", str(info["rescope"])
-        return Proposal(kind=kind, note=note[:300], cost_usd=cost, detail=detail, proposer_ms=done.wall_ms)
+        return Proposal(kind=kind, note=note[:300], cost_usd=cost, detail=detail, proposer_ms=done.duration_ms)
 
 
 def _last_json(stdout: str) -> dict[str, object] | None:

@@ -70,10 +70,10 @@ async def git(cwd: Path, *args: str, it: int = 0, stdin: bytes | None = None) ->
         WorldError: git failed (the message carries its last stderr line).
     """
     done = await proc.run(["git", *args], cwd=cwd, env=_git_env(it), timeout_s=GIT_TIMEOUT_S, stdin=stdin)
-    if done.returncode != 0:
+    if done.timed_out or done.returncode != 0:
         why = done.last_line("stderr") or ("timed out" if done.timed_out else f"exit {done.returncode}")
         raise WorldError(f"git {args[0]} failed in {cwd}: {why}")
-    return done.stdout
+    return done.text()
 
 
 def _diffstat(numstat: list[list[str]]) -> str:
