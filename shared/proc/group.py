@@ -31,7 +31,7 @@ import os
 import signal as signals
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -153,8 +153,8 @@ async def run_group(
     if records is not None:
         records.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    proc = await _spawn(argv, cwd=cwd, env=env, stdin=stdin is not None, merge_stderr=merge_stderr,
-                        capture=capture, records=records)
+    proc = await _started(_spawn(argv, cwd=cwd, env=env, stdin=stdin is not None, merge_stderr=merge_stderr,
+                                 capture=capture, records=records), records)
     out, err = _Kept(output_limit_bytes, keep), _Kept(output_limit_bytes, keep)
     pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
         _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
@@ -176,6 +176,26 @@ async def run_group(
         stdout_truncated=out.truncated, stderr_truncated=err.truncated,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
+
+
+async def _started(spawning: Coroutine[Any, Any, asyncio.subprocess.Process],
+                   records: Path | None) -> asyncio.subprocess.Process:
+    """The spawned process; cancelled while spawning (the child may already run), its group is
+    killed as soon as the spawn completes (asyncio's own cleanup would kill the leader only, then
+    wait for pipes its children may hold)."""
+    spawn = asyncio.ensure_future(spawning)
+    try:
+        return await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        spawn.add_done_callback(functools.partial(_kill_spawned, records))
+        raise
+
+
+def _kill_spawned(records: Path | None, spawn: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    if not spawn.cancelled() and spawn.exception() is None:
+        pgid = spawn.result().pid
+        _signal_group(pgid, signals.SIGKILL)
+        orphans.forget(records, pgid)
 
 
 async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[str, str] | None, stdin: bool,

@@ -38,9 +38,13 @@ def registry() -> Path | None:
 
 def _stat(pid: int | str) -> list[str] | None:
     """The fields after ``(comm)`` of ``/proc/<pid>/stat`` (state first), or ``None`` if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].decode().split()
+    try:  # os-level calls only: this also runs in a forked child, before exec
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        return raw.rsplit(b")", 1)[1].decode().split()
     except (OSError, IndexError, UnicodeDecodeError):
         return None
 

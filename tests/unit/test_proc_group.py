@@ -224,3 +224,32 @@ async def test_the_reaper_leaves_groups_of_a_live_owner(fifos: tuple[Held, Held]
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await fifos[1].gone() and list(records.iterdir()) == []
+
+
+async def _exited(pidfd: int, within_s: float = 10) -> None:
+    """Wait until the process of ``pidfd`` (not our child) exits: the pidfd turns readable."""
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await asyncio.wait_for(exited, within_s)
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+async def test_cancelled_while_spawning_the_group_is_killed_and_forgotten(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = tmp_path / "groups"
+    monkeypatch.setenv(REGISTRY_ENV, str(records))
+    task = asyncio.create_task(run_group([PY, "-c", "import time; time.sleep(3600)"], timeout_s=None))
+    # loop steps, not time: the child records itself within the spawn's first step, before its pipes connect
+    while not (records.is_dir() and any(records.iterdir())):  # noqa: ASYNC110 - no event exists inside asyncio
+        await asyncio.sleep(0)
+    (record,) = records.iterdir()
+    leader = os.pidfd_open(int(record.name.split(".")[1]))
+    task.cancel()  # run_group still waits for the spawn to connect the child's pipes
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _exited(leader)
+    assert list(records.iterdir()) == []
