@@ -16,6 +16,18 @@ What the three buckets mean in Reel:
 Ranking: higher ``priority`` first, then more recent (later in the candidate
 list) first. Packing is greedy first-fit over the ranking: an item that does not
 fit is left ``available`` and smaller, lower-ranked items may still fit.
+
+Two options serve agent turns (brief §11) and change nothing for candidates that
+use neither:
+
+* ``required`` items are always packed, before anything is ranked, and no policy
+  drops them (an agent's instructions and task); their tokens come off the budget first.
+* Candidates sharing a ``group`` (one turn's assistant message and its tool
+  results) are one unit: packed together, left ``available`` together (in
+  candidate order), or dropped together when any member is dropped by policy, or
+  when the group alone is larger than the whole budget. The unit ranks by its
+  highest priority, then by its first member's position. ``dedupe`` does not apply
+  to group members (two calls may well return the same text).
 """
 
 from __future__ import annotations
@@ -38,6 +50,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         priority: larger ranks earlier (default 0).
         stale: marked stale by its producer.
         content_hash: sha256 of its text, used for duplicate detection.
+        group: candidates with the same group are packed or left out as a unit.
+        required: always packed, never dropped (a required candidate is never part of a group).
     """
 
     id: ContextItemId
@@ -46,6 +60,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     priority: float = 0.0
     stale: bool = False
     content_hash: str = ""
+    group: str | None = None
+    required: bool = False
 
 
 class PackPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,13 +86,72 @@ def _drop_reason(c: Candidate, policy: PackPolicy, seen: set[str]) -> str | None
         return "excluded_kind"
     if policy.drop_stale and c.stale:
         return "stale"
-    if policy.dedupe and c.content_hash and c.content_hash in seen:
+    if policy.dedupe and c.group is None and c.content_hash and c.content_hash in seen:
         return "duplicate"
     if policy.max_item_tokens is not None and c.tokens > policy.max_item_tokens:
         return "over_item_cap"
     if c.tokens > policy.budget_tokens:
         return "over_budget"
     return None
+
+
+class _Unit(msgspec.Struct):
+    """One thing the packer ranks: an ungrouped candidate, or a whole group (positions in candidate order)."""
+
+    positions: list[int]
+    tokens: int
+    priority: float
+
+
+def _classify(candidates: Sequence[Candidate], policy: PackPolicy) -> tuple[dict[ContextItemId, str], list[int],
+                                                                          list[_Unit]]:
+    """Drop reasons by id, positions of required items, and the eligible units in candidate order."""
+    reasons: dict[ContextItemId, str] = {}
+    required: list[int] = []
+    units: list[_Unit] = []
+    groups: dict[str, _Unit] = {}
+    seen: set[str] = set()
+    for pos, c in enumerate(candidates):
+        if c.required:
+            required.append(pos)
+        else:
+            reason = _drop_reason(c, policy, seen)
+            if reason is not None:
+                reasons[c.id] = reason
+                if c.group is None:
+                    continue
+        if c.content_hash and c.group is None and c.id not in reasons:
+            seen.add(c.content_hash)
+        if c.required:
+            continue
+        if c.group is None:
+            units.append(_Unit(positions=[pos], tokens=c.tokens, priority=c.priority))
+        elif c.group in groups:
+            unit = groups[c.group]
+            unit.positions.append(pos)
+            unit.tokens += c.tokens
+            unit.priority = max(unit.priority, c.priority)
+        else:
+            unit = groups[c.group] = _Unit(positions=[pos], tokens=c.tokens, priority=c.priority)
+            units.append(unit)
+    if groups:
+        units = _settle_groups(candidates, policy, reasons, units, groups)
+    return reasons, required, units
+
+
+def _settle_groups(candidates: Sequence[Candidate], policy: PackPolicy, reasons: dict[ContextItemId, str],
+                   units: list[_Unit], groups: dict[str, _Unit]) -> list[_Unit]:
+    """Drop every member of a group that has a dropped member, or that alone exceeds the budget."""
+    gone: set[int] = set()
+    for unit in groups.values():
+        ids = [candidates[p].id for p in unit.positions]
+        own = any(i in reasons for i in ids)
+        if not own and unit.tokens <= policy.budget_tokens:
+            continue
+        for i in ids:
+            reasons.setdefault(i, "group_dropped" if own else "over_budget")
+        gone.add(id(unit))
+    return [u for u in units if id(u) not in gone]
 
 
 def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
@@ -90,41 +165,27 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
         raise ValueError("candidate ids must be unique")
     if policy.budget_tokens < 0:
         raise ValueError("budget_tokens must be >= 0")
-    dropped: list[ContextItemId] = []
-    eligible: list[tuple[int, Candidate]] = []
-    seen: set[str] = set()
-    for pos, c in enumerate(candidates):
-        if _drop_reason(c, policy, seen) is not None:
-            dropped.append(c.id)
-            continue
-        eligible.append((pos, c))
-        if c.content_hash:
-            seen.add(c.content_hash)
-    ranked = sorted(eligible, key=lambda pc: (-pc[1].priority, -pc[0]))
-    left = policy.budget_tokens
-    packed_pos: list[int] = []
+    reasons, required, units = _classify(candidates, policy)
+    ranked = sorted(units, key=lambda u: (-u.priority, -u.positions[0]))
+    left = policy.budget_tokens - sum(candidates[p].tokens for p in required)
+    packed_pos: list[int] = list(required)
     available: list[ContextItemId] = []
-    for pos, c in ranked:
-        if c.tokens <= left:
-            left -= c.tokens
-            packed_pos.append(pos)
+    for unit in ranked:
+        if unit.tokens <= left:
+            left -= unit.tokens
+            packed_pos.extend(unit.positions)
         else:
-            available.append(c.id)
+            available.extend(candidates[p].id for p in unit.positions)
     packed_pos.sort()
     partition = ContextPartition(
-        packed=tuple(candidates[p].id for p in packed_pos), available=tuple(available), dropped=tuple(dropped)
+        packed=tuple(candidates[p].id for p in packed_pos), available=tuple(available),
+        dropped=tuple(i for i in ids if i in reasons),
     )
-    return Packed(partition=partition, packed_tokens=policy.budget_tokens - left)
+    return Packed(partition=partition, packed_tokens=sum(candidates[p].tokens for p in packed_pos))
 
 
 def drop_reasons(candidates: Sequence[Candidate], policy: PackPolicy) -> dict[str, str]:
-    """Why each dropped candidate was dropped (for ``reel show`` and debugging)."""
-    seen: set[str] = set()
-    out: dict[str, str] = {}
-    for c in candidates:
-        reason = _drop_reason(c, policy, seen)
-        if reason is not None:
-            out[c.id] = reason
-        elif c.content_hash:
-            seen.add(c.content_hash)
-    return out
+    """Why each dropped candidate was dropped (for ``reel show`` and debugging); a group member dropped with
+    its group says ``group_dropped`` (or ``over_budget`` for a group larger than the whole budget)."""
+    reasons, _, _ = _classify(candidates, policy)
+    return {c.id: reasons[c.id] for c in candidates if c.id in reasons}

@@ -2,7 +2,10 @@
 
 :func:`next_action` decides from the folded state alone; the executor service
 (services/executor) performs the action, commits, applies the commit to its
-state and asks again. No I/O, clock or randomness here.
+state and asks again. No I/O, clock or randomness here. Inside an agent step the
+decision is :func:`shared.core.agent.agent_action`'s; its actions (``Wait``,
+``DispatchTurn``, ``DispatchCalls``, …) and what each commit carries are
+described in :mod:`shared.core.agent`.
 
 Attempt numbering: attempts are numbered 1, 2, … per step and branch. A step
 fails when ``max_attempts`` attempts have *failed* (or one failed non-retryably).
@@ -19,12 +22,27 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.core import agentfold
+from shared.core.agent import (
+    AdoptTurn,
+    AgentAction,
+    CallAttempt,
+    DispatchCalls,
+    DispatchTurn,
+    FinishAgent,
+    InFlight,
+    ResolveUnknown,
+    Wait,
+    agent_action,
+)
 from shared.core.events import BlobRef
 from shared.core.fold import DRIVABLE, STEP_TERMINAL, AttemptStatus, RunState, RunStatus, final_success, step_statuses
 from shared.core.ids import AttemptNo, BranchId, ContextItemId, StepId
 from shared.core.packer import Candidate, PackPolicy
 from shared.core.tokens import TokenCounter
-from shared.core.workflow import ContextItemSpec, ModelStep, WorkflowSpec
+from shared.core.workflow import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
+
+__all__ = ["Action", "AdoptTurn", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
+           "EnterVerifying", "FinishAgent", "ResolveUnknown", "Rest", "Wait", "next_action"]
 
 
 class Claim(msgspec.Struct, frozen=True):
@@ -51,11 +69,17 @@ class Rest(msgspec.Struct, frozen=True):
     status: RunStatus
 
 
-Action = Claim | Dispatch | EnterVerifying | Rest
+Action = Claim | Dispatch | EnterVerifying | Rest | AgentAction
 
 
-def next_action(state: RunState, executor_id: str) -> Action:
-    """The next thing ``executor_id`` must do to drive ``state`` towards ``Verifying``."""
+def next_action(state: RunState, executor_id: str, in_flight: InFlight = ()) -> Action:
+    """The next thing ``executor_id`` must do to drive ``state`` towards ``Verifying``.
+
+    Args:
+        in_flight: ``(branch, step, attempt)`` of the attempts this executor is running (its tasks); any
+            other attempt still ``dispatched`` is an orphan and is superseded. Empty (the sequential
+            executor): nothing is waited for. See :mod:`shared.core.agent` for the agent actions.
+    """
     if state.status not in DRIVABLE:
         return Rest(state.status)
     if state.executor_id != executor_id:
@@ -65,8 +89,15 @@ def next_action(state: RunState, executor_id: str) -> Action:
     for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
         if status in STEP_TERMINAL:
             continue
+        if decl.kind == "agent":
+            return agent_action(state, bid, decl, in_flight)
         attempts = branch.attempts.get(decl.step_id, [])
+        if attempts and attempts[-1].status == AttemptStatus.DISPATCHED and (
+                bid, decl.step_id, attempts[-1].attempt) in in_flight:
+            return Wait()
         return Dispatch(bid, decl.step_id, AttemptNo(attempts[-1].attempt + 1 if attempts else 1))
+    if any(b == bid for b, _, _ in in_flight):
+        return Wait()  # e.g. calls of an agent that a fatal tool ended: record their outcomes first
     return EnterVerifying(bid)
 
 
@@ -170,7 +201,7 @@ def candidates(items: list[tuple[ContextItemSpec, str]], facts: TokenCounter | T
     return out
 
 
-def policy_for(step: ModelStep, spec: WorkflowSpec) -> PackPolicy:
+def policy_for(step: ModelStep | AgentStep, spec: WorkflowSpec) -> PackPolicy:
     """The step's packing policy, with the workflow's default budget filled in (tokens)."""
     p = step.policy
     return PackPolicy(
