@@ -36,6 +36,9 @@ action                 what the executor does (the events come from :mod:`~share
                        turn's last, the same commit should also carry the next turn's intent
                        (:func:`~shared.core.agentcommits.next_turn` + ``turn_intent``, its context built
                        with this outcome passed in ``outcomes``).
+                       Otherwise, when the result frees a slot for a call not started yet (or a retry),
+                       the commit carries that call's intent too:
+                       :func:`~shared.core.agentcommits.follow_up_calls` + ``call_intents``.
 ``ResolveUnknown``     non-retry-safe calls a dead executor left in flight: commit
                        :func:`~shared.core.agentcommits.unknown_outcomes` (``attempt_failed``,
                        ``outcome_unknown``, not retryable); the model sees it as an error result.

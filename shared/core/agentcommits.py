@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.core import agentfold
-from shared.core.agent import CallAttempt, DispatchCalls, DispatchTurn, ResolveUnknown, limits
+from shared.core.agent import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
 from shared.core.agentspec import AgentToolSpec
 from shared.core.chat import ToolCall, assign_call_ids
 from shared.core.events import (
@@ -222,3 +222,40 @@ def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
         if status not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             return False
     return True
+
+
+def follow_up_calls(state: RunState, outcomes: Sequence[Outcome], in_flight: InFlight) -> DispatchCalls | None:
+    """The calls of the same turn that the commit of ``outcomes`` should start too (brief §13: their intents ride
+    in that commit, then they run): fresh calls and retries, up to the slots the outcomes free.
+
+    ``None`` when there are none (or the outcomes end the agent). ``in_flight``: as for ``next_action``.
+    """
+    if not outcomes or _fatal_end(state, outcomes, 0) is not None:
+        return None
+    first = outcomes[0]
+    parsed = parse_step_id(first.step_id)
+    branch = state.branches[first.branch_id]
+    rec = agentfold.record(branch, parsed[0]) if parsed else None
+    if parsed is None or parsed[2] < 0 or rec is None or rec.finished is not None or len(rec.turns) != parsed[1]:
+        return None
+    mine = {o.step_id: o for o in outcomes}
+    start: list[CallAttempt] = []
+    running = 0
+    for c in rec.turns[-1].calls:
+        sid = c.decl.step_id
+        attempts = branch.attempts.get(sid, [])
+        o = mine.get(sid)
+        status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,
+                                                                                             c.decl.max_attempts)
+        if status in (StepStatus.SUCCEEDED, StepStatus.FAILED):
+            continue
+        if not attempts:
+            start.append(CallAttempt(sid, AttemptNo(1)))
+        elif o is not None or attempts[-1].status != AttemptStatus.DISPATCHED:
+            start.append(CallAttempt(sid, AttemptNo(attempts[-1].attempt + 1)))    # a retry
+        elif (first.branch_id, sid, attempts[-1].attempt) in in_flight:
+            running += 1
+    room = limits(state.step_decl(parsed[0]))[1] - running
+    if not start or room <= 0:
+        return None
+    return DispatchCalls(branch_id=first.branch_id, agent=parsed[0], calls=tuple(start[:room]))

@@ -188,9 +188,14 @@ class Sim:
                                         message=str(exc), retryable=False, at_ms=self.tick())
         events = list(ac.call_outcome(self.state, outcome, at_ms=self.now))
         nxt = None
+        more = ac.follow_up_calls(self.state, [outcome], self.in_flight)
         if ac.completes_turn(self.state, [outcome]):
             nxt = ac.next_turn(self.state, bid, StepId(sid.split(":")[0]))
             events += self.turn_intent(nxt, (outcome,))
+        elif more is not None:
+            events += ac.call_intents(more, executor_id=X, at_ms=self.now)
         self.commit(events)
+        if more is not None and nxt is None:
+            self.in_flight += [(bid, c.step_id, c.attempt) for c in more.calls]
         if nxt is not None:
             self.answer(nxt)

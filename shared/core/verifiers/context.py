@@ -109,7 +109,11 @@ class VerifierCtx:
         return max(0.0, self.deadline - time.monotonic())
 
     async def output(self) -> bytes | None:
-        """The judged attempt's output body (one blob read), or ``None`` if it has none."""
+        """The judged attempt's output body (one blob read), or ``None`` if it has none; of an agent step, the
+        agent's output (its final turn's answer)."""
+        sv = self.step_view
+        if sv.kind == "agent":
+            return await self.blobs.get(sv.output_ref) if isinstance(sv.output_ref, BlobRef) else None
         a = self.attempt_view
         if a is None or a.status != "succeeded" or a.output_ref is None:
             return None
@@ -118,12 +122,14 @@ class VerifierCtx:
 
 def make_ctx(episode: EpisodeView, *, step: str | None, blobs: BlobReader, timeout_s: float,
              now: float | None = None) -> VerifierCtx:
-    """The ctx for a verifier judging ``step`` (default: the last step) of ``episode``.
+    """The ctx for a verifier judging ``step`` (default: the workflow's last step — an agent step itself, not its
+    last turn) of ``episode``.
 
     Raises:
         KeyError: ``step`` is not a step of the view.
     """
-    sv = episode.step(step) if step is not None else episode.steps[-1]
+    sv = episode.step(step) if step is not None else next(
+        s for s in reversed(episode.steps) if s.parent_step is msgspec.UNSET)
     final = sv.final_attempt
     start = time.monotonic() if now is None else now
     return VerifierCtx(run=episode.run_id, step=sv.step_id, attempt=final.attempt if final else None,
