@@ -23,8 +23,10 @@ from pathlib import Path
 import structlog
 from nats.aio.client import Client
 
+from services.crucible.baseline import open_segment
+from services.crucible.driver import Driver, now_ms
 from services.crucible.gates import protected_paths
-from services.crucible.loop import Driver, now_ms, open_segment, run_loop
+from services.crucible.loop import run_loop
 from services.crucible.proposer import make_proposer
 from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from services.crucible.world import GitWorld
