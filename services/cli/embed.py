@@ -21,7 +21,7 @@ from shared.config import Config
 from shared.core.subjects import Names
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
-from shared.nats.embedded import embedded_server
+from shared.nats.embedded import url_or_embedded
 from shared.nats.infra import Infra, connect, ensure_infra
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
@@ -117,14 +117,9 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
     """
     url = nats_url
     async with contextlib.AsyncExitStack() as stack:
-        embedded = False
         if url is None and await server_listening():
             url = DEFAULT_LOCAL_URL
-        elif url is None:
-            store = reel_home() / "js"
-            store.mkdir(parents=True, exist_ok=True)
-            srv = await stack.enter_async_context(embedded_server(store_dir=str(store)))
-            url, embedded = srv.url, True
+        url, embedded = await stack.enter_async_context(url_or_embedded(url, reel_home() / "js"))
         cfg = Config.from_env(nats_url=url, names=Names(namespace))
         try:
             nc = await connect(cfg, name="reel-cli")

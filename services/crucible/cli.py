@@ -15,13 +15,12 @@ Exit codes of ``run``/``resume``: 0 Solved, 3 Finished, 4 Budget, 5 Stopped,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import typer
 from nats.errors import NoServersError
@@ -40,9 +39,8 @@ from shared.config import Config
 from shared.core.errors import ReelError
 from shared.core.subjects import Names
 from shared.crucible.fold import SessionState
-from shared.crucible.state import LoopExit
 from shared.logging import setup_logging
-from shared.nats.embedded import NatsServerNotFound, embedded_server
+from shared.nats.embedded import NatsServerNotFound, url_or_embedded
 
 app = typer.Typer(
     help="Crucible, the autoresearch loop: a proposer edits a git world, a frozen judge scores it, "
@@ -58,15 +56,7 @@ NatsUrl = typer.Option(None, "--nats-url", envvar="NATS_URL",
                        help="NATS server(s); default: an embedded server on --store-dir.")
 Namespace = typer.Option(None, "--namespace", envvar="REEL_NAMESPACE", help="Reel namespace (default reel).")
 StoreDir = typer.Option(Path(DEFAULT_STORE), "--store-dir", help="JetStream store of the embedded server.")
-
-
-@contextlib.asynccontextmanager
-async def _nats(url: str | None, store_dir: Path) -> AsyncIterator[str]:
-    if url:
-        yield url
-        return
-    async with embedded_server(store_dir=str(store_dir)) as srv:
-        yield srv.url
+Quiet = typer.Option(False, "--quiet", "-q", help="Print only the session id.")
 
 
 def _cfg(url: str, namespace: str | None) -> Config:
@@ -86,7 +76,8 @@ def _execute(url: str | None, namespace: str | None, store_dir: Path, writer: st
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _stopper(stop))
-        async with _nats(url, store_dir) as nats_url, backend(_cfg(nats_url, namespace), writer=writer) as b:
+        async with (url_or_embedded(url or None, store_dir) as (nats_url, _),
+                    backend(_cfg(nats_url, namespace), writer=writer) as b):
             return await body(b, stop)
 
     try:
@@ -112,12 +103,15 @@ def _stopper(stop: asyncio.Event) -> Callable[[], None]:
     return on_signal
 
 
-def _finish(result: SessionResult, quiet: bool) -> LoopExit:
+def _drive(url: str | None, namespace: str | None, store_dir: Path, quiet: bool,
+           body: Callable[[Backend, asyncio.Event], Awaitable[SessionResult]]) -> NoReturn:
+    """Drive a session with ``body``, print its rows and summary (unless ``quiet``) and its id; exit with its code."""
+    result = _execute(url, namespace, store_dir, "crucible-cli", body)
     if not quiet:
         out.print(report.rows_table(result.state))
         out.print(report.summary(result.state), highlight=False)
     out.print(f"session: {result.session_id}", highlight=False)
-    return result.exit
+    raise typer.Exit(result.exit.exit_code)
 
 
 @app.command()
@@ -127,7 +121,7 @@ def run(
     nats_url: str | None = NatsUrl,
     namespace: str | None = Namespace,
     store_dir: Path = StoreDir,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the session id."),
+    quiet: bool = Quiet,
 ) -> None:
     """Start a session from CONFIG and run it to its end (exit code = how it ended)."""
     setup_logging("crucible")
@@ -140,8 +134,7 @@ def run(
     async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
         return await start_session(b, spec, stop=stop, session_id=session)
 
-    result = _execute(nats_url, namespace, store_dir, "crucible-cli", body)
-    raise typer.Exit(_finish(result, quiet).exit_code)
+    _drive(nats_url, namespace, store_dir, quiet, body)
 
 
 @app.command()
@@ -150,7 +143,7 @@ def resume(
     nats_url: str | None = NatsUrl,
     namespace: str | None = Namespace,
     store_dir: Path = StoreDir,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the session id."),
+    quiet: bool = Quiet,
 ) -> None:
     """Continue SESSION from its log (a finished session just reports its exit again)."""
     setup_logging("crucible")
@@ -158,8 +151,7 @@ def resume(
     async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
         return await resume_session(b, session, stop=stop)
 
-    result = _execute(nats_url, namespace, store_dir, "crucible-cli", body)
-    raise typer.Exit(_finish(result, quiet).exit_code)
+    _drive(nats_url, namespace, store_dir, quiet, body)
 
 
 @app.command()

@@ -133,6 +133,22 @@ async def embedded_server(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def url_or_embedded(url: str | None, store_dir: Path) -> AsyncIterator[tuple[str, bool]]:
+    """``(url, False)`` if ``url`` is given, else an embedded server on ``store_dir`` for the block (``(url, True)``).
+
+    The connect-or-embed step of the ``reel`` and ``reel crucible`` commands.
+
+    Raises:
+        NatsServerNotFound, StoreInUse, RuntimeError: as :func:`embedded_server`.
+    """
+    if url is not None:
+        yield url, False
+        return
+    async with embedded_server(store_dir=str(store_dir)) as srv:
+        yield srv.url, True
+
+
 async def _read_port(proc: asyncio.subprocess.Process) -> int:
     assert proc.stderr is not None
     seen = b""
