@@ -3,15 +3,15 @@
 Each is a local, measured proposal for a change to ``shared/`` or ``services/``;
 the benchmarks check that it gives identical results before timing it.
 
-* :func:`fold_hot` — the fold with the three hot events (dispatched / succeeded /
-  failed) handled inline by a type test, the step-position map taken once per fold.
 * :func:`read_ordered_consumer` — an ordered push consumer on the run's subject.
 * :class:`AckBatch` — the messages of one round trip published together, all acks
   awaited through one future (today: one Task + request future + timer per message).
 
 Landed in ``shared/`` since these benchmarks were written (and so removed here):
 one-pass step statuses (fold, planner, views), O(1) step lookup, memoized token
-counts, Direct Get replies collected by a callback, the lean guarded commit.
+counts, Direct Get replies collected by a callback, the lean guarded commit. ``fold_hot`` (the
+mutable fold with its hot events inline) went when the fold became immutable (issue 7):
+its per-commit cost is now ``bench/fold_step.py``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import asyncio
 import base64
 import hashlib
 import json
-from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from nats.aio.client import Client
@@ -28,76 +27,14 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
-from shared.core import fold as folding
-from shared.core.errors import InvalidTransition, ReelError
+from shared.core.errors import ReelError
 from shared.core.events import (
-    AnyEvent,
-    AttemptDispatched,
-    AttemptFailed,
-    AttemptSucceeded,
     BlobRef,
-    Commit,
-    RunCreated,
 )
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
 from shared.nats.blobstore import CHUNK_BYTES, ref_for
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]  # subject, body, headers
-
-# ---- fold ---------------------------------------------------------------------------------------------
-
-def fold_hot(commits: Iterable[tuple[int, Commit]]) -> folding.RunState | None:
-    """:func:`shared.core.fold.fold` with the three hot events handled inline (same result, checked byte for byte).
-
-    Today every event goes through ``apply_commit`` → ``apply`` (a ``match`` that
-    tries the event classes in turn: an attempt outcome is the 4th/5th case) and
-    every dispatch through ``_positions``. Here the step-position map is taken once
-    per fold, the loop is one function, and ``attempt_dispatched`` /
-    ``attempt_succeeded`` / ``attempt_failed`` are handled by a type test before
-    falling back to ``apply`` for everything else.
-    """
-    state: folding.RunState | None = None
-    positions: dict[str, int] = {}
-    apply, find = folding.apply, folding._attempt
-    dispatched, succeeded, failed = AttemptDispatched, AttemptSucceeded, AttemptFailed
-    for lsn, commit in commits:
-        events: tuple[AnyEvent, ...] = commit.events
-        if state is None:
-            if not events or not isinstance(events[0], RunCreated):
-                raise InvalidTransition("a run's first commit must start with run_created", run_id=commit.run_id)
-            state, events = folding.create(lsn, events[0]), events[1:]
-            positions = folding._positions(state.steps)
-        for ev in events:
-            t = type(ev)
-            if t is dispatched:
-                branch = state.branches.get(ev.branch_id)
-                if branch is None or ev.step_id not in positions:
-                    apply(state, lsn, ev)  # raises the same InvalidTransition
-                    continue
-                if state.status == "pending":
-                    state.status = "running"
-                attempts = branch.attempts.get(ev.step_id)
-                if attempts is None:
-                    attempts = branch.attempts[ev.step_id] = []
-                attempts.append(folding.AttemptState(
-                    step_id=ev.step_id, attempt=ev.attempt, status="dispatched", executor_id=ev.executor_id,
-                    dispatched_lsn=lsn, dispatched_ms=ev.at_ms, prompt_ref=ev.prompt_ref, context=ev.context,
-                ))
-            elif t is succeeded:
-                a = find(state, ev.branch_id, ev.step_id, ev.attempt)
-                a.status, a.outcome_lsn, a.finished_ms = "succeeded", lsn, ev.at_ms
-                a.output_ref, a.usage, a.recovered = ev.output_ref, ev.usage, ev.recovered
-            elif t is failed:
-                a = find(state, ev.branch_id, ev.step_id, ev.attempt)
-                a.status, a.outcome_lsn, a.finished_ms = "failed", lsn, ev.at_ms
-                a.error_kind, a.error_message, a.retryable = ev.error_kind, ev.message, ev.retryable
-                a.usage, a.recovered = ev.usage, ev.recovered
-            else:
-                apply(state, lsn, ev)
-        state.head_lsn = lsn
-        state.commits += 1
-    return state
-
 
 # ---- reading one subject ----------------------------------------------------------------------------------
 

@@ -6,12 +6,11 @@ must equal a cold re-fold of the log.
 
 from __future__ import annotations
 
-import msgspec
-
 from shared.core.fold import RunState
+from shared.core.state import STATE_ENCODER
 from shared.nats.eventlog import JetStreamEventLog
 
-_enc = msgspec.json.Encoder()
+_enc = STATE_ENCODER
 
 
 async def assert_refold_identical(log: JetStreamEventLog, state: RunState) -> RunState:

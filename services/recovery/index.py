@@ -72,7 +72,7 @@ class IntentIndex:
                 else:
                     return
             else:
-                apply_commit(state, lsn, commit)
+                self.states[run_id] = state = apply_commit(state, lsn, commit)
         except Exception as exc:  # the index is a hint: a commit it cannot apply sends the run to a cold load
             log.warning("recovery.index_unreadable", run_id=run_id, lsn=lsn, error=str(exc))
             self.states.pop(run_id, None)

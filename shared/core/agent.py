@@ -173,7 +173,7 @@ def agent_action(state: RunState, branch_id: BranchId, decl: StepDecl, in_flight
 def _turn_action(branch: BranchState, bid: BranchId, agent: StepId, turn: TurnRecord,
                  in_flight: InFlight) -> AgentAction:
     sid, t = turn.decl.step_id, turn.decl.turn
-    attempts = branch.attempts.get(sid, [])
+    attempts = branch.attempts.get(sid, ())
     if not attempts:
         return DispatchTurn(branch_id=bid, agent=agent, step_id=sid, turn=t, attempt=AttemptNo(1), declare=False)
     last = attempts[-1]
@@ -201,7 +201,7 @@ def _calls_action(branch: BranchState, bid: BranchId, decl: StepDecl, turn: Turn
     running = 0
     for c in turn.calls:
         sid = c.decl.step_id
-        attempts = branch.attempts.get(sid, [])
+        attempts = branch.attempts.get(sid, ())
         status = attempts_status(attempts, c.decl.max_attempts)
         if status == StepStatus.FAILED and c.decl.fatal:
             last_failed = attempts[-1]

@@ -138,7 +138,7 @@ def turn_outcome(state: RunState, branch_id: BranchId, agent: AgentStep, turn: i
     return TurnOutcome(events=tuple(events), started=started, blobs=blobs)
 
 
-def _status_after(attempts: list[AttemptState], max_attempts: int, outcome: Outcome) -> StepStatus:
+def _status_after(attempts: Sequence[AttemptState], max_attempts: int, outcome: Outcome) -> StepStatus:
     """The step's status once ``outcome`` is applied to its attempt (O(attempts of the step))."""
     done = AttemptStatus.SUCCEEDED if isinstance(outcome, AttemptSucceeded) else AttemptStatus.FAILED
     after = [msgspec.structs.replace(a, status=done, retryable=getattr(outcome, "retryable", True),
@@ -155,7 +155,7 @@ def turn_failure(state: RunState, failure: AttemptFailed, *, at_ms: int) -> tupl
     rec = agentfold.record(branch, parsed[0]) if parsed else None
     if parsed is None or entry is None or rec is None or rec.finished is not None:
         return (failure,)
-    if _status_after(branch.attempts.get(failure.step_id, []), entry.decl.max_attempts, failure) != StepStatus.FAILED:
+    if _status_after(branch.attempts.get(failure.step_id, ()), entry.decl.max_attempts, failure) != StepStatus.FAILED:
         return (failure,)
     return (failure, AgentFinished(branch_id=failure.branch_id, step_id=parsed[0], status="failed", turns=parsed[1],
                                    error_kind="turn_failed", at_ms=at_ms,
@@ -177,7 +177,7 @@ def _fatal_end(state: RunState, outcomes: Sequence[Outcome], at_ms: int) -> Agen
         rec = agentfold.record(branch, parsed[0]) if parsed else None
         if not isinstance(o, AttemptFailed) or decl is None or not decl.fatal or rec is None or rec.finished:
             continue
-        if parsed and _status_after(branch.attempts.get(o.step_id, []), decl.max_attempts, o) == StepStatus.FAILED:
+        if parsed and _status_after(branch.attempts.get(o.step_id, ()), decl.max_attempts, o) == StepStatus.FAILED:
             return AgentFinished(branch_id=o.branch_id, step_id=parsed[0], status="failed", turns=parsed[1],
                                  error_kind="fatal_tool", at_ms=at_ms,
                                  message=f"fatal tool {decl.tool_name} failed ({o.step_id}): {o.error_kind}: "
@@ -215,7 +215,7 @@ def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
         return False
     mine = {o.step_id: o for o in outcomes}
     for c in rec.turns[-1].calls:
-        attempts = branch.attempts.get(c.decl.step_id, [])
+        attempts = branch.attempts.get(c.decl.step_id, ())
         o = mine.get(c.decl.step_id)
         status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,
                                                                                              c.decl.max_attempts)
@@ -243,7 +243,7 @@ def follow_up_calls(state: RunState, outcomes: Sequence[Outcome], in_flight: InF
     running = 0
     for c in rec.turns[-1].calls:
         sid = c.decl.step_id
-        attempts = branch.attempts.get(sid, [])
+        attempts = branch.attempts.get(sid, ())
         o = mine.get(sid)
         status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,
                                                                                              c.decl.max_attempts)

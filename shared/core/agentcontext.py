@@ -79,7 +79,7 @@ def _observation(branch: BranchState, call: Declared, outcomes: Mapping[str, Out
     """A call's result: an outcome not yet folded, else its final success's output ref, else its last failure."""
     if call.decl.step_id in outcomes:
         return outcomes[call.decl.step_id]
-    attempts = branch.attempts.get(call.decl.step_id, [])
+    attempts = branch.attempts.get(call.decl.step_id, ())
     win = final_success(attempts)
     if win is not None:
         return win.output_ref
@@ -91,13 +91,13 @@ def _observation(branch: BranchState, call: Declared, outcomes: Mapping[str, Out
                          error_kind=last.error_kind or "error", message=last.error_message or "")
 
 
-def _earlier_turns(state: RunState, branch_id: BranchId, agent: StepId, turn: int) -> list[tuple[StepId, BlobRef | None,
-                                                                                                   list[Declared]]]:
+def _earlier_turns(state: RunState, branch_id: BranchId, agent: StepId, turn: int
+                   ) -> list[tuple[StepId, BlobRef | None, tuple[Declared, ...]]]:
     branch = state.branches[branch_id]
     rec = agentfold.record(branch, agent)
     out = []
     for t in (rec.turns[:turn - 1] if rec is not None else []):
-        win = final_success(branch.attempts.get(t.decl.step_id, []))
+        win = final_success(branch.attempts.get(t.decl.step_id, ()))
         out.append((t.decl.step_id, win.output_ref if win is not None else None, t.calls))
     return out
 

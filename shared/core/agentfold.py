@@ -8,8 +8,11 @@ a dynamic step id (``solve:t2:c1``) finds its declaration by index in O(1), and 
 declaration order *is* the step order ``(turn, call)`` of :mod:`shared.core.stepids`.
 
 Attempts of dynamic steps live with every other attempt in ``BranchState.attempts``,
-keyed by their step id. Every function here is O(1) per event (O(declarations) for
-a fork, like the attempts it copies).
+keyed by their step id. The records are frozen (:mod:`shared.core.agentstate`): the
+fold cases here are pure — :func:`declare` and :func:`finish` take an agent's record
+and return the next one, sharing every unchanged turn — and :mod:`shared.core.fold`
+keeps the records in its accumulator. Every function here is O(1) per event (the
+turns are a persistent vector; O(declarations) for a fork, like the attempts it keeps).
 """
 
 from __future__ import annotations
@@ -21,17 +24,20 @@ import msgspec
 from shared.core.agentstate import AgentOutcome, AgentRecord, Declared, TurnRecord
 from shared.core.errors import InvalidTransition
 from shared.core.events import AgentFinished, DeclaredStep, StepDecl, StepsDeclared
-from shared.core.ids import LSN, BranchId, StepId
-from shared.core.state import BranchState, RunState, StepStatus
-from shared.core.stepids import call_step_id, order_key, parse_step_id, turn_step_id
+from shared.core.ids import LSN, RunId, StepId
+from shared.core.persistent import FrozenMap, FrozenVector
+from shared.core.state import BranchState, RunState, Steps, agent_status
+from shared.core.stepids import NO_CUTOFF, call_step_id, cutoff_key, parse_step_id, turn_step_id
 
-NO_CUTOFF = (1 << 62, 0, 0)
-"""The cutoff key of a fork without ``from_step``: every step is before it."""
+__all__ = ["NO_CUTOFF", "agent_status", "agents_of", "cutoff_key", "declarations", "declare", "declared",
+           "entry", "entry_in", "finish", "inherit", "is_fork_point", "record", "step_ids"]
+
+_NONE: FrozenMap[StepId, AgentRecord] = FrozenMap()
 
 
-def agents_of(branch: BranchState) -> dict[StepId, AgentRecord]:
-    """The branch's agent records (an empty dict, not stored, when it has none)."""
-    return {} if branch.agents is msgspec.UNSET else branch.agents
+def agents_of(branch: BranchState) -> Mapping[StepId, AgentRecord]:
+    """The branch's agent records (an empty mapping, not stored, when it has none)."""
+    return _NONE if branch.agents is msgspec.UNSET else branch.agents
 
 
 def record(branch: BranchState, agent_step: StepId) -> AgentRecord | None:
@@ -42,9 +48,12 @@ def record(branch: BranchState, agent_step: StepId) -> AgentRecord | None:
 def entry(branch: BranchState, step_id: StepId) -> TurnRecord | Declared | None:
     """The declaration record of a dynamic step on ``branch`` (O(1)); ``None`` if not declared (or not dynamic)."""
     parsed = parse_step_id(step_id)
-    if parsed is None:
-        return None
-    rec = record(branch, parsed[0])
+    return None if parsed is None else entry_in(record(branch, parsed[0]), parsed)
+
+
+def entry_in(rec: AgentRecord | None, parsed: tuple[StepId, int, int]) -> TurnRecord | Declared | None:
+    """The declaration record of the dynamic step ``parsed`` (:func:`~shared.core.stepids.parse_step_id`) in
+    its agent's record ``rec`` (O(1)); ``None`` if not declared."""
     if rec is None or parsed[1] > len(rec.turns):
         return None
     turn = rec.turns[parsed[1] - 1]
@@ -77,78 +86,54 @@ def declarations(branch: BranchState, agent_step: StepId) -> Iterator[DeclaredSt
             yield c.decl
 
 
-def agent_status(branch: BranchState, step_id: StepId) -> StepStatus:
-    """Status of an agent step: from its ``agent_finished``, else ``running`` once a turn is declared."""
-    rec = record(branch, step_id)
-    if rec is None or (not rec.turns and rec.finished is None):
-        return StepStatus.PENDING
-    return StepStatus(rec.finished.status) if rec.finished is not None else StepStatus.RUNNING
+def _agent(steps: Steps, step_id: StepId, what: str, run_id: RunId) -> None:
+    if not steps.declares(step_id) or steps[steps.position(step_id)].kind != "agent":
+        raise InvalidTransition(f"{what} for {step_id!r}, which is not an agent step", run_id=run_id)
 
 
-def _agent(state: RunState, step_id: StepId, what: str) -> None:
-    try:
-        kind = state.step_decl(step_id).kind
-    except KeyError:
-        kind = None
-    if kind != "agent":
-        raise InvalidTransition(f"{what} for {step_id!r}, which is not an agent step", run_id=state.run_id)
-
-
-def _branch(state: RunState, branch_id: BranchId, what: str) -> BranchState:
-    branch = state.branches.get(branch_id)
-    if branch is None:
-        raise InvalidTransition(f"{what} on unknown branch {branch_id!r}", run_id=state.run_id)
-    return branch
-
-
-def apply_declared(state: RunState, lsn: LSN, event: StepsDeclared) -> None:
-    """Fold case of ``steps_declared``: append turns/calls in order, checking each id is the next one.
+def declare(steps: Steps, rec: AgentRecord | None, event: StepsDeclared, lsn: LSN, run_id: RunId) -> AgentRecord:
+    """Fold case of ``steps_declared`` on the agent's record (``None``: none yet): the next record, turns and
+    calls appended in order, each id checked to be the next one.
 
     Raises:
-        InvalidTransition: unknown branch, not an agent step, an agent that finished,
-            or a step id other than the next turn (``<agent>:t<n+1>``) / next call of the last turn.
+        InvalidTransition: not an agent step, an agent that finished, or a step id other than the
+            next turn (``<agent>:t<n+1>``) / next call of the last turn.
     """
-    branch = _branch(state, event.branch_id, "steps_declared")
-    _agent(state, event.parent_step, "steps_declared")
-    if branch.agents is msgspec.UNSET:
-        branch.agents = {}
-    rec = branch.agents.get(event.parent_step)
-    if rec is None:
-        rec = branch.agents[event.parent_step] = AgentRecord(step_id=event.parent_step)
+    _agent(steps, event.parent_step, "steps_declared", run_id)
+    rec = rec if rec is not None else AgentRecord(step_id=event.parent_step)
     if rec.finished is not None:
-        raise InvalidTransition(f"steps_declared for agent {event.parent_step!r}, which has finished",
-                                run_id=state.run_id)
+        raise InvalidTransition(f"steps_declared for agent {event.parent_step!r}, which has finished", run_id=run_id)
+    turns = rec.turns
     for d in event.steps:
-        n = len(rec.turns)
+        n = len(turns)
         if d.kind == "turn":
             expected = turn_step_id(event.parent_step, n + 1)
         else:
-            expected = call_step_id(event.parent_step, n, len(rec.turns[-1].calls)) if n else StepId("<a turn first>")
+            expected = call_step_id(event.parent_step, n, len(turns[-1].calls)) if n else StepId("<a turn first>")
         if d.step_id != expected or d.turn != (n + 1 if d.kind == "turn" else n):
             raise InvalidTransition(f"steps_declared: {d.kind} {d.step_id!r} (turn {d.turn}) is not the next"
-                                    f" step of agent {event.parent_step!r} (expected {expected!r})",
-                                    run_id=state.run_id)
+                                    f" step of agent {event.parent_step!r} (expected {expected!r})", run_id=run_id)
         if d.kind == "turn":
-            rec.turns.append(TurnRecord(decl=d, lsn=lsn))
+            turns = turns.append(TurnRecord(decl=d, lsn=lsn))
         else:
-            rec.turns[-1].calls.append(Declared(decl=d, lsn=lsn))
+            last = turns[-1]
+            turns = turns.replace(-1, msgspec.structs.replace(last, calls=(*last.calls, Declared(decl=d, lsn=lsn))))
+    return msgspec.structs.replace(rec, turns=turns)
 
 
-def apply_finished(state: RunState, lsn: LSN, event: AgentFinished) -> None:
-    """Fold case of ``agent_finished``.
+def finish(steps: Steps, rec: AgentRecord | None, event: AgentFinished, lsn: LSN, run_id: RunId) -> AgentRecord:
+    """Fold case of ``agent_finished`` on the agent's record (``None``: none yet): the next record.
 
     Raises:
-        InvalidTransition: unknown branch, not an agent step, or already finished.
+        InvalidTransition: not an agent step, or already finished.
     """
-    branch = _branch(state, event.branch_id, "agent_finished")
-    _agent(state, event.step_id, "agent_finished")
-    if branch.agents is msgspec.UNSET:
-        branch.agents = {}
-    rec = branch.agents.setdefault(event.step_id, AgentRecord(step_id=event.step_id))
+    _agent(steps, event.step_id, "agent_finished", run_id)
+    rec = rec if rec is not None else AgentRecord(step_id=event.step_id)
     if rec.finished is not None:
-        raise InvalidTransition(f"agent {event.step_id!r} finished twice on {event.branch_id}", run_id=state.run_id)
-    rec.finished = AgentOutcome(status=event.status, output_ref=event.output_ref, turns=event.turns,
-                                error_kind=event.error_kind, message=event.message, lsn=lsn, at_ms=event.at_ms)
+        raise InvalidTransition(f"agent {event.step_id!r} finished twice on {event.branch_id}", run_id=run_id)
+    return msgspec.structs.replace(rec, finished=AgentOutcome(
+        status=event.status, output_ref=event.output_ref, turns=event.turns, error_kind=event.error_kind,
+        message=event.message, lsn=lsn, at_ms=event.at_ms))
 
 
 def is_fork_point(state: RunState, step_id: StepId) -> bool:
@@ -161,13 +146,8 @@ def is_fork_point(state: RunState, step_id: StepId) -> bool:
     return parsed is None or decl.kind == "agent"
 
 
-def cutoff_key(positions: Mapping[StepId, int], from_step: StepId | None) -> tuple[int, int, int]:
-    """The order key a fork keeps the steps strictly before (:data:`NO_CUTOFF` without ``from_step``)."""
-    return NO_CUTOFF if from_step is None else order_key(positions, from_step)
-
-
 def inherit(parent: BranchState, positions: Mapping[StepId, int], fork_lsn: LSN,
-            cutoff: tuple[int, int, int]) -> dict[StepId, AgentRecord] | msgspec.UnsetType:
+            cutoff: tuple[int, int, int]) -> FrozenMap[StepId, AgentRecord] | msgspec.UnsetType:
     """The parent's agent records a fork keeps: declared at or below ``fork_lsn`` and ordered before ``cutoff``.
 
     ``agent_finished`` is kept only when the whole agent is before the cutoff (a fork
@@ -180,10 +160,10 @@ def inherit(parent: BranchState, positions: Mapping[StepId, int], fork_lsn: LSN,
         for t in rec.turns:
             if t.lsn > fork_lsn or (index, t.decl.turn, -1) >= cutoff:
                 break
-            calls = [c for i, c in enumerate(t.calls) if c.lsn <= fork_lsn and (index, t.decl.turn, i) < cutoff]
-            turns.append(TurnRecord(decl=t.decl, lsn=t.lsn, calls=calls))
+            calls = tuple(c for i, c in enumerate(t.calls) if c.lsn <= fork_lsn and (index, t.decl.turn, i) < cutoff)
+            turns.append(t if calls == t.calls else msgspec.structs.replace(t, calls=calls))  # unchanged: shared
         done = rec.finished
         keep = done if done is not None and done.lsn <= fork_lsn and cutoff[0] > index else None
         if turns or keep is not None:
-            out[agent_id] = AgentRecord(step_id=agent_id, turns=turns, finished=keep)
-    return out if out else msgspec.UNSET
+            out[agent_id] = AgentRecord(step_id=agent_id, turns=FrozenVector.of(turns), finished=keep)
+    return FrozenMap.of(out) if out else msgspec.UNSET

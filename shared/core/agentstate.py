@@ -1,4 +1,10 @@
-"""The records the fold keeps per agent step and branch (``BranchState.agents``; :mod:`shared.core.agentfold`)."""
+"""The records the fold keeps per agent step and branch (``BranchState.agents``; :mod:`shared.core.agentfold`).
+
+Frozen, like the rest of the folded state (:mod:`shared.core.state`): a new turn or call
+makes new records that share the unchanged ones. An agent's turns are a
+:class:`~shared.core.persistent.FrozenVector` (append and replace-the-last are O(log₃₂
+turns)); a turn's calls a tuple (one model answer's tool calls).
+"""
 
 from __future__ import annotations
 
@@ -6,24 +12,25 @@ import msgspec
 
 from shared.core.events import AgentStatus, BlobRef, DeclaredStep
 from shared.core.ids import LSN, StepId
+from shared.core.persistent import FrozenVector
 
 
-class Declared(msgspec.Struct, kw_only=True):
+class Declared(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One declared tool call and the LSN of the commit that declared it."""
 
     decl: DeclaredStep
     lsn: LSN
 
 
-class TurnRecord(msgspec.Struct, kw_only=True):
+class TurnRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One declared turn, the LSN that declared it, and its calls (declared with the turn's outcome)."""
 
     decl: DeclaredStep
     lsn: LSN
-    calls: list[Declared] = []
+    calls: tuple[Declared, ...] = ()
 
 
-class AgentOutcome(msgspec.Struct, frozen=True, kw_only=True):
+class AgentOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """How an agent loop ended (from :class:`~shared.core.events.AgentFinished`, committed at ``lsn``)."""
 
     status: AgentStatus
@@ -35,9 +42,9 @@ class AgentOutcome(msgspec.Struct, frozen=True, kw_only=True):
     at_ms: int
 
 
-class AgentRecord(msgspec.Struct, kw_only=True):
+class AgentRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything declared for one agent step on one branch."""
 
     step_id: StepId
-    turns: list[TurnRecord] = []
+    turns: FrozenVector[TurnRecord] = FrozenVector()
     finished: AgentOutcome | None = None

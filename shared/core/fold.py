@@ -1,26 +1,29 @@
 """State is a pure fold of the log (brief §4).
 
 ``fold(commits)`` turns the ordered ``(lsn, Commit)`` pairs of one run into a
-:class:`RunState`. It reads no clock, does no I/O, draws no randomness and logs
-nothing: the same commits always give an equal state, which is what lets any
-materialized state be checked against a cold re-fold
-(:func:`tests.refold.assert_refold_identical`).
+:class:`RunState`; ``apply_commit(state, lsn, commit)`` gives the state one commit
+later. No clock, I/O, randomness or logging: the same commits always give an equal
+state, so any materialized state can be checked against a cold re-fold.
 
-``RunState`` is owned by whoever folded it (it is mutated in place by
-:func:`apply` for speed: O(1) per event). Anything handed to other code — the
-``EpisodeView`` of a verifier above all — is a frozen copy (:mod:`shared.core.views`).
+**The state handed out is immutable** (:mod:`shared.core.state`), like the crucible's
+session fold: a holder's state never changes; the next state is a new value. Inside,
+the fold works on a private mutable accumulator (:class:`_Run`, a :class:`_Branch`
+per branch it touches) and publishes once per call, sharing every untouched branch,
+step tuple and attempt record with the previous state; a touched map costs one trie
+path (O(log₃₂ steps)). So one new commit costs O(1) in the run's length
+(``bench/fold_step.py``; docs/architecture.md, "State is a fold"). Pausing the GC
+during long loads is the adapter's business (:mod:`shared.nats.eventlog`), not this one's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 
 from shared.core import agentfold
+from shared.core.agentstate import AgentRecord
 from shared.core.errors import InvalidTransition
 from shared.core.events import (
     AgentFinished,
@@ -35,26 +38,41 @@ from shared.core.events import (
     RunCreated,
     RunStarted,
     RunVerifying,
-    StepDecl,
     StepsDeclared,
-    Usage,
+    Verdict,
     VerdictRecorded,
 )
-from shared.core.ids import LSN, AttemptNo, BranchId, StepId
+from shared.core.ids import LSN, BranchId, StepId
+from shared.core.persistent import FrozenMap
 from shared.core.state import (
+    CANCELLED,
+    COMPLETED,
+    DISPATCHED,
     DRIVABLE,
+    FAILED,
     LIVE,
+    PENDING,
     RESTING,
+    RUNNING,
     STEP_TERMINAL,
+    SUCCEEDED,
+    VERIFYING,
     AttemptState,
     AttemptStatus,
     BranchState,
     RunState,
     RunStatus,
+    Steps,
     StepStatus,
-    _positions,
+    attempts_status,
+    branch_failed,
+    branch_terminal,
+    final_success,
+    inherited,
+    step_status,
+    step_statuses,
 )
-from shared.core.stepids import order_key
+from shared.core.stepids import cutoff_key, parse_step_id
 
 FOLD_VERSION = 1
 """Bump when the fold changes what a log means (with the golden expectations): snapshots written
@@ -63,275 +81,268 @@ by another version are ignored."""
 __all__ = [
     "DRIVABLE", "FOLD_VERSION", "LIVE", "RESTING", "STEP_TERMINAL", "AttemptState", "AttemptStatus", "BranchState",
     "RunState", "RunStatus", "StepStatus", "apply", "apply_commit", "attempts_status", "branch_failed",
-    "branch_terminal", "create", "final_success", "fold", "gc_paused", "step_status", "step_statuses",
+    "branch_terminal", "create", "final_success", "fold", "step_status", "step_statuses",
 ]
 
+Attempts = tuple[AttemptState, ...]
 
-def _attempt(state: RunState, branch_id: BranchId, step_id: StepId, attempt: AttemptNo) -> AttemptState:
-    branch = state.branches.get(branch_id)
+
+class _Branch:
+    """One branch while the fold touches it: its last published state plus the steps (and agent records)
+    changed since, in plain ``dict`` overlays (cheap to write commit after commit) that :meth:`freeze`
+    merges into the published maps.
+    """
+
+    __slots__ = ("agents", "base", "changed")
+
+    def __init__(self, base: BranchState) -> None:
+        self.base = base
+        self.changed: dict[StepId, Attempts] = {}
+        self.agents: dict[StepId, AgentRecord] = {}
+
+    def agent(self, step_id: StepId) -> AgentRecord | None:
+        """The agent step's record as folded so far (``None`` before its first declaration)."""
+        found = self.agents.get(step_id)
+        return found if found is not None else agentfold.record(self.base, step_id)
+
+    def get(self, step_id: StepId) -> Attempts:
+        """The step's attempts as folded so far (``()`` if none)."""
+        found = self.changed.get(step_id)
+        return found if found is not None else self.base.attempts.get(step_id, ())
+
+    def freeze(self) -> BranchState:
+        """The branch as folded so far, published (the overlay is emptied)."""
+        if self.changed:
+            self.base = msgspec.structs.replace(self.base, attempts=self.base.attempts.merged(self.changed))
+            self.changed = {}
+        if self.agents:
+            agents = self.base.agents if self.base.agents is not msgspec.UNSET else FrozenMap()
+            self.base = msgspec.structs.replace(self.base, agents=agents.merged(self.agents))
+            self.agents = {}
+        return self.base
+
+
+class _Run:
+    """The fold's private, mutable working copy of one run: the fields events change, over a frozen base."""
+
+    __slots__ = ("active_branch", "base", "cancel_reason", "commits", "executor_id", "finished_ms", "head_lsn",
+                 "outcome", "status", "touched", "verdicts", "verifying_branch", "verifying_lsn")
+
+    def __init__(self, base: RunState) -> None:
+        self.base = base
+        self.status, self.executor_id, self.active_branch = base.status, base.executor_id, base.active_branch
+        self.verifying_lsn, self.verifying_branch = base.verifying_lsn, base.verifying_branch
+        self.outcome, self.cancel_reason, self.finished_ms = base.outcome, base.cancel_reason, base.finished_ms
+        self.head_lsn, self.commits = base.head_lsn, base.commits
+        self.verdicts: list[Verdict] = []  # recorded since ``base``
+        self.touched: dict[BranchId, _Branch] = {}  # branches changed (or created) since ``base``
+
+    def branch(self, branch_id: BranchId) -> _Branch | None:
+        b = self.touched.get(branch_id)
+        if b is None:
+            base = self.base.branches.get(branch_id)
+            if base is None:
+                return None
+            b = self.touched[branch_id] = _Branch(base)
+        return b
+
+    def freeze(self) -> RunState:
+        """Publish: a frozen RunState sharing everything unchanged with ``base`` (O(touched branches))."""
+        branches = self.base.branches
+        if self.touched:
+            branches = branches.merged({bid: b.freeze() for bid, b in self.touched.items()})
+        verdicts = self.base.verdicts + tuple(self.verdicts) if self.verdicts else self.base.verdicts
+        return msgspec.structs.replace(
+            self.base, status=self.status, executor_id=self.executor_id, active_branch=self.active_branch,
+            verifying_lsn=self.verifying_lsn, verifying_branch=self.verifying_branch, outcome=self.outcome,
+            cancel_reason=self.cancel_reason, finished_ms=self.finished_ms, head_lsn=self.head_lsn,
+            commits=self.commits, verdicts=verdicts, branches=branches)
+
+
+def _found(run: _Run, branch_id: BranchId, step_id: StepId, attempt: int) -> tuple[_Branch, Attempts, int]:
+    branch = run.branch(branch_id)
     if branch is None:
-        raise InvalidTransition(f"unknown branch {branch_id!r}", run_id=state.run_id)
-    for a in branch.attempts.get(step_id, ()):
+        raise InvalidTransition(f"unknown branch {branch_id!r}", run_id=run.base.run_id)
+    attempts = branch.get(step_id)
+    for i, a in enumerate(attempts):
         if a.attempt == attempt:
-            return a
+            return branch, attempts, i
     raise InvalidTransition(
         f"outcome for attempt {step_id}#{attempt} on {branch_id} that was never dispatched",
-        run_id=state.run_id,
+        run_id=run.base.run_id,
     )
-
-
-def _inherit(
-    state: RunState, parent: BranchState, fork_lsn: LSN, from_step: StepId | None
-) -> dict[StepId, list[AttemptState]]:
-    """The parent's attempts as of ``fork_lsn`` (and before ``from_step``), deep-copied."""
-    positions = _positions(state.steps)
-    cutoff = agentfold.cutoff_key(positions, from_step)
-    out: dict[StepId, list[AttemptState]] = {}
-    for step_id, attempts in parent.attempts.items():
-        if order_key(positions, step_id) >= cutoff:
-            continue
-        kept: list[AttemptState] = []
-        for a in attempts:
-            if a.dispatched_lsn > fork_lsn:
-                continue
-            copy = msgspec.structs.replace(a)
-            if copy.outcome_lsn is not None and copy.outcome_lsn > fork_lsn:
-                copy = msgspec.structs.replace(
-                    copy, status=AttemptStatus.DISPATCHED, outcome_lsn=None, finished_ms=None, output_ref=None,
-                    usage=Usage(), error_kind=None, error_message=None, retryable=True, recovered=False,
-                )
-            kept.append(copy)
-        if kept:
-            out[step_id] = kept
-    return out
 
 
 def create(lsn: LSN, event: RunCreated) -> RunState:
     """The state right after a run's first commit."""
     return RunState(
-        run_id=event.run_id,
-        status=RunStatus.PENDING,
-        workflow_name=event.workflow_name,
-        workflow_ref=event.workflow_ref,
-        steps=event.steps,
-        verifiers=event.verifiers,
-        idempotency_key=event.idempotency_key,
-        labels=dict(event.labels),
-        created_ms=event.created_ms,
-        created_lsn=lsn,
-        head_lsn=lsn,
-        active_branch=event.branch_id,
-        branches={event.branch_id: BranchState(branch_id=event.branch_id, created_lsn=lsn)},
+        run_id=event.run_id, status=PENDING, workflow_name=event.workflow_name,
+        workflow_ref=event.workflow_ref, steps=Steps(event.steps), verifiers=event.verifiers,
+        idempotency_key=event.idempotency_key, labels=FrozenMap.of(event.labels), created_ms=event.created_ms,
+        created_lsn=lsn, head_lsn=lsn, active_branch=event.branch_id,
+        branches=FrozenMap.of({event.branch_id: BranchState(branch_id=event.branch_id, created_lsn=lsn)}),
     )
 
 
-def _created(state: RunState, lsn: LSN, event: RunCreated) -> None:
-    raise InvalidTransition("run_created on an existing run", run_id=state.run_id)
+def _created(run: _Run, lsn: LSN, event: RunCreated) -> None:
+    raise InvalidTransition("run_created on an existing run", run_id=run.base.run_id)
 
 
-def _started(state: RunState, lsn: LSN, event: RunStarted) -> None:
-    if state.status == RunStatus.PENDING:
-        state.status = RunStatus.RUNNING
-    state.executor_id = event.executor_id
+def _started(run: _Run, lsn: LSN, event: RunStarted) -> None:
+    if run.status == PENDING:
+        run.status = RUNNING
+    run.executor_id = event.executor_id
 
 
-def _dispatched(state: RunState, lsn: LSN, event: AttemptDispatched) -> None:
-    branch = state.branches.get(event.branch_id)
+def _dispatched(run: _Run, lsn: LSN, event: AttemptDispatched) -> None:
+    branch = run.branch(event.branch_id)
     if branch is None:
-        raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=state.run_id)
-    pos = _positions(state.steps).get(event.step_id)
-    if state.steps[pos].kind == "agent" if pos is not None else agentfold.declared(branch, event.step_id) is None:
-        raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=state.run_id)
-    if state.status == RunStatus.PENDING:
-        state.status = RunStatus.RUNNING
-    branch.attempts.setdefault(event.step_id, []).append(AttemptState(
-        step_id=event.step_id, attempt=event.attempt, status=AttemptStatus.DISPATCHED, executor_id=event.executor_id,
+        raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=run.base.run_id)
+    steps = run.base.steps
+    if steps.declares(event.step_id):  # a workflow step (an agent step itself is never dispatched)
+        undeclared = steps[steps.position(event.step_id)].kind == "agent"
+    else:  # a turn or call of an agent step, declared by steps_declared
+        parsed = parse_step_id(event.step_id)
+        undeclared = parsed is None or agentfold.entry_in(branch.agent(parsed[0]), parsed) is None
+    if undeclared:
+        raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=run.base.run_id)
+    if run.status == PENDING:
+        run.status = RUNNING
+    record = AttemptState(
+        step_id=event.step_id, attempt=event.attempt, status=DISPATCHED, executor_id=event.executor_id,
         dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context,
-    ))
+    )
+    branch.changed[event.step_id] = (*branch.get(event.step_id), record)
 
 
-def _succeeded(state: RunState, lsn: LSN, event: AttemptSucceeded) -> None:
-    a = _attempt(state, event.branch_id, event.step_id, event.attempt)
-    a.status, a.outcome_lsn, a.finished_ms = AttemptStatus.SUCCEEDED, lsn, event.at_ms
-    a.output_ref, a.usage, a.recovered = event.output_ref, event.usage, event.recovered
+def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
+    branch, attempts, i = _found(run, event.branch_id, event.step_id, event.attempt)
+    done = msgspec.structs.replace(
+        attempts[i], status=SUCCEEDED, outcome_lsn=lsn, finished_ms=event.at_ms,
+        output_ref=event.output_ref, usage=event.usage, recovered=event.recovered)
+    branch.changed[event.step_id] = (*attempts[:i], done, *attempts[i + 1:])
 
 
-def _failed(state: RunState, lsn: LSN, event: AttemptFailed) -> None:
-    a = _attempt(state, event.branch_id, event.step_id, event.attempt)
-    a.status, a.outcome_lsn, a.finished_ms = AttemptStatus.FAILED, lsn, event.at_ms
-    a.error_kind, a.error_message, a.retryable = event.error_kind, event.message, event.retryable
-    a.usage, a.recovered = event.usage, event.recovered
+def _failed(run: _Run, lsn: LSN, event: AttemptFailed) -> None:
+    branch, attempts, i = _found(run, event.branch_id, event.step_id, event.attempt)
+    done = msgspec.structs.replace(
+        attempts[i], status=FAILED, outcome_lsn=lsn, finished_ms=event.at_ms,
+        error_kind=event.error_kind, error_message=event.message, retryable=event.retryable, usage=event.usage,
+        recovered=event.recovered)
+    branch.changed[event.step_id] = (*attempts[:i], done, *attempts[i + 1:])
 
 
-def _verifying(state: RunState, lsn: LSN, event: RunVerifying) -> None:
-    state.status = RunStatus.VERIFYING
-    state.verifying_lsn, state.verifying_branch = lsn, event.branch_id
+def _verifying(run: _Run, lsn: LSN, event: RunVerifying) -> None:
+    run.status = VERIFYING
+    run.verifying_lsn, run.verifying_branch = lsn, event.branch_id
 
 
-def _verdict(state: RunState, lsn: LSN, event: VerdictRecorded) -> None:
-    state.verdicts.append(event.verdict)
+def _verdict(run: _Run, lsn: LSN, event: VerdictRecorded) -> None:
+    run.verdicts.append(event.verdict)
 
 
-def _completed(state: RunState, lsn: LSN, event: RunCompleted) -> None:
-    state.status, state.outcome, state.finished_ms = RunStatus.COMPLETED, event.outcome, event.at_ms
+def _completed(run: _Run, lsn: LSN, event: RunCompleted) -> None:
+    run.status, run.outcome, run.finished_ms = COMPLETED, event.outcome, event.at_ms
 
 
-def _cancelled(state: RunState, lsn: LSN, event: RunCancelled) -> None:
-    state.status, state.cancel_reason, state.finished_ms = RunStatus.CANCELLED, event.reason, event.at_ms
+def _cancelled(run: _Run, lsn: LSN, event: RunCancelled) -> None:
+    run.status, run.cancel_reason, run.finished_ms = CANCELLED, event.reason, event.at_ms
 
 
-def _forked(state: RunState, lsn: LSN, event: BranchForked) -> None:
-    parent = state.branches.get(event.parent_branch_id)
+def _forked(run: _Run, lsn: LSN, event: BranchForked) -> None:
+    parent = run.branch(event.parent_branch_id)
     if parent is None:
-        raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=state.run_id)
-    if event.from_step is not None and not agentfold.is_fork_point(state, event.from_step):
-        raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=state.run_id)
-    positions = _positions(state.steps)
-    state.branches[event.branch_id] = BranchState(
+        raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=run.base.run_id)
+    if event.from_step is not None and not agentfold.is_fork_point(run.base, event.from_step):
+        raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=run.base.run_id)
+    steps, frozen = run.base.steps, parent.freeze()
+    cutoff = cutoff_key(steps.positions, event.from_step)
+    run.touched[event.branch_id] = _Branch(BranchState(
         branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
         fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
-        attempts=_inherit(state, parent, event.fork_lsn, event.from_step),
-        agents=agentfold.inherit(parent, positions, event.fork_lsn, agentfold.cutoff_key(positions, event.from_step)),
-    )
-    state.active_branch = event.branch_id
-    state.status, state.outcome, state.finished_ms = RunStatus.RUNNING, None, None
-    state.verifying_lsn = state.verifying_branch = None
+        attempts=inherited(steps, frozen, event.fork_lsn, event.from_step),
+        agents=agentfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),
+    ))
+    run.active_branch = event.branch_id
+    run.status, run.outcome, run.finished_ms = RUNNING, None, None
+    run.verifying_lsn = run.verifying_branch = None
+
+
+def _declared(run: _Run, lsn: LSN, event: StepsDeclared) -> None:
+    branch = run.branch(event.branch_id)
+    if branch is None:
+        raise InvalidTransition(f"steps_declared on unknown branch {event.branch_id!r}", run_id=run.base.run_id)
+    step = event.parent_step
+    branch.agents[step] = agentfold.declare(run.base.steps, branch.agent(step), event, lsn, run.base.run_id)
+
+
+def _agent_finished(run: _Run, lsn: LSN, event: AgentFinished) -> None:
+    branch = run.branch(event.branch_id)
+    if branch is None:
+        raise InvalidTransition(f"agent_finished on unknown branch {event.branch_id!r}", run_id=run.base.run_id)
+    step = event.step_id
+    branch.agents[step] = agentfold.finish(run.base.steps, branch.agent(step), event, lsn, run.base.run_id)
 
 
 # one case per event type, looked up by type (every event type has one: test_codec checks the union)
-_APPLY: dict[type, Callable[[RunState, LSN, Any], None]] = {
+_APPLY: dict[type, Callable[[_Run, LSN, Any], None]] = {
     RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
     AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
-    RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: agentfold.apply_declared,
-    AgentFinished: agentfold.apply_finished,
+    RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: _declared, AgentFinished: _agent_finished,
 }
 
 
 def apply(state: RunState, lsn: LSN, event: AnyEvent) -> RunState:
-    """Apply one event committed at ``lsn``; returns ``state`` (mutated in place).
+    """The state after one more event committed at ``lsn`` (``state`` is unchanged; head and count too).
 
     Raises:
         InvalidTransition: the event is structurally impossible on this state
             (an outcome for an attempt never dispatched, an unknown branch…).
     """
-    _APPLY[type(event)](state, lsn, event)
-    return state
+    run = _Run(state)
+    _APPLY[type(event)](run, lsn, event)
+    return run.freeze()
+
+
+def _into(run: _Run | None, lsn: int, commit: Commit) -> _Run:
+    """Fold one commit into ``run`` (``None``: the run's first commit); returns the accumulator."""
+    at, events = LSN(lsn), commit.events
+    if run is None:
+        if not events or not isinstance(events[0], RunCreated):
+            raise InvalidTransition("a run's first commit must start with run_created", run_id=commit.run_id)
+        run, events = _Run(create(at, events[0])), events[1:]
+    for event in events:
+        _APPLY[type(event)](run, at, event)
+    run.head_lsn = at
+    run.commits += 1
+    return run
 
 
 def apply_commit(state: RunState | None, lsn: int, commit: Commit) -> RunState:
-    """Apply every event of one commit (all or nothing is the log's job: one message) at ``lsn``.
+    """The state after every event of one commit at ``lsn`` (all or nothing is the log's job: one message).
+
+    O(1) in the run's length: the result shares all that the commit did not change with
+    ``state``, which itself is left as it was.
 
     Raises:
         InvalidTransition: the first commit of a run is not ``run_created``, or see :func:`apply`.
     """
-    at, events = LSN(lsn), commit.events
-    if state is None:
-        if not events or not isinstance(events[0], RunCreated):
-            raise InvalidTransition("a run's first commit must start with run_created", run_id=commit.run_id)
-        state, events = create(at, events[0]), events[1:]
-    for event in events:
-        _APPLY[type(event)](state, at, event)
-    state.head_lsn = at
-    state.commits += 1
-    return state
+    return _into(None if state is None else _Run(state), lsn, commit).freeze()
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a fold builds many long-lived objects.
+def fold(commits: Iterable[tuple[int, Commit]], upto_lsn: int | None = None, *,
+         start: RunState | None = None) -> RunState | None:
+    """Fold ``(lsn, commit)`` pairs in LSN order onto ``start`` (default: nothing yet); stop after ``upto_lsn``.
 
-    A fold allocates thousands of objects that all survive; the collector would
-    rescan them again and again (dozens of full passes for a 10,000-commit run)
-    without ever freeing one. Synchronous code only: nothing else runs meanwhile.
+    One accumulator for all the commits, one published state at the end. Returns
+    ``start`` when there is no commit at or below ``upto_lsn`` (``None`` without a start).
+
+    Raises:
+        InvalidTransition: see :func:`apply_commit`.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def fold(commits: Iterable[tuple[int, Commit]], upto_lsn: int | None = None) -> RunState | None:
-    """Fold ``(lsn, commit)`` pairs in LSN order; stop after ``upto_lsn`` if given.
-
-    Returns ``None`` when there is no commit at or below ``upto_lsn``.
-    """
-    state: RunState | None = None
-    with gc_paused():
-        for lsn, commit in commits:
-            if upto_lsn is not None and lsn > upto_lsn:
-                break
-            state = apply_commit(state, lsn, commit)
-    return state
-
-
-# ---- derived facts (pure) -------------------------------------------------
-
-
-def step_statuses(state: RunState, branch_id: BranchId) -> list[StepStatus]:
-    """Derived status of every step of one branch, in workflow order, in one pass.
-
-    ``skipped`` follows a step that failed after its last attempt.
-    """
-    branch = state.branches[branch_id]
-    out: list[StepStatus] = []
-    failed_before = False
-    for decl in state.steps:
-        if failed_before:
-            out.append(StepStatus.SKIPPED)
-            continue
-        status = _own_status(branch, decl)
-        failed_before = status == StepStatus.FAILED
-        out.append(status)
-    return out
-
-
-def step_status(state: RunState, branch_id: BranchId, step_id: StepId) -> StepStatus:
-    """Derived status of one step on one branch (see :func:`step_statuses`). Raises KeyError."""
-    return step_statuses(state, branch_id)[state.step_index(step_id)]
-
-
-def final_success(attempts: list[AttemptState]) -> AttemptState | None:
-    """The attempt whose output counts: the last non-recovered success, else the last success.
-
-    A recovered success is a superseded attempt's late outcome; the attempt that
-    replaced it is what the run went on with.
-    """
-    wins = [a for a in attempts if a.status == AttemptStatus.SUCCEEDED]
-    own = [a for a in wins if not a.recovered]
-    return own[-1] if own else (wins[-1] if wins else None)
-
-
-def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
-    if decl.kind == "agent":
-        return agentfold.agent_status(branch, decl.step_id)
-    return attempts_status(branch.attempts.get(decl.step_id), decl.max_attempts)
-
-
-def attempts_status(attempts: list[AttemptState] | None, max_attempts: int) -> StepStatus:
-    """Status of one step from its attempts (see :func:`step_statuses`); an agent's turns and calls use it too."""
-    if not attempts:
-        return StepStatus.PENDING
-    if any(a.status == AttemptStatus.SUCCEEDED for a in attempts):
-        return StepStatus.SUCCEEDED
-    last = attempts[-1]
-    if last.status == AttemptStatus.DISPATCHED:
-        return StepStatus.RUNNING
-    # a superseded attempt (its executor died, a later attempt replaced it) was not a try of the step:
-    # recovery's late verdict on it does not count against max_attempts
-    failed = sum(1 for a in attempts if a.status == AttemptStatus.FAILED and not (a.recovered and a is not last))
-    if not last.retryable or failed >= max_attempts:
-        return StepStatus.FAILED
-    return StepStatus.RETRYING
-
-
-def branch_terminal(state: RunState, branch_id: BranchId) -> bool:
-    """True when every step of the branch is succeeded, failed or skipped (brief §2)."""
-    return all(s in STEP_TERMINAL for s in step_statuses(state, branch_id))
-
-
-def branch_failed(state: RunState, branch_id: BranchId) -> bool:
-    """True when some step of the branch failed after its last attempt."""
-    return StepStatus.FAILED in step_statuses(state, branch_id)
+    run: _Run | None = None
+    for lsn, commit in commits:
+        if upto_lsn is not None and lsn > upto_lsn:
+            break
+        run = _into(run if run is not None or start is None else _Run(start), lsn, commit)
+    return start if run is None else run.freeze()

@@ -91,7 +91,7 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = ()) -> 
             continue
         if decl.kind == "agent":
             return agent_action(state, bid, decl, in_flight)
-        attempts = branch.attempts.get(decl.step_id, [])
+        attempts = branch.attempts.get(decl.step_id, ())
         if attempts and attempts[-1].status == AttemptStatus.DISPATCHED and (
                 bid, decl.step_id, attempts[-1].attempt) in in_flight:
             return Wait()
@@ -113,7 +113,7 @@ def outcome_recorded(state: RunState, branch_id: BranchId, step_id: StepId, atte
     Raises:
         KeyError: ``branch_id`` is not a branch of the run.
     """
-    found = next((a for a in state.branches[branch_id].attempts.get(step_id, []) if a.attempt == attempt), None)
+    found = next((a for a in state.branches[branch_id].attempts.get(step_id, ()) if a.attempt == attempt), None)
     return found is None or found.status != AttemptStatus.DISPATCHED
 
 
@@ -123,7 +123,7 @@ def succeeded_output(state: RunState, branch_id: BranchId, step_id: StepId) -> B
     rec = agentfold.record(state.branches[branch_id], step_id)
     if rec is not None:
         return rec.finished.output_ref if rec.finished is not None and rec.finished.status == "succeeded" else None
-    win = final_success(state.branches[branch_id].attempts.get(step_id, []))
+    win = final_success(state.branches[branch_id].attempts.get(step_id, ()))
     return win.output_ref if win is not None else None
 
 

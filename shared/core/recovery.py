@@ -120,7 +120,7 @@ def open_intents(state: RunState) -> list[OpenIntent]:
     for branch_id in sorted(state.branches):
         attempts_by_step = state.branches[branch_id].attempts
         for step_id in step_ids(state.steps, state.branches[branch_id]):
-            attempts = attempts_by_step.get(step_id, [])
+            attempts = attempts_by_step.get(step_id, ())
             for i, a in enumerate(attempts):
                 if a.status == AttemptStatus.DISPATCHED:
                     out.append(OpenIntent(
@@ -148,7 +148,7 @@ def origin_record(state: RunState, intent: OpenIntent) -> AttemptState | None:
     """The ancestor's own record of an inherited intent (``None`` if not inherited)."""
     if not intent.inherited:
         return None
-    for a in state.branches[intent.origin_branch_id].attempts.get(intent.step_id, []):
+    for a in state.branches[intent.origin_branch_id].attempts.get(intent.step_id, ()):
         if a.attempt == intent.attempt:
             return a
     return None

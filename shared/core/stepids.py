@@ -81,6 +81,15 @@ def order_key(positions: Mapping[StepId, int], step_id: StepId) -> tuple[int, in
     return positions[agent], turn, call
 
 
+NO_CUTOFF = (1 << 62, 0, 0)
+"""The cutoff key of a fork without ``from_step``: every step is before it."""
+
+
+def cutoff_key(positions: Mapping[StepId, int], from_step: StepId | None) -> tuple[int, int, int]:
+    """The order key a fork keeps the steps strictly before (:data:`NO_CUTOFF` without ``from_step``)."""
+    return NO_CUTOFF if from_step is None else order_key(positions, from_step)
+
+
 def kv_safe(step_id: str) -> str:
     """``step_id`` with ``:`` mapped to ``=`` (KV keys allow ``[-/_=.a-zA-Z0-9]``); identity for workflow ids."""
     return step_id.replace(":", "=")

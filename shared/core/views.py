@@ -8,7 +8,7 @@ context partitions are inline; prompt and output bodies are by reference.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -164,7 +164,7 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
             steps.extend(_agent_views(branch, decl.step_id, status, totals))
             continue
         steps.append(StepView(step_id=decl.step_id, kind=decl.kind, status=status,
-                              attempts=_attempt_views(branch.attempts.get(decl.step_id, []), totals)))
+                              attempts=_attempt_views(branch.attempts.get(decl.step_id, ()), totals)))
     return EpisodeView(
         run_id=state.run_id, workflow_name=state.workflow_name, branch_id=bid, snapshot_lsn=state.head_lsn,
         status=state.status, lineage=_lineage(state, bid), steps=tuple(steps),
@@ -174,7 +174,7 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
     )
 
 
-def _attempt_views(attempts: list[AttemptState], totals: list[float]) -> tuple[AttemptView, ...]:
+def _attempt_views(attempts: Sequence[AttemptState], totals: list[float]) -> tuple[AttemptView, ...]:
     views = []
     for i, a in enumerate(attempts):
         views.append(AttemptView(
@@ -198,7 +198,7 @@ def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals:
     yield StepView(step_id=agent, kind="agent", status=status, output_ref=done.output_ref if done else None,
                    error_kind=done.error_kind if done else None)
     for d in agentfold.declarations(branch, agent):
-        attempts = branch.attempts.get(d.step_id, [])
+        attempts = branch.attempts.get(d.step_id, ())
         own = attempts_status(attempts, d.max_attempts)
         if done is not None and own == StepStatus.PENDING:
             own = StepStatus.SKIPPED

@@ -28,6 +28,7 @@ from nats.js.kv import KeyValue
 from shared.core.errors import ReelError
 from shared.core.events import BlobRef
 from shared.core.fold import FOLD_VERSION, RunState
+from shared.core.state import STATE_ENCODER, state_decoder
 from shared.core.subjects import Names
 from shared.nats.blobstore import JetStreamBlobStore
 
@@ -54,8 +55,9 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 INLINE_MAX_BYTES = 256 * 1024
-_state_decoder = msgspec.json.Decoder(RunState)
-_enc = msgspec.json.Encoder()
+_state_decoder = state_decoder(RunState)
+_ref_decoder = state_decoder(SnapshotRef)
+_enc = STATE_ENCODER
 class SnapshotStore:
     """Read and write run snapshots (KV pointer + blob body)."""
 
@@ -96,7 +98,7 @@ class SnapshotStore:
         if not entry.value:
             return None
         try:
-            ref = msgspec.json.decode(entry.value, type=SnapshotRef)
+            ref = _ref_decoder.decode(entry.value)
         except msgspec.MsgspecError:
             log.warning("snapshot.undecodable", run_id=run_id)
             return None

@@ -29,6 +29,7 @@ import msgspec
 
 from shared.core.events import Commit, decode_commit
 from shared.core.fold import RunState, fold
+from shared.core.state import encode_state
 from shared.core.views import EpisodeView, build_episode_view
 
 GOLDEN_DIR = Path(__file__).resolve().parent
@@ -58,7 +59,7 @@ def read_log(path: Path) -> list[tuple[int, Commit]]:
 
 def canonical(obj: object) -> bytes:
     """Canonical bytes of an expectation: msgspec JSON, indented, trailing newline."""
-    return msgspec.json.format(msgspec.json.encode(obj), indent=2) + b"\n"
+    return msgspec.json.format(encode_state(obj), indent=2) + b"\n"
 
 
 def fold_log(path: Path) -> tuple[RunState, list[EpisodeView]]:

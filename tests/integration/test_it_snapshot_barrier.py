@@ -181,7 +181,7 @@ async def test_snapshot_barrier_cancel(executor: None, verifier: None, client: R
     # ... and recorded in the run's log (published only after it was recorded), above the cancel
     commits = await event_log.read(run_id)
     state = await event_log.load(run_id)
-    assert state.status == "cancelled" and state.verdicts == [published]
+    assert state.status == "cancelled" and state.verdicts == (published,)
     recorded_at = [lsn for lsn, c in commits if any(getattr(e, "verdict", None) == published for e in c.events)]
     assert recorded_at and recorded_at[0] > reply.lsn
     assert _completions(commits) == [], "a cancelled run must not be completed by its verdicts"

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import msgspec
-
 from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
 from shared.config import Config
 from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
 from shared.core.ids import branch_id_for_key
+from shared.core.state import STATE_ENCODER
 from shared.core.views import build_episode_view, serialize_view
 from shared.core.workflow import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient
@@ -28,7 +27,7 @@ from tests.integration.scenarios import (
 )
 from tests.refold import assert_refold_identical
 
-_enc = msgspec.json.Encoder()
+_enc = STATE_ENCODER
 
 
 def three_steps() -> WorkflowSpec:

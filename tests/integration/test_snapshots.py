@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
+from shared.core.state import STATE_ENCODER, state_decoder
 from shared.core.workflow import parse_workflow
 from shared.nats import snapshots
 from shared.nats.client import ReelClient
@@ -18,7 +19,7 @@ from shared.nats.infra import Infra
 from shared.nats.snapshots import SnapshotRef
 from tests.integration.scenarios import commit_events, create_manual_run
 
-_enc = msgspec.json.Encoder()
+_enc = STATE_ENCODER
 OUT = BlobRef(sha256="1" * 64, size_bytes=1)
 
 
@@ -41,7 +42,7 @@ async def test_the_executor_snapshots_the_verifying_state_and_loads_equal_a_cold
     state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
     entry = await infra.snapshots.get(reply.run_id)
     assert entry.value is not None
-    ref = msgspec.json.decode(entry.value, type=SnapshotRef)
+    ref = state_decoder(SnapshotRef).decode(entry.value)
     verifying = [(lsn, c) for lsn, c in await event_log.read(reply.run_id) if lsn == state.verifying_lsn]
     assert ref.lsn == state.verifying_lsn and ref.commit_id == verifying[0][1].commit_id
     await _same(event_log, reply.run_id, upto=state.verifying_lsn)

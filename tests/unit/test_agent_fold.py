@@ -25,10 +25,12 @@ from shared.core.events import (
     StepDecl,
     StepsDeclared,
 )
-from shared.core.fold import RunState, apply_commit, fold, gc_paused, step_statuses
+from shared.core.fold import RunState, apply_commit, fold, step_statuses
+from shared.core.state import encode_state
 from shared.core.stepids import call_step_id, kv_safe, order_key, parse_step_id, turn_step_id
 from shared.core.subjects import outcome_key
 from shared.core.views import build_episode_view
+from shared.nats.eventlog import gc_paused
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 FINAL = BlobRef(sha256="f" * 64, size_bytes=9)
@@ -186,7 +188,7 @@ def test_a_forked_branch_declares_its_own_next_turn() -> None:
 
 def test_a_branch_without_agents_encodes_as_before() -> None:
     state, _ = run([dispatch("prep")])
-    assert b'"agents"' not in msgspec.json.encode(state)
+    assert b'"agents"' not in encode_state(state)
     state, _ = run(*TWO_TURNS, _fork(14, None))
     assert state.branches["b"].agents is msgspec.UNSET
 

@@ -22,6 +22,7 @@ from shared.core.events import (
 )
 from shared.core.fold import fold, step_statuses
 from shared.core.ids import AttemptNo, BranchId, StepId
+from shared.core.state import encode_state
 from shared.core.verifiers import make_ctx
 from shared.core.views import build_episode_view
 from shared.core.workflow import WorkflowSpec, parse_workflow
@@ -92,7 +93,7 @@ def test_a_two_turn_loop_runs_to_verifying_in_the_commits_the_brief_asks_for() -
     solve = build_episode_view(state).step("solve")
     assert solve.output_ref is not None and b"fixed: use +" in sim.blobs[solve.output_ref.sha256]
     assert plan.succeeded_output(state, MAIN, StepId("solve")) == solve.output_ref
-    assert msgspec.json.encode(state) == msgspec.json.encode(fold(sim.log))  # refold identical
+    assert encode_state(state) == encode_state(fold(sim.log))  # refold identical
 
 
 def test_calls_run_at_most_max_parallel_tools_at_once() -> None:
