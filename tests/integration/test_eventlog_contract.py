@@ -22,7 +22,6 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import msgspec
 import pytest
 
 from shared.config import Config
@@ -39,12 +38,13 @@ from shared.core.events import (
 )
 from shared.core.fold import fold
 from shared.core.ports import EventLog
+from shared.core.state import STATE_ENCODER
 from shared.nats.eventlog import DIRECT_GET_BATCH, JetStreamEventLog
 from shared.nats.infra import Infra, connect
 from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)
-_enc = msgspec.json.Encoder()
+_enc = STATE_ENCODER  # states hold FrozenMaps: the state codec's hooks
 
 
 @dataclass
