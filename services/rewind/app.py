@@ -1,6 +1,6 @@
 """Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (brief §3; docs/mutators.md).
 
-Per command: load the run and its commit LSNs, :func:`shared.core.rewind.decide`,
+Per command: load the run and its commits, :func:`shared.core.rewind.decide`,
 commit the fork fenced on the head (:func:`shared.fenced.commit_decided`: refreshed
 and decided again on a conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
 ``Nats-Msg-Id`` derived from the fork's LSN, so an executor continues the run on
@@ -60,19 +60,19 @@ class RewindService:
         branch_id = branch_id_for_key(req.run_id, key)
         structlog.contextvars.bind_contextvars(branch_id=branch_id)
         state = await self.log.load(req.run_id)
-        # the lineage needs every commit LSN of the run, kept in step with the state on a refresh
-        lsns = [lsn for lsn, _ in await self.log.read(req.run_id, upto_lsn=state.head_lsn)]
+        # the lineage needs every commit of the run, kept in step with the state on a refresh
+        commits = await self.log.read(req.run_id, upto_lsn=state.head_lsn)
 
         async def refresh(s: RunState) -> RunState:
             s, new = await self.log.refresh(s)
-            lsns.extend(lsn for lsn, _ in new)
+            commits.extend(new)
             return s
 
         at_ms = now_ms()
         seen: list[tuple[RunState, rewind.Decision]] = []  # (the state before, the decision) per try
 
         def decide(s: RunState) -> list[AnyEvent] | NoCommit:
-            decision = rewind.decide(s, lsns, req, branch_id=branch_id, at_ms=at_ms)
+            decision = rewind.decide(s, commits, req, branch_id=branch_id, at_ms=at_ms)
             seen.append((msgspec.structs.replace(s), decision))  # a copy: the state is folded in place
             if isinstance(decision, rewind.ExistingBranch):
                 return NoCommit(reason="branch exists", state=s)

@@ -8,10 +8,10 @@ arguments.
 Where a branch may be forked:
 
 * ``at_lsn`` must be one of the run's commit LSNs on the branch's *lineage*
-  (:func:`lineage_lsns`): for the root branch every commit of the run; for a
-  forked branch the parent's lineage up to the fork LSN, then every commit from
-  the branch's own creation on. An LSN of another run, an LSN beyond the head,
-  or an LSN between a branch's fork point and its creation is refused.
+  (:func:`lineage_lsns`): the branch's own commits (:func:`commit_branches`), after
+  the parent's lineage up to the fork LSN for a forked branch. An LSN of another
+  run, an LSN beyond the head, an LSN between a branch's fork point and its
+  creation, or a commit of another branch (a sibling's, a child's) is refused.
 * ``at_step`` forks just before the step's first attempt on that branch (the
   previous lineage LSN), or at the head if the step never ran there, with
   ``from_step`` set so the new branch keeps only the steps before it. An agent
@@ -33,14 +33,14 @@ explicit parameters is refused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from shared.core import agentfold
 from shared.core.commands import RewindRun
 from shared.core.errors import InvalidCommand, InvalidTransition
-from shared.core.events import BranchForked
+from shared.core.events import BranchForked, Commit, RunCreated, VerdictRecorded
 from shared.core.fold import DRIVABLE, BranchState, RunState, RunStatus
 from shared.core.ids import LSN, BranchId, StepId
 from shared.core.stepids import parse_step_id
@@ -99,30 +99,63 @@ def needs_resume(state: RunState, owner_alive: bool) -> bool:
     return not driven
 
 
-def lineage_lsns(state: RunState, commit_lsns: Sequence[int], branch_id: BranchId) -> list[int]:
-    """The run's commit LSNs a fork of ``branch_id`` may start from, ascending.
+def commit_branches(commits: Iterable[tuple[int, Commit]]) -> list[tuple[int, frozenset[BranchId]]]:
+    """The branches each commit belongs to, in order: ``[(lsn, branches), …]``.
+
+    A commit belongs to every branch its events name (``run_created`` and ``branch_forked``:
+    the branch they create; a verdict: the branch it judged; an attempt, ``run_verifying``, an
+    agent's declarations: their branch); a commit naming none (``run_started``, ``run_completed``,
+    ``run_cancelled``) belongs to the branch active when it was committed.
 
     Args:
-        commit_lsns: every commit LSN of the run (ascending), e.g. from ``EventLog.read``.
+        commits: every ``(lsn, commit)`` of the run, ascending (e.g. from ``EventLog.read``).
+    """
+    active: BranchId | None = None
+    out: list[tuple[int, frozenset[BranchId]]] = []
+    for lsn, commit in commits:
+        named: set[BranchId] = set()
+        for e in commit.events:
+            if isinstance(e, VerdictRecorded):
+                named.add(e.verdict.branch_id)
+                continue
+            branch = getattr(e, "branch_id", None)
+            if branch is not None:
+                named.add(branch)
+            if isinstance(e, RunCreated | BranchForked):
+                active = e.branch_id
+        out.append((lsn, frozenset(named) if named or active is None else frozenset((active,))))
+    return out
+
+
+def lineage_lsns(state: RunState, commits: Sequence[tuple[int, Commit]], branch_id: BranchId) -> list[int]:
+    """The run's commit LSNs a fork of ``branch_id`` may start from, ascending: the parent's lineage up
+    to the fork LSN (a forked branch), then the branch's own commits (:func:`commit_branches`).
+
+    Args:
+        commits: every ``(lsn, commit)`` of the run, ascending.
 
     Raises:
         KeyError: unknown branch.
     """
+    return _lineage(state, commit_branches(commits), branch_id)
+
+
+def _lineage(state: RunState, owned: Sequence[tuple[int, frozenset[BranchId]]], branch_id: BranchId) -> list[int]:
     branch = state.branches[branch_id]
-    own = [lsn for lsn in commit_lsns if lsn >= branch.created_lsn]
+    own = [lsn for lsn, names in owned if branch_id in names and lsn >= branch.created_lsn]
     if branch.parent_branch_id is None or branch.fork_lsn is None:
         return own
-    inherited = [lsn for lsn in lineage_lsns(state, commit_lsns, branch.parent_branch_id) if lsn <= branch.fork_lsn]
+    inherited = [lsn for lsn in _lineage(state, owned, branch.parent_branch_id) if lsn <= branch.fork_lsn]
     return inherited + own
 
 
-def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branch_id: BranchId, at_ms: int
-           ) -> Decision:
+def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRun, *, branch_id: BranchId,
+           at_ms: int) -> Decision:
     """What a rewind command does to ``state``.
 
     Args:
-        state: the run folded at its head (``state.head_lsn`` must be ``commit_lsns[-1]``).
-        commit_lsns: every commit LSN of the run, ascending.
+        state: the run folded at its head (``state.head_lsn`` must be the last commit's LSN).
+        commits: every ``(lsn, commit)`` of the run, ascending.
         cmd: the decoded command (``cmd.run_id`` is ``state.run_id``).
         branch_id: the id the new branch gets (derived from the idempotency key).
         at_ms: the fork's time (epoch ms).
@@ -146,9 +179,10 @@ def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branc
     if parent not in state.branches:
         raise BranchNotFound(f"run {state.run_id} has no branch {parent!r} (branches: "
                              f"{', '.join(sorted(state.branches))})", run_id=state.run_id)
-    lineage = lineage_lsns(state, commit_lsns, parent)
+    owned = commit_branches(commits)
+    lineage = _lineage(state, owned, parent)
     if cmd.at_lsn is not None:
-        _check_lsn(state, lineage, parent, cmd.at_lsn)
+        _check_lsn(state, lineage, owned, parent, cmd.at_lsn)
         fork_lsn, from_step = cmd.at_lsn, None
     else:
         assert cmd.at_step is not None
@@ -157,13 +191,20 @@ def decide(state: RunState, commit_lsns: Sequence[int], cmd: RewindRun, *, branc
                                    from_step=from_step, at_ms=at_ms))
 
 
-def _check_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId, lsn: int) -> None:
+def _check_lsn(state: RunState, lineage: Sequence[int], owned: Sequence[tuple[int, frozenset[BranchId]]],
+               branch_id: BranchId, lsn: int) -> None:
     if lsn > state.head_lsn:
         raise LsnNotInLineage(f"lsn {lsn} is beyond the head of run {state.run_id} (head lsn {state.head_lsn})",
                               run_id=state.run_id)
     if lsn not in lineage:
-        why = (f"it is before the run's first commit (lsn {state.created_lsn})" if lsn < state.created_lsn
-               else f"it is not a commit on the lineage of branch {branch_id!r}")
+        owners = next((sorted(names) for at, names in owned if at == lsn), None)
+        if lsn < state.created_lsn:
+            why = f"it is before the run's first commit (lsn {state.created_lsn})"
+        elif owners:
+            why = (f"it is a commit of branch {', '.join(map(repr, owners))}, not on the lineage of branch "
+                   f"{branch_id!r}")
+        else:
+            why = f"it is not a commit of this run on the lineage of branch {branch_id!r}"
         raise LsnNotInLineage(f"lsn {lsn} cannot be a fork point of run {state.run_id}: {why}", run_id=state.run_id)
 
 

@@ -102,6 +102,14 @@ async def test_rewind_at_lsn_of_a_named_branch(
         new = reply.branch_id
         assert new is not None
         state = await wait_state(event_log, run, lambda s: s.status == "verifying" and s.verifying_branch == new)
+        # the two branches are siblings (both forked from main): neither may be rewound at the other's commits
+        for target, sibling in ((first.branch_id, new), (new, first.branch_id)):
+            theirs = attempt_of(state, "c", 1, sibling).dispatched_lsn
+            refused = await client.rewind(run, branch=target, at_lsn=theirs)
+            assert refused.ok is False and refused.error is not None, refused
+            assert refused.error.code == "lsn_not_in_lineage", refused.error
+            assert f"a commit of branch '{sibling}', not on the lineage of branch '{target}'" in refused.error.message
+        assert len(await forks(event_log, run)) == 2, "nothing committed by a refused rewind"
     branch = state.branches[new]
     assert (branch.parent_branch_id, branch.fork_lsn, branch.from_step) == ("main", a_done, None)
     assert branch.attempts["a"] == done.branches["main"].attempts["a"]

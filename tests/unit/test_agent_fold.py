@@ -74,12 +74,12 @@ def finished(status: str = "succeeded", turns: int = 2, branch: str = "main") ->
                          output_ref=FINAL if status == "succeeded" else None, at_ms=9)
 
 
-def run(*commits: list[AnyEvent]) -> tuple[RunState, list[int]]:
+def run(*commits: list[AnyEvent]) -> tuple[RunState, list[tuple[int, Commit]]]:
     pairs = [(10 + 2 * i, Commit(commit_id=str(i), run_id="r-1", events=tuple(evs)))
              for i, evs in enumerate([[created()], *commits])]
     state = fold(pairs)
     assert state is not None
-    return state, [lsn for lsn, _ in pairs]
+    return state, pairs
 
 
 # a two-turn loop: turn 1 calls two tools (c1 fails: an observation), turn 2 answers

@@ -165,7 +165,7 @@ def test_rewind_to_turn_2_calls_the_model_again_on_a_new_branch() -> None:
     sim = Sim(workflow(TWO_TURNS), tools())
     state = sim.run()
     old = build_episode_view(state, MAIN)
-    decision = rewind.decide(state, [lsn for lsn, _ in sim.log], RewindRun(run_id=state.run_id, at_step="solve:t2"),
+    decision = rewind.decide(state, sim.log, RewindRun(run_id=state.run_id, at_step="solve:t2"),
                              branch_id=BranchId("b-1"), at_ms=sim.tick())
     assert isinstance(decision, rewind.Fork)
     sim.commit([decision.event])

@@ -29,7 +29,8 @@ REF = BlobRef(sha256="a" * 64, size_bytes=3)
 OTHER_REF = BlobRef(sha256="b" * 64, size_bytes=5)
 
 
-def folded(*commits: list[AnyEvent], first_lsn: int = 10, stride: int = 2) -> tuple[RunState, list[int]]:
+def folded(*commits: list[AnyEvent], first_lsn: int = 10, stride: int = 2
+           ) -> tuple[RunState, list[tuple[int, Commit]]]:
     """Fold commits at LSNs first_lsn, first_lsn+stride, … (gaps: other runs' commits)."""
     created = RunCreated(run_id="r-1", branch_id="main", workflow_name="w", workflow_ref=REF, created_ms=0,
                          steps=(StepDecl(step_id="a", kind="tool"), StepDecl(step_id="b", kind="tool", max_attempts=3)))
@@ -37,7 +38,7 @@ def folded(*commits: list[AnyEvent], first_lsn: int = 10, stride: int = 2) -> tu
              for i, evs in enumerate([[created], *commits])]
     state = fold(pairs)
     assert state is not None
-    return state, [lsn for lsn, _ in pairs]
+    return state, pairs
 
 
 def dispatch(step: str, n: int, ex: str = "x-1", branch: str = "main") -> AttemptDispatched:
@@ -65,7 +66,7 @@ def test_cancel_decision(events: list[list[AnyEvent]], expect: type) -> None:
 # ---- rewind ---------------------------------------------------------------------------------
 
 
-def ran_a_then_b() -> tuple[RunState, list[int]]:
+def ran_a_then_b() -> tuple[RunState, list[tuple[int, Commit]]]:
     # LSNs: 10 created, 12 started, 14 a#1, 16 a ok, 18 b#1, 20 b ok, 22 verifying
     return folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)], [dispatch("b", 1)],
                   [ok("b", 1)], [RunVerifying(branch_id="main", at_ms=9)])
@@ -89,6 +90,32 @@ def test_rewind_lineage_of_a_fork_skips_the_gap_between_fork_point_and_creation(
         rewind.decide(state, lsns, RewindRun(run_id="r-1", at_lsn=11), branch_id="b-3", at_ms=1)
     # the inherited a#1 is in flight on b-2 (its outcome came after LSN 14)
     assert state.branches["b-2"].attempts["a"][0].status == "dispatched"
+
+
+def test_rewind_refuses_an_lsn_of_a_sibling_or_child_branch() -> None:
+    # 10 created, 12 started, 14 a#1, 16 a ok (main); 18 fork b-1 at 14, 20 a#2 on b-1; 22 fork b-2 at 16 (from
+    # main), 24 b#1 on b-2, 26 run_started (names no branch: b-2's, the active one)
+    fork1 = BranchForked(branch_id="b-1", parent_branch_id="main", fork_lsn=14, from_step=None, at_ms=1)
+    fork2 = BranchForked(branch_id="b-2", parent_branch_id="main", fork_lsn=16, from_step=None, at_ms=2)
+    state, commits = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)], [fork1],
+                            [dispatch("a", 2, branch="b-1")], [fork2], [dispatch("b", 1, branch="b-2")],
+                            [RunStarted(executor_id="x-2", at_ms=3)])
+    assert [(lsn, sorted(b)) for lsn, b in rewind.commit_branches(commits)] == [
+        (10, ["main"]), (12, ["main"]), (14, ["main"]), (16, ["main"]), (18, ["b-1"]), (20, ["b-1"]),
+        (22, ["b-2"]), (24, ["b-2"]), (26, ["b-2"])]  # a commit naming no branch: the active one's
+    assert rewind.lineage_lsns(state, commits, "main") == [10, 12, 14, 16]
+    assert rewind.lineage_lsns(state, commits, "b-1") == [10, 12, 14, 18, 20]
+    assert rewind.lineage_lsns(state, commits, "b-2") == [10, 12, 14, 16, 22, 24, 26]
+    for branch, lsn, owner in (("b-1", 24, "b-2"), ("b-2", 20, "b-1"), ("b-1", 16, "main"), ("main", 18, "b-1")):
+        with pytest.raises(rewind.LsnNotInLineage, match=f"a commit of branch '{owner}', not on the lineage of"
+                                                         f" branch '{branch}'"):
+            rewind.decide(state, commits, RewindRun(run_id="r-1", branch=branch, at_lsn=lsn), branch_id="b-3",
+                          at_ms=1)
+    d = rewind.decide(state, commits, RewindRun(run_id="r-1", branch="b-1", at_lsn=20), branch_id="b-3", at_ms=1)
+    assert isinstance(d, rewind.Fork) and d.event.fork_lsn == 20
+    # at a step that never ran on b-1: the branch's own last commit, not the run's head (a sibling's)
+    d = rewind.decide(state, commits, RewindRun(run_id="r-1", branch="b-1", at_step="b"), branch_id="b-4", at_ms=1)
+    assert isinstance(d, rewind.Fork) and d.event.fork_lsn == 20
 
 
 def test_rewind_at_a_step_that_never_ran_forks_at_the_head() -> None:
