@@ -26,6 +26,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import structlog
@@ -35,7 +36,7 @@ from nats.aio.client import Client
 from shared.clock import now_ms
 from shared.core import planning as plan
 from shared.core.errors import ModelError, ToolError
-from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, Usage
+from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, BlobRef, Usage
 from shared.core.fold import RunState
 from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.packer import pack
@@ -239,7 +240,7 @@ class Attempts:
         stored = await asyncio.gather(blob_fut, marker_fut, return_exceptions=True)
         if isinstance(stored[0], BaseException):
             log.warning("attempt.output_rewrite", error=str(stored[0]))
-            await self._store_until_done(body)
+            await self.store_until_done(body)
         if isinstance(stored[1], BaseException):  # the marker only matters if the commit is lost too
             log.warning("attempt.marker_failed", error=str(stored[1]))
         state = await self._outcome(state, fut, event)
@@ -248,12 +249,20 @@ class Attempts:
                  latency_ms=round(usage.latency_ms, 3))
         return state
 
-    async def _store_until_done(self, body: bytes) -> None:
+    def marker_async(self, run_id: str, branch_id: str, step_id: str, attempt: int,
+                     ref: BlobRef) -> asyncio.Future[Any]:
+        """Publish the recovery marker of a success (its output ``ref``) now; the future resolves once acked."""
+        key = outcome_key(run_id, branch_id, step_id, attempt)
+        fut: asyncio.Future[Any] = publish_pipelined(self._nc, self._names.outcome_marker(key),
+                                                        msgspec.json.encode(ref), None, BLOB_TIMEOUT_S)
+        return fut
+
+    async def store_until_done(self, body: bytes, media_type: str = "text/plain") -> None:
         """Write a blob whose ref is (about to be) committed, retrying with backoff until it is stored."""
         async for attempt in tenacity.AsyncRetrying(wait=tenacity.wait_exponential(max=10), reraise=True,
                                                     stop=tenacity.stop_after_delay(600)):
             with attempt:
-                await self.blobs.put(body)
+                await self.blobs.put(body, media_type)
 
     async def _outcome(self, state: RunState, fut: asyncio.Future[int],
                        event: AttemptSucceeded | AttemptFailed) -> RunState:

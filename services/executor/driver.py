@@ -9,6 +9,12 @@ never re-read on the hot path. When a commit planned on that state loses the fen
 (another writer committed first), the result is a NoCommit carrying the state
 refreshed to the run's head: the driver yields if another executor owns the run,
 else plans again.
+
+Inside an agent step several attempts run at once (a turn's tool calls): the
+actions are :class:`~services.executor.agent.AgentRun`'s, which keeps them as tasks
+of this drive; ``next_action`` is told which are in flight, and ``Wait`` records
+what finished. Before the drive returns or hands the run back, every attempt in
+flight is recorded (never abandoned with its intent open).
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ from shared.core.fold import DRIVABLE, RunState
 from shared.core.ports import BlobStore, EventLog
 from shared.core.workflow import ModelStep, WorkflowSpec, parse_workflow
 from shared.fenced import NoCommit
+from shared.tools_check import check_tool_imports
 
+from .agent import AgentRun
+from .agentio import Bodies
+from .agenttools import PythonTools
 from .attempts import Attempts, on_head
 
 log = structlog.get_logger("reel.executor")
@@ -36,30 +46,41 @@ class HandedBack(Exception):
 
 
 class WorkflowSpecs:
-    """The workflows this executor has loaded, by the sha256 of their blob (never evicted: specs are small)."""
+    """The workflows this executor has loaded, by the sha256 of their blob (never evicted: specs are small),
+    with their ``python:`` tools resolved (:func:`shared.tools_check.check_tool_imports`)."""
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
         self._specs: dict[str, WorkflowSpec] = {}
+        self._tools: dict[str, PythonTools] = {}
 
-    def remember(self, sha256: str, spec: WorkflowSpec) -> None:
-        """Keep ``spec``, stored as the blob ``sha256``."""
+    def remember(self, sha256: str, spec: WorkflowSpec, tools: PythonTools | None = None) -> None:
+        """Keep ``spec``, stored as the blob ``sha256`` (``tools``: its resolved python tools, else resolved here).
+
+        Raises:
+            WorkflowInvalid: a python tool path does not resolve (the message names the field).
+        """
+        self._tools[sha256] = tools if tools is not None else check_tool_imports(spec)
         self._specs[sha256] = spec
+
+    def python_tools(self, sha256: str) -> PythonTools:
+        """The resolved python tools of the loaded workflow ``sha256``."""
+        return self._tools[sha256]
 
     async def load(self, ref: BlobRef) -> WorkflowSpec:
         """The workflow stored as ``ref`` (read and parsed once).
 
         Raises:
             BlobMissing: the blob store has no such (intact) blob.
-            WorkflowInvalid: the blob is not a valid workflow.
+            WorkflowInvalid: the blob is not a valid workflow (or a python tool of it does not resolve).
         """
         spec = self._specs.get(ref.sha256)
         if spec is None:
             try:
                 spec = parse_workflow(await self.blobs.get(ref), fmt="json")
+                self.remember(ref.sha256, spec)
             except WorkflowInvalid as exc:
                 raise WorkflowInvalid(f"workflow blob {ref.sha256[:12]}…: {exc.message}") from exc
-            self._specs[ref.sha256] = spec
         return spec
 
 
@@ -75,6 +96,7 @@ class Driver:
         self.log, self.specs, self.attempts = log, specs, attempts
         self.executor_id = attempts.executor_id
         self.stopping = stopping
+        self.bodies = Bodies(attempts.blobs)
 
     async def drive(self, run_id: str) -> RunState | None:
         """Drive ``run_id`` until it rests (Verifying, Completed, Cancelled) or another executor owns it.
@@ -83,7 +105,7 @@ class Driver:
         if there is no such run.
 
         Raises:
-            HandedBack: the executor is stopping (between two steps).
+            HandedBack: the executor is stopping (between two steps; the attempts in flight recorded first).
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
@@ -93,30 +115,39 @@ class Driver:
             log.warning("run.not_found")
             return None
         spec = await self.specs.load(state.workflow_ref)
+        agents = AgentRun(self.attempts, run_id, spec, self.specs.python_tools(state.workflow_ref.sha256),
+                          bodies=self.bodies, stopping=self.stopping)
+        async with agents:  # structured: no attempt of this run outlives the drive
+            return await self._loop(state, spec, agents)
+
+    async def _loop(self, state: RunState, spec: WorkflowSpec, agents: AgentRun) -> RunState:
         claimed = False
         while True:
-            action = plan.next_action(state, self.executor_id)
+            action = plan.next_action(state, self.executor_id, agents.in_flight)
             if isinstance(action, plan.Rest):
+                state = await agents.drain(state)
                 log.info("run.resting", status=action.status, lsn=state.head_lsn)
                 return state
             if self.stopping is not None and self.stopping.is_set():
+                state = await agents.drain(state)
                 log.info("run.handed_back", lsn=state.head_lsn, reason="executor stopping")
                 raise HandedBack(state.run_id)
             if isinstance(action, plan.Claim):
                 if claimed:  # we held it and another executor took it over: never take it back
                     log.info("run.yielded", owner=state.executor_id)
-                    return state
+                    return await agents.drain(state)
                 claimed = True
-            done = await self._perform(state, spec, action)
+            done = await self._perform(state, spec, action, agents)
             if not isinstance(done, NoCommit):
                 state = done
                 continue
             state = done.state  # someone else committed first: the run as it is now
             if state.executor_id not in (None, self.executor_id) and state.status in DRIVABLE:
                 log.info("run.yielded", owner=state.executor_id)
-                return state
+                return await agents.drain(state)
 
-    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action) -> RunState | NoCommit:
+    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action,
+                       agents: AgentRun) -> RunState | NoCommit:
         """Perform one action planned on ``state``: the state after it, or NoCommit if it lost the fence."""
         if isinstance(action, plan.Claim):
             claim = await self.attempts.intent(state, [RunStarted(executor_id=self.executor_id, at_ms=now_ms())])
@@ -131,7 +162,8 @@ class Driver:
             log.info("run.verifying", branch_id=action.branch_id, lsn=done.state.head_lsn)
             await self._snapshot(done.state, done.commit_id)
             return done.state
-        assert isinstance(action, plan.Dispatch)
+        if not isinstance(action, plan.Dispatch):  # inside an agent step (services/executor/agent.py)
+            return await agents.perform(state, action)
         step = spec.step(action.step_id)
         structlog.contextvars.bind_contextvars(step_id=action.step_id, attempt=action.attempt,
                                                branch_id=action.branch_id)

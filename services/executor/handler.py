@@ -29,6 +29,7 @@ from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflo
 from shared.fenced import Committed, commit_new
 from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.infra import Infra
+from shared.tools_check import check_tool_imports
 
 from .attempts import LOG_NAME, Attempts
 from .driver import Driver, HandedBack, WorkflowSpecs
@@ -79,14 +80,16 @@ class Executor:
         """Create the run of a start command (or find the one its key made), reply, then drive it.
 
         Raises:
-            InvalidCommand, BlobMissing, WorkflowInvalid: the command's workflow cannot run.
+            InvalidCommand, BlobMissing, WorkflowInvalid: the command's workflow cannot run (a python tool
+                of an agent step that does not import included).
         """
         spec = await self._spec_of_command(start)
+        tools = check_tool_imports(spec)  # a python tool that does not import: refused now, naming the field
         key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         structlog.contextvars.bind_contextvars(run_id=run_id)
         workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
-        self.specs.remember(workflow_ref.sha256, spec)
+        self.specs.remember(workflow_ref.sha256, spec, tools)
         created = RunCreated(
             run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),

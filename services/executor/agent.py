@@ -1,0 +1,324 @@
+"""Agent steps in the executor: the actions of :mod:`shared.core.agent`, performed for real (brief §11, §13).
+
+One :class:`AgentRun` per drive of a run holds the attempts it has in flight —
+model calls of turns and tool calls, as asyncio tasks that only perform the side
+effect (services/executor/agenttools.py, the chat model of the step) and never
+commit. The driver (services/executor/driver.py) asks ``next_action`` with their
+keys; on ``Wait`` it hands control here to record what finished. Structured: the
+tasks live inside the ``async with`` of the drive, and none outlives it (they are
+drained at rest and before a hand-back, cancelled if the drive fails).
+
+Commits, each one fenced round trip with its blobs and recovery markers pipelined
+on the same connection (decided by :func:`~services.executor.agentio.planned_or_facts`):
+
+==============================  ===================================================================
+when                            one commit
+==============================  ===================================================================
+a turn attempt starts           ``[steps_declared(turn)?, attempt_dispatched(prompt_ref, partition)]``
+                                with the prompt blob (the exact wire request)
+a turn answered                 ``[attempt_succeeded, steps_declared(calls), attempt_dispatched × ≤
+                                max_parallel_tools]`` with the output blob (the exact response
+                                message) and its marker — or ``[attempt_succeeded, agent_finished]``
+a turn failed                   ``[attempt_failed, agent_finished?]``; a provider's ``Retry-After``
+                                delays the next attempt's intent
+tool results that finished      ``[attempt_succeeded|attempt_failed …, agent_finished?]`` plus, when
+together                        they complete the turn, the next turn's intent (its prompt blob
+                                pipelined), or else the intents of the calls they free a slot for
+orphans of a dead executor      ``attempt_failed(outcome_unknown)`` per non-retry-safe call
+==============================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import structlog
+
+from shared.clock import now_ms
+from shared.core import agentcommits as ac
+from shared.core import agentfold
+from shared.core import planning as plan
+from shared.core.agentcontext import Outcome
+from shared.core.errors import ModelError, ToolError
+from shared.core.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSucceeded, Usage
+from shared.core.fold import DRIVABLE, RunState
+from shared.core.ids import BranchId, ExecutorId, StepId
+from shared.core.workflow import WorkflowSpec
+from shared.fenced import Committed, NoCommit
+from shared.nats.blobstore import ref_for
+
+from .agentio import (
+    JSON,
+    Bodies,
+    CallDone,
+    Done,
+    Key,
+    PreparedTurn,
+    TurnDone,
+    call_model,
+    call_tool,
+    calls_of_message,
+    planned_or_facts,
+    prepare_turn,
+)
+from .agenttools import CallContext, PythonTools, secret_env_names
+from .attempts import Attempts
+
+log = structlog.get_logger("reel.executor")
+
+MAX_RETRY_AFTER_S = 600.0
+"""The longest a provider's Retry-After delays a turn's next attempt (s)."""
+MAX_ERROR_CHARS = 4000
+
+
+class AgentRun:
+    """The agent attempts one drive of one run has in flight, and the commits that record them.
+
+    Args:
+        attempts: the executor's attempt machinery (log, blobs, markers, text facts).
+        run_id: the run driven; spec: its workflow; python_tools: its resolved ``python:`` tools.
+        bodies: the executor's blob-body cache.
+        stopping: set on shutdown: no new model call or tool call starts; a Retry-After wait ends.
+    """
+
+    def __init__(self, attempts: Attempts, run_id: str, spec: WorkflowSpec, python_tools: PythonTools, *,
+                 bodies: Bodies, stopping: asyncio.Event | None = None) -> None:
+        self.attempts, self.run_id, self.spec, self.python_tools = attempts, run_id, spec, python_tools
+        self.bodies, self.stopping = bodies, stopping
+        self.me = ExecutorId(attempts.executor_id)
+        self.hidden_env = secret_env_names(spec)
+        self.tasks: dict[Key, asyncio.Task[Done]] = {}
+        self._not_before: dict[tuple[BranchId, StepId], float] = {}  # Retry-After: monotonic time of next attempt
+
+    async def __aenter__(self) -> AgentRun:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        pending = list(self.tasks.values())
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self.tasks.clear()
+
+    @property
+    def in_flight(self) -> frozenset[Key]:
+        """``(branch, step, attempt)`` of every attempt running (or finished, not yet recorded)."""
+        return frozenset(self.tasks)
+
+    # ---- the actions ---------------------------------------------------------------------------
+    async def perform(self, state: RunState, action: plan.Action) -> RunState | NoCommit:
+        """Perform one agent action planned on ``state``; the state after it, or NoCommit (the run moved)."""
+        if isinstance(action, plan.Wait):
+            return await self.collect(state)
+        if isinstance(action, plan.DispatchTurn):
+            return await self._dispatch_turn(state, action)
+        if isinstance(action, plan.DispatchCalls):
+            return await self._commit_starting(state, ac.call_intents(action, executor_id=self.me, at_ms=now_ms()),
+                                               (), calls=action.calls, branch_id=action.branch_id)
+        if isinstance(action, plan.ResolveUnknown):
+            log.warning("agent.outcome_unknown", calls=[c.step_id for c in action.calls], branch_id=action.branch_id)
+            return await self.attempts.intent(state, ac.unknown_outcomes(state, action, at_ms=now_ms()))
+        if isinstance(action, plan.AdoptTurn):
+            body = await self.bodies.get(action.output_ref)
+            out = ac.turn_outcome(state, action.branch_id, self.spec.agent(action.agent), action.turn,
+                                  output_ref=action.output_ref, calls=calls_of_message(state, action, body),
+                                  outcome=None, executor_id=self.me, at_ms=now_ms())
+            return await self._commit_starting(state, out.events, (), calls=out.started, branch_id=action.branch_id,
+                                               bodies=[(b, JSON) for b in out.blobs])
+        assert isinstance(action, plan.FinishAgent), action
+        log.info("agent.finished", agent=action.agent, status=action.status, error_kind=action.error_kind)
+        return await self.attempts.intent(state, [action.event(now_ms())])
+
+    async def drain(self, state: RunState) -> RunState:
+        """Record every attempt still in flight (starting nothing new); the state after."""
+        while self.tasks:
+            state = await self.collect(state, more=False)
+        return state
+
+    async def _dispatch_turn(self, state: RunState, action: plan.DispatchTurn) -> RunState | NoCommit:
+        due = self._not_before.get((action.branch_id, action.step_id))
+        if due is not None and due > time.monotonic():
+            log.info("agent.turn_delayed", step_id=action.step_id, attempt=action.attempt,
+                     delay_s=round(due - time.monotonic(), 3))
+            if await self._stopped_within(due - time.monotonic()):
+                return state  # the driver sees ``stopping`` and hands the run back
+        self._not_before.pop((action.branch_id, action.step_id), None)
+        prepared = await prepare_turn(state, self.spec, action, attempts=self.attempts, bodies=self.bodies)
+        return await self._commit_starting(state, prepared.events, (), turn=prepared, branch_id=action.branch_id)
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        if self.stopping is None:
+            await asyncio.sleep(seconds)
+            return False
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- commits -------------------------------------------------------------------------------
+    async def _commit_starting(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome], *,
+                               branch_id: BranchId, calls: Sequence[plan.CallAttempt] = (),
+                               turn: PreparedTurn | None = None, bodies: Sequence[tuple[bytes, str]] = (),
+                               markers: Sequence[AttemptSucceeded] = ()) -> RunState | NoCommit:
+        """One round trip: store ``bodies`` (and the prompt of ``turn``), publish the ``markers`` of successes,
+        commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
+        if the planned events were committed. NoCommit: nothing was recorded (the run moved)."""
+        puts = [await self.attempts.blobs.put_async(b, media) for b, media in bodies]
+        prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
+        marks = [self.attempts.marker_async(state.run_id, o.branch_id, o.step_id, o.attempt, o.output_ref)
+                 for o in markers]
+        sent = await self.attempts.send(state, events)
+        stored = await asyncio.gather(*puts, return_exceptions=True)
+        prompt_result: Any = (await asyncio.gather(prompt, return_exceptions=True))[0] if prompt is not None else None
+        for result, (body, media) in zip(stored, bodies, strict=True):
+            if isinstance(result, BaseException):  # the commit may name it: write it again before moving on
+                log.warning("attempt.output_rewrite", error=str(result))
+                await self.attempts.store_until_done(body, media)
+        for mark in await asyncio.gather(*marks, return_exceptions=True):
+            if isinstance(mark, BaseException):
+                log.warning("attempt.marker_failed", error=str(mark))
+        done = await self.attempts.commit(state, planned_or_facts(state.head_lsn, events, outcomes), sent=sent)
+        if isinstance(done, NoCommit):
+            return done
+        if done.events != tuple(events):  # the run moved: only the outcomes went in; the driver plans again
+            log.info("agent.replanned", lsn=done.state.head_lsn, recorded=len(done.events))
+            return done.state
+        return await self._started(done, branch_id, calls, turn, prompt_result)
+
+    async def _started(self, done: Committed, branch_id: BranchId, calls: Sequence[plan.CallAttempt],
+                       turn: PreparedTurn | None, prompt_result: Any) -> RunState:
+        state = done.state
+        branch = state.branches[branch_id]
+        for c in calls:
+            decl = agentfold.declared(branch, c.step_id)
+            assert decl is not None, c
+            key = (branch_id, c.step_id, c.attempt)
+            ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt, self.hidden_env)
+            self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies),
+                                                  name=f"call {c.step_id}#{c.attempt}")
+        if calls:
+            log.info("agent.calls_dispatched", lsn=state.head_lsn, calls=[f"{c.step_id}#{c.attempt}" for c in calls])
+        if turn is None:
+            return state
+        a = turn.action
+        p = turn.partition
+        log.info("attempt.dispatched", lsn=state.head_lsn, step_id=a.step_id, attempt=a.attempt, packed=len(p.packed),
+                 available=len(p.available), dropped=len(p.dropped), prompt_tokens=turn.packed_tokens)
+        key = (a.branch_id, a.step_id, a.attempt)
+        if isinstance(prompt_result, BaseException):  # never call a model whose prompt is not stored
+            failure = ModelError(f"prompt blob not stored: {prompt_result}", kind="prompt_store_failed")
+            return await self._record_turn(state, TurnDone(turn, None, failure, 0.0), more=True)
+        self.tasks[key] = asyncio.create_task(call_model(self.spec, turn, self.attempts.counter),
+                                              name=f"turn {a.step_id}#{a.attempt}")
+        return state
+
+    # ---- recording -----------------------------------------------------------------------------
+    async def collect(self, state: RunState, *, more: bool = True) -> RunState:
+        """Wait for at least one attempt in flight, then record what finished in one commit: a turn alone,
+        or the calls of one turn (``more``: the commit may start the next turn or more calls)."""
+        if not self.tasks:
+            raise RuntimeError("collect with nothing in flight")
+        await asyncio.wait(self.tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+        finished = [(k, t.result()) for k, t in self.tasks.items() if t.done()]
+        first = finished[0][1]
+        if isinstance(first, TurnDone):
+            del self.tasks[finished[0][0]]
+            return await self._record_turn(state, first, more=more)
+        group = finished[0][0][1].rsplit(":", 1)[0], finished[0][0][0]  # (agent:turn, branch)
+        batch = [d for k, d in finished if isinstance(d, CallDone) and (k[1].rsplit(":", 1)[0], k[0]) == group]
+        for d in batch:
+            del self.tasks[d.key]
+        return await self._record_calls(state, batch, more=more)
+
+    def _may_start(self, state: RunState, branch_id: BranchId, more: bool) -> bool:
+        return (more and state.status in DRIVABLE and state.executor_id == self.me and state.active_branch == branch_id
+                and not (self.stopping is not None and self.stopping.is_set()))
+
+    async def _record_turn(self, state: RunState, done: TurnDone, *, more: bool) -> RunState:
+        a = done.prepared.action
+        if done.error is not None or done.response is None:
+            exc = done.error or ModelError("no response", kind="empty_response")
+            usage = Usage(input_tokens=done.prepared.packed_tokens, latency_ms=done.latency_ms, cost_usd=exc.cost_usd)
+            failure = AttemptFailed(branch_id=a.branch_id, step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
+                                    message=exc.message[:MAX_ERROR_CHARS], retryable=exc.retryable, usage=usage,
+                                    at_ms=now_ms())
+            if exc.retryable and exc.retry_after_s:
+                self._not_before[(a.branch_id, a.step_id)] = time.monotonic() + min(exc.retry_after_s,
+                                                                                     MAX_RETRY_AFTER_S)
+            log.info("attempt.failed", step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
+                     retryable=exc.retryable, retry_after_s=exc.retry_after_s, reason=exc.message[:200])
+            events = ac.turn_failure(state, failure, at_ms=failure.at_ms)
+            return await self._recorded(state, events, [failure], a.branch_id)
+        resp = done.response
+        body = msgspec.json.encode(resp.message)  # the exact response message, keys in the provider's order
+        ref = ref_for(body, JSON)
+        self.bodies.keep(body, ref)
+        usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens, latency_ms=done.latency_ms,
+                      cost_usd=resp.cost_usd)
+        outcome = AttemptSucceeded(branch_id=a.branch_id, step_id=a.step_id, attempt=a.attempt, output_ref=ref,
+                                   usage=usage, at_ms=now_ms())
+        log.info("attempt.succeeded", step_id=a.step_id, attempt=a.attempt, tool_calls=len(resp.tool_calls),
+                 input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                 latency_ms=round(usage.latency_ms, 3))
+        if self._may_start(state, a.branch_id, more):
+            out = ac.turn_outcome(state, a.branch_id, self.spec.agent(a.agent), a.turn, output_ref=ref,
+                                  calls=resp.tool_calls, outcome=outcome, executor_id=self.me, at_ms=outcome.at_ms)
+        else:
+            out = ac.TurnOutcome(events=(outcome,))
+        bodies = [(body, JSON), *((b, JSON) for b in out.blobs)]
+        return await self._recorded(state, out.events, [outcome], a.branch_id, calls=out.started, bodies=bodies,
+                                    markers=[outcome])
+
+    async def _record_calls(self, state: RunState, batch: Sequence[CallDone], *, more: bool) -> RunState:
+        outcomes: list[Outcome] = []
+        bodies: list[tuple[bytes, str]] = []
+        for d in batch:
+            bid, sid, attempt = d.key
+            if d.error is not None or d.text is None:
+                err = d.error or ToolError("no result", kind="tool_error")
+                outcomes.append(AttemptFailed(branch_id=bid, step_id=sid, attempt=attempt, error_kind=err.kind,
+                                              message=err.message[:MAX_ERROR_CHARS], retryable=err.retryable,
+                                              usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms()))
+                log.info("attempt.failed", step_id=sid, attempt=attempt, error_kind=err.kind, retryable=err.retryable,
+                         reason=err.message[:200])
+                continue
+            body = d.text.encode()
+            ref = ref_for(body)
+            self.bodies.keep(body, ref)
+            bodies.append((body, ref.media_type))
+            outcomes.append(AttemptSucceeded(branch_id=bid, step_id=sid, attempt=attempt, output_ref=ref,
+                                             usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms()))
+            log.info("attempt.succeeded", step_id=sid, attempt=attempt, output_bytes=len(body),
+                     latency_ms=round(d.latency_ms, 3))
+        events: list[AnyEvent] = []
+        for o in outcomes:  # at most one agent_finished (a fatal tool's end) per commit
+            ended = any(isinstance(e, AgentFinished) for e in events)
+            events += [e for e in ac.call_outcome(state, o, at_ms=o.at_ms) if not (ended and isinstance(e,
+                                                                                                        AgentFinished))]
+        bid = batch[0].key[0]
+        nxt: PreparedTurn | None = None
+        follow: plan.DispatchCalls | None = None
+        if self._may_start(state, bid, more) and not any(isinstance(e, AgentFinished) for e in events):
+            if ac.completes_turn(state, outcomes):
+                agent = StepId(batch[0].key[1].split(":", 1)[0])
+                nxt = await prepare_turn(state, self.spec, ac.next_turn(state, bid, agent), attempts=self.attempts,
+                                         bodies=self.bodies, outcomes=outcomes)
+                events += nxt.events
+            else:
+                follow = ac.follow_up_calls(state, outcomes, self.in_flight)
+                if follow is not None:
+                    events += ac.call_intents(follow, executor_id=self.me, at_ms=now_ms())
+        return await self._recorded(state, events, outcomes, bid, calls=follow.calls if follow else (), turn=nxt,
+                                    bodies=bodies, markers=[o for o in outcomes if isinstance(o, AttemptSucceeded)])
+
+    async def _recorded(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome],
+                        branch_id: BranchId, **starting: Any) -> RunState:
+        done = await self._commit_starting(state, events, outcomes, branch_id=branch_id, **starting)
+        return done.state if isinstance(done, NoCommit) else done

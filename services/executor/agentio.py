@@ -1,0 +1,213 @@
+"""What the agent loop reads, runs and decides around its commits (services/executor/agent.py uses it).
+
+* :class:`Bodies` — blob bodies of earlier turns (answers, results, large arguments) by
+  sha256: this executor's LRU, else the blob store. A turn's context needs every earlier
+  turn's message and results, so each is read from the store at most once per executor.
+* :func:`prepare_turn` — turn *t*'s candidates → partition → request
+  (:func:`shared.core.agentcontext.build_turn`), the prompt body (the exact wire
+  request) and the intent events (:func:`shared.core.agentcommits.turn_intent`).
+* :func:`planned_or_facts` — the decision of every agent commit: the planned events on
+  the head they were planned on; on any other head only the outcomes not yet recorded
+  (facts about side effects that happened), never an intent — the driver plans again.
+* :func:`call_model`, :func:`call_tool` — the side effect of one in-flight attempt, run as
+  a task: it never commits and never raises (an error is its result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from shared.clock import now_ms
+from shared.core import agentcommits as ac
+from shared.core import agentfold
+from shared.core import planning as plan
+from shared.core.agentcontext import Outcome, build_turn, needed_blobs
+from shared.core.chat import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
+from shared.core.errors import ModelError, ToolError
+from shared.core.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
+from shared.core.fold import RunState
+from shared.core.ids import AttemptNo, BranchId, ExecutorId, StepId
+from shared.core.ports import BlobStore
+from shared.core.tokens import TokenCounter
+from shared.core.workflow import WorkflowSpec
+from shared.fenced import Decide, NoCommit
+from shared.models import make_chat_model
+from shared.nats.blobstore import ref_for
+
+from .agenttools import CallContext, PythonTools, run_call
+from .attempts import Attempts
+
+BODY_CACHE_BYTES = 64 * 1024 * 1024
+JSON = "application/json"
+
+
+class Bodies:
+    """Blob bodies by sha256 (LRU of at most ``max_bytes``), read through to the blob store."""
+
+    def __init__(self, blobs: BlobStore, max_bytes: int = BODY_CACHE_BYTES) -> None:
+        self.blobs, self._max = blobs, max_bytes
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+
+    def keep(self, body: bytes, ref: BlobRef) -> None:
+        """Remember ``body`` (stored, or about to be, as ``ref``)."""
+        if ref.sha256 in self._cache:
+            self._cache.move_to_end(ref.sha256)
+            return
+        self._cache[ref.sha256] = body
+        self._bytes += len(body)
+        while self._bytes > self._max and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._bytes -= len(old)
+
+    async def get(self, ref: BlobRef) -> bytes:
+        """The body of ``ref``. Raises BlobMissing / BlobTimeout from the store."""
+        body = self._cache.get(ref.sha256)
+        if body is None:
+            body = await self.blobs.get(ref)
+        self.keep(body, ref)
+        return body
+
+    async def many(self, refs: Sequence[BlobRef]) -> dict[str, bytes]:
+        """sha256 → body of every ref (the missing ones read concurrently)."""
+        bodies = await asyncio.gather(*(self.get(r) for r in refs))
+        return {r.sha256: b for r, b in zip(refs, bodies, strict=True)}
+
+
+class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn attempt ready to commit: its intent events, the prompt body (``prompt_ref``'s), the request."""
+
+    action: plan.DispatchTurn
+    events: tuple[AnyEvent, ...]
+    body: bytes
+    prompt_ref: BlobRef
+    request: ChatRequest
+    partition: ContextPartition
+    packed_tokens: int
+
+
+async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.DispatchTurn, *, attempts: Attempts,
+                       bodies: Bodies, outcomes: Sequence[Outcome] = ()) -> PreparedTurn:
+    """Build turn ``action.turn``'s request on ``state`` (``outcomes``: call results about to be committed
+    with this intent) and the intent events.
+
+    Raises:
+        BlobMissing, BlobTimeout: an earlier turn's blob cannot be read.
+    """
+    agent = spec.agent(action.agent)
+    blobs = await bodies.many(needed_blobs(state, action.branch_id, action.agent, action.turn, outcomes))
+    run_outputs = await attempts.outputs(state, action.branch_id,
+                                         [c.from_step for c in agent.context if c.from_step is not None])
+    ctx = build_turn(state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, facts=attempts.facts,
+                     outcomes=outcomes)
+    body = msgspec.json.encode(wire_request(ctx.request))
+    ref = ref_for(body, JSON)
+    partition = ctx.packed.partition
+    events = ac.turn_intent(state, action, executor_id=ExecutorId(attempts.executor_id), at_ms=now_ms(),
+                            prompt_ref=ref, context=partition)
+    return PreparedTurn(action=action, events=events, body=body, prompt_ref=ref, request=ctx.request,
+                        partition=partition, packed_tokens=ctx.packed.packed_tokens)
+
+
+def planned_or_facts(planned_head: int, events: Sequence[AnyEvent], outcomes: Sequence[Outcome]) -> Decide:
+    """``events`` on ``planned_head``; elsewhere the ``outcomes`` not recorded yet (or NoCommit). Pure."""
+    planned = tuple(events)
+
+    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+        if state.head_lsn == planned_head:
+            return planned
+        pending = tuple(o for o in outcomes if not plan.outcome_recorded(state, o.branch_id, o.step_id, o.attempt))
+        if pending:
+            return pending
+        return NoCommit(reason="outcome already recorded" if outcomes else "run moved", state=state)
+    return decide
+
+
+def calls_of_message(state: RunState, action: plan.AdoptTurn, body: bytes) -> list[ToolCall]:
+    """The tool calls of a recorded answer (the exact response message), ids assigned as the adapter did:
+    empty or repeated ones (also against earlier turns' ids) replaced (:func:`assign_call_ids`)."""
+    try:
+        message: Any = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return []
+    raw = message.get("tool_calls") if isinstance(message, dict) else None
+    calls = []
+    for c in raw if isinstance(raw, list) else []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        args = fn.get("arguments")
+        text = args if isinstance(args, str) else "" if args is None else msgspec.json.encode(args).decode()
+        calls.append(ToolCall(id=str(c.get("id") or ""), name=fn["name"], arguments=text))
+    rec = agentfold.record(state.branches[action.branch_id], StepId(action.agent))
+    taken = {c.decl.call_id for t in (rec.turns[:action.turn - 1] if rec else []) for c in t.calls if c.decl.call_id}
+    return list(assign_call_ids(calls, turn=action.turn, taken=taken))
+
+
+# ---- side effects: the tasks of in-flight attempts (they never commit and never raise) --------------
+Key = tuple[BranchId, StepId, AttemptNo]
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """A turn attempt's model call returned: the response, or the error; latency in ms."""
+
+    prepared: PreparedTurn
+    response: ChatResponse | None
+    error: ModelError | None
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class CallDone:
+    """A tool call attempt returned: its output text, or the error; latency in ms."""
+
+    key: Key
+    text: str | None
+    error: ToolError | None
+    latency_ms: float
+
+
+Done = TurnDone | CallDone
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenCounter) -> TurnDone:
+    """One model call of a turn attempt (the step's chat model, port v2); an error is a result."""
+    started = time.perf_counter()
+    try:
+        model = make_chat_model(spec.agent(prepared.action.agent).model, counter)
+        resp = await model.complete_chat(prepared.request)
+    except ModelError as exc:
+        return TurnDone(prepared, None, exc, _ms_since(started))
+    except Exception as exc:  # a custom adapter's bug: a failed attempt, never an executor crash
+        err = ModelError(f"adapter raised {type(exc).__name__}: {exc}", kind="adapter_error", retryable=False)
+        return TurnDone(prepared, None, err, _ms_since(started))
+    return TurnDone(prepared, resp, None, _ms_since(started))
+
+
+async def call_tool(spec: WorkflowSpec, key: Key, decl: DeclaredStep, ctx: CallContext, python_tools: PythonTools,
+                    bodies: Bodies) -> CallDone:
+    """One attempt of the declared tool call ``decl`` (:func:`~services.executor.agenttools.run_call`)."""
+    started = time.perf_counter()
+    try:
+        args = (decl.arguments or "") if decl.arguments_ref is None else (
+            await bodies.get(decl.arguments_ref)).decode(errors="replace")
+        call = ToolCall(id=decl.call_id or "", name=decl.tool_name or "", arguments=args)
+        text = await run_call(spec.agent(key[1].split(":", 1)[0]), call, ctx, python_tools)
+    except ToolError as exc:
+        return CallDone(key, None, exc, _ms_since(started))
+    except Exception as exc:  # e.g. the arguments blob is unreadable: the attempt fails, retryably
+        return CallDone(key, None, ToolError(f"{type(exc).__name__}: {exc}", kind="executor_error"),
+                        _ms_since(started))
+    return CallDone(key, text, None, _ms_since(started))

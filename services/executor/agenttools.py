@@ -1,0 +1,193 @@
+"""Running one attempt of one tool call of an agent step (brief §11, docs/workflow.md "Agent steps").
+
+:func:`run_call` is the side effect only: it never commits and never raises for
+anything a model or a tool did — the result is the output text, or a
+:class:`~shared.core.errors.ToolError` whose ``kind`` and message become the
+call's ``attempt_failed`` and the ``is_error`` observation the next turn sees:
+
+==================  =========  ================================================================
+kind                retryable  when
+==================  =========  ================================================================
+``unknown_tool``    no         the model named a tool the step does not declare
+``invalid_arguments`` no       the arguments are not a JSON object, or fail the tool's ``parameters``
+``tool_error``      yes        a Python tool raised, a command exited non-zero (its output kept),
+                               or a recorded error
+``timeout``         yes        ``timeout_s`` passed (a command's group is killed; a sync Python
+                               tool's thread cannot be, it is abandoned)
+``spawn_failed``    no         a command's program cannot be started
+==================  =========  ================================================================
+
+Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
+call's attempts, so an outside service can dedupe a retry — and its attempt number:
+keywords ``idempotency_key=`` / ``attempt=`` for a Python tool that names them in its
+signature; ``REEL_IDEMPOTENCY_KEY`` / ``REEL_ATTEMPT`` in a command's environment
+(with ``REEL_TOOL_ARGS``, the arguments' JSON text, also sent on stdin; never a
+shell). A command's environment is the executor's minus the variables holding API
+keys of the workflow's models (``api_key_env``): a tool never sees a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jsonschema
+
+from shared.core.agentspec import AgentToolSpec
+from shared.core.chat import ToolCall
+from shared.core.errors import ToolCallInvalid, ToolError
+from shared.core.workflow import AgentStep, WorkflowSpec
+from shared.proc.group import run_group
+
+MAX_OUTPUT_BYTES = 1024 * 1024
+"""A tool result kept for the model: the first MiB of a command's output."""
+ERROR_TAIL_CHARS = 4000
+"""A failing command's output kept in its error observation: the last 4000 characters."""
+
+PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
+"""``(agent step id, tool name)`` → the resolved callable (:func:`shared.tools_check.check_tool_imports`)."""
+
+
+def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:
+    """The call's idempotency key: ``<run>/<branch>/<step>`` (the same for every attempt of the call)."""
+    return f"{run_id}/{branch_id}/{step_id}"
+
+
+def secret_env_names(spec: WorkflowSpec) -> frozenset[str]:
+    """The environment variables holding the API keys of ``spec``'s agent models (never passed to a tool)."""
+    return frozenset(s.model.api_key_env for s in spec.steps
+                     if isinstance(s, AgentStep) and isinstance(s.model.api_key_env, str))
+
+
+class CallContext:
+    """Who a call attempt is, for its keys, environment and logs.
+
+    Args:
+        run_id, branch_id, step_id: the call step; attempt: 1-based.
+        hidden_env: variable names removed from a command's environment (:func:`secret_env_names`).
+    """
+
+    def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int, hidden_env: frozenset[str]) -> None:
+        self.run_id, self.branch_id, self.step_id, self.attempt = run_id, branch_id, step_id, attempt
+        self.hidden_env = hidden_env
+        self.key = idempotency_key(run_id, branch_id, step_id)
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(schema_json: str) -> Any:
+    schema = json.loads(schema_json)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def _check_arguments(tool: AgentToolSpec, arguments: dict[str, Any]) -> None:
+    """Raises ToolError ``invalid_arguments`` naming the first schema violation."""
+    validator = _validator(json.dumps(tool.parameters, sort_keys=True))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise ToolError(f"invalid arguments for {tool.name}: {error.message} (at `${where}`)",
+                        kind="invalid_arguments", retryable=False)
+
+
+def encode_result(value: Any) -> str:
+    """A Python tool's result as the observation text: a str as is, bytes decoded, anything else JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode(errors="replace")
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: dict[str, Any],
+                      ctx: CallContext) -> str:
+    kwargs = dict(arguments)
+    if _accepts(fn, "idempotency_key"):
+        kwargs["idempotency_key"] = ctx.key
+    if _accepts(fn, "attempt"):
+        kwargs["attempt"] = ctx.attempt
+    try:
+        if inspect.iscoroutinefunction(fn):
+            result = await asyncio.wait_for(fn(**kwargs), tool.timeout_s)
+        else:
+            result = await asyncio.wait_for(asyncio.to_thread(fn, **kwargs), tool.timeout_s)
+            if inspect.isawaitable(result):  # a sync wrapper returning a coroutine
+                result = await asyncio.wait_for(result, tool.timeout_s)
+    except TimeoutError:
+        raise ToolError(f"{tool.name} did not return within {tool.timeout_s:g} s", kind="timeout") from None
+    except Exception as exc:  # the tool's own failure: an observation for the model
+        raise ToolError(f"{tool.name} raised {type(exc).__name__}: {exc}", kind="tool_error") from None
+    return encode_result(result)
+
+
+async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContext) -> str:
+    assert tool.command is not None
+    env = {k: v for k, v in os.environ.items() if k not in ctx.hidden_env}
+    env.update({"REEL_TOOL_ARGS": arguments_text, "REEL_IDEMPOTENCY_KEY": ctx.key, "REEL_ATTEMPT": str(ctx.attempt),
+                "REEL_RUN_ID": ctx.run_id, "REEL_BRANCH_ID": ctx.branch_id, "REEL_STEP_ID": ctx.step_id,
+                "REEL_TOOL_NAME": tool.name})
+    try:
+        done = await run_group(tool.command, timeout_s=tool.timeout_s, env=env, stdin=arguments_text.encode(),
+                               output_limit_bytes=MAX_OUTPUT_BYTES, keep="head", merge_stderr=True)
+    except OSError as exc:
+        raise ToolError(f"cannot run {tool.command[0]!r}: {exc.strerror}", kind="spawn_failed",
+                        retryable=False) from None
+    text = done.text()
+    if done.timed_out:
+        raise ToolError(f"{tool.name} timed out after {tool.timeout_s:g} s; output: {text[-ERROR_TAIL_CHARS:]}",
+                        kind="timeout")
+    if done.returncode != 0:
+        raise ToolError(f"{tool.name} exited {done.returncode}: {text[-ERROR_TAIL_CHARS:]}", kind="tool_error")
+    return text
+
+
+def _run_recorded(tool: AgentToolSpec, call_id: str) -> str:
+    rec = tool.recorded
+    assert rec is not None
+    if call_id in rec.errors:
+        raise ToolError(rec.errors[call_id], kind="tool_error", retryable=False)
+    if call_id in rec.by_call_id:
+        return rec.by_call_id[call_id]
+    if rec.output is not None:
+        return rec.output
+    raise ToolError(f"{tool.name} has no recorded result for call {call_id!r}", kind="tool_error", retryable=False)
+
+
+async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_tools: PythonTools) -> str:
+    """Run attempt ``ctx.attempt`` of ``call`` (name and raw arguments as declared); its output text.
+
+    Raises:
+        ToolError: with the kinds of the module docstring (never anything else for what a model
+            or a tool did).
+    """
+    tool = next((t for t in agent.tools if t.name == call.name), None)
+    if tool is None:
+        names = ", ".join(t.name for t in agent.tools) or "none"
+        raise ToolError(f"no tool named {call.name!r} (the tools are: {names})", kind="unknown_tool",
+                        retryable=False)
+    try:
+        arguments = call.parsed_arguments()
+    except ToolCallInvalid as exc:
+        raise ToolError(exc.message, kind="invalid_arguments", retryable=False) from None
+    _check_arguments(tool, arguments)
+    if tool.python is not None:
+        fn = python_tools.get((agent.id, tool.name))
+        if fn is None:  # the workflow was loaded without resolving its tools: a bug, not the model's
+            raise ToolError(f"python tool {tool.python!r} was not resolved at load", kind="tool_error")
+        return await _run_python(fn, tool, arguments, ctx)
+    if tool.command is not None:
+        return await _run_command(tool, call.arguments if call.arguments.strip() else "{}", ctx)
+    return _run_recorded(tool, call.id)

@@ -1,0 +1,38 @@
+"""Tools of the live agent tests (tests/integration/test_agent_live.py), named by import path in workflows.
+
+``lookup`` and ``charge`` are ``python:`` tools; ``agent_cmd.py`` beside this file is
+the ``command:`` tool. With ``$REEL_TEST_HOLD_DIR`` set (only in the executor
+subprocess that the crash test kills), attempt 1 of ``charge`` and of the command
+announce themselves with a file in that folder and then never return, so the
+test can kill -9 the executor between their intents and their outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+HOLD_ENV = "REEL_TEST_HOLD_DIR"
+ANSWERS = {"capital-of-france": "Paris", "answer": "42"}
+
+
+def lookup(key: str, idempotency_key: str = "", attempt: int = 0) -> dict[str, Any]:
+    """A sync tool (runs in a thread): the value of ``key``, with the call's key and attempt echoed."""
+    return {"key": key, "value": ANSWERS.get(key, "unknown"), "idempotency_key": idempotency_key,
+            "attempt": attempt}
+
+
+async def charge(amount: int, *, idempotency_key: str, attempt: int) -> str:
+    """An async, non-retry-safe tool: "charges" ``amount``; held forever on attempt 1 under ``$REEL_TEST_HOLD_DIR``."""
+    hold = os.environ.get(HOLD_ENV)
+    if hold and attempt == 1:
+        await asyncio.to_thread(Path(hold, f"charge.{attempt}.started").write_text, idempotency_key)
+        await asyncio.Event().wait()
+    return f"charged {amount} (key {idempotency_key}, attempt {attempt})"
+
+
+def explode(reason: str = "") -> str:
+    """A tool that raises: its error is an observation for the model."""
+    raise ValueError(f"exploded: {reason}")

@@ -1,0 +1,111 @@
+"""One attempt of one agent tool call (services/executor/agenttools.py): no NATS involved, real processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import msgspec
+import pytest
+
+from services.executor.agenttools import CallContext, encode_result, run_call, secret_env_names
+from shared.core.chat import ToolCall
+from shared.core.errors import ToolError
+from shared.core.workflow import AgentStep, parse_workflow
+
+
+def _agent(tools: list[dict[str, Any]]) -> AgentStep:
+    spec = parse_workflow({"name": "t", "steps": [{
+        "kind": "agent", "id": "solve", "context": [{"id": "task", "kind": "task", "text": "x"}],
+        "model": {"adapter": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "T_KEY"},
+        "tools": tools}]})
+    assert secret_env_names(spec) == {"T_KEY"}
+    step = spec.steps[0]
+    assert isinstance(step, AgentStep)
+    return step
+
+
+CTX = CallContext("r-1", "main", "solve:t1:c0", 2, frozenset({"T_KEY"}))
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array",
+                                                                            "items": {"type": "string"}}},
+          "required": ["n"]}
+
+
+async def _call(agent: AgentStep, name: str, args: str, fns: dict[str, Any] | None = None) -> str:
+    return await run_call(agent, ToolCall(id="call_1", name=name, arguments=args), CTX,
+                          {("solve", k): v for k, v in (fns or {}).items()})
+
+
+async def _fails(agent: AgentStep, name: str, args: str, fns: dict[str, Any] | None = None) -> ToolError:
+    with pytest.raises(ToolError) as err:
+        await _call(agent, name, args, fns)
+    return err.value
+
+
+async def test_python_tools_get_the_key_and_attempt_when_they_name_them_and_results_are_json() -> None:
+    async def keyed(n: int, *, idempotency_key: str, attempt: int) -> dict[str, Any]:
+        return {"n": n, "key": idempotency_key, "attempt": attempt}
+
+    def plain(n: int, **rest: Any) -> list[Any]:
+        return [n, sorted(rest)]  # **kwargs is not "naming" them: nothing extra is passed
+
+    agent = _agent([{"name": "keyed", "python": "m:keyed", "parameters": SCHEMA},
+                    {"name": "plain", "python": "m:plain", "parameters": SCHEMA}])
+    fns = {"keyed": keyed, "plain": plain}
+    assert json.loads(await _call(agent, "keyed", '{"n": 3}', fns)) == {"n": 3, "key": "r-1/main/solve:t1:c0",
+                                                                       "attempt": 2}
+    assert json.loads(await _call(agent, "plain", '{"n": 4}', fns)) == [4, []]
+    assert encode_result("text") == "text" and encode_result(b"raw") == "raw" and encode_result(None) == "null"
+
+
+async def test_what_the_model_got_wrong_is_an_error_result_naming_it() -> None:
+    def boom(n: int) -> str:
+        raise RuntimeError(f"no {n}")
+
+    agent = _agent([{"name": "boom", "python": "m:boom", "parameters": SCHEMA}])
+    fns = {"boom": boom}
+    unknown = await _fails(agent, "nope", "{}", fns)
+    assert (unknown.kind, unknown.retryable) == ("unknown_tool", False) and "the tools are: boom" in unknown.message
+    for args, where in (('{"n": "x"}', "(at `$.n`)"), ('{"n": 1, "tags": [1]}', "(at `$.tags[0]`)"),
+                        ("{}", "(at `$`)")):
+        bad = await _fails(agent, "boom", args, fns)
+        assert (bad.kind, bad.retryable) == ("invalid_arguments", False) and bad.message.endswith(where), bad.message
+    assert (await _fails(agent, "boom", "[1]", fns)).kind == "invalid_arguments"
+    raised = await _fails(agent, "boom", '{"n": 1}', fns)
+    assert (raised.kind, raised.retryable, raised.message) == ("tool_error", True, "boom raised RuntimeError: no 1")
+
+
+async def test_a_sync_tool_past_its_timeout_fails_retryably() -> None:
+    def slow(n: int) -> str:
+        time.sleep(0.5)  # its thread cannot be killed: abandoned, it finishes on its own
+        return "late"
+
+    agent = _agent([{"name": "slow", "python": "m:slow", "parameters": SCHEMA, "timeout_s": 0.05}])
+    err = await _fails(agent, "slow", '{"n": 1}', {"slow": slow})
+    assert (err.kind, err.retryable) == ("timeout", True)
+
+
+async def test_command_tools_get_arguments_on_stdin_and_env_but_never_a_models_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("T_KEY", "sk-never-seen")
+    script = ("import json, os, sys; a = sys.stdin.read(); print(json.dumps({'stdin': a,"
+              " 'env': os.environ['REEL_TOOL_ARGS'], 'key': os.environ['REEL_IDEMPOTENCY_KEY'],"
+              " 'attempt': os.environ['REEL_ATTEMPT'], 'secret': os.environ.get('T_KEY')}));"
+              " sys.exit(int(json.loads(a).get('n', 0)))")
+    agent = _agent([{"name": "cmd", "command": [sys.executable, "-c", script], "parameters": SCHEMA}])
+    out = json.loads(await _call(agent, "cmd", '{"n": 0}'))
+    assert out == {"stdin": '{"n": 0}', "env": '{"n": 0}', "key": "r-1/main/solve:t1:c0", "attempt": "2",
+                   "secret": None}
+    failed = await _fails(agent, "cmd", '{"n": 3}')
+    assert failed.kind == "tool_error" and failed.message.startswith("cmd exited 3: {")
+
+
+async def test_recorded_tools_answer_by_call_id() -> None:
+    agent = _agent([{"name": "rec", "recorded": {"output": "default", "by_call_id": {"call_1": "mine"}}},
+                    {"name": "err", "recorded": {"errors": {"call_1": "it failed"}}}])
+    assert await _call(agent, "rec", "{}") == "mine"
+    err = await _fails(agent, "err", "{}")
+    assert (err.kind, err.message) == ("tool_error", "it failed")
+    assert msgspec.json.decode(encode_result({"a": 1})) == {"a": 1}
