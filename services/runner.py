@@ -1,13 +1,22 @@
-"""Process entry for every service: logging, signals, connect, ensure infra, serve, drain."""
+"""Process entry for every service: logging, signals, connect, ensure infra, serve, drain.
+
+With ``$REEL_HEARTBEAT_FILE`` set (the image sets it), a service touches that file
+from its event loop while it serves: the liveness signal ``python -m services.health --live``
+checks (:mod:`services.health`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import structlog
 
+from services.health import HEARTBEAT_ENV, heartbeat
 from shared.config import Config
 from shared.logging import setup_logging
 from shared.nats.infra import Infra, connect, ensure_infra
@@ -26,7 +35,15 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
     try:
         infra = await ensure_infra(nc, cfg)
         log.info("service.started", nats_url=cfg.nats_url, namespace=cfg.names.namespace)
-        await serve(infra, cfg, stop)
+        beat = os.environ.get(HEARTBEAT_ENV)
+        beating = asyncio.create_task(heartbeat(Path(beat))) if beat else None
+        try:
+            await serve(infra, cfg, stop)
+        finally:
+            if beating is not None:
+                beating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beating
     finally:
         await nc.drain()
         log.info("service.stopped")
