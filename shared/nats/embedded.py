@@ -92,12 +92,15 @@ class EmbeddedServer:
 @contextlib.asynccontextmanager
 async def embedded_server(
     *, port: int = -1, store_dir: str | None = None, host: str = "127.0.0.1", start_timeout_s: float = 15.0,
+    config_file: str | None = None,
 ) -> AsyncIterator[EmbeddedServer]:
     """Run nats-server with JetStream for the duration of the ``async with``.
 
     Args:
         port: TCP port, ``-1`` for a free one.
         store_dir: JetStream store directory (a temp dir, removed on exit, if ``None``).
+        config_file: a nats-server config file read first (e.g. ``jetstream { sync_interval: always }``);
+            the flags above override what it sets.
 
     Raises:
         NatsServerNotFound: no binary.
@@ -107,8 +110,9 @@ async def embedded_server(
     tmp = None if store_dir else tempfile.mkdtemp(prefix="reel-js-")
     sd = store_dir or tmp or ""
     lock_fd = _lock_store(sd)
+    conf = ["-c", config_file] if config_file else []
     proc = await asyncio.create_subprocess_exec(
-        find_binary(), "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
+        find_binary(), *conf, "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent,
         start_new_session=True,  # a Ctrl-C at the terminal is ours to handle; we stop the server in order
     )
