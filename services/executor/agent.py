@@ -24,7 +24,8 @@ a turn failed                   ``[attempt_failed, agent_finished?]``; a provide
 tool results that finished      ``[attempt_succeeded|attempt_failed …, agent_finished?]`` plus, when
 together                        they complete the turn, the next turn's intent (its prompt blob
                                 pipelined), or else the intents of the calls they free a slot for
-orphans of a dead executor      ``attempt_failed(outcome_unknown)`` per non-retry-safe call
+orphans of a dead executor      ``attempt_failed(outcome_unknown)`` per non-retry-safe call (its result
+                                when the dead executor stored its marker: ``attempt_succeeded``)
 ==============================  ===================================================================
 """
 
@@ -122,8 +123,7 @@ class AgentRun:
             return await self._commit_starting(state, ac.call_intents(action, executor_id=self.me, at_ms=now_ms()),
                                                (), calls=action.calls, branch_id=action.branch_id)
         if isinstance(action, plan.ResolveUnknown):
-            log.warning("agent.outcome_unknown", calls=[c.step_id for c in action.calls], branch_id=action.branch_id)
-            return await self.attempts.intent(state, ac.unknown_outcomes(state, action, at_ms=now_ms()))
+            return await self.attempts.intent(state, await self._resolve_unknown(state, action))
         if isinstance(action, plan.AdoptTurn):
             body = await self.bodies.get(action.output_ref)
             out = ac.turn_outcome(state, action.branch_id, self.spec.agent(action.agent), action.turn,
@@ -134,6 +134,22 @@ class AgentRun:
         assert isinstance(action, plan.FinishAgent), action
         log.info("agent.finished", agent=action.agent, status=action.status, error_kind=action.error_kind)
         return await self.attempts.intent(state, [action.event(now_ms())])
+
+    async def _resolve_unknown(self, state: RunState, action: plan.ResolveUnknown) -> list[AnyEvent]:
+        """``outcome_unknown`` for each orphaned non-retry-safe call — unless its dead executor stored the
+        result's marker before dying: then the result is known, and recorded (``recovered``)."""
+        refs = await asyncio.gather(*(self.attempts.marker(state.run_id, action.branch_id, c.step_id, c.attempt)
+                                      for c in action.calls))
+        known: list[AnyEvent] = [AttemptSucceeded(branch_id=action.branch_id, step_id=c.step_id, attempt=c.attempt,
+                                                  output_ref=ref, at_ms=now_ms(), recovered=True)
+                                 for c, ref in zip(action.calls, refs, strict=True) if ref is not None]
+        unknown = tuple(c for c, ref in zip(action.calls, refs, strict=True) if ref is None)
+        log.warning("agent.orphaned_calls", branch_id=action.branch_id, unknown=[c.step_id for c in unknown],
+                    from_marker=[e.step_id for e in known if isinstance(e, AttemptSucceeded)])
+        if not unknown:
+            return known
+        rest = msgspec.structs.replace(action, calls=unknown)
+        return [*known, *ac.unknown_outcomes(state, rest, at_ms=now_ms())]
 
     async def drain(self, state: RunState) -> RunState:
         """Record every attempt still in flight (starting nothing new); the state after."""

@@ -32,6 +32,8 @@ import msgspec
 import structlog
 import tenacity
 from nats.aio.client import Client
+from nats.js.errors import InvalidKeyError, KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from shared.clock import now_ms
 from shared.core import planning as plan
@@ -82,11 +84,12 @@ class Attempts:
         blobs: where prompts and outputs go (content-addressed).
         nc: the connection the recovery markers are published on (``names.outcome_marker``).
         counter: token counter of the packer's candidates.
+        outcomes: the outcome-marker bucket, to read a dead executor's markers (:meth:`marker`).
     """
 
     def __init__(self, log: EventLog, blobs: BlobStore, nc: Client, names: Names,
-                 executor_id: ExecutorId, counter: TokenCounter) -> None:
-        self.log, self.blobs, self._nc, self._names = log, blobs, nc, names
+                 executor_id: ExecutorId, counter: TokenCounter, *, outcomes: KeyValue | None = None) -> None:
+        self.log, self.blobs, self._nc, self._names, self._outcomes = log, blobs, nc, names, outcomes
         self.executor_id = executor_id
         self.counter = counter
         self.facts = plan.TextFacts(counter)
@@ -248,6 +251,16 @@ class Attempts:
                  input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                  latency_ms=round(usage.latency_ms, 3))
         return state
+
+    async def marker(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> BlobRef | None:
+        """The output ref a (dead) executor stored for this attempt before its outcome commit, if any."""
+        if self._outcomes is None:
+            return None
+        try:
+            entry = await self._outcomes.get(outcome_key(run_id, branch_id, step_id, attempt))
+            return msgspec.json.decode(entry.value or b"", type=BlobRef)
+        except (KeyNotFoundError, InvalidKeyError, msgspec.ValidationError, msgspec.DecodeError):
+            return None
 
     def marker_async(self, run_id: str, branch_id: str, step_id: str, attempt: int,
                      ref: BlobRef) -> asyncio.Future[Any]:

@@ -58,7 +58,7 @@ class Executor:
         self.infra, self.log, self.blobs = infra, log, blobs
         self.executor_id = executor_id or new_executor_id()
         self.specs = WorkflowSpecs(blobs)
-        attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter)
+        attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping)
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
         self.router = Router(infra)

@@ -28,13 +28,15 @@ CMD = REPO / "tests" / "integration" / "agent_cmd.py"
 BACKGROUND = "background " * 700  # 1400 tokens: fits turn 1's budget, not beside turn 1's results in turn 2
 
 LOOKUP = {"name": "lookup", "description": "Look a key up.", "python": "tests.integration.agent_tools:lookup",
-          "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}
+          "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "meet_in": {"type": "string"}},
+                         "required": ["key"]}}
 
 
 def checks_tool(log_dir: Path, *, exit_code: int = 0, name: str = "run_checks") -> dict[str, Any]:
     return {"name": name, "description": "Run the checks.", "retry_safe": True, "timeout_s": 30,
             "command": [sys.executable, str(CMD), str(log_dir), str(exit_code)],
-            "parameters": {"type": "object", "properties": {"suite": {"type": "string"}}}}
+            "parameters": {"type": "object",
+                           "properties": {"suite": {"type": "string"}, "meet_in": {"type": "string"}}}}
 
 
 def agent_workflow(server: ChatServer, tools: list[dict[str, Any]], **agent: Any) -> WorkflowSpec:

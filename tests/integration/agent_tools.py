@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,25 @@ HOLD_ENV = "REEL_TEST_HOLD_DIR"
 ANSWERS = {"capital-of-france": "Paris", "answer": "42"}
 
 
-def lookup(key: str, idempotency_key: str = "", attempt: int = 0) -> dict[str, Any]:
-    """A sync tool (runs in a thread): the value of ``key``, with the call's key and attempt echoed."""
+def meet(folder: str, me: str, other: str, timeout_s: float = 10.0) -> None:
+    """Rendezvous of two tools running at once: announce ``me`` in ``folder``, wait for ``other``.
+
+    Raises:
+        TimeoutError: ``other`` never came (the tools did not run concurrently).
+    """
+    Path(folder, me).touch()
+    deadline = time.monotonic() + timeout_s
+    while not Path(folder, other).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{other} never arrived: the tools did not run concurrently")
+        time.sleep(0.005)
+
+
+def lookup(key: str, meet_in: str = "", idempotency_key: str = "", attempt: int = 0) -> dict[str, Any]:
+    """A sync tool (runs in a thread): the value of ``key``, with the call's key and attempt echoed.
+    With ``meet_in``, it first meets the command tool there (both must be running at once)."""
+    if meet_in:
+        meet(meet_in, "python.here", "command.here")
     return {"key": key, "value": ANSWERS.get(key, "unknown"), "idempotency_key": idempotency_key,
             "attempt": attempt}
 

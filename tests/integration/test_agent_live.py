@@ -61,7 +61,8 @@ async def test_two_turn_live_agent_runs_to_verifying_context_partition(
 ) -> None:
     spec = agent_workflow(chat_server, [LOOKUP, checks_tool(log_dir)])
     chat_server.script(
-        reply(None, [call("lookup", {"key": "answer"}, id="call_lookup_1"), call("run_checks", {"suite": "unit"})]),
+        reply(None, [call("lookup", {"key": "answer", "meet_in": str(log_dir)}, id="call_lookup_1"),
+                     call("run_checks", {"suite": "unit", "meet_in": str(log_dir)})]),  # they meet: parallel
         reply("The answer is 42 and the checks pass."),
     )
     with info_logs() as logs:
@@ -90,7 +91,7 @@ async def test_two_turn_live_agent_runs_to_verifying_context_partition(
     assert looked_up == {"key": "answer", "value": "42", "idempotency_key": f"{state.run_id}/main/solve:t1:c0",
                          "attempt": 1}
     checked = json.loads(t2["messages"][4]["content"])
-    assert checked["args"] == {"suite": "unit"} and checked["attempt"] == 1
+    assert checked["args"] == {"suite": "unit", "meet_in": str(log_dir)} and checked["attempt"] == 1
     assert checked["idempotency_key"] == f"{state.run_id}/main/solve:t1:c1"
     assert checked["leaked_key"] == "", "a command tool must never see the model's API key"
     assert "private scratch notes" not in json.dumps(t1) + json.dumps(t2)  # dropped by policy
@@ -142,8 +143,10 @@ async def test_two_turn_live_agent_runs_to_verifying_context_partition(
     counts = {name: (await infra.js.stream_info(stream)).state.messages for name, stream in (
         ("events", cfg.names.events_stream), ("blob", f"OBJ_{cfg.names.blob_bucket}"),
         ("marker", f"KV_{cfg.names.outcome_bucket}"))}
-    assert counts == {"events": len(commits), "blob": 2 * 7, "marker": 4}, counts  # blobs: workflow, 2 prompts,
-    print(f"\ncommits per run: {len(commits)}: {kinds}\nmessages: {counts}")    # 2 answers, 2 results
+    # blobs: the workflow, 2 prompts, 2 answers, 2 results
+    assert counts == {"events": len(commits), "blob": 2 * 7, "marker": 4}, counts
+    took_ms = commits[-1].events[0].at_ms - commits[0].events[0].created_ms  # type: ignore[union-attr]
+    print(f"\ncommits per run: {len(commits)}: {kinds}\nmessages: {counts}\nstart to verifying: {took_ms} ms")
 
 
 # ---- the model's mistakes are observations ---------------------------------------------------------------

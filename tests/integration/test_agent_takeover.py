@@ -11,12 +11,15 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.executor.app import serve as executor_serve
 from shared.config import Config
 from shared.core.commands import ResumeRun, encode
 from shared.core.events import AttemptDispatched, AttemptSucceeded, DeclaredStep, RunCreated, RunStarted, StepsDeclared
+from shared.core.fold import RunState
+from shared.core.subjects import outcome_key
 from shared.core.workflow import encode_workflow, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
@@ -111,33 +114,44 @@ async def _both_started(hold: Path) -> bool:
     return names == {"charge.1.started", "command.1.started"}
 
 
-# ---- a turn's answer recorded, nothing acted on it -----------------------------------------------------------
-async def test_a_recorded_answer_nobody_acted_on_is_adopted_and_its_calls_run(
-    infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog, blobs: JetStreamBlobStore,
-) -> None:
-    """Recovery recorded turn 1's answer from its marker (its executor died before the outcome commit): the next
-    executor declares the answer's calls with their intents in one commit, runs them, and goes on to turn 2."""
-    spec = parse_workflow({"name": "adopt", "steps": [{
+# ---- a dead executor's run, made by hand ------------------------------------------------------------------------
+ANSWER = json.dumps({"role": "assistant", "content": None, "tool_calls": [
+    {"id": "", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "answer"}'}}]}).encode()
+
+
+async def dead_executors_turn(event_log: JetStreamEventLog, blobs: JetStreamBlobStore, run: str) -> AttemptSucceeded:
+    """A run whose executor ``x-dead`` dispatched turn 1, whose answer (one ``lookup`` call, no id) is stored:
+    returns the turn's success event, not committed (the caller decides what was committed)."""
+    spec = parse_workflow({"name": "dead", "steps": [{
         "kind": "agent", "id": "solve", "max_attempts": 2, "context": [{"id": "task", "kind": "task", "text": "go"}],
-        "model": {"adapter": "scripted", "turns": [{"text": "never played"}, {"text": "adopted and done"}]},
+        "model": {"adapter": "scripted", "turns": [{"text": "never played"}, {"text": "done after the takeover"}]},
         "tools": [LOOKUP]}]})
     workflow_ref = await blobs.put(encode_workflow(spec), "application/json")
-    run = "r-adopt"
     await commit_events(event_log, run, RunCreated(run_id=run, branch_id="main", workflow_name=spec.name,
                                                    workflow_ref=workflow_ref, steps=spec.decls(), created_ms=1))
     await commit_events(event_log, run, RunStarted(executor_id="x-dead", at_ms=2))
     await commit_events(event_log, run, StepsDeclared(branch_id="main", parent_step="solve", steps=(
         DeclaredStep(step_id="solve:t1", kind="turn", turn=1, max_attempts=2),)),
         AttemptDispatched(branch_id="main", step_id="solve:t1", attempt=1, executor_id="x-dead", at_ms=3))
-    answer = json.dumps({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "answer"}'}}]}).encode()
-    answer_ref = await blobs.put(answer, "application/json")
-    adopted_at = await commit_events(event_log, run, AttemptSucceeded(
-        branch_id="main", step_id="solve:t1", attempt=1, output_ref=answer_ref, at_ms=4, recovered=True))
+    answer_ref = await blobs.put(ANSWER, "application/json")
+    return AttemptSucceeded(branch_id="main", step_id="solve:t1", attempt=1, output_ref=answer_ref, at_ms=4)
 
+
+async def take_over(infra: Infra, cfg: Config, client: ReelClient, run: str) -> RunState:
     async with running(executor_serve, infra, cfg):
         assert (await client.command("resume", encode(ResumeRun(run_id=run)), timeout_s=15)).ok
-        state = await client.wait_for(run, ("verifying",), timeout_s=30)
+        return await client.wait_for(run, ("verifying",), timeout_s=30)
+
+
+async def test_a_recorded_answer_nobody_acted_on_is_adopted_and_its_calls_run(
+    infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog, blobs: JetStreamBlobStore,
+) -> None:
+    """Recovery recorded turn 1's answer from its marker (its executor died before the outcome commit): the next
+    executor declares the answer's calls with their intents in one commit, runs them, and goes on to turn 2."""
+    run = "r-adopt"
+    answered = await dead_executors_turn(event_log, blobs, run)
+    adopted_at = await commit_events(event_log, run, msgspec.structs.replace(answered, recovered=True))
+    state = await take_over(infra, cfg, client, run)
     commits = [(lsn, c) for lsn, c in await event_log.read(run) if lsn > adopted_at]
     adopting = [type(e).__name__ for e in commits[1][1].events]  # after the new executor's claim
     assert adopting == ["StepsDeclared", "AttemptDispatched"]
@@ -145,5 +159,29 @@ async def test_a_recorded_answer_nobody_acted_on_is_adopted_and_its_calls_run(
     assert [c.decl.call_id for c in rec.turns[0].calls] == ["call_t1_0"]  # an empty provider id: Reel's
     assert attempt_of(state, "solve:t1:c0", 1).status == "succeeded"
     assert rec.finished is not None and (rec.finished.status, rec.finished.turns) == ("succeeded", 2)
-    assert json.loads(await blobs.get(rec.finished.output_ref))["content"] == "adopted and done"  # type: ignore
+    assert json.loads(await blobs.get(rec.finished.output_ref))["content"] == "done after the takeover"  # type: ignore
+    await assert_refold_identical(event_log, state)
+
+
+async def test_an_orphaned_call_whose_result_marker_was_stored_is_recorded_not_unknown(
+    infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog, blobs: JetStreamBlobStore,
+) -> None:
+    """The dead executor stored a non-retry-safe call's result and its marker, then died before the outcome
+    commit: the result is known, so the next executor records it (``recovered``), never ``outcome_unknown``."""
+    run = "r-marker"
+    answered = await dead_executors_turn(event_log, blobs, run)
+    await commit_events(event_log, run, answered, StepsDeclared(branch_id="main", parent_step="solve", steps=(
+        DeclaredStep(step_id="solve:t1:c0", kind="tool_call", turn=1, call_id="call_t1_0", tool_name="lookup",
+                     arguments='{"key": "answer"}'),)),
+        AttemptDispatched(branch_id="main", step_id="solve:t1:c0", attempt=1, executor_id="x-dead", at_ms=5))
+    result = await blobs.put(b"42, as stored by the dead executor")
+    await infra.outcomes.put(outcome_key(run, "main", "solve:t1:c0", 1), msgspec.json.encode(result))
+    state = await take_over(infra, cfg, client, run)
+    c0 = state.branches["main"].attempts["solve:t1:c0"]
+    assert [(a.attempt, a.status, a.recovered, a.output_ref) for a in c0] == [(1, "succeeded", True, result)]
+    prompt = attempt_of(state, "solve:t2", 1).prompt_ref
+    assert prompt is not None
+    tool_messages = [m for m in json.loads(await blobs.get(prompt))["messages"] if m["role"] == "tool"]
+    assert tool_messages == [{"role": "tool", "content": "42, as stored by the dead executor",
+                              "tool_call_id": "call_t1_0"}]
     await assert_refold_identical(event_log, state)
