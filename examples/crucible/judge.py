@@ -4,7 +4,9 @@ Runs *this world's* context packing (``shared.core.planning`` + ``shared.core.pa
 from the world the judge runs in, under the policy in ``examples/crucible/policy.json``)
 over every model step of the recorded runs whose verdict is a pass — tau-bench
 airline episodes with reward 1 and the SWE-bench-resolved mini-swe-agent run in
-$REEL_DATA_DIR — loaded with ``shared.core.trajectories.load_trajectories``.
+$REEL_DATA_DIR — loaded with ``shared.core.trajectories.load_trajectories`` in its linear
+form (``form="linear"``: one model step per recorded turn, each packed as a model step's
+context; ``reel replay`` runs the agent form).
 
 Evidence: the values the successful agent put into its action at that step — every
 string argument (≥ 3 chars) of a tau-bench tool call, every path-like token of a
@@ -74,7 +76,7 @@ def cases(data_dir: Path) -> list[tuple[list[Candidate], list[list[str]], list[s
     """Per model step with evidence: its candidates, the source items of each value, the required items."""
     out = []
     for name in RUNS:
-        for spec in load_trajectories(data_dir / name):
+        for spec in load_trajectories(data_dir / name, form="linear"):
             if spec.source.get("outcome") is not True:  # only runs whose recorded verdict is a pass
                 continue
             outputs: dict[str, str] = {}

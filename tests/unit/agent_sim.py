@@ -4,7 +4,8 @@ It follows the contract of :mod:`shared.core.agent` literally — ask ``next_act
 with the attempts it has in flight, commit what the builders of
 :mod:`shared.core.agentcommits` return, build each turn with
 :mod:`shared.core.agentcontext` — with the ``scripted`` model (``play_turn``) and tools
-given as plain functions. Tool calls run "concurrently": they are started when their
+given as plain functions (``recorded`` tools of the spec answer from their recording unless a function of the
+same name is given). Tool calls run "concurrently": they are started when their
 intents commit and finish one at a time, oldest first, whenever the core says ``Wait``.
 """
 
@@ -18,6 +19,7 @@ import msgspec
 from shared.core import agentcommits as ac
 from shared.core import planning as plan
 from shared.core.agentcontext import build_turn, needed_blobs
+from shared.core.agentspec import RecordedToolSpec
 from shared.core.chat import ToolCall, wire_request
 from shared.core.errors import ModelError
 from shared.core.events import (
@@ -39,6 +41,7 @@ from shared.core.workflow import WorkflowSpec
 from shared.models.scripted import play_turn, scripted_turn
 
 X = ExecutorId("x-sim")
+_CALL_ID = "\0call_id"  # how a recorded tool is told which call it answers
 ToolFn = Callable[[dict[str, Any]], str]  # raises to fail (the message is the observation)
 
 
@@ -46,7 +49,11 @@ class Sim:
     """One run of ``spec``; ``commits`` holds every commit's events, in order."""
 
     def __init__(self, spec: WorkflowSpec, tools: dict[str, ToolFn], run_id: str = "r-sim") -> None:
-        self.spec, self.tools = spec, tools
+        self.spec, self.tools = spec, dict(tools)
+        for step in spec.steps:
+            for t in getattr(step, "tools", ()):
+                if t.recorded is not None and t.name not in self.tools:
+                    self.tools[t.name] = _recorded(t.recorded)
         self.run_id = RunId(run_id)
         self.state: RunState | None = None
         self.log: list[tuple[int, Commit]] = []
@@ -180,7 +187,8 @@ class Sim:
                                     message=f"no tool named {d.tool_name!r}", retryable=False, at_ms=self.tick())
         else:
             try:
-                text = fn(msgspec.json.decode(args))
+                text = fn({**msgspec.json.decode(args), _CALL_ID: d.call_id}) if getattr(fn, "recorded", False) \
+                    else fn(msgspec.json.decode(args))
                 outcome = AttemptSucceeded(branch_id=bid, step_id=sid, attempt=attempt, at_ms=self.tick(),
                                            output_ref=self.put(text.encode(), "text/plain"))
             except Exception as exc:
@@ -199,3 +207,14 @@ class Sim:
             self.in_flight += [(bid, c.step_id, c.attempt) for c in more.calls]
         if nxt is not None:
             self.answer(nxt)
+
+
+def _recorded(rec: RecordedToolSpec) -> ToolFn:
+    """A recorded tool: the result recorded for the call's id, else ``output``; a recorded error raises."""
+    def fn(args: dict[str, Any]) -> str:
+        call_id = args[_CALL_ID]
+        if call_id in rec.errors:
+            raise RuntimeError(rec.errors[call_id])
+        return rec.by_call_id.get(call_id, rec.output or "")
+    fn.recorded = True  # type: ignore[attr-defined]
+    return fn

@@ -1,36 +1,63 @@
-"""A format-neutral :class:`~shared.core.trajectories.recording.Recording` → a validated :class:`WorkflowSpec`.
+"""A format-neutral :class:`~shared.core.trajectories.recording.Recording` → a validated agent-step workflow.
 
-* each recorded model turn → a model step ``tNN-model`` with the ``replay``
-  adapter, ``output`` = the recorded text and the recorded usage where there is one;
-* each environment answer to that turn → a ``recorded`` tool step ``tNN-tool``
-  (``tNN-tool-2``, … when a turn has several);
-* the candidate context of turn N = every earlier entry, in order: literal
-  ``text`` for what no step produced and ``from_step`` references for earlier
-  model outputs (kind ``output``) and tool results (kind ``observation``, or
-  ``message`` for a simulated user). A workflow therefore grows O(n) with the turns, not O(n²).
+Replay is the agent loop (brief §11): a recording becomes one ``kind: agent`` step,
+:data:`AGENT_STEP` (``replay``), whose model is the ``replay`` adapter playing the
+recorded assistant messages as ``turns`` (text, tool calls and usage as recorded) and
+whose tools are ``recorded`` tools answering each call with the recorded observation
+(``by_call_id``). The executor runs it like a live agent: turn *t* is step
+``replay:t<t>``, its calls ``replay:t<t>:c<i>``; each turn's context is packed from the
+instructions, the task and the earlier turns (:mod:`shared.core.agentcontext`).
+
+* The system message before the first turn → the step's ``instructions``; the other
+  messages before it (the task, SWE-agent demos, an OpenHands recall) → ``context``
+  items with their recorded ids (``m0001``) and :data:`PRIORITY`.
+* Each turn's calls get the recorded provider id, or — when the recording has none
+  (a shell action, a reply to the user) or repeats an earlier one — the id Reel
+  assigns a live model's call (``call_t<turn>_<i>``, :func:`shared.core.chat.assign_call_ids`).
+* Text that answers no call (an uncaused observation, a message between turns) is
+  appended to the turn's latest result; a turn that made no call but was answered,
+  or is followed by another turn, gets one ``respond`` call (arguments ``{}``) whose
+  result is that answer (``""`` when none) — so only the last turn ends the loop. A
+  call the recording never answered (OpenHands ``finish``) returns ``""``.
+* When the last recorded turn called tools, one closing turn :data:`CLOSING_TEXT`
+  (usage 0 tokens) ends the loop after their results: the agent step's output.
 
 Verifiers: ``recorded_outcome`` when the recording has a label, and
-``task-in-final-context`` (``context_requires`` the task item at the last model step).
+``task-in-final-context`` (``context_requires`` the task item at the last recorded turn).
 """
 
 from __future__ import annotations
 
+import re
+
+import msgspec
+
+from shared.core.agentspec import TOOL_NAME, AgentToolSpec, RecordedToolSpec
+from shared.core.chat import ToolCall, assign_call_ids
 from shared.core.errors import TrajectoryFormatError
+from shared.core.stepids import turn_step_id
 from shared.core.tokens import TokenCounter
-from shared.core.trajectories.recording import Entry, Lit, Obs, Recording, Turn
+from shared.core.trajectories.recording import Call, Entry, Lit, Obs, Recording, Turn
 from shared.core.workflow import (
+    AgentStep,
     ContextItemSpec,
     ModelSpec,
-    ModelStep,
     PolicySpec,
-    Step,
-    ToolSpec,
-    ToolStep,
+    RecordedUsage,
+    ScriptedToolCall,
+    ScriptedTurn,
     VerifierSpec,
     WorkflowSpec,
     encode_workflow,
     validate_workflow,
 )
+
+AGENT_STEP = "replay"
+"""Step id of a replayed recording's agent step."""
+CLOSING_TEXT = "[end of recording]"
+"""Text of the closing turn (and of an empty last turn): the replayed agent step's output then."""
+RESPOND = "respond"
+"""The call a turn without calls gets when the recording answered it (tau-bench's name for replying to the user)."""
 
 MAX_WORKFLOW_BYTES = 8 * 1024 * 1024
 """Largest encoded workflow the loader returns (bytes); larger raises TrajectoryFormatError."""
@@ -41,6 +68,8 @@ PRIORITY = {"system": 3.0, "task": 2.0, "demo": 1.0}
 EXCLUDED_KINDS = ("demo",)
 """Kinds the loader's policy drops outright (SWE-agent in-context demonstrations)."""
 
+_NOT_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
 
 def policy(entries: list[Entry], budget_tokens: int, counter: TokenCounter) -> PolicySpec:
     """Exclude demos, dedupe, cap items at a quarter of the budget (never below the system/task items; tokens)."""
@@ -50,51 +79,109 @@ def policy(entries: list[Entry], budget_tokens: int, counter: TokenCounter) -> P
     return PolicySpec(exclude_kinds=EXCLUDED_KINDS, max_item_tokens=cap, dedupe=True)
 
 
+class _Turn(msgspec.Struct):
+    """A recorded turn being assembled: its calls and the result of each (``None``: not answered yet)."""
+
+    turn: Turn
+    calls: list[Call]
+    results: list[str | None]
+
+    def answer(self, text: str, name: str, index: int | None = None) -> None:
+        """Record ``text`` as the result of call ``index``, else of the first open call, else of the
+        latest one (appended), else of a new call ``name``."""
+        if index is None or not 0 <= index < len(self.calls):
+            index = next((i for i, r in enumerate(self.results) if r is None), None)
+        if index is None and self.results:
+            index = len(self.results) - 1
+        if index is None:
+            self.calls.append(Call("", name, "{}"))
+            self.results.append(text)
+            return
+        done = self.results[index]
+        self.results[index] = text if done is None else (f"{done}\n\n{text}" if done else text)
+
+
+def _split(entries: list[Entry]) -> tuple[str, list[ContextItemSpec], list[_Turn]]:
+    """Instructions, the static context items (before the first turn) and the turns with their results."""
+    instructions: str | None = None
+    context: list[ContextItemSpec] = []
+    turns: list[_Turn] = []
+    for e in entries:
+        if isinstance(e, Turn):
+            turns.append(_Turn(turn=e, calls=list(e.calls), results=[None] * len(e.calls)))
+        elif turns:
+            turns[-1].answer(e.output if isinstance(e, Obs) else e.text, e.name if isinstance(e, Obs) else RESPOND,
+                             e.call if isinstance(e, Obs) else None)
+        elif isinstance(e, Lit) and e.kind == "system" and instructions is None:
+            instructions = e.text
+        else:
+            text = e.output if isinstance(e, Obs) else e.text
+            context.append(ContextItemSpec(id=e.id, text=text, kind=e.kind, priority=PRIORITY.get(e.kind, 0.0)))
+    for t in turns[:-1]:
+        if not t.calls:  # answered (or followed by another turn): the loop must go on
+            t.answer("", RESPOND)
+    return instructions or "", context, turns
+
+
+def _tool_name(name: str) -> str:
+    """``name`` as a chat-completions function name (``[A-Za-z0-9_-]{1,64}``)."""
+    if TOOL_NAME.match(name):
+        return name
+    return _NOT_TOOL_NAME.sub("_", name)[:64] or "tool"
+
+
+def _replayed(turns: list[_Turn]) -> tuple[list[ScriptedTurn], dict[str, dict[str, str]]]:
+    """The replay adapter's turns (ids final) and each tool's recorded result per call id."""
+    taken: set[str] = set()
+    tools: dict[str, dict[str, str]] = {}
+    out: list[ScriptedTurn] = []
+    for k, t in enumerate(turns, 1):
+        calls = assign_call_ids([ToolCall(id=c.id, name=_tool_name(c.name), arguments=c.arguments)
+                                 for c in t.calls], turn=k, taken=taken)
+        taken.update(c.id for c in calls)
+        for c, result in zip(calls, t.results, strict=True):
+            tools.setdefault(c.name, {})[c.id] = result or ""
+        text = t.turn.content if t.turn.content or calls else CLOSING_TEXT
+        out.append(ScriptedTurn(text=text, usage=t.turn.usage, tool_calls=tuple(
+            ScriptedToolCall(name=c.name, arguments=c.arguments, id=c.id) for c in calls)))
+    if out[-1].tool_calls:
+        out.append(ScriptedTurn(text=CLOSING_TEXT, usage=RecordedUsage(input_tokens=0, output_tokens=0)))
+    return out, tools
+
+
 def build(rec: Recording, budget_tokens: int, counter: TokenCounter) -> WorkflowSpec:
-    """The replay workflow of one recording, every model step under ``budget_tokens`` (tokens).
+    """The replay workflow of one recording: one agent step, every turn packed under ``budget_tokens`` (tokens).
 
     Raises:
-        TrajectoryFormatError: the recording has no model turn, or its workflow
-            encodes to more than :data:`MAX_WORKFLOW_BYTES`.
+        TrajectoryFormatError: the recording has no model turn, or its workflow encodes
+            to more than :data:`MAX_WORKFLOW_BYTES`.
     """
-    turns = sum(isinstance(e, Turn) for e in rec.entries)
-    if turns == 0:
+    instructions, context, recorded = _split(rec.entries)
+    if not recorded:
         raise TrajectoryFormatError(f"{rec.where}: no recorded model turns (no assistant message)")
-    width = max(2, len(str(turns)))
-    pol = policy(rec.entries, budget_tokens, counter)
-    steps: list[Step] = []
-    history: list[ContextItemSpec] = []
-    n = tools = 0
-    for e in rec.entries:
-        if isinstance(e, Turn):
-            n, tools = n + 1, 0
-            sid = f"t{n:0{width}d}-model"
-            model = ModelSpec(adapter="replay", output=e.output, usage=e.usage, name=rec.model)
-            steps.append(ModelStep(id=sid, model=model, context=tuple(history), policy=pol))
-            history.append(ContextItemSpec(id=e.id, from_step=sid, kind="output"))
-        elif isinstance(e, Obs) and n > 0:
-            tools += 1
-            sid = f"t{n:0{width}d}-tool" + (f"-{tools}" if tools > 1 else "")
-            steps.append(ToolStep(id=sid, tool=ToolSpec(type="recorded", name=e.name, input=e.input, output=e.output)))
-            history.append(ContextItemSpec(id=e.id, from_step=sid, kind=e.kind))
-        else:
-            kind = e.kind
-            history.append(ContextItemSpec(id=e.id, text=e.output if isinstance(e, Obs) else e.text, kind=kind,
-                                           priority=PRIORITY.get(kind, 0.0)))
+    task = next((c.id for c in context if c.kind == "task"), None)
+    if task is None:  # an agent step leads every turn with a task
+        context.append(ContextItemSpec(id="task", text="", kind="task", priority=PRIORITY["task"]))
+    turns, results = _replayed(recorded)
+    tools = tuple(AgentToolSpec(name=name, description=f"replays the recorded results of `{name}`", retry_safe=True,
+                                recorded=RecordedToolSpec(by_call_id=by_id)) for name, by_id in results.items())
+    model = ModelSpec(adapter="replay", name=rec.model, turns=tuple(turns))
+    agent = AgentStep(id=AGENT_STEP, model=model, instructions=instructions, context=tuple(context),
+                      policy=policy(rec.entries, budget_tokens, counter), tools=tools, max_turns=len(turns))
     verifiers: tuple[VerifierSpec, ...] = ()
     if rec.outcome is not None:
         verifiers += (VerifierSpec(type="recorded_outcome", name="recorded_outcome", expect=rec.outcome),)
-    task = next((h.id for h in history if h.kind == "task"), None)
     if task is not None:  # did the agent still have the task in view when it decided its last action?
-        last_model = next(s.id for s in reversed(steps) if isinstance(s, ModelStep))
-        verifiers += (VerifierSpec(type="context_requires", name="task-in-final-context", step=last_model,
-                                   item=task),)
+        verifiers += (VerifierSpec(type="context_requires", name="task-in-final-context",
+                                   step=turn_step_id(AGENT_STEP, len(recorded)), item=task),)
     src = rec.source
+    n_calls = sum(len(t.tool_calls) for t in turns)
     desc = (f"Replay of {src['agent']}{' / ' + rec.model if rec.model else ''} on {src['instance_id']}: "
-            f"{turns} model turns" + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))
+            f"{len(recorded)} model turns, {n_calls} tool calls"
+            + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))
     spec = validate_workflow(WorkflowSpec(
-        name=rec.name, description=desc, budget_tokens=budget_tokens, steps=tuple(steps), verifiers=verifiers,
-        labels={"format": str(src["format"])}, source=src,
+        name=rec.name, description=desc, budget_tokens=budget_tokens, steps=(agent,), verifiers=verifiers,
+        labels={"format": str(src["format"])}, source={**src, "closing_turn": len(turns) > len(recorded)},
     ))
     size = len(encode_workflow(spec))
     if size > MAX_WORKFLOW_BYTES:

@@ -20,10 +20,12 @@ from shared.core.errors import TrajectoryFormatError
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.trajectories import mini_swe_agent, openhands, swe_agent, tau_bench
 from shared.core.trajectories.builder import build
+from shared.core.trajectories.linear import build_linear
 from shared.core.trajectories.recording import Parser
 from shared.core.workflow import WorkflowSpec
 
 TrajectoryFormat = Literal["mini-swe-agent", "swe-agent", "tau-bench", "openhands"]
+WorkflowForm = Literal["agent", "linear"]
 FORMATS: tuple[TrajectoryFormat, ...] = ("mini-swe-agent", "swe-agent", "tau-bench", "openhands")
 
 PARSERS: dict[TrajectoryFormat, Parser] = {
@@ -73,7 +75,7 @@ def detect_format(data: Any) -> TrajectoryFormat:
 
 
 def load_trajectories(
-    path: str | Path, *, budget_tokens: int = 8000, limit: int | None = None
+    path: str | Path, *, budget_tokens: int = 8000, limit: int | None = None, form: WorkflowForm = "agent"
 ) -> list[WorkflowSpec]:
     """Turn a recorded trajectory file into replayable workflows, one per recorded run.
 
@@ -83,6 +85,10 @@ def load_trajectories(
         budget_tokens: context budget of every model step (tokens); the per-item cap
             is a quarter of it, but never below the largest system/task item.
         limit: keep only the first ``limit`` runs of a multi-run file (None = all).
+        form: ``agent`` (what ``reel replay`` runs: one agent step replaying the turns through
+            the agent loop, :mod:`~shared.core.trajectories.builder`) or ``linear`` (one model
+            step per turn and one tool step per result, :mod:`~shared.core.trajectories.linear`;
+            for analyses that pack turns as model steps, e.g. the crucible example's judge).
 
     Returns:
         Validated workflows in file order. ``name`` is the instance id (tau-bench:
@@ -96,12 +102,14 @@ def load_trajectories(
             recording that does not match its format's schema, a run with no model
             turns, or a workflow over
             :data:`~shared.core.trajectories.builder.MAX_WORKFLOW_BYTES`. The message names the file.
-        ValueError: ``budget_tokens < 1`` or ``limit < 0``.
+        ValueError: ``budget_tokens < 1``, ``limit < 0`` or an unknown ``form``.
     """
     if budget_tokens < 1:
         raise ValueError("budget_tokens must be >= 1")
     if limit is not None and limit < 0:
         raise ValueError("limit must be >= 0")
+    if form not in ("agent", "linear"):
+        raise ValueError(f"form must be 'agent' or 'linear', got {form!r}")
     p = Path(path)
     data = _read(p)
     try:
@@ -109,7 +117,8 @@ def load_trajectories(
     except TrajectoryFormatError as exc:
         raise TrajectoryFormatError(f"{p}: {exc.message}") from None
     recordings = PARSERS[fmt](data, p, limit)
-    return [build(r, budget_tokens, DEFAULT_COUNTER) for r in recordings]
+    make = build if form == "agent" else build_linear
+    return [make(r, budget_tokens, DEFAULT_COUNTER) for r in recordings]
 
 
 def _read(p: Path) -> Any:

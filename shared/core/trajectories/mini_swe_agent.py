@@ -1,7 +1,8 @@
 """mini-swe-agent ``*.traj.json`` → :class:`~shared.core.trajectories.recording.Recording` (one run per file).
 
 Assistant messages are model turns; a user message answering one is the
-observation of its bash command (the single fenced ``bash`` block of the turn);
+observation of its bash command (the single fenced ``bash`` block of the turn), which
+becomes the turn's call of a ``bash`` tool (``{"command": …}``; ``{}`` for a format error);
 the rest are literals (``system``, the first user message as ``task``, then
 ``message``). The outcome label comes from a SWE-bench harness report beside the
 file, if there is one (:func:`swebench_label`).
@@ -23,6 +24,7 @@ from shared.core.trajectories.recording import (
     Obs,
     Recording,
     Turn,
+    answer_with_call,
     convert,
     dig,
     has_kind,
@@ -62,7 +64,9 @@ def parse(data: Any, p: Path, limit: int | None) -> list[Recording]:
             entries.append(Turn(mid, body, usage(resp)))
         elif m.role == "user" and prev == "assistant":
             cmds = _BASH.findall(entries[-1].output if isinstance(entries[-1], Turn) else "")
-            entries.append(Obs(mid, "bash", cmds[0].strip() if len(cmds) == 1 else "", body))
+            cmd = cmds[0].strip() if len(cmds) == 1 else ""
+            call = answer_with_call(entries, "bash", {"command": cmd} if cmd else {})
+            entries.append(Obs(mid, "bash", cmd, body, call=call))
         else:
             kind = m.role if m.role == "system" else "task" if not has_kind(entries, "task") else "message"
             entries.append(Lit(mid, kind, body))

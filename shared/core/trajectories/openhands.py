@@ -1,8 +1,8 @@
 """OpenHands evaluation ``output.jsonl`` (one record per line) → one :class:`Recording` per record.
 
 Events are keyed by their id (``e0042``). An agent action with tool-call metadata
-is a model turn (once per model response: parallel calls share it) and opens a
-tool; the observation that names it as ``cause`` is that tool's result. Agent
+is a model turn (once per model response: parallel calls share it, and are its
+calls) and opens a tool; the observation that names it as ``cause`` is that tool's result. Agent
 text messages are turns too; system and user messages, recalls and uncaused
 observations are literals. OpenHands records carry no outcome label.
 """
@@ -27,7 +27,7 @@ from shared.core.trajectories.recording import (
     dig,
     has_kind,
     maybe_json,
-    render,
+    native_turn,
     source,
     str_or_none,
     text,
@@ -77,7 +77,7 @@ def _record(raw: Any, p: Path, index: int) -> Recording:
     where = f"{p} (record {index + 1})"
     r = convert(raw, _OhRecord, where, "an OpenHands output record")
     entries: list[Entry] = []
-    tools: dict[int, tuple[str, str]] = {}
+    tools: dict[int, tuple[str, str, int | None]] = {}
     responses: set[str] = set()
     model = ""
     for ev in r.history:
@@ -93,13 +93,13 @@ def _record(raw: Any, p: Path, index: int) -> Recording:
                 responses.add(resp.id)
                 model = model or resp.model
                 msg = resp.choices[0].message if resp.choices else Msg()
-                entries.append(Turn(eid, render(text(msg.content), msg.tool_calls or []), usage(resp)))
-            tools[ev.id] = (tcm.function_name, _tool_input(tcm))
+                entries.append(native_turn(eid, text(msg.content), msg.tool_calls or [], usage(resp)))
+            tools[ev.id] = (tcm.function_name, _tool_input(tcm), _call_index(tcm))
         elif ev.action == "message" and ev.source == "agent":
             entries.append(Turn(eid, str_or_none(ev.args.get("content")) or ev.message))
         elif ev.observation is not None and ev.cause in tools:
-            name, tool_input = tools.pop(ev.cause)
-            entries.append(Obs(eid, name or ev.observation, tool_input, ev.content))
+            name, tool_input, which = tools.pop(ev.cause)
+            entries.append(Obs(eid, name or ev.observation, tool_input, ev.content, call=which))
         elif ev.observation is not None and (body := _obs_text(ev)):
             entries.append(Lit(eid, "message" if ev.observation == "recall" else "observation", body))
     model = model or str_or_none(dig(r.metadata, "llm_config", "model")) or ""
@@ -108,6 +108,12 @@ def _record(raw: Any, p: Path, index: int) -> Recording:
     src = source(p, "openhands", f"OpenHands {agent}", model, r.instance_id, exit_status, None)
     src.update(error=r.error, record=index + 1)
     return Recording(name=r.instance_id, where=where, model=model, entries=entries, source=src)
+
+
+def _call_index(tcm: _OhTcm) -> int | None:
+    """Which call of its model response an action is (by ``tool_call_id``)."""
+    msg = tcm.model_response.choices[0].message if tcm.model_response.choices else Msg()
+    return next((i for i, c in enumerate(msg.tool_calls or []) if c.id == tcm.tool_call_id), None)
 
 
 def _tool_input(tcm: _OhTcm) -> str:

@@ -34,22 +34,45 @@ class Lit(msgspec.Struct, frozen=True):
     text: str
 
 
+class Call(msgspec.Struct, frozen=True):
+    """A tool call of a recorded turn: the provider's id (``""``: none recorded), the tool, raw JSON arguments."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
 class Turn(msgspec.Struct, frozen=True):
-    """A recorded model turn."""
+    """A recorded model turn.
+
+    Attributes:
+        output: the turn as text (native tool calls rendered as ``<tool_call>`` lines; the linear form).
+        text: the assistant message's content (the agent form; ``None``: same as ``output``).
+        calls: its tool calls (native ones, or the shell action / reply a parser made one of).
+    """
 
     id: str
     output: str
     usage: RecordedUsage | None = None
+    text: str | None = None
+    calls: tuple[Call, ...] = ()
+
+    @property
+    def content(self) -> str:
+        """The assistant message's text."""
+        return self.output if self.text is None else self.text
 
 
 class Obs(msgspec.Struct, frozen=True):
-    """The environment's answer to the latest turn (a recorded tool step)."""
+    """The environment's answer to the latest turn (a recorded tool step; ``call``: the index of the call it
+    answers in that turn's ``calls``, ``None`` when it answers none)."""
 
     id: str
     name: str
     input: str
     output: str
     kind: str = "observation"
+    call: int | None = None
 
 
 Entry = Lit | Turn | Obs
@@ -194,6 +217,26 @@ def render(content: str, calls: Sequence[ToolCall]) -> str:
         call = msgspec.json.encode({"name": c.function.name, "arguments": args}).decode()
         parts.append(f"<tool_call>{call}</tool_call>")
     return "\n".join(parts)
+
+
+def native_turn(mid: str, content: str, calls: Sequence[ToolCall], usage: RecordedUsage | None = None) -> Turn:
+    """A turn of a chat message with native tool calls: ``output`` rendered, ``text`` and ``calls`` as recorded."""
+    return Turn(mid, render(content, calls), usage, text=content,
+                calls=tuple(Call(c.id, c.function.name, args_text(c.function.arguments)) for c in calls))
+
+
+def answer_with_call(entries: list[Entry], name: str, arguments: dict[str, Any]) -> int:
+    """Give the latest entry (a turn without calls) one call ``name(arguments)``; its index (0).
+
+    For formats whose actions are not native tool calls: mini-swe-agent's and SWE-agent's
+    shell command, tau-bench's reply to the user. The call has no provider id (Reel assigns
+    one, as for a live model that returned none).
+    """
+    turn = entries[-1]
+    assert isinstance(turn, Turn) and not turn.calls
+    args = msgspec.json.encode(arguments).decode()
+    entries[-1] = msgspec.structs.replace(turn, text=turn.content, calls=(Call("", name, args),))
+    return 0
 
 
 def response(raw: Any) -> Response | None:

@@ -2,7 +2,8 @@
 
 Only the ``primary`` agent's history is replayed. Assistant messages are model
 turns; a (non-demo) user message answering one is the observation of the
-previous message's ``action``; in-context demonstrations are ``demo`` literals.
+previous message's ``action``, which becomes the turn's call of a ``bash`` tool;
+in-context demonstrations are ``demo`` literals.
 A last action whose observation is only in ``trajectory`` is appended from there.
 SWE-agent files carry no outcome label.
 """
@@ -21,6 +22,7 @@ from shared.core.trajectories.recording import (
     Obs,
     Recording,
     Turn,
+    answer_with_call,
     convert,
     has_kind,
     source,
@@ -67,7 +69,8 @@ def parse(data: Any, p: Path, limit: int | None) -> list[Recording]:
         if m.role == "assistant":
             entries.append(Turn(mid, body))
         elif m.role == "user" and prev == "assistant" and not m.is_demo:
-            entries.append(Obs(mid, "bash", _action(hist[i - 1]), body))
+            entries.append(Obs(mid, "bash", _action(hist[i - 1]), body,
+                               call=answer_with_call(entries, "bash", {"command": _action(hist[i - 1])})))
         else:
             kind = ("system" if m.role == "system" else "demo" if m.is_demo
                     else "task" if not has_kind(entries, "task") else "message")
@@ -75,7 +78,9 @@ def parse(data: Any, p: Path, limit: int | None) -> list[Recording]:
         prev = m.role
     last = t.trajectory[-1] if t.trajectory else None
     if prev == "assistant" and last is not None and last.response == text(hist[-1].content):
-        entries.append(Obs(f"m{len(hist):04d}", "bash", last.action.rstrip("\n"), last.observation))
+        action = last.action.rstrip("\n")
+        entries.append(Obs(f"m{len(hist):04d}", "bash", action, last.observation,
+                           call=answer_with_call(entries, "bash", {"command": action})))
     found = _SWEBENCH_ID.search(p.name.removesuffix(".traj"))
     instance = found.group(1) if found else p.stem
     agent = f"SWE-agent ({t.environment})" if t.environment else "SWE-agent"

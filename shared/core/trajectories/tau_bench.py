@@ -3,8 +3,10 @@
 Assistant messages are model turns (native tool calls rendered as
 ``<tool_call>`` lines); a ``tool`` message is the observation of the call it
 answers; the simulated user's reply to a text turn is a ``respond`` observation
-of kind ``message``. ``reward == 1`` is the outcome label. The model and domain
-come from the file name (``<model>-<domain>.json``).
+of kind ``message`` (in the agent form, the result of a ``respond`` call with
+arguments ``{}`` made by that turn: the text stays its content). ``reward == 1``
+is the outcome label. The model and domain come from the file name
+(``<model>-<domain>.json``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from shared.core.trajectories.recording import (
     Recording,
     ToolCall,
     Turn,
+    answer_with_call,
     args_text,
     convert,
     has_kind,
-    render,
+    native_turn,
     source,
     text,
 )
@@ -58,18 +61,22 @@ def _episode(raw: Any, p: Path, index: int, model: str, domain: str | None) -> R
     ep = convert(raw, _TauEpisode, where, "a tau-bench episode")
     entries: list[Entry] = []
     calls: dict[str, ToolCall] = {}
+    turn_calls: list[ToolCall] = []
     prev: Msg | None = None
     for i, m in enumerate(ep.traj):
         mid, body = f"m{i:04d}", text(m.content)
         if m.role == "assistant":
-            calls = {c.id: c for c in m.tool_calls or []}
-            entries.append(Turn(mid, render(body, m.tool_calls or [])))
+            turn_calls = m.tool_calls or []
+            calls = {c.id: c for c in turn_calls}
+            entries.append(native_turn(mid, body, m.tool_calls or []))
         elif m.role == "tool" and any(isinstance(e, Turn) for e in entries):
             c = calls.get(m.tool_call_id or "")
             name = m.name or (c.function.name if c else "tool")
-            entries.append(Obs(mid, name, args_text(c.function.arguments) if c else "", body))
+            which = next(j for j, x in enumerate(turn_calls) if x is c) if c else None
+            entries.append(Obs(mid, name, args_text(c.function.arguments) if c else "", body, call=which))
         elif m.role == "user" and prev is not None and prev.role == "assistant" and not prev.tool_calls:
-            entries.append(Obs(mid, "respond", "", body, kind="message"))
+            entries.append(Obs(mid, "respond", "", body, kind="message",
+                               call=answer_with_call(entries, "respond", {})))
         else:
             kind = ("system" if m.role == "system" else "task" if m.role == "user" and not has_kind(entries, "task")
                     else "observation" if m.role == "tool" else "message")
