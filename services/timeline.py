@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.core.events import (
+    AgentFinished,
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -17,12 +18,13 @@ from shared.core.events import (
     RunCreated,
     RunStarted,
     RunVerifying,
+    StepsDeclared,
     Verdict,
     VerdictRecorded,
 )
 from shared.core.fold import RunState
 from shared.core.ids import BranchId
-from shared.core.views import build_episode_view
+from shared.core.views import EpisodeView, StepView, build_episode_view
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
                 "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",
@@ -59,10 +61,31 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             t.append(f"completed: {event.outcome}", style=STATUS_STYLE.get(event.outcome, "bold"))
         case RunCancelled():
             t.append(f"cancelled: {event.reason}" if event.reason else "cancelled", style="red")
+        case StepsDeclared():
+            _declared(t, event)
+        case AgentFinished():
+            t.append(f"agent {event.step_id} {event.status} after {event.turns} turn{'s' * (event.turns != 1)}",
+                     style=STATUS_STYLE.get(event.status, ""))
+            if event.error_kind:
+                t.append(f": {event.error_kind}: {event.message[:80]}", style="red")
         case BranchForked():
             t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
                      + (f" (step {event.from_step})" if event.from_step else ""), style="cyan")
     return t
+
+
+def _declared(t: Text, event: StepsDeclared) -> None:
+    """A turn declared, or one line per tool call a turn asked for (tool, call id, arguments)."""
+    for i, d in enumerate(event.steps):
+        if i:
+            t.append("\n" + " " * 14)  # under the first line's text
+        if d.kind == "turn":
+            t.append(f"turn {d.turn} of {event.parent_step}: {d.step_id}", style="bold")
+            continue
+        args = d.arguments if d.arguments is not None else f"<{d.arguments_ref.size_bytes if d.arguments_ref else 0} B>"
+        t.append(f"{d.step_id} tool call ", style="bold")
+        t.append(f"{d.tool_name}({args[:80]}{'…' if len(args) > 80 else ''})", style="cyan")
+        t.append(f"  id {d.call_id}", style="dim")
 
 
 def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
@@ -98,14 +121,15 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
                 "error"):
         table.add_column(col, overflow="fold")
     for step in view.steps:
+        name, kind = _labels(step)
         if not step.attempts:
-            table.add_row(step.step_id, step.kind, "-", Text(step.status, style="dim"), *[""] * 8)
+            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 8)
         for a in step.attempts:
             c = a.context
             status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
             lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
             table.add_row(
-                step.step_id, step.kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")),
+                name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")),
                 str(len(c.packed)) if c else "", str(len(c.available)) if c else "", str(len(c.dropped)) if c else "",
                 str(a.usage.input_tokens), str(a.usage.output_tokens), f"{a.usage.latency_ms:.1f}", lsns,
                 f"{a.error_kind}: {a.error_message}"[:60] if a.error_kind else "",
@@ -113,10 +137,35 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
     u = view.usage
     footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
                   f"{u.latency_ms:.1f} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
-    parts: list[Text | Table] = [header, branches, table, footer]
+    parts: list[Text | Table] = [header, branches, table, footer, *_agent_lines(view)]
     if state.verdicts:
         parts.append(verdict_table(state.verdicts))
     return Group(*parts)
+
+
+def _labels(step: StepView) -> tuple[str, str]:
+    """The step and kind cells: a turn is ``turn``, a tool call shows its tool and the call id the model saw."""
+    if step.kind == "tool" and isinstance(step.tool_name, str):
+        return f"{step.step_id} ({step.call_id})", f"tool {step.tool_name}"
+    if step.kind == "model" and isinstance(step.turn, int):
+        return step.step_id, "turn"
+    return step.step_id, step.kind
+
+
+def _agent_lines(view: EpisodeView) -> list[Text]:
+    """One summary line per agent step: its status, turns, tool calls and error observations."""
+    out = []
+    for agent in (s for s in view.steps if s.kind == "agent"):
+        mine = [s for s in view.steps if s.parent_step == agent.step_id]
+        turns = sum(1 for s in mine if s.kind == "model")
+        calls = [s for s in mine if s.kind == "tool"]
+        errors = sum(1 for s in calls if s.is_error is True)
+        line = Text(f"agent {agent.step_id}: ")
+        line.append(agent.status, style=STATUS_STYLE.get(agent.status, ""))
+        line.append(f", {turns} turns, {len(calls)} tool calls ({errors} error observation{'s' * (errors != 1)})"
+                    + (f", {agent.error_kind}" if isinstance(agent.error_kind, str) else ""))
+        out.append(line)
+    return out
 
 
 def print_timeline(console: Console, state: RunState, branch_id: str | None = None) -> None:

@@ -64,6 +64,8 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         parent_step, turn: the agent step and turn (1-based) of a turn or tool call.
         tool_name, call_id: the tool a call called and the id the model sees it by.
+        is_error: a tool call's result is an error observation for the model (the call failed for good:
+            a tool error, invalid arguments, an unknown tool, an unknown outcome).
         output_ref, error_kind: an agent step's output (its final turn's) or why it failed.
     """
 
@@ -75,6 +77,7 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
     turn: int | msgspec.UnsetType = msgspec.UNSET
     tool_name: str | msgspec.UnsetType = msgspec.UNSET
     call_id: str | msgspec.UnsetType = msgspec.UNSET
+    is_error: bool | msgspec.UnsetType = msgspec.UNSET
     output_ref: BlobRef | msgspec.UnsetType | None = msgspec.UNSET
     error_kind: str | msgspec.UnsetType | None = msgspec.UNSET
 
@@ -207,7 +210,8 @@ def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals:
                            parent_step=agent, turn=d.turn)
         else:
             yield StepView(step_id=d.step_id, kind="tool", status=own, attempts=_attempt_views(attempts, totals),
-                           parent_step=agent, turn=d.turn, tool_name=d.tool_name or "", call_id=d.call_id or "")
+                           parent_step=agent, turn=d.turn, tool_name=d.tool_name or "", call_id=d.call_id or "",
+                           is_error=own == StepStatus.FAILED)
 
 
 _enc = msgspec.json.Encoder()

@@ -1,0 +1,37 @@
+"""What ``reel run`` / ``reel show`` print for agent runs (services/timeline.py), on the golden agent log."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from services.timeline import event_line, timeline
+from tests.golden.regen import GOLDEN_DIR, fold_log, read_log
+
+
+def _text(renderable: object) -> str:
+    console = Console(width=200, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_progress_lines_name_turns_and_tool_calls() -> None:
+    lines = "".join(_text(event_line(lsn, ev)) for lsn, c in read_log(GOLDEN_DIR / "hand_agent_rewind.jsonl")
+                    for ev in c.events)
+    assert "turn 1 of solve: solve:t1" in lines and "turn 2 of solve: solve:t2" in lines
+    assert 'solve:t1:c0 tool call read_file({"path": "calc/ops.py"})  id call_a1' in lines
+    assert "solve:t1:c1 tool call run_tests({})  id call_b2" in lines
+    assert "agent solve succeeded after 2 turns" in lines
+    assert "agent solve failed after 2 turns: turn_failed:" in lines
+
+
+def test_timeline_lists_turns_calls_and_the_agent_summary() -> None:
+    state, _ = fold_log(GOLDEN_DIR / "hand_agent_rewind.jsonl")
+    shown = _text(timeline(state, "main"))
+    assert "│ solve:t1:c0 (call_a1) │ tool read_file │" in shown and "│ solve:t2              │ turn" in shown
+    assert "agent solve: succeeded, 2 turns, 2 tool calls (1 error observation)" in shown
+
+
+def test_runs_without_agents_print_as_before() -> None:
+    state, _ = fold_log(GOLDEN_DIR / "recorded_linear.jsonl")
+    shown = _text(timeline(state))
+    assert "agent " not in shown and " turn " not in shown and "tool call" not in shown
