@@ -8,6 +8,8 @@ is refused at load with the field named, never discovered mid-run.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +18,17 @@ from shared.core.workflow import AgentStep, WorkflowSpec
 
 
 def resolve_tool(path: str) -> Callable[..., Any]:
-    """The callable named by ``module:function``.
+    """The callable named by ``module:function``, imported as ``python -m`` would: the working directory is on
+    the import path (appended, so it never shadows an installed module) — a tool beside your workflow resolves
+    when ``reel`` runs from that directory.
 
     Raises:
         ImportError: the module does not import; AttributeError: it has no such attribute;
         TypeError: the attribute is not callable.
     """
     module_name, _, attr = path.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     fn = getattr(importlib.import_module(module_name), attr)
     if not callable(fn):
         raise TypeError(f"{path} is a {type(fn).__name__}, not a callable")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def run(
 ) -> None:
     """Start a run of a workflow, follow its progress, print its timeline and outcome."""
     async def body() -> int:
-        spec = load_workflow(file)
+        spec = load_workflow(file, env=os.environ)  # ${NAME} / ${NAME:-default} from the environment
         async with session(nats_url, namespace, services=SERVICES) as s:
             reply = await s.client.start(spec, idempotency_key=key)
             if not reply.ok or reply.run_id is None:

@@ -11,6 +11,8 @@ names the offending field, e.g.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -265,8 +267,47 @@ def parse_workflow(
     return validate_workflow(spec)
 
 
-def load_workflow(path: str | Path) -> WorkflowSpec:
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^{}]*))?\}")
+_LITERAL = "\x00reel-literal-dollar-brace\x00"
+
+
+def expand_env(data: Any, env: Mapping[str, str], where: str = "$") -> Any:
+    """``data`` (a decoded workflow document) with ``${NAME}`` / ``${NAME:-default}`` replaced from ``env`` in every
+    string, innermost first (``${A:-${B}}``); ``$${`` is a literal ``${``. Keys are left alone.
+
+    Raises:
+        WorkflowInvalid: a variable without default is not set (naming it and the field).
+    """
+    if isinstance(data, dict):
+        return {k: expand_env(v, env, f"{where}.{k}") for k, v in data.items()}
+    if isinstance(data, list):
+        return [expand_env(v, env, f"{where}[{i}]") for i, v in enumerate(data)]
+    if not isinstance(data, str):
+        return data
+
+    def one(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise WorkflowInvalid(f"environment variable {name} is not set and ${{{name}}} has no default"
+                              f" (at `{where}`)")
+
+    text = data.replace("$${", _LITERAL)
+    for _ in range(8):  # nested defaults, innermost first; bounded (a value may itself hold `${`)
+        text, n = _ENV_VAR.subn(one, text)
+        if not n:
+            break
+    return text.replace(_LITERAL, "${")
+
+
+def load_workflow(path: str | Path, *, env: Mapping[str, str] | None = None) -> WorkflowSpec:
     """Read and validate a workflow file (``.json``, ``.yaml`` or ``.yml``).
+
+    Args:
+        env: when given, ``${NAME}`` / ``${NAME:-default}`` in the file's strings are replaced
+            from it first (:func:`expand_env`; ``reel run`` passes the environment).
 
     Raises:
         WorkflowInvalid: unreadable file or invalid content (message names the file).
@@ -276,7 +317,20 @@ def load_workflow(path: str | Path) -> WorkflowSpec:
         text = p.read_text()
     except OSError as exc:
         raise WorkflowInvalid(f"cannot read workflow {p}: {exc.strerror}") from exc
+    fmt: Literal["json", "auto"] = "json" if p.suffix == ".json" else "auto"
     try:
-        return parse_workflow(text, fmt="json" if p.suffix == ".json" else "auto")
+        if env is not None:
+            raw = _decoded(text, fmt)
+            if isinstance(raw, dict):
+                return parse_workflow(expand_env(raw, env))
+        return parse_workflow(text, fmt=fmt)
     except WorkflowInvalid as exc:
         raise WorkflowInvalid(f"{p}: {exc.message}") from exc
+
+
+def _decoded(text: str, fmt: Literal["json", "auto"]) -> Any:
+    """The document, or ``None`` when it does not decode (then :func:`parse_workflow` says why)."""
+    try:
+        return msgspec.json.decode(text) if fmt == "json" else yaml.safe_load(text)
+    except (msgspec.DecodeError, yaml.YAMLError):
+        return None
