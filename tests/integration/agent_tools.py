@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 HOLD_ENV = "REEL_TEST_HOLD_DIR"
+PARKED: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
+"""``park`` rendezvous by name, in this process: (arrived, release)."""
 ANSWERS = {"capital-of-france": "Paris", "answer": "42"}
 
 
@@ -54,3 +56,17 @@ async def charge(amount: int, *, idempotency_key: str, attempt: int) -> str:
 def explode(reason: str = "") -> str:
     """A tool that raises: its error is an observation for the model."""
     raise ValueError(f"exploded: {reason}")
+
+
+def arm(name: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """A fresh rendezvous for ``park(name=name)``: ``(arrived, release)`` (in-process executors only)."""
+    PARKED[name] = (asyncio.Event(), asyncio.Event())
+    return PARKED[name]
+
+
+async def park(name: str) -> str:
+    """An async tool that signals ``arrived`` and returns once the test sets ``release``."""
+    arrived, release = PARKED[name]
+    arrived.set()
+    await release.wait()
+    return f"parked {name} and released"

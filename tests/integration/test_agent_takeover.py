@@ -27,7 +27,7 @@ from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from tests.conftest import REPO, running
 from tests.integration.agent_support import KEY, KEY_ENV, LOOKUP, agent_workflow, checks_tool, runs_of
-from tests.integration.agent_tools import HOLD_ENV
+from tests.integration.agent_tools import HOLD_ENV, arm
 from tests.integration.scenarios import attempt_of, commit_events, wait_until
 from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, call, reply
@@ -184,4 +184,42 @@ async def test_an_orphaned_call_whose_result_marker_was_stored_is_recorded_not_u
     tool_messages = [m for m in json.loads(await blobs.get(prompt))["messages"] if m["role"] == "tool"]
     assert tool_messages == [{"role": "tool", "content": "42, as stored by the dead executor",
                               "tool_call_id": "call_t1_0"}]
+    await assert_refold_identical(event_log, state)
+
+
+async def test_a_stopping_executor_records_the_calls_in_flight_starts_nothing_new_and_hands_back(
+    infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog,
+) -> None:
+    arrived, release = arm("handback")
+    parking = {"name": "park", "python": "tests.integration.agent_tools:park",
+               "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}
+    spec = parse_workflow({"name": "agent-handback", "steps": [{
+        "kind": "agent", "id": "solve", "context": [{"id": "task", "kind": "task", "text": "go"}],
+        "model": {"adapter": "scripted", "turns": [
+            {"tool_calls": [{"name": "park", "arguments": {"name": "handback"}},
+                            {"name": "lookup", "arguments": {"key": "answer"}}]},
+            {"text": "answered by the next executor"}]},
+        "tools": [parking, LOOKUP]}]})
+    stop_a = asyncio.Event()
+    a = asyncio.create_task(executor_serve(infra, cfg, stop_a))
+    started = await client.start(spec)
+    assert started.run_id
+    await asyncio.wait_for(arrived.wait(), 30)  # A runs turn 1's calls
+    stop_a.set()
+    release.set()
+    await asyncio.wait_for(a, 30)  # A drained: both results recorded, then it handed the run back
+    mid = await event_log.load(started.run_id)
+    assert mid.status == "running"
+    assert [mid.branches["main"].attempts[f"solve:t1:c{i}"][0].status for i in (0, 1)] == ["succeeded"] * 2
+    assert "solve:t2" not in mid.branches["main"].attempts  # no new model call under a stop
+
+    stop_b = asyncio.Event()
+    b = asyncio.create_task(executor_serve(infra, cfg, stop_b))
+    try:
+        state = await client.wait_for(started.run_id, ("verifying",), timeout_s=30)
+    finally:
+        stop_b.set()
+        await asyncio.wait_for(b, 30)
+    assert len(state.branches["main"].attempts["solve:t1:c0"]) == 1  # not repeated
+    assert attempt_of(state, "solve:t2", 1).executor_id != attempt_of(state, "solve:t1", 1).executor_id
     await assert_refold_identical(event_log, state)
