@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core.commands import CancelRun, RecoverRuns, Reply, ResumeRun, RewindRun, StartRun
+from shared.core.commands import CancelRun, RecoverRuns, Reply, ResumeRun, RewindRun, StartRun, VerifyRun
 from shared.core.events import Commit, Verdict
 from shared.core.workflow import WorkflowSpec
 
@@ -36,6 +36,7 @@ SCHEMAS: dict[str, tuple[type[Any], str]] = {
     "rewind_run.json": (RewindRun, "command on <ns>.cmd.rewind"),
     "resume_run.json": (ResumeRun, "command on <ns>.cmd.resume"),
     "recover_runs.json": (RecoverRuns, "command on <ns>.cmd.recover"),
+    "verify_run.json": (VerifyRun, "verification trigger on <ns>.cmd.verify.<run_id>"),
     "reply.json": (Reply, "answer to every command, on the subject of its Reel-Reply-To header"),
     "commit.json": (Commit, "one run event commit: a message on <ns>.ev.<run_id> (LSN = its stream sequence)"),
     "verdict.json": (Verdict, "a verdict: a message on <ns>.verdict.<run_id>, and inside verdict_recorded events"),

@@ -33,8 +33,6 @@ HEARTBEAT_ENV = "REEL_HEARTBEAT_FILE"
 """The environment variable naming the heartbeat file (no heartbeat when unset)."""
 HEARTBEAT_EVERY_S = 5.0
 """Seconds between two touches of the heartbeat file."""
-EVENTS_STREAM_SERVICES = frozenset({"verifier"})
-"""The services whose durable consumer reads the events stream (the others read the commands stream)."""
 
 
 class Unhealthy(Exception):
@@ -95,7 +93,7 @@ async def ready(cfg: Config, service: str | None) -> str:
         if service is None:
             return f"ok: NATS and JetStream at {cfg.nats_url}"
         names = cfg.names
-        stream = names.events_stream if service in EVENTS_STREAM_SERVICES else names.commands_stream
+        stream = names.commands_stream  # every service's durable consumer reads it (the verifier: its triggers)
         durable = names.consumer(service)
         try:
             await js.consumer_info(stream, durable)

@@ -55,9 +55,8 @@ async def server_listening(host: str = "127.0.0.1", port: int = 4222) -> bool:
 
 async def service_active(infra: Infra, cfg: Config, name: str) -> bool:
     """True if some instance of service ``name`` is consuming (its durable consumer has pull requests waiting)."""
-    stream = cfg.names.events_stream if name == "verifier" else cfg.names.commands_stream
     try:
-        info = await infra.js.consumer_info(stream, cfg.names.consumer(name))
+        info = await infra.js.consumer_info(cfg.names.commands_stream, cfg.names.consumer(name))
     except Exception:
         return False
     return bool(info.num_waiting)

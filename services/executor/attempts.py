@@ -49,14 +49,14 @@ from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.models import ModelRequest, make_adapter
 from shared.nats.blobstore import ref_for
-from shared.nats.publish import publish_pipelined
+from shared.nats.publish import publish_pipelined, publish_verify
 from shared.proc.tools import run_tool
 
 log = structlog.get_logger("reel.executor")
 
 TEXT_CACHE_BYTES = 64 * 1024 * 1024
 BLOB_TIMEOUT_S = 30.0
-CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection for recovery tests: "<step_id>:<attempt>:after_output"
+CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection: "<step_id>:<attempt>:after_output", "verifying:after_commit"
 LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
 
 
@@ -118,6 +118,17 @@ class Attempts:
         """Commit ``events`` planned on ``state``: the state after them, or NoCommit (the run moved)."""
         done = await self.commit(state, on_head(state.head_lsn, events), sent=sent)
         return done.state if isinstance(done, Committed) else done
+
+    async def trigger_verification(self, state: RunState) -> None:
+        """Queue the verifier's trigger for the ``run_verifying`` commit at ``state.head_lsn`` (best effort:
+        if it is lost, recovery's sweep re-triggers a run resting in Verifying with none queued)."""
+        if self._crash_at == "verifying:after_commit":  # fault injection: die between the commit and the trigger
+            log.error("executor.crash_injected", point=self._crash_at)
+            os._exit(137)
+        try:
+            await publish_verify(self._nc.jetstream(), self._names, state.run_id, state.active_branch, state.head_lsn)
+        except Exception as exc:
+            log.warning("run.verify_trigger_failed", lsn=state.head_lsn, error=str(exc))
 
     # ---- attempts ------------------------------------------------------------------------
     async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep,

@@ -8,6 +8,9 @@ commit of the resolutions (:func:`shared.fenced.commit_decided`), or a ``ResumeR
   with open intents (a hint; decisions are made on a fresh fold);
 * a sweep every ``lease_ttl_s / 2`` seconds looks at the indexed runs whose
   open intents could now be acted on;
+* the same sweep re-triggers the verifier (``VerifyRun`` on ``<ns>.cmd.verify.<run_id>``)
+  for a run resting in ``verifying`` with no trigger queued — the executor died between
+  its ``run_verifying`` commit and the trigger (:meth:`RecoveryService.retrigger`);
 * the ``<ns>.cmd.recover`` command (``RecoverRuns{run_id?}``) scans one run, or
   every indexed run with an open intent once the index has caught up with the
   stream, and replies with what it resolved, resumed and left waiting.
@@ -31,7 +34,7 @@ from typing import Any
 import msgspec
 import structlog
 from nats.js import api as jsapi
-from nats.js.errors import InvalidKeyError, KeyNotFoundError
+from nats.js.errors import InvalidKeyError, KeyNotFoundError, NotFoundError
 
 from shared.clock import now_ms
 from shared.config import Config
@@ -41,12 +44,13 @@ from shared.core.errors import ReelError
 from shared.core.events import AnyEvent, BlobRef
 from shared.core.fold import RunState
 from shared.core.ports import EventLog
+from shared.core.state import VERIFYING
 from shared.fenced import Committed, NoCommit, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import executor_alive
-from shared.nats.publish import publish_resume
+from shared.nats.publish import publish_resume, publish_verify
 
 from .index import IntentIndex
 
@@ -72,6 +76,7 @@ class RecoveryService:
         self.infra, self.cfg = infra, cfg
         self.log = events
         self.index = IntentIndex(cfg.names.events(""))
+        self._verifying_seen: set[tuple[str, int]] = set()  # (run, verifying LSN) the previous retrigger saw
 
     # ---- facts recovery cannot derive from the log ----------------------------------------
     async def live_set(self, executor_ids: Iterable[str]) -> set[str]:
@@ -167,6 +172,45 @@ class RecoveryService:
                 log.warning("recovery.run_skipped", run_id=run_id, code=exc.code, reason=exc.message)
         return reports
 
+    async def retrigger(self) -> list[str]:
+        """Re-trigger the verifier for the runs resting in Verifying with no trigger queued; their ids.
+
+        A run is looked at from the second pass that sees it in Verifying at the same LSN on (the
+        executor's own trigger follows its commit at once). Its trigger subject is checked first and
+        the run loaded after: a verifier acks a trigger only once its job committed ``run_completed``
+        (or found the run moved), so a run still Verifying after its trigger is gone needs one. A
+        re-trigger is deduplicated per (run, LSN) within the stream's window, and a job for a run
+        already judged only completes it. A run that fails is logged and skipped.
+        """
+        now = set(self.index.verifying.items())
+        due, self._verifying_seen = sorted(now & self._verifying_seen), now
+        names = self.cfg.names
+        out: list[str] = []
+        for run_id, _ in due:
+            try:
+                if await self._trigger_queued(run_id):
+                    continue
+                state = await self.log.load(run_id)
+                self.index.offer(state)
+                if state.status != VERIFYING or state.verifying_lsn is None:
+                    continue
+                await publish_verify(self.infra.js, names, run_id, state.active_branch, state.verifying_lsn)
+            except Exception as exc:  # the next pass retries
+                log.warning("recovery.retrigger_failed", run_id=run_id, error=str(exc))
+                continue
+            log.info("recovery.verify_retriggered", run_id=run_id, branch_id=state.active_branch,
+                     lsn=state.verifying_lsn)
+            out.append(run_id)
+        return out
+
+    async def _trigger_queued(self, run_id: str) -> bool:
+        """True if a verification trigger of ``run_id`` is in the commands stream (queued or being judged)."""
+        try:
+            await self.infra.js.get_last_msg(self.cfg.names.commands_stream, self.cfg.names.verify(run_id))
+        except NotFoundError:
+            return False
+        return True
+
     async def catch_up(self) -> bool:
         """Wait until the index has seen every commit in the stream as of now."""
         info = await self.infra.js.stream_info(self.cfg.names.events_stream)
@@ -179,6 +223,7 @@ class RecoveryService:
         while not stop.is_set():
             try:
                 reports = await self.sweep()
+                await self.retrigger()
             except Exception:  # a sweep must never take the service down; the next one retries
                 log.exception("recovery.sweep_failed")
                 reports = []

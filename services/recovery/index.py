@@ -9,6 +9,11 @@ apply — a run it forgot that is forked again, a run whose first commits aged o
 of the stream, an undecodable commit — marks the run *stale*: the next sweep
 loads it from the log.
 
+It also keeps the runs that rest in ``verifying`` (run id → the LSN of their
+``run_verifying`` commit), until a commit takes them out of it (``run_completed``,
+``run_cancelled``, a fork): the sweep re-triggers the verifier for those with no
+trigger queued (services/recovery/app.py).
+
 Consistency rule: a state loaded from the log is adopted only if it is at least
 as new as the last commit the consumer delivered for that run, and the consumer
 applies only commits above the state's head, so the two sources never double-
@@ -22,8 +27,9 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from shared.core.events import AttemptDispatched, BranchForked, RunCreated, decode_commit
+from shared.core.events import AttemptDispatched, BranchForked, RunCancelled, RunCompleted, RunCreated, decode_commit
 from shared.core.fold import RESTING, RunState, apply_commit
+from shared.core.state import VERIFYING
 
 log = structlog.get_logger("reel.recovery")
 
@@ -40,6 +46,7 @@ class IntentIndex:
         self._prefix = subject_prefix
         self.states: dict[str, RunState] = {}
         self.stale: set[str] = set()
+        self.verifying: dict[str, int] = {}  # run id → LSN of its run_verifying commit, while it rests there
         self._seen: dict[str, int] = {}
         self.last_seq = 0
         self._progress = asyncio.Condition()
@@ -64,6 +71,9 @@ class IntentIndex:
         try:
             commit = decode_commit(data)
             if state is None:
+                if run_id in self.verifying and any(isinstance(e, RunCompleted | RunCancelled | BranchForked)
+                                                    for e in commit.events):
+                    del self.verifying[run_id]  # a fork also makes the run stale below: its reload decides
                 if commit.events and isinstance(commit.events[0], RunCreated):
                     self.states[run_id] = state = apply_commit(None, lsn, commit)
                 elif any(isinstance(e, AttemptDispatched | BranchForked) for e in commit.events):
@@ -76,6 +86,7 @@ class IntentIndex:
         except Exception as exc:  # the index is a hint: a commit it cannot apply sends the run to a cold load
             log.warning("recovery.index_unreadable", run_id=run_id, lsn=lsn, error=str(exc))
             self.states.pop(run_id, None)
+            self.verifying.pop(run_id, None)
             self.stale.add(run_id)
             return
         self._forget_if_done(state)
@@ -90,6 +101,10 @@ class IntentIndex:
         self._forget_if_done(state)
 
     def _forget_if_done(self, state: RunState) -> None:
+        if state.status == VERIFYING and state.verifying_lsn is not None:
+            self.verifying[state.run_id] = state.verifying_lsn
+        else:
+            self.verifying.pop(state.run_id, None)
         if state.status in RESTING and not has_open_intent(state):
             self.states.pop(state.run_id, None)
 

@@ -1,31 +1,36 @@
-"""Verifier service: a durable consumer on the run-events stream shared by every instance.
+"""Verifier service: a durable consumer on the verification triggers, shared by every instance.
 
-Each commit of every run is delivered to exactly one instance; commits without a
-``run_verifying`` event are acked at once. For a ``run_verifying`` commit at LSN P
-the instance runs the verification job (services/verifier/handler.py) and acks
-only when it is done, so an instance that dies mid-job has its message redelivered
-(after ``ack_wait_s``) to another one, which resumes from the verdicts already
-recorded in the run's log.
+A run that commits ``run_verifying`` at LSN P gets one trigger, a ``VerifyRun`` on
+``<ns>.cmd.verify.<run_id>`` (commands stream, work queue, ``Nats-Msg-Id``
+``verify:<run>:<P>``): the executor publishes it right after the commit, and recovery's
+sweep publishes it again for a run resting in Verifying with no trigger queued (the
+executor died between the two). So a verifier receives O(1) messages per run, whatever
+the run's length — never the run's other commits. Each trigger is delivered to exactly
+one instance, which runs the verification job (services/verifier/handler.py) and acks
+only when it is done, so an instance that dies mid-job has its trigger redelivered
+(after ``ack_wait_s``) to another one, which resumes from the verdicts already recorded
+in the run's log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
-import msgspec
 import structlog
 
 from shared.config import Config
-from shared.core.errors import InvalidTransition, ReelError, RunNotFound, UnknownEventType
-from shared.core.events import decode_commit
+from shared.core.commands import VerifyRun, decode_command
+from shared.core.errors import InvalidCommand, InvalidTransition, ReelError, RunNotFound, UnknownEventType
+from shared.core.ids import is_token
 from shared.core.ports import BlobStore, EventLog
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.consumer import Ack, CommandConsumer, Delivery
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
-from .handler import SnapshotNotVisible, VerificationHandler, verifying_event
+from .handler import SnapshotNotVisible, VerificationHandler
 
 log = structlog.get_logger("reel.verifier")
 
@@ -36,7 +41,7 @@ def new_verifier_id() -> str:
 
 
 class VerifierService:
-    """One verifier instance: decode a delivered commit, run its verification job if it has one."""
+    """One verifier instance: decode a delivered trigger, run its verification job."""
 
     def __init__(self, infra: Infra, cfg: Config, events: EventLog, blobs: BlobStore, *,
                  instance_id: str | None = None) -> None:
@@ -44,19 +49,19 @@ class VerifierService:
         self.handler = VerificationHandler(infra.nc, cfg.names, events, blobs, writer=self.instance_id)
 
     async def handle(self, cmd: Delivery) -> Ack:
-        """Handle one run-events message (``cmd.stream_seq`` is its LSN)."""
+        """Handle one verification trigger (a ``VerifyRun``; an undecodable one is logged and dropped)."""
         try:
-            commit = decode_commit(cmd.data)
-        except (UnknownEventType, msgspec.ValidationError, msgspec.DecodeError) as exc:
-            log.error("commit.undecodable", subject=cmd.subject, lsn=cmd.stream_seq, error=str(exc))
+            trigger = decode_command(cmd.data, VerifyRun)
+            if not is_token(trigger.run_id):
+                raise InvalidCommand(f"run_id {trigger.run_id[:80]!r} is not a valid run id")
+        except InvalidCommand as exc:
+            log.error("verification.trigger_undecodable", subject=cmd.subject, stream_seq=cmd.stream_seq,
+                      error=exc.message)
             return Ack.TERM
-        event = verifying_event(commit)
-        if event is None:
-            return Ack.ACK
-        structlog.contextvars.bind_contextvars(run_id=commit.run_id, snapshot_lsn=cmd.stream_seq,
-                                               branch_id=event.branch_id, verifier_id=self.instance_id)
+        structlog.contextvars.bind_contextvars(run_id=trigger.run_id, snapshot_lsn=trigger.snapshot_lsn,
+                                               branch_id=trigger.branch_id, verifier_id=self.instance_id)
         try:
-            job = await self.handler.open_job(commit.run_id, cmd.stream_seq, event.branch_id)
+            job = await self.handler.open_job(trigger.run_id, trigger.snapshot_lsn, trigger.branch_id)
         except SnapshotNotVisible as exc:
             log.warning("verification.snapshot_not_visible", reason=exc.message)
             return Ack.NAK
@@ -80,14 +85,17 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, ack_wait_s: f
     Args:
         ack_wait_s: redelivery delay of a job whose instance died (default
             ``cfg.command_ack_wait_s``); long jobs are kept alive with in-progress acks.
-        concurrency: jobs (and commits) handled at once by this instance.
+        concurrency: jobs handled at once by this instance.
         instance_id: this instance's id (the ``writer`` of its commits).
     """
     service = VerifierService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names),
                               JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket), instance_id=instance_id)
     structlog.contextvars.bind_contextvars(verifier_id=service.instance_id)
+    durable = cfg.names.consumer("verifier")
+    with contextlib.suppress(Exception):  # the firehose durable of earlier versions (on the events stream)
+        await infra.js.delete_consumer(cfg.names.events_stream, durable)
     consumer = CommandConsumer(
-        infra, cfg, "verifier", [cfg.names.events_all], service.handle, stream=cfg.names.events_stream,
+        infra, cfg, "verifier", [cfg.names.verify_all], service.handle,
         concurrency=concurrency or cfg.max_concurrent_runs,
         ack_wait_s=ack_wait_s if ack_wait_s is not None else cfg.command_ack_wait_s,
     )

@@ -1,6 +1,7 @@
 """One verification job: the verdicts of one run at one snapshot LSN (seed T4.2).
 
-A job is triggered by a commit carrying ``run_verifying`` at LSN P. It:
+A job is triggered by a ``VerifyRun`` (services/verifier/app.py) naming the run's ``run_verifying``
+commit at LSN P and its branch. It:
 
 1. folds the run up to P (the pinned view) and to the head (what is already
    recorded) — each from the run's state snapshot plus the commits above it, or cold;
@@ -34,7 +35,7 @@ from nats.js import JetStreamContext
 from shared.clock import now_ms
 from shared.core import verification
 from shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInvalid
-from shared.core.events import AnyEvent, Commit, RunVerifying, Verdict
+from shared.core.events import AnyEvent, Verdict
 from shared.core.fold import RunState, branch_failed
 from shared.core.ids import LSN, BranchId, RunId
 from shared.core.ports import BlobStore, EventLog
@@ -78,11 +79,6 @@ class Job:
     def recorded(self, state: RunState | None = None) -> dict[str, Verdict]:
         """Verdicts already in the log for this (branch, snapshot), by verifier name."""
         return verification.recorded(state or self.current, self.branch_id, self.snapshot_lsn)
-
-
-def verifying_event(commit: Commit) -> RunVerifying | None:
-    """The ``run_verifying`` event of a commit, if it has one."""
-    return next((e for e in commit.events if isinstance(e, RunVerifying)), None)
 
 
 class VerificationHandler:

@@ -63,6 +63,16 @@ class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     run_id: RunId
 
 
+class VerifyRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Verify a run resting in Verifying (``<ns>.cmd.verify.<run_id>``); sent by the executor right after
+    its ``run_verifying`` commit at ``snapshot_lsn``, and again by recovery for a run resting there
+    with no trigger queued."""
+
+    run_id: RunId
+    branch_id: BranchId
+    snapshot_lsn: LSN
+
+
 class RecoverRuns(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Ask recovery to scan now (``<ns>.cmd.recover``): one run, or every run with open intents."""
 

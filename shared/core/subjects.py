@@ -13,6 +13,7 @@ cancel a run           ``reel.cmd.cancel``         ″
 rewind a run           ``reel.cmd.rewind``         ″
 resume a run           ``reel.cmd.resume``         ″ (rewind/recovery → executor)
 scan for lost intents  ``reel.cmd.recover``        ″ (recovery)
+verify a run           ``reel.cmd.verify.<run_id>`` ″ (executor/recovery → verifier)
 verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
 blobs                  object store ``reel_blobs`` content-addressed (sha256)
 executor leases        KV ``reel_leases``          per-message TTL heartbeats
@@ -102,6 +103,14 @@ class Names:
     def verdicts_all(self) -> str:
         return f"{self.namespace}.verdict.>"
 
+    def verify(self, run_id: str) -> str:
+        """The verification trigger of one run: one ``VerifyRun`` per ``run_verifying`` commit (commands stream)."""
+        return f"{self.namespace}.cmd.verify.{run_id}"
+
+    @property
+    def verify_all(self) -> str:
+        return f"{self.namespace}.cmd.verify.*"
+
     def outcome_marker(self, key: str) -> str:
         """The KV subject of one outcome marker (``key`` from :func:`outcome_key`)."""
         return f"$KV.{self.outcome_bucket}.{key}"
@@ -109,6 +118,12 @@ class Names:
     def consumer(self, service: str) -> str:
         """Durable consumer name of a service."""
         return f"{self.namespace}_{service}"
+
+
+def verify_msg_id(run_id: str, snapshot_lsn: int) -> str:
+    """``Nats-Msg-Id`` of a verification trigger: one per (run, ``run_verifying`` LSN), so a re-trigger
+    within the duplicate window is dropped by the server."""
+    return f"verify:{run_id}:{snapshot_lsn}"
 
 
 def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:

@@ -77,10 +77,11 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
         description="Reel run events: one subject per run, one message per commit, LSN = stream sequence",
     ))
     await ensure_stream(js, jsapi.StreamConfig(
-        name=n.commands_stream, subjects=[n.command(c) for c in COMMANDS] + [n.command("crucible.*")],
+        name=n.commands_stream, subjects=[n.command(c) for c in COMMANDS] + [n.command("crucible.*"), n.verify_all],
         storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
-        duplicate_window=DUPLICATE_WINDOW_S, description="Reel commands (start, cancel, rewind, resume)",
+        duplicate_window=DUPLICATE_WINDOW_S,
+        description="Reel commands (start, cancel, rewind, resume, recover) and verification triggers",
     ))
     await ensure_stream(js, jsapi.StreamConfig(
         name=n.verdicts_stream, subjects=[n.verdicts_all], storage=storage, num_replicas=cfg.replicas,

@@ -1,5 +1,5 @@
 """Acked publishes to JetStream subjects, pipelined (several in flight share one round trip), and the
-one command a service queues for another (:func:`publish_resume`)."""
+commands a service queues for another (:func:`publish_resume`, :func:`publish_verify`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
 
-from shared.core.commands import ResumeRun, encode
-from shared.core.ids import RunId
-from shared.core.subjects import MSG_ID_HEADER, Names
+from shared.core.commands import ResumeRun, VerifyRun, encode
+from shared.core.ids import LSN, BranchId, RunId
+from shared.core.subjects import MSG_ID_HEADER, Names, verify_msg_id
 
 
 async def request_ack(nc: Client, subject: str, body: bytes, headers: dict[str, str] | None,
@@ -46,3 +46,14 @@ async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn
     """Queue ``ResumeRun`` for an executor, deduplicated per (run, LSN that made it needed)."""
     await js.publish(names.command("resume"), encode(ResumeRun(run_id=RunId(run_id))),
                      headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"})
+
+
+async def publish_verify(js: JetStreamContext, names: Names, run_id: str, branch_id: str, snapshot_lsn: int) -> None:
+    """Queue the verification trigger of a run that committed ``run_verifying`` at ``snapshot_lsn``
+    (deduplicated per (run, LSN): a re-trigger within the stream's duplicate window is dropped).
+
+    Raises:
+        nats.errors.TimeoutError, nats.js.errors.APIError: the trigger was not stored (recovery re-triggers).
+    """
+    cmd = VerifyRun(run_id=RunId(run_id), branch_id=BranchId(branch_id), snapshot_lsn=LSN(snapshot_lsn))
+    await js.publish(names.verify(run_id), encode(cmd), headers={MSG_ID_HEADER: verify_msg_id(run_id, snapshot_lsn)})

@@ -51,6 +51,6 @@ async def test_heartbeat_touches_its_file_at_once_and_stops_on_an_unwritable_one
 
 async def test_ready_checks_the_services_consumer(cfg: Config, infra: Infra) -> None:
     assert await health.ready(cfg, None) == f"ok: NATS and JetStream at {cfg.nats_url}"
-    missing = f"verifier is not consuming: no consumer {cfg.names.consumer('verifier')} on {cfg.names.events_stream}"
+    missing = f"verifier is not consuming: no consumer {cfg.names.consumer('verifier')} on {cfg.names.commands_stream}"
     with pytest.raises(health.Unhealthy, match=missing):
         await health.ready(cfg, "verifier")

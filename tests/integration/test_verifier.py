@@ -36,6 +36,7 @@ from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog, SubjectLog
 from shared.nats.infra import Infra
+from shared.nats.publish import publish_verify
 from shared.verify import run_verifier
 from tests.conftest import REPO, running
 from tests.integration import parking
@@ -257,8 +258,8 @@ async def test_late_consumer_replays_verdicts(executor: None, verifier: None, cl
     assert len(completed) == 1 and completed[0].snapshot_lsn == state.verifying_lsn
 
 
-async def test_unreadable_workflow_gives_error_verdicts(verifier: None, client: ReelClient,
-                                                        event_log: JetStreamEventLog) -> None:
+async def test_unreadable_workflow_gives_error_verdicts(verifier: None, client: ReelClient, infra: Infra,
+                                                        cfg: Config, event_log: JetStreamEventLog) -> None:
     # a hand-written run whose workflow blob does not exist: judged `error`, not retried forever
     run_id, missing = "r-handmade", BlobRef(sha256="0" * 64, size_bytes=0, media_type="application/json")
     created = RunCreated(run_id=run_id, branch_id="main", workflow_name="ghost", workflow_ref=missing,
@@ -269,6 +270,7 @@ async def test_unreadable_workflow_gives_error_verdicts(verifier: None, client: 
         AttemptSucceeded(branch_id="main", step_id="s", attempt=1, output_ref=missing, at_ms=2),
         RunVerifying(branch_id="main", at_ms=3),
     ], expected_lsn=lsn)
+    await publish_verify(infra.js, cfg.names, run_id, "main", lsn)  # what the executor sends after run_verifying
     state = await client.wait_for(run_id, ("completed",), timeout_s=30)
     assert [(v.verifier, v.status, v.snapshot_lsn) for v in state.verdicts] in (
         [("v1", "error", lsn), ("v2", "error", lsn)], [("v2", "error", lsn), ("v1", "error", lsn)])
