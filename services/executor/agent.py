@@ -204,7 +204,7 @@ class AgentRun:
         if isinstance(done, NoCommit):
             return done
         if done.events != tuple(events):  # the run moved: only the outcomes went in; the driver plans again
-            log.info("agent.replanned", lsn=done.state.head_lsn, recorded=len(done.events))
+            log.debug("agent.replanned", lsn=done.state.head_lsn, recorded=len(done.events))
             return done.state
         return await self._started(done, branch_id, calls, turn, prompt_result)
 
@@ -220,12 +220,12 @@ class AgentRun:
             self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies),
                                                   name=f"call {c.step_id}#{c.attempt}")
         if calls:
-            log.info("agent.calls_dispatched", lsn=state.head_lsn, calls=[f"{c.step_id}#{c.attempt}" for c in calls])
+            log.debug("agent.calls_dispatched", lsn=state.head_lsn, calls=[f"{c.step_id}#{c.attempt}" for c in calls])
         if turn is None:
             return state
         a = turn.action
         p = turn.partition
-        log.info("attempt.dispatched", lsn=state.head_lsn, step_id=a.step_id, attempt=a.attempt, packed=len(p.packed),
+        log.debug("attempt.dispatched", lsn=state.head_lsn, step_id=a.step_id, attempt=a.attempt, packed=len(p.packed),
                  available=len(p.available), dropped=len(p.dropped), prompt_tokens=turn.packed_tokens)
         key = (a.branch_id, a.step_id, a.attempt)
         if isinstance(prompt_result, BaseException):  # never call a model whose prompt is not stored

@@ -159,7 +159,7 @@ class Attempts:
         if isinstance(blob_result, BaseException):
             return await self._fail(state, action, "prompt_store_failed", str(blob_result), True, Usage())
         p = packed.partition
-        log.info("attempt.dispatched", lsn=state.head_lsn, packed=len(p.packed), available=len(p.available),
+        log.debug("attempt.dispatched", lsn=state.head_lsn, packed=len(p.packed), available=len(p.available),
                  dropped=len(p.dropped), prompt_tokens=packed.packed_tokens)
         started = time.perf_counter()
         try:
@@ -184,7 +184,7 @@ class Attempts:
         if isinstance(done, NoCommit):
             return done
         state = done
-        log.info("attempt.dispatched", lsn=state.head_lsn, tool=step.tool.type)
+        log.debug("attempt.dispatched", lsn=state.head_lsn, tool=step.tool.type)
         stdin = None
         if step.tool.stdin_from:
             stdin = (await self.outputs(state, action.branch_id, [step.tool.stdin_from])).get(

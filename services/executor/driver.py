@@ -126,7 +126,7 @@ class Driver:
             action = plan.next_action(state, self.executor_id, agents.in_flight)
             if isinstance(action, plan.Rest):
                 state = await agents.drain(state)
-                log.info("run.resting", status=action.status, lsn=state.head_lsn)
+                log.debug("run.resting", status=action.status, lsn=state.head_lsn)
                 return state
             if self.stopping is not None and self.stopping.is_set():
                 state = await agents.drain(state)
