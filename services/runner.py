@@ -7,18 +7,21 @@ checks (:mod:`services.health`).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
 
 from services.health import HEARTBEAT_ENV, heartbeat
-from shared.config import Config
+from shared.config import CONNECTION_FLAGS, Config
 from shared.logging import setup_logging
+from shared.nats.access import redact_url
 from shared.nats.infra import Infra, connect, ensure_infra
 
 Serve = Callable[[Infra, Config, asyncio.Event], Awaitable[None]]
@@ -34,7 +37,8 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
     nc = await connect(cfg, name=f"reel-{name}")
     try:
         infra = await ensure_infra(nc, cfg)
-        log.info("service.started", nats_url=cfg.nats_url, namespace=cfg.names.namespace)
+        log.info("service.started", nats_url=redact_url(cfg.nats_url), namespace=cfg.names.namespace,
+                 nats_user=cfg.auth.user)
         beat = os.environ.get(HEARTBEAT_ENV)
         beating = asyncio.create_task(heartbeat(Path(beat))) if beat else None
         try:
@@ -49,7 +53,22 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
         log.info("service.stopped")
 
 
+def apply_connection_flags(argv: list[str]) -> None:
+    """Set the environment variable of each connection flag in ``argv`` (shared.config.CONNECTION_FLAGS;
+    ``--nats-url`` sets ``NATS_URL``); other arguments are left alone."""
+    parser = argparse.ArgumentParser(add_help=False)
+    flags = {"--nats-url": ("NATS_URL", ""), **CONNECTION_FLAGS}
+    for flag in flags:
+        parser.add_argument(flag, dest=flag)
+    known, _ = parser.parse_known_args(argv)
+    for flag, (env, _help) in flags.items():
+        value = getattr(known, flag)
+        if value is not None:
+            os.environ[env] = value
+
+
 def main_for(name: str, serve: Serve) -> None:
-    """``python -m services.<name>`` entry point."""
+    """``python -m services.<name>`` entry point (connection flags: ``--nats-url``, ``--nats-user``, …)."""
+    apply_connection_flags(sys.argv[1:])
     setup_logging(name)
     asyncio.run(run_service(name, serve, Config.from_env()))

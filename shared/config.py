@@ -11,14 +11,86 @@ variable                 default                    meaning
 ``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose service died
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 =======================  =========================  ===========================================
+
+Credentials and TLS (:class:`NatsAuth`, docs/security.md; all unset by default — an auth-off server):
+
+============================  ===============================================================
+variable                      meaning
+============================  ===============================================================
+``REEL_NATS_USER``            user name (a role of ``reel auth init``: client, executor, …)
+``REEL_NATS_PASSWORD``        its password (or ``REEL_NATS_PASSWORD_FILE``: a file holding it)
+``REEL_NATS_CREDS``           a ``.creds`` file (JWT + nkey seed; operator-mode servers)
+``REEL_NATS_NKEY_SEED``       an nkey user seed (``SU…``) or a file holding one
+``REEL_NATS_TLS_CA``          CA bundle to verify the server (turns TLS on)
+``REEL_NATS_TLS_CERT``        client certificate (mutual TLS), with ``REEL_NATS_TLS_KEY``
+``REEL_NATS_JS_API_PREFIX``   JetStream API prefix (clients: ``JS.<NS>.API``, from ``client.env``)
+``REEL_NATS_INBOX_PREFIX``    inbox prefix of the connection (services: ``_INBOX_<role>``)
+============================  ===============================================================
+
+Secrets never appear in a log line, an error or a ``repr``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shared.core.subjects import Names
+
+CONNECTION_FLAGS = {
+    "--nats-user": ("REEL_NATS_USER", "NATS user (a role of `reel auth init`)"),
+    "--nats-password": ("REEL_NATS_PASSWORD", "its password (prefer $REEL_NATS_PASSWORD or --nats-password-file)"),
+    "--nats-password-file": ("REEL_NATS_PASSWORD_FILE", "a file holding the password"),
+    "--nats-creds": ("REEL_NATS_CREDS", "a .creds file (JWT + nkey seed)"),
+    "--nats-nkey-seed": ("REEL_NATS_NKEY_SEED", "an nkey user seed file (or the seed)"),
+    "--nats-tls-ca": ("REEL_NATS_TLS_CA", "CA bundle verifying the server (turns TLS on)"),
+    "--nats-tls-cert": ("REEL_NATS_TLS_CERT", "client certificate (mutual TLS)"),
+    "--nats-tls-key": ("REEL_NATS_TLS_KEY", "client certificate's key"),
+    "--nats-js-api-prefix": ("REEL_NATS_JS_API_PREFIX", "JetStream API prefix (client account: JS.<NS>.API)"),
+    "--nats-inbox-prefix": ("REEL_NATS_INBOX_PREFIX", "inbox prefix of the connection"),
+}
+"""Every connection flag of the ``reel`` CLI and the services, with its environment variable and help."""
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """How to authenticate to NATS (see the module table); every field optional."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    creds: str | None = None
+    nkey_seed: str | None = field(default=None, repr=False)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    js_api_prefix: str | None = None
+    inbox_prefix: str | None = None
+
+    @property
+    def configured(self) -> bool:
+        """True if any credential is set (a user, a ``.creds`` file or an nkey seed)."""
+        return bool(self.user or self.creds or self.nkey_seed)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NatsAuth:
+        """Read the ``REEL_NATS_*`` variables of ``env`` (default ``os.environ``); empty values count as unset.
+
+        Raises:
+            OSError: ``REEL_NATS_PASSWORD_FILE`` names a file that cannot be read.
+        """
+        e = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            return e.get(f"REEL_NATS_{name}") or None
+
+        password = get("PASSWORD")
+        if password is None and (pw_file := get("PASSWORD_FILE")):
+            password = Path(pw_file).read_text().strip()
+        return cls(user=get("USER"), password=password, creds=get("CREDS"), nkey_seed=get("NKEY_SEED"),
+                   tls_ca=get("TLS_CA"), tls_cert=get("TLS_CERT"), tls_key=get("TLS_KEY"),
+                   js_api_prefix=get("JS_API_PREFIX"), inbox_prefix=get("INBOX_PREFIX"))
 
 
 @dataclass(frozen=True)
@@ -32,6 +104,7 @@ class Config:
     lease_ttl_s: int = 5
     max_concurrent_runs: int = 16
     command_ack_wait_s: float = 30.0
+    auth: NatsAuth = field(default_factory=NatsAuth)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -44,6 +117,7 @@ class Config:
             "lease_ttl_s": max(1, int(os.environ.get("REEL_LEASE_TTL_S", "5"))),
             "max_concurrent_runs": int(os.environ.get("REEL_MAX_CONCURRENT_RUNS", "16")),
             "command_ack_wait_s": float(os.environ.get("REEL_COMMAND_ACK_WAIT_S", "30")),
+            "auth": NatsAuth.from_env(),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

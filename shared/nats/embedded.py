@@ -99,8 +99,8 @@ async def embedded_server(
     Args:
         port: TCP port, ``-1`` for a free one.
         store_dir: JetStream store directory (a temp dir, removed on exit, if ``None``).
-        config_file: a nats-server config file read first (e.g. ``jetstream { sync_interval: always }``);
-            the flags above override what it sets.
+        config_file: a nats-server config file read first (e.g. ``jetstream { sync_interval: always }``,
+            or ``reel auth init``'s ``server.conf``: accounts and users); the flags above override what it sets.
 
     Raises:
         NatsServerNotFound: no binary.
@@ -138,8 +138,10 @@ async def embedded_server(
 
 
 @contextlib.asynccontextmanager
-async def url_or_embedded(url: str | None, store_dir: Path) -> AsyncIterator[tuple[str, bool]]:
-    """``(url, False)`` if ``url`` is given, else an embedded server on ``store_dir`` for the block (``(url, True)``).
+async def url_or_embedded(url: str | None, store_dir: Path, *, config_file: str | None = None
+                          ) -> AsyncIterator[tuple[str, bool]]:
+    """``(url, False)`` if ``url`` is given, else an embedded server on ``store_dir`` for the block (``(url, True)``),
+    run with ``config_file`` if given.
 
     The connect-or-embed step of the ``reel`` and ``reel crucible`` commands.
 
@@ -149,7 +151,7 @@ async def url_or_embedded(url: str | None, store_dir: Path) -> AsyncIterator[tup
     if url is not None:
         yield url, False
         return
-    async with embedded_server(store_dir=str(store_dir)) as srv:
+    async with embedded_server(store_dir=str(store_dir), config_file=config_file) as srv:
         yield srv.url, True
 
 

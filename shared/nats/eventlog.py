@@ -34,6 +34,7 @@ from shared.core.events import AnyEvent, Commit, decode_commit, encode_commit
 from shared.core.ids import CommitId, RunId, is_token, new_commit_id
 from shared.core.ports import EventLog
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names
+from shared.nats.access import fail_if_denied
 from shared.nats.publish import request_ack
 from shared.nats.snapshots import SnapshotStore
 
@@ -129,6 +130,7 @@ class SubjectLog:
                 done.set_exception(ReelError(f"direct get failed: {status} {(msg.headers or {}).get('Description')}"))
 
         sub = await self._nc.subscribe(self._nc.new_inbox(), cb=on_reply)
+        fail_if_denied(self._nc, api_subject, done)  # a refused read fails now, not at the timeout
         try:
             await self._nc.publish(api_subject, json.dumps(payload).encode() if payload else b"", reply=sub.subject)
             await asyncio.wait_for(done, self._timeout_s)

@@ -1,14 +1,17 @@
 """Connecting to NATS and creating Reel's streams, buckets idempotently (brief §4, §6).
 
 Every service calls :func:`ensure_infra` at start: creating what exists already is
-a no-op, and a stream whose config drifted (e.g. replicas) is updated.
+a no-op, and a stream whose config drifted (e.g. replicas) is updated — by a
+connection allowed to (the operator, or any connection to an auth-off server); a
+service role may create what is missing but not change it, so it keeps the stream
+as it is and logs ``infra.config_kept`` (docs/security.md). A client, which may
+create nothing, uses :func:`open_infra`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import nats
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -18,7 +21,9 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from shared.config import Config
+from shared.core.errors import ReelError
 from shared.core.subjects import COMMANDS
+from shared.nats.access import PermissionDenied, open_connection, redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -38,15 +43,25 @@ class Infra:
     snapshots: KeyValue
 
 
+class InfraMissing(ReelError):
+    """A stream or bucket Reel needs does not exist, and this connection may not create it."""
+
+    code = "infra_missing"
+
+
 async def connect(cfg: Config, name: str = "reel") -> Client:
-    """Connect to ``cfg.nats_url`` (comma-separated list allowed).
+    """Connect to ``cfg.nats_url`` (comma-separated list allowed) with ``cfg.auth``'s credentials and TLS.
+
+    The connection is a :class:`~shared.nats.access.ReelConnection`: a request the
+    user may not make raises :class:`~shared.nats.access.PermissionDenied` at once.
 
     Raises:
+        ConnectRefused: the server refused the credentials (or TLS failed).
         nats.errors.NoServersError: nothing answers at that address.
     """
     servers = [s.strip() for s in cfg.nats_url.split(",") if s.strip()]
-    return await nats.connect(
-        servers=servers, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+    return await open_connection(
+        servers, cfg.auth, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         allow_reconnect=True,
     )
 
@@ -63,7 +78,10 @@ async def ensure_stream(js: JetStreamContext, config: jsapi.StreamConfig) -> Non
     except BadRequestError as exc:
         if exc.err_code != 10058:  # stream name already in use with a different configuration
             raise
-        await js.update_stream(config)
+        try:
+            await js.update_stream(config)
+        except PermissionDenied:  # a service role: the operator repairs drift
+            log.warning("infra.config_kept", stream=config.name, reason="this NATS user may not update streams")
 
 
 async def ensure_infra(nc: Client, cfg: Config) -> Infra:
@@ -101,6 +119,25 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
         description="Latest folded-state snapshot per run (a shortcut for reads, never a source of truth)",
     ))
     return Infra(nc=nc, js=js, blobs=blobs, leases=leases, outcomes=outcomes, snapshots=snapshots)
+
+
+async def open_infra(nc: Client, cfg: Config) -> Infra:
+    """Handles to the streams and buckets of ``cfg.names``, creating nothing (a client's view).
+
+    Raises:
+        InfraMissing: one of them does not exist (no Reel service ever ran on this namespace).
+    """
+    js = nc.jetstream()
+    n = cfg.names
+    try:
+        for stream in (n.events_stream, n.commands_stream, n.verdicts_stream):
+            await js.stream_info(stream)
+        blobs = await js.object_store(n.blob_bucket)
+        kvs = [await js.key_value(b) for b in (n.lease_bucket, n.outcome_bucket, n.snapshot_bucket)]
+    except (NotFoundError, BadRequestError) as exc:
+        raise InfraMissing(f"namespace {n.namespace!r} has no Reel streams at {redact_url(cfg.nats_url)} "
+                           f"({exc.description or exc}): start `reel up` or a Reel service first") from None
+    return Infra(nc=nc, js=js, blobs=blobs, leases=kvs[0], outcomes=kvs[1], snapshots=kvs[2])
 
 
 async def _object_store(js: JetStreamContext, cfg: Config) -> ObjectStore:

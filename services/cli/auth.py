@@ -1,0 +1,105 @@
+"""Credentials on the ``reel`` CLI: the connection options every command takes, and ``reel auth init``.
+
+The options go before the command (``reel --nats-user client run wf.yaml``) and each
+has its environment variable (``REEL_NATS_USER``, … — :data:`shared.config.CONNECTION_FLAGS`);
+a flag sets its variable for the command, so every connection it opens and every
+service it runs reads it (docs/security.md). ``--auth DIR`` (``REEL_AUTH_DIR``) names a
+``reel auth init`` directory: the command connects as its ``client`` role unless other
+credentials are given, an embedded server runs with its accounts, and services run
+in-process connect as their roles.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from services.cli.common import CliError, Namespace, console, run_async
+from shared.authdir import AuthDir, AuthDirExists, init
+from shared.config import CONNECTION_FLAGS
+from shared.core.subjects import Names
+from shared.roles import ROLES
+
+AUTH_DIR_ENV = "REEL_AUTH_DIR"
+
+auth_app = typer.Typer(help="NATS users, roles and permissions (docs/security.md).", no_args_is_help=True)
+
+
+def auth_dir_from_env() -> AuthDir | None:
+    """The ``reel auth init`` directory of ``$REEL_AUTH_DIR`` (``--auth``), if set.
+
+    Raises:
+        CliError: it is set but holds no ``auth.conf``.
+    """
+    value = os.environ.get(AUTH_DIR_ENV)
+    if not value:
+        return None
+    d = AuthDir(Path(value))
+    if not d.exists():
+        raise CliError(f"{value} is not a `reel auth init` directory (no auth.conf): run `reel auth init {value}`")
+    return d
+
+
+def _opt(flag: str) -> Any:
+    env, text = CONNECTION_FLAGS[flag]
+    return typer.Option(None, flag, envvar=env, help=text, show_envvar=True)
+
+
+def connection_options(
+    auth: Path | None = typer.Option(None, "--auth", envvar=AUTH_DIR_ENV, metavar="DIR", show_envvar=True,
+                                     help="a `reel auth init` directory: connect as its roles (docs/security.md)"),
+    nats_user: str | None = _opt("--nats-user"),
+    nats_password: str | None = _opt("--nats-password"),
+    nats_password_file: str | None = _opt("--nats-password-file"),
+    nats_creds: str | None = _opt("--nats-creds"),
+    nats_nkey_seed: str | None = _opt("--nats-nkey-seed"),
+    nats_tls_ca: str | None = _opt("--nats-tls-ca"),
+    nats_tls_cert: str | None = _opt("--nats-tls-cert"),
+    nats_tls_key: str | None = _opt("--nats-tls-key"),
+    nats_js_api_prefix: str | None = _opt("--nats-js-api-prefix"),
+    nats_inbox_prefix: str | None = _opt("--nats-inbox-prefix"),
+) -> None:
+    """Connection options of every command (given before the command): credentials, TLS, an auth directory."""
+    values = {"--nats-user": nats_user, "--nats-password": nats_password, "--nats-password-file": nats_password_file,
+              "--nats-creds": nats_creds, "--nats-nkey-seed": nats_nkey_seed, "--nats-tls-ca": nats_tls_ca,
+              "--nats-tls-cert": nats_tls_cert, "--nats-tls-key": nats_tls_key,
+              "--nats-js-api-prefix": nats_js_api_prefix, "--nats-inbox-prefix": nats_inbox_prefix}
+    for flag, value in values.items():
+        if value is not None:
+            os.environ[CONNECTION_FLAGS[flag][0]] = value
+    if auth is not None:
+        os.environ[AUTH_DIR_ENV] = str(auth)
+
+
+def install(app: typer.Typer) -> None:
+    """Register the connection options (the app's callback) and ``reel auth`` on ``app``."""
+    app.callback()(connection_options)
+    app.add_typer(auth_app, name="auth")
+
+
+@auth_app.command("init")
+def init_cmd(
+    directory: Path = typer.Argument(..., help="where to write auth.conf, server.conf and the role credentials"),
+    namespace: str = Namespace,
+    force: bool = typer.Option(False, "--force", help="replace an existing directory's passwords"),
+    if_missing: bool = typer.Option(False, "--if-missing", help="do nothing (exit 0) if DIR already has auth.conf"),
+    k8s: bool = typer.Option(False, "--k8s", help="also write k8s-secrets.yaml (Secrets reel-nats-auth, reel-<role>)"),
+) -> None:
+    """Write a nats-server authorization config and a random password per role (files 0600)."""
+    async def body() -> int:
+        if if_missing and AuthDir(directory).exists():
+            console.print(f"{directory}: auth.conf exists; nothing written")
+            return 0
+        try:
+            d = init(directory, Names(namespace), force=force, k8s=k8s)
+        except AuthDirExists as exc:
+            raise CliError(str(exc)) from None
+        console.print(f"wrote {d.auth_conf} (include it from the server config), {d.server_conf}, and "
+                      f"<role>.env / <role>.password for {', '.join(ROLES)}" + (" and k8s-secrets.yaml" if k8s else ""))
+        console.print(f"clients: `reel --auth {directory} …`, or `set -a; . {directory}/client.env; set +a`")
+        return 0
+
+    run_async(body())

@@ -1,0 +1,182 @@
+"""Reel's NATS roles and the subjects each may publish and subscribe (brief §12; docs/security.md).
+
+Pure: every subject comes from :class:`shared.core.subjects.Names` (and crucible's
+names), so a new subject gets a permission here or no role may use it.
+
+Two NATS accounts per namespace (``<NS>`` and ``<NS>_CLIENTS``):
+
+* the **Reel account** holds the JetStream data and the service roles — ``executor``,
+  ``verifier``, ``mutators`` (rewind, cancel, recovery), ``crucible`` and ``operator``
+  (everything) — each with an allow-list of subjects (:func:`grants`);
+* the **client account** holds ``client``. It has no JetStream of its own: it reaches
+  the Reel account only through the service imports of :func:`client_imports` (its
+  command subjects, reads, its own ephemeral consumers, blob writes) and receives
+  replies through one stream import of ``_INBOX.>``. Every reply to a client's request
+  is delivered in the client account, so a reply subject a client picks (``reel.ev.<run>``)
+  can never land in a Reel stream — within one account it would: a JetStream answer
+  (a PubAck, a Direct Get of bytes the client stored) published on it is stored there.
+
+JetStream API subjects (``$JS.API.…``) reach the Reel account under the client
+account's prefix :func:`client_js_api_prefix` (``JS.<NS>.API.…``), because the
+server answers ``$JS.API.…`` of an account without JetStream itself. Direct Get is
+imported under both names (Reel's event-log reads use ``$JS.API.DIRECT.GET``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shared.core.subjects import Names
+from shared.crucible.names import CrucibleNames
+
+ROLES = ("client", "executor", "verifier", "mutators", "crucible", "operator")
+"""Every role of ``reel auth init``, in the order of docs/security.md's matrix."""
+
+SERVICE_ROLE = {"executor": "executor", "verifier": "verifier", "rewind": "mutators", "cancel": "mutators",
+                "recovery": "mutators", "crucible": "crucible"}
+"""The role each service connects as."""
+
+CLIENT_COMMANDS = ("start", "cancel", "rewind", "crucible.run", "crucible.resume")
+"""Command subjects (``<ns>.cmd.<name>``) a client may publish; ``resume`` and ``recover`` are not among them."""
+
+API = "$JS.API"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A NATS user's permissions: subjects it may publish and subscribe (allow-lists), publishes denied within them."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    deny_publish: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Import:
+    """One service the client account imports: ``subject`` of the Reel account, reached as ``local``.
+
+    ``response`` is ``stream`` for requests answered by several messages (batched Direct Get).
+    """
+
+    subject: str
+    local: str
+    response: str = "singleton"
+
+
+def accounts(names: Names) -> tuple[str, str]:
+    """The (Reel, client) account names of ``names``' namespace: ``REEL``, ``REEL_CLIENTS``."""
+    up = names.events_stream.removesuffix("_EVENTS")
+    return up, f"{up}_CLIENTS"
+
+
+def client_js_api_prefix(names: Names) -> str:
+    """The JetStream API prefix of a client connection (``JS.REEL.API``)."""
+    return f"JS.{accounts(names)[0]}.API"
+
+
+def inbox_prefix(role: str) -> str:
+    """The inbox prefix a role's connections use: ``_INBOX`` for clients (any NATS library's default),
+    ``_INBOX_<role>`` for the others, so no service's replies travel on the inboxes clients receive."""
+    return "_INBOX" if role == "client" else f"_INBOX_{role}"
+
+
+def streams(names: Names) -> dict[str, str]:
+    """Every stream of the namespace by what it holds (``events``, ``commands``, …, ``crucible``)."""
+    n = names
+    return {"events": n.events_stream, "commands": n.commands_stream, "verdicts": n.verdicts_stream,
+            "blobs": f"OBJ_{n.blob_bucket}", "leases": f"KV_{n.lease_bucket}",
+            "outcomes": f"KV_{n.outcome_bucket}", "snapshots": f"KV_{n.snapshot_bucket}",
+            "crucible": CrucibleNames(n).stream}
+
+
+def _read(stream: str, api: str = API) -> list[str]:
+    return [f"{api}.STREAM.INFO.{stream}", f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>",
+            f"{api}.STREAM.MSG.GET.{stream}"]
+
+
+def _ordered(stream: str) -> list[str]:
+    """An ordered (ephemeral, unnamed) consumer of nats-py, and its flow-control replies."""
+    return [f"{API}.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>"]
+
+
+def _durable(stream: str, durable: str) -> list[str]:
+    """Create, inspect, pull from and ack one durable consumer — nothing else of the stream's consumers."""
+    c = f"{API}.CONSUMER"
+    return [f"{c}.DURABLE.CREATE.{stream}.{durable}", f"{c}.CREATE.{stream}.{durable}",
+            f"{c}.CREATE.{stream}.{durable}.>", f"{c}.INFO.{stream}.{durable}",
+            f"{c}.MSG.NEXT.{stream}.{durable}", f"$JS.ACK.{stream}.{durable}.>"]
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def grants(names: Names) -> dict[str, Grant]:
+    """Each role's permissions (``client``'s are those of its account; see the module doc)."""
+    n, s = names, streams(names)
+    cru = CrucibleNames(names)
+    blobs = n.blob_bucket
+    setup = [f"{API}.INFO", f"{API}.STREAM.NAMES", *(f"{API}.STREAM.INFO.{x}" for x in s.values()),
+             *(f"{API}.STREAM.CREATE.{x}" for x in s.values())]  # create what is missing, never update or delete
+    blob_read = [*_read(s["blobs"]), *_ordered(s["blobs"])]
+    blob_write = [f"$O.{blobs}.C.*", f"$O.{blobs}.M.*", f"{API}.STREAM.PURGE.{s['blobs']}"]  # purge: own duplicates
+    replies = ["_INBOX.>", f"{inbox_prefix('operator')}.>"]  # answers on a command's Reel-Reply-To
+
+    def service(role: str, publish: Iterable[str]) -> Grant:
+        return Grant(publish=_unique([*setup, *publish]), subscribe=(f"{inbox_prefix(role)}.>",))
+
+    out = {
+        "client": client_grant(names),
+        "executor": service("executor", [
+            *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", *_read(s["events"]),
+            *blob_read, *blob_write, *_read(s["snapshots"]), *_read(s["leases"]),
+            f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", *replies]),
+        "verifier": service("verifier", [
+            *_durable(s["events"], n.consumer("verifier")), f"{n.namespace}.ev.*", f"{n.namespace}.verdict.*",
+            *_read(s["events"]), *_read(s["verdicts"]), *blob_read, *_read(s["snapshots"])]),
+        "mutators": service("mutators", [
+            *(x for svc in ("rewind", "cancel", "recovery") for x in _durable(s["commands"], n.consumer(svc))),
+            f"{n.namespace}.ev.*", n.command("resume"), *_read(s["events"]), *_ordered(s["events"]),
+            *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies]),
+        "crucible": service("crucible", [
+            *_durable(s["commands"], n.consumer(cru.consumer_service)), f"{cru.sessions_prefix}*",
+            *_read(s["crucible"]), *blob_read, *blob_write, *replies]),
+        "operator": Grant(publish=(">",), subscribe=(">",)),
+    }
+    return out
+
+
+def client_imports(names: Names) -> list[Import]:
+    """The services the client account imports from the Reel account (see the module doc)."""
+    n, s, p = names, streams(names), client_js_api_prefix(names)
+    out = [Import(n.command(c), n.command(c)) for c in CLIENT_COMMANDS]
+    readable = [s["events"], s["verdicts"], s["snapshots"], s["blobs"], s["crucible"]]
+    for x in readable:
+        for direct in (API, p):
+            out.append(Import(f"{API}.DIRECT.GET.{x}", f"{direct}.DIRECT.GET.{x}", "stream"))
+            out.append(Import(f"{API}.DIRECT.GET.{x}.>", f"{direct}.DIRECT.GET.{x}.>"))
+        out.append(Import(f"{API}.STREAM.MSG.GET.{x}", f"{p}.STREAM.MSG.GET.{x}"))
+    out += [Import(f"{API}.STREAM.INFO.{x}", f"{p}.STREAM.INFO.{x}") for x in s.values()]
+    out.append(Import(f"{API}.STREAM.NAMES", f"{p}.STREAM.NAMES"))
+    for x in (s["events"], s["verdicts"], s["blobs"]):  # its own ephemeral consumers (ordered reads)
+        out += [Import(f"{API}.CONSUMER.CREATE.{x}", f"{p}.CONSUMER.CREATE.{x}"),
+                Import(f"{API}.CONSUMER.CREATE.{x}.>", f"{p}.CONSUMER.CREATE.{x}.>"),
+                Import(f"$JS.FC.{x}.>", f"$JS.FC.{x}.>")]
+    out += [Import(f"$O.{n.blob_bucket}.C.*", f"$O.{n.blob_bucket}.C.*"),  # workflow refs (sha256 checked on read)
+            Import(f"$O.{n.blob_bucket}.M.*", f"$O.{n.blob_bucket}.M.*")]
+    return out
+
+
+def client_grant(names: Names) -> Grant:
+    """The client user: its account's imports only, never a service's durable consumer; replies on ``_INBOX.>``."""
+    p, durables = client_js_api_prefix(names), [(names.events_stream, names.consumer("verifier"))]
+    deny = [x for stream, d in durables for x in (f"{p}.CONSUMER.CREATE.{stream}.{d}",
+                                                  f"{p}.CONSUMER.CREATE.{stream}.{d}.>")]
+    return Grant(publish=_unique(i.local for i in client_imports(names)), subscribe=("_INBOX.>",),
+                 deny_publish=tuple(deny))
+
+
+def client_reply_stream() -> str:
+    """The stream the Reel account exports to the client account: replies to client inboxes."""
+    return "_INBOX.>"
