@@ -180,3 +180,68 @@ def client_grant(names: Names) -> Grant:
 def client_reply_stream() -> str:
     """The stream the Reel account exports to the client account: replies to client inboxes."""
     return "_INBOX.>"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def may_publish(grant: Grant, subject: str) -> bool:
+    """True if ``grant`` lets its user publish on ``subject`` (a deny wins over an allow)."""
+    return any(subject_matches(p, subject) for p in grant.publish) and \
+        not any(subject_matches(d, subject) for d in grant.deny_publish)
+
+
+def matrix(names: Names) -> list[tuple[str, dict[str, str]]]:
+    """Role × subject pattern: ``[(pattern, {role: "pub" | "sub" | "pub, sub" | "deny"})]`` in the Reel
+    account's subjects (a client's imports by the subject they reach; the operator: every subject)."""
+    g = grants(names)
+    rows: dict[str, dict[str, set[str]]] = {}
+
+    def mark(pattern: str, role: str, what: str) -> None:
+        rows.setdefault(pattern, {}).setdefault(role, set()).add(what)
+
+    for role, grant in g.items():
+        if role in ("client", "operator"):
+            continue
+        for p in grant.publish:
+            mark(p, role, "pub")
+        for p in grant.subscribe:
+            mark(p, role, "sub")
+    for i in client_imports(names):
+        mark(i.subject, "client", "pub")
+    p = client_js_api_prefix(names)
+    for d in g["client"].deny_publish:
+        mark(API + d[len(p):], "client", "deny")
+    mark(client_reply_stream(), "client", "sub")
+    mark(">", "operator", "pub")
+    mark(">", "operator", "sub")
+    order = ["pub", "sub", "deny"]
+    return [(pattern, {r: ", ".join(w for w in order if w in roles[r]) for r in ROLES if r in roles})
+            for pattern, roles in rows.items()]
+
+
+def render_matrix(names: Names) -> str:
+    """:func:`matrix` as a Markdown table (docs/security.md holds it for the default namespace)."""
+    lines = ["| subject pattern | " + " | ".join(ROLES) + " |", "|---|" + "---|" * len(ROLES)]
+    for pattern, cells in matrix(names):
+        lines.append(f"| `{pattern}` | " + " | ".join(cells.get(r, "") for r in ROLES) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def client_may_publish(names: Names, subject: str) -> bool:
+    """True if a client reaches the Reel-account ``subject`` through an import its user may publish on."""
+    grant, prefix = client_grant(names), client_js_api_prefix(names)
+    for i in client_imports(names):
+        if subject_matches(i.subject, subject):
+            local = subject if i.local == i.subject else prefix + subject[len(API):]
+            if may_publish(grant, local):
+                return True
+    return False

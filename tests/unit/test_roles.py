@@ -1,0 +1,117 @@
+"""The permission matrix (shared/roles.py): what no client may touch, who writes what, and that docs/security.md shows it.
+
+The live proof — the same grants on a real server — is tests/integration/test_auth.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.authdir import render_auth_conf
+from shared.config import NatsAuth
+from shared.core.subjects import COMMANDS, Names
+from shared.nats.access import connect_options, redact_url
+from shared.roles import (
+    API,
+    CLIENT_COMMANDS,
+    ROLES,
+    client_grant,
+    client_imports,
+    client_may_publish,
+    grants,
+    may_publish,
+    render_matrix,
+    streams,
+    subject_matches,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+N = Names("reel")
+
+
+def _writers(subject: str) -> set[str]:
+    g = grants(N)
+    out = {r for r in ROLES if r != "client" and may_publish(g[r], subject)}
+    return out | ({"client"} if client_may_publish(N, subject) else set())
+
+
+@pytest.mark.parametrize("subject, writers", [
+    ("reel.ev.r-1", {"executor", "verifier", "mutators", "operator"}),
+    ("reel.verdict.r-1", {"verifier", "operator"}),
+    ("$KV.reel_leases.e-1", {"executor", "operator"}),
+    ("$KV.reel_outcomes.r.main.s.1", {"executor", "operator"}),
+    ("$KV.reel_snapshots.r-1", {"executor", "operator"}),
+    ("reel.cmd.start", {"client", "operator"}),
+    ("reel.cmd.cancel", {"client", "operator"}),
+    ("reel.cmd.rewind", {"client", "operator"}),
+    ("reel.cmd.resume", {"mutators", "operator"}),
+    ("reel.cmd.recover", {"operator"}),
+    ("reel.crucible.s-1", {"crucible", "operator"}),
+    ("$O.reel_blobs.C.abc", {"client", "executor", "crucible", "operator"}),
+    ("$JS.API.STREAM.CREATE.REEL_EVENTS", {"executor", "verifier", "mutators", "crucible", "operator"}),
+    ("$JS.API.STREAM.UPDATE.REEL_EVENTS", {"operator"}),
+    ("$JS.API.STREAM.DELETE.REEL_EVENTS", {"operator"}),
+    ("$JS.API.STREAM.PURGE.REEL_EVENTS", {"operator"}),
+    ("$JS.API.STREAM.MSG.DELETE.REEL_EVENTS", {"operator"}),
+    ("$JS.API.STREAM.PURGE.OBJ_reel_blobs", {"executor", "crucible", "operator"}),  # their duplicate chunks
+    ("$JS.API.CONSUMER.DELETE.REEL_EVENTS.reel_verifier", {"operator"}),
+    ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.reel_verifier", {"verifier", "operator"}),
+    ("$JS.API.CONSUMER.DURABLE.CREATE.REEL_CMDS.reel_executor", {"executor", "operator"}),
+    ("$JS.API.CONSUMER.MSG.NEXT.REEL_CMDS.reel_executor", {"executor", "operator"}),
+    ("$JS.ACK.REEL_CMDS.reel_cancel.1.2.3.4.5", {"mutators", "operator"}),
+    ("$JS.API.CONSUMER.CREATE.REEL_VERDICTS", {"client", "operator"}),
+    ("$JS.API.DIRECT.GET.REEL_EVENTS", {"client", "executor", "verifier", "mutators", "operator"}),
+])
+def test_who_may_publish_each_subject(subject: str, writers: set[str]) -> None:
+    assert _writers(subject) == writers
+
+
+def test_every_command_subject_has_a_publisher_and_a_consumer() -> None:
+    g = grants(N)
+    for name in (*COMMANDS, "crucible.run", "crucible.resume"):
+        subject = N.command(name)
+        assert _writers(subject) - {"operator"} or name == "recover", name
+    consumers = {r for r in ROLES for p in g[r].publish if p.startswith(f"{API}.CONSUMER.MSG.NEXT.{N.commands_stream}")}
+    assert consumers == {"executor", "mutators", "crucible"}
+    assert set(CLIENT_COMMANDS) <= {*COMMANDS, "crucible.run", "crucible.resume"}
+
+
+def test_the_client_account_imports_nothing_that_writes_history_or_administers() -> None:
+    for i in client_imports(N):
+        for forbidden in ("reel.ev.", "reel.verdict.", "$KV.", "reel.cmd.resume", "reel.cmd.recover",
+                          f"{API}.STREAM.CREATE", f"{API}.STREAM.UPDATE", f"{API}.STREAM.DELETE",
+                          f"{API}.STREAM.PURGE", f"{API}.STREAM.MSG.DELETE", f"{API}.CONSUMER.DELETE",
+                          f"{API}.CONSUMER.DURABLE", f"{API}.CONSUMER.MSG.NEXT", "$JS.ACK."):
+            assert not i.subject.startswith(forbidden), i
+        assert not i.subject.startswith(f"{API}.CONSUMER.CREATE.{N.commands_stream}"), i
+    assert client_grant(N).subscribe == ("_INBOX.>",)
+
+
+def test_the_names_follow_the_namespace() -> None:
+    acme = Names("acme")
+    assert all(x.startswith(("ACME_", "OBJ_acme_", "KV_acme_")) for x in streams(acme).values())
+    for role, g in grants(acme).items():
+        if role != "operator":
+            assert not any(".reel." in p or p.startswith("reel.") or "REEL_" in p for p in g.publish), role
+    conf = render_auth_conf(acme, dict.fromkeys(ROLES, "$2a$04$x"))
+    assert "ACME_CLIENTS" in conf and "JS.ACME.API.STREAM.INFO.ACME_EVENTS" in conf
+
+
+def test_docs_security_shows_the_matrix() -> None:
+    doc = (REPO / "docs" / "security.md").read_text()
+    assert render_matrix(N) in doc, "docs/security.md's matrix is stale: paste render_matrix(Names())"
+
+
+def test_connect_options_and_redaction_keep_secrets_out_of_reprs_and_urls(tmp_path: Path) -> None:
+    auth = NatsAuth(user="executor", password="s3cret-pw", nkey_seed="SUAB", inbox_prefix="_INBOX_executor")
+    assert "s3cret-pw" not in repr(auth) and "SUAB" not in repr(auth)
+    opts = connect_options(auth)
+    assert opts["user"] == "executor" and opts["password"] == "s3cret-pw" and opts["nkeys_seed_str"] == "SUAB"
+    assert opts["inbox_prefix"] == "_INBOX_executor"
+    assert redact_url("nats://u:pw@h:4222,nats://h2:4222") == "nats://***@h:4222,nats://h2:4222"
+    pw = tmp_path / "pw"
+    pw.write_text("from-a-file\n")
+    assert NatsAuth.from_env({"REEL_NATS_USER": "c", "REEL_NATS_PASSWORD_FILE": str(pw)}).password == "from-a-file"
+    assert not NatsAuth.from_env({}).configured
