@@ -22,7 +22,10 @@ from typing import Any
 import yaml
 
 from services.cli.embed import SERVICES
+from shared.authdir import init
+from shared.core.subjects import Names
 from shared.nats.embedded import find_binary
+from shared.roles import SERVICE_ROLE
 from tests.deploy import dockerfile
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -82,6 +85,13 @@ def test_dockerfile_passes_hadolint(tmp_path: Path) -> None:
 def test_nats_server_configs_are_valid(tmp_path: Path) -> None:
     assert NATS_CONFIGS
     for conf in NATS_CONFIGS:
+        if "auth/auth.conf" in conf.read_text():  # compose's auth-on node: its container layout, users generated
+            layout = tmp_path / "etc-nats"
+            layout.mkdir()
+            (layout / "nats.conf").write_text((DEPLOY / "nats-cluster.conf").read_text())
+            (layout / conf.name).write_text(conf.read_text())
+            init(layout / "auth", Names("reel"), bcrypt_cost=4)
+            conf = layout / conf.name
         done = run(find_binary(), "-t", "-c", conf)
         assert done.returncode == 0, f"{conf}: {done.stdout}{done.stderr}"
     bad = broken(tmp_path, DEPLOY / "nats-cluster.conf", "store_dir:", "store_dirr:")
@@ -108,6 +118,7 @@ def test_every_service_is_its_own_deployment_with_probes_limits_and_a_locked_dow
             == pod["securityContext"], (service, pod["securityContext"])
         (c,) = pod["containers"]
         assert c["args"] == ["serve", service]
+        assert {"secretRef": {"name": f"reel-{SERVICE_ROLE[service]}"}} in c["envFrom"], service  # auth on
         assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                         "capabilities": {"drop": ["ALL"]}}, service
         assert set(c["resources"]) == {"requests", "limits"}, service
@@ -135,12 +146,20 @@ def test_compose_waits_for_a_healthy_nats_cluster_and_checks_every_service() -> 
     for n in nats:
         assert services[n]["healthcheck"]["test"][-1].endswith("/healthz") and services[n]["restart"]
         assert "./nats-cluster.conf:/etc/nats/nats.conf:ro" in services[n]["volumes"]
-    assert sorted(set(services) - set(nats)) == sorted(SERVICES)
+    assert sorted(set(services) - set(nats) - {"auth"}) == sorted(SERVICES)
+    assert services["auth"]["command"][-1].startswith("reel auth init /auth") and "--if-missing" in \
+        services["auth"]["command"][-1]
+    for n in nats:  # auth on: each node loads the generated users
+        assert services[n]["command"][:2] == ["-c", "/etc/nats/nats-auth.conf"]
+        assert services[n]["depends_on"] == {"auth": {"condition": "service_completed_successfully"}}
     uid, gid = IMAGE.uid_gid
     for name in SERVICES:
         s = services[name]
         assert s["command"] == ["serve", name]
         assert s["depends_on"] == {n: {"condition": "service_healthy"} for n in nats}, name
+        role = SERVICE_ROLE[name]
+        assert (s["environment"]["REEL_NATS_USER"], s["environment"]["REEL_NATS_PASSWORD_FILE"]) == (
+            role, f"/auth/{role}.password"), name
         assert s["restart"] == "unless-stopped"
         assert s["healthcheck"]["test"] == ["CMD", *HEALTH, name]
         assert s["read_only"] and s["cap_drop"] == ["ALL"]

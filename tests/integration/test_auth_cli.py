@@ -1,4 +1,4 @@
-"""``reel auth init``, ``reel --auth DIR …`` and ``reel up --auth`` as a user runs them (real processes, real server)."""
+"""``reel auth init``, ``reel --auth DIR …`` and ``reel up --auth`` as a user runs them (real processes and server)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ async def test_mutual_tls_with_a_password(tmp_path: Path) -> None:
         assert isinstance(exc, ConnectRefused) and "refused the login as NATS user 'client'" in exc.message, exc
         assert "nope-9" not in exc.message
     missing = NatsAuth(tls_ca=str(tmp_path / "absent.pem"))
-    with pytest.raises(ConnectRefused, match="absent.pem"):
+    with pytest.raises(ConnectRefused, match=r"absent\.pem"):
         await connect(Config(nats_url="nats://127.0.0.1:1", auth=missing))
 
 

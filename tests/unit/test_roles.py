@@ -1,4 +1,4 @@
-"""The permission matrix (shared/roles.py): what no client may touch, who writes what, and that docs/security.md shows it.
+"""The permission matrix (shared/roles.py): what no client may touch, who writes what, and docs/security.md shows it.
 
 The live proof — the same grants on a real server — is tests/integration/test_auth.py.
 """
@@ -24,7 +24,6 @@ from shared.roles import (
     may_publish,
     render_matrix,
     streams,
-    subject_matches,
 )
 
 REPO = Path(__file__).resolve().parents[2]
