@@ -185,3 +185,33 @@ async def test_recovery_as_mutators_resolves_the_attempt_of_an_executor_that_die
             assert attempt_of(await client.log.load(run_id), STEP, 2).status == "succeeded"
     denied = [line for line in logs if line["event"] == "nats.permission_denied"]
     assert denied == [], f"a service's role lacks a permission it uses: {denied}"
+
+
+async def test_the_crucible_service_as_its_role_runs_a_session_a_client_asks_for(
+    server: AuthServer, tmp_path: Path
+) -> None:
+    from services.crucible.app import RunSession
+    from services.crucible.sessionlog import SessionLog
+    from shared.core.commands import Reply
+    from shared.crucible.names import CrucibleNames
+    from tests.crucible.fixtures import make_config, make_repo, write
+
+    names = CrucibleNames(server.base.names)
+    repo = await make_repo(tmp_path, "1")
+    config = make_config(tmp_path, repo, [write(2), write(1)])
+    with info_logs() as logs:
+        async with services_as_roles(server, "crucible"), client_of(server) as client:
+            inbox = client.nc.new_inbox()
+            replies = await client.nc.subscribe(inbox)
+            await client.js.publish(names.command("run"), msgspec.json.encode(RunSession(config=config,
+                                    session_id="s-auth")), headers={REPLY_TO_HEADER: inbox})
+            reply = msgspec.json.decode((await replies.next_msg(timeout=20)).data, type=Reply)
+            assert reply.ok and reply.run_id == "s-auth", reply
+            log = SessionLog(server.operator.nc, server.base)
+
+            async def ended() -> bool:
+                return await log.exists("s-auth") and (await log.load("s-auth")).ended is not None
+
+            await wait_until(ended, timeout_s=60, what="the session to end")
+    denied = [line for line in logs if line["event"] == "nats.permission_denied"]
+    assert denied == [], f"the crucible role lacks a permission it uses: {denied}"

@@ -96,6 +96,12 @@ async def test_reel_up_with_auth_serves_clients_that_log_in(tmp_path: Path) -> N
         await wait_until(consuming, timeout_s=90, what="reel up's services to consume")
         assert op is not None
         await op.close()
+        for service, role in (("executor", "executor"), ("recovery", "mutators")):  # the readiness probe, as its role
+            probe = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.health", service, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env={**os.environ, **auth.env(role), "NATS_URL": url})
+            said = (await asyncio.wait_for(probe.communicate(), 60))[0].decode()
+            assert probe.returncode == 0 and "ok" in said, said
         client_env = {**env, **auth.env("client")}  # a client: `set -a; . auth/client.env`
         code, out, err = await reel("run", "examples/hello.yaml", "-q", "--nats-url", url, env=client_env)
         assert code == 0 and "outcome passed" in out, (out, err)

@@ -5,6 +5,7 @@ The live proof — the same grants on a real server — is tests/integration/tes
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,12 @@ def test_connect_options_and_redaction_keep_secrets_out_of_reprs_and_urls(tmp_pa
     pw.write_text("from-a-file\n")
     assert NatsAuth.from_env({"REEL_NATS_USER": "c", "REEL_NATS_PASSWORD_FILE": str(pw)}).password == "from-a-file"
     assert not NatsAuth.from_env({}).configured
+
+
+def test_service_flags_set_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.runner import apply_connection_flags
+
+    monkeypatch.setenv("REEL_NATS_USER", "")  # restored (removed) after the test
+    monkeypatch.setenv("REEL_NATS_TLS_CA", "")
+    apply_connection_flags(["--nats-user", "executor", "serve", "executor", "--nats-tls-ca=/ca.pem"])
+    assert os.environ["REEL_NATS_USER"] == "executor" and os.environ["REEL_NATS_TLS_CA"] == "/ca.pem"
