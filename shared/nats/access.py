@@ -121,11 +121,13 @@ class ReelConnection(Client):
         user: the user name, for error messages.
         js_api_prefix: the default JetStream API prefix of :meth:`jetstream` (the client account's
             imports, docs/security.md); ``None``: ``$JS.API``.
+        guard: watch requests for violations (only a connection with credentials can meet one:
+            without, requests go straight through, at no cost).
     """
 
-    def __init__(self, *, user: str | None = None, js_api_prefix: str | None = None) -> None:
+    def __init__(self, *, user: str | None = None, js_api_prefix: str | None = None, guard: bool = True) -> None:
         super().__init__()
-        self.reel_user, self.js_api_prefix = user, js_api_prefix
+        self.reel_user, self.js_api_prefix, self.guard = user, js_api_prefix, guard
         self._waiting: dict[str, set[asyncio.Future[Any]]] = {}
         self._denied_futures: set[asyncio.Future[Any]] = set()
         self.violations: list[PermissionDenied] = []
@@ -154,6 +156,8 @@ class ReelConnection(Client):
     async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5, old_style: bool = False,  # noqa: ASYNC109
                       headers: dict[str, Any] | None = None) -> Msg:
         """:meth:`nats.aio.client.Client.request`, raising :class:`PermissionDenied` at once when refused."""
+        if not self.guard:
+            return await super().request(subject, payload, timeout, old_style, headers)
         req = asyncio.ensure_future(super().request(subject, payload, timeout, old_style, headers))
         self.watch(subject, req)
         try:
@@ -188,7 +192,7 @@ class ReelConnection(Client):
 def fail_if_denied(nc: Client, subject: str, fut: asyncio.Future[Any]) -> None:
     """Fail ``fut`` with :class:`PermissionDenied` if a publish to ``subject`` on ``nc`` is refused
     (no-op for a plain ``Client``)."""
-    if isinstance(nc, ReelConnection):
+    if isinstance(nc, ReelConnection) and nc.guard:
         nc.watch(subject, fut)
 
 
@@ -199,7 +203,7 @@ async def open_connection(servers: list[str], auth: NatsAuth, *, name: str, **op
         ConnectRefused: the server refused the credentials, or TLS failed, on the first connect.
         nats.errors.NoServersError, OSError: as ``nats.connect``.
     """
-    nc = ReelConnection(user=auth.user, js_api_prefix=auth.js_api_prefix)
+    nc = ReelConnection(user=auth.user, js_api_prefix=auth.js_api_prefix, guard=auth.configured)
     refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     async def error_cb(exc: Exception) -> None:
