@@ -38,7 +38,8 @@ SERVICE_ROLE = {"executor": "executor", "verifier": "verifier", "rewind": "mutat
 """The role each service connects as."""
 
 CLIENT_COMMANDS = ("start", "cancel", "rewind", "crucible.run", "crucible.resume")
-"""Command subjects (``<ns>.cmd.<name>``) a client may publish; ``resume`` and ``recover`` are not among them."""
+"""Command subjects (``<ns>.cmd.<name>``) a client may publish; ``resume``, ``verify.<run>`` and ``recover``
+are not among them."""
 
 API = "$JS.API"
 
@@ -129,15 +130,18 @@ def grants(names: Names) -> dict[str, Grant]:
     out = {
         "client": client_grant(names),
         "executor": service("executor", [
-            *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", *_read(s["events"]),
+            *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", n.verify_all,
+            *_read(s["events"]),
             *blob_read, *blob_write, *_read(s["snapshots"]), *_read(s["leases"]),
             f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", *replies]),
         "verifier": service("verifier", [
-            *_durable(s["events"], n.consumer("verifier")), f"{n.namespace}.ev.*", f"{n.namespace}.verdict.*",
+            *_durable(s["commands"], n.consumer("verifier")), f"{n.namespace}.ev.*", f"{n.namespace}.verdict.*",
+            f"{API}.CONSUMER.DELETE.{s['events']}.{n.consumer('verifier')}",  # its durable of old, dropped at start
             *_read(s["events"]), *_read(s["verdicts"]), *blob_read, *_read(s["snapshots"])]),
         "mutators": service("mutators", [
             *(x for svc in ("rewind", "cancel", "recovery") for x in _durable(s["commands"], n.consumer(svc))),
-            f"{n.namespace}.ev.*", n.command("resume"), *_read(s["events"]), *_ordered(s["events"]),
+            f"{n.namespace}.ev.*", n.command("resume"), n.verify_all, *_read(s["events"]), *_ordered(s["events"]),
+            f"{API}.STREAM.MSG.GET.{s['commands']}",  # recovery: is a verification trigger queued?
             *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies]),
         "crucible": service("crucible", [
             *_durable(s["commands"], n.consumer(cru.consumer_service)), f"{cru.sessions_prefix}*",

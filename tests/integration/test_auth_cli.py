@@ -88,7 +88,7 @@ async def test_reel_up_with_auth_serves_clients_that_log_in(tmp_path: Path) -> N
             try:
                 op = op or await connect(auth.config("operator", Config(nats_url=url, names=names)), name="t")
                 infos = [await op.jetstream().consumer_info(s, names.consumer(c)) for s, c in (
-                    (names.commands_stream, "executor"), (names.events_stream, "verifier"))]
+                    (names.commands_stream, "executor"), (names.commands_stream, "verifier"))]
             except Exception:
                 return False
             return all(i.num_waiting for i in infos)

@@ -48,6 +48,9 @@ def _writers(subject: str) -> set[str]:
     ("reel.cmd.rewind", {"client", "operator"}),
     ("reel.cmd.resume", {"mutators", "operator"}),
     ("reel.cmd.recover", {"operator"}),
+    ("reel.cmd.verify.r-1", {"executor", "mutators", "operator"}),
+    ("$JS.API.CONSUMER.MSG.NEXT.REEL_CMDS.reel_verifier", {"verifier", "operator"}),
+    ("$JS.API.STREAM.MSG.GET.REEL_CMDS", {"mutators", "operator"}),
     ("reel.crucible.s-1", {"crucible", "operator"}),
     ("$O.reel_blobs.C.abc", {"client", "executor", "crucible", "operator"}),
     ("$JS.API.STREAM.CREATE.REEL_EVENTS", {"executor", "verifier", "mutators", "crucible", "operator"}),
@@ -56,8 +59,9 @@ def _writers(subject: str) -> set[str]:
     ("$JS.API.STREAM.PURGE.REEL_EVENTS", {"operator"}),
     ("$JS.API.STREAM.MSG.DELETE.REEL_EVENTS", {"operator"}),
     ("$JS.API.STREAM.PURGE.OBJ_reel_blobs", {"executor", "crucible", "operator"}),  # their duplicate chunks
-    ("$JS.API.CONSUMER.DELETE.REEL_EVENTS.reel_verifier", {"operator"}),
-    ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.reel_verifier", {"verifier", "operator"}),
+    ("$JS.API.CONSUMER.DELETE.REEL_EVENTS.reel_verifier", {"verifier", "operator"}),  # its old durable
+    ("$JS.API.CONSUMER.DELETE.REEL_CMDS.reel_executor", {"operator"}),
+    ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.reel_verifier", {"operator"}),
     ("$JS.API.CONSUMER.DURABLE.CREATE.REEL_CMDS.reel_executor", {"executor", "operator"}),
     ("$JS.API.CONSUMER.MSG.NEXT.REEL_CMDS.reel_executor", {"executor", "operator"}),
     ("$JS.ACK.REEL_CMDS.reel_cancel.1.2.3.4.5", {"mutators", "operator"}),
@@ -70,11 +74,11 @@ def test_who_may_publish_each_subject(subject: str, writers: set[str]) -> None:
 
 def test_every_command_subject_has_a_publisher_and_a_consumer() -> None:
     g = grants(N)
-    for name in (*COMMANDS, "crucible.run", "crucible.resume"):
+    for name in (*COMMANDS, "crucible.run", "crucible.resume", "verify.r-1"):
         subject = N.command(name)
         assert _writers(subject) - {"operator"} or name == "recover", name
     consumers = {r for r in ROLES for p in g[r].publish if p.startswith(f"{API}.CONSUMER.MSG.NEXT.{N.commands_stream}")}
-    assert consumers == {"executor", "mutators", "crucible"}
+    assert consumers == {"executor", "verifier", "mutators", "crucible"}
     assert set(CLIENT_COMMANDS) <= {*COMMANDS, "crucible.run", "crucible.resume"}
 
 
