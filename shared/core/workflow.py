@@ -11,7 +11,6 @@ names the offending field, e.g.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from shared.core import envvars
 from shared.core.agentspec import AgentToolSpec, check_agent
 from shared.core.errors import WorkflowInvalid
 from shared.core.events import StepDecl
@@ -267,10 +267,6 @@ def parse_workflow(
     return validate_workflow(spec)
 
 
-_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^{}]*))?\}")
-_LITERAL = "\x00reel-literal-dollar-brace\x00"
-
-
 def expand_env(data: Any, env: Mapping[str, str], where: str = "$") -> Any:
     """``data`` (a decoded workflow document) with ``${NAME}`` / ``${NAME:-default}`` replaced from ``env`` in every
     string, innermost first (``${A:-${B}}``); ``$${`` is a literal ``${``. Keys are left alone.
@@ -285,21 +281,8 @@ def expand_env(data: Any, env: Mapping[str, str], where: str = "$") -> Any:
     if not isinstance(data, str):
         return data
 
-    def one(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in env:
-            return env[name]
-        if default is not None:
-            return default
-        raise WorkflowInvalid(f"environment variable {name} is not set and ${{{name}}} has no default"
-                              f" (at `{where}`)")
-
-    text = data.replace("$${", _LITERAL)
-    for _ in range(8):  # nested defaults, innermost first; bounded (a value may itself hold `${`)
-        text, n = _ENV_VAR.subn(one, text)
-        if not n:
-            break
-    return text.replace(_LITERAL, "${")
+    return envvars.expand(data, env, lambda name: WorkflowInvalid(
+        f"environment variable {name} is not set and ${{{name}}} has no default (at `{where}`)"))
 
 
 def load_workflow(path: str | Path, *, env: Mapping[str, str] | None = None) -> WorkflowSpec:

@@ -14,12 +14,12 @@ declared ``env`` first). It applies to ``world.repo``, ``world.workdir``,
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
 
+from shared.core import envvars
 from shared.core.workflow import ModelSpec
 from shared.crucible.errors import ConfigInvalid
 
@@ -27,7 +27,6 @@ Direction = Literal["maximize", "minimize"]
 OnDeny = Literal["escalate", "skip"]
 
 DEFAULT_WORKDIR = ".reel/crucible"
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^{}]*))?\}")
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -195,19 +194,7 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     Raises:
         ConfigInvalid: a variable without default is not set.
     """
-
-    def one(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in env:
-            return env[name]
-        if default is not None:
-            return default
-        raise ConfigInvalid(f"${{{name}}} is not set and has no default")
-
-    prev = None
-    while prev != text:
-        prev, text = text, _VAR.sub(one, text)
-    return text
+    return envvars.expand(text, env, lambda name: ConfigInvalid(f"${{{name}}} is not set and has no default"))
 
 
 def _abs(path: str, base: str) -> str:
