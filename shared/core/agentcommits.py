@@ -142,6 +142,7 @@ def _status_after(attempts: Sequence[AttemptState], max_attempts: int, outcome: 
     """The step's status once ``outcome`` is applied to its attempt (O(attempts of the step))."""
     done = AttemptStatus.SUCCEEDED if isinstance(outcome, AttemptSucceeded) else AttemptStatus.FAILED
     after = [msgspec.structs.replace(a, status=done, retryable=getattr(outcome, "retryable", True),
+                                     error_kind=getattr(outcome, "error_kind", None),
                                      recovered=outcome.recovered) if a.attempt == outcome.attempt else a
              for a in attempts]
     return attempts_status(after, max_attempts)

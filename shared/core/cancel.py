@@ -1,17 +1,27 @@
-"""Cancel's pure core: whether a :class:`~shared.core.commands.CancelRun` cancels the run (brief §2, §3).
+"""Cancel's pure core (brief §2, §3, §11): whether a :class:`~shared.core.commands.CancelRun` cancels the run,
+and what becomes of the outcomes of attempts the cancel caught in flight.
 
 Cancelling is legal from ``pending``, ``running`` and ``verifying`` (:data:`~shared.core.fold.LIVE`);
 a run that already ended is left as it is (:class:`NoOp`: the caller's intent, "not running",
-holds already). No clock, I/O or randomness: the time comes in as an argument.
+holds already). After the ``run_cancelled`` commit, an attempt on the run's active branch is
+never recorded succeeded or failed: :func:`after_cancel` turns its outcome into
+``attempt_cancelled`` (the executor decides every commit through it; recovery resolves a dead
+executor's open intents the same way). No clock, I/O or randomness: the time comes in as an argument.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from shared.core.commands import CancelRun
-from shared.core.events import RunCancelled
-from shared.core.fold import LIVE, RunState
+from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, RunCancelled
+from shared.core.fold import LIVE, AttemptStatus, RunState
+from shared.core.state import CANCELLED
+
+CANCELLED_KIND: str = AttemptStatus.CANCELLED.value
+"""``error_kind`` the fold gives a cancelled attempt's record (its ``error_message`` is the reason)."""
 
 
 class NoOp(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,3 +35,51 @@ def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> RunCancelled | NoO
     if state.status in LIVE:
         return RunCancelled(reason=cmd.reason, at_ms=at_ms)
     return NoOp(reason=f"run is already {state.status}")
+
+
+def cancel_reason(state: RunState) -> str:
+    """The ``reason`` of an ``attempt_cancelled`` in the cancelled run ``state``."""
+    return f"run cancelled: {state.cancel_reason}" if state.cancel_reason else "run cancelled"
+
+
+def caught(state: RunState, branch_id: str) -> bool:
+    """True when outcomes of attempts on ``branch_id`` are recorded ``attempt_cancelled`` in ``state``:
+    the run is cancelled and ``branch_id`` is its active branch (the one the cancel stopped)."""
+    return state.status == CANCELLED and branch_id == state.active_branch
+
+
+def as_cancelled(state: RunState, event: AttemptSucceeded | AttemptFailed, *, recovered: bool | None = None
+                 ) -> AttemptCancelled:
+    """``event``'s attempt recorded cancelled instead (usage and time kept; ``recovered``: default the event's)."""
+    return AttemptCancelled(branch_id=event.branch_id, step_id=event.step_id, attempt=event.attempt,
+                            reason=cancel_reason(state), usage=event.usage, at_ms=event.at_ms,
+                            recovered=event.recovered if recovered is None else recovered)
+
+
+def after_cancel(state: RunState, events: Sequence[AnyEvent]) -> Sequence[AnyEvent]:
+    """``events`` as they may be committed on ``state`` (pure).
+
+    Unchanged unless the run is cancelled. On a cancelled run only outcomes of attempts still
+    ``dispatched`` are kept (the first per attempt) — those on the active branch as ``attempt_cancelled`` — and every
+    other event (an intent, a declaration, an ``agent_finished`` planned before the cancel was
+    seen) is dropped: nothing new starts, and no attempt the cancel caught is recorded succeeded
+    or failed. The result may be empty (nothing to commit).
+    """
+    if state.status != CANCELLED:
+        return events
+    out: list[AnyEvent] = []
+    seen: set[tuple[str, str, int]] = set()
+    for e in events:
+        if not isinstance(e, AttemptSucceeded | AttemptFailed | AttemptCancelled):
+            continue
+        key = (e.branch_id, e.step_id, e.attempt)
+        if key in seen:  # one outcome per attempt
+            continue
+        seen.add(key)
+        branch = state.branches.get(e.branch_id)
+        attempts = branch.attempts.get(e.step_id, ()) if branch is not None else ()
+        found = next((a for a in attempts if a.attempt == e.attempt), None)
+        if found is None or found.status != AttemptStatus.DISPATCHED:
+            continue
+        out.append(as_cancelled(state, e) if not isinstance(e, AttemptCancelled) and caught(state, e.branch_id) else e)
+    return out

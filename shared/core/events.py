@@ -183,6 +183,24 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
     recovered: bool = False
 
 
+class AttemptCancelled(Event, tag="attempt_cancelled", kw_only=True, frozen=True):
+    """The outcome of a dispatched attempt the run's cancel stopped: terminal, not a failure.
+
+    Recorded by the executor that interrupted the side effect (its process group killed,
+    its task cancelled, its HTTP call aborted), or by recovery when that executor is
+    dead (``recovered``). Any outcome of an attempt on the active branch of a cancelled
+    run is recorded as this, never as a success or a failure (docs/mutators.md).
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    reason: str = ""
+    usage: Usage = Usage()
+    at_ms: int
+    recovered: bool = False
+
+
 class RunVerifying(Event, tag="run_verifying", kw_only=True, frozen=True):
     """Every step of the branch is terminal; the run rests in ``Verifying``."""
 
@@ -294,6 +312,7 @@ AnyEvent = (
     | AttemptDispatched
     | AttemptSucceeded
     | AttemptFailed
+    | AttemptCancelled
     | RunVerifying
     | VerdictRecorded
     | RunCompleted

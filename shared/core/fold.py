@@ -28,6 +28,7 @@ from shared.core.errors import InvalidTransition
 from shared.core.events import (
     AgentFinished,
     AnyEvent,
+    AttemptCancelled,
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -45,6 +46,7 @@ from shared.core.events import (
 from shared.core.ids import LSN, BranchId, StepId
 from shared.core.persistent import FrozenMap
 from shared.core.state import (
+    ATTEMPT_CANCELLED,
     CANCELLED,
     COMPLETED,
     DISPATCHED,
@@ -75,8 +77,7 @@ from shared.core.state import (
 from shared.core.stepids import cutoff_key, parse_step_id
 
 FOLD_VERSION = 1
-"""Bump when the fold changes what a log means (with the golden expectations): snapshots written
-by another version are ignored."""
+"""Bump when the fold changes what a log means (with the golden expectations); other versions' snapshots are ignored."""
 
 __all__ = [
     "DRIVABLE", "FOLD_VERSION", "LIVE", "RESTING", "STEP_TERMINAL", "AttemptState", "AttemptStatus", "BranchState",
@@ -167,10 +168,8 @@ def _found(run: _Run, branch_id: BranchId, step_id: StepId, attempt: int) -> tup
     for i, a in enumerate(attempts):
         if a.attempt == attempt:
             return branch, attempts, i
-    raise InvalidTransition(
-        f"outcome for attempt {step_id}#{attempt} on {branch_id} that was never dispatched",
-        run_id=run.base.run_id,
-    )
+    raise InvalidTransition(f"outcome for attempt {step_id}#{attempt} on {branch_id} that was never dispatched",
+                            run_id=run.base.run_id)
 
 
 def create(lsn: LSN, event: RunCreated) -> RunState:
@@ -208,28 +207,30 @@ def _dispatched(run: _Run, lsn: LSN, event: AttemptDispatched) -> None:
         raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=run.base.run_id)
     if run.status == PENDING:
         run.status = RUNNING
-    record = AttemptState(
-        step_id=event.step_id, attempt=event.attempt, status=DISPATCHED, executor_id=event.executor_id,
-        dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context,
-    )
+    record = AttemptState(step_id=event.step_id, attempt=event.attempt, status=DISPATCHED, dispatched_lsn=lsn,
+                          executor_id=event.executor_id, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref,
+                          context=event.context)
     branch.changed[event.step_id] = (*branch.get(event.step_id), record)
 
 
-def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
+def _resolved(run: _Run, lsn: LSN, event: AttemptSucceeded | AttemptFailed | AttemptCancelled, **outcome: Any) -> None:
     branch, attempts, i = _found(run, event.branch_id, event.step_id, event.attempt)
-    done = msgspec.structs.replace(
-        attempts[i], status=SUCCEEDED, outcome_lsn=lsn, finished_ms=event.at_ms,
-        output_ref=event.output_ref, usage=event.usage, recovered=event.recovered)
+    done = msgspec.structs.replace(attempts[i], outcome_lsn=lsn, finished_ms=event.at_ms, usage=event.usage,
+                                   recovered=event.recovered, **outcome)
     branch.changed[event.step_id] = (*attempts[:i], done, *attempts[i + 1:])
+
+
+def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
+    _resolved(run, lsn, event, status=SUCCEEDED, output_ref=event.output_ref)
 
 
 def _failed(run: _Run, lsn: LSN, event: AttemptFailed) -> None:
-    branch, attempts, i = _found(run, event.branch_id, event.step_id, event.attempt)
-    done = msgspec.structs.replace(
-        attempts[i], status=FAILED, outcome_lsn=lsn, finished_ms=event.at_ms,
-        error_kind=event.error_kind, error_message=event.message, retryable=event.retryable, usage=event.usage,
-        recovered=event.recovered)
-    branch.changed[event.step_id] = (*attempts[:i], done, *attempts[i + 1:])
+    _resolved(run, lsn, event, status=FAILED, error_kind=event.error_kind, error_message=event.message,
+              retryable=event.retryable)
+
+
+def _attempt_cancelled(run: _Run, lsn: LSN, event: AttemptCancelled) -> None:
+    _resolved(run, lsn, event, status=ATTEMPT_CANCELLED, error_kind=ATTEMPT_CANCELLED.value, error_message=event.reason)
 
 
 def _verifying(run: _Run, lsn: LSN, event: RunVerifying) -> None:
@@ -289,6 +290,7 @@ _APPLY: dict[type, Callable[[_Run, LSN, Any], None]] = {
     RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
     AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
     RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: _declared, AgentFinished: _agent_finished,
+    AttemptCancelled: _attempt_cancelled,
 }
 
 

@@ -19,6 +19,9 @@ executor normally commits the outcome; recovery steps in only when it cannot:
   output blob and before the outcome commit) → ``attempt_succeeded`` with that
   output ref; otherwise ``attempt_failed`` with ``error_kind="executor_lost"``.
   Both carry ``recovered=True``.
+* In a **cancelled** run an intent on the active branch (the one the cancel stopped)
+  is resolved ``attempt_cancelled`` whatever the marker says (never succeeded or
+  failed after ``run_cancelled``; :func:`shared.core.cancel.after_cancel`).
 * The latest intent of a step on the active branch of a *running* run is not
   settled: the executor that takes the run over supersedes it with a new
   attempt. When its writer is gone and so is the run's owner, recovery asks for
@@ -38,7 +41,8 @@ from typing import Literal
 import msgspec
 
 from shared.core.agentfold import step_ids
-from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
+from shared.core.cancel import as_cancelled, caught
+from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import RESTING, AttemptState, AttemptStatus, RunState
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from shared.core.subjects import outcome_key
@@ -195,23 +199,24 @@ def resolution_events(
     events: list[AnyEvent] = []
     for intent in intents:
         origin = origin_record(state, intent)
-        if origin is not None and origin.status != AttemptStatus.DISPATCHED:
-            events.append(_copy_outcome(intent, origin, at_ms))
-            continue
         ref = markers.get(intent.marker_key)
-        if ref is not None:
-            events.append(AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id,
-                                           attempt=intent.attempt, output_ref=ref, at_ms=at_ms, recovered=True))
+        event: AttemptSucceeded | AttemptFailed
+        if origin is not None and origin.status != AttemptStatus.DISPATCHED:
+            event = _copy_outcome(intent, origin, at_ms)
+        elif ref is not None:
+            event = AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
+                                     output_ref=ref, at_ms=at_ms, recovered=True)
         else:
-            events.append(AttemptFailed(
+            event = AttemptFailed(
                 branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
                 error_kind=EXECUTOR_LOST, retryable=True, at_ms=at_ms, recovered=True,
                 message=f"executor {intent.executor_id} died before committing an outcome; no output was stored",
-            ))
+            )
+        events.append(as_cancelled(state, event) if caught(state, intent.branch_id) else event)
     return tuple(events)
 
 
-def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AnyEvent:
+def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AttemptSucceeded | AttemptFailed:
     if origin.status == AttemptStatus.SUCCEEDED and origin.output_ref is not None:
         return AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
                                 output_ref=origin.output_ref, usage=origin.usage, at_ms=at_ms, recovered=True)
@@ -223,7 +228,9 @@ def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> AnyEv
 
 
 def outcome_of(event: AnyEvent) -> AttemptStatus:
-    """``succeeded`` or ``failed`` for a resolution event (for replies and logs)."""
+    """``succeeded``, ``failed`` or ``cancelled`` for a resolution event (for replies and logs)."""
+    if isinstance(event, AttemptCancelled):
+        return AttemptStatus.CANCELLED
     return AttemptStatus.SUCCEEDED if isinstance(event, AttemptSucceeded) else AttemptStatus.FAILED
 
 

@@ -42,11 +42,16 @@ class RunStatus(StrEnum):
 
 
 class AttemptStatus(StrEnum):
-    """An attempt's record: its intent is committed (``dispatched``), then exactly one outcome."""
+    """An attempt's record: its intent is committed (``dispatched``), then exactly one outcome.
+
+    ``cancelled``: the run's cancel stopped it (``attempt_cancelled``); not a failure, never
+    counted against ``max_attempts``.
+    """
 
     DISPATCHED = "dispatched"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class StepStatus(StrEnum):
@@ -58,6 +63,7 @@ class StepStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
+    CANCELLED = "cancelled"
 
 
 # The members again as module names, for the per-step loops below and in the fold: reading
@@ -65,8 +71,14 @@ class StepStatus(StrEnum):
 PENDING, RUNNING, VERIFYING = RunStatus.PENDING, RunStatus.RUNNING, RunStatus.VERIFYING
 COMPLETED, CANCELLED = RunStatus.COMPLETED, RunStatus.CANCELLED
 DISPATCHED, SUCCEEDED, FAILED = AttemptStatus.DISPATCHED, AttemptStatus.SUCCEEDED, AttemptStatus.FAILED
+ATTEMPT_CANCELLED = AttemptStatus.CANCELLED
 STEP_PENDING, STEP_RUNNING, STEP_RETRYING = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 STEP_SUCCEEDED, STEP_FAILED, STEP_SKIPPED = StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED
+STEP_CANCELLED = StepStatus.CANCELLED
+
+INTERRUPTED = "interrupted"
+"""``error_kind`` of an attempt its executor interrupted at shutdown (the drain deadline passed): retryable,
+and not a try of the step (never counted against ``max_attempts``); another executor runs a new attempt."""
 
 LIVE: frozenset[RunStatus] = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.VERIFYING})
 """Statuses a run can leave: cancel is legal in each (brief §2)."""
@@ -286,9 +298,13 @@ def attempts_status(attempts: Sequence[AttemptState] | None, max_attempts: int) 
     last = attempts[-1]
     if last.status == DISPATCHED:
         return STEP_RUNNING
+    if last.status == ATTEMPT_CANCELLED:  # the run's cancel stopped it (a re-driven step gets a new attempt)
+        return STEP_CANCELLED
     # a superseded attempt (its executor died, a later attempt replaced it) was not a try of the step:
-    # recovery's late verdict on it does not count against max_attempts
-    failed = sum(1 for a in attempts if a.status == FAILED and not (a.recovered and a is not last))
+    # recovery's late verdict on it does not count against max_attempts; nor does an attempt interrupted
+    # by its executor's shutdown, nor a cancelled one
+    failed = sum(1 for a in attempts if a.status == FAILED and a.error_kind != INTERRUPTED
+                 and not (a.recovered and a is not last))
     if not last.retryable or failed >= max_attempts:
         return STEP_FAILED
     return STEP_RETRYING

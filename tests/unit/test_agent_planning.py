@@ -22,7 +22,7 @@ from shared.core.events import (
 )
 from shared.core.fold import fold, step_statuses
 from shared.core.ids import AttemptNo, BranchId, StepId
-from shared.core.state import encode_state
+from shared.core.state import INTERRUPTED, encode_state
 from shared.core.verifiers import make_ctx
 from shared.core.views import build_episode_view
 from shared.core.workflow import WorkflowSpec, parse_workflow
@@ -234,6 +234,32 @@ def test_a_recovered_turn_success_is_adopted() -> None:
                                     attempt=AttemptNo(1), output_ref=ref)
     state = sim.run()
     assert step_statuses(state, MAIN) == ["succeeded", "succeeded", "succeeded"]
+
+
+def test_turns_and_calls_interrupted_at_shutdown_are_retried_without_using_up_attempts() -> None:
+    sim = _state_after([{"tool_calls": [call("read_file", path="a"), call("run_tests")]}, {"text": "ok"}], 3,
+                       max_attempts=1)
+    assert sim.state is not None and len(sim.in_flight) == 2
+    drained = [AttemptFailed(branch_id=b, step_id=s, attempt=n, error_kind=INTERRUPTED, message="drain deadline",
+                             retryable=True, at_ms=3) for b, s, n in sim.in_flight]
+    assert not ac.completes_turn(sim.state, drained)  # the turn is not over: its calls run again
+    assert [kinds(ac.call_outcome(sim.state, d, at_ms=3)) for d in drained] == [["AttemptFailed"]] * 2
+    sim.in_flight.clear()
+    sim.commit(drained)
+    action = plan.next_action(sim.state, X, ())
+    assert isinstance(action, plan.DispatchCalls) and [(c.step_id, c.attempt) for c in action.calls] == [
+        ("solve:t1:c0", 2), ("solve:t1:c1", 2)]
+    # a turn's attempt, likewise: no agent_finished after its only attempt was interrupted
+    sim = _state_after(TWO_TURNS, 2, max_attempts=1)
+    assert sim.state is not None
+    turn = plan.next_action(sim.state, X)
+    assert isinstance(turn, plan.DispatchTurn)
+    sim.commit(sim.turn_intent(turn, ()))
+    drained_turn = AttemptFailed(branch_id=MAIN, step_id=turn.step_id, attempt=turn.attempt, error_kind=INTERRUPTED,
+                                 message="drain deadline", retryable=True, at_ms=4)
+    assert kinds(ac.turn_failure(sim.state, drained_turn, at_ms=4)) == ["AttemptFailed"]
+    sim.commit([drained_turn])
+    assert plan.next_action(sim.state, X) == msgspec.structs.replace(turn, attempt=AttemptNo(2), declare=False)
 
 
 def test_the_run_waits_for_calls_in_flight_before_verifying() -> None:

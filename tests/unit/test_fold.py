@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from shared.core.errors import InvalidTransition
 from shared.core.events import (
     AnyEvent,
+    AttemptCancelled,
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -34,8 +35,8 @@ from shared.core.events import (
     decode_commit,
     encode_commit,
 )
-from shared.core.fold import RunState, apply_commit, branch_failed, branch_terminal, fold, step_status
-from shared.core.state import STATE_ENCODER, decode_state
+from shared.core.fold import RunState, apply_commit, attempts_status, branch_failed, branch_terminal, fold, step_status
+from shared.core.state import INTERRUPTED, STATE_ENCODER, decode_state
 from shared.core.views import build_episode_view
 
 _enc = STATE_ENCODER  # the state's maps are FrozenMaps: msgspec needs the state codec's hooks
@@ -243,6 +244,36 @@ def test_cancel_is_terminal_with_reason() -> None:
     log.add(RunCancelled(reason="user asked", at_ms=7))
     s = log.state()
     assert (s.status, s.cancel_reason, s.finished_ms) == ("cancelled", "user asked", 7)
+
+
+def test_cancelled_attempt_is_terminal_and_not_a_failure() -> None:
+    log = three_step_log()
+    log.add(dispatched("a", 1), succeeded("a", 1))
+    log.add(dispatched("b", 1))
+    log.add(RunCancelled(reason="stop", at_ms=4000))
+    lsn = log.add(AttemptCancelled(branch_id="main", step_id="b", attempt=1, reason="run cancelled: stop",
+                                   usage=Usage(latency_ms=12.0), at_ms=4001))
+    s = log.state()
+    [b] = s.branches["main"].attempts["b"]
+    assert (b.status, b.outcome_lsn, b.finished_ms, b.error_kind, b.error_message, b.usage.latency_ms) == (
+        "cancelled", lsn, 4001, "cancelled", "run cancelled: stop", 12.0)
+    assert step_status(s, "main", "b") == "cancelled" and step_status(s, "main", "c") == "pending"
+    assert not branch_terminal(s, "main") and not branch_failed(s, "main")  # cancelled is not failed
+    view = build_episode_view(s)
+    assert view.failed_attempts == 0 and [a.status for a in view.step("b").attempts] == ["cancelled"]
+    # a cancelled attempt is not a try: with max_attempts=1 the step would still take another attempt
+    assert attempts_status(s.branches["main"].attempts["b"], 1) == "cancelled"
+
+
+def test_an_attempt_interrupted_by_shutdown_is_not_a_try_of_the_step() -> None:
+    log = three_step_log()
+    log.add(dispatched("a", 1))
+    log.add(AttemptFailed(branch_id="main", step_id="a", attempt=1, error_kind=INTERRUPTED, message="drained",
+                          retryable=True, at_ms=3000))
+    assert step_status(log.state(), "main", "a") == "retrying"  # max_attempts=1, yet it is retried
+    log.add(dispatched("a", 2))
+    log.add(failed("a", 2))
+    assert step_status(log.state(), "main", "a") == "failed"  # the real failure counts
 
 
 # ---- branches ------------------------------------------------------------------------------------

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from shared.core import recovery, rewind
-from shared.core.cancel import NoOp
+from shared.core.cancel import NoOp, after_cancel
 from shared.core.cancel import decide as decide_cancel
 from shared.core.commands import CancelRun, RewindRun
 from shared.core.errors import InvalidCommand, InvalidTransition
 from shared.core.events import (
     AnyEvent,
+    AttemptCancelled,
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -176,13 +177,42 @@ def test_latest_intent_of_a_running_run_asks_for_a_resume_instead() -> None:
 
 
 def test_intent_of_a_resting_run_is_resolved_with_the_marker_or_as_lost() -> None:
-    state, _ = folded([dispatch("a", 1, "x-dead")], [dispatch("b", 1, "x-dead")], [RunCancelled(at_ms=3)])
+    state, _ = folded([dispatch("a", 1, "x-dead")], [dispatch("b", 1, "x-dead")],
+                      [RunVerifying(branch_id="main", at_ms=3)])
     t = recovery.triage(state, set())
     assert [i.marker_key for i in t.resolve] == ["r-1.main.a.1", "r-1.main.b.1"]
     events = recovery.resolution_events(state, t.resolve, {"r-1.main.a.1": REF}, at_ms=7)
     assert isinstance(events[0], AttemptSucceeded) and events[0].output_ref == REF and events[0].recovered
     assert isinstance(events[1], AttemptFailed) and events[1].error_kind == recovery.EXECUTOR_LOST
     assert events[1].recovered
+
+
+def test_intents_of_a_cancelled_run_are_resolved_cancelled_whatever_the_marker() -> None:
+    fork = BranchForked(branch_id="b-2", parent_branch_id="main", fork_lsn=14, from_step=None, at_ms=1)
+    # a#1 on main (left open when the run was rewound: an abandoned branch), then b#1 on b-2, then the cancel
+    state, _ = folded([dispatch("a", 1, "x-dead")], [ok("a", 1)], [dispatch("b", 1, "x-dead")], [fork],
+                      [dispatch("b", 2, "x-dead", branch="b-2")], [RunCancelled(reason="stop", at_ms=3)])
+    t = recovery.triage(state, set())
+    keys = {"r-1.main.b.1": REF, "r-1.b-2.b.2": REF}
+    assert sorted(i.marker_key for i in t.resolve) == sorted(keys)
+    by_branch = {e.branch_id: e for e in recovery.resolution_events(state, t.resolve, keys, at_ms=7)}
+    # the active branch's attempt is cancelled although its executor stored an output; the abandoned one is not
+    assert isinstance(by_branch["b-2"], AttemptCancelled) and by_branch["b-2"].recovered
+    assert by_branch["b-2"].reason == "run cancelled: stop"
+    assert isinstance(by_branch["main"], AttemptSucceeded) and by_branch["main"].recovered
+    assert recovery.outcome_of(by_branch["b-2"]) == "cancelled"
+
+
+def test_after_cancel_records_in_flight_outcomes_cancelled_and_nothing_else() -> None:
+    state, _ = folded([dispatch("a", 1)], [ok("a", 1)], [dispatch("b", 1)])
+    fail_b = AttemptFailed(branch_id="main", step_id="b", attempt=1, error_kind="tool_error", message="m", at_ms=9)
+    planned = [fail_b, dispatch("b", 2)]
+    assert after_cancel(state, planned) == planned  # a live run: unchanged
+    cancelled, _ = folded([dispatch("a", 1)], [ok("a", 1)], [dispatch("b", 1)], [RunCancelled(reason="r", at_ms=5)])
+    [only] = after_cancel(cancelled, [*planned, ok("a", 1), ok("b", 1)])  # a#1 is resolved: dropped; b#2 never starts
+    assert isinstance(only, AttemptCancelled) and (only.step_id, only.attempt, only.at_ms) == ("b", 1, 9)
+    assert only.reason == "run cancelled: r" and not only.recovered
+    assert after_cancel(cancelled, [ok("a", 1)]) == []
 
 
 def test_inherited_intent_is_resolved_from_its_origin_even_with_a_live_executor() -> None:
