@@ -9,6 +9,7 @@ from rich.text import Text
 from shared.core.events import (
     AgentFinished,
     AnyEvent,
+    AttemptCancelled,
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -51,6 +52,9 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
                 t.append("  (recovered)", style="magenta")
         case AttemptFailed():
             t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {event.message[:80]}", style="red")
+        case AttemptCancelled():
+            t.append(f"{event.step_id}#{event.attempt} cancelled", style="red")
+            t.append(f"  stopped after {event.usage.latency_ms:.1f} ms" + ("  (recovered)" * event.recovered))
         case RunVerifying():
             t.append(f"verifying branch {event.branch_id}", style="cyan")
         case VerdictRecorded():

@@ -9,6 +9,8 @@ variable                 default                    meaning
 ``REEL_STORAGE``         ``file``                   ``file`` or ``memory``
 ``REEL_LEASE_TTL_S``     ``5``                      executor lease TTL, whole seconds (≥ 1)
 ``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose service died
+``REEL_DRAIN_DEADLINE_S`` ``45``                   after SIGTERM, how long an executor lets attempts run
+                                                    before it interrupts them (retried elsewhere)
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 =======================  =========================  ===========================================
 
@@ -105,6 +107,7 @@ class Config:
     max_concurrent_runs: int = 16
     command_ack_wait_s: float = 30.0
     auth: NatsAuth = field(default_factory=NatsAuth)
+    drain_deadline_s: float = 45.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -118,6 +121,7 @@ class Config:
             "max_concurrent_runs": int(os.environ.get("REEL_MAX_CONCURRENT_RUNS", "16")),
             "command_ack_wait_s": float(os.environ.get("REEL_COMMAND_ACK_WAIT_S", "30")),
             "auth": NatsAuth.from_env(),
+            "drain_deadline_s": float(os.environ.get("REEL_DRAIN_DEADLINE_S", "45")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -5,14 +5,22 @@ Per command: :func:`shared.fenced.commit_decided` with :func:`shared.core.cancel
 mid-run — makes the fence fail, and the run is refreshed and decided again).
 Cancelling is legal from ``pending``, ``running`` and ``verifying``; cancelling a
 ``completed`` or ``cancelled`` run is answered ``ok`` with the status unchanged and
-``detail.noop = true``. An executor driving the run stops on its own: its next
-fenced commit conflicts, it re-reads, and the planner rests on a cancelled run.
+``detail.noop = true``. After the commit the service publishes a
+:class:`~shared.core.live.RunControl` on ``<ns>.ctl.<run_id>`` (core NATS): the executor
+driving the run stops what it has in flight at once — the tool's process group killed, the
+Python tool's task cancelled, the model's HTTP request aborted — and records those attempts
+``attempt_cancelled`` (services/executor/interrupts.py); nothing further is dispatched (its
+next intent loses the fence, and the planner rests on a cancelled run). The log stays the
+source of truth: an executor that missed the signal still never records a success or a
+failure after the cancel (:func:`shared.core.cancel.after_cancel`). A verifier already
+running is not interrupted: its verdict is still recorded and published (seed T4.2).
 A held ``EpisodeView`` is untouched: the cancel is one more commit above it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -26,6 +34,7 @@ from shared.core.fold import RunState
 from shared.core.ports import EventLog
 from shared.fenced import NoCommit, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
+from shared.nats.control import publish_control
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
@@ -37,8 +46,9 @@ WRITER = "cancel"
 class CancelService:
     """Handles cancel commands against the event log."""
 
-    def __init__(self, events: EventLog) -> None:
+    def __init__(self, events: EventLog, signal: Callable[[str, int], Awaitable[None]] | None = None) -> None:
         self.log = events
+        self.signal = signal
 
     async def cancel(self, req: CancelRun, _: Delivery) -> Reply:
         """Cancel ``req.run_id`` (fenced, re-decided on conflicts); the reply."""
@@ -58,13 +68,18 @@ class CancelService:
             detail: dict[str, Any] = {"noop": True, "reason": result.reason}
             return Reply(ok=True, run_id=state.run_id, status=state.status, detail=detail)
         log.info("cancel.committed", previous_status=previous[-1], lsn=result.lsn, reason=req.reason)
+        if self.signal is not None:
+            await self.signal(state.run_id, result.lsn)
         return Reply(ok=True, run_id=state.run_id, status="cancelled", lsn=result.lsn,
                      detail={"previous_status": previous[-1]})
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> None:
     """Run one cancel service instance until ``stop`` is set."""
-    service = CancelService(JetStreamEventLog(infra.nc, cfg.names))
+    async def signal(run_id: str, lsn: int) -> None:
+        await publish_control(infra.nc, cfg.names, run_id, lsn)
+
+    service = CancelService(JetStreamEventLog(infra.nc, cfg.names), signal)
     router = Router(infra)
     router.route(cfg.names.command("cancel"), CancelRun, service.cancel, rejected="cancel.rejected")
     await CommandConsumer(infra, cfg, "cancel", router.subjects, router).run(stop)

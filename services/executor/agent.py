@@ -52,6 +52,7 @@ from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.workflow import WorkflowSpec
 from shared.fenced import Committed, NoCommit
 from shared.nats.blobstore import ref_for
+from shared.nats.control import Interrupt
 
 from .agentio import (
     JSON,
@@ -69,6 +70,7 @@ from .agentio import (
 )
 from .agenttools import CallContext, PythonTools, secret_env_names
 from .attempts import Attempts
+from .interrupts import stopped_within
 
 log = structlog.get_logger("reel.executor")
 
@@ -85,12 +87,13 @@ class AgentRun:
         run_id: the run driven; spec: its workflow; python_tools: its resolved ``python:`` tools.
         bodies: the executor's blob-body cache.
         stopping: set on shutdown: no new model call or tool call starts; a Retry-After wait ends.
+        interrupt: the drive's; when it fires every attempt in flight is stopped and recorded at once.
     """
 
     def __init__(self, attempts: Attempts, run_id: str, spec: WorkflowSpec, python_tools: PythonTools, *,
-                 bodies: Bodies, stopping: asyncio.Event | None = None) -> None:
+                 bodies: Bodies, stopping: asyncio.Event | None = None, interrupt: Interrupt | None = None) -> None:
         self.attempts, self.run_id, self.spec, self.python_tools = attempts, run_id, spec, python_tools
-        self.bodies, self.stopping = bodies, stopping
+        self.bodies, self.stopping, self.interrupt = bodies, stopping, interrupt
         self.me = ExecutorId(attempts.executor_id)
         self.hidden_env = secret_env_names(spec)
         self.tasks: dict[Key, asyncio.Task[Done]] = {}
@@ -162,21 +165,11 @@ class AgentRun:
         if due is not None and due > time.monotonic():
             log.info("agent.turn_delayed", step_id=action.step_id, attempt=action.attempt,
                      delay_s=round(due - time.monotonic(), 3))
-            if await self._stopped_within(due - time.monotonic()):
+            if await stopped_within(due - time.monotonic(), self.stopping, self.interrupt):
                 return state  # the driver sees ``stopping`` and hands the run back
         self._not_before.pop((action.branch_id, action.step_id), None)
         prepared = await prepare_turn(state, self.spec, action, attempts=self.attempts, bodies=self.bodies)
         return await self._commit_starting(state, prepared.events, (), turn=prepared, branch_id=action.branch_id)
-
-    async def _stopped_within(self, seconds: float) -> bool:
-        if self.stopping is None:
-            await asyncio.sleep(seconds)
-            return False
-        try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
 
     # ---- commits -------------------------------------------------------------------------------
     async def _commit_starting(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome], *,
@@ -217,8 +210,8 @@ class AgentRun:
             assert decl is not None, c
             key = (branch_id, c.step_id, c.attempt)
             ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt, self.hidden_env)
-            self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies),
-                                                  name=f"call {c.step_id}#{c.attempt}")
+            self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies,
+                                                            self.interrupt), name=f"call {c.step_id}#{c.attempt}")
         if calls:
             log.debug("agent.calls_dispatched", lsn=state.head_lsn, calls=[f"{c.step_id}#{c.attempt}" for c in calls])
         if turn is None:
@@ -231,7 +224,7 @@ class AgentRun:
         if isinstance(prompt_result, BaseException):  # never call a model whose prompt is not stored
             failure = ModelError(f"prompt blob not stored: {prompt_result}", kind="prompt_store_failed")
             return await self._record_turn(state, TurnDone(turn, None, failure, 0.0), more=True)
-        self.tasks[key] = asyncio.create_task(call_model(self.spec, turn, self.attempts.counter),
+        self.tasks[key] = asyncio.create_task(call_model(self.spec, turn, self.attempts.counter, self.interrupt),
                                               name=f"turn {a.step_id}#{a.attempt}")
         return state
 
@@ -241,7 +234,15 @@ class AgentRun:
         or the calls of one turn (``more``: the commit may start the next turn or more calls)."""
         if not self.tasks:
             raise RuntimeError("collect with nothing in flight")
-        await asyncio.wait(self.tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+        fired = () if self.interrupt is None else (self.interrupt.fired,)
+        await asyncio.wait([*self.tasks.values(), *fired], return_when=asyncio.FIRST_COMPLETED)
+        if fired and fired[0].done():  # a cancel, or the drain deadline: stop everything in flight now
+            running = [t for t in self.tasks.values() if not t.done()]
+            for t in running:
+                t.cancel()
+            if running:
+                log.info("agent.interrupted", cause=fired[0].result(), attempts=len(running))
+                await asyncio.wait(running)  # each returns its ``interrupted`` result once stopped
         finished = [(k, t.result()) for k, t in self.tasks.items() if t.done()]
         first = finished[0][1]
         if isinstance(first, TurnDone):

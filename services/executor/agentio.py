@@ -10,7 +10,8 @@
   the head they were planned on; on any other head only the outcomes not yet recorded
   (facts about side effects that happened), never an intent — the driver plans again.
 * :func:`call_model`, :func:`call_tool` — the side effect of one in-flight attempt, run as
-  a task: it never commits and never raises (an error is its result).
+  a task: it never commits and never raises (an error is its result; a cancelled task — the
+  drive's interrupt fired — returns an ``interrupted`` error, services/executor/interrupts.py).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ from shared.core.workflow import WorkflowSpec
 from shared.fenced import Decide, NoCommit
 from shared.models import make_chat_model
 from shared.nats.blobstore import ref_for
+from shared.nats.control import Interrupt
 
 from .agenttools import CallContext, PythonTools, run_call
 from .attempts import Attempts
+from .interrupts import Interrupted
 
 BODY_CACHE_BYTES = 64 * 1024 * 1024
 JSON = "application/json"
@@ -182,12 +185,22 @@ def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
-async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenCounter) -> TurnDone:
-    """One model call of a turn attempt (the step's chat model, port v2); an error is a result."""
+def _stopped(interrupt: Interrupt | None) -> Interrupted:
+    """What a side effect cancelled by ``interrupt`` reports (a cancel with no cause known: ``cancelled``)."""
+    return Interrupted(interrupt.cause if interrupt is not None and interrupt.cause is not None else "cancelled")
+
+
+async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenCounter,
+                     interrupt: Interrupt | None = None) -> TurnDone:
+    """One model call of a turn attempt (the step's chat model, port v2); an error is a result, and so is
+    being cancelled (``interrupted``: the HTTP request is aborted)."""
     started = time.perf_counter()
     try:
         model = make_chat_model(spec.agent(prepared.action.agent).model, counter)
         resp = await model.complete_chat(prepared.request)
+    except asyncio.CancelledError:
+        stop = _stopped(interrupt)
+        return TurnDone(prepared, None, ModelError(stop.message, kind=stop.kind), _ms_since(started))
     except ModelError as exc:
         return TurnDone(prepared, None, exc, _ms_since(started))
     except Exception as exc:  # a custom adapter's bug: a failed attempt, never an executor crash
@@ -197,14 +210,19 @@ async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenC
 
 
 async def call_tool(spec: WorkflowSpec, key: Key, decl: DeclaredStep, ctx: CallContext, python_tools: PythonTools,
-                    bodies: Bodies) -> CallDone:
-    """One attempt of the declared tool call ``decl`` (:func:`~services.executor.agenttools.run_call`)."""
+                    bodies: Bodies, interrupt: Interrupt | None = None) -> CallDone:
+    """One attempt of the declared tool call ``decl`` (:func:`~services.executor.agenttools.run_call`); being
+    cancelled is a result too (``interrupted``: a command's group is killed, a Python tool's task cancelled,
+    a sync Python tool's thread abandoned — its late result is discarded)."""
     started = time.perf_counter()
     try:
         args = (decl.arguments or "") if decl.arguments_ref is None else (
             await bodies.get(decl.arguments_ref)).decode(errors="replace")
         call = ToolCall(id=decl.call_id or "", name=decl.tool_name or "", arguments=args)
         text = await run_call(spec.agent(key[1].split(":", 1)[0]), call, ctx, python_tools)
+    except asyncio.CancelledError:
+        stop = _stopped(interrupt)
+        return CallDone(key, None, ToolError(stop.message, kind=stop.kind), _ms_since(started))
     except ToolError as exc:
         return CallDone(key, None, exc, _ms_since(started))
     except Exception as exc:  # e.g. the arguments blob is unreadable: the attempt fails, retryably

@@ -5,6 +5,11 @@
 which drives runs (services/executor/driver.py) attempt by attempt
 (services/executor/attempts.py), consumes the start/resume command subjects, and
 keeps this executor's lease alive (shared/nats/leases.py) until the drain is over.
+
+Shutdown (``stop`` set, e.g. SIGTERM): no new command is taken; the attempts in flight run on
+for ``cfg.drain_deadline_s`` (``REEL_DRAIN_DEADLINE_S``, default 45 s, inside the deployments'
+60 s grace), then they are interrupted and recorded ``interrupted`` (retryable, not a try), and
+the runs are handed back to another executor (services/executor/interrupts.py).
 """
 
 from __future__ import annotations
@@ -43,8 +48,20 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
                                concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)
     lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
     hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop))
+    deadline = asyncio.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
     try:
+        await ex.control.start()
         await consumer.run(stop)
     finally:
+        deadline.cancel()
         lease_stop.set()
         await hb
+        await ex.control.stop()
+
+
+async def _drain_deadline(ex: Executor, stop: asyncio.Event, deadline_s: float) -> None:
+    """Once ``stop`` is set, wait ``deadline_s``; then interrupt every attempt still in flight."""
+    await stop.wait()
+    await asyncio.sleep(deadline_s)
+    log.warning("executor.drain_deadline", deadline_s=deadline_s)
+    ex.control.shutdown()

@@ -17,6 +17,11 @@ the state the executor materialized (never a re-read of the run). Two decisions:
 * an outcome is a fact about an attempt whose side effect happened: it is recorded on
   top of whatever was committed meanwhile (a cancel, a rewind, recovery), unless the
   attempt was resolved meanwhile (:func:`shared.core.planning.outcome_recorded`).
+
+Every commit (and every pipelined first try) is filtered by
+:func:`shared.core.cancel.after_cancel` on the state it is decided on: on a cancelled run an
+outcome is recorded ``attempt_cancelled`` and nothing else goes in. The side effect of an
+attempt is stopped when the drive's interrupt fires (services/executor/interrupts.py).
 """
 
 from __future__ import annotations
@@ -37,8 +42,17 @@ from nats.js.kv import KeyValue
 
 from shared.clock import now_ms
 from shared.core import planning as plan
+from shared.core.cancel import after_cancel
 from shared.core.errors import ModelError, ToolError
-from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, BlobRef, Usage
+from shared.core.events import (
+    AnyEvent,
+    AttemptCancelled,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    Usage,
+)
 from shared.core.fold import RunState
 from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.packer import pack
@@ -49,8 +63,11 @@ from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.models import ModelRequest, make_adapter
 from shared.nats.blobstore import ref_for
+from shared.nats.control import Interrupt
 from shared.nats.publish import publish_pipelined, publish_verify
 from shared.proc.tools import run_tool
+
+from .interrupts import Interrupted, guarded
 
 log = structlog.get_logger("reel.executor")
 
@@ -65,6 +82,17 @@ def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
     def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
         return events if state.head_lsn == head_lsn else NoCommit(reason="run moved", state=state)
     return decide
+
+
+def settled(decide: Decide) -> Decide:
+    """``decide``, its events filtered by :func:`shared.core.cancel.after_cancel` (nothing left: NoCommit)."""
+    def decided(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+        out = decide(state)
+        if isinstance(out, NoCommit):
+            return out
+        kept = after_cancel(state, out)
+        return kept if kept else NoCommit(reason="run cancelled", state=state)
+    return decided
 
 
 def record_outcome(event: AttemptSucceeded | AttemptFailed) -> Decide:
@@ -98,10 +126,16 @@ class Attempts:
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ---- commits -------------------------------------------------------------------------
-    async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int]:
-        """Send the commit of ``events`` fenced on ``state.head_lsn`` now (to pipeline it); its LSN future."""
-        return await self.log.commit_async(state.run_id, events, expected_lsn=state.head_lsn,
-                                           writer=self.executor_id)
+    async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int] | None:
+        """Send the commit of ``events`` fenced on ``state.head_lsn`` now (to pipeline it); its LSN future.
+
+        The events sent are filtered as :meth:`commit` decides them (:func:`settled`); ``None``:
+        nothing is left to send on ``state`` (a cancelled run), the commit decides alone.
+        """
+        kept = after_cancel(state, events)
+        if not kept:
+            return None
+        return await self.log.commit_async(state.run_id, kept, expected_lsn=state.head_lsn, writer=self.executor_id)
 
     async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
                      ) -> Committed | NoCommit:
@@ -110,7 +144,7 @@ class Attempts:
         Raises:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
         """
-        return await commit_decided(self.log, state.run_id, decide, writer=self.executor_id, state=state,
+        return await commit_decided(self.log, state.run_id, settled(decide), writer=self.executor_id, state=state,
                                     sent=sent, log_name=LOG_NAME)
 
     async def intent(self, state: RunState, events: Sequence[AnyEvent], *,
@@ -131,10 +165,11 @@ class Attempts:
             log.warning("run.verify_trigger_failed", lsn=state.head_lsn, error=str(exc))
 
     # ---- attempts ------------------------------------------------------------------------
-    async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep,
-                    action: plan.Dispatch) -> RunState | NoCommit:
+    async def model(self, state: RunState, spec: WorkflowSpec, step: ModelStep, action: plan.Dispatch,
+                    interrupt: Interrupt | None = None) -> RunState | NoCommit:
         """Pack the context, commit the intent with the prompt blob, call the model, record the outcome.
 
+        ``interrupt``: when it fires, the model call is aborted and the attempt recorded at once.
         Returns the state after the outcome, or NoCommit if the intent lost its fence (nothing was called).
         """
         outputs = await self.outputs(state, action.branch_id, plan.needed_outputs(step, spec))
@@ -164,17 +199,21 @@ class Attempts:
         started = time.perf_counter()
         try:
             adapter = make_adapter(step.model, self.counter)
-            resp = await adapter.complete(ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
-                                                       prompt=prompt, prompt_tokens=packed.packed_tokens))
-        except ModelError as exc:
+            request = ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt, prompt=prompt,
+                                   prompt_tokens=packed.packed_tokens)
+            instant = step.model.adapter in ("replay", "scripted")
+            resp = await guarded(adapter.complete(request), None if instant else interrupt)
+        except (ModelError, Interrupted) as exc:
             usage = Usage(input_tokens=packed.packed_tokens, latency_ms=_ms_since(started), cost_usd=exc.cost_usd)
             return await self._fail(state, action, exc.kind, exc.message, exc.retryable, usage)
         usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
                       latency_ms=_ms_since(started), cost_usd=resp.cost_usd)
         return await self._succeed(state, action, resp.text, usage)
 
-    async def tool(self, state: RunState, step: ToolStep, action: plan.Dispatch) -> RunState | NoCommit:
-        """Commit the intent, run the tool, record the outcome.
+    async def tool(self, state: RunState, step: ToolStep, action: plan.Dispatch,
+                   interrupt: Interrupt | None = None) -> RunState | NoCommit:
+        """Commit the intent, run the tool, record the outcome (``interrupt``: as :meth:`model`; a command's
+        process group is killed).
 
         Returns the state after the outcome, or NoCommit if the intent lost its fence (the tool was not run).
         """
@@ -191,10 +230,10 @@ class Attempts:
                 step.tool.stdin_from, "").encode()
         started = time.perf_counter()
         try:
-            text = await run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
+            text = await guarded(run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
                 "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
-                "REEL_ATTEMPT": str(action.attempt)})
-        except ToolError as exc:
+                "REEL_ATTEMPT": str(action.attempt)}), interrupt if step.tool.type == "command" else None)
+        except (ToolError, Interrupted) as exc:
             return await self._fail(state, action, exc.kind, exc.message, exc.retryable,
                                     Usage(latency_ms=_ms_since(started)))
         return await self._succeed(state, action, text, Usage(latency_ms=_ms_since(started)))
@@ -288,7 +327,7 @@ class Attempts:
             with attempt:
                 await self.blobs.put(body, media_type)
 
-    async def _outcome(self, state: RunState, fut: asyncio.Future[int],
+    async def _outcome(self, state: RunState, fut: asyncio.Future[int] | None,
                        event: AttemptSucceeded | AttemptFailed) -> RunState:
         """Settle an outcome commit (``fut``: its first try, in flight). If someone else committed
         while the side effect ran (a cancel, a rewind, recovery), the outcome is still a fact about
@@ -301,6 +340,8 @@ class Attempts:
         done = await self.commit(state, record_outcome(event), sent=fut)
         if isinstance(done, NoCommit):
             log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
+        elif any(isinstance(e, AttemptCancelled) for e in done.events):
+            log.info("attempt.cancelled", lsn=done.lsn, step_id=event.step_id, attempt=event.attempt)
         return done.state
 
     async def _fail(self, state: RunState, action: plan.Dispatch, kind: str, message: str, retryable: bool,

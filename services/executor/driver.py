@@ -15,6 +15,10 @@ actions are :class:`~services.executor.agent.AgentRun`'s, which keeps them as ta
 of this drive; ``next_action`` is told which are in flight, and ``Wait`` records
 what finished. Before the drive returns or hands the run back, every attempt in
 flight is recorded (never abandoned with its intent open).
+
+Each drive watches its run (:meth:`~shared.nats.control.ControlHub.watch`, registered before
+the run is loaded): a cancel, or the executor's drain deadline, stops the attempts in flight
+at once (services/executor/interrupts.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from shared.core.fold import DRIVABLE, RunState
 from shared.core.ports import BlobStore, EventLog
 from shared.core.workflow import ModelStep, WorkflowSpec, parse_workflow
 from shared.fenced import NoCommit
+from shared.nats.control import ControlHub, Interrupt
 from shared.tools_check import check_tool_imports
 
 from .agent import AgentRun
@@ -88,14 +93,16 @@ class Driver:
     """Drives runs for one executor (``attempts.executor_id``) until they rest.
 
     Args:
-        stopping: set on shutdown: the attempt in flight finishes, then runs are handed back.
+        stopping: set on shutdown: the attempt in flight finishes (until the drain deadline fires the
+            ``control`` hub's interrupts), then runs are handed back.
+        control: the executor's watch of its runs' control subjects (``None``: nothing interrupts an attempt).
     """
 
     def __init__(self, log: EventLog, specs: WorkflowSpecs, attempts: Attempts, *,
-                 stopping: asyncio.Event | None = None) -> None:
+                 stopping: asyncio.Event | None = None, control: ControlHub | None = None) -> None:
         self.log, self.specs, self.attempts = log, specs, attempts
         self.executor_id = attempts.executor_id
-        self.stopping = stopping
+        self.stopping, self.control = stopping, control
         self.bodies = Bodies(attempts.blobs)
 
     async def drive(self, run_id: str) -> RunState | None:
@@ -109,6 +116,13 @@ class Driver:
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
+        if self.control is None:
+            return await self._drive(run_id, None)
+        await self.control.start()
+        with self.control.watch(run_id) as interrupt:  # before the load: a cancel committed earlier is in it
+            return await self._drive(run_id, interrupt)
+
+    async def _drive(self, run_id: str, interrupt: Interrupt | None) -> RunState | None:
         try:
             state = await self.log.load(run_id)
         except RunNotFound:
@@ -116,11 +130,12 @@ class Driver:
             return None
         spec = await self.specs.load(state.workflow_ref)
         agents = AgentRun(self.attempts, run_id, spec, self.specs.python_tools(state.workflow_ref.sha256),
-                          bodies=self.bodies, stopping=self.stopping)
+                          bodies=self.bodies, stopping=self.stopping, interrupt=interrupt)
         async with agents:  # structured: no attempt of this run outlives the drive
-            return await self._loop(state, spec, agents)
+            return await self._loop(state, spec, agents, interrupt)
 
-    async def _loop(self, state: RunState, spec: WorkflowSpec, agents: AgentRun) -> RunState:
+    async def _loop(self, state: RunState, spec: WorkflowSpec, agents: AgentRun,
+                    interrupt: Interrupt | None) -> RunState:
         claimed = False
         while True:
             action = plan.next_action(state, self.executor_id, agents.in_flight)
@@ -137,7 +152,7 @@ class Driver:
                     log.info("run.yielded", owner=state.executor_id)
                     return await agents.drain(state)
                 claimed = True
-            done = await self._perform(state, spec, action, agents)
+            done = await self._perform(state, spec, action, agents, interrupt)
             if not isinstance(done, NoCommit):
                 state = done
                 continue
@@ -147,7 +162,7 @@ class Driver:
                 return await agents.drain(state)
 
     async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action,
-                       agents: AgentRun) -> RunState | NoCommit:
+                       agents: AgentRun, interrupt: Interrupt | None) -> RunState | NoCommit:
         """Perform one action planned on ``state``: the state after it, or NoCommit if it lost the fence."""
         if isinstance(action, plan.Claim):
             claim = await self.attempts.intent(state, [RunStarted(executor_id=self.executor_id, at_ms=now_ms())])
@@ -170,8 +185,8 @@ class Driver:
                                                branch_id=action.branch_id)
         try:
             if isinstance(step, ModelStep):
-                return await self.attempts.model(state, spec, step, action)
-            return await self.attempts.tool(state, step, action)
+                return await self.attempts.model(state, spec, step, action, interrupt)
+            return await self.attempts.tool(state, step, action, interrupt)
         finally:
             structlog.contextvars.unbind_contextvars("step_id", "attempt", "branch_id")
 

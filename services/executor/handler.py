@@ -28,6 +28,7 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
 from shared.fenced import Committed, commit_new
 from shared.nats.consumer import Ack, Delivery, Router, Then
+from shared.nats.control import ControlHub
 from shared.nats.infra import Infra
 from shared.tools_check import check_tool_imports
 
@@ -59,7 +60,8 @@ class Executor:
         self.executor_id = executor_id or new_executor_id()
         self.specs = WorkflowSpecs(blobs)
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes)
-        self.driver = Driver(log, self.specs, attempts, stopping=stopping)
+        self.control = ControlHub(infra.nc, cfg.names, self._is_cancelled)
+        self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control)
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
         self.router = Router(infra)
         names = cfg.names
@@ -67,6 +69,9 @@ class Executor:
                           rejected_fields={"command": "start"})
         self.router.route(names.command("resume"), ResumeRun, self.resume, rejected="command.rejected",
                           rejected_fields={"command": "resume"}, invalid_run_id=_invalid_run_id)
+
+    async def _is_cancelled(self, run_id: str) -> bool:
+        return (await self.log.load(run_id)).status == "cancelled"
 
     async def drive(self, run_id: str) -> RunState | None:
         """Drive ``run_id`` until it rests (see :meth:`Driver.drive`)."""

@@ -15,6 +15,9 @@ resume a run           ``reel.cmd.resume``         ″ (rewind/recovery → exec
 scan for lost intents  ``reel.cmd.recover``        ″ (recovery)
 verify a run           ``reel.cmd.verify.<run_id>`` ″ (executor/recovery → verifier)
 verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
+run control            ``reel.ctl.<run_id>``       core NATS, not stored: "the run was cancelled at LSN n"
+streamed tokens        ``reel.stream.<run_id>.``   core NATS, not stored: one attempt's deltas
+                       ``<branch>.<step>.<attempt>`` (``:`` of a turn's step id is a legal token)
 blobs                  object store ``reel_blobs`` content-addressed (sha256)
 executor leases        KV ``reel_leases``          per-message TTL heartbeats
 stored outcomes        KV ``reel_outcomes``        ``<run>.<branch>.<step>.<attempt>`` (``:`` → ``=``)
@@ -110,6 +113,24 @@ class Names:
     @property
     def verify_all(self) -> str:
         return f"{self.namespace}.cmd.verify.*"
+    def control(self, run_id: str) -> str:
+        """Core-NATS subject of signals to the executor driving ``run_id`` (:class:`~shared.core.live.RunControl`)."""
+        return f"{self.namespace}.ctl.{run_id}"
+
+    @property
+    def control_all(self) -> str:
+        return f"{self.namespace}.ctl.*"
+
+    def stream(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
+        """The core-NATS subject of one model attempt's streamed deltas (:class:`~shared.core.live.StreamChunk`).
+
+        A turn's step id (``solve:t1``) is one token: ``:`` is legal in a NATS subject token.
+        """
+        return f"{self.namespace}.stream.{run_id}.{branch_id}.{step_id}.{attempt}"
+
+    def stream_run(self, run_id: str) -> str:
+        """Every attempt's deltas of one run (a wildcard to subscribe to)."""
+        return f"{self.namespace}.stream.{run_id}.>"
 
     def outcome_marker(self, key: str) -> str:
         """The KV subject of one outcome marker (``key`` from :func:`outcome_key`)."""

@@ -10,7 +10,10 @@ order — and reads back every request body it saw::
 
 A request with nothing left in the queue gets a 500 and is counted in ``unscripted``.
 A :func:`slow` behaviour holds its request until the server stops (a client timeout
-fires first), so timeout tests need no sleeps.
+fires first), so timeout tests need no sleeps. A :func:`hang` behaviour never answers and
+reports, through its :class:`Hang`, when the request arrived and when the client closed the
+connection (the server's handler is cancelled on a client disconnect): the rendezvous of the
+cancel tests.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,19 +33,31 @@ from aiohttp import web
 COMPLETIONS = "/v1/chat/completions"
 
 
+class Hang:
+    """The test's side of a :func:`hang` request: ``arrived`` once the server holds it, ``closed`` once the
+    client dropped the connection (monotonic time in ``closed_at``)."""
+
+    def __init__(self) -> None:
+        self.arrived = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.closed_at = 0.0
+
+
 @dataclass(frozen=True)
 class Behaviour:
     """What the server does with one request.
 
     ``body`` is JSON-encoded unless it is ``bytes`` (sent raw); any ``{authorization}`` in
     a string body is replaced by the request's Authorization header (to test key scrubbing).
-    ``hold`` keeps the request open until the server stops.
+    ``hold`` keeps the request open until the server stops; ``hang`` keeps it open until the
+    client goes away, and reports both.
     """
 
     status: int = 200
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
     hold: bool = False
+    hang: Hang | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,11 @@ def slow() -> Behaviour:
     return Behaviour(hold=True)
 
 
+def hang(signal: Hang) -> Behaviour:
+    """Never answers; ``signal`` says when the request arrived and when the client closed the connection."""
+    return Behaviour(hang=signal)
+
+
 def empty(no_choices: bool = False) -> Behaviour:
     """A 200 with no content and no tool calls (or with no choices at all)."""
     b = reply(None)
@@ -131,6 +152,8 @@ class ChatServer:
             self.unscripted += 1
             return web.json_response({"error": {"message": "chat_server: no scripted behaviour left"}}, status=500)
         b = self.queue.popleft()
+        if b.hang is not None:
+            return await self._hang(b.hang)
         if b.hold:
             await self._release.wait()
             return web.json_response({"error": {"message": "released at shutdown"}}, status=503)
@@ -145,10 +168,20 @@ class ChatServer:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         return web.Response(status=b.status, body=data, headers=dict(b.headers), content_type="application/json")
 
+    async def _hang(self, signal: Hang) -> web.StreamResponse:
+        signal.arrived.set()
+        try:
+            await asyncio.Event().wait()  # until the client disconnects: aiohttp cancels this handler
+        except asyncio.CancelledError:
+            signal.closed_at = time.monotonic()
+            signal.closed.set()
+            raise
+        raise AssertionError("unreachable")
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post(COMPLETIONS, self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))

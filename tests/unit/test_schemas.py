@@ -13,6 +13,7 @@ import pytest
 
 from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
 from shared.core.events import (
+    AttemptCancelled,
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -26,6 +27,8 @@ from shared.core.events import (
     VerdictRecorded,
     encode_commit,
 )
+from shared.core.ids import LSN, RunId
+from shared.core.live import RunControl, encode_live
 from shared.core.workflow import encode_workflow, parse_workflow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +82,7 @@ def _payloads() -> list[tuple[str, bytes]]:
         RunVerifying(branch_id="main", at_ms=4),
         VerdictRecorded(verdict=VERDICT),
         BranchForked(branch_id="b-1", parent_branch_id="main", fork_lsn=3, at_ms=5),
+        AttemptCancelled(branch_id="b-1", step_id="run", attempt=2, reason="run cancelled", at_ms=6),
     ))
     return [
         ("start_run.json", encode(StartRun(workflow=parse_workflow(WORKFLOW), idempotency_key="k"))),
@@ -89,6 +93,7 @@ def _payloads() -> list[tuple[str, bytes]]:
         ("commit.json", encode_commit(commit)),
         ("verdict.json", encode(VERDICT)),
         ("workflow.json", encode_workflow(parse_workflow(WORKFLOW))),
+        ("run_control.json", encode_live(RunControl(run_id=RunId("r-1"), signal="cancelled", lsn=LSN(57)))),
     ]
 
 
@@ -101,6 +106,7 @@ def test_real_payloads_validate(schema: str, body: bytes) -> None:
     ("verdict.json", {**json.loads(encode(VERDICT)), "status": "maybe"}),
     ("verdict.json", {k: v for k, v in json.loads(encode(VERDICT)).items() if k != "snapshot_lsn"}),
     ("cancel_run.json", {"run_id": "r-1", "unknown": 1}),
+    ("run_control.json", {"run_id": "r-1", "signal": "paused", "lsn": 3}),
     ("commit.json", {"commit_id": "c", "run_id": "r", "events": [{"type": "run_exploded"}]}),
     ("start_run.json", {"workflow": {"name": "w", "steps": [{"kind": "robot", "id": "x"}]}}),
 ])

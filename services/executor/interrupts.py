@@ -1,0 +1,91 @@
+"""Stopping the side effects in flight: a run's cancel, or the executor's drain deadline (brief §11; docs/mutators.md).
+
+Each drive watches its run (:class:`~shared.nats.control.ControlHub`): its
+:class:`~shared.nats.control.Interrupt` fires with ``cancelled`` when the cancel service
+signals the run's ``run_cancelled`` commit, and with ``shutdown`` when the executor's drain
+deadline passes (``REEL_DRAIN_DEADLINE_S`` after SIGTERM). Then every side effect the drive
+has in flight is cancelled — the awaiting task, which for a command kills its process group
+(:func:`shared.proc.group.run_group`), for an async Python tool cancels the tool's coroutine,
+for a model call aborts its HTTP request — and each attempt gets an outcome at once:
+``attempt_failed`` with ``error_kind`` :data:`~shared.core.state.INTERRUPTED` (retryable, not a
+try of the step). On a cancelled run the commit records it ``attempt_cancelled`` instead
+(:func:`shared.core.cancel.after_cancel` decides every executor commit), so the kind only
+stays when the executor was shutting down: another executor runs a new attempt.
+
+A **sync** Python tool runs in a worker thread, which Python cannot stop: its attempt is
+recorded at once all the same, and the thread's late result is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from shared.core.state import INTERRUPTED
+from shared.nats.control import Cause, Interrupt
+
+T = TypeVar("T")
+
+MESSAGES: dict[Cause, str] = {
+    "cancelled": "the run was cancelled while this attempt ran; the attempt was stopped",
+    "shutdown": "the executor shut down (its drain deadline passed) while this attempt ran; the attempt was stopped"
+                " and another executor runs a new one",
+}
+
+
+class Interrupted(Exception):
+    """The side effect was stopped because of ``cause``; ``message`` is the attempt's error message."""
+
+    def __init__(self, cause: Cause) -> None:
+        super().__init__(MESSAGES[cause])
+        self.cause = cause
+        self.kind = INTERRUPTED
+        self.message = MESSAGES[cause]
+        self.retryable = True
+        self.cost_usd = 0.0
+
+
+async def guarded(side_effect: Awaitable[T], interrupt: Interrupt | None) -> T:
+    """Await ``side_effect``; if ``interrupt`` fires first, cancel it (and wait until it is stopped).
+
+    ``interrupt`` ``None``: awaited as is (instant side effects: recorded and scripted tools and models).
+
+    Raises:
+        Interrupted: the interrupt fired before the side effect finished.
+        whatever ``side_effect`` raises.
+    """
+    if interrupt is None:
+        return await side_effect
+    if interrupt.fired.done():
+        if asyncio.iscoroutine(side_effect):
+            side_effect.close()  # never started
+        raise Interrupted(interrupt.fired.result())
+    task = asyncio.ensure_future(side_effect)
+    try:
+        await asyncio.wait((task, interrupt.fired), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)  # the group is killed, the request aborted, before we go on
+    raise Interrupted(interrupt.fired.result())
+
+
+async def stopped_within(seconds: float, stopping: asyncio.Event | None, interrupt: Interrupt | None) -> bool:
+    """Wait ``seconds`` (a provider's Retry-After) unless ``stopping`` is set or ``interrupt`` fires first
+    (then ``True``)."""
+    ends: list[asyncio.Future[Any]] = [] if interrupt is None else [interrupt.fired]
+    if stopping is not None:
+        ends.append(asyncio.ensure_future(stopping.wait()))
+    if not ends:
+        await asyncio.sleep(seconds)
+        return False
+    try:
+        done, _ = await asyncio.wait(ends, timeout=seconds)
+    finally:
+        if stopping is not None:
+            ends[-1].cancel()
+    return bool(done)

@@ -1,0 +1,162 @@
+"""Run control on core NATS: the cancel service's signal after its commit, and the executor's watch of it.
+
+The executor learns of a cancel without reading the log per step: :class:`ControlHub` holds one
+core-NATS subscription on ``<ns>.ctl.*`` and an :class:`Interrupt` per run it drives
+(:meth:`ControlHub.watch`). A :class:`~shared.core.live.RunControl` for a watched run fires its
+interrupt (``cancelled``); :meth:`ControlHub.shutdown` fires every one (``shutdown``: the
+executor's drain deadline passed). Core NATS is at most once, so the log stays the source
+of truth: the watch is registered *before* the drive loads the run (a cancel committed
+earlier is in what it loads), and when the connection comes back after an outage every
+watched run is read from the log again (``is_cancelled``) — a signal published while the
+connection was down is not lost.
+
+The reconnect hook chains nats-py's ``reconnected_cb`` (the client's one callback slot; the
+callback set at connect still runs first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Literal
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shared.core.ids import LSN, RunId
+from shared.core.live import RunControl, decode_control, encode_live
+from shared.core.subjects import Names
+
+log = structlog.get_logger("reel.control")
+
+Cause = Literal["cancelled", "shutdown"]
+
+
+class Interrupt:
+    """Why the attempts of one drive must stop now, once known: ``fired`` resolves with the first cause.
+
+    Await ``fired`` beside the side effects (``asyncio.wait``); :attr:`cause` is ``None`` until then.
+    """
+
+    def __init__(self) -> None:
+        self.fired: asyncio.Future[Cause] = asyncio.get_running_loop().create_future()
+
+    def fire(self, cause: Cause) -> None:
+        """Resolve ``fired`` with ``cause`` (a later cause is ignored)."""
+        if not self.fired.done():
+            self.fired.set_result(cause)
+
+    @property
+    def cause(self) -> Cause | None:
+        return self.fired.result() if self.fired.done() else None
+
+
+async def publish_control(nc: Client, names: Names, run_id: str, lsn: int) -> None:
+    """Tell the executor driving ``run_id`` that its cancel is committed at ``lsn`` (core NATS, best effort)."""
+    body = encode_live(RunControl(run_id=RunId(run_id), signal="cancelled", lsn=LSN(lsn)))
+    try:
+        await nc.publish(names.control(run_id), body)
+        await nc.flush(timeout=2)
+    except Exception as exc:  # the log has it: the executor still stops at its next fenced commit
+        log.warning("control.publish_failed", run_id=run_id, error=str(exc))
+
+
+class ControlHub:
+    """One executor's watch of the runs it drives.
+
+    Args:
+        nc: the executor's connection; names: its namespace.
+        is_cancelled: reads one run from the log: ``True`` when it is cancelled (after a reconnect).
+    """
+
+    def __init__(self, nc: Client, names: Names, is_cancelled: Callable[[str], Awaitable[bool]]) -> None:
+        self.nc, self.names, self.is_cancelled = nc, names, is_cancelled
+        self._watched: dict[str, list[Interrupt]] = {}
+        self._shutdown = False
+        self._sub: Subscription | None = None
+        self._started: asyncio.Lock | None = None
+        self._checks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Subscribe (once; later calls return at once) and hook the connection's reconnects."""
+        if self._sub is not None:
+            return
+        if self._started is None:
+            self._started = asyncio.Lock()
+        async with self._started:
+            if self._sub is not None:
+                return
+            self._sub = await self.nc.subscribe(self.names.control_all, cb=self._on_msg)
+            previous = self.nc._reconnected_cb
+
+            async def reconnected() -> None:
+                if previous is not None:
+                    await previous()
+                self._recheck()
+
+            self.nc._reconnected_cb = reconnected
+
+    async def stop(self) -> None:
+        """Unsubscribe (watches already fired stay fired)."""
+        for t in list(self._checks):
+            t.cancel()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    @contextlib.contextmanager
+    def watch(self, run_id: str) -> Iterator[Interrupt]:
+        """An :class:`Interrupt` for one drive of ``run_id`` while the ``with`` block runs (:meth:`start` first)."""
+        interrupt = Interrupt()
+        if self._shutdown:
+            interrupt.fire("shutdown")
+        self._watched.setdefault(run_id, []).append(interrupt)
+        try:
+            yield interrupt
+        finally:
+            watches = self._watched.get(run_id, [])
+            with contextlib.suppress(ValueError):
+                watches.remove(interrupt)
+            if not watches:
+                self._watched.pop(run_id, None)
+
+    def shutdown(self) -> None:
+        """The drain deadline passed: fire every watch (and every later one) with ``shutdown``."""
+        self._shutdown = True
+        for watches in self._watched.values():
+            for w in watches:
+                w.fire("shutdown")
+
+    def _fire(self, run_id: str, cause: Cause) -> None:
+        for w in self._watched.get(run_id, ()):
+            w.fire(cause)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            signal = decode_control(msg.data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.warning("control.unreadable", subject=msg.subject, error=str(exc))
+            return
+        if signal.run_id in self._watched:
+            log.info("control.received", run_id=signal.run_id, signal=signal.signal, lsn=signal.lsn)
+            self._fire(signal.run_id, "cancelled")
+
+    def _recheck(self) -> None:
+        """After a reconnect: read every watched run from the log (a signal may have been missed)."""
+        for run_id in list(self._watched):
+            task = asyncio.create_task(self._check(run_id))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _check(self, run_id: str) -> None:
+        try:
+            if await self.is_cancelled(run_id):
+                log.info("control.cancel_found_in_log", run_id=run_id)
+                self._fire(run_id, "cancelled")
+        except Exception as exc:  # the next fenced commit still finds it
+            log.warning("control.recheck_failed", run_id=run_id, error=str(exc))
