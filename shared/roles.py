@@ -124,8 +124,8 @@ def grants(names: Names) -> dict[str, Grant]:
     blob_write = [f"$O.{blobs}.C.*", f"$O.{blobs}.M.*", f"{API}.STREAM.PURGE.{s['blobs']}"]  # purge: own duplicates
     replies = ["_INBOX.>", f"{inbox_prefix('operator')}.>"]  # answers on a command's Reel-Reply-To
 
-    def service(role: str, publish: Iterable[str]) -> Grant:
-        return Grant(publish=_unique([*setup, *publish]), subscribe=(f"{inbox_prefix(role)}.>",))
+    def service(role: str, publish: Iterable[str], subscribe: Iterable[str] = ()) -> Grant:
+        return Grant(publish=_unique([*setup, *publish]), subscribe=(f"{inbox_prefix(role)}.>", *subscribe))
 
     out = {
         "client": client_grant(names),
@@ -133,14 +133,16 @@ def grants(names: Names) -> dict[str, Grant]:
             *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", n.verify_all,
             *_read(s["events"]),
             *blob_read, *blob_write, *_read(s["snapshots"]), *_read(s["leases"]),
-            f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", *replies]),
+            f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", *replies],
+            [n.control_all]),  # the cancel service's signals (core NATS)
         "verifier": service("verifier", [
             *_durable(s["commands"], n.consumer("verifier")), f"{n.namespace}.ev.*", f"{n.namespace}.verdict.*",
             f"{API}.CONSUMER.DELETE.{s['events']}.{n.consumer('verifier')}",  # its durable of old, dropped at start
             *_read(s["events"]), *_read(s["verdicts"]), *blob_read, *_read(s["snapshots"])]),
         "mutators": service("mutators", [
             *(x for svc in ("rewind", "cancel", "recovery") for x in _durable(s["commands"], n.consumer(svc))),
-            f"{n.namespace}.ev.*", n.command("resume"), n.verify_all, *_read(s["events"]), *_ordered(s["events"]),
+            f"{n.namespace}.ev.*", n.command("resume"), n.verify_all, n.control_all, *_read(s["events"]),
+            *_ordered(s["events"]),
             f"{API}.STREAM.MSG.GET.{s['commands']}",  # recovery: is a verification trigger queued?
             *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies]),
         "crucible": service("crucible", [

@@ -52,6 +52,7 @@ def _writers(subject: str) -> set[str]:
     ("$JS.API.CONSUMER.MSG.NEXT.REEL_CMDS.reel_verifier", {"verifier", "operator"}),
     ("$JS.API.STREAM.MSG.GET.REEL_CMDS", {"mutators", "operator"}),
     ("reel.crucible.s-1", {"crucible", "operator"}),
+    ("reel.ctl.r-1", {"mutators", "operator"}),  # the cancel service's signal to the executor
     ("$O.reel_blobs.C.abc", {"client", "executor", "crucible", "operator"}),
     ("$JS.API.STREAM.CREATE.REEL_EVENTS", {"executor", "verifier", "mutators", "crucible", "operator"}),
     ("$JS.API.STREAM.UPDATE.REEL_EVENTS", {"operator"}),
