@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -26,12 +27,17 @@ from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
 from shared.config import Config
+from shared.core.agentspec import AgentToolSpec
 from shared.core.events import AttemptDispatched, decode_commit
 from shared.core.ids import run_id_for_key
 from shared.core.subjects import Names
 from shared.core.workflow import (
+    AgentStep,
+    ContextItemSpec,
     ModelSpec,
     ModelStep,
+    ScriptedToolCall,
+    ScriptedTurn,
     Step,
     ToolSpec,
     ToolStep,
@@ -72,7 +78,26 @@ def model_workflow(run: int, k: int) -> WorkflowSpec:
     return WorkflowSpec(name=f"wkr-model-{run}", steps=tuple(steps), verifiers=(VERIFIER,))
 
 
-WORKFLOWS: dict[str, Callable[[int, int], WorkflowSpec]] = {"tool": tool_workflow, "model": model_workflow}
+NOOP_TOOL = AgentToolSpec(name="noop", python="bench._wkr_tools:noop", retry_safe=True, parameters={
+    "type": "object", "properties": {"run": {"type": "integer"}, "step": {"type": "integer"}},
+    "required": ["run", "step"], "additionalProperties": False})
+
+
+def agent_workflow(run: int, k: int) -> WorkflowSpec:
+    """One agent step of K+1 scripted turns: turns 1…K each call the no-op Python tool once (bench/_wkr_tools.py),
+    turn K+1 answers. A "step" is one turn with its tool call."""
+    call = [(ScriptedToolCall(name="noop", arguments={"run": run, "step": i}),) for i in range(k)]
+    turns = [ScriptedTurn(text=f"turn {i}", tool_calls=call[i]) for i in range(k)]
+    turns.append(ScriptedTurn(text=json.dumps(make_result(run, k))))
+    agent = AgentStep(id="a", max_turns=k + 1, instructions=f"run {run}", tools=(NOOP_TOOL,),
+                      context=(ContextItemSpec(id="task", kind="task", text=f"call noop {k} times (run {run})"),),
+                      model=ModelSpec(adapter="scripted", turns=tuple(turns)))
+    return WorkflowSpec(name=f"wkr-agent-{run}", steps=(agent,), verifiers=(VERIFIER,))
+
+
+WORKFLOWS: dict[str, Callable[[int, int], WorkflowSpec]] = {"tool": tool_workflow, "model": model_workflow,
+                                                            "agent": agent_workflow}
+TURN = re.compile(r":t[0-9]+$")
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -142,15 +167,15 @@ class Stack:
             raise RuntimeError(f"start {key}: {reply}")
         return run_id, t0, await asyncio.wait_for(fut, timeout_s)
 
-    async def step_starts(self, run_id: str) -> list[int]:
-        """Stored ns of the commit carrying each step's first intent, in step order."""
+    async def step_starts(self, run_id: str, kind: str = "tool") -> list[int]:
+        """Stored ns of the commit carrying each step's first intent, in step order (an agent's: its turns')."""
         js = self.infra.js
         seen: dict[str, int] = {}
         got: asyncio.Queue[None] = asyncio.Queue()
 
         async def on_msg(msg: Msg) -> None:
             for e in decode_commit(msg.data).events:
-                if isinstance(e, AttemptDispatched):
+                if isinstance(e, AttemptDispatched) and (kind != "agent" or TURN.search(e.step_id)):
                     seen.setdefault(e.step_id, stored_ns(msg))
             if msg.metadata.num_pending == 0:
                 got.put_nowait(None)

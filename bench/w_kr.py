@@ -13,6 +13,8 @@ executor and the verifier as separate processes (``python -m services.executor``
 * ``tool``: K tool steps of type ``recorded`` (plain tool steps have no in-process Python kind;
   ``recorded`` is the no-op one), each returning its own 200-byte dict;
 * ``model``: K ``scripted`` model steps (a one-line prompt each, the dict as the answer);
+* ``agent``: one agent step of K scripted turns, each calling a no-op async Python tool once
+  (bench/_wkr_tools.py, returning the dict), then a final answer: a step is one turn + its call;
 * ``tool_always``: ``tool`` on a second server with ``jetstream { sync_interval: always }``.
 
 Step starts are the server's stored timestamps of the commits carrying each step's intent (see
@@ -48,7 +50,8 @@ from _wkr_peers import PEERS, Sample, ensure_raw_stream, median_interval_us, raw
 from _wkr_reel import WORKFLOWS, Stack, reel_stack
 from _wkr_report import print_report
 
-REEL_VARIANTS = {"tool": ("default", "tool"), "model": ("default", "model"), "tool_always": ("always", "tool")}
+REEL_VARIANTS = {"tool": ("default", "tool"), "model": ("default", "model"), "agent": ("default", "agent"),
+                 "tool_always": ("always", "tool")}
 RAW_VARIANTS = {"raw": "default", "raw_always": "always"}
 
 
@@ -85,8 +88,8 @@ class Bench:
         spec = build(n, ka)
         key = f"{self.session}-{variant}-{n}"
         run_id, t0, t1 = await self._metered(f"{variant} a", stack, ka, lambda: stack.run(spec, key))
-        starts = await stack.step_starts(run_id)
-        assert len(starts) == ka, (variant, len(starts))
+        starts = await stack.step_starts(run_id, kind)
+        assert len(starts) == ka + (kind == "agent"), (variant, len(starts))
         a = Sample(a_median_us=median_interval_us(starts), a_wall_us=(t1 - t0) / 1000 / ka)
         base = self._next(rb)
         specs = [build(base + i, kb) for i in range(rb)]
