@@ -11,6 +11,7 @@ variable                 default                    meaning
 ``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose service died
 ``REEL_DRAIN_DEADLINE_S`` ``45``                   after SIGTERM, how long an executor lets attempts run
                                                     before it interrupts them (retried elsewhere)
+``REEL_INLINE_MAX_BYTES`` ``2048``                bodies up to this size ride inline in their refs
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 =======================  =========================  ===========================================
 
@@ -108,6 +109,7 @@ class Config:
     command_ack_wait_s: float = 30.0
     auth: NatsAuth = field(default_factory=NatsAuth)
     drain_deadline_s: float = 45.0
+    inline_max_bytes: int = 2048
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -122,6 +124,7 @@ class Config:
             "command_ack_wait_s": float(os.environ.get("REEL_COMMAND_ACK_WAIT_S", "30")),
             "auth": NatsAuth.from_env(),
             "drain_deadline_s": float(os.environ.get("REEL_DRAIN_DEADLINE_S", "45")),
+            "inline_max_bytes": int(os.environ.get("REEL_INLINE_MAX_BYTES", "2048")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -30,10 +30,10 @@ import structlog
 from shared.clock import now_ms
 from shared.core import planning as plan
 from shared.core.errors import RunNotFound, WorkflowInvalid
-from shared.core.events import BlobRef, RunStarted, RunVerifying
+from shared.core.events import BlobRef, RunVerifying
 from shared.core.fold import DRIVABLE, RunState
 from shared.core.ports import BlobStore, EventLog
-from shared.core.workflow import ModelStep, WorkflowSpec, parse_workflow
+from shared.core.workflow import WorkflowSpec, parse_workflow
 from shared.fenced import NoCommit
 from shared.nats.control import ControlHub, Interrupt
 from shared.tools_check import check_tool_imports
@@ -42,6 +42,7 @@ from .agent import AgentRun
 from .agentio import Bodies
 from .agenttools import PythonTools
 from .attempts import Attempts, on_head
+from .plain import Chained, Cursor, PlainSteps, Prepared
 
 log = structlog.get_logger("reel.executor")
 
@@ -96,14 +97,17 @@ class Driver:
         stopping: set on shutdown: the attempt in flight finishes (until the drain deadline fires the
             ``control`` hub's interrupts), then runs are handed back.
         control: the executor's watch of its runs' control subjects (``None``: nothing interrupts an attempt).
+        inline_max: bodies of at most this many bytes ride in their refs (``REEL_INLINE_MAX_BYTES``).
     """
 
     def __init__(self, log: EventLog, specs: WorkflowSpecs, attempts: Attempts, *,
-                 stopping: asyncio.Event | None = None, control: ControlHub | None = None) -> None:
+                 stopping: asyncio.Event | None = None, control: ControlHub | None = None,
+                 inline_max: int = 0) -> None:
         self.log, self.specs, self.attempts = log, specs, attempts
         self.executor_id = attempts.executor_id
         self.stopping, self.control = stopping, control
         self.bodies = Bodies(attempts.blobs)
+        self.plain = PlainSteps(attempts, inline_max=inline_max, stopping=stopping)
 
     async def drive(self, run_id: str) -> RunState | None:
         """Drive ``run_id`` until it rests (Verifying, Completed, Cancelled) or another executor owns it.
@@ -137,8 +141,19 @@ class Driver:
     async def _loop(self, state: RunState, spec: WorkflowSpec, agents: AgentRun,
                     interrupt: Interrupt | None) -> RunState:
         claimed = False
+        prepared: Prepared | None = None  # an intent that rode the last outcome's commit: its body runs now
+        cursor = Cursor()
         while True:
-            action = plan.next_action(state, self.executor_id, agents.in_flight)
+            start = cursor.at(state)  # advanced on every state the log gave (O(1) per step)
+            if prepared is not None:
+                done = await self._perform(state, spec, prepared.action, agents, interrupt, cursor, prepared)
+                prepared = None
+                if isinstance(done, Chained):
+                    state, prepared = done.state, done.next
+                else:
+                    state = done if isinstance(done, RunState) else done.state
+                continue
+            action = plan.next_action(state, self.executor_id, agents.in_flight, start=start)
             if isinstance(action, plan.Rest):
                 state = await agents.drain(state)
                 log.debug("run.resting", status=action.status, lsn=state.head_lsn)
@@ -152,7 +167,10 @@ class Driver:
                     log.info("run.yielded", owner=state.executor_id)
                     return await agents.drain(state)
                 claimed = True
-            done = await self._perform(state, spec, action, agents, interrupt)
+            done = await self._perform(state, spec, action, agents, interrupt, cursor)
+            if isinstance(done, Chained):
+                state, prepared = done.state, done.next
+                continue
             if not isinstance(done, NoCommit):
                 state = done
                 continue
@@ -161,13 +179,16 @@ class Driver:
                 log.info("run.yielded", owner=state.executor_id)
                 return await agents.drain(state)
 
-    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action,
-                       agents: AgentRun, interrupt: Interrupt | None) -> RunState | NoCommit:
-        """Perform one action planned on ``state``: the state after it, or NoCommit if it lost the fence."""
+    async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action, agents: AgentRun,
+                       interrupt: Interrupt | None, cursor: Cursor, prepared: Prepared | None = None,
+                       ) -> RunState | NoCommit | Chained:
+        """Perform one action planned on ``state``: the state after it (:class:`Chained` when the next
+        attempt's intent rode its commit), or NoCommit if it lost the fence."""
         if isinstance(action, plan.Claim):
-            claim = await self.attempts.intent(state, [RunStarted(executor_id=self.executor_id, at_ms=now_ms())])
+            claim = await self.plain.claim(state, spec, cursor)
             if not isinstance(claim, NoCommit):
-                log.info("run.claimed", executor_id=self.executor_id, lsn=claim.head_lsn)
+                log.info("run.claimed", executor_id=self.executor_id,
+                         lsn=(claim.state if isinstance(claim, Chained) else claim).head_lsn)
             return claim
         if isinstance(action, plan.EnterVerifying):
             events = [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())]
@@ -180,13 +201,10 @@ class Driver:
             return done.state
         if not isinstance(action, plan.Dispatch):  # inside an agent step (services/executor/agent.py)
             return await agents.perform(state, action)
-        step = spec.step(action.step_id)
         structlog.contextvars.bind_contextvars(step_id=action.step_id, attempt=action.attempt,
                                                branch_id=action.branch_id)
         try:
-            if isinstance(step, ModelStep):
-                return await self.attempts.model(state, spec, step, action, interrupt)
-            return await self.attempts.tool(state, step, action, interrupt)
+            return await self.plain.run(state, spec, action, cursor, prepared, interrupt)
         finally:
             structlog.contextvars.unbind_contextvars("step_id", "attempt", "branch_id")
 

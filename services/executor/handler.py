@@ -61,7 +61,8 @@ class Executor:
         self.specs = WorkflowSpecs(blobs)
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes)
         self.control = ControlHub(infra.nc, cfg.names, self._is_cancelled)
-        self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control)
+        self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
+                             inline_max=cfg.inline_max_bytes)
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
         self.router = Router(infra)
         names = cfg.names

@@ -36,11 +36,16 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
         sha256: hex digest of the body; also the object name in the store.
         size_bytes: length of the body in bytes.
         media_type: MIME type of the body, e.g. ``text/plain`` or ``application/json``.
+        inline: the body itself (its UTF-8 text), for a body of at most the inline threshold
+            (brief §4, ``REEL_INLINE_MAX_BYTES``): it rides in the commit instead of the object
+            store, still named by its sha256 and read through the same ``BlobStore.get``. Unset
+            (and not encoded) for a stored body.
     """
 
     sha256: str
     size_bytes: int
     media_type: str = "text/plain"
+    inline: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

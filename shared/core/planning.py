@@ -35,9 +35,10 @@ from shared.core.agent import (
     agent_action,
 )
 from shared.core.events import BlobRef
-from shared.core.fold import DRIVABLE, STEP_TERMINAL, AttemptStatus, RunState, RunStatus, final_success, step_statuses
+from shared.core.fold import DRIVABLE, STEP_TERMINAL, AttemptStatus, RunState, RunStatus, final_success
 from shared.core.ids import AttemptNo, BranchId, ContextItemId, StepId
 from shared.core.packer import Candidate, PackPolicy
+from shared.core.state import StepStatus, own_status
 from shared.core.tokens import TokenCounter
 from shared.core.workflow import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
 
@@ -72,13 +73,16 @@ class Rest(msgspec.Struct, frozen=True):
 Action = Claim | Dispatch | EnterVerifying | Rest | AgentAction
 
 
-def next_action(state: RunState, executor_id: str, in_flight: InFlight = ()) -> Action:
+def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, start: int = 0) -> Action:
     """The next thing ``executor_id`` must do to drive ``state`` towards ``Verifying``.
 
     Args:
         in_flight: ``(branch, step, attempt)`` of the attempts this executor is running (its tasks); any
             other attempt still ``dispatched`` is an orphan and is superseded. Empty (the sequential
             executor): nothing is waited for. See :mod:`shared.core.agent` for the agent actions.
+        start: the steps before this position are known to have succeeded on the active branch (a
+            cursor the caller keeps with :func:`succeeded_prefix`): only the rest is looked at, so a
+            step's planning costs O(1) whatever the run's length. 0 looks at every step.
     """
     if state.status not in DRIVABLE:
         return Rest(state.status)
@@ -86,7 +90,12 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = ()) -> 
         return Claim()
     bid = state.active_branch
     branch = state.branches[bid]
-    for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
+    steps = state.steps
+    for i in range(start, len(steps)):
+        decl = steps[i]
+        status = own_status(branch, decl)
+        if status == StepStatus.FAILED:
+            break  # every later step is skipped (step_statuses): the branch is terminal
         if status in STEP_TERMINAL:
             continue
         if decl.kind == "agent":
@@ -99,6 +108,17 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = ()) -> 
     if any(b == bid for b, _, _ in in_flight):
         return Wait()  # e.g. calls of an agent that a fatal tool ended: record their outcomes first
     return EnterVerifying(bid)
+
+
+def succeeded_prefix(state: RunState, branch_id: BranchId, start: int = 0) -> int:
+    """How many leading steps have succeeded on ``branch_id``, counting on from ``start`` (steps the
+    caller knows succeeded: a step that succeeded on a branch stays so — outcomes are never taken
+    back, and a rewind makes a new branch). Kept as a cursor, O(1) per step amortised."""
+    branch = state.branches[branch_id]
+    steps, n = state.steps, start
+    while n < len(steps) and own_status(branch, steps[n]) == StepStatus.SUCCEEDED:
+        n += 1
+    return n
 
 
 def outcome_recorded(state: RunState, branch_id: BranchId, step_id: StepId, attempt: AttemptNo) -> bool:

@@ -13,8 +13,10 @@ Where a branch may be forked:
   run, an LSN beyond the head, an LSN between a branch's fork point and its
   creation, or a commit of another branch (a sibling's, a child's) is refused.
 * ``at_step`` forks just before the step's first attempt on that branch (the
-  previous lineage LSN), or at the head if the step never ran there, with
-  ``from_step`` set so the new branch keeps only the steps before it. An agent
+  previous lineage LSN) — or *at* the commit of that attempt's intent when that
+  commit also holds the outcome of the step before it (one round trip per step,
+  brief §13) — or at the head if the step never ran there, with ``from_step``
+  set so the new branch keeps only the steps before it. An agent
   step forks before its first turn. A turn or tool call (``solve:t2``,
   ``solve:t1:c1``) forks *at* the commit that declared it: that commit may also
   hold the outcome of the step before it (the last tool result of turn 1 and turn
@@ -227,8 +229,18 @@ def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId,
         return LSN(lineage[-1])
     else:
         first = attempts[0].dispatched_lsn
+        if _records_an_earlier_outcome(state, branch, step_id, first):
+            return first  # one round trip per step: the commit of its first intent closed the step before it
     before = [lsn for lsn in lineage if lsn < first]
     return LSN(before[-1]) if before else state.created_lsn
+
+
+def _records_an_earlier_outcome(state: RunState, branch: BranchState, step_id: StepId, lsn: LSN) -> bool:
+    """True if the commit at ``lsn`` also holds the outcome of a step before ``step_id`` (brief §13: an
+    outcome and the next intent share a commit). Forking at that commit keeps the outcome: what the
+    new branch inherits stops before ``step_id`` by step (:func:`shared.core.state.inherited`)."""
+    earlier = state.steps[:state.step_index(step_id)]
+    return any(a.outcome_lsn == lsn for d in earlier for a in branch.attempts.get(d.step_id, ()))
 
 
 def _check_same_request(state: RunState, existing: BranchState, cmd: RewindRun) -> None:

@@ -275,6 +275,11 @@ def final_success(attempts: Sequence[AttemptState]) -> AttemptState | None:
     return own[-1] if own else (wins[-1] if wins else None)
 
 
+def own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
+    """Status of one step from its own records on ``branch`` (not ``skipped``: see :func:`step_statuses`)."""
+    return _own_status(branch, decl)
+
+
 def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
     if decl.kind == "agent":
         return agent_status(branch, decl.step_id)

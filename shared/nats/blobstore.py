@@ -10,7 +10,9 @@ on the meta subject, so an existing object is never replaced (racing writers of
 one body: one wins, the others purge their chunks). A single-chunk body and its
 meta record go out pipelined in one round trip. Reads go through nats-py's
 ``ObjectStore.get`` (so the format stays the library's), with a timeout, and the
-body's sha256 is checked.
+body's sha256 is checked. A body of at most the inline threshold may instead ride in its
+ref (:func:`ref_for` with ``inline_max``; brief §4): :meth:`JetStreamBlobStore.get` answers
+it from the ref, so readers do not care where a body is.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.js import api as jsapi
@@ -42,9 +45,21 @@ GET_TIMEOUT_S = 30.0
 _KNOWN_CACHE = 4096
 
 
-def ref_for(data: bytes, media_type: str = "text/plain") -> BlobRef:
-    """The :class:`BlobRef` ``data`` will have once stored (pure)."""
-    return BlobRef(sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), media_type=media_type)
+def ref_for(data: bytes, media_type: str = "text/plain", *, inline_max: int = 0) -> BlobRef:
+    """The :class:`BlobRef` ``data`` will have once stored (pure); with ``data`` inline in it when it is
+    at most ``inline_max`` bytes of UTF-8 text (such a ref needs no store: see :func:`is_inline`)."""
+    ref = BlobRef(sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), media_type=media_type)
+    if len(data) <= inline_max:
+        try:
+            return msgspec.structs.replace(ref, inline=data.decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
+    return ref
+
+
+def is_inline(ref: BlobRef) -> bool:
+    """True if ``ref`` carries its body (nothing to store or fetch)."""
+    return isinstance(ref.inline, str)
 
 
 class JetStreamBlobStore:
@@ -125,7 +140,7 @@ class JetStreamBlobStore:
 
     async def exists(self, ref: BlobRef) -> bool:
         """True if the store holds the body of ``ref``."""
-        if ref.sha256 in self._known:
+        if is_inline(ref) or ref.sha256 in self._known:
             return True
         try:
             await asyncio.wait_for(self._obs.get_info(ref.sha256), self._timeout_s)
@@ -137,10 +152,17 @@ class JetStreamBlobStore:
     async def get(self, ref: BlobRef) -> bytes:
         """Fetch the body of ``ref``.
 
+        An inline ref (:func:`is_inline`) is answered from the ref itself, checked the same way.
+
         Raises:
             BlobMissing: no such object, or its body does not hash to ``ref.sha256``.
             BlobTimeout: the read took longer than the store's timeout.
         """
+        if isinstance(ref.inline, str):
+            data = ref.inline.encode("utf-8")
+            if hashlib.sha256(data).hexdigest() != ref.sha256:
+                raise BlobMissing(f"inline blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
+            return data
         try:
             result = await asyncio.wait_for(self._obs.get(ref.sha256), self._timeout_s)
         except NotFoundError as exc:

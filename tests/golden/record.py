@@ -4,9 +4,13 @@
 
 Starts an embedded nats-server, runs the executor (once as a subprocess that is made to
 crash mid-run, then in-process), and writes each run's log exactly as it sits in the
-stream to ``tests/golden/recorded_<name>.jsonl`` (``{"lsn": N, "commit": <body>}`` per
-line). Ids, clocks and latencies in these logs are whatever the recording run saw: the
-golden test only needs them to be frozen, not reproducible. Re-recording replaces the
+stream to ``tests/golden/recorded_1rt_<name>.jsonl`` (``{"lsn": N, "commit": <body>}`` per
+line): the executor's commit pattern since issue 11 (one round trip per step: an outcome and
+the next intent in one commit, small bodies inline in their refs). The
+``recorded_<name>.jsonl`` logs beside them are the earlier pattern (the intent and the
+outcome of each attempt in commits of their own); they stay as recorded and must still fold.
+Ids, clocks and latencies in these logs are whatever the recording run saw: the golden test
+only needs them to be frozen, not reproducible. Re-recording replaces the ``recorded_1rt_``
 logs and therefore needs ``regen.py`` afterwards; do it only to add coverage.
 
 Events the executor never writes (verdicts, completion, cancel, fork, recovered
@@ -34,6 +38,7 @@ from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import connect, ensure_infra
 
 GOLDEN_DIR = Path(__file__).resolve().parent
+PREFIX = "recorded_1rt_"
 REPO = GOLDEN_DIR.parent.parent
 
 
@@ -117,7 +122,7 @@ async def _record(url: str) -> None:
     log = JetStreamEventLog(nc, cfg.names)
     for name, run_id in runs.items():
         raw = await log.subjects.read_raw(run_id)
-        path = GOLDEN_DIR / f"recorded_{name}.jsonl"
+        path = GOLDEN_DIR / f"{PREFIX}{name}.jsonl"
         path.write_bytes(b"".join(b'{"lsn":%d,"commit":%s}\n' % (lsn, body) for lsn, body in raw))
         print(f"wrote {path.relative_to(REPO)} ({len(raw)} commits)")
     await nc.close()

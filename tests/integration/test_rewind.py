@@ -72,7 +72,10 @@ async def test_rewind_at_step_forks_a_new_branch_and_execution_resumes_on_it(
     branch = state.branches[new]
     b1_main = attempt_of(done, "b", 1, "main")
     assert (branch.parent_branch_id, branch.from_step, branch.created_lsn) == ("main", "b", reply.lsn)
-    assert branch.fork_lsn == max(lsn for lsn in lsns if lsn < b1_main.dispatched_lsn)  # just before b's first try
+    # at the commit of b's first try, which also recorded a's outcome (one round trip per step): a's outcome
+    # is inherited, b's intent is not (from_step)
+    assert branch.fork_lsn == b1_main.dispatched_lsn == attempt_of(done, "a", 1, "main").outcome_lsn
+    assert lsns.index(b1_main.dispatched_lsn) > 0
     assert branch.attempts["a"] == done.branches["main"].attempts["a"]  # inherited as they were
     assert all(attempt_of(state, s, 1, new).dispatched_lsn > reply.lsn for s in ("b", "c"))  # re-executed
     assert _enc.encode(state.branches["main"]) == main_before  # the parent's records never change
@@ -113,7 +116,11 @@ async def test_rewind_at_lsn_of_a_named_branch(
     branch = state.branches[new]
     assert (branch.parent_branch_id, branch.fork_lsn, branch.from_step) == ("main", a_done, None)
     assert branch.attempts["a"] == done.branches["main"].attempts["a"]
-    assert attempt_of(state, "b", 1, new).dispatched_lsn > reply.lsn
+    # a's outcome and b's first intent share a commit (one round trip per step): the fork inherits b#1 in
+    # flight, and the executor supersedes it with b#2 after the fork
+    b1, b2 = attempt_of(state, "b", 1, new), attempt_of(state, "b", 2, new)
+    assert (b1.status, b1.dispatched_lsn) == ("dispatched", a_done)
+    assert b2.status == "succeeded" and b2.dispatched_lsn > reply.lsn
     assert len(await forks(event_log, run)) == 2
     await assert_refold_identical(event_log, state)
 

@@ -1,0 +1,318 @@
+"""Plain (tool and model) steps: one round trip per step where the next action is known (brief §13).
+
+An attempt's intent (``attempt_dispatched``, with a model step's prompt ref and partition) is
+durable before its side effect (the tool run or the model call) and its outcome after. When the
+outcome makes the next action a known plain attempt (the next step, or a retry of this one), that
+intent rides the outcome's commit — ``[attempt_succeeded N, attempt_dispatched N+1]`` — and the
+next body runs as soon as it is acked: **one acked commit per step**, written before the next
+step's body runs; never two steps' outcomes in one commit. The claim (``run_started``) carries the
+first attempt's intent the same way (:meth:`PlainSteps.claim`); only an attempt after an agent
+step, or one planned after the run moved, pays a commit of its own for its intent.
+
+The commit is fenced on the head both were planned on (:func:`outcome_then`). On any other head
+(a cancel, a rewind or recovery committed while the side effect ran) only the outcome is recorded
+(unless the attempt was resolved meanwhile) and the driver plans again.
+
+Messages of one round trip, each only when needed, all pipelined on one connection before the
+commit (so the server stores them first):
+
+* the **commit** (always);
+* the **recovery marker** of a success (outcomes KV, ``<run>.<branch>.<step>.<attempt>``), for
+  a side effect whose output cannot be had again for free — a model call, a ``command`` tool;
+  a ``recorded``/``scripted`` tool step has none (its output is in the workflow);
+* the **output blob** and the next attempt's **prompt blob**, only when larger than the inline
+  threshold (``REEL_INLINE_MAX_BYTES``, 2 KiB): a smaller body rides in its ref (brief §4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from shared.clock import now_ms
+from shared.core import planning as plan
+from shared.core.errors import ModelError, ToolError
+from shared.core.events import (
+    AnyEvent,
+    AttemptCancelled,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    Commit,
+    RunStarted,
+    Usage,
+)
+from shared.core.fold import RunState, apply_commit
+from shared.core.ids import CommitId
+from shared.core.packer import pack
+from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
+from shared.fenced import Committed, Decide, NoCommit
+from shared.models import ModelRequest, make_adapter
+from shared.nats.blobstore import is_inline, ref_for
+from shared.nats.control import Interrupt
+from shared.proc.tools import run_tool
+
+from .attempts import CRASH_ENV, Attempts, record_outcome
+from .interrupts import Interrupted, guarded
+
+log = structlog.get_logger("reel.executor")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A planned plain attempt with its intent event, ready to commit (alone, or riding an outcome)."""
+
+    action: plan.Dispatch
+    step: ModelStep | ToolStep
+    intent: AttemptDispatched
+    prompt: str = ""  # a model step's rendered prompt (its body is stored unless inline)
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Chained:
+    """The state after an outcome commit that also carried ``next``'s intent: its body runs next."""
+
+    state: RunState
+    next: Prepared
+
+
+Outcome = AttemptSucceeded | AttemptFailed
+
+
+class Cursor:
+    """One drive's planning cursor: how many leading steps of the active branch have succeeded
+    (:func:`shared.core.planning.succeeded_prefix`), advanced on the states the log gave, so that
+    planning a step costs O(1) whatever the run's length. A new active branch starts it over."""
+
+    def __init__(self) -> None:
+        self.branch: str | None = None
+        self.n = 0
+
+    def at(self, state: RunState) -> int:
+        """The prefix on ``state`` (a state of the log, never a preview: it would advance on a guess)."""
+        if state.active_branch != self.branch:
+            self.branch, self.n = state.active_branch, 0
+        self.n = plan.succeeded_prefix(state, state.active_branch, self.n)
+        return self.n
+
+    def peek(self, state: RunState) -> int:
+        """The prefix on a preview of the next state, without advancing the cursor."""
+        n = self.n if state.active_branch == self.branch else 0
+        return plan.succeeded_prefix(state, state.active_branch, n)
+
+
+def outcome_then(event: Outcome, head_lsn: int, nxt: Prepared | None) -> Decide:
+    """The outcome, and the next intent if it was planned on this head (``head_lsn``); on any other
+    head the outcome alone, unless the attempt was resolved meanwhile (:func:`record_outcome`)."""
+    alone = record_outcome(event)
+
+    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+        if nxt is not None and state.head_lsn == head_lsn:
+            return (event, nxt.intent)
+        return alone(state)
+    return decide
+
+
+def needs_marker(step: ModelStep | ToolStep) -> bool:
+    """True when a success's output must be kept for recovery (a model call, a command tool)."""
+    return isinstance(step, ModelStep) or step.tool.type == "command"
+
+
+class PlainSteps:
+    """Runs plain attempts for one executor (see module doc).
+
+    Args:
+        attempts: the executor's commits, outputs, markers and blob rewrites.
+        inline_max: bodies of at most this many bytes ride in their refs.
+        stopping: while set, no next intent is chained (the run is handed back between steps).
+    """
+
+    def __init__(self, attempts: Attempts, *, inline_max: int, stopping: asyncio.Event | None = None) -> None:
+        self.a, self.inline_max, self.stopping = attempts, inline_max, stopping
+        self._crash_at = os.environ.get(CRASH_ENV, "")
+
+    async def prepare(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> Prepared:
+        """The intent of ``action`` on ``state`` (a model step's context packed and its prompt rendered)."""
+        step = spec.steps[state.step_index(action.step_id)]  # O(1): the run declared the workflow's steps in order
+        assert isinstance(step, ModelStep | ToolStep) and step.id == action.step_id, action
+        a = self.a
+        if isinstance(step, ToolStep):
+            return Prepared(action=action, step=step, intent=AttemptDispatched(
+                branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                executor_id=a.executor_id, at_ms=now_ms()))
+        outputs = await a.outputs(state, action.branch_id, plan.needed_outputs(step, spec))
+        items = plan.context_items(step, spec, outputs)
+        packed = pack(plan.candidates(items, a.facts), plan.policy_for(step, spec))
+        prompt = plan.render_prompt(step, items, packed.partition.packed)
+        intent = AttemptDispatched(
+            branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=a.executor_id,
+            at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max),
+            context=packed.partition,
+        )
+        return Prepared(action=action, step=step, intent=intent, prompt=prompt, prompt_tokens=packed.packed_tokens)
+
+    async def run(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch, cursor: Cursor,
+                  prepared: Prepared | None = None, interrupt: Interrupt | None = None,
+                  ) -> RunState | NoCommit | Chained:
+        """Perform one plain attempt; ``prepared``: its intent is committed already (it rode the last outcome);
+        ``cursor``: the drive's planning cursor (the next action is planned from it); ``interrupt``: when it
+        fires (a cancel, the drain deadline) the side effect is stopped and the attempt recorded at once
+        (services/executor/interrupts.py).
+
+        Returns the state after its outcome (:class:`Chained` if the next intent rode along), or
+        NoCommit if its own intent lost the fence (nothing was run).
+
+        Raises:
+            ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
+        """
+        if prepared is None:
+            p = await self.prepare(state, spec, action)
+            done = await self._commit_intent(state, p)
+            if not isinstance(done, RunState):
+                return done
+            state = done
+        else:
+            p = prepared
+        kind = {"tool": p.step.tool.type} if isinstance(p.step, ToolStep) else {"prompt_tokens": p.prompt_tokens}
+        log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
+        event, body = await self._side_effect(state, p, interrupt)
+        return await self._commit_outcome(state, p, event, body, await self._next(state, spec, event, cursor))
+
+    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | NoCommit | Chained:
+        """Commit ``run_started`` for this executor, with the first attempt's intent when that is a plain
+        attempt (one commit: :class:`Chained`); NoCommit if the run moved meanwhile."""
+        started = RunStarted(executor_id=self.a.executor_id, at_ms=now_ms())
+        nxt = await self._next(state, spec, started, cursor)
+        if nxt is None:
+            return await self.a.intent(state, [started])
+        done = await self._commit_intent(state, nxt, before=(started,))
+        return Chained(done, nxt) if isinstance(done, RunState) else done
+
+    async def _commit_intent(self, state: RunState, p: Prepared, before: Sequence[AnyEvent] = (),
+                             ) -> RunState | NoCommit:
+        """The intent (after ``before``, planned on the same head), in one round trip with its prompt blob
+        (unless inline); the side effect follows only once both are acked, so it never follows an intent
+        whose prompt is missing (a prompt the store refused fails the attempt, retryable)."""
+        ref = p.intent.prompt_ref
+        events = [*before, p.intent]
+        blob = None if ref is None or is_inline(ref) else await self.a.blobs.put_async(p.prompt.encode())
+        sent = await self.a.send(state, events)
+        stored = (await asyncio.gather(blob, return_exceptions=True))[0] if blob is not None else None
+        done = await self.a.intent(state, events, sent=sent)
+        if isinstance(done, NoCommit) or not isinstance(stored, BaseException):
+            return done
+        event = AttemptFailed(branch_id=p.action.branch_id, step_id=p.action.step_id, attempt=p.action.attempt,
+                              error_kind="prompt_store_failed", message=str(stored)[:2000], retryable=True,
+                              usage=Usage(), at_ms=now_ms())
+        failed = await self._commit_outcome(done, p, event, None, None)
+        return failed if isinstance(failed, RunState) else failed.state
+
+    async def _side_effect(self, state: RunState, p: Prepared, interrupt: Interrupt | None,
+                           ) -> tuple[Outcome, bytes | None]:
+        """Run the tool or call the model (stopped if ``interrupt`` fires: a command's process group is
+        killed, a model's request aborted; recorded and scripted ones are instant): the outcome event,
+        and a success's output body."""
+        action, step = p.action, p.step
+        started = time.perf_counter()
+        try:
+            if isinstance(step, ToolStep):
+                stdin = None
+                if step.tool.stdin_from:
+                    stdin = (await self.a.outputs(state, action.branch_id, [step.tool.stdin_from])).get(
+                        step.tool.stdin_from, "").encode()
+                text = await guarded(run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
+                    "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
+                    "REEL_ATTEMPT": str(action.attempt)}), interrupt if step.tool.type == "command" else None)
+                usage = Usage(latency_ms=_ms_since(started))
+            else:
+                adapter = make_adapter(step.model, self.a.counter)
+                request = ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
+                                       prompt=p.prompt, prompt_tokens=p.prompt_tokens)
+                instant = step.model.adapter in ("replay", "scripted")
+                resp = await guarded(adapter.complete(request), None if instant else interrupt)
+                text = resp.text
+                usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
+                              latency_ms=_ms_since(started), cost_usd=resp.cost_usd)
+        except (ToolError, ModelError, Interrupted) as exc:
+            usage = Usage(latency_ms=_ms_since(started))
+            if isinstance(p.step, ModelStep) and isinstance(exc, ModelError | Interrupted):
+                usage = Usage(input_tokens=p.prompt_tokens, latency_ms=usage.latency_ms, cost_usd=exc.cost_usd)
+            return AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                 error_kind=exc.kind, message=exc.message[:2000], retryable=exc.retryable,
+                                 usage=usage, at_ms=now_ms()), None
+        body = text.encode()
+        ref = ref_for(body, inline_max=self.inline_max)
+        self.a.remember_text(ref.sha256, text)
+        return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                output_ref=ref, usage=usage, at_ms=now_ms()), body
+
+    async def _next(self, state: RunState, spec: WorkflowSpec, event: Outcome | RunStarted,
+                    cursor: Cursor) -> Prepared | None:
+        """The next attempt's intent if, with ``event`` applied, the next action is a plain attempt (pure
+        planning on a preview of the state; nothing is chained while the executor is stopping)."""
+        if self.stopping is not None and self.stopping.is_set():
+            return None
+        preview = apply_commit(state, state.head_lsn + 1, Commit(
+            commit_id=CommitId("preview"), run_id=state.run_id, writer=self.a.executor_id, events=(event,)))
+        action = plan.next_action(preview, self.a.executor_id, start=cursor.peek(preview))
+        if not isinstance(action, plan.Dispatch):
+            return None
+        return await self.prepare(preview, spec, action)
+
+    async def _commit_outcome(self, state: RunState, p: Prepared, event: Outcome, body: bytes | None,
+                              nxt: Prepared | None) -> RunState | Chained:
+        """One round trip: the output blob, the marker, the next prompt blob (each if needed), then the
+        commit of the outcome (and ``nxt``'s intent). A blob refused while the commit lands is written
+        again (its ref is content-addressed) before the run moves on; a lost marker only matters if
+        the commit is lost too."""
+        a, action = self.a, p.action
+        out_ref = event.output_ref if isinstance(event, AttemptSucceeded) else None
+        bodies: list[tuple[bytes, str]] = []
+        if out_ref is not None and body is not None and not is_inline(out_ref):
+            bodies.append((body, out_ref.media_type))
+        nref = nxt.intent.prompt_ref if nxt is not None else None
+        if nxt is not None and nref is not None and not is_inline(nref):
+            bodies.append((nxt.prompt.encode(), nref.media_type))
+        puts = [await a.blobs.put_async(b, mt) for b, mt in bodies]
+        marks = ([a.marker_async(state.run_id, action.branch_id, action.step_id, action.attempt, out_ref)]
+                 if out_ref is not None and needs_marker(p.step) else [])
+        if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
+            await asyncio.gather(*puts, *marks)
+            log.error("executor.crash_injected", point=self._crash_at)
+            os._exit(137)
+        head = state.head_lsn
+        events = [event, nxt.intent] if nxt is not None else [event]
+        sent = await a.send(state, events)
+        stored = await asyncio.gather(*puts, *marks, return_exceptions=True)
+        for (b, mt), result in zip(bodies, stored, strict=False):
+            if isinstance(result, BaseException):
+                log.warning("attempt.output_rewrite", error=str(result))
+                await a.store_until_done(b, mt)
+        if marks and isinstance(stored[-1], BaseException):
+            log.warning("attempt.marker_failed", error=str(stored[-1]))
+        done = await a.commit(state, outcome_then(event, head, nxt), sent=sent)
+        if isinstance(done, NoCommit):
+            log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
+        elif any(isinstance(e, AttemptCancelled) for e in done.events):
+            log.info("attempt.cancelled", lsn=done.lsn, step_id=event.step_id, attempt=event.attempt)
+            return done.state
+        if isinstance(event, AttemptSucceeded):
+            log.info("attempt.succeeded", lsn=done.state.head_lsn, output_bytes=event.output_ref.size_bytes,
+                     input_tokens=event.usage.input_tokens, output_tokens=event.usage.output_tokens,
+                     latency_ms=round(event.usage.latency_ms, 3))
+        else:
+            log.info("attempt.failed", lsn=done.state.head_lsn, error_kind=event.error_kind,
+                     reason=event.message[:200], retryable=event.retryable)
+        if isinstance(done, Committed) and nxt is not None and len(done.events) == 2:
+            return Chained(done.state, nxt)
+        return done.state
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
