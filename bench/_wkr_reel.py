@@ -50,7 +50,6 @@ from shared.nats.embedded import EmbeddedServer, embedded_server
 from shared.nats.infra import Infra, connect, ensure_infra
 
 REPO = Path(__file__).resolve().parent.parent
-SERVICES = ("executor", "verifier")
 RUN_TIMEOUT_S = 120.0
 
 
@@ -203,8 +202,9 @@ def _log_file(workdir: str, name: str) -> BinaryIO:
 
 
 @contextlib.asynccontextmanager
-async def reel_stack(sync: str, workdir: str, concurrency: int) -> AsyncIterator[Stack]:
-    """A server (``sync_interval: always`` if ``sync == "always"``), its infra, one executor, one verifier."""
+async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int = 1) -> AsyncIterator[Stack]:
+    """A server (``sync_interval: always`` if ``sync == "always"``), its infra, ``executors`` executors
+    (roles ``executor``, ``executor-2``, …) and one verifier."""
     conf = _write_conf(workdir) if sync == "always" else None
     store = tempfile.mkdtemp(prefix=f"js-{sync}-", dir=workdir)
     async with embedded_server(store_dir=store, config_file=conf) as srv:
@@ -216,10 +216,12 @@ async def reel_stack(sync: str, workdir: str, concurrency: int) -> AsyncIterator
         sub = await nc.subscribe(cfg.names.events("*"), cb=stack.on_commit)
         env = {**os.environ, "NATS_URL": srv.url, "REEL_NAMESPACE": "reel", "REEL_LOG_FORMAT": "json",
                "REEL_MAX_CONCURRENT_RUNS": str(concurrency), "PYTHONPATH": str(REPO)}
-        logs = [_log_file(workdir, f"{name}-{sync}.log") for name in SERVICES]
+        roles = [("executor" if i == 0 else f"executor-{i + 1}", "executor") for i in range(executors)]
+        roles.append(("verifier", "verifier"))
+        logs = [_log_file(workdir, f"{role}-{sync}-{executors}.log") for role, _ in roles]
         try:
-            for name, log in zip(SERVICES, logs, strict=True):
-                stack.procs[name] = await asyncio.create_subprocess_exec(
+            for (role, name), log in zip(roles, logs, strict=True):
+                stack.procs[role] = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", f"services.{name}", env=env, cwd=str(REPO),
                     stdout=asyncio.subprocess.DEVNULL, stderr=log)
             yield stack

@@ -48,8 +48,8 @@ def _per_key(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: _med([r.get(k, 0.0) for r in rows]) for k in sorted(keys)}
 
 
-def print_report(bench: Bench, long: dict[str, float] | None, *, load0: str, load1: str, elapsed_s: float,
-                 ratio: Callable[..., float], peers: bool) -> dict[str, Any]:
+def print_report(bench: Bench, long: dict[str, float] | None, scaled: list[dict[str, float]], *, load0: str,
+                 load1: str, elapsed_s: float, ratio: Callable[..., float], peers: bool) -> dict[str, Any]:
     """Print the tables and the ratio lines (last); return every figure for ``--json``."""
     raw_of = {v: ("raw_always" if v.endswith("always") else "raw") for v in LABELS}
     t = Table(title=f"W(K, R): {len(bench.a['raw'])} rounds, medians [min–max]", title_justify="left")
@@ -94,6 +94,19 @@ def print_report(bench: Bench, long: dict[str, float] | None, *, load0: str, loa
                    _fmt(long["last_median_us"] / long["first_median_us"], 2))
         console.print(lt)
         console.print(f"long run wall/step {_fmt(long['wall_us_per_step'])} µs")
+    if scaled:
+        st = Table(title=f"{scaled[0]['runs']:.0f} runs × 3 tool steps started at once, by executor processes",
+                   title_justify="left")
+        for col in ("executors", "end-to-end s", "steps/s", "CPU µs/step, all", "executors", "verifier",
+                    "nats-server", "driver", "CPU ÷ 1 executor"):
+            st.add_column(col, justify="right")
+        for row in scaled:
+            st.add_row(f"{row['executors']:.0f}", _fmt(row["wall_s"], 2), _fmt(row["steps_per_s"]),
+                       _fmt(row["cpu_us_per_step"]), _fmt(row["executors_cpu_us_per_step"]),
+                       _fmt(row["verifier_cpu_us_per_step"]), _fmt(row["server_cpu_us_per_step"]),
+                       _fmt(row["driver_cpu_us_per_step"]),
+                       _fmt(row["cpu_us_per_step"] / scaled[0]["cpu_us_per_step"], 2))
+        console.print(st)
     for f in bench.failures:
         console.print(f"[red]peer failed:[/] {f}")
     console.print(f"before: {load0}\nafter:  {load1}\nelapsed {elapsed_s:.0f} s")
@@ -110,5 +123,5 @@ def print_report(bench: Bench, long: dict[str, float] | None, *, load0: str, loa
                                                                    "fsync_tool_vs_langgraph")))
     return {"a": {v: [s.__dict__ for s in xs] for v, xs in bench.a.items()},
             "b": {v: [s.__dict__ for s in xs] for v, xs in bench.b.items()},
-            "cpu_us_per_step": cpu_out, "msgs_per_step": msgs_out, "long": long, "ratios": ratios,
+            "cpu_us_per_step": cpu_out, "msgs_per_step": msgs_out, "long": long, "scale": scaled, "ratios": ratios,
             "load_before": load0, "load_after": load1, "elapsed_s": elapsed_s, "failures": bench.failures}

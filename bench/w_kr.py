@@ -23,7 +23,9 @@ bench/_wkr_reel.py). Every round also measures raw acked publishes on both serve
 LangGraph (SqliteSaver, durability sync) and Restate, from DIR; the variants' order rotates per
 round. Ratios are medians of per-round ratios. It also prints CPU µs per step of every process
 (executor, verifier, nats-server, this driver), messages stored per step by stream, and a long
-run's (``--long``, 10,000 steps) cost of its first vs its last 1,000 steps.
+run's (``--long``, 10,000 steps) cost of its first vs its last 1,000 steps, and (``--scale``)
+500 runs of 3 steps started at once with 1, 2 and 4 executor processes: end-to-end time and CPU
+per step of all processes.
 
 Usage: ``python bench/w_kr.py [--peers ../shared/peers] [--rounds 5] [--long 10000] [--json out.json]``.
 """
@@ -136,6 +138,32 @@ class Bench:
                 "first_median_us": median_interval_us(first), "last_median_us": median_interval_us(last)}
 
 
+async def scale(args: argparse.Namespace, workdir: str) -> list[dict[str, float]]:
+    """``--scale`` runs of 3 tool steps, all started at once, on a fresh server with 1, 2, 4… executors:
+    wall time from the first start to the last ``run_completed``, and CPU µs per step of every process."""
+    out = []
+    for n in (int(x) for x in args.scale_executors.split(",")):
+        async with reel_stack("default", workdir, args.concurrency, executors=n) as stack:
+            tag = uuid.uuid4().hex[:6]
+            warm = [WORKFLOWS["tool"](i, 3) for i in range(10 * n)]
+            await asyncio.gather(*(stack.run(w, f"warm-{tag}-{i}") for i, w in enumerate(warm)))
+            specs = [WORKFLOWS["tool"](i, 3) for i in range(args.scale)]
+            c0 = stack.cpu()
+            done = await asyncio.gather(*(stack.run(w, f"scale-{tag}-{i}", timeout_s=600)
+                                          for i, w in enumerate(specs)))
+            c1 = stack.cpu()
+            steps = 3 * args.scale
+            wall = (max(t for _, _, t in done) - min(t for _, t, _ in done)) / 1e9
+            cpu = {r: (c1[r] - c0[r]) * 1e6 / steps for r in c0}
+            execs = sum(v for r, v in cpu.items() if r.startswith("executor"))
+            out.append({"executors": n, "runs": args.scale, "wall_s": wall, "steps_per_s": steps / wall,
+                        "cpu_us_per_step": sum(cpu.values()), "executors_cpu_us_per_step": execs,
+                        "verifier_cpu_us_per_step": cpu["verifier"], "server_cpu_us_per_step": cpu["nats-server"],
+                        "driver_cpu_us_per_step": cpu["driver"]})
+            print(f"scale {n} executors: {wall:.1f} s", file=sys.stderr)
+    return out
+
+
 def ratio(bench: Bench, num: str, den: str, phase: str = "a") -> float:
     """Median over rounds of ``num``/``den`` (phase ``a``: µs/step; ``b``: steps/s)."""
     xs, ys = (bench.a if phase == "a" else bench.b)[num], (bench.a if phase == "a" else bench.b)[den]
@@ -173,8 +201,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     await job()
                     print(f"round {r + 1}/{args.rounds} {name}: {time.monotonic() - t:.1f} s", file=sys.stderr)
             long = await bench.long_run(args.long) if args.long else None
-        return print_report(bench, long, load0=load0, load1=machine_note(), elapsed_s=time.monotonic() - started,
-                            ratio=ratio, peers=bool(peers))
+        scaled = await scale(args, tmp) if args.scale else []
+        return print_report(bench, long, scaled, load0=load0, load1=machine_note(),
+                            elapsed_s=time.monotonic() - started, ratio=ratio, peers=bool(peers))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -186,7 +215,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rb", type=int, default=50)
     ap.add_argument("--kb", type=int, default=20)
     ap.add_argument("--long", type=int, default=10_000, help="steps of the long run (0: skip)")
-    ap.add_argument("--concurrency", type=int, default=50, help="REEL_MAX_CONCURRENT_RUNS of the executor")
+    ap.add_argument("--scale", type=int, default=500, help="runs of 3 steps started at once (0: skip)")
+    ap.add_argument("--scale-executors", default="1,2,4", help="executor processes of each --scale round")
+    ap.add_argument("--concurrency", type=int, default=50, help="REEL_MAX_CONCURRENT_RUNS of each executor")
     ap.add_argument("--variants", default=",".join(REEL_VARIANTS), help="Reel variants, comma-separated")
     ap.add_argument("--json", help="also write every figure to this file")
     return ap.parse_args(argv)
