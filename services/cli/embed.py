@@ -119,9 +119,14 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
     try:
         yield names
     except BaseException:  # Ctrl-C / cancelled: stop now (attempts in flight are killed; runs resume later)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        stop.set()  # a loop that lost its cancellation still ends on the stop event
+        for task in tasks:
+            task.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=5) if tasks else (set(), set())
+        for task in pending:  # cancel once more: never hang the command on a service that will not stop
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
         raise
     stop.set()  # normal end: let in-flight work drain
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)

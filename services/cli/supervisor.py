@@ -125,7 +125,8 @@ async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | Non
             delay = min(30.0, 0.5 * 2 ** min(failures, 6))
             err_console.print(f"[yellow]{name}#{idx} exited with {proc.returncode}; restarting in {delay:.1f}s[/]")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+                async with asyncio.timeout(delay):  # unlike 3.11's wait_for, never swallows a cancel
+                    await stop.wait()
 
     await asyncio.gather(*(keep(n, i) for n in names for i in range(replicas)))
     return 0

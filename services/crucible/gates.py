@@ -100,5 +100,6 @@ async def probe(spec: ParkSpec, world: Path) -> Go | Park | Broken:
 async def wait(stop: asyncio.Event, seconds: float) -> bool:
     """Wait ``seconds`` unless a stop arrives first; True if stopped."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
+        async with asyncio.timeout(seconds):  # unlike 3.11's wait_for, never swallows a cancel
+            await stop.wait()
     return stop.is_set()

@@ -230,7 +230,8 @@ class RecoveryService:
             if any(r.resolved or r.resumed for r in reports):
                 log.info("recovery.swept", runs=len(reports), resolved=sum(len(r.resolved) for r in reports))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+                async with asyncio.timeout(interval_s):  # unlike 3.11's wait_for, never swallows a cancel
+                    await stop.wait()
 
     # ---- the recover command -----------------------------------------------------------------
     async def recover(self, req: RecoverRuns, _: Delivery) -> Reply:

@@ -31,7 +31,8 @@ async def heartbeat(leases: KeyValue, executor_id: str, ttl_s: int, stop: asynci
         with contextlib.suppress(Exception):
             await leases.put(executor_id, body)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), ttl_s / 3)
+            async with asyncio.timeout(ttl_s / 3):  # unlike 3.11's wait_for, never swallows a cancel
+                await stop.wait()
     with contextlib.suppress(Exception):
         await leases.delete(executor_id)
 

@@ -123,3 +123,18 @@ async def test_recorded_outcome_quotes_the_recording_label() -> None:
     v = make_verifier(VerifierSpec(type="recorded_outcome", expect=True), source={"outcome": True, "reward": 1.0})
     result = await v.verify(make_ctx(_view(), step=None, blobs=NoBlobs(), timeout_s=1))
     assert result.status == "pass" and "'outcome=true reward=1.0'" in result.reason
+
+
+@pytest.mark.parametrize(("status", "error_kind", "reason"), [
+    ("failed", "max_turns", "agent step fix has no output (it failed: max_turns)"),
+    ("skipped", None, "agent step fix never ran"),
+])
+async def test_an_output_check_on_an_agent_step_without_output_says_why(status: str, error_kind: str | None,
+                                                                          reason: str) -> None:
+    """An agent step has no attempts of its own: a failed one must not read as 'never ran'."""
+    fix = StepView(step_id="fix", kind="agent", status=status, error_kind=error_kind)  # type: ignore[arg-type]
+    view = EpisodeView(run_id="r-1", workflow_name="w", branch_id="main", snapshot_lsn=9, status="verifying",
+                       lineage=(), steps=(fix,))
+    v = make_verifier(VerifierSpec(type="output_regex", pattern="done"))
+    result = await v.verify(make_ctx(view, step="fix", blobs=NoBlobs(), timeout_s=1))
+    assert (result.status, result.reason) == ("fail", reason)

@@ -24,6 +24,12 @@ from shared.core.workflow import VerifierSpec
 
 def no_output(ctx: VerifierCtx) -> VerdictResult:
     """The ``fail`` of an output check on a step without output (never ran, or its final attempt failed)."""
+    sv = ctx.step_view
+    if sv.kind == "agent":  # no attempts of its own: its turns ran
+        if sv.status in ("pending", "skipped"):
+            return failed(f"agent step {ctx.step} never ran")
+        why = f": {sv.error_kind}" if isinstance(sv.error_kind, str) else ""
+        return failed(f"agent step {ctx.step} has no output (it {sv.status}{why})")
     a = ctx.attempt_view
     if a is None:
         return failed(f"step {ctx.step} never ran")
