@@ -95,7 +95,8 @@ def print_report(bench: Bench, long: dict[str, float] | None, scaled: list[dict[
         console.print(lt)
         console.print(f"long run wall/step {_fmt(long['wall_us_per_step'])} µs")
     if scaled:
-        st = Table(title=f"{scaled[0]['runs']:.0f} runs × 3 tool steps started at once, by executor processes",
+        st = Table(title=f"{scaled[0]['runs']:.0f} runs × 3 tool steps started at once, by executor processes "
+                         f"(median of {scaled[0]['rounds']:.0f} rounds)",
                    title_justify="left")
         for col in ("executors", "end-to-end s", "steps/s", "CPU µs/step, all", "executors", "verifier",
                     "nats-server", "driver", "CPU ÷ 1 executor"):

@@ -24,8 +24,8 @@ LangGraph (SqliteSaver, durability sync) and Restate, from DIR; the variants' or
 round. Ratios are medians of per-round ratios. It also prints CPU µs per step of every process
 (executor, verifier, nats-server, this driver), messages stored per step by stream, and a long
 run's (``--long``, 10,000 steps) cost of its first vs its last 1,000 steps, and (``--scale``)
-500 runs of 3 steps started at once with 1, 2 and 4 executor processes: end-to-end time and CPU
-per step of all processes.
+500 runs of 3 steps started at once with 1, 2 and 4 executor processes (three servers up together,
+measured in turn): end-to-end time and CPU per step of all processes.
 
 Usage: ``python bench/w_kr.py [--peers ../shared/peers] [--rounds 5] [--long 10000] [--json out.json]``.
 """
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -139,29 +140,37 @@ class Bench:
 
 
 async def scale(args: argparse.Namespace, workdir: str) -> list[dict[str, float]]:
-    """``--scale`` runs of 3 tool steps, all started at once, on a fresh server with 1, 2, 4… executors:
-    wall time from the first start to the last ``run_completed``, and CPU µs per step of every process."""
-    out = []
-    for n in (int(x) for x in args.scale_executors.split(",")):
-        async with reel_stack("default", workdir, args.concurrency, executors=n) as stack:
-            tag = uuid.uuid4().hex[:6]
+    """``--scale`` runs of 3 tool steps, all started at once, on servers with 1, 2, 4… executors (all up
+    together, measured in turn for ``--scale-rounds`` rounds, the order rotating; medians): wall time
+    from the first start to the last ``run_completed``, and CPU µs per step of every process."""
+    counts = [int(x) for x in args.scale_executors.split(",")]
+    samples: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+    async with contextlib.AsyncExitStack() as stack_of:
+        stacks = {n: await stack_of.enter_async_context(reel_stack("default", workdir, args.concurrency, executors=n))
+                  for n in counts}
+        tag = uuid.uuid4().hex[:6]
+        for n, st in stacks.items():
             warm = [WORKFLOWS["tool"](i, 3) for i in range(10 * n)]
-            await asyncio.gather(*(stack.run(w, f"warm-{tag}-{i}") for i, w in enumerate(warm)))
-            specs = [WORKFLOWS["tool"](i, 3) for i in range(args.scale)]
-            c0 = stack.cpu()
-            done = await asyncio.gather(*(stack.run(w, f"scale-{tag}-{i}", timeout_s=600)
-                                          for i, w in enumerate(specs)))
-            c1 = stack.cpu()
-            steps = 3 * args.scale
-            wall = (max(t for _, _, t in done) - min(t for _, t, _ in done)) / 1e9
-            cpu = {r: (c1[r] - c0[r]) * 1e6 / steps for r in c0}
-            execs = sum(v for r, v in cpu.items() if r.startswith("executor"))
-            out.append({"executors": n, "runs": args.scale, "wall_s": wall, "steps_per_s": steps / wall,
-                        "cpu_us_per_step": sum(cpu.values()), "executors_cpu_us_per_step": execs,
-                        "verifier_cpu_us_per_step": cpu["verifier"], "server_cpu_us_per_step": cpu["nats-server"],
-                        "driver_cpu_us_per_step": cpu["driver"]})
-            print(f"scale {n} executors: {wall:.1f} s", file=sys.stderr)
-    return out
+            await asyncio.gather(*(st.run(w, f"warm-{tag}-{n}-{i}") for i, w in enumerate(warm)))
+        for r in range(args.scale_rounds):
+            for n in counts[r % len(counts):] + counts[:r % len(counts)]:
+                st = stacks[n]
+                specs = [WORKFLOWS["tool"](i, 3) for i in range(args.scale)]
+                c0 = st.cpu()
+                done = await asyncio.gather(*(st.run(w, f"scale-{tag}-{r}-{i}", timeout_s=600)
+                                              for i, w in enumerate(specs)))
+                c1 = st.cpu()
+                steps = 3 * args.scale
+                wall = (max(t for _, _, t in done) - min(t for _, t, _ in done)) / 1e9
+                cpu = {role: (c1[role] - c0[role]) * 1e6 / steps for role in c0}
+                samples[n].append({
+                    "wall_s": wall, "steps_per_s": steps / wall, "cpu_us_per_step": sum(cpu.values()),
+                    "executors_cpu_us_per_step": sum(v for role, v in cpu.items() if role.startswith("executor")),
+                    "verifier_cpu_us_per_step": cpu["verifier"], "server_cpu_us_per_step": cpu["nats-server"],
+                    "driver_cpu_us_per_step": cpu["driver"]})
+                print(f"scale round {r + 1}/{args.scale_rounds}, {n} executors: {wall:.1f} s", file=sys.stderr)
+    return [{"executors": n, "runs": args.scale, "rounds": args.scale_rounds,
+             **{k: statistics.median(x[k] for x in xs) for k in xs[0]}} for n, xs in samples.items()]
 
 
 def ratio(bench: Bench, num: str, den: str, phase: str = "a") -> float:
@@ -177,7 +186,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     load0 = machine_note()
     peers = list(PEERS) if args.peers else []
-    with tempfile.TemporaryDirectory(prefix="w_kr-") as tmp:
+    with contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="w_kr-") as tmp:
         workdir = Path(tmp)
         async with reel_stack("default", tmp, args.concurrency) as default, \
                 reel_stack("always", tmp, args.concurrency) as always:
@@ -216,10 +225,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kb", type=int, default=20)
     ap.add_argument("--long", type=int, default=10_000, help="steps of the long run (0: skip)")
     ap.add_argument("--scale", type=int, default=500, help="runs of 3 steps started at once (0: skip)")
-    ap.add_argument("--scale-executors", default="1,2,4", help="executor processes of each --scale round")
+    ap.add_argument("--scale-executors", default="1,2,4", help="executor processes of the --scale servers")
+    ap.add_argument("--scale-rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=50, help="REEL_MAX_CONCURRENT_RUNS of each executor")
     ap.add_argument("--variants", default=",".join(REEL_VARIANTS), help="Reel variants, comma-separated")
     ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--workdir", help="keep the servers' stores and the services' logs here (default: a temp dir)")
     return ap.parse_args(argv)
 
 
