@@ -23,7 +23,7 @@ import msgspec
 
 from shared.core.commands import CancelRun, RecoverRuns, Reply, ResumeRun, RewindRun, StartRun, VerifyRun
 from shared.core.events import Commit, Verdict
-from shared.core.live import RunControl
+from shared.core.live import RunControl, StreamChunk
 from shared.core.workflow import WorkflowSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +43,7 @@ SCHEMAS: dict[str, tuple[type[Any], str]] = {
     "verdict.json": (Verdict, "a verdict: a message on <ns>.verdict.<run_id>, and inside verdict_recorded events"),
     "workflow.json": (WorkflowSpec, "a workflow spec (StartRun.workflow, or a YAML/JSON file)"),
     "run_control.json": (RunControl, "a core-NATS message on <ns>.ctl.<run_id>, after the commit it announces"),
+    "stream_chunk.json": (StreamChunk, "a core-NATS message on <ns>.stream.<run_id>.<branch>.<step>.<attempt>"),
 }
 
 

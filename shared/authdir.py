@@ -36,7 +36,7 @@ from shared.roles import (
     accounts,
     client_imports,
     client_js_api_prefix,
-    client_reply_stream,
+    client_streams,
     grants,
     inbox_prefix,
 )
@@ -81,10 +81,10 @@ def render_auth_conf(names: Names, password_hashes: Mapping[str, str]) -> str:
         exports.setdefault(i.subject, i.response)
     export_lines = [f"{ind}{{service: {_q(s)}" + (f", response_type: {_q(r)}" if r != "singleton" else "") + "}"
                     for s, r in exports.items()]
-    export_lines.append(f"{ind}{{stream: {_q(client_reply_stream())}}}")
+    export_lines += [f"{ind}{{stream: {_q(x)}}}" for x in client_streams(names)]
     import_lines = [f"{ind}{{service: {{account: {_q(reel)}, subject: {_q(i.subject)}}}, to: {_q(i.local)}}}"
                     for i in imports]
-    import_lines.append(f"{ind}{{stream: {{account: {_q(reel)}, subject: {_q(client_reply_stream())}}}}}")
+    import_lines += [f"{ind}{{stream: {{account: {_q(reel)}, subject: {_q(x)}}}}}" for x in client_streams(names)]
     service_users = "\n".join(user(r) for r in ROLES if r != "client")
     return (
         f"# Reel's NATS accounts for namespace {names.namespace!r}: written by `reel auth init`; docs/security.md.\n"

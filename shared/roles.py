@@ -11,7 +11,8 @@ Two NATS accounts per namespace (``<NS>`` and ``<NS>_CLIENTS``):
 * the **client account** holds ``client``. It has no JetStream of its own: it reaches
   the Reel account only through the service imports of :func:`client_imports` (its
   command subjects, reads, its own ephemeral consumers, blob writes) and receives
-  replies through one stream import of ``_INBOX.>``. Every reply to a client's request
+  replies through one stream import of ``_INBOX.>`` (and streamed tokens through one of
+  ``<ns>.stream.>``: :func:`client_streams`). Every reply to a client's request
   is delivered in the client account, so a reply subject a client picks (``reel.ev.<run>``)
   can never land in a Reel stream — within one account it would: a JetStream answer
   (a PubAck, a Direct Get of bytes the client stored) published on it is stored there.
@@ -133,8 +134,8 @@ def grants(names: Names) -> dict[str, Grant]:
             *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", n.verify_all,
             *_read(s["events"]),
             *blob_read, *blob_write, *_read(s["snapshots"]), *_read(s["leases"]),
-            f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", *replies],
-            [n.control_all]),  # the cancel service's signals (core NATS)
+            f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", n.stream_all,
+            *replies], [n.control_all]),  # streamed tokens out; the cancel service's signals in (core NATS)
         "verifier": service("verifier", [
             *_durable(s["commands"], n.consumer("verifier")), f"{n.namespace}.ev.*", f"{n.namespace}.verdict.*",
             f"{API}.CONSUMER.DELETE.{s['events']}.{n.consumer('verifier')}",  # its durable of old, dropped at start
@@ -179,13 +180,18 @@ def client_grant(names: Names) -> Grant:
     p, durables = client_js_api_prefix(names), [(names.events_stream, names.consumer("verifier"))]
     deny = [x for stream, d in durables for x in (f"{p}.CONSUMER.CREATE.{stream}.{d}",
                                                   f"{p}.CONSUMER.CREATE.{stream}.{d}.>")]
-    return Grant(publish=_unique(i.local for i in client_imports(names)), subscribe=("_INBOX.>",),
+    return Grant(publish=_unique(i.local for i in client_imports(names)), subscribe=client_streams(names),
                  deny_publish=tuple(deny))
 
 
 def client_reply_stream() -> str:
     """The stream the Reel account exports to the client account: replies to client inboxes."""
     return "_INBOX.>"
+
+
+def client_streams(names: Names) -> tuple[str, ...]:
+    """Every stream the Reel account exports to the client account: replies, and streamed tokens (core NATS)."""
+    return client_reply_stream(), names.stream_all
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -226,7 +232,8 @@ def matrix(names: Names) -> list[tuple[str, dict[str, str]]]:
     p = client_js_api_prefix(names)
     for d in g["client"].deny_publish:
         mark(API + d[len(p):], "client", "deny")
-    mark(client_reply_stream(), "client", "sub")
+    for stream in client_streams(names):
+        mark(stream, "client", "sub")
     mark(">", "operator", "pub")
     mark(">", "operator", "sub")
     order = ["pub", "sub", "deny"]

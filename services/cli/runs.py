@@ -14,6 +14,7 @@ from rich.table import Table
 
 from services.cli.common import EXIT, CliError, Namespace, NatsUrl, console, err_console, run_async
 from services.cli.embed import SERVICES, Session, session, wait_states
+from services.cli.tokens import TokenPrinter
 from services.timeline import event_line, print_timeline, verdict_table
 from shared.core.errors import RunNotFound
 from shared.core.events import Verdict
@@ -27,14 +28,18 @@ async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: 
     """Print each new commit of ``run_id`` (unless ``quiet``) until its status is in ``until``; ``None`` on timeout.
 
     Built on :meth:`ReelClient.watch_commits`: without ``quiet`` the run is printed
-    from its first commit; ``quiet`` loads it snapshot-aware and prints nothing.
+    from its first commit, and the tokens of streamed model calls as they arrive
+    (services/cli/tokens.py); ``quiet`` loads it snapshot-aware and prints nothing.
     """
+    tokens = TokenPrinter(console, s.cfg.names.stream_run(run_id).removesuffix(">"))
+    sub = None if quiet else await s.infra.nc.subscribe(s.cfg.names.stream_run(run_id), cb=tokens.on_msg)
     try:
         async with asyncio.timeout(timeout_s) as deadline:
             async for state, commits in s.client.watch_commits(run_id, history=not quiet):
                 if not quiet:
                     for lsn, commit in commits:
                         for ev in commit.events:
+                            tokens.break_line()
                             console.print(event_line(lsn, ev))
                 if state.status in until:
                     return state
@@ -42,6 +47,10 @@ async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: 
         if deadline.expired():
             return None
         raise
+    finally:
+        tokens.break_line()
+        if sub is not None:
+            await sub.unsubscribe()
     raise AssertionError("unreachable: watch_commits never ends")
 
 
@@ -89,6 +98,9 @@ def show(
     run_id: str = typer.Argument(..., help="the run id"),
     branch: str | None = typer.Option(None, help="branch to show (default: the active one)"),
     json_out: bool = typer.Option(False, "--json", help="print the EpisodeView as JSON"),
+    follow_: bool = typer.Option(False, "--follow", "-f", help="print its commits, and streamed tokens as they "
+                                 "arrive, until it rests; then the timeline"),
+    timeout: float = typer.Option(3600.0, help="with --follow: seconds to wait for the run to rest"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
@@ -96,6 +108,11 @@ def show(
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
             state = await s.client.log.load(run_id)
+            if follow_:
+                rested = await follow(s, run_id, until=("verifying", "completed", "cancelled"), timeout_s=timeout)
+                if rested is None:
+                    raise CliError(f"run {run_id} did not rest within {timeout}s", EXIT["timeout"])
+                state = rested
         if branch is not None and branch not in state.branches:
             raise CliError(f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
         if json_out:

@@ -224,7 +224,8 @@ class AgentRun:
         if isinstance(prompt_result, BaseException):  # never call a model whose prompt is not stored
             failure = ModelError(f"prompt blob not stored: {prompt_result}", kind="prompt_store_failed")
             return await self._record_turn(state, TurnDone(turn, None, failure, 0.0), more=True)
-        self.tasks[key] = asyncio.create_task(call_model(self.spec, turn, self.attempts.counter, self.interrupt),
+        out = self.attempts.stream_out(self.run_id, a.branch_id, a.step_id, a.attempt, turn.request.stream)
+        self.tasks[key] = asyncio.create_task(call_model(self.spec, turn, self.attempts.counter, self.interrupt, out),
                                               name=f"turn {a.step_id}#{a.attempt}")
         return state
 

@@ -46,6 +46,7 @@ from shared.nats.control import Interrupt
 from .agenttools import CallContext, PythonTools, run_call
 from .attempts import Attempts
 from .interrupts import Interrupted
+from .streaming import StreamOut, streamed
 
 BODY_CACHE_BYTES = 64 * 1024 * 1024
 JSON = "application/json"
@@ -191,13 +192,16 @@ def _stopped(interrupt: Interrupt | None) -> Interrupted:
 
 
 async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenCounter,
-                     interrupt: Interrupt | None = None) -> TurnDone:
+                     interrupt: Interrupt | None = None, out: StreamOut | None = None) -> TurnDone:
     """One model call of a turn attempt (the step's chat model, port v2); an error is a result, and so is
-    being cancelled (``interrupted``: the HTTP request is aborted)."""
+    being cancelled (``interrupted``: the HTTP request is aborted). ``out``: where a streamed response's
+    fragments go (services/executor/streaming.py)."""
     started = time.perf_counter()
     try:
         model = make_chat_model(spec.agent(prepared.action.agent).model, counter)
-        resp = await model.complete_chat(prepared.request)
+        call = model.complete_chat(prepared.request) if out is None else model.complete_chat(
+            prepared.request, on_delta=out)  # type: ignore[call-arg]  # a streaming adapter takes it
+        resp = await streamed(call, out, lambda r: r.finish_reason)
     except asyncio.CancelledError:
         stop = _stopped(interrupt)
         return TurnDone(prepared, None, ModelError(stop.message, kind=stop.kind), _ms_since(started))

@@ -51,6 +51,8 @@ from shared.core.tokens import TokenCounter
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.nats.publish import publish_pipelined, publish_verify
 
+from .streaming import StreamOut
+
 log = structlog.get_logger("reel.executor")
 
 TEXT_CACHE_BYTES = 64 * 1024 * 1024
@@ -186,6 +188,10 @@ class Attempts:
             return msgspec.json.decode(entry.value or b"", type=BlobRef)
         except (KeyNotFoundError, InvalidKeyError, msgspec.ValidationError, msgspec.DecodeError):
             return None
+
+    def stream_out(self, run_id: str, branch_id: str, step_id: str, attempt: int, streams: bool) -> StreamOut | None:
+        """Where attempt ``attempt`` of a model call streams its response if its model spec streams, else ``None``."""
+        return StreamOut(self._nc, self._names.stream(run_id, branch_id, step_id, attempt)) if streams else None
 
     def marker_async(self, run_id: str, branch_id: str, step_id: str, attempt: int,
                      ref: BlobRef) -> asyncio.Future[Any]:

@@ -59,6 +59,7 @@ from shared.proc.tools import run_tool
 
 from .attempts import CRASH_ENV, Attempts, record_outcome
 from .interrupts import Interrupted, guarded
+from .streaming import streamed
 
 log = structlog.get_logger("reel.executor")
 
@@ -235,7 +236,11 @@ class PlainSteps:
                 request = ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
                                        prompt=p.prompt, prompt_tokens=p.prompt_tokens)
                 instant = step.model.adapter in ("replay", "scripted")
-                resp = await guarded(adapter.complete(request), None if instant else interrupt)
+                out = self.a.stream_out(state.run_id, action.branch_id, action.step_id, action.attempt,
+                                        step.model.streams)
+                call = adapter.complete(request) if out is None else adapter.complete(
+                    request, on_delta=out)  # type: ignore[call-arg]  # a streaming adapter takes it (models/base.py)
+                resp = await guarded(streamed(call, out, lambda _: "stop"), None if instant else interrupt)
                 text = resp.text
                 usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
                               latency_ms=_ms_since(started), cost_usd=resp.cost_usd)

@@ -95,6 +95,8 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
         tools: the tools offered (empty: none).
         params: extra body fields (temperature, …), from the spec.
         model: the model name sent.
+        stream: ask for a streamed response (the spec's ``stream: true``): the body ends with
+            ``"stream": true, "stream_options": {"include_usage": true}``.
     """
 
     run_id: str
@@ -105,6 +107,7 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: tuple[ToolSchema, ...] = ()
     params: dict[str, Any] = {}
     model: str = ""
+    stream: bool = False
 
 
 class ChatResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,7 +140,7 @@ def chat_request(spec: ModelSpec, *, run_id: str, step_id: str, messages: Sequen
                  tools: Sequence[ToolSchema] = (), attempt: int = 1, turn: int = 1) -> ChatRequest:
     """A request for the model ``spec`` names, with its model name and params filled in."""
     return ChatRequest(run_id=run_id, step_id=step_id, attempt=attempt, turn=turn, messages=tuple(messages),
-                       tools=tuple(tools), params=spec.request_params, model=spec.model_name)
+                       tools=tuple(tools), params=spec.request_params, model=spec.model_name, stream=spec.streams)
 
 
 def wire_call(call: ToolCall) -> dict[str, Any]:
@@ -167,14 +170,17 @@ def wire_tool(t: ToolSchema) -> dict[str, Any]:
 
 
 def wire_request(req: ChatRequest) -> dict[str, Any]:
-    """The exact chat-completions request body for ``req``: model, messages, tools (if any), then params.
+    """The exact chat-completions request body for ``req``: model, messages, tools (if any), then params,
+    then (``req.stream``) ``stream: true`` and ``stream_options: {include_usage: true}``.
 
-    ``params`` never override the first three (workflow validation refuses such params).
+    ``params`` never override the others (workflow validation refuses such params).
     """
     body: dict[str, Any] = {"model": req.model, "messages": [wire_message(m) for m in req.messages]}
     if req.tools:
         body["tools"] = [wire_tool(t) for t in req.tools]
     body.update((k, v) for k, v in req.params.items() if k not in body)
+    if req.stream:
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
     return body
 
 

@@ -21,7 +21,9 @@ MODEL_ADAPTERS = ("replay", "scripted", "openai")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Body keys Reel itself sets (or cannot honour) — a spec's ``params`` may not carry them.
-RESERVED_PARAMS = ("model", "messages", "tools", "stream")
+RESERVED_PARAMS = ("model", "messages", "tools", "stream", "stream_options")
+STREAMING_ADAPTERS = ("openai",)
+"""Built-in adapters that can stream (``stream: true``); a ``module:factory`` one may too (docs/models.md)."""
 DEFAULT_TIMEOUT_S = 120.0
 
 
@@ -103,6 +105,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         timeout_s: deadline of one HTTP call (s); default 120.
         price: USD per million input/output tokens; unset: cost 0.
         turns: per-turn responses (scripted, replay); turn t plays ``turns[t-1]``, the last one repeats.
+        stream: stream each call's response (``openai``, or an adapter of your own): its deltas go out on
+            ``<ns>.stream.<run>.<branch>.<step>.<attempt>`` as they arrive; the log keeps the whole response.
     """
 
     adapter: str
@@ -117,6 +121,12 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     timeout_s: float | UnsetType = UNSET
     price: Price | UnsetType = UNSET
     turns: tuple[ScriptedTurn, ...] | UnsetType = UNSET
+    stream: bool | UnsetType = UNSET
+
+    @property
+    def streams(self) -> bool:
+        """``stream`` is set true."""
+        return self.stream is True
 
     @property
     def model_name(self) -> str:
@@ -186,8 +196,11 @@ def _check_common(m: ModelSpec, where: str) -> None:
                               f" (at `{where}.api_key_env`)")
     for key in RESERVED_PARAMS:
         if key in m.request_params:
-            raise WorkflowInvalid(f"params may not set `{key}`: Reel sets it (streaming is not supported)"
-                                  f" (at `{where}.params.{key}`)")
+            raise WorkflowInvalid(f"params may not set `{key}`: Reel sets it (to stream, set `stream: true` on the"
+                                  f" model) (at `{where}.params.{key}`)")
+    if m.streams and m.adapter not in STREAMING_ADAPTERS and not IMPORT_PATH.match(m.adapter):
+        raise WorkflowInvalid(f"the {m.adapter} adapter does not stream; `stream: true` needs openai or an adapter"
+                              f" of your own (at `{where}.stream`)")
     if isinstance(m.timeout_s, float | int) and m.timeout_s <= 0:
         raise WorkflowInvalid(f"timeout_s must be > 0 (at `{where}.timeout_s`)")
     if isinstance(m.price, Price):

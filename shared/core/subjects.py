@@ -132,6 +132,10 @@ class Names:
         """Every attempt's deltas of one run (a wildcard to subscribe to)."""
         return f"{self.namespace}.stream.{run_id}.>"
 
+    @property
+    def stream_all(self) -> str:
+        return f"{self.namespace}.stream.>"
+
     def outcome_marker(self, key: str) -> str:
         """The KV subject of one outcome marker (``key`` from :func:`outcome_key`)."""
         return f"$KV.{self.outcome_bucket}.{key}"

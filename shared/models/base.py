@@ -11,18 +11,28 @@ Two protocols (docs/models.md):
   to a prompt, never any tool call).
 
 Both raise :class:`~shared.core.errors.ModelError`, whose ``kind``, ``retryable`` and
-``retry_after_s`` decide whether and when the attempt is retried. Adapters must not
+``retry_after_s`` decide whether and when the attempt is retried.
+
+**Streaming**: when the model spec sets ``stream: true`` (and only then) the executor calls
+``complete_chat(request, on_delta=sink)`` / ``complete(request, on_delta=sink)``: the adapter
+awaits ``sink(chunk)`` with each fragment (:class:`~shared.core.live.StreamChunk`, ``seq`` is
+renumbered by the sink) as it arrives and still returns the whole response. Adapters must not
 read the clock for anything that is committed; the executor measures latency.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 import msgspec
 
 from shared.core.chat import ChatRequest, ChatResponse, flatten
+from shared.core.live import StreamChunk
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+
+DeltaSink = Callable[[StreamChunk], Awaitable[None]]
+"""Where a streaming adapter sends each fragment of a response (the executor publishes it on core NATS)."""
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):

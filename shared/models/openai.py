@@ -16,8 +16,15 @@ Errors (``ModelError.kind``; retryable ones marked *):
 ``timeout``* (``timeout_s`` passed, or 408), ``connection``*, ``conflict``* (409),
 ``bad_request`` (400, 422), ``auth`` (401, 403, or the key's variable unset),
 ``not_found`` (404), ``context_length`` (context exceeded, or 413),
-``empty_response``*, ``malformed_response``*.
-Source: OpenAI API reference, "Error codes"; the ``openai`` package's exception classes.
+``empty_response``*, ``malformed_response``*, ``stream_broken``* (a streamed response ended
+or broke before its ``finish_reason``).
+
+**Streaming** (the spec's ``stream: true``): the request body carries ``stream: true`` and
+``stream_options: {include_usage: true}`` (it is still exactly the prompt blob); the chunks
+are assembled as they arrive (:class:`shared.core.chatstream.StreamAssembler`, tool-call
+fragments included), each fragment handed to ``on_delta``, and the response returned is
+the assembled one — its ``message`` the output blob, as without streaming.
+Source: OpenAI API reference, "Error codes", "Streaming"; the ``openai`` package's exception classes.
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ import msgspec
 import openai
 
 from shared.core.chat import ChatMessage, ChatRequest, ChatResponse, chat_request, response_from_wire, wire_request
+from shared.core.chatstream import StreamAssembler, broken
 from shared.core.errors import ModelError
 from shared.core.modelspec import ModelSpec
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.models.base import ModelRequest, ModelResponse
+from shared.models.base import DeltaSink, ModelRequest, ModelResponse
 
 PLACEHOLDER_KEY = "reel-no-key"  # sent when no api_key_env is given (local servers ignore it)
 _MAX_MESSAGE = 500
@@ -114,21 +122,28 @@ class OpenAIAdapter:
                              retryable=False)
         return key
 
-    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
-        """One HTTP call sending exactly ``wire_request(request)``.
+    async def complete_chat(self, request: ChatRequest, on_delta: DeltaSink | None = None) -> ChatResponse:
+        """One HTTP call sending exactly ``wire_request(request)`` (streamed when ``request.stream``: each
+        fragment to ``on_delta`` as it arrives).
 
         Raises:
             ModelError: mapped as in the module docstring; never carries the API key.
         """
         key = self._api_key()
         body = wire_request(request)
-        data, err = await self._post(body, key)
+        decoded: Any
+        if request.stream:
+            decoded, err = await self._stream(body, key, on_delta)
+            data = b""
+        else:
+            (data, err), decoded = await self._post(body, key), None
         if err is not None:  # raised outside the handler: no __context__ holding the SDK's request
             raise err
-        try:
-            decoded = msgspec.json.decode(data)
-        except msgspec.DecodeError:
-            decoded = None
+        if not request.stream:
+            try:
+                decoded = msgspec.json.decode(data)
+            except msgspec.DecodeError:
+                decoded = None
         if not isinstance(decoded, dict):
             raise ModelError(f"malformed chat-completions response: not a JSON object: {_scrub(data[:200], key)}",
                              kind="malformed_response", retryable=True)
@@ -142,31 +157,67 @@ class OpenAIAdapter:
         return resp
 
     async def _post(self, body: dict[str, Any], key: str) -> tuple[bytes, ModelError | None]:
-        timeout = self._spec.timeout
         try:
-            async with openai.AsyncOpenAI(api_key=key, base_url=self._base_url, timeout=timeout,
-                                          max_retries=0) as client:
+            async with self._client(key) as client:
                 raw = await client.chat.completions.with_raw_response.create(
                     model=body["model"], messages=body["messages"],
                     extra_body={k: v for k, v in body.items() if k not in ("model", "messages")})
                 return raw.http_response.content, None
+        except (openai.APIStatusError, openai.APIConnectionError) as exc:  # a timeout is a connection error
+            return b"", self._error(exc, key)
+
+    def _client(self, key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, timeout=self._spec.timeout, max_retries=0)
+
+    async def _stream(self, body: dict[str, Any], key: str, on_delta: DeltaSink | None
+                      ) -> tuple[dict[str, Any] | None, ModelError | None]:
+        """The streamed call: the assembled response body, or the error (a break mid-way: ``stream_broken``)."""
+        acc = StreamAssembler()
+        rest = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
+        try:
+            async with self._client(key) as client:
+                stream = await client.chat.completions.create(
+                    model=body["model"], messages=body["messages"], stream=True,
+                    stream_options=body["stream_options"], extra_body=rest)
+                async for chunk in stream:
+                    fragment = acc.add(chunk.to_dict())
+                    if fragment is not None and on_delta is not None:
+                        await on_delta(fragment)
+        except ModelError as exc:
+            return None, exc
         except openai.APIStatusError as exc:
+            return None, self._error(exc, key)
+        except openai.APIError as exc:  # the connection broke, timed out, or the server sent an error mid-way
+            if not acc.chunks:
+                return None, self._error(exc, key)
+            cause = _scrub(f"{type(exc).__name__}: {exc.__cause__ or exc.message}", key)
+            return None, broken(acc.chunks, cause)
+        try:
+            return acc.body(), None
+        except ModelError as exc:
+            return None, exc
+
+    def _error(self, exc: openai.APIError, key: str) -> ModelError:
+        """A failed call's error (the kinds of the module docstring); never carries the key."""
+        if isinstance(exc, openai.APIStatusError):
             message, code = _provider_message(exc)
             kind, retryable = _kind(exc.status_code, code, message)
             after = retry_after_s(exc.response.headers) if retryable else None
             text = f"{self._base_url} answered {exc.status_code}{f' ({code})' if code else ''}: {message}"
-            return b"", ModelError(_scrub(text, key), kind=kind, retryable=retryable, retry_after_s=after)
-        except openai.APITimeoutError:
-            return b"", ModelError(f"{self._base_url} did not answer within {timeout:g} s", kind="timeout")
-        except openai.APIConnectionError as exc:
+            return ModelError(_scrub(text, key), kind=kind, retryable=retryable, retry_after_s=after)
+        if isinstance(exc, openai.APITimeoutError):
+            return ModelError(f"{self._base_url} did not answer within {self._spec.timeout:g} s", kind="timeout")
+        if isinstance(exc, openai.APIConnectionError):
             cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
-            return b"", ModelError(_scrub(f"cannot reach {self._base_url}{cause}", key), kind="connection")
+            return ModelError(_scrub(f"cannot reach {self._base_url}{cause}", key), kind="connection")
+        return ModelError(_scrub(f"{self._base_url}: {exc.message}", key), kind="malformed_response")
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """Port v1 (a ``kind: model`` step): the packed prompt as one user message, the text back."""
+    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None) -> ModelResponse:
+        """Port v1 (a ``kind: model`` step): the packed prompt as one user message, the text back
+        (streamed like :meth:`complete_chat` when the spec sets ``stream: true``)."""
         chat = chat_request(self._spec, run_id=request.run_id, step_id=request.step_id, attempt=request.attempt,
                             messages=[ChatMessage(role="user", content=request.prompt)])
-        resp = await self.complete_chat(chat)
+        resp = await self.complete_chat(chat, on_delta)
         return ModelResponse(text=resp.text, input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
                              cost_usd=resp.cost_usd, model=resp.model)
 

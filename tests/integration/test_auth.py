@@ -15,10 +15,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
 from shared.core.commands import CancelRun, RecoverRuns, ResumeRun, encode
 from shared.core.events import Verdict
+from shared.core.live import StreamChunk, decode_chunk
 from shared.core.subjects import REPLY_TO_HEADER
 from shared.core.workflow import parse_workflow
 from shared.nats.access import PermissionDenied
@@ -35,6 +37,7 @@ from tests.integration.authserver import (
 )
 from tests.integration.scenarios import STEP, attempt_of, crash_executor_mid_attempt, wait_state, wait_until
 from tests.logcapture import info_logs
+from tests.support.chat_server import ChatServer, streamed
 
 
 @pytest.fixture
@@ -140,6 +143,11 @@ async def test_services_as_their_roles_run_what_a_client_starts_cancels_and_rewi
             await wait_until(lambda: asyncio.to_thread(started.exists), timeout_s=30, what="the gated tool")
             cancelled = await client.cancel(reply.run_id, "from a client")
             assert cancelled.ok and cancelled.status == "cancelled", cancelled
+            # the cancel service (mutators) signals the executor: the tool is stopped, its attempt cancelled
+            state = await wait_state(client.log, reply.run_id,
+                                     lambda s: attempt_of(s, "slow", 1).status != "dispatched",
+                                     what="the gated attempt to be recorded")
+            assert attempt_of(state, "slow", 1).status == "cancelled"
             gate.touch()
 
             # a Reel-Reply-To naming a run's event subject: the service does not write there
@@ -155,6 +163,33 @@ async def test_services_as_their_roles_run_what_a_client_starts_cancels_and_rewi
     assert any(line["event"] == "command.reply_refused" for line in logs)
     denied = [line for line in logs if line["event"] == "nats.permission_denied"]
     assert denied == [], f"a service's role lacks a permission it uses: {denied}"
+
+
+async def test_a_client_receives_the_streamed_tokens_of_a_run_it_started(server: AuthServer,
+                                                                          chat_server: ChatServer) -> None:
+    chat_server.script(streamed("Streamed across the accounts.", chunks=8))
+    spec = parse_workflow({"name": "streamed", "steps": [{"kind": "model", "id": "say", "context": [
+        {"id": "task", "text": "say it"}], "model": {"adapter": "openai", "base_url": chat_server.url,
+                                                    "model": "loopback-1", "timeout_s": 10, "stream": True}}]})
+    with info_logs() as logs:
+        async with services_as_roles(server, "executor"), client_of(server) as client:
+            chunks: list[StreamChunk] = []
+            done = asyncio.Event()
+
+            async def on_msg(msg: Msg) -> None:
+                chunks.append(decode_chunk(msg.data))
+                if chunks[-1].done:
+                    done.set()
+
+            sub = await client.nc.subscribe(f"{server.base.names.namespace}.stream.>", cb=on_msg)  # its import
+            await client.nc.flush()
+            reply = await client.start(spec, timeout_s=30)
+            assert reply.ok and reply.run_id
+            await asyncio.wait_for(done.wait(), 30)
+            await sub.unsubscribe()
+    assert "".join(c.content for c in chunks) == "Streamed across the accounts." and chunks[-1].finish_reason
+    denied = [line for line in logs if line["event"] == "nats.permission_denied"]
+    assert denied == [], f"a role lacks a permission it uses: {denied}"
 
 
 async def test_recovery_as_mutators_resolves_the_attempt_of_an_executor_that_died(

@@ -13,7 +13,9 @@ A :func:`slow` behaviour holds its request until the server stops (a client time
 fires first), so timeout tests need no sleeps. A :func:`hang` behaviour never answers and
 reports, through its :class:`Hang`, when the request arrived and when the client closed the
 connection (the server's handler is cancelled on a client disconnect): the rendezvous of the
-cancel tests.
+cancel tests. A :func:`streamed` behaviour answers as a ``stream: true`` request asks: server-sent
+events, one ``chat.completion.chunk`` per delta (text and tool-call arguments split across
+chunks), the usage chunk and ``[DONE]`` — or the connection cut after ``cut_at`` chunks.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class Behaviour:
     headers: Mapping[str, str] = field(default_factory=dict)
     hold: bool = False
     hang: Hang | None = None
+    chunks: tuple[dict[str, Any], ...] = ()
+    cut_at: int | None = None
+    gate: asyncio.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,53 @@ def hang(signal: Hang) -> Behaviour:
     return Behaviour(hang=signal)
 
 
+def _split(text: str, parts: int) -> list[str]:
+    """``text`` in ``parts`` non-empty pieces (as even as possible)."""
+    assert len(text) >= parts > 0, (text, parts)
+    step, extra = divmod(len(text), parts)
+    out, at = [], 0
+    for i in range(parts):
+        n = step + (i < extra)
+        out.append(text[at:at + n])
+        at += n
+    return out
+
+
+def stream_deltas(text: str, tool_calls: Iterable[dict[str, Any]], chunks: int) -> list[dict[str, Any]]:
+    """The ``delta`` (and ``finish_reason``) of each of ``chunks`` chunks: the role, ``text`` in pieces, each
+    call's header (id, name) then its arguments in pieces, the finish. The pieces are shared out evenly."""
+    calls = list(tool_calls)
+    pieces = chunks - 2 - len(calls)
+    sizes = [len(text)] + [len(c["function"]["arguments"]) for c in calls]
+    parts = [max(1, pieces * n // sum(sizes)) if n else 0 for n in sizes]
+    parts[0] += pieces - sum(parts)
+    out: list[dict[str, Any]] = [{"delta": {"role": "assistant", "content": ""}}]
+    out += [{"delta": {"content": piece}} for piece in (_split(text, parts[0]) if text else [])]
+    for i, (c, k) in enumerate(zip(calls, parts[1:], strict=True)):
+        out.append({"delta": {"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                                              "function": {"name": c["function"]["name"], "arguments": ""}}]}})
+        out += [{"delta": {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}}
+                for piece in _split(c["function"]["arguments"], k)]
+    out.append({"delta": {}, "finish_reason": "tool_calls" if calls else "stop"})
+    assert len(out) == chunks, (len(out), chunks)
+    return out
+
+
+def streamed(text: str = "", tool_calls: Iterable[dict[str, Any]] = (), *, chunks: int = 20,
+             cut_at: int | None = None, usage: tuple[int, int] = (12, 7), model: str = "loopback-1",
+             gate: asyncio.Event | None = None) -> Behaviour:
+    """A streamed 200 (``text/event-stream``): ``chunks`` chunks (:func:`stream_deltas`), then a usage chunk
+    and ``[DONE]``; with ``cut_at``, the connection is cut after that many chunks; with ``gate``, the first
+    chunk waits until it is set."""
+    frames = [{"id": "chatcmpl-loopback", "object": "chat.completion.chunk", "created": 0, "model": model,
+               "choices": [{"index": 0, "delta": d["delta"], "finish_reason": d.get("finish_reason")}]}
+              for d in stream_deltas(text, tool_calls, chunks)]
+    frames.append({"id": "chatcmpl-loopback", "object": "chat.completion.chunk", "created": 0, "model": model,
+                   "choices": [], "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                                            "total_tokens": sum(usage)}})
+    return Behaviour(chunks=tuple(frames), cut_at=cut_at, gate=gate)
+
+
 def empty(no_choices: bool = False) -> Behaviour:
     """A 200 with no content and no tool calls (or with no choices at all)."""
     b = reply(None)
@@ -154,6 +206,8 @@ class ChatServer:
         b = self.queue.popleft()
         if b.hang is not None:
             return await self._hang(b.hang)
+        if b.chunks:
+            return await self._stream(request, b)
         if b.hold:
             await self._release.wait()
             return web.json_response({"error": {"message": "released at shutdown"}}, status=503)
@@ -177,6 +231,21 @@ class ChatServer:
             signal.closed.set()
             raise
         raise AssertionError("unreachable")
+
+    async def _stream(self, request: web.Request, b: Behaviour) -> web.StreamResponse:
+        if b.gate is not None:
+            await b.gate.wait()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        for i, frame in enumerate(b.chunks):
+            if b.cut_at is not None and i == b.cut_at:
+                assert request.transport is not None
+                request.transport.close()  # mid-way, no terminating chunk: the client sees the stream break
+                return resp
+            await resp.write(b"data: " + json.dumps(frame).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     async def start(self) -> None:
         app = web.Application()

@@ -53,6 +53,7 @@ def _writers(subject: str) -> set[str]:
     ("$JS.API.STREAM.MSG.GET.REEL_CMDS", {"mutators", "operator"}),
     ("reel.crucible.s-1", {"crucible", "operator"}),
     ("reel.ctl.r-1", {"mutators", "operator"}),  # the cancel service's signal to the executor
+    ("reel.stream.r-1.main.solve:t1.1", {"executor", "operator"}),  # streamed tokens
     ("$O.reel_blobs.C.abc", {"client", "executor", "crucible", "operator"}),
     ("$JS.API.STREAM.CREATE.REEL_EVENTS", {"executor", "verifier", "mutators", "crucible", "operator"}),
     ("$JS.API.STREAM.UPDATE.REEL_EVENTS", {"operator"}),
@@ -91,7 +92,7 @@ def test_the_client_account_imports_nothing_that_writes_history_or_administers()
                           f"{API}.CONSUMER.DURABLE", f"{API}.CONSUMER.MSG.NEXT", "$JS.ACK."):
             assert not i.subject.startswith(forbidden), i
         assert not i.subject.startswith(f"{API}.CONSUMER.CREATE.{N.commands_stream}"), i
-    assert client_grant(N).subscribe == ("_INBOX.>",)
+    assert client_grant(N).subscribe == ("_INBOX.>", "reel.stream.>")  # replies, and streamed tokens (read only)
 
 
 def test_the_names_follow_the_namespace() -> None:

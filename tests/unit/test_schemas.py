@@ -28,7 +28,7 @@ from shared.core.events import (
     encode_commit,
 )
 from shared.core.ids import LSN, RunId
-from shared.core.live import RunControl, encode_live
+from shared.core.live import RunControl, StreamChunk, ToolCallDelta, encode_live
 from shared.core.workflow import encode_workflow, parse_workflow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +94,9 @@ def _payloads() -> list[tuple[str, bytes]]:
         ("verdict.json", encode(VERDICT)),
         ("workflow.json", encode_workflow(parse_workflow(WORKFLOW))),
         ("run_control.json", encode_live(RunControl(run_id=RunId("r-1"), signal="cancelled", lsn=LSN(57)))),
+        ("stream_chunk.json", encode_live(StreamChunk(seq=3, content="He", tool_calls=(
+            ToolCallDelta(index=0, id="c1", name="f", arguments='{"a'),)))),
+        ("stream_chunk.json", encode_live(StreamChunk(seq=4, done=True, error="stream_broken"))),
     ]
 
 
@@ -107,6 +110,7 @@ def test_real_payloads_validate(schema: str, body: bytes) -> None:
     ("verdict.json", {k: v for k, v in json.loads(encode(VERDICT)).items() if k != "snapshot_lsn"}),
     ("cancel_run.json", {"run_id": "r-1", "unknown": 1}),
     ("run_control.json", {"run_id": "r-1", "signal": "paused", "lsn": 3}),
+    ("stream_chunk.json", {"content": "no seq"}),
     ("commit.json", {"commit_id": "c", "run_id": "r", "events": [{"type": "run_exploded"}]}),
     ("start_run.json", {"workflow": {"name": "w", "steps": [{"kind": "robot", "id": "x"}]}}),
 ])
