@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core.commands import CancelRun, RecoverRuns, Reply, ResumeRun, RewindRun, StartRun, VerifyRun
+from shared.core.commands import CancelRun, RecoverRuns, Reply, RespondRun, ResumeRun, RewindRun, StartRun, VerifyRun
 from shared.core.events import Commit, Verdict
 from shared.core.live import RunControl, StreamChunk
 from shared.core.workflow import WorkflowSpec
@@ -38,6 +38,7 @@ SCHEMAS: dict[str, tuple[type[Any], str]] = {
     "resume_run.json": (ResumeRun, "command on <ns>.cmd.resume"),
     "recover_runs.json": (RecoverRuns, "command on <ns>.cmd.recover"),
     "verify_run.json": (VerifyRun, "verification trigger on <ns>.cmd.verify.<run_id>"),
+    "respond_run.json": (RespondRun, "command on <ns>.cmd.respond"),
     "reply.json": (Reply, "answer to every command, on the subject of its Reel-Reply-To header"),
     "commit.json": (Commit, "one run event commit: a message on <ns>.ev.<run_id> (LSN = its stream sequence)"),
     "verdict.json": (Verdict, "a verdict: a message on <ns>.verdict.<run_id>, and inside verdict_recorded events"),

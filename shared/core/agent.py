@@ -47,7 +47,15 @@ action                 what the executor does (the events come from :mod:`~share
                        ``outcome=None`` (the declarations and intents only).
 ``FinishAgent``        the loop is over but the log does not say so (a failure recovery recorded):
                        commit ``action.event(at_ms)``.
+``AwaitInput``         nothing of the turn can run or is running, and calls wait for a human
+                       (their input requests are open, :mod:`shared.core.inputevents`): commit
+                       ``action.event(at_ms)`` (``run_awaiting_input``); the run rests.
 =====================  ======================================================================
+
+A call whose input request is open neither runs nor counts as running: the other calls
+of its turn run to completion meanwhile. A rejected or answered call is terminal without
+an attempt (its result is the answer: :func:`shared.core.inputfold.observation`); an
+approved one runs like any other, with the approved arguments.
 
 Tool-call attempts of retry-safe tools left in flight by a dead executor are
 superseded like any step's (a new attempt in ``DispatchCalls``); a failed call
@@ -61,12 +69,12 @@ from collections.abc import Collection
 
 import msgspec
 
-from shared.core import agentfold
+from shared.core import agentfold, inputfold
 from shared.core.agentstate import TurnRecord
-from shared.core.events import AgentFinished, AgentStatus, BlobRef, StepDecl
+from shared.core.events import AgentFinished, AgentStatus, BlobRef, RunAwaitingInput, StepDecl
 from shared.core.fold import STEP_TERMINAL, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
 from shared.core.fold import final_success as _final_success
-from shared.core.ids import AttemptNo, BranchId, StepId
+from shared.core.ids import AttemptNo, BranchId, RequestId, StepId
 from shared.core.stepids import turn_step_id
 
 InFlight = Collection[tuple[BranchId, StepId, AttemptNo]]
@@ -144,7 +152,19 @@ class FinishAgent(msgspec.Struct, frozen=True, kw_only=True):
                              at_ms=at_ms)
 
 
-AgentAction = Wait | DispatchTurn | DispatchCalls | ResolveUnknown | AdoptTurn | FinishAgent
+class AwaitInput(msgspec.Struct, frozen=True, kw_only=True):
+    """Only a human can move the agent ``agent`` on: commit ``run_awaiting_input`` (``requests``: the open ones)."""
+
+    branch_id: BranchId
+    agent: StepId
+    requests: tuple[RequestId, ...]
+
+    def event(self, at_ms: int) -> RunAwaitingInput:
+        """The ``run_awaiting_input`` event to commit (``at_ms``: epoch ms)."""
+        return RunAwaitingInput(branch_id=self.branch_id, at_ms=at_ms)
+
+
+AgentAction = Wait | DispatchTurn | DispatchCalls | ResolveUnknown | AdoptTurn | FinishAgent | AwaitInput
 
 
 def limits(decl: StepDecl) -> tuple[int, int]:
@@ -198,9 +218,16 @@ def _calls_action(branch: BranchState, bid: BranchId, decl: StepDecl, turn: Turn
     max_turns, max_parallel = limits(decl)
     start: list[CallAttempt] = []
     unknown: list[CallAttempt] = []
+    asked: list[RequestId] = []
     running = 0
     for c in turn.calls:
         sid = c.decl.step_id
+        gate = inputfold.gate(branch, sid)
+        if gate != "none" and gate != "approved":
+            rec = inputfold.request_of(branch, sid)
+            if gate == "open" and rec is not None:
+                asked.append(rec.request_id)
+            continue                                                          # waiting, or ended by its answer
         attempts = branch.attempts.get(sid, ())
         status = attempts_status(attempts, c.decl.max_attempts)
         if status == StepStatus.FAILED and c.decl.fatal:
@@ -224,6 +251,8 @@ def _calls_action(branch: BranchState, bid: BranchId, decl: StepDecl, turn: Turn
             unknown.append(CallAttempt(sid, last.attempt))
     if unknown:
         return ResolveUnknown(branch_id=bid, agent=agent, calls=tuple(unknown))
+    if not start and not running and asked:
+        return AwaitInput(branch_id=bid, agent=agent, requests=tuple(asked))
     if not start and not running:                                             # every call is terminal
         if t >= max_turns:
             return FinishAgent(branch_id=bid, agent=agent, status="failed", turns=t, error_kind="max_turns",

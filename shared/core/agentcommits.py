@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.core import agentfold
+from shared.core import agentfold, inputfold, inputs
 from shared.core.agent import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
-from shared.core.agentspec import AgentToolSpec
+from shared.core.agentspec import AgentToolSpec, ApprovalPolicy
 from shared.core.chat import ToolCall, assign_call_ids
 from shared.core.events import (
     ARGUMENTS_INLINE_MAX,
@@ -106,13 +106,15 @@ def declare_calls(agent: AgentStep, turn: int, calls: Sequence[ToolCall]) -> tup
 
 def turn_outcome(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int, *, output_ref: BlobRef,
                  calls: Sequence[ToolCall], outcome: AttemptSucceeded | None, executor_id: ExecutorId,
-                 at_ms: int) -> TurnOutcome:
+                 at_ms: int, approval: ApprovalPolicy | None = None) -> TurnOutcome:
     """The commit of turn ``turn``'s answer (``outcome``; ``None`` to act on a success already recorded).
 
     No calls → ``agent_finished`` succeeded with ``output_ref``; calls at ``max_turns`` →
     ``agent_finished`` failed (``max_turns``), calls not declared; else the calls'
-    ``steps_declared`` and the intents of the first ``max_parallel_tools``. Only the
-    outcome when the turn was acted on already (or is not the agent's latest).
+    ``steps_declared``, an ``input_requested`` for each call that asks a human first
+    (:func:`shared.core.inputs.request_events`; ``approval``: the workflow's policy) and the
+    intents of the first ``max_parallel_tools`` of the others. Only the outcome when the
+    turn was acted on already (or is not the agent's latest).
     """
     events: list[AnyEvent] = [outcome] if outcome is not None else []
     rec = agentfold.record(state.branches[branch_id], StepId(agent.id))
@@ -132,7 +134,10 @@ def turn_outcome(state: RunState, branch_id: BranchId, agent: AgentStep, turn: i
         return TurnOutcome(events=tuple(events))
     decls, blobs = declare_calls(agent, turn, calls)
     events.append(StepsDeclared(branch_id=branch_id, parent_step=aid, steps=decls))
-    started = tuple(CallAttempt(d.step_id, AttemptNo(1)) for d in decls[:max_parallel])
+    asking = inputs.request_events(state.run_id, branch_id, agent, approval, decls, calls, at_ms=at_ms)
+    events.extend(asking)
+    waiting = {r.step_id for r in asking}
+    started = tuple(CallAttempt(d.step_id, AttemptNo(1)) for d in decls if d.step_id not in waiting)[:max_parallel]
     events.extend(AttemptDispatched(branch_id=branch_id, step_id=c.step_id, attempt=c.attempt,
                                     executor_id=executor_id, at_ms=at_ms) for c in started)
     return TurnOutcome(events=tuple(events), started=started, blobs=blobs)
@@ -216,6 +221,11 @@ def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
         return False
     mine = {o.step_id: o for o in outcomes}
     for c in rec.turns[-1].calls:
+        gate = inputfold.gate(branch, c.decl.step_id)
+        if gate in inputfold.GATE_TERMINAL:
+            continue
+        if gate == "open":
+            return False
         attempts = branch.attempts.get(c.decl.step_id, ())
         o = mine.get(c.decl.step_id)
         status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,
@@ -244,6 +254,8 @@ def follow_up_calls(state: RunState, outcomes: Sequence[Outcome], in_flight: InF
     running = 0
     for c in rec.turns[-1].calls:
         sid = c.decl.step_id
+        if inputfold.gate(branch, sid) not in ("none", "approved"):  # waits for a human, or never runs
+            continue
         attempts = branch.attempts.get(sid, ())
         o = mine.get(sid)
         status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,

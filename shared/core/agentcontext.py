@@ -16,7 +16,9 @@ message (the instructions), one ``user`` message (the packed context items, rend
 as a model step renders them), then per packed turn its ``assistant`` message —
 text from the turn's output blob, tool calls from the log's declarations (the ids the
 model is answered with) — followed by one ``tool`` message per call, in call order,
-answering its ``tool_call_id``. A failed call's result reads ``error (<kind>): <message>``.
+answering its ``tool_call_id``. A failed call's result reads ``error (<kind>): <message>``; a call a
+human rejected ``error (rejected): … <note>``, an ``ask_user`` call the answer, and a call approved with
+edited arguments starts with them (:func:`shared.core.inputfold.observation`, ``edited_prefix``).
 
 Two passes keep this pure: :func:`needed_blobs` lists the blobs to read, then
 :func:`build_turn` makes the request from their bodies.
@@ -28,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from shared.core import agentfold
+from shared.core import agentfold, inputfold
 from shared.core.agent import DispatchTurn
 from shared.core.agentstate import Declared
 from shared.core.chat import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
@@ -165,11 +167,15 @@ def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int
                               tool_calls=tool_calls))
         for c, call in zip(calls, tool_calls, strict=True):
             obs = _observation(branch, c, by_step)
-            if isinstance(obs, AttemptFailed):
+            answered = inputfold.observation(branch, c.decl.step_id)
+            if answered is not None:
+                text, err = answered
+            elif isinstance(obs, AttemptFailed):
                 text, err = f"error ({obs.error_kind}): {obs.message}", True
             else:
                 ref = obs.output_ref if isinstance(obs, AttemptSucceeded) else obs
                 text, err = (blobs[ref.sha256].decode(errors="replace") if ref is not None else ""), False
+            text = inputfold.edited_prefix(branch, c.decl.step_id) + text
             items.append(TurnItem(id=observation_item_id(c.decl.step_id), kind="tool", text=text, group=turn_id,
                                   tool_call_id=call.id, is_error=err))
     return items
@@ -210,7 +216,7 @@ def turn_messages(items: Sequence[TurnItem], packed: Sequence[str]) -> tuple[Cha
 
 def tool_schemas(agent: AgentStep) -> tuple[ToolSchema, ...]:
     """The tools offered to the model: name, description, parameters (JSON Schema)."""
-    return tuple(ToolSchema(name=t.name, description=t.description, parameters=t.parameters) for t in agent.tools)
+    return tuple(ToolSchema(name=t.name, description=t.about, parameters=t.schema) for t in agent.tools)
 
 
 def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *, run_outputs: Mapping[

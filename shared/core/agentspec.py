@@ -5,7 +5,13 @@ An agent step (:class:`shared.core.workflow.AgentStep`) declares ``tools:``, eac
 
 * ``python: "module:function"`` — called as ``fn(**arguments)`` by the executor;
 * ``command: [argv…]`` — run without a shell, arguments as JSON on stdin;
-* ``recorded: {…}`` — returns recorded results (replay).
+* ``recorded: {…}`` — returns recorded results (replay);
+* ``builtin: ask_user`` — the model asks a question; a human's answer is the result
+  (:mod:`shared.core.inputevents`).
+
+A tool with ``needs_approval: true`` (or named by the workflow's ``approval`` policy,
+:class:`ApprovalPolicy`) runs only once a human approves the call; ``input:`` says who is
+asked and what a deadline decides (:class:`InputSpec`).
 
 Everything here is pure: whether a ``python`` path *imports* is checked outside the
 core, when the executor loads the workflow (:func:`shared.tools_check.check_tool_imports`).
@@ -13,6 +19,7 @@ core, when the executor loads the workflow (:func:`shared.tools_check.check_tool
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,6 +27,7 @@ import jsonschema
 import msgspec
 
 from shared.core.errors import WorkflowInvalid
+from shared.core.inputevents import DECISIONS, Decision, RequestKind
 
 if TYPE_CHECKING:
     from shared.core.workflow import AgentStep
@@ -28,7 +36,11 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What chat-completions endpoints accept as a function name."""
 PYTHON_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 RESERVED_ITEM_IDS = frozenset({"instructions"})
-ToolType = Literal["python", "command", "recorded"]
+ToolType = Literal["python", "command", "recorded", "builtin"]
+ASK_USER_PARAMETERS: dict[str, Any] = {
+    "type": "object", "required": ["question"],
+    "properties": {"question": {"type": "string", "description": "The question, in full."}}}
+ASK_USER_DESCRIPTION = "Ask the user a question and wait for the answer; the answer is this call's result."
 
 
 def _empty_object_schema() -> dict[str, Any]:
@@ -49,6 +61,34 @@ class RecordedToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     errors: dict[str, str] = {}
 
 
+class InputSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """How a human is asked about a call (an approval, or an ``ask_user`` question).
+
+    Attributes:
+        ask: who or what is asked (free text shown with the request, e.g. ``ops on-call``).
+        timeout_s: the request's deadline after it is committed (s); unset: it waits for ever.
+        default: what the deadline commits: ``reject`` (default) or ``approve`` for an approval,
+            ``reject`` or ``answer`` for a question.
+        note: the default's note (a reject: what the model is told) or text (an answer).
+    """
+
+    ask: str = ""
+    timeout_s: float | None = None
+    default: Decision = "reject"
+    note: str = ""
+
+
+class ApprovalPolicy(InputSpec, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The workflow's approval policy: the tools named in ``tools`` (names or ``fnmatch`` patterns, in every
+    agent step) need approval, asked as this policy says unless the tool has an ``input:`` of its own."""
+
+    tools: tuple[str, ...] = ()
+
+    def names(self, tool_name: str) -> bool:
+        """Whether the policy covers the tool ``tool_name``."""
+        return any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.tools)
+
+
 class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One tool the model of an agent step may call.
 
@@ -56,13 +96,15 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         name: the function name the model sees (``[A-Za-z0-9_-]{1,64}``, unique in the step).
         description: shown to the model.
         parameters: JSON Schema of the arguments object (checked as a schema at load).
-        python, command, recorded: the implementation — exactly one.
+        python, command, recorded, builtin: the implementation — exactly one (``builtin``: ``ask_user``).
         retry_safe: may be re-run after an executor crash (default false: the in-flight
             attempt is recorded ``outcome_unknown`` and the model told).
         fatal: a failure of this tool (after its attempts) fails the agent step; otherwise
             it is an ``is_error`` observation for the next turn.
         max_attempts: attempts of one call (a retryable failure is retried).
         timeout_s: deadline of one attempt (s).
+        needs_approval: each call waits for a human's approval before it runs.
+        input: how the human is asked (an approval, or ``ask_user``'s question).
     """
 
     name: str
@@ -75,13 +117,38 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     fatal: bool = False
     max_attempts: int = 1
     timeout_s: float = 60.0
+    builtin: Literal["ask_user"] | None = None
+    needs_approval: bool = False
+    input: InputSpec | None = None
 
     @property
     def type(self) -> ToolType:
         """Which implementation the tool has (valid after :func:`check_agent`)."""
         if self.python is not None:
             return "python"
+        if self.builtin is not None:
+            return "builtin"
         return "command" if self.command is not None else "recorded"
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the arguments the model sees (``ask_user``'s own for the builtin)."""
+        return ASK_USER_PARAMETERS if self.builtin == "ask_user" else self.parameters
+
+    @property
+    def about(self) -> str:
+        """The description the model sees."""
+        return self.description or (ASK_USER_DESCRIPTION if self.builtin == "ask_user" else "")
+
+    def asks(self, policy: ApprovalPolicy | None = None) -> tuple[RequestKind, InputSpec] | None:
+        """Whether a call of this tool asks a human first, and how: ``("question", …)`` for ``ask_user``,
+        ``("approval", …)`` when it needs approval (its own flag, or ``policy`` names it), else ``None``."""
+        covered = policy is not None and policy.names(self.name)
+        if self.builtin == "ask_user":
+            return "question", self.input or InputSpec()
+        if self.needs_approval or covered:
+            return "approval", self.input or (policy if covered and policy is not None else InputSpec())
+        return None
 
 
 def check_agent(step: AgentStep, where: str) -> None:
@@ -113,11 +180,16 @@ def check_agent(step: AgentStep, where: str) -> None:
 def _check_tool(tool: AgentToolSpec, at: str) -> None:
     if not TOOL_NAME.match(tool.name):
         raise WorkflowInvalid(f"tool name {tool.name!r} must match [A-Za-z0-9_-]{{1,64}} (at `{at}.name`)")
-    kinds = [k for k in ("python", "command", "recorded") if getattr(tool, k) is not None]
+    kinds = [k for k in ("python", "command", "recorded", "builtin") if getattr(tool, k) is not None]
     if len(kinds) != 1:
         got = f"got {', '.join(kinds)}" if kinds else "got none"
-        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command` or `recorded`, {got}"
+        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command`, `recorded` or `builtin`, {got}"
                               f" (at `{at}`)")
+    if tool.builtin is not None and (tool.needs_approval or tool.parameters != _empty_object_schema()):
+        raise WorkflowInvalid(f"builtin {tool.builtin} takes no `needs_approval` or `parameters` (it always asks;"
+                              f" its parameters are {{question}}) (at `{at}`)")
+    if tool.input is not None:
+        check_input(tool.input, "question" if tool.builtin else "approval", f"{at}.input")
     if tool.python is not None and not PYTHON_PATH.match(tool.python):
         raise WorkflowInvalid(f"python tool path {tool.python!r} must be `module:function` (at `{at}.python`)")
     if tool.command is not None and not tool.command:
@@ -136,3 +208,16 @@ def _check_tool(tool: AgentToolSpec, at: str) -> None:
         raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{at}.max_attempts`)")
     if tool.timeout_s <= 0:
         raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
+
+
+def check_input(spec: InputSpec, kind: RequestKind, at: str) -> None:
+    """The checks of an ``input:`` (or the approval policy) asking for ``kind``.
+
+    Raises:
+        WorkflowInvalid: a deadline that is not > 0, or a default the kind does not take.
+    """
+    if spec.timeout_s is not None and spec.timeout_s <= 0:
+        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
+    if spec.default not in DECISIONS[kind]:
+        raise WorkflowInvalid(f"an {'ask_user question' if kind == 'question' else 'approval'}'s default must be "
+                              f"{' or '.join(DECISIONS[kind])}, got {spec.default!r} (at `{at}.default`)")

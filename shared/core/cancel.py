@@ -1,7 +1,8 @@
 """Cancel's pure core (brief §2, §3, §11): whether a :class:`~shared.core.commands.CancelRun` cancels the run,
 and what becomes of the outcomes of attempts the cancel caught in flight.
 
-Cancelling is legal from ``pending``, ``running`` and ``verifying`` (:data:`~shared.core.fold.LIVE`);
+Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying`` (:data:`~shared.core.fold.LIVE`;
+the fold closes a waiting run's open input requests with it);
 a run that already ended is left as it is (:class:`NoOp`: the caller's intent, "not running",
 holds already). After the ``run_cancelled`` commit, an attempt on the run's active branch is
 never recorded succeeded or failed: :func:`after_cancel` turns its outcome into

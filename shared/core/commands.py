@@ -8,7 +8,7 @@ a command sent while the service is down waits for it) with the header
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -38,7 +38,7 @@ class StartRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class CancelRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Cancel a run (``<ns>.cmd.cancel``); legal from Pending, Running, Verifying."""
+    """Cancel a run (``<ns>.cmd.cancel``); legal from Pending, Running, AwaitingInput, Verifying."""
 
     run_id: RunId
     reason: str = ""
@@ -55,6 +55,28 @@ class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     at_step: StepId | None = None
     at_lsn: LSN | None = None
     idempotency_key: str | None = None
+
+
+class RespondRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Answer one input request of a run (``<ns>.cmd.respond``; docs/mutators.md, "respond").
+
+    Attributes:
+        request_id: the request (``reel pending`` lists the open ones).
+        decision: ``approve`` or ``reject`` an approval; ``answer`` or ``reject`` a question.
+        arguments: ``approve`` only: the arguments the tool runs with instead of the model's (a JSON
+            object, validated against the tool's ``parameters``).
+        note: ``reject``: what the model is told (its error result).
+        text: ``answer``: the answer (the ``ask_user`` call's result).
+        by: who answers (recorded with the answer).
+    """
+
+    run_id: RunId
+    request_id: str
+    decision: Literal["approve", "reject", "answer"]
+    arguments: dict[str, Any] | None = None
+    note: str = ""
+    text: str = ""
+    by: str = ""
 
 
 class ResumeRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

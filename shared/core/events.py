@@ -17,7 +17,11 @@ from typing import Literal
 import msgspec
 
 from shared.core.errors import UnknownEventType
+from shared.core.eventbase import Event as Event
 from shared.core.ids import LSN, AttemptNo, BranchId, CommitId, ContextItemId, ExecutorId, RunId, StepId
+from shared.core.inputevents import InputAnswered as InputAnswered  # human input: shared/core/inputevents.py
+from shared.core.inputevents import InputRequested as InputRequested
+from shared.core.inputevents import RunAwaitingInput as RunAwaitingInput
 
 SCHEMA_VERSION = 1
 
@@ -118,10 +122,6 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     score: float = 0.0
     reason: str = ""
     at_ms: int = 0
-
-
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of all run events."""
 
 
 class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
@@ -312,19 +312,9 @@ class AgentFinished(Event, tag="agent_finished", kw_only=True, frozen=True):
 
 
 AnyEvent = (
-    RunCreated
-    | RunStarted
-    | AttemptDispatched
-    | AttemptSucceeded
-    | AttemptFailed
-    | AttemptCancelled
-    | RunVerifying
-    | VerdictRecorded
-    | RunCompleted
-    | RunCancelled
-    | BranchForked
-    | StepsDeclared
-    | AgentFinished
+    RunCreated | RunStarted | AttemptDispatched | AttemptSucceeded | AttemptFailed | AttemptCancelled | RunVerifying
+    | VerdictRecorded | RunCompleted | RunCancelled | BranchForked | StepsDeclared | AgentFinished
+    | InputRequested | InputAnswered | RunAwaitingInput
 )
 
 

@@ -1,18 +1,17 @@
 """State is a pure fold of the log (brief §4).
 
-``fold(commits)`` turns the ordered ``(lsn, Commit)`` pairs of one run into a
-:class:`RunState`; ``apply_commit(state, lsn, commit)`` gives the state one commit
-later. No clock, I/O, randomness or logging: the same commits always give an equal
-state, so any materialized state can be checked against a cold re-fold.
+``fold(commits)`` turns the ordered ``(lsn, Commit)`` pairs of one run into a :class:`RunState`;
+``apply_commit(state, lsn, commit)`` gives the state one commit later. No clock, I/O, randomness or
+logging: the same commits always give an equal state, so any materialized state can be checked
+against a cold re-fold (agent and human-input cases: :mod:`shared.core.agentfold`, ``inputfold``).
 
-**The state handed out is immutable** (:mod:`shared.core.state`), like the crucible's
-session fold: a holder's state never changes; the next state is a new value. Inside,
-the fold works on a private mutable accumulator (:class:`_Run`, a :class:`_Branch`
-per branch it touches) and publishes once per call, sharing every untouched branch,
-step tuple and attempt record with the previous state; a touched map costs one trie
-path (O(log₃₂ steps)). So one new commit costs O(1) in the run's length
-(``bench/fold_step.py``; docs/architecture.md, "State is a fold"). Pausing the GC
-during long loads is the adapter's business (:mod:`shared.nats.eventlog`), not this one's.
+**The state handed out is immutable** (:mod:`shared.core.state`), like the crucible's session fold: a
+holder's state never changes; the next state is a new value. Inside, the fold works on a private
+mutable accumulator (:class:`_Run`, a :class:`_Branch` per branch it touches) and publishes once per
+call, sharing every untouched branch, step tuple and attempt record with the previous state; a touched
+map costs one trie path (O(log₃₂ steps)). So one new commit costs O(1) in the run's length
+(``bench/fold_step.py``; docs/architecture.md, "State is a fold"). Pausing the GC during long loads
+is the adapter's business (:mod:`shared.nats.eventlog`), not this one's.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core import agentfold
+from shared.core import agentfold, inputfold
 from shared.core.agentstate import AgentRecord
 from shared.core.errors import InvalidTransition
 from shared.core.events import (
@@ -44,6 +43,7 @@ from shared.core.events import (
     VerdictRecorded,
 )
 from shared.core.ids import LSN, BranchId, StepId
+from shared.core.inputevents import InputAnswered, InputRequested, RunAwaitingInput
 from shared.core.persistent import FrozenMap
 from shared.core.state import (
     ATTEMPT_CANCELLED,
@@ -89,10 +89,8 @@ Attempts = tuple[AttemptState, ...]
 
 
 class _Branch:
-    """One branch while the fold touches it: its last published state plus the steps (and agent records)
-    changed since, in plain ``dict`` overlays (cheap to write commit after commit) that :meth:`freeze`
-    merges into the published maps.
-    """
+    """One branch while the fold touches it: its last published state plus the steps (and agent records) changed
+    since, in plain ``dict`` overlays (cheap to write) that :meth:`freeze` merges into the published maps."""
 
     __slots__ = ("agents", "base", "changed")
 
@@ -160,10 +158,16 @@ class _Run:
             commits=self.commits, verdicts=verdicts, branches=branches)
 
 
-def _found(run: _Run, branch_id: BranchId, step_id: StepId, attempt: int) -> tuple[_Branch, Attempts, int]:
+def _on(run: _Run, branch_id: BranchId, what: str) -> _Branch:
+    """The branch an event of kind ``what`` names. Raises InvalidTransition: no such branch."""
     branch = run.branch(branch_id)
     if branch is None:
-        raise InvalidTransition(f"unknown branch {branch_id!r}", run_id=run.base.run_id)
+        raise InvalidTransition(f"{what} on unknown branch {branch_id!r}", run_id=run.base.run_id)
+    return branch
+
+
+def _found(run: _Run, branch_id: BranchId, step_id: StepId, attempt: int) -> tuple[_Branch, Attempts, int]:
+    branch = _on(run, branch_id, "outcome")
     attempts = branch.get(step_id)
     for i, a in enumerate(attempts):
         if a.attempt == attempt:
@@ -188,15 +192,11 @@ def _created(run: _Run, lsn: LSN, event: RunCreated) -> None:
 
 
 def _started(run: _Run, lsn: LSN, event: RunStarted) -> None:
-    if run.status == PENDING:
-        run.status = RUNNING
-    run.executor_id = event.executor_id
+    run.status, run.executor_id = RUNNING if run.status == PENDING else run.status, event.executor_id
 
 
 def _dispatched(run: _Run, lsn: LSN, event: AttemptDispatched) -> None:
-    branch = run.branch(event.branch_id)
-    if branch is None:
-        raise InvalidTransition(f"dispatch on unknown branch {event.branch_id!r}", run_id=run.base.run_id)
+    branch = _on(run, event.branch_id, "dispatch")
     steps = run.base.steps
     if steps.declares(event.step_id):  # a workflow step (an agent step itself is never dispatched)
         undeclared = steps[steps.position(event.step_id)].kind == "agent"
@@ -205,12 +205,10 @@ def _dispatched(run: _Run, lsn: LSN, event: AttemptDispatched) -> None:
         undeclared = parsed is None or agentfold.entry_in(branch.agent(parsed[0]), parsed) is None
     if undeclared:
         raise InvalidTransition(f"dispatch of undeclared step {event.step_id!r}", run_id=run.base.run_id)
-    if run.status == PENDING:
-        run.status = RUNNING
-    record = AttemptState(step_id=event.step_id, attempt=event.attempt, status=DISPATCHED, dispatched_lsn=lsn,
-                          executor_id=event.executor_id, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref,
-                          context=event.context)
-    branch.changed[event.step_id] = (*branch.get(event.step_id), record)
+    run.status = RUNNING if run.status == PENDING else run.status
+    branch.changed[event.step_id] = (*branch.get(event.step_id), AttemptState(
+        step_id=event.step_id, attempt=event.attempt, status=DISPATCHED, executor_id=event.executor_id,
+        dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context))
 
 
 def _resolved(run: _Run, lsn: LSN, event: AttemptSucceeded | AttemptFailed | AttemptCancelled, **outcome: Any) -> None:
@@ -234,8 +232,7 @@ def _attempt_cancelled(run: _Run, lsn: LSN, event: AttemptCancelled) -> None:
 
 
 def _verifying(run: _Run, lsn: LSN, event: RunVerifying) -> None:
-    run.status = VERIFYING
-    run.verifying_lsn, run.verifying_branch = lsn, event.branch_id
+    run.status, run.verifying_lsn, run.verifying_branch = VERIFYING, lsn, event.branch_id
 
 
 def _verdict(run: _Run, lsn: LSN, event: VerdictRecorded) -> None:
@@ -248,12 +245,12 @@ def _completed(run: _Run, lsn: LSN, event: RunCompleted) -> None:
 
 def _cancelled(run: _Run, lsn: LSN, event: RunCancelled) -> None:
     run.status, run.cancel_reason, run.finished_ms = CANCELLED, event.reason, event.at_ms
+    active = _on(run, run.active_branch, "run_cancelled")  # its open input requests close with the run
+    active.base = inputfold.close_open(active.base, lsn)
 
 
 def _forked(run: _Run, lsn: LSN, event: BranchForked) -> None:
-    parent = run.branch(event.parent_branch_id)
-    if parent is None:
-        raise InvalidTransition(f"fork of unknown branch {event.parent_branch_id!r}", run_id=run.base.run_id)
+    parent = _on(run, event.parent_branch_id, "fork")
     if event.from_step is not None and not agentfold.is_fork_point(run.base, event.from_step):
         raise InvalidTransition(f"fork from undeclared step {event.from_step!r}", run_id=run.base.run_id)
     steps, frozen = run.base.steps, parent.freeze()
@@ -263,6 +260,7 @@ def _forked(run: _Run, lsn: LSN, event: BranchForked) -> None:
         fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
         attempts=inherited(steps, frozen, event.fork_lsn, event.from_step),
         agents=agentfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),
+        requests=inputfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),
     ))
     run.active_branch = event.branch_id
     run.status, run.outcome, run.finished_ms = RUNNING, None, None
@@ -270,19 +268,22 @@ def _forked(run: _Run, lsn: LSN, event: BranchForked) -> None:
 
 
 def _declared(run: _Run, lsn: LSN, event: StepsDeclared) -> None:
-    branch = run.branch(event.branch_id)
-    if branch is None:
-        raise InvalidTransition(f"steps_declared on unknown branch {event.branch_id!r}", run_id=run.base.run_id)
+    branch = _on(run, event.branch_id, "steps_declared")
     step = event.parent_step
     branch.agents[step] = agentfold.declare(run.base.steps, branch.agent(step), event, lsn, run.base.run_id)
 
 
 def _agent_finished(run: _Run, lsn: LSN, event: AgentFinished) -> None:
-    branch = run.branch(event.branch_id)
-    if branch is None:
-        raise InvalidTransition(f"agent_finished on unknown branch {event.branch_id!r}", run_id=run.base.run_id)
+    branch = _on(run, event.branch_id, "agent_finished")
     step = event.step_id
     branch.agents[step] = agentfold.finish(run.base.steps, branch.agent(step), event, lsn, run.base.run_id)
+
+
+def _input(run: _Run, lsn: LSN, event: InputRequested | InputAnswered | RunAwaitingInput) -> None:
+    """Human input: a request, an answer, the run resting (:func:`shared.core.inputfold.apply`)."""
+    b = _on(run, event.branch_id, "input event")
+    run.status, b.base = inputfold.apply(run.status, run.active_branch, b.base, event, lsn, run.base.run_id,
+                                         agent=b.agent, attempts=b.get)
 
 
 # one case per event type, looked up by type (every event type has one: test_codec checks the union)
@@ -290,7 +291,7 @@ _APPLY: dict[type, Callable[[_Run, LSN, Any], None]] = {
     RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
     AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
     RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: _declared, AgentFinished: _agent_finished,
-    AttemptCancelled: _attempt_cancelled,
+    AttemptCancelled: _attempt_cancelled, InputRequested: _input, InputAnswered: _input, RunAwaitingInput: _input,
 }
 
 
@@ -315,8 +316,7 @@ def _into(run: _Run | None, lsn: int, commit: Commit) -> _Run:
         run, events = _Run(create(at, events[0])), events[1:]
     for event in events:
         _APPLY[type(event)](run, at, event)
-    run.head_lsn = at
-    run.commits += 1
+    run.head_lsn, run.commits = at, run.commits + 1
     return run
 
 

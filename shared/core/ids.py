@@ -20,6 +20,7 @@ CommitId = NewType("CommitId", str)
 ExecutorId = NewType("ExecutorId", str)
 AttemptNo = NewType("AttemptNo", int)  # 1-based
 LSN = NewType("LSN", int)  # the JetStream stream sequence of a commit message
+RequestId = NewType("RequestId", str)  # an input request (shared.core.inputevents)
 
 ROOT_BRANCH = BranchId("main")
 
@@ -49,6 +50,15 @@ def run_id_for_key(idempotency_key: str) -> RunId:
 def branch_id_for_key(run_id: str, key: str) -> BranchId:
     """Deterministic branch id for a rewind command's idempotency key."""
     return BranchId("b-" + hashlib.sha256(f"{run_id}\0{key}".encode()).hexdigest()[:12])
+
+
+def request_id_for(run_id: str, branch_id: str, step_id: str) -> RequestId:
+    """The id of the input request of the tool call ``step_id`` declared on ``branch_id`` (``q-`` + 12 hex).
+
+    A pure function of the log, so a refold or a recovery sees the same id; unique within the run
+    (one request per call and branch; a fork that keeps the call keeps its request and its id).
+    """
+    return RequestId("q-" + hashlib.sha256(f"{run_id}\0{branch_id}\0{step_id}".encode()).hexdigest()[:12])
 
 
 def new_commit_id() -> CommitId:

@@ -25,6 +25,7 @@ from shared.core import agentfold
 from shared.core.agent import (
     AdoptTurn,
     AgentAction,
+    AwaitInput,
     CallAttempt,
     DispatchCalls,
     DispatchTurn,
@@ -42,7 +43,7 @@ from shared.core.state import StepStatus, own_status
 from shared.core.tokens import TokenCounter
 from shared.core.workflow import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
 
-__all__ = ["Action", "AdoptTurn", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
+__all__ = ["Action", "AdoptTurn", "AwaitInput", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
            "EnterVerifying", "FinishAgent", "ResolveUnknown", "Rest", "Wait", "next_action"]
 
 

@@ -1,10 +1,9 @@
 """The folded state of one run and its statuses (brief §2, §4): what :mod:`shared.core.fold` produces.
 
-Statuses are :class:`enum.StrEnum`s: a member *is* its string (``RunStatus.RUNNING ==
-"running"``, same hash, ``str()``/``format()`` give the value), and msgspec encodes it
-as that string, so the JSON of a state and every comparison with a plain string are
-unchanged. Ids and LSNs are the ``NewType``s of :mod:`shared.core.ids` (plain ``str`` /
-``int`` on the wire).
+Statuses are :class:`enum.StrEnum`s: a member *is* its string (``RunStatus.RUNNING == "running"``,
+same hash, ``str()``/``format()`` give the value), and msgspec encodes it as that string, so the JSON
+of a state and every comparison with a plain string are unchanged. Ids and LSNs are the ``NewType``s
+of :mod:`shared.core.ids` (plain ``str`` / ``int`` on the wire).
 
 The state types are frozen; their maps are :class:`~shared.core.persistent.FrozenMap` maps
 and their sequences tuples (an agent's turns a :class:`~shared.core.persistent.FrozenVector`),
@@ -25,6 +24,7 @@ import msgspec
 from shared.core.agentstate import AgentRecord
 from shared.core.events import BlobRef, ContextPartition, RunOutcome, StepDecl, Usage, Verdict
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
+from shared.core.inputstate import InputRecord
 from shared.core.persistent import FrozenMap, FrozenVector, MapBuilder, enc_hook, from_builtins
 from shared.core.stepids import cutoff_key, order_key
 
@@ -32,10 +32,11 @@ T = TypeVar("T")
 
 
 class RunStatus(StrEnum):
-    """Where a run is in its lifecycle: ``pending → running → verifying → completed``, or ``cancelled``."""
+    """Where a run is: ``pending → running (⇄ awaiting_input: a human is asked) → verifying → completed``."""
 
     PENDING = "pending"
     RUNNING = "running"
+    AWAITING_INPUT = "awaiting_input"
     VERIFYING = "verifying"
     COMPLETED = "completed"
     CANCELLED = "cancelled"
@@ -64,12 +65,13 @@ class StepStatus(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
+    AWAITING_INPUT = "awaiting_input"  # a tool call whose input request is open
 
 
 # The members again as module names, for the per-step loops below and in the fold: reading
 # ``AttemptStatus.SUCCEEDED`` goes through the enum's metaclass (~90 ns on CPython 3.11), a global ~10 ns.
 PENDING, RUNNING, VERIFYING = RunStatus.PENDING, RunStatus.RUNNING, RunStatus.VERIFYING
-COMPLETED, CANCELLED = RunStatus.COMPLETED, RunStatus.CANCELLED
+COMPLETED, CANCELLED, AWAITING_INPUT = RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.AWAITING_INPUT
 DISPATCHED, SUCCEEDED, FAILED = AttemptStatus.DISPATCHED, AttemptStatus.SUCCEEDED, AttemptStatus.FAILED
 ATTEMPT_CANCELLED = AttemptStatus.CANCELLED
 STEP_PENDING, STEP_RUNNING, STEP_RETRYING = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
@@ -80,11 +82,11 @@ INTERRUPTED = "interrupted"
 """``error_kind`` of an attempt its executor interrupted at shutdown (the drain deadline passed): retryable,
 and not a try of the step (never counted against ``max_attempts``); another executor runs a new attempt."""
 
-LIVE: frozenset[RunStatus] = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.VERIFYING})
+LIVE: frozenset[RunStatus] = frozenset({PENDING, RUNNING, AWAITING_INPUT, VERIFYING})
 """Statuses a run can leave: cancel is legal in each (brief §2)."""
 DRIVABLE: frozenset[RunStatus] = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
 """Statuses in which an executor drives the run."""
-RESTING: frozenset[RunStatus] = frozenset({RunStatus.VERIFYING, RunStatus.COMPLETED, RunStatus.CANCELLED})
+RESTING: frozenset[RunStatus] = frozenset({AWAITING_INPUT, VERIFYING, COMPLETED, CANCELLED})
 """Statuses in which no executor drives the run."""
 STEP_TERMINAL: frozenset[StepStatus] = frozenset({StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED})
 """Step statuses that no further attempt changes (a branch whose steps are all terminal is done)."""
@@ -140,9 +142,9 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One line of history of a run; ``attempts`` maps step id → its attempts, in dispatch order (an agent's
-    turns and calls too); ``agents`` holds the agent steps' declarations and outcomes
-    (:mod:`shared.core.agentfold`; unset, and not encoded, on a branch without agents)."""
+    """One line of history of a run; ``attempts``: step id → its attempts, in dispatch order (an agent's turns and
+    calls too); ``agents``: the agent steps' declarations and outcomes (:mod:`shared.core.agentfold`); ``requests``:
+    the input requests by call step id (:mod:`shared.core.inputfold`) — the last two unset (not encoded) if none."""
 
     branch_id: BranchId
     parent_branch_id: BranchId | None = None
@@ -151,6 +153,7 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     created_lsn: LSN
     attempts: FrozenMap[StepId, tuple[AttemptState, ...]] = FrozenMap()
     agents: FrozenMap[StepId, AgentRecord] | msgspec.UnsetType = msgspec.UNSET
+    requests: FrozenMap[StepId, InputRecord] | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -333,10 +336,9 @@ def inherited(steps: Steps, parent: BranchState, fork_lsn: LSN, from_step: StepI
             if a.dispatched_lsn > fork_lsn:
                 continue
             if a.outcome_lsn is not None and a.outcome_lsn > fork_lsn:  # its outcome came later: still open
-                a = msgspec.structs.replace(
-                    a, status=DISPATCHED, outcome_lsn=None, finished_ms=None, output_ref=None,
-                    usage=Usage(), error_kind=None, error_message=None, retryable=True, recovered=False,
-                )
+                a = msgspec.structs.replace(a, status=DISPATCHED, outcome_lsn=None, finished_ms=None, output_ref=None,
+                                            usage=Usage(), error_kind=None, error_message=None, retryable=True,
+                                            recovered=False)
             kept.append(a)
         if kept:
             out[step_id] = tuple(kept)

@@ -11,6 +11,7 @@ run events             ``reel.ev.<run_id>``        stream ``REEL_EVENTS``; LSN =
 start a run            ``reel.cmd.start``          stream ``REEL_CMDS`` (work queue)
 cancel a run           ``reel.cmd.cancel``         ″
 rewind a run           ``reel.cmd.rewind``         ″
+answer an input        ``reel.cmd.respond``        ″ (the cancel service, docs/mutators.md)
 resume a run           ``reel.cmd.resume``         ″ (rewind/recovery → executor)
 scan for lost intents  ``reel.cmd.recover``        ″ (recovery)
 verify a run           ``reel.cmd.verify.<run_id>`` ″ (executor/recovery → verifier)
@@ -38,7 +39,7 @@ REPLY_TO_HEADER = "Reel-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 
-COMMANDS = ("start", "cancel", "rewind", "resume", "recover")
+COMMANDS = ("start", "cancel", "rewind", "resume", "recover", "respond")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
-from shared.core import agentfold
+from shared.core import agentfold, inputfold
 from shared.core.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
 from shared.core.fold import (
     AttemptState,
@@ -25,6 +25,7 @@ from shared.core.fold import (
     step_statuses,
 )
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
+from shared.core.inputstate import InputRecord
 
 
 class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,8 +66,12 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
         parent_step, turn: the agent step and turn (1-based) of a turn or tool call.
         tool_name, call_id: the tool a call called and the id the model sees it by.
         is_error: a tool call's result is an error observation for the model (the call failed for good:
-            a tool error, invalid arguments, an unknown tool, an unknown outcome).
+            a tool error, invalid arguments, an unknown tool, an unknown outcome, a human's rejection).
         output_ref, error_kind: an agent step's output (its final turn's) or why it failed.
+        input: a tool call that asked a human first: the request (who was asked, the question, the
+            deadline) and its answer (approved, edited arguments, rejected with a note, answered), or
+            ``closed_lsn`` when the run was cancelled while it was open. The call's status is
+            ``awaiting_input`` while it is open; a rejection is ``failed``, an answer ``succeeded``.
     """
 
     step_id: StepId
@@ -80,6 +85,7 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
     is_error: bool | msgspec.UnsetType = msgspec.UNSET
     output_ref: BlobRef | msgspec.UnsetType | None = msgspec.UNSET
     error_kind: str | msgspec.UnsetType | None = msgspec.UNSET
+    input: InputRecord | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def final_attempt(self) -> AttemptView | None:
@@ -124,6 +130,12 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
         """Every attempt of every step, in step then attempt order."""
         for s in self.steps:
             yield from s.attempts
+
+    def requests(self) -> Iterator[tuple[StepView, InputRecord]]:
+        """Every tool call that asked a human, with its request (and answer), in step order."""
+        for s in self.steps:
+            if isinstance(s.input, InputRecord):
+                yield s, s.input
 
     def step(self, step_id: str) -> StepView:
         """The step named ``step_id``. Raises KeyError."""
@@ -203,7 +215,11 @@ def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals:
     for d in agentfold.declarations(branch, agent):
         attempts = branch.attempts.get(d.step_id, ())
         own = attempts_status(attempts, d.max_attempts)
-        if done is not None and own == StepStatus.PENDING:
+        asked = inputfold.request_of(branch, d.step_id)
+        gate = asked.status if asked is not None else "none"
+        if gate in ("open", "rejected", "answered"):
+            own = {"open": StepStatus.AWAITING_INPUT, "rejected": StepStatus.FAILED}.get(gate, StepStatus.SUCCEEDED)
+        if done is not None and own in (StepStatus.PENDING, StepStatus.AWAITING_INPUT):
             own = StepStatus.SKIPPED
         if d.kind == "turn":
             yield StepView(step_id=d.step_id, kind="model", status=own, attempts=_attempt_views(attempts, totals),
@@ -211,7 +227,7 @@ def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals:
         else:
             yield StepView(step_id=d.step_id, kind="tool", status=own, attempts=_attempt_views(attempts, totals),
                            parent_step=agent, turn=d.turn, tool_name=d.tool_name or "", call_id=d.call_id or "",
-                           is_error=own == StepStatus.FAILED)
+                           is_error=own == StepStatus.FAILED, input=asked if asked is not None else msgspec.UNSET)
 
 
 _enc = msgspec.json.Encoder()

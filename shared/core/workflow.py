@@ -19,7 +19,7 @@ import msgspec
 import yaml
 
 from shared.core import envvars
-from shared.core.agentspec import AgentToolSpec, check_agent
+from shared.core.agentspec import AgentToolSpec, ApprovalPolicy, check_agent, check_input
 from shared.core.errors import WorkflowInvalid
 from shared.core.events import StepDecl
 from shared.core.ids import StepId, is_token
@@ -135,6 +135,7 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         steps: executed in order; a step that fails after its last attempt ends the run.
         verifiers: run when the run rests in ``Verifying``.
         source: where a replayed workflow came from (file, format, outcome label).
+        approval: the tools (by name, in every agent step) whose calls wait for a human's approval.
     """
 
     name: str
@@ -144,6 +145,7 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     verifiers: tuple[VerifierSpec, ...] = ()
     labels: dict[str, str] = {}
     source: dict[str, Any] = {}
+    approval: ApprovalPolicy | None = None
 
     def step(self, step_id: str) -> ModelStep | ToolStep:
         """The model or tool step named ``step_id`` (what a ``Dispatch`` names). Raises KeyError (also for an
@@ -204,6 +206,8 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
             _check_tool(step, seen, where)
         seen.add(step.id)
     check_verifiers(spec.verifiers, seen, {s.id for s in spec.steps if isinstance(s, AgentStep)})
+    if spec.approval is not None:
+        check_input(spec.approval, "approval", "$.approval")
     return spec
 
 
@@ -262,7 +266,7 @@ def parse_workflow(
         if "`$.steps[" in msg and ".kind`" in msg:
             msg += " (a step's `kind` must be `model`, `tool` or `agent`)"
         if ".tools[" in msg and "unknown field" in msg:
-            msg += " (a tool's type is one of `python`, `command` or `recorded`)"
+            msg += " (a tool's type is one of `python`, `command`, `recorded` or `builtin`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
     return validate_workflow(spec)
 

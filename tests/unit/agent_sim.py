@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from shared.core import agentcommits as ac
+from shared.core import inputfold
 from shared.core import planning as plan
 from shared.core.agentcontext import build_turn, needed_blobs
 from shared.core.agentspec import RecordedToolSpec
@@ -126,10 +127,10 @@ class Sim:
                      for c in message.get("tool_calls") or []]
             out = ac.turn_outcome(self.state, action.branch_id, self.spec.agent(action.agent), action.turn,
                                   output_ref=action.output_ref, calls=calls, outcome=None, executor_id=X,
-                                  at_ms=self.tick())
+                                  at_ms=self.tick(), approval=self.spec.approval)
             self.commit(out.events)
             self.in_flight += [(action.branch_id, c.step_id, c.attempt) for c in out.started]
-        elif isinstance(action, plan.FinishAgent):
+        elif isinstance(action, plan.FinishAgent | plan.AwaitInput):
             self.commit([action.event(self.tick())])
         else:
             raise AssertionError(action)
@@ -166,7 +167,8 @@ class Sim:
         outcome = AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                    output_ref=ref, at_ms=self.tick())
         out = ac.turn_outcome(self.state, action.branch_id, agent, action.turn, output_ref=ref,
-                              calls=resp.tool_calls, outcome=outcome, executor_id=X, at_ms=self.now)
+                              calls=resp.tool_calls, outcome=outcome, executor_id=X, at_ms=self.now,
+                              approval=self.spec.approval)
         for body in out.blobs:
             self.put(body)
         self.commit(out.events)
@@ -177,7 +179,7 @@ class Sim:
         assert self.state is not None and self.in_flight
         bid, sid, attempt = self.in_flight.pop(0)
         decl = self.state.branches[bid].agents[StepId(sid.split(":")[0])].turns[-1].calls  # type: ignore[union-attr]
-        d = next(c.decl for c in decl if c.decl.step_id == sid)
+        d = inputfold.effective_decl(self.state.branches[bid], next(c.decl for c in decl if c.decl.step_id == sid))
         args = d.arguments if d.arguments is not None else self.blobs[d.arguments_ref.sha256].decode()  # type: ignore
         outcome: AttemptSucceeded | AttemptFailed
         try:

@@ -29,6 +29,9 @@ from shared.core.events import (
     Commit,
     ContextPartition,
     DeclaredStep,
+    InputAnswered,
+    InputRequested,
+    RunAwaitingInput,
     RunCancelled,
     RunCompleted,
     RunCreated,
@@ -76,6 +79,12 @@ SAMPLES: list[AnyEvent] = [
         DeclaredStep(step_id="s:t2", kind="turn", turn=2, max_attempts=3))),
     AgentFinished(branch_id="main", step_id="s", status="failed", output_ref=REF, turns=12, error_kind="max_turns",
                   message="12 turns", at_ms=11),
+    InputRequested(branch_id="main", request_id="q-1", step_id="s:t1:c0", kind="question", tool_name="ask_user",
+                   call_id="call_✋1", asked="ops", question="Which file?", deadline_ms=99, default="answer",
+                   default_note="any", at_ms=12),
+    InputAnswered(branch_id="main", request_id="q-1", step_id="s:t1:c0", decision="approve",
+                  arguments='{"path": "b.py"}', note="n", text="t", source="deadline", by="ana ✋", at_ms=13),
+    RunAwaitingInput(branch_id="main", at_ms=14),
 ]
 
 
@@ -271,3 +280,10 @@ def test_verifier_parameters_are_checked_when_the_workflow_loads(verifier: dict[
     with pytest.raises(WorkflowInvalid) as err:
         parse_workflow(spec)
     assert f"`{where}`" in err.value.message
+
+
+def test_input_events_omit_their_defaults() -> None:
+    body = encode_commit(Commit(commit_id="c", run_id="r", events=(InputAnswered(
+        branch_id="main", request_id="q-1", step_id="s:t1:c0", decision="reject", at_ms=1),)))
+    assert json.loads(body)["events"][0] == {"type": "input_answered", "branch_id": "main", "request_id": "q-1",
+                                             "step_id": "s:t1:c0", "decision": "reject", "at_ms": 1}

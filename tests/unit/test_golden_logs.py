@@ -16,7 +16,16 @@ from typing import get_args
 import msgspec
 import pytest
 
-from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, BranchForked, RunCreated
+from shared.core.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BranchForked,
+    InputAnswered,
+    InputRequested,
+    RunCreated,
+)
 from shared.core.events import Commit as CommitT
 from shared.core.fold import RunState, apply_commit, fold
 from tests.golden.regen import GOLDEN_DIR, canonical, expectations, logs, read_log
@@ -96,6 +105,15 @@ def test_no_orphan_expectations() -> None:
 
 def test_every_event_type_is_in_a_golden_log() -> None:
     assert {type(e) for e in EVENTS} == set(get_args(AnyEvent)), "add the new event to a golden log"
+
+
+def test_golden_logs_cover_human_input() -> None:
+    asked = [e for e in EVENTS if isinstance(e, InputRequested)]
+    assert {e.kind for e in asked} == {"approval", "question"} and any(e.deadline_ms for e in asked)
+    answers = [e for e in EVENTS if isinstance(e, InputAnswered)]
+    assert {(e.decision, e.source) for e in answers} >= {("approve", "respond"), ("reject", "respond")}
+    assert any(e.arguments is not None for e in answers), "an approval with edited arguments"
+    assert any(e.source == "deadline" for e in answers), "a deadline's default"
 
 
 def test_golden_logs_cover_the_interesting_cases() -> None:

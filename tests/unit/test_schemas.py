@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
+from shared.core.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
 from shared.core.events import (
     AttemptCancelled,
     AttemptDispatched,
@@ -20,6 +20,9 @@ from shared.core.events import (
     BranchForked,
     Commit,
     ContextPartition,
+    InputAnswered,
+    InputRequested,
+    RunAwaitingInput,
     RunCreated,
     RunVerifying,
     StepDecl,
@@ -83,12 +86,21 @@ def _payloads() -> list[tuple[str, bytes]]:
         VerdictRecorded(verdict=VERDICT),
         BranchForked(branch_id="b-1", parent_branch_id="main", fork_lsn=3, at_ms=5),
         AttemptCancelled(branch_id="b-1", step_id="run", attempt=2, reason="run cancelled", at_ms=6),
+        InputRequested(branch_id="b-1", request_id="q-1", step_id="s:t1:c0", kind="approval", tool_name="deploy",
+                       deadline_ms=9, default="reject", at_ms=6),
+        RunAwaitingInput(branch_id="b-1", at_ms=7),
+        InputAnswered(branch_id="b-1", request_id="q-1", step_id="s:t1:c0", decision="approve", arguments="{}",
+                      at_ms=8),
     ))
     return [
         ("start_run.json", encode(StartRun(workflow=parse_workflow(WORKFLOW), idempotency_key="k"))),
         ("start_run.json", json.dumps({"workflow": WORKFLOW}).encode()),  # what a plain client sends
         ("cancel_run.json", encode(CancelRun(run_id="r-1", reason="why"))),
         ("rewind_run.json", encode(RewindRun(run_id="r-1", at_step="run"))),
+        ("respond_run.json", encode(RespondRun(run_id="r-1", request_id="q-1", decision="approve",
+                                               arguments={"path": "a"}, by="ana"))),
+        ("respond_run.json", json.dumps({"run_id": "r-1", "request_id": "q-1", "decision": "reject",
+                                         "note": "no"}).encode()),
         ("reply.json", encode(Reply(ok=True, run_id="r-1", status="pending", created=True, lsn=3))),
         ("commit.json", encode_commit(commit)),
         ("verdict.json", encode(VERDICT)),
@@ -111,6 +123,7 @@ def test_real_payloads_validate(schema: str, body: bytes) -> None:
     ("cancel_run.json", {"run_id": "r-1", "unknown": 1}),
     ("run_control.json", {"run_id": "r-1", "signal": "paused", "lsn": 3}),
     ("stream_chunk.json", {"content": "no seq"}),
+    ("respond_run.json", {"run_id": "r-1", "request_id": "q-1", "decision": "maybe"}),
     ("commit.json", {"commit_id": "c", "run_id": "r", "events": [{"type": "run_exploded"}]}),
     ("start_run.json", {"workflow": {"name": "w", "steps": [{"kind": "robot", "id": "x"}]}}),
 ])
