@@ -1,9 +1,10 @@
-"""Cancel service: ``<ns>.cmd.cancel`` → ``run_cancelled`` (brief §2, §3; docs/mutators.md).
+"""Cancel service: ``<ns>.cmd.cancel`` → ``run_cancelled`` (brief §2, §3; docs/mutators.md); it also answers
+input requests, ``<ns>.cmd.respond`` → ``input_answered`` (services/cancel/respond.py).
 
 Per command: :func:`shared.fenced.commit_decided` with :func:`shared.core.cancel.decide`
 (load the run, decide, commit fenced on its head; a concurrent commit — an executor
 mid-run — makes the fence fail, and the run is refreshed and decided again).
-Cancelling is legal from ``pending``, ``running`` and ``verifying``; cancelling a
+Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying``; cancelling a
 ``completed`` or ``cancelled`` run is answered ``ok`` with the status unchanged and
 ``detail.noop = true``. After the commit the service publishes a
 :class:`~shared.core.live.RunControl` on ``<ns>.ctl.<run_id>`` (core NATS): the executor
@@ -37,6 +38,8 @@ from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.control import publish_control
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+
+from . import respond
 
 log = structlog.get_logger("reel.cancel")
 
@@ -82,4 +85,5 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     service = CancelService(JetStreamEventLog(infra.nc, cfg.names), signal)
     router = Router(infra)
     router.route(cfg.names.command("cancel"), CancelRun, service.cancel, rejected="cancel.rejected")
+    respond.route(router, infra, cfg, service.log)
     await CommandConsumer(infra, cfg, "cancel", router.subjects, router).run(stop)

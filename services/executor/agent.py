@@ -42,7 +42,7 @@ import structlog
 
 from shared.clock import now_ms
 from shared.core import agentcommits as ac
-from shared.core import agentfold
+from shared.core import agentfold, inputfold
 from shared.core import planning as plan
 from shared.core.agentcontext import Outcome
 from shared.core.errors import ModelError, ToolError
@@ -131,9 +131,12 @@ class AgentRun:
             body = await self.bodies.get(action.output_ref)
             out = ac.turn_outcome(state, action.branch_id, self.spec.agent(action.agent), action.turn,
                                   output_ref=action.output_ref, calls=calls_of_message(state, action, body),
-                                  outcome=None, executor_id=self.me, at_ms=now_ms())
+                                  outcome=None, executor_id=self.me, at_ms=now_ms(), approval=self.spec.approval)
             return await self._commit_starting(state, out.events, (), calls=out.started, branch_id=action.branch_id,
                                                bodies=[(b, JSON) for b in out.blobs])
+        if isinstance(action, plan.AwaitInput):  # only a human can move the run on: it rests (shared/core/inputfold.py)
+            log.info("agent.awaiting_input", agent=action.agent, requests=list(action.requests))
+            return await self.attempts.intent(state, [action.event(now_ms())])
         assert isinstance(action, plan.FinishAgent), action
         log.info("agent.finished", agent=action.agent, status=action.status, error_kind=action.error_kind)
         return await self.attempts.intent(state, [action.event(now_ms())])
@@ -208,6 +211,7 @@ class AgentRun:
         for c in calls:
             decl = agentfold.declared(branch, c.step_id)
             assert decl is not None, c
+            decl = inputfold.effective_decl(branch, decl)  # an approval's edited arguments
             key = (branch_id, c.step_id, c.attempt)
             ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt, self.hidden_env)
             self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies,
@@ -287,7 +291,8 @@ class AgentRun:
                  latency_ms=round(usage.latency_ms, 3))
         if self._may_start(state, a.branch_id, more):
             out = ac.turn_outcome(state, a.branch_id, self.spec.agent(a.agent), a.turn, output_ref=ref,
-                                  calls=resp.tool_calls, outcome=outcome, executor_id=self.me, at_ms=outcome.at_ms)
+                                  calls=resp.tool_calls, outcome=outcome, executor_id=self.me, at_ms=outcome.at_ms,
+                                  approval=self.spec.approval)
         else:
             out = ac.TurnOutcome(events=(outcome,))
         bodies = [(body, JSON), *((b, JSON) for b in out.blobs)]

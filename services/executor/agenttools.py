@@ -86,7 +86,7 @@ def _validator(schema_json: str) -> Any:
 
 def _check_arguments(tool: AgentToolSpec, arguments: dict[str, Any]) -> None:
     """Raises ToolError ``invalid_arguments`` naming the first schema violation."""
-    validator = _validator(json.dumps(tool.parameters, sort_keys=True))
+    validator = _validator(json.dumps(tool.schema, sort_keys=True))
     error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is not None:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
@@ -183,6 +183,8 @@ async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_to
     except ToolCallInvalid as exc:
         raise ToolError(exc.message, kind="invalid_arguments", retryable=False) from None
     _check_arguments(tool, arguments)
+    if tool.builtin is not None:  # ask_user is answered by a human (shared/core/inputs.py), never run
+        raise ToolError(f"{tool.name} was not asked: its call has no input request", kind="tool_error", retryable=False)
     if tool.python is not None:
         fn = python_tools.get((agent.id, tool.name))
         if fn is None:  # the workflow was loaded without resolving its tools: a bug, not the model's

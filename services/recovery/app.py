@@ -15,6 +15,9 @@ commit of the resolutions (:func:`shared.fenced.commit_decided`), or a ``ResumeR
   every indexed run with an open intent once the index has caught up with the
   stream, and replies with what it resolved, resumed and left waiting.
 
+The same pass commits the declared default of every input request whose deadline
+has passed (services/recovery/deadlines.py); the sweep wakes for the earliest one.
+
 Liveness is the executor's lease in the leases KV (an entry exists while the
 executor heartbeats; the bucket's max age is the lease TTL). A lease that cannot
 be read is treated as alive: recovery never guesses against a live executor.
@@ -27,7 +30,6 @@ seen in the refreshed state is presumed alive until a later pass looks it up).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -38,7 +40,7 @@ from nats.js.errors import InvalidKeyError, KeyNotFoundError, NotFoundError
 
 from shared.clock import now_ms
 from shared.config import Config
-from shared.core import recovery
+from shared.core import recovery, respond
 from shared.core.commands import RecoverRuns, Reply
 from shared.core.errors import ReelError
 from shared.core.events import AnyEvent, BlobRef
@@ -52,6 +54,7 @@ from shared.nats.infra import Infra
 from shared.nats.leases import executor_alive
 from shared.nats.publish import publish_resume, publish_verify
 
+from .deadlines import fire_due, nap
 from .index import IntentIndex
 
 log = structlog.get_logger("reel.recovery")
@@ -67,6 +70,7 @@ class RunReport(msgspec.Struct, kw_only=True):
     resolved: list[dict[str, Any]] = []
     resumed: bool = False
     waiting: list[dict[str, Any]] = []
+    deadlines: list[dict[str, Any]] = []
 
 
 class RecoveryService:
@@ -100,7 +104,8 @@ class RecoveryService:
     # ---- one run ---------------------------------------------------------------------------
     async def recover_run(self, run_id: str) -> RunReport:
         """Resolve what can be resolved in ``run_id`` now: load, look up leases and markers,
-        :func:`shared.core.recovery.decide`, one fenced commit (:func:`shared.fenced.commit_decided`).
+        :func:`shared.core.recovery.decide`, one fenced commit (:func:`shared.fenced.commit_decided`);
+        then the defaults of the input requests whose deadline has passed (:meth:`_deadlines`).
 
         Raises:
             RunNotFound: no such run.
@@ -111,7 +116,7 @@ class RecoveryService:
             intents = recovery.open_intents(state)
             if not intents:
                 self.index.offer(state)
-                return RunReport(run_id=state.run_id)
+                return await self._deadlines(state, RunReport(run_id=state.run_id))
             checked = recovery.executors_to_check(state, intents)
             dead = checked - await self.live_set(checked)
             markers = {i.marker_key: await self.marker(i.marker_key) for i in intents if i.executor_id in dead}
@@ -138,7 +143,14 @@ class RecoveryService:
                 await self._resume(result.state)
                 report.resumed = True
             self.index.offer(result.state)
-            return report
+            return await self._deadlines(result.state, report)
+
+    async def _deadlines(self, state: RunState, report: RunReport) -> RunReport:
+        """``report`` with the defaults committed for the requests of ``state``'s run due now."""
+        deadline, now = respond.next_deadline(state), now_ms()
+        if deadline is not None and deadline <= now:
+            report.deadlines = await fire_due(self.infra, self.cfg, self.log, state.run_id, now, writer=WRITER)
+        return report
 
     async def _resume(self, state: RunState) -> None:
         await publish_resume(self.infra.js, self.cfg.names, state.run_id, state.head_lsn)
@@ -153,7 +165,7 @@ class RecoveryService:
             ids |= recovery.executors_to_check(s, recovery.open_intents(s))
         live = await self.live_set(ids)
         due = [s.run_id for s in states if (t := recovery.triage(s, live)).resolve or t.resume]
-        return sorted(set(due) | self.index.stale)
+        return sorted(set(due) | self.index.stale | self.index.due(now_ms()))
 
     async def sweep(self, *, every_open_run: bool = False) -> list[RunReport]:
         """One pass over every actionable run (or every run with an open intent, to report them all).
@@ -162,7 +174,7 @@ class RecoveryService:
         """
         reports: list[RunReport] = []
         if every_open_run:
-            run_ids = sorted({s.run_id for s in self.index.candidates()} | self.index.stale)
+            run_ids = sorted({s.run_id for s in self.index.candidates()} | self.index.stale | self.index.due(now_ms()))
         else:
             run_ids = await self.actionable()
         for run_id in run_ids:
@@ -227,11 +239,13 @@ class RecoveryService:
             except Exception:  # a sweep must never take the service down; the next one retries
                 log.exception("recovery.sweep_failed")
                 reports = []
-            if any(r.resolved or r.resumed for r in reports):
-                log.info("recovery.swept", runs=len(reports), resolved=sum(len(r.resolved) for r in reports))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval_s):  # unlike 3.11's wait_for, never swallows a cancel
-                    await stop.wait()
+            if any(r.resolved or r.resumed or r.deadlines for r in reports):
+                log.info("recovery.swept", runs=len(reports), resolved=sum(len(r.resolved) for r in reports),
+                         deadlines=sum(len(r.deadlines) for r in reports))
+            self.index.deadlines_changed.clear()
+            deadline = self.index.next_deadline()  # wake for the earliest input deadline, not a sweep later
+            wait_s = interval_s if deadline is None else min(interval_s, max(0.02, (deadline - now_ms()) / 1000))
+            await nap(stop, self.index.deadlines_changed, wait_s)
 
     # ---- the recover command -----------------------------------------------------------------
     async def recover(self, req: RecoverRuns, _: Delivery) -> Reply:
@@ -246,6 +260,7 @@ class RecoveryService:
             "resolved": [r for rep in reports for r in rep.resolved],
             "resumed": [rep.run_id for rep in reports if rep.resumed],
             "waiting": [w for rep in reports for w in rep.waiting],
+            "deadlines": [d for rep in reports for d in rep.deadlines],
             "runs_scanned": len(reports),
         })
         log.info("recover.done", resolved=len(reply.detail["resolved"]), runs=len(reports))

@@ -4,7 +4,8 @@ The index is a *hint* that tells the sweep which runs may need recovery without
 re-reading every run each time; every decision is then made on a cold fold of
 the run's own subject (the log is the truth). It keeps the folded state of
 every run that is live or still has an open intent, and forgets a run once it
-rests (verifying/completed/cancelled) with no open intent. A commit it cannot
+rests (awaiting_input/verifying/completed/cancelled) with no open intent and no
+open input request with a deadline (:meth:`IntentIndex.due` finds those for the sweep). A commit it cannot
 apply — a run it forgot that is forked again, a run whose first commits aged out
 of the stream, an undecodable commit — marks the run *stale*: the next sweep
 loads it from the log.
@@ -27,8 +28,17 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from shared.core.events import AttemptDispatched, BranchForked, RunCancelled, RunCompleted, RunCreated, decode_commit
+from shared.core.events import (
+    AttemptDispatched,
+    BranchForked,
+    InputRequested,
+    RunCancelled,
+    RunCompleted,
+    RunCreated,
+    decode_commit,
+)
 from shared.core.fold import RESTING, RunState, apply_commit
+from shared.core.respond import next_deadline
 from shared.core.state import VERIFYING
 
 log = structlog.get_logger("reel.recovery")
@@ -50,6 +60,7 @@ class IntentIndex:
         self._seen: dict[str, int] = {}
         self.last_seq = 0
         self._progress = asyncio.Condition()
+        self.deadlines_changed = asyncio.Event()  # set when a request with a deadline is observed (the sweep wakes)
 
     async def on_msg(self, msg: Msg) -> None:
         """Ordered-consumer callback: apply one commit message."""
@@ -70,6 +81,8 @@ class IntentIndex:
             return  # already in a state adopted from the log
         try:
             commit = decode_commit(data)
+            if any(isinstance(e, InputRequested) and e.deadline_ms is not None for e in commit.events):
+                self.deadlines_changed.set()
             if state is None:
                 if run_id in self.verifying and any(isinstance(e, RunCompleted | RunCancelled | BranchForked)
                                                     for e in commit.events):
@@ -105,8 +118,17 @@ class IntentIndex:
             self.verifying[state.run_id] = state.verifying_lsn
         else:
             self.verifying.pop(state.run_id, None)
-        if state.status in RESTING and not has_open_intent(state):
+        if state.status in RESTING and not has_open_intent(state) and next_deadline(state) is None:
             self.states.pop(state.run_id, None)
+
+    def due(self, now_ms: int) -> set[str]:
+        """Tracked runs with an open input request whose deadline is at or before ``now_ms`` (epoch ms)."""
+        return {s.run_id for s in self.states.values() if (d := next_deadline(s)) is not None and d <= now_ms}
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of an open input request of a tracked run (epoch ms), if any."""
+        times = [d for s in self.states.values() if (d := next_deadline(s)) is not None]
+        return min(times) if times else None
 
     def candidates(self) -> list[RunState]:
         """Tracked runs that have at least one open intent."""

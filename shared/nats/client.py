@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
 from nats.js.errors import NoStreamResponseError
 
 from shared.config import Config
-from shared.core.commands import CancelRun, Reply, RewindRun, StartRun, encode
+from shared.core.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
 from shared.core.errors import ReelError, RunNotFound
 from shared.core.events import Commit, Verdict
 from shared.core.fold import RunState, fold
@@ -95,6 +96,13 @@ class ReelClient:
                         at_lsn=None if at_lsn is None else LSN(at_lsn),
                         branch=None if branch is None else BranchId(branch), idempotency_key=idempotency_key)
         return await self.command("rewind", encode(cmd), timeout_s=timeout_s)
+
+    async def respond(self, run_id: str, request_id: str, decision: str, *, arguments: dict[str, Any] | None = None,
+                      note: str = "", text: str = "", by: str = "", timeout_s: float = 30.0) -> Reply:
+        """Answer one input request of a run (``<ns>.cmd.respond``: approve, reject or answer)."""
+        cmd = msgspec.convert({"run_id": run_id, "request_id": request_id, "decision": decision,
+                               "arguments": arguments, "note": note, "text": text, "by": by}, RespondRun)
+        return await self.command("respond", encode(cmd), timeout_s=timeout_s)
 
     async def watch(self, run_id: str, *, poll_s: float = 0.05) -> AsyncIterator[RunState]:
         """Yield the run's state each time its head LSN moves: loaded once, then refreshed with only the

@@ -1,0 +1,93 @@
+"""The respond command, hosted by the cancel service: ``<ns>.cmd.respond`` → ``input_answered`` (docs/mutators.md).
+
+Both commands are a person's word on a run that an executor does not own: stop it, or
+answer what it asked. Per command: load the run and its workflow (for the tool's
+``parameters``, to validate edited arguments), :func:`shared.core.respond.decide`, commit
+fenced on the head (:func:`shared.fenced.commit_decided`: refreshed and decided again on a
+conflict). Then an executor is asked to go on (``ResumeRun``, deduplicated by the answer's
+LSN) unless the run's live owner is driving it (:func:`shared.core.rewind.needs_resume`: a
+run that was ``awaiting_input`` always gets one; one still ``running`` — other calls of the
+turn in flight — is picked up by its owner's next fenced commit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from shared.clock import now_ms
+from shared.config import Config
+from shared.core import respond, rewind
+from shared.core.commands import Reply, RespondRun
+from shared.core.events import AnyEvent
+from shared.core.fold import RunState
+from shared.core.ports import BlobStore, EventLog
+from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.fenced import NoCommit, commit_decided
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.consumer import Delivery, Router
+from shared.nats.infra import Infra
+from shared.nats.leases import executor_alive
+from shared.nats.publish import publish_resume
+
+log = structlog.get_logger("reel.respond")
+
+WRITER = "respond"
+
+
+class RespondService:
+    """Handles respond commands: the event log, the blob store (workflows), the leases and the command stream."""
+
+    def __init__(self, infra: Infra, cfg: Config, events: EventLog, blobs: BlobStore) -> None:
+        self.infra, self.cfg, self.log, self.blobs = infra, cfg, events, blobs
+        self._specs: dict[str, WorkflowSpec] = {}
+
+    async def _spec(self, state: RunState) -> WorkflowSpec:
+        ref = state.workflow_ref
+        if ref.sha256 not in self._specs:
+            self._specs[ref.sha256] = parse_workflow(await self.blobs.get(ref), fmt="json")
+        return self._specs[ref.sha256]
+
+    async def respond(self, req: RespondRun, _: Delivery) -> Reply:
+        """Answer ``req.request_id`` of ``req.run_id`` (fenced, re-decided on conflicts); the reply.
+
+        Raises:
+            RunNotFound, RequestNotFound, RequestAnswered, InvalidCommand: refused (an error reply).
+        """
+        structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        state = await self.log.load(req.run_id)
+        spec = await self._spec(state)
+        at_ms = now_ms()
+        before: list[RunState] = []  # the state each try decided on
+
+        def decide(s: RunState) -> list[AnyEvent] | NoCommit:
+            before.append(s)
+            decision = respond.decide(s, req, spec, at_ms=at_ms)
+            return NoCommit(reason=decision.reason, state=s) if isinstance(decision, respond.NoOp) else [decision]
+
+        result = await commit_decided(self.log, req.run_id, decide, writer=WRITER, state=state)
+        detail: dict[str, Any] = {"request_id": req.request_id, "decision": req.decision}
+        if isinstance(result, NoCommit):
+            log.info("respond.noop", status=result.state.status, reason=result.reason, lsn=result.state.head_lsn)
+            return Reply(ok=True, run_id=req.run_id, status=result.state.status,
+                         detail={**detail, "noop": True, "reason": result.reason})
+        resume = await self._maybe_resume(before[-1], result.lsn)
+        log.info("respond.committed", decision=req.decision, lsn=result.lsn, previous_status=before[-1].status,
+                 resume=resume)
+        return Reply(ok=True, run_id=req.run_id, status=result.state.status, lsn=result.lsn,
+                     detail={**detail, "previous_status": before[-1].status, "resume": resume})
+
+    async def _maybe_resume(self, state: RunState, lsn: int) -> str:
+        """``ResumeRun`` (deduplicated by the answer's LSN) unless the live owner drives ``state`` (before it)."""
+        if not rewind.needs_resume(state, await executor_alive(self.infra.leases, state.executor_id)):
+            return "owner_driving"
+        await publish_resume(self.infra.js, self.cfg.names, state.run_id, lsn)
+        return "published"
+
+
+def route(router: Router, infra: Infra, cfg: Config, events: EventLog) -> None:
+    """Add ``<ns>.cmd.respond`` to the cancel service's router."""
+    blobs = JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
+    service = RespondService(infra, cfg, events, blobs)
+    router.route(cfg.names.command("respond"), RespondRun, service.respond, rejected="respond.rejected")

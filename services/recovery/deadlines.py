@@ -1,0 +1,69 @@
+"""Input-request deadlines, fired by recovery (a clock outside the fold; docs/mutators.md, "respond").
+
+A request may carry a deadline and a declared default (:mod:`shared.core.inputevents`).
+Recovery's sweep looks at the runs whose earliest open deadline has passed
+(:meth:`~services.recovery.index.IntentIndex.due`) and commits each due request's default
+as its ``input_answered`` (source ``deadline``), fenced on the head: an answer that came
+first makes the request no longer due, so a default fires once. Like an answer by command,
+it then asks an executor to go on unless the run's live owner drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import structlog
+
+from shared.config import Config
+from shared.core import respond, rewind
+from shared.core.events import AnyEvent, InputAnswered
+from shared.core.fold import RunState
+from shared.core.ports import EventLog
+from shared.fenced import NoCommit, commit_decided
+from shared.nats.infra import Infra
+from shared.nats.leases import executor_alive
+from shared.nats.publish import publish_resume
+
+log = structlog.get_logger("reel.recovery")
+
+
+async def fire_due(infra: Infra, cfg: Config, events: EventLog, run_id: str, now_ms: int, *, writer: str
+                   ) -> list[dict[str, Any]]:
+    """Commit the default of every request of ``run_id`` due at ``now_ms`` (one fenced commit); what was fired.
+
+    Raises:
+        RunNotFound: no such run.
+        ConcurrencyConflict: the run kept moving for every try of the retry policy.
+    """
+    before: list[RunState] = []
+
+    def decide(s: RunState) -> tuple[AnyEvent, ...] | NoCommit:
+        before.append(s)
+        return respond.deadline_events(s, now_ms) or NoCommit(reason="no deadline due", state=s)
+
+    result = await commit_decided(events, run_id, decide, writer=writer, log_name="recovery")
+    if isinstance(result, NoCommit):
+        return []
+    fired = [{"run": run_id, "request_id": e.request_id, "step": e.step_id, "decision": e.decision, "lsn": result.lsn}
+             for e in result.events if isinstance(e, InputAnswered)]
+    state = before[-1]
+    resume = rewind.needs_resume(state, await executor_alive(infra.leases, state.executor_id))
+    if resume:
+        await publish_resume(infra.js, cfg.names, run_id, result.lsn)
+    log.info("recovery.deadline_fired", run_id=run_id, requests=[f["request_id"] for f in fired], lsn=result.lsn,
+             previous_status=state.status, resume=resume)
+    return fired
+
+
+async def nap(stop: asyncio.Event, changed: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less: until ``stop`` is set or ``changed`` is (a new deadline to wake for)."""
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):  # unlike 3.11's wait_for, never swallows a cancel
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
