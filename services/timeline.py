@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from shared.core import agentfold, inputfold
 from shared.core.events import (
     AgentFinished,
     AnyEvent,
@@ -14,6 +17,9 @@ from shared.core.events import (
     AttemptFailed,
     AttemptSucceeded,
     BranchForked,
+    InputAnswered,
+    InputRequested,
+    RunAwaitingInput,
     RunCancelled,
     RunCompleted,
     RunCreated,
@@ -23,13 +29,14 @@ from shared.core.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.core.fold import RunState
+from shared.core.fold import LIVE, RunState
 from shared.core.ids import BranchId
+from shared.core.inputstate import InputRecord
 from shared.core.views import EpisodeView, StepView, build_episode_view
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
                 "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",
-                "verifying": "cyan", "running": "yellow", "pending": "dim"}
+                "verifying": "cyan", "running": "yellow", "pending": "dim", "awaiting_input": "magenta"}
 
 
 def event_line(lsn: int, event: AnyEvent) -> Text:
@@ -72,6 +79,8 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
                      style=STATUS_STYLE.get(event.status, ""))
             if event.error_kind:
                 t.append(f": {event.error_kind}: {event.message[:80]}", style="red")
+        case InputRequested() | InputAnswered() | RunAwaitingInput():
+            _input(t, event)
         case BranchForked():
             t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
                      + (f" (step {event.from_step})" if event.from_step else ""), style="cyan")
@@ -90,6 +99,25 @@ def _declared(t: Text, event: StepsDeclared) -> None:
         t.append(f"{d.step_id} tool call ", style="bold")
         t.append(f"{d.tool_name}({args[:80]}{'…' if len(args) > 80 else ''})", style="cyan")
         t.append(f"  id {d.call_id}", style="dim")
+
+
+def _input(t: Text, event: InputRequested | InputAnswered | RunAwaitingInput) -> None:
+    """A request (who is asked what, its id, its deadline), an answer, or the run resting until one."""
+    if isinstance(event, RunAwaitingInput):
+        t.append(f"awaiting input on branch {event.branch_id}", style="magenta")
+    elif isinstance(event, InputRequested):
+        what = f"asks: {event.question[:80]}" if event.kind == "question" else f"needs approval ({event.tool_name})"
+        t.append(f"{event.step_id} {what}", style="magenta")
+        t.append(f"  request {event.request_id}" + (f", asked: {event.asked}" if event.asked else ""), style="dim")
+        if event.deadline_ms is not None:
+            t.append(f", deadline in {(event.deadline_ms - event.at_ms) / 1000:g} s → {event.default}", style="dim")
+    else:
+        said = {"approve": "approved", "reject": "rejected", "answer": "answered"}[event.decision]
+        t.append(f"{event.step_id} {said}" + (f" by {event.by}" if event.by else "")
+                 + (" (deadline default)" if event.source == "deadline" else ""), style="magenta")
+        detail = event.arguments if event.arguments is not None else (event.note or event.text)
+        if detail:
+            t.append(f": {detail[:80]}" + (" (edited arguments)" if event.arguments is not None else ""), style="dim")
 
 
 def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
@@ -127,7 +155,7 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
     for step in view.steps:
         name, kind = _labels(step)
         if not step.attempts:
-            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 8)
+            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 7, _answer_cell(step))
         for a in step.attempts:
             c = a.context
             status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
@@ -145,6 +173,14 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
     if state.verdicts:
         parts.append(verdict_table(state.verdicts))
     return Group(*parts)
+
+
+def _answer_cell(step: StepView) -> str:
+    """A call a human answered without it running: the rejection's note or the answer."""
+    r = step.input.response if isinstance(step.input, InputRecord) else None
+    if r is None or r.decision == "approve":
+        return ""
+    return f"{'rejected' if r.decision == 'reject' else 'answered'}: {r.note or r.text}"[:60]
 
 
 def _labels(step: StepView) -> tuple[str, str]:
@@ -170,6 +206,41 @@ def _agent_lines(view: EpisodeView) -> list[Text]:
                     + (f", {agent.error_kind}" if isinstance(agent.error_kind, str) else ""))
         out.append(line)
     return out
+
+
+def open_requests(state: RunState) -> list[dict[str, Any]]:
+    """The open input requests of a live run's active branch, one JSON-ready object each (``run_id``,
+    ``request_id``, the call, who is asked, the deadline)."""
+    if state.status not in LIVE:
+        return []
+    branch = state.branches[state.active_branch]
+    out = []
+    for r in inputfold.open_requests(branch):
+        decl = agentfold.declared(branch, r.step_id)
+        args = decl.arguments if decl is not None and decl.arguments is not None else None
+        out.append({"run_id": state.run_id, "request_id": r.request_id, "run_status": str(state.status),
+                    "step_id": r.step_id, "kind": r.kind, "tool": r.tool_name, "call_id": r.call_id,
+                    "arguments": args, "question": r.question, "asked": r.asked, "deadline_ms": r.deadline_ms,
+                    "default": r.default})
+    return out
+
+
+def how_to_answer(rec: InputRecord | dict[str, Any], run_id: str) -> str:
+    """The commands that answer one request."""
+    rid, kind = (rec.request_id, rec.kind) if isinstance(rec, InputRecord) else (rec["request_id"], rec["kind"])
+    if kind == "question":
+        return f"reel answer {run_id} {rid} 'TEXT'   |   reel reject {run_id} {rid} --note 'WHY'"
+    return f"reel approve {run_id} {rid} [--args JSON]   |   reel reject {run_id} {rid} --note 'WHY'"
+
+
+def print_waiting(console: Console, state: RunState) -> None:
+    """What a run waiting for input asks, and how to answer each request (``reel run`` prints it)."""
+    console.print(Text(f"run {state.run_id} is awaiting input:", style="bold magenta"))
+    for r in open_requests(state):
+        what = f"asks: {r['question']}" if r["kind"] == "question" else f"{r['tool']}({r['arguments'] or ''})"
+        console.print(f"  {r['request_id']}  {r['step_id']} {what}" + (f"  [asked: {r['asked']}]" if r["asked"]
+                                                                         else ""), markup=False, highlight=False)
+        console.print(f"      {how_to_answer(r, state.run_id)}", markup=False, highlight=False)
 
 
 def print_timeline(console: Console, state: RunState, branch_id: str | None = None) -> None:

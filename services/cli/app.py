@@ -7,10 +7,11 @@ started for the duration of the command — or the one ``reel up`` is running on
 127.0.0.1:4222 (:mod:`services.cli.embed`). Errors print one line and exit non-zero.
 
 Exit codes of ``reel run`` / ``reel replay``: 0 passed or succeeded, 3 failed or
-error, 4 cancelled, 5 timed out, 1 usage/connection error.
+error, 4 cancelled, 5 timed out, 6 awaiting input, 1 usage/connection error.
 
 The commands live by job: :mod:`~services.cli.runs` (run, show, ls, verdicts),
 :mod:`~services.cli.replay`, :mod:`~services.cli.control` (cancel, rewind),
+:mod:`~services.cli.inputs` (pending, approve, reject, answer),
 :mod:`~services.cli.supervisor` (up), :mod:`~services.cli.serve` (serve <service>);
 ``reel crucible …`` is :mod:`services.crucible.cli`.
 """
@@ -22,7 +23,7 @@ import os
 
 import typer
 
-from services.cli import auth, control, replay, runs, supervisor
+from services.cli import auth, control, inputs, replay, runs, supervisor
 from services.cli.common import reel_home
 from services.cli.serve import serve_app
 from shared.logging import setup_logging
@@ -37,6 +38,10 @@ app.command("ls")(runs.list_runs)
 app.command()(runs.verdicts)
 app.command()(control.cancel)
 app.command()(control.rewind)
+app.command()(inputs.pending)
+app.command()(inputs.approve)
+app.command()(inputs.reject)
+app.command()(inputs.answer)
 app.command()(supervisor.up)
 app.add_typer(serve_app, name="serve")
 auth.install(app)  # connection options (reel --nats-user … CMD), reel auth init

@@ -1,7 +1,9 @@
 """What every ``reel`` command shares: the consoles, the common options, one-line errors and exit codes.
 
 Exit codes of ``reel run`` / ``reel replay``: 0 passed or succeeded, 3 failed or
-error, 4 cancelled, 5 timed out; 1 usage/connection error, 2 bad arguments, 130 Ctrl-C.
+error, 4 cancelled, 5 timed out, 6 awaiting input (``reel run``, and ``reel approve``,
+``reject``, ``answer`` when the run waits again); 1 usage/connection error, 2 bad
+arguments, 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from rich.console import Console
 from shared.core.errors import ReelError
 from shared.nats.embedded import NatsServerNotFound, StoreInUse
 
-EXIT = {"passed": 0, "succeeded": 0, "failed": 3, "error": 3, "cancelled": 4, "timeout": 5}
-"""Exit code per run outcome (and ``cancelled`` / ``timeout``)."""
+EXIT = {"passed": 0, "succeeded": 0, "failed": 3, "error": 3, "cancelled": 4, "timeout": 5, "awaiting_input": 6}
+"""Exit code per run outcome (and ``cancelled`` / ``timeout`` / ``awaiting_input``)."""
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)

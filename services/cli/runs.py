@@ -15,7 +15,7 @@ from rich.table import Table
 from services.cli.common import EXIT, CliError, Namespace, NatsUrl, console, err_console, run_async
 from services.cli.embed import SERVICES, Session, session, wait_states
 from services.cli.tokens import TokenPrinter
-from services.timeline import event_line, print_timeline, verdict_table
+from services.timeline import event_line, print_timeline, print_waiting, verdict_table
 from shared.core.errors import RunNotFound
 from shared.core.events import Verdict
 from shared.core.fold import RunState
@@ -23,19 +23,20 @@ from shared.core.ids import BranchId
 from shared.core.workflow import load_workflow
 
 
-async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: float, quiet: bool = False
-                 ) -> RunState | None:
+async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: float, quiet: bool = False,
+                 history: bool | None = None) -> RunState | None:
     """Print each new commit of ``run_id`` (unless ``quiet``) until its status is in ``until``; ``None`` on timeout.
 
     Built on :meth:`ReelClient.watch_commits`: without ``quiet`` the run is printed
-    from its first commit, and the tokens of streamed model calls as they arrive
-    (services/cli/tokens.py); ``quiet`` loads it snapshot-aware and prints nothing.
+    from its first commit (``history=False``: from now on), and the tokens of streamed model
+    calls as they arrive (services/cli/tokens.py); ``quiet`` loads it snapshot-aware and prints nothing.
     """
     tokens = TokenPrinter(console, s.cfg.names.stream_run(run_id).removesuffix(">"))
     sub = None if quiet else await s.infra.nc.subscribe(s.cfg.names.stream_run(run_id), cb=tokens.on_msg)
     try:
         async with asyncio.timeout(timeout_s) as deadline:
-            async for state, commits in s.client.watch_commits(run_id, history=not quiet):
+            async for state, commits in s.client.watch_commits(run_id, history=not quiet if history is None
+                                                               else history):
                 if not quiet:
                     for lsn, commit in commits:
                         for ev in commit.events:
@@ -58,8 +59,8 @@ def exit_code(state: RunState | None) -> int:
     """The exit code of a finished (or timed-out, ``None``) run: see :data:`services.cli.common.EXIT`."""
     if state is None:
         return EXIT["timeout"]
-    if state.status == "cancelled":
-        return EXIT["cancelled"]
+    if state.status in ("cancelled", "awaiting_input"):
+        return EXIT[state.status]
     return EXIT.get(state.outcome or "", 0)
 
 
@@ -71,7 +72,12 @@ def run(
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
-    """Start a run of a workflow, follow its progress, print its timeline and outcome."""
+    """Start a run of a workflow, follow its progress, print its timeline and outcome.
+
+    A run that starts waiting for a human (a tool call needing approval, an ``ask_user``
+    question) is left waiting: its requests are printed with the commands that answer
+    them (``reel approve|reject|answer``, which then follow the run), exit code 6.
+    """
     async def body() -> int:
         spec = load_workflow(file, env=os.environ)  # ${NAME} / ${NAME:-default} from the environment
         async with session(nats_url, namespace, services=SERVICES) as s:
@@ -81,7 +87,8 @@ def run(
                                f"{reply.error.message if reply.error else ''}")
             console.print(f"run [bold]{reply.run_id}[/] {'created' if reply.created else 'already existed'}")
             try:
-                state = await follow(s, reply.run_id, until=wait_states(), timeout_s=timeout, quiet=quiet)
+                state = await follow(s, reply.run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout,
+                                     quiet=quiet)
             except asyncio.CancelledError:
                 err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an executor "
                                   f"runs (`reel up`); `reel cancel {reply.run_id}` stops it")
@@ -89,6 +96,8 @@ def run(
             if state is None:
                 raise CliError(f"run {reply.run_id} did not finish within {timeout}s", EXIT["timeout"])
             print_timeline(console, state)
+            if state.status == "awaiting_input":
+                print_waiting(console, state)
             return exit_code(state)
 
     run_async(body())

@@ -1,0 +1,45 @@
+"""Human input from the command line, as a user would (issue 9 part 1): `reel run` stops at a run waiting for
+input (exit 6, the requests and how to answer them), `reel ls` and `reel pending` show it, and `reel answer` /
+`reel approve` wake it and follow it to the end. Real processes against the test server."""
+
+from __future__ import annotations
+
+import json
+
+from shared.config import Config
+from shared.core import inputfold
+from shared.nats.eventlog import JetStreamEventLog
+from tests.integration.test_cli import reel
+
+
+async def test_run_waits_for_input_then_answers_from_the_command_line_finish_it(
+        cfg: Config, event_log: JetStreamEventLog) -> None:
+    code, out, err = await reel(cfg, "run", "examples/agent/approval.yaml")
+    assert code == 6, (out, err)
+    assert "awaiting input" in out and "needs approval (deploy)" in out and "asks: Which version" in out
+    code, listed, err = await reel(cfg, "pending", "--json")
+    assert code == 0, err
+    pending = json.loads(listed)
+    assert [(p["tool"], p["kind"], p["run_status"]) for p in pending] == [("deploy", "approval", "awaiting_input"),
+                                                                          ("ask_user", "question", "awaiting_input")]
+    run_id = pending[0]["run_id"]
+    deploy, question = pending[0]["request_id"], pending[1]["request_id"]
+    assert f"reel approve {run_id} {deploy}" in out and f"reel answer {run_id} {question}" in out
+    code, ls, err = await reel(cfg, "ls")
+    assert code == 0 and "awaiting_input" in ls, (ls, err)
+
+    code, out, err = await reel(cfg, "answer", run_id, question, "v2", "--by", "ana")
+    assert code == 6, (out, err)  # the deploy still waits: the run rests again, and says what for
+    assert json.loads(out.splitlines()[0])["detail"]["resume"] == "published"
+    assert deploy in out and question not in out.split("\n", 1)[1]
+    code, out, err = await reel(cfg, "approve", run_id, deploy, "--args", '{"env": "staging", "version": "v2"}')
+    assert code == 0, (out, err)
+    assert "outcome passed" in out
+    state = await event_log.load(run_id)
+    answers = {r.tool_name: r.response for r in inputfold.requests_of(state.branches["main"]).values()}
+    assert answers["ask_user"] is not None and (answers["ask_user"].text, answers["ask_user"].by) == ("v2", "ana")
+    assert answers["deploy"] is not None and answers["deploy"].arguments == '{"env":"staging","version":"v2"}'
+    code, out, err = await reel(cfg, "reject", run_id, deploy, "--note", "too late", "--no-wait")
+    assert code == 1 and "request_answered" in err, (out, err)
+    code, out, err = await reel(cfg, "approve", run_id, "q-000000000000")
+    assert code == 1 and "request_not_found" in err, (out, err)
