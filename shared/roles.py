@@ -38,7 +38,7 @@ SERVICE_ROLE = {"executor": "executor", "verifier": "verifier", "rewind": "mutat
                 "recovery": "mutators", "crucible": "crucible"}
 """The role each service connects as."""
 
-CLIENT_COMMANDS = ("start", "cancel", "rewind", "crucible.run", "crucible.resume")
+CLIENT_COMMANDS = ("start", "cancel", "rewind", "respond", "crucible.run", "crucible.resume")
 """Command subjects (``<ns>.cmd.<name>``) a client may publish; ``resume``, ``verify.<run>`` and ``recover``
 are not among them."""
 
