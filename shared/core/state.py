@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 
 class RunStatus(StrEnum):
-    """Where a run is: ``pending → running (⇄ awaiting_input: a human is asked) → verifying → completed``."""
+    """A run's lifecycle: ``pending → running (⇄ awaiting_input) → verifying → completed``, or ``cancelled``."""
 
     PENDING = "pending"
     RUNNING = "running"
