@@ -5,11 +5,10 @@ same hash, ``str()``/``format()`` give the value), and msgspec encodes it as tha
 of a state and every comparison with a plain string are unchanged. Ids and LSNs are the ``NewType``s
 of :mod:`shared.core.ids` (plain ``str`` / ``int`` on the wire).
 
-The state types are frozen; their maps are :class:`~shared.core.persistent.FrozenMap` maps
-and their sequences tuples (an agent's turns a :class:`~shared.core.persistent.FrozenVector`),
-so its JSON (:func:`encode_state`) is byte for byte what the earlier ``dict``/``list`` state
-gave. No state Struct can hold a reference cycle (each holds only values below it), so they
-are not tracked by the cyclic GC (``gc=False``).
+The state types are frozen; their maps are :class:`~shared.core.persistent.FrozenMap` maps and their
+sequences tuples (an agent's turns a :class:`~shared.core.persistent.FrozenVector`), so its JSON
+(:func:`encode_state`) is byte for byte what the earlier ``dict``/``list`` state gave. No state Struct can
+hold a reference cycle (each holds only values below it): none is tracked by the cyclic GC (``gc=False``).
 """
 
 from __future__ import annotations
@@ -73,10 +72,9 @@ class StepStatus(StrEnum):
 PENDING, RUNNING, VERIFYING = RunStatus.PENDING, RunStatus.RUNNING, RunStatus.VERIFYING
 COMPLETED, CANCELLED, AWAITING_INPUT = RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.AWAITING_INPUT
 DISPATCHED, SUCCEEDED, FAILED = AttemptStatus.DISPATCHED, AttemptStatus.SUCCEEDED, AttemptStatus.FAILED
-ATTEMPT_CANCELLED = AttemptStatus.CANCELLED
+ATTEMPT_CANCELLED, STEP_CANCELLED = AttemptStatus.CANCELLED, StepStatus.CANCELLED
 STEP_PENDING, STEP_RUNNING, STEP_RETRYING = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 STEP_SUCCEEDED, STEP_FAILED, STEP_SKIPPED = StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED
-STEP_CANCELLED = StepStatus.CANCELLED
 
 INTERRUPTED = "interrupted"
 """``error_kind`` of an attempt its executor interrupted at shutdown (the drain deadline passed): retryable,
