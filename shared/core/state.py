@@ -13,10 +13,9 @@ hold a reference cycle (each holds only values below it): none is tracked by the
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -24,7 +23,7 @@ from shared.core.agentstate import AgentRecord
 from shared.core.events import BlobRef, ContextPartition, RunOutcome, StepDecl, Usage, Verdict
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from shared.core.inputstate import InputRecord
-from shared.core.persistent import FrozenMap, FrozenVector, MapBuilder, enc_hook, from_builtins
+from shared.core.persistent import FrozenMap, MapBuilder
 from shared.core.stepids import cutoff_key, order_key
 
 T = TypeVar("T")
@@ -196,47 +195,6 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def step_index(self, step_id: StepId) -> int:
         """Position of ``step_id`` in the workflow (0-based, O(1)). Raises KeyError."""
         return self.steps.position(step_id)
-
-
-# ---- codec: msgspec with the hooks for FrozenMap and Steps -----------------------------------------
-
-
-def _dec_hook(kind: Any, obj: Any) -> Any:
-    if kind is Steps:
-        return Steps(msgspec.convert(obj, tuple[StepDecl, ...]))
-    if typing.get_origin(kind) is FrozenMap:
-        key, value = typing.get_args(kind)
-        return from_builtins(msgspec.convert(obj, dict[key, value], dec_hook=_dec_hook))  # type: ignore[valid-type]
-    if typing.get_origin(kind) is FrozenVector:
-        (item,) = typing.get_args(kind)
-        return FrozenVector.of(msgspec.convert(obj, list[item], dec_hook=_dec_hook))  # type: ignore[valid-type]
-    raise NotImplementedError(f"cannot decode {kind!r}")
-
-
-STATE_ENCODER = msgspec.json.Encoder(enc_hook=enc_hook)
-"""JSON encoder for anything holding a folded state (a RunState, BranchState, a snapshot pointer)."""
-
-
-def encode_state(obj: object) -> bytes:
-    """JSON bytes of a :class:`RunState` (or any value holding states): what a ``dict``-based state gave."""
-    return STATE_ENCODER.encode(obj)
-
-
-def state_decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
-    """A JSON decoder of ``kind`` (a type holding a :class:`RunState`, e.g. a snapshot pointer)."""
-    return msgspec.json.Decoder(kind, dec_hook=_dec_hook)
-
-
-_decoder = state_decoder(RunState)
-
-
-def decode_state(data: bytes) -> RunState:
-    """A :class:`RunState` from :func:`encode_state` bytes.
-
-    Raises:
-        msgspec.ValidationError / msgspec.DecodeError: malformed body.
-    """
-    return _decoder.decode(data)
 
 
 # ---- derived facts (pure) -------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from shared.core.errors import ReelError
 from shared.core.events import BlobRef
 from shared.core.fold import FOLD_VERSION, RunState
-from shared.core.state import STATE_ENCODER, state_decoder
+from shared.core.statecodec import STATE_ENCODER, state_decoder
 from shared.core.subjects import Names
 from shared.nats.blobstore import JetStreamBlobStore
 

@@ -29,7 +29,7 @@ import msgspec
 
 from shared.core.events import Commit, decode_commit
 from shared.core.fold import RunState, fold
-from shared.core.state import encode_state
+from shared.core.statecodec import encode_state
 from shared.core.views import EpisodeView, build_episode_view
 
 GOLDEN_DIR = Path(__file__).resolve().parent

@@ -16,7 +16,7 @@ from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
 from shared.config import Config
 from shared.core.events import AttemptSucceeded, StepsDeclared
-from shared.core.state import STATE_ENCODER
+from shared.core.statecodec import STATE_ENCODER
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog

@@ -38,7 +38,7 @@ from shared.core.events import (
 )
 from shared.core.fold import fold
 from shared.core.ports import EventLog
-from shared.core.state import STATE_ENCODER
+from shared.core.statecodec import STATE_ENCODER
 from shared.nats.eventlog import DIRECT_GET_BATCH, JetStreamEventLog
 from shared.nats.infra import Infra, connect
 from tests.refold import assert_refold_identical

@@ -10,7 +10,7 @@ from services.rewind.app import serve as rewind_serve
 from shared.config import Config
 from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
 from shared.core.ids import branch_id_for_key
-from shared.core.state import STATE_ENCODER
+from shared.core.statecodec import STATE_ENCODER
 from shared.core.views import build_episode_view, serialize_view
 from shared.core.workflow import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
-from shared.core.state import STATE_ENCODER, state_decoder
+from shared.core.statecodec import STATE_ENCODER, state_decoder
 from shared.core.workflow import parse_workflow
 from shared.nats import snapshots
 from shared.nats.client import ReelClient

@@ -26,7 +26,7 @@ from shared.core.events import (
     StepsDeclared,
 )
 from shared.core.fold import RunState, apply_commit, fold, step_statuses
-from shared.core.state import encode_state
+from shared.core.statecodec import encode_state
 from shared.core.stepids import call_step_id, kv_safe, order_key, parse_step_id, turn_step_id
 from shared.core.subjects import outcome_key
 from shared.core.views import build_episode_view

@@ -22,7 +22,8 @@ from shared.core.events import (
 )
 from shared.core.fold import fold, step_statuses
 from shared.core.ids import AttemptNo, BranchId, StepId
-from shared.core.state import INTERRUPTED, encode_state
+from shared.core.state import INTERRUPTED
+from shared.core.statecodec import encode_state
 from shared.core.verifiers import make_ctx
 from shared.core.views import build_episode_view
 from shared.core.workflow import WorkflowSpec, parse_workflow

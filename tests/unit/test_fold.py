@@ -36,7 +36,8 @@ from shared.core.events import (
     encode_commit,
 )
 from shared.core.fold import RunState, apply_commit, attempts_status, branch_failed, branch_terminal, fold, step_status
-from shared.core.state import INTERRUPTED, STATE_ENCODER, decode_state
+from shared.core.state import INTERRUPTED
+from shared.core.statecodec import STATE_ENCODER, decode_state
 from shared.core.views import build_episode_view
 
 _enc = STATE_ENCODER  # the state's maps are FrozenMaps: msgspec needs the state codec's hooks

@@ -25,7 +25,8 @@ from shared.core.events import (
 )
 from shared.core.fold import apply_commit, fold
 from shared.core.ids import BranchId, RequestId, RunId, StepId, request_id_for
-from shared.core.state import RunState, encode_state
+from shared.core.state import RunState
+from shared.core.statecodec import encode_state
 from shared.core.views import build_episode_view
 from shared.core.workflow import WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim

@@ -1,0 +1,106 @@
+"""Value types the events carry: blob refs, usage, context partitions, step declarations, verdicts (brief §1, §4).
+
+Split from :mod:`shared.core.events` (which re-exports them) to keep modules small; the wire is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.core.ids import LSN, AttemptNo, BranchId, ContextItemId, RunId, StepId
+
+StepKind = Literal["model", "tool", "agent"]
+VerdictStatus = Literal["pass", "fail", "error"]
+
+
+class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A reference to a body in the blob store (content-addressed).
+
+    Attributes:
+        sha256: hex digest of the body; also the object name in the store.
+        size_bytes: length of the body in bytes.
+        media_type: MIME type of the body, e.g. ``text/plain`` or ``application/json``.
+        inline: the body itself (its UTF-8 text), for a body of at most the inline threshold
+            (brief §4, ``REEL_INLINE_MAX_BYTES``): it rides in the commit instead of the object
+            store, still named by its sha256 and read through the same ``BlobStore.get``. Unset
+            (and not encoded) for a stored body.
+    """
+
+    sha256: str
+    size_bytes: int
+    media_type: str = "text/plain"
+    inline: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource use of one attempt: tokens, wall latency (ms) and cost (USD)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+    cost_usd: float = 0.0
+
+
+class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
+    """Which candidate context items a model-step attempt saw (seed T1.5).
+
+    All three are ordered tuples of ``ContextItemId``; they are disjoint and their
+    union is the full candidate set. Ids only, never text (the packed text lives in
+    the attempt's prompt blob).
+
+    Attributes:
+        packed: items that went into the prompt, in prompt order.
+        available: eligible items left out only because the token budget ran out,
+            in rank order (best first) — what a bigger budget would have added.
+        dropped: items excluded by policy before packing (excluded kind, stale,
+            duplicate, over the per-item cap, or larger than the whole budget).
+    """
+
+    packed: tuple[ContextItemId, ...]
+    available: tuple[ContextItemId, ...]
+    dropped: tuple[ContextItemId, ...]
+
+
+class StepDecl(msgspec.Struct, frozen=True, kw_only=True):
+    """The fold's view of one workflow step: enough to know when it is terminal.
+
+    Attributes:
+        max_attempts: attempts of the step (of each turn, for an agent step).
+        max_turns, max_parallel_tools: agent steps only (unset and not encoded otherwise):
+            the loop's turn bound, and how many tool calls of one turn run at once.
+    """
+
+    step_id: StepId
+    kind: StepKind
+    max_attempts: int = 1
+    max_turns: int | msgspec.UnsetType = msgspec.UNSET
+    max_parallel_tools: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """A verifier's answer about a specific point of one run's log (brief §1).
+
+    Attributes:
+        run_id, branch_id: what was judged.
+        snapshot_lsn: the LSN the judged ``EpisodeView`` was built at.
+        verifier: configured verifier name; ``verifier_version`` its version.
+        step_id, attempt: the step/attempt judged, if the verifier is step-scoped.
+        status: ``pass``, ``fail`` or ``error`` (the verifier raised or timed out).
+        score: 0.0–1.0.
+        reason: one human-readable line.
+        at_ms: when the verdict was produced (epoch ms).
+    """
+
+    run_id: RunId
+    branch_id: BranchId
+    snapshot_lsn: LSN
+    verifier: str
+    verifier_version: str = "1"
+    step_id: StepId | None = None
+    attempt: AttemptNo | None = None
+    status: VerdictStatus
+    score: float = 0.0
+    reason: str = ""
+    at_ms: int = 0
