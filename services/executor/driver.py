@@ -196,8 +196,9 @@ class Driver:
             if isinstance(done, NoCommit):
                 return done
             log.info("run.verifying", branch_id=action.branch_id, lsn=done.state.head_lsn)
-            await self._snapshot(done.state, done.commit_id)
-            await self.attempts.trigger_verification(done.state)
+            # in one round trip: a verifier that gets the trigger before the snapshot reads the log instead
+            await asyncio.gather(self._snapshot(done.state, done.commit_id),
+                                 self.attempts.trigger_verification(done.state))
             return done.state
         if not isinstance(action, plan.Dispatch):  # inside an agent step (services/executor/agent.py)
             return await agents.perform(state, action)

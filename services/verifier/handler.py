@@ -92,19 +92,22 @@ class VerificationHandler:
         self._specs: dict[str, WorkflowSpec] = {}
 
     async def open_job(self, run_id: str, snapshot_lsn: int, branch_id: str) -> Job:
-        """Fold the run at the snapshot LSN and at the head (each from the run's state snapshot, if any,
-        plus the commits above it — or cold; see JetStreamEventLog.load).
+        """Fold the run at the head and at the snapshot LSN (each from the run's state snapshot, if any,
+        plus the commits above it — or cold; see JetStreamEventLog.load). When the head is the snapshot
+        LSN (nothing was committed since ``run_verifying``: the usual case) the two are one read.
 
         Raises:
             SnapshotNotVisible: the read does not contain the commit at ``snapshot_lsn``.
         """
         try:
-            pinned = await self.log.load(run_id, upto_lsn=snapshot_lsn)
+            current: RunState | None = await self.log.load(run_id)
         except RunNotFound:
-            pinned = None
-        if pinned is None or pinned.head_lsn != snapshot_lsn:
+            current = None
+        pinned = current
+        if current is not None and current.head_lsn > snapshot_lsn:
+            pinned = await self.log.load(run_id, upto_lsn=snapshot_lsn)
+        if current is None or pinned is None or pinned.head_lsn != snapshot_lsn:
             raise SnapshotNotVisible(f"commit {snapshot_lsn} of {run_id} not visible yet", run_id=run_id)
-        current = await self.log.load(run_id)
         view = build_episode_view(pinned, BranchId(branch_id))
         return Job(run_id=RunId(run_id), branch_id=BranchId(branch_id), snapshot_lsn=LSN(snapshot_lsn), pinned=pinned,
                    view=view, current=current)
