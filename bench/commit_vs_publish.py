@@ -69,8 +69,9 @@ from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.workflow import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
 from shared.logging import setup_logging
 from shared.nats.blobstore import ref_for
-from shared.nats.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
+from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.publish import publish_pipelined
+from shared.nats.subjectlog import COMMIT_ID_HEADER
 
 NS = "benchxyz"
 RAW_STREAM = "BENCHXYZ_RAW"

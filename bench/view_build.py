@@ -74,7 +74,8 @@ from shared.core.events import (
 from shared.core.ids import new_commit_id
 from shared.core.subjects import MSG_ID_HEADER
 from shared.core.views import build_episode_view
-from shared.nats.eventlog import COMMIT_ID_HEADER, JetStreamEventLog
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.subjectlog import COMMIT_ID_HEADER
 
 EXECUTOR = "x-0123456789ab"
 

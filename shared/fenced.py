@@ -128,6 +128,8 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
 
     Raises:
         RunNotFound: no ``state`` given and the run has no commit.
+        RunCorrupt: the run is corrupt (:mod:`shared.core.integrity`), found by the load or by a
+            refresh after a lost fence: nothing is ever committed on top of a bad commit.
         ReelError: whatever ``decide`` raised (not retried).
         ConcurrencyConflict: the fence failed on every one of ``policy.tries`` tries.
     """

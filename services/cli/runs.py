@@ -20,6 +20,7 @@ from shared.core.errors import RunNotFound
 from shared.core.events import Verdict
 from shared.core.fold import RunState
 from shared.core.ids import BranchId
+from shared.core.integrity import RunCorrupt
 from shared.core.workflow import load_workflow
 
 
@@ -137,14 +138,20 @@ def show(
 
 
 def list_runs(nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
-    """List runs with their status and outcome."""
+    """List runs with their status and outcome (a corrupt run: ``corrupt``, the LSN and kind of its bad commit)."""
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
             table = Table()
             for col in ("run", "workflow", "status", "outcome", "branch", "commits", "head lsn"):
                 table.add_column(col)
             for rid in await s.client.log.list_runs():
-                st = await s.client.log.load(rid)
+                try:
+                    st = await s.client.log.load(rid)
+                except RunCorrupt as exc:  # listed with where and why; its state as of the last good commit
+                    bad, good = exc.corruption, exc.state
+                    table.add_row(rid, good.workflow_name if good else "?", "corrupt", f"at lsn {bad.lsn}: {bad.kind}",
+                                  good.active_branch if good else "", str(good.commits if good else 0), str(bad.lsn))
+                    continue
                 table.add_row(rid, st.workflow_name, st.status, st.outcome or "", st.active_branch,
                               str(st.commits), str(st.head_lsn))
         console.print(table)
@@ -162,7 +169,7 @@ def verdicts(
     """Print the verdicts published about a run (replayed from the verdict stream)."""
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
-            if await s.client.log.head(run_id) is None:  # a typo: say so rather than wait for verdicts
+            if await s.client.log.first_lsn(run_id) is None:  # a typo: say so rather than wait for verdicts
                 raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
             subject = s.cfg.names.verdict(run_id)
             seen: list[Verdict] = []

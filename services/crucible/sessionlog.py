@@ -4,7 +4,7 @@ Same commit discipline as run events (brief §4): one writer per session, every
 commit one message fenced with ``Nats-Expected-Last-Subject-Sequence`` (the LSN
 the writer last saw) and carrying its commit id as ``Nats-Msg-Id``; LSN = stream
 sequence; reads are batched Direct Gets of the session's own subject
-(:class:`shared.nats.eventlog.SubjectLog`). A lost fence is never retried: one process
+(:class:`shared.nats.subjectlog.SubjectLog`). A lost fence is never retried: one process
 drives a session (world lock), so it means another one does (:class:`SessionBusy`).
 """
 
@@ -22,8 +22,8 @@ from shared.crucible.errors import SessionBusy, SessionNotFound
 from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
 from shared.crucible.fold import SessionState, fold
 from shared.crucible.names import CrucibleNames
-from shared.nats.eventlog import SubjectLog
 from shared.nats.infra import DUPLICATE_WINDOW_S, ensure_stream, storage_type
+from shared.nats.subjectlog import SubjectLog
 
 
 async def ensure_session_stream(js: JetStreamContext, cfg: Config) -> None:

@@ -23,6 +23,7 @@ from shared.core.errors import BlobMissing, InvalidCommand, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
 from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
+from shared.core.integrity import RunCorrupt
 from shared.core.ports import BlobStore, EventLog
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
@@ -134,6 +135,10 @@ class Executor:
                 self._driving[run_id] = False
         except HandedBack:
             return Ack.NAK  # redelivered at once to another instance, which takes over from the log
+        except RunCorrupt as exc:  # no executor can drive it: never redeliver
+            bad = exc.corruption
+            log.error("run.corrupt", command=kind, lsn=bad.lsn, kind=bad.kind, reason=bad.reason)
+            return Ack.TERM
         finally:
             del self._driving[run_id]
 
@@ -150,7 +155,7 @@ class Executor:
 
         Raises:
             InvalidCommand: ``sha256`` is not a sha256 hex digest.
-            BlobMissing: the blob store has no such (intact) blob.
+            BlobMissing: the blob store has no such blob (BlobCorrupt: the object under that name is not it).
             WorkflowInvalid: the blob is not a valid workflow.
         """
         if not _SHA256_HEX.fullmatch(ref.sha256):
@@ -159,4 +164,4 @@ class Executor:
         try:
             return await self.specs.load(ref)
         except BlobMissing as exc:
-            raise BlobMissing(f"workflow_ref: {exc.message}; upload the workflow first (at `$.workflow_ref`)") from exc
+            raise type(exc)(f"workflow_ref: {exc.message}; upload the workflow first (at `$.workflow_ref`)") from exc

@@ -45,6 +45,7 @@ from shared.core.commands import RecoverRuns, Reply
 from shared.core.errors import ReelError
 from shared.core.events import AnyEvent, BlobRef
 from shared.core.fold import RunState
+from shared.core.integrity import RunCorrupt
 from shared.core.ports import EventLog
 from shared.core.state import VERIFYING
 from shared.fenced import Committed, NoCommit, commit_decided
@@ -109,8 +110,16 @@ class RecoveryService:
 
         Raises:
             RunNotFound: no such run.
+            RunCorrupt: the run is corrupt (the index stops tracking it).
             ConcurrencyConflict: the run kept moving for every try of the retry policy.
         """
+        try:
+            return await self._recover_run(run_id)
+        except RunCorrupt as exc:
+            self.index.mark_corrupt(exc.corruption)
+            raise
+
+    async def _recover_run(self, run_id: str) -> RunReport:
         with structlog.contextvars.bound_contextvars(run_id=run_id):
             state = await self.log.load(run_id)
             intents = recovery.open_intents(state)
@@ -170,7 +179,7 @@ class RecoveryService:
     async def sweep(self, *, every_open_run: bool = False) -> list[RunReport]:
         """One pass over every actionable run (or every run with an open intent, to report them all).
 
-        A run that fails is logged and skipped.
+        A run that fails is logged and skipped; a corrupt one is skipped (the index logged it once).
         """
         reports: list[RunReport] = []
         if every_open_run:
@@ -180,6 +189,8 @@ class RecoveryService:
         for run_id in run_ids:
             try:
                 reports.append(await self.recover_run(run_id))
+            except RunCorrupt:
+                continue
             except ReelError as exc:
                 log.warning("recovery.run_skipped", run_id=run_id, code=exc.code, reason=exc.message)
         return reports
@@ -192,7 +203,8 @@ class RecoveryService:
         the run loaded after: a verifier acks a trigger only once its job committed ``run_completed``
         (or found the run moved), so a run still Verifying after its trigger is gone needs one. A
         re-trigger is deduplicated per (run, LSN) within the stream's window, and a job for a run
-        already judged only completes it. A run that fails is logged and skipped.
+        already judged only completes it. A run that fails is logged and skipped; a corrupt one is
+        dropped from the index (logged once).
         """
         now = set(self.index.verifying.items())
         due, self._verifying_seen = sorted(now & self._verifying_seen), now
@@ -207,6 +219,9 @@ class RecoveryService:
                 if state.status != VERIFYING or state.verifying_lsn is None:
                     continue
                 await publish_verify(self.infra.js, names, run_id, state.active_branch, state.verifying_lsn)
+            except RunCorrupt as exc:  # never verified: the index stops tracking it
+                self.index.mark_corrupt(exc.corruption)
+                continue
             except Exception as exc:  # the next pass retries
                 log.warning("recovery.retrigger_failed", run_id=run_id, error=str(exc))
                 continue
@@ -262,6 +277,8 @@ class RecoveryService:
             "waiting": [w for rep in reports for w in rep.waiting],
             "deadlines": [d for rep in reports for d in rep.deadlines],
             "runs_scanned": len(reports),
+            **({} if req.run_id is not None else {"corrupt": [
+                msgspec.to_builtins(bad) for _, bad in sorted(self.index.corrupt.items())]}),
         })
         log.info("recover.done", resolved=len(reply.detail["resolved"]), runs=len(reports))
         return reply

@@ -7,8 +7,10 @@ every run that is live or still has an open intent, and forgets a run once it
 rests (awaiting_input/verifying/completed/cancelled) with no open intent and no
 open input request with a deadline (:meth:`IntentIndex.due` finds those for the sweep). A commit it cannot
 apply — a run it forgot that is forked again, a run whose first commits aged out
-of the stream, an undecodable commit — marks the run *stale*: the next sweep
-loads it from the log.
+of the stream — marks the run *stale*: the next sweep loads it from the log. A
+bad commit (one that does not decode, names another run or is an illegal
+transition: :mod:`shared.core.integrity`), or a load that finds the run corrupt,
+marks the run *corrupt*: logged once, never swept again.
 
 It also keeps the runs that rest in ``verifying`` (run id → the LSN of their
 ``run_verifying`` commit), until a commit takes them out of it (``run_completed``,
@@ -28,16 +30,9 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from shared.core.events import (
-    AttemptDispatched,
-    BranchForked,
-    InputRequested,
-    RunCancelled,
-    RunCompleted,
-    RunCreated,
-    decode_commit,
-)
-from shared.core.fold import RESTING, RunState, apply_commit
+from shared.core import integrity
+from shared.core.events import AttemptDispatched, BranchForked, InputRequested, RunCancelled, RunCompleted, RunCreated
+from shared.core.fold import RESTING, RunState
 from shared.core.respond import next_deadline
 from shared.core.state import VERIFYING
 
@@ -57,6 +52,7 @@ class IntentIndex:
         self.states: dict[str, RunState] = {}
         self.stale: set[str] = set()
         self.verifying: dict[str, int] = {}  # run id → LSN of its run_verifying commit, while it rests there
+        self.corrupt: dict[str, integrity.Corruption] = {}
         self._seen: dict[str, int] = {}
         self.last_seq = 0
         self._progress = asyncio.Condition()
@@ -77,25 +73,27 @@ class IntentIndex:
         """Apply the commit at ``lsn`` of ``run_id`` (pure bookkeeping, no I/O)."""
         self._seen[run_id] = max(lsn, self._seen.get(run_id, 0))
         state = self.states.get(run_id)
-        if state is not None and lsn <= state.head_lsn:
-            return  # already in a state adopted from the log
+        if run_id in self.corrupt or (state is not None and lsn <= state.head_lsn):
+            return  # nothing counts above a bad commit; or already in a state adopted from the log
         try:
-            commit = decode_commit(data)
+            commit = integrity.check_commit(run_id, lsn, data)
+            if isinstance(commit, integrity.Corruption):
+                self.mark_corrupt(commit)
+                return
             if any(isinstance(e, InputRequested) and e.deadline_ms is not None for e in commit.events):
                 self.deadlines_changed.set()
-            if state is None:
-                if run_id in self.verifying and any(isinstance(e, RunCompleted | RunCancelled | BranchForked)
-                                                    for e in commit.events):
-                    del self.verifying[run_id]  # a fork also makes the run stale below: its reload decides
-                if commit.events and isinstance(commit.events[0], RunCreated):
-                    self.states[run_id] = state = apply_commit(None, lsn, commit)
-                elif any(isinstance(e, AttemptDispatched | BranchForked) for e in commit.events):
+            if state is None and run_id in self.verifying and any(
+                    isinstance(e, RunCompleted | RunCancelled | BranchForked) for e in commit.events):
+                del self.verifying[run_id]  # a fork also makes the run stale below: its reload decides
+            if state is None and not (commit.events and isinstance(commit.events[0], RunCreated)):
+                if any(isinstance(e, AttemptDispatched | BranchForked) for e in commit.events):
                     self.stale.add(run_id)
-                    return
-                else:
-                    return
-            else:
-                self.states[run_id] = state = apply_commit(state, lsn, commit)
+                return
+            applied = integrity.apply_checked(state, lsn, commit)
+            if isinstance(applied, integrity.Corruption):
+                self.mark_corrupt(applied)
+                return
+            self.states[run_id] = state = applied
         except Exception as exc:  # the index is a hint: a commit it cannot apply sends the run to a cold load
             log.warning("recovery.index_unreadable", run_id=run_id, lsn=lsn, error=str(exc))
             self.states.pop(run_id, None)
@@ -104,9 +102,18 @@ class IntentIndex:
             return
         self._forget_if_done(state)
 
+    def mark_corrupt(self, bad: integrity.Corruption) -> None:
+        """Stop tracking a corrupt run (one ``recovery.run_corrupt`` line, the first time)."""
+        if bad.run_id not in self.corrupt:
+            log.warning("recovery.run_corrupt", run_id=bad.run_id, lsn=bad.lsn, kind=bad.kind, reason=bad.reason)
+        self.corrupt[bad.run_id] = bad
+        self.states.pop(bad.run_id, None)
+        self.verifying.pop(bad.run_id, None)
+        self.stale.discard(bad.run_id)
+
     def offer(self, state: RunState) -> None:
         """Adopt a state loaded from the log, if no newer commit of the run has been delivered."""
-        if state.head_lsn < self._seen.get(state.run_id, 0):
+        if state.run_id in self.corrupt or state.head_lsn < self._seen.get(state.run_id, 0):
             return  # the consumer is ahead of this read; stay stale until a newer load
         self.stale.discard(state.run_id)
         self._seen[state.run_id] = state.head_lsn

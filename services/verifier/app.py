@@ -9,7 +9,10 @@ the run's length — never the run's other commits. Each trigger is delivered to
 one instance, which runs the verification job (services/verifier/handler.py) and acks
 only when it is done, so an instance that dies mid-job has its trigger redelivered
 (after ``ack_wait_s``) to another one, which resumes from the verdicts already recorded
-in the run's log.
+in the run's log. A trigger naming no ``run_verifying`` commit of its run (a forged one)
+is logged and terminated; a run found corrupt (:mod:`shared.core.integrity`) gets an
+``error`` verdict from each verifier not yet recorded (published, not recorded) and its
+trigger is terminated.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from shared.config import Config
 from shared.core.commands import VerifyRun, decode_command
 from shared.core.errors import InvalidCommand, InvalidTransition, ReelError, RunNotFound, UnknownEventType
 from shared.core.ids import is_token
+from shared.core.integrity import RunCorrupt
 from shared.core.ports import BlobStore, EventLog
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.consumer import Ack, CommandConsumer, Delivery
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
-from .handler import SnapshotNotVisible, VerificationHandler
+from .handler import NotATrigger, SnapshotNotVisible, VerificationHandler
 
 log = structlog.get_logger("reel.verifier")
 
@@ -65,13 +69,19 @@ class VerifierService:
         except SnapshotNotVisible as exc:
             log.warning("verification.snapshot_not_visible", reason=exc.message)
             return Ack.NAK
-        except (RunNotFound, InvalidTransition, UnknownEventType) as exc:
+        except RunCorrupt as exc:
+            await self.handler.corrupt(trigger.run_id, trigger.snapshot_lsn, trigger.branch_id, exc)
+            return Ack.TERM
+        except (RunNotFound, InvalidTransition, UnknownEventType, NotATrigger) as exc:
             log.error("verification.unreadable_run", code=exc.code, reason=exc.message)
             return Ack.TERM
         log.info("verification.started", redelivery=cmd.num_delivered > 1, verifiers=len(job.pinned.verifiers),
                  already_recorded=len(job.recorded()), failed_attempts=job.view.failed_attempts)
         try:
             await self.handler.run(job)
+        except RunCorrupt as exc:  # it went corrupt during the job
+            await self.handler.corrupt(trigger.run_id, trigger.snapshot_lsn, trigger.branch_id, exc)
+            return Ack.TERM
         except ReelError as exc:
             log.warning("verification.retry", code=exc.code, reason=exc.message)
             return Ack.NAK

@@ -38,13 +38,14 @@ from shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInva
 from shared.core.events import AnyEvent, Verdict
 from shared.core.fold import RunState, branch_failed
 from shared.core.ids import LSN, BranchId, RunId
+from shared.core.integrity import RunCorrupt
 from shared.core.ports import BlobStore, EventLog
 from shared.core.subjects import MSG_ID_HEADER, Names
 from shared.core.verifiers import Verifier, VerifierInvalid, errored, make_ctx
 from shared.core.views import EpisodeView, build_episode_view
 from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
-from shared.nats.eventlog import SubjectLog
+from shared.nats.subjectlog import SubjectLog
 from shared.verify import make_verifier, run_verifier
 
 log = structlog.get_logger("reel.verifier")
@@ -64,6 +65,12 @@ class SnapshotNotVisible(ReelError):
     retryable = True
 
 
+class NotATrigger(ReelError):
+    """The trigger names no ``run_verifying`` commit of its run on its branch (a forged one): never retried."""
+
+    code = "not_a_trigger"
+
+
 @dataclass
 class Job:
     """The verification of ``run_id`` at ``snapshot_lsn`` (on ``branch_id``)."""
@@ -79,6 +86,11 @@ class Job:
     def recorded(self, state: RunState | None = None) -> dict[str, Verdict]:
         """Verdicts already in the log for this (branch, snapshot), by verifier name."""
         return verification.recorded(state or self.current, self.branch_id, self.snapshot_lsn)
+
+
+def _first(group: BaseExceptionGroup[RunCorrupt]) -> RunCorrupt:
+    exc = group.exceptions[0]
+    return exc if isinstance(exc, RunCorrupt) else _first(exc)
 
 
 class VerificationHandler:
@@ -98,6 +110,9 @@ class VerificationHandler:
 
         Raises:
             SnapshotNotVisible: the read does not contain the commit at ``snapshot_lsn``.
+            NotATrigger: the run's head is past ``snapshot_lsn`` and that is no ``run_verifying`` commit of
+                ``branch_id``.
+            RunCorrupt: the run is corrupt at or below its head.
         """
         try:
             current: RunState | None = await self.log.load(run_id)
@@ -107,19 +122,31 @@ class VerificationHandler:
         if current is not None and current.head_lsn > snapshot_lsn:
             pinned = await self.log.load(run_id, upto_lsn=snapshot_lsn)
         if current is None or pinned is None or pinned.head_lsn != snapshot_lsn:
+            if current is not None and current.head_lsn > snapshot_lsn:
+                raise NotATrigger(f"lsn {snapshot_lsn} is not a commit of {run_id}", run_id=run_id)
             raise SnapshotNotVisible(f"commit {snapshot_lsn} of {run_id} not visible yet", run_id=run_id)
+        if (pinned.verifying_lsn, pinned.verifying_branch) != (snapshot_lsn, branch_id):
+            raise NotATrigger(f"the commit at lsn {snapshot_lsn} of {run_id} is not a run_verifying of branch "
+                              f"{branch_id!r}", run_id=run_id)
         view = build_episode_view(pinned, BranchId(branch_id))
         return Job(run_id=RunId(run_id), branch_id=BranchId(branch_id), snapshot_lsn=LSN(snapshot_lsn), pinned=pinned,
                    view=view, current=current)
 
     async def run(self, job: Job) -> None:
-        """Judge, record, publish, complete (see module doc)."""
+        """Judge, record, publish, complete (see module doc).
+
+        Raises:
+            RunCorrupt: the run went corrupt during the job (a record or completion re-read it).
+        """
         await self._republish(job)
         todo = await self._todo(job)
         if todo:
-            async with asyncio.TaskGroup() as tg:
-                for name, verifier, spec in todo:
-                    tg.create_task(self._judge(job, name, verifier, spec))
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for name, verifier, spec in todo:
+                        tg.create_task(self._judge(job, name, verifier, spec))
+            except* RunCorrupt as group:  # the run went corrupt under a judge: one RunCorrupt for the caller
+                raise _first(group) from None
         await self._complete(job)
 
     # ---- configuration ---------------------------------------------------------------
@@ -221,6 +248,16 @@ class VerificationHandler:
             if (v.branch_id, v.snapshot_lsn, v.verifier) not in seen:
                 log.info("verdict.republished", verifier=v.verifier)
                 await self._publish(v)
+
+    async def corrupt(self, run_id: str, snapshot_lsn: int, branch_id: str, exc: RunCorrupt) -> None:
+        """The job's run is corrupt: publish an ``error`` verdict per verifier not yet recorded, record nothing."""
+        bad = exc.corruption
+        verdicts = verification.corrupt_verdicts(RunId(run_id), BranchId(branch_id), LSN(snapshot_lsn), exc,
+                                                 at_ms=now_ms())
+        for v in verdicts:
+            await self._publish(v)
+        log.error("verification.run_corrupt", lsn=bad.lsn, kind=bad.kind, reason=bad.reason,
+                  error_verdicts=[v.verifier for v in verdicts])
 
     # ---- completion ------------------------------------------------------------------
     async def _complete(self, job: Job) -> None:

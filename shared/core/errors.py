@@ -75,6 +75,13 @@ class BlobMissing(ReelError):
     code = "blob_missing"
 
 
+class BlobCorrupt(BlobMissing):
+    """The object a blob ref names does not hold that body (it hashes to something else, or is
+    not a readable object): written under the wrong sha256 by someone else, or overwritten."""
+
+    code = "blob_corrupt"
+
+
 class BlobTimeout(ReelError, TimeoutError):
     """A blob store read did not finish within its timeout."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core import agentfold, inputfold
+from shared.core import agentfold, inputfold, lifecycle
 from shared.core.agentstate import AgentRecord
 from shared.core.errors import InvalidTransition
 from shared.core.events import (
@@ -47,8 +47,6 @@ from shared.core.inputevents import InputAnswered, InputRequested, RunAwaitingIn
 from shared.core.persistent import FrozenMap
 from shared.core.state import (
     ATTEMPT_CANCELLED,
-    CANCELLED,
-    COMPLETED,
     DISPATCHED,
     DRIVABLE,
     FAILED,
@@ -240,11 +238,11 @@ def _verdict(run: _Run, lsn: LSN, event: VerdictRecorded) -> None:
 
 
 def _completed(run: _Run, lsn: LSN, event: RunCompleted) -> None:
-    run.status, run.outcome, run.finished_ms = COMPLETED, event.outcome, event.at_ms
+    run.status, run.outcome, run.finished_ms = lifecycle.completed(run, event), event.outcome, event.at_ms
 
 
 def _cancelled(run: _Run, lsn: LSN, event: RunCancelled) -> None:
-    run.status, run.cancel_reason, run.finished_ms = CANCELLED, event.reason, event.at_ms
+    run.status, run.cancel_reason, run.finished_ms = lifecycle.cancelled(run), event.reason, event.at_ms
     active = _on(run, run.active_branch, "run_cancelled")  # its open input requests close with the run
     active.base = inputfold.close_open(active.base, lsn)
 

@@ -66,7 +66,10 @@ class EventLog(Protocol):
         ...
 
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
-        """The run's last commit and its LSN, or ``None`` (also for an id that is not one token)."""
+        """The run's last commit and its LSN, or ``None`` (also for an id that is not one token).
+
+        Raises RunCorrupt (:mod:`shared.core.integrity`): the last commit does not decode or names another run.
+        """
         ...
 
     async def first_lsn(self, run_id: str) -> int | None:
@@ -76,7 +79,8 @@ class EventLog(Protocol):
     async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
         """The run's ``(lsn, commit)`` pairs with LSN in ``[from_lsn, upto_lsn]``, ascending.
 
-        Costs O(the run's commits), never O(the log). Raises UnknownEventType.
+        Costs O(the run's commits), never O(the log). Raises RunCorrupt: a commit does not decode
+        (an event type this version does not know included) or names another run.
         """
         ...
 
@@ -85,12 +89,15 @@ class EventLog(Protocol):
 
         Raises:
             RunNotFound: the run has no commit at or below ``upto_lsn``.
+            RunCorrupt: a commit at or below ``upto_lsn`` does not decode, names another run or is an
+                illegal transition; it carries the run as of its last good commit.
         """
         ...
 
     async def refresh(self, state: RunState) -> tuple[RunState, list[tuple[int, Commit]]]:
         """``state`` brought up to the run's head by applying only the commits above
-        ``state.head_lsn``; returns the new state and those commits, ascending."""
+        ``state.head_lsn``; returns the new state and those commits, ascending. Raises RunCorrupt
+        (see :meth:`load`) when one of them is bad."""
         ...
 
     async def list_runs(self) -> list[str]:

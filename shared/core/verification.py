@@ -10,7 +10,10 @@ no logging:
   already is (a restarted job, or a racing instance, got there first);
 * :func:`completion` — ``run_completed`` only if the run still rests in
   ``verifying`` at P on that branch with every configured verdict recorded; its
-  outcome by :func:`derive_outcome`.
+  outcome by :func:`derive_outcome`;
+* :func:`corrupt_verdicts` — a run found corrupt (:mod:`shared.core.integrity`) gets an
+  ``error`` verdict from each verifier not yet recorded, naming the bad LSN and why:
+  published, never recorded (no writer commits on top of a corrupt run).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import msgspec
 
 from shared.core.events import RunCompleted, RunOutcome, Verdict, VerdictRecorded, VerdictStatus
 from shared.core.fold import RunState
-from shared.core.ids import LSN, BranchId
+from shared.core.ids import LSN, BranchId, RunId
+from shared.core.integrity import RunCorrupt
 
 
 def recorded(state: RunState, branch_id: BranchId, snapshot_lsn: LSN) -> dict[str, Verdict]:
@@ -83,3 +87,18 @@ def derive_outcome(*, step_failed: bool, statuses: Sequence[VerdictStatus]) -> R
     if any(s == "fail" for s in statuses):
         return "failed"
     return "error"
+
+
+def corrupt_verdicts(run_id: RunId, branch_id: BranchId, snapshot_lsn: LSN, corrupt: RunCorrupt, *,
+                     at_ms: int) -> list[Verdict]:
+    """The ``error`` verdicts of the job at (``branch_id``, ``snapshot_lsn``) on a run found corrupt.
+
+    One per configured verifier (as of the run's last good commit) without a recorded verdict for
+    that point; none when not even the run's first commit is good (its verifiers are unknown).
+    """
+    state = corrupt.state
+    if state is None:
+        return []
+    done = recorded(state, branch_id, snapshot_lsn)
+    return [Verdict(run_id=run_id, branch_id=branch_id, snapshot_lsn=snapshot_lsn, verifier=name, status="error",
+                    reason=corrupt.message, at_ms=at_ms) for name in state.verifiers if name not in done]

@@ -10,9 +10,19 @@ on the meta subject, so an existing object is never replaced (racing writers of
 one body: one wins, the others purge their chunks). A single-chunk body and its
 meta record go out pipelined in one round trip. Reads go through nats-py's
 ``ObjectStore.get`` (so the format stays the library's), with a timeout, and the
-body's sha256 is checked. A body of at most the inline threshold may instead ride in its
-ref (:func:`ref_for` with ``inline_max``; brief §4): :meth:`JetStreamBlobStore.get` answers
-it from the ref, so readers do not care where a body is.
+body's sha256 is checked: an object that does not hold the body its name says
+(written under the wrong sha256 by another client, or overwritten) is
+:class:`~shared.core.errors.BlobCorrupt`, with what it holds instead. A body of at
+most the inline threshold may instead ride in its ref (:func:`ref_for` with
+``inline_max``; brief §4): :meth:`JetStreamBlobStore.get` answers it from the ref,
+so readers do not care where a body is.
+
+A writer that finds an object already under its body's name reads it back once:
+an intact one is kept (never overwritten); one that is not intact is *not a blob*
+— it is replaced by the body, fenced on exactly the meta record found corrupt (so
+an intact object another writer put meanwhile is never replaced), and logged
+``blob.replaced_corrupt``. So an object planted under sha256(X) before X is
+stored never makes a run that writes X lose X.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from nats.js import api as jsapi
 from nats.js.errors import APIError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from shared.core.errors import BlobMissing, BlobTimeout
+from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout
 from shared.core.events import BlobRef
 from shared.core.ports import BlobStore
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
@@ -115,14 +125,18 @@ class JetStreamBlobStore:
             headers={"Content-Type": [ref.media_type]},
             options=jsapi.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
         )
-        meta = publish_pipelined(
-            self._nc, meta_subject, json.dumps(info.as_dict()).encode(),
-            {jsapi.Header.ROLLUP: "sub", EXPECTED_LAST_SUBJECT_SEQ_HEADER: "0"}, self._timeout_s,
-        )
+        meta_body = json.dumps(info.as_dict()).encode()
+        meta = publish_pipelined(self._nc, meta_subject, meta_body, _meta_headers(0), self._timeout_s)
         results = await asyncio.gather(*chunks, meta, return_exceptions=True)
         meta_result = results[-1]
         if isinstance(meta_result, APIError) and meta_result.err_code == 10071:
-            await self._purge(chunk_subject)  # the object already existed; drop our duplicate chunks
+            try:
+                replaced = await self._over_existing(ref, meta_subject, meta_body)
+            except BaseException:
+                await self._purge(chunk_subject)
+                raise
+            if not replaced:
+                await self._purge(chunk_subject)  # the object already existed; drop our duplicate chunks
         elif isinstance(meta_result, BaseException):
             await self._purge(chunk_subject)
             raise meta_result
@@ -131,6 +145,46 @@ class JetStreamBlobStore:
             raise results[0]
         self._remember(ref.sha256)
         return ref
+
+    async def _over_existing(self, ref: BlobRef, meta_subject: str, meta_body: bytes) -> bool:
+        """An object exists under ``ref``'s name: keep it if intact (False), else replace its meta record
+        by ours, fenced on the one found corrupt (True).
+
+        Raises:
+            BlobCorrupt: the name kept changing under us (3 looks).
+            BlobTimeout: the existing object could not be read back in time.
+        """
+        stream = f"OBJ_{self._bucket}"
+        for _ in range(3):
+            try:
+                found = await self._nc.jetstream().get_last_msg(stream, meta_subject)
+            except NotFoundError:
+                found = None
+            why = "the object is gone" if found is None else await self._why_not_intact(ref)
+            if why is None:
+                return False
+            expected = 0 if found is None else found.seq or 0
+            try:
+                await publish_pipelined(self._nc, meta_subject, meta_body, _meta_headers(expected), self._timeout_s)
+            except APIError as exc:
+                if exc.err_code == 10071:
+                    continue  # it changed since we looked: look again
+                raise
+            # the chunks the corrupt record named are left alone: they may be another object's
+            log.warning("blob.replaced_corrupt", sha256=ref.sha256, reason=why)
+            self._remember(ref.sha256)
+            return True
+        raise BlobCorrupt(f"blob {ref.sha256[:12]}… kept changing while it was written (not stored)")
+
+    async def _why_not_intact(self, ref: BlobRef) -> str | None:
+        """Why the object under ``ref``'s name is not ``ref``'s body, or ``None`` if it is."""
+        try:
+            await self.get(ref)
+        except BlobCorrupt as exc:
+            return exc.message
+        except BlobMissing as exc:
+            return exc.message
+        return None
 
     async def _purge(self, subject: str) -> None:
         try:
@@ -155,13 +209,15 @@ class JetStreamBlobStore:
         An inline ref (:func:`is_inline`) is answered from the ref itself, checked the same way.
 
         Raises:
-            BlobMissing: no such object, or its body does not hash to ``ref.sha256``.
+            BlobMissing: no such object.
+            BlobCorrupt: the object's body does not hash to ``ref.sha256`` (the reason says what it holds),
+                or it is not a readable object.
             BlobTimeout: the read took longer than the store's timeout.
         """
         if isinstance(ref.inline, str):
             data = ref.inline.encode("utf-8")
             if hashlib.sha256(data).hexdigest() != ref.sha256:
-                raise BlobMissing(f"inline blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
+                raise BlobCorrupt(f"inline blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
             return data
         try:
             result = await asyncio.wait_for(self._obs.get(ref.sha256), self._timeout_s)
@@ -169,14 +225,24 @@ class JetStreamBlobStore:
             raise BlobMissing(f"blob {ref.sha256[:12]}… not in bucket {self._bucket}") from exc
         except TimeoutError as exc:
             raise BlobTimeout(f"reading blob {ref.sha256[:12]}… took over {self._timeout_s}s") from exc
+        except Exception as exc:  # a meta record that is not a readable object (bad digest, no nuid, a link…)
+            raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: not a readable object "
+                              f"({type(exc).__name__}: {exc})"[:300]) from exc
         data = bytes(result.data or b"")
-        if hashlib.sha256(data).hexdigest() != ref.sha256:
-            raise BlobMissing(f"blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
+        got = hashlib.sha256(data).hexdigest()
+        if got != ref.sha256:
+            raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: the object holds {len(data)} bytes hashing to "
+                              f"{got[:12]}… (sha256 mismatch; written under the wrong name, or overwritten)")
         return data
 
     async def get_text(self, ref: BlobRef) -> str:
         """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
         return (await self.get(ref)).decode("utf-8", errors="replace")
+
+
+def _meta_headers(expected_seq: int) -> dict[str, str]:
+    """A meta record replaces the subject's earlier one (rollup), fenced on the sequence it expects there."""
+    return {jsapi.Header.ROLLUP: "sub", EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(expected_seq)}
 
 
 if TYPE_CHECKING:

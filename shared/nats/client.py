@@ -21,8 +21,9 @@ from shared.config import Config
 from shared.core.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
 from shared.core.errors import ReelError, RunNotFound
 from shared.core.events import Commit, Verdict
-from shared.core.fold import RunState, fold
+from shared.core.fold import RunState
 from shared.core.ids import LSN, BranchId, RunId, StepId
+from shared.core.integrity import fold_or_raise
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.core.workflow import WorkflowSpec, encode_workflow
 from shared.nats.blobstore import JetStreamBlobStore
@@ -120,13 +121,16 @@ class ReelClient:
         carries none. Each later pair carries the commits above the previous one, in
         LSN order. Waits (polling every ``poll_s`` s) for a run that has no commit yet.
         The yielded state is the same object, refreshed in place.
+
+        Raises:
+            RunCorrupt: the run is, or becomes, corrupt (:mod:`shared.core.integrity`).
         """
         state: RunState | None = None
         first: list[tuple[int, Commit]] = []
         while state is None:
             if history:
                 first = await self.log.read(run_id)
-                state = fold(first)
+                state = fold_or_raise(first)
             else:
                 with contextlib.suppress(RunNotFound):
                     state = await self.log.load(run_id)

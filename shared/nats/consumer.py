@@ -114,6 +114,13 @@ def _run_id_of(cmd: object) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
+def _check_session_id(cmd: object) -> None:
+    """A crucible session id names one subject token too (``*`` or ``a.>`` would read other sessions' logs)."""
+    session_id = getattr(cmd, "session_id", None)
+    if isinstance(session_id, str) and not is_token(session_id):
+        raise InvalidCommand(f"session_id {session_id[:80]!r} is not a valid session id (at `$.session_id`)")
+
+
 class Router:
     """A :data:`Handler` that routes each command subject to its typed handler (see module doc).
 
@@ -144,6 +151,7 @@ class Router:
 
         The command's ``run_id`` (if it has a non-null one) must be one token
         (:func:`~shared.core.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
+        So must a ``session_id`` (crucible's commands).
         """
         extra = dict(rejected_fields or {})
         context = dict(bind or {})
@@ -157,6 +165,7 @@ class Router:
                     if not is_token(run_id):
                         raise InvalidCommand(invalid_run_id(run_id))
                     structlog.contextvars.bind_contextvars(run_id=run_id)
+                _check_session_id(cmd)
                 answer = await handler(cmd, delivery)
             except ReelError as exc:
                 if rejected is not None:

@@ -18,12 +18,13 @@ from nats.aio.client import Client
 from nats.js import api as jsapi
 
 from shared.config import Config
-from shared.core.errors import BlobMissing
+from shared.core.errors import BlobCorrupt, BlobMissing
 from shared.core.events import AttemptDispatched, AttemptSucceeded, ContextPartition, RunCreated, StepDecl
 from shared.core.views import build_episode_view
 from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect
+from tests.logcapture import info_logs
 
 
 def fresh_store(infra: Infra, cfg: Config) -> JetStreamBlobStore:
@@ -124,6 +125,51 @@ async def test_a_body_that_does_not_match_its_name_is_refused(infra: Infra, blob
     await infra.blobs.put(claimed.sha256, b"something else entirely")
     with pytest.raises(BlobMissing, match="corrupt"):
         await blobs.get(claimed)
+
+
+async def test_an_overwritten_blob_reads_as_corrupt_with_what_it_holds(infra: Infra,
+                                                                     blobs: JetStreamBlobStore) -> None:
+    ref = await blobs.put(b"the real output")
+    await infra.blobs.put(ref.sha256, b"forged!")  # a plain client overwrites the object
+    with pytest.raises(BlobCorrupt) as info:
+        await blobs.get(ref)
+    forged = hashlib.sha256(b"forged!").hexdigest()
+    assert info.value.code == "blob_corrupt" and isinstance(info.value, BlobMissing)
+    assert f"{ref.sha256[:12]}… is corrupt: the object holds 7 bytes hashing to {forged[:12]}…" in info.value.message
+
+
+async def test_a_meta_record_that_is_not_an_object_reads_as_corrupt(infra: Infra, cfg: Config,
+                                                                   blobs: JetStreamBlobStore) -> None:
+    ref = ref_for(b"never written")
+    meta = f"$O.{cfg.names.blob_bucket}.M.{base64.urlsafe_b64encode(ref.sha256.encode()).decode()}"
+    await infra.js.publish(meta, b'{"name": "%s", "bucket": "%s", "size": 3, "chunks": 1}' % (
+        ref.sha256.encode(), cfg.names.blob_bucket.encode()))  # no nuid, no digest
+    with pytest.raises(BlobCorrupt, match="not a readable object"):
+        await blobs.get(ref)
+
+
+async def test_an_object_planted_under_a_bodys_name_is_replaced_by_the_body(infra: Infra, cfg: Config) -> None:
+    """Planted before the body is stored: the writer finds it corrupt, replaces it (fenced on it), keeps the body."""
+    body = b"what a run will write"
+    ref = ref_for(body)
+    await infra.blobs.put(ref.sha256, b"planted")
+    with info_logs() as logs:
+        assert await fresh_store(infra, cfg).put(body) == ref
+    assert await fresh_store(infra, cfg).get(ref) == body
+    assert (await infra.blobs.get(ref.sha256)).data == body  # nats-py agrees (digest included)
+    replaced = [e for e in logs if e["event"] == "blob.replaced_corrupt"]
+    assert [e["sha256"] for e in replaced] == [ref.sha256] and "hashing to" in replaced[0]["reason"]
+
+
+async def test_an_intact_object_is_never_overwritten(infra: Infra, cfg: Config) -> None:
+    body = b"stored once, intact"
+    ref = await fresh_store(infra, cfg).put(body)
+    meta = f"$O.{cfg.names.blob_bucket}.M.{base64.urlsafe_b64encode(ref.sha256.encode()).decode()}"
+    before = (await infra.js.get_last_msg(f"OBJ_{cfg.names.blob_bucket}", meta)).seq
+    with info_logs() as logs:
+        await asyncio.gather(*(fresh_store(infra, cfg).put(body) for _ in range(5)))
+    assert (await infra.js.get_last_msg(f"OBJ_{cfg.names.blob_bucket}", meta)).seq == before
+    assert not [e for e in logs if e["event"] == "blob.replaced_corrupt"]
 
 
 async def test_written_by_nats_py_readable_by_reel(infra: Infra, cfg: Config) -> None:

@@ -39,8 +39,9 @@ from shared.core.events import (
 from shared.core.fold import fold
 from shared.core.ports import EventLog
 from shared.core.statecodec import STATE_ENCODER
-from shared.nats.eventlog import DIRECT_GET_BATCH, JetStreamEventLog
+from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect
+from shared.nats.subjectlog import DIRECT_GET_BATCH
 from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)

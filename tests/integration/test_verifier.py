@@ -34,9 +34,10 @@ from shared.core.views import build_episode_view
 from shared.core.workflow import VerifierSpec, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog, SubjectLog
+from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.publish import publish_verify
+from shared.nats.subjectlog import SubjectLog
 from shared.verify import run_verifier
 from tests.conftest import REPO, running
 from tests.integration import parking
