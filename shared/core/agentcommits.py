@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 
 from shared.core import agentfold, inputfold, inputs
 from shared.core.agent import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
 from shared.core.agentspec import AgentToolSpec, ApprovalPolicy
+from shared.core.agentstate import Declared
 from shared.core.chat import ToolCall, assign_call_ids
 from shared.core.events import (
     ARGUMENTS_INLINE_MAX,
@@ -29,7 +31,7 @@ from shared.core.events import (
     DeclaredStep,
     StepsDeclared,
 )
-from shared.core.fold import AttemptState, AttemptStatus, RunState, StepStatus, attempts_status
+from shared.core.fold import AttemptState, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
 from shared.core.ids import AttemptNo, BranchId, ExecutorId, StepId
 from shared.core.stepids import call_step_id, parse_step_id, turn_step_id
 from shared.core.workflow import AgentStep
@@ -208,28 +210,51 @@ def unknown_outcomes(state: RunState, action: ResolveUnknown, *, at_ms: int) -> 
     return (*failures, end) if end is not None else tuple(failures)
 
 
-def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
-    """True when, with ``outcomes`` (calls of one turn) applied, every call of that turn is terminal and none
-    is a fatal failure: the commit may then carry the next turn's intent (:func:`next_turn`)."""
+class _OpenTurn(NamedTuple):
+    """The agent's latest turn, still open, that a set of outcomes belongs to (:func:`_open_turn`)."""
+
+    branch_id: BranchId
+    branch: BranchState
+    agent: StepId
+    calls: tuple[Declared, ...]
+    outcomes: dict[StepId, Outcome]
+
+
+def _open_turn(state: RunState, outcomes: Sequence[Outcome]) -> _OpenTurn | None:
+    """The turn of ``outcomes`` (calls of one turn; the first names it) when it is its agent's latest, the agent
+    has not finished and none of ``outcomes`` fails a fatal tool for good; else ``None``."""
     if not outcomes or _fatal_end(state, outcomes, 0) is not None:
-        return False
+        return None
     first = outcomes[0]
     parsed = parse_step_id(first.step_id)
     branch = state.branches[first.branch_id]
     rec = agentfold.record(branch, parsed[0]) if parsed else None
     if parsed is None or parsed[2] < 0 or rec is None or rec.finished is not None or len(rec.turns) != parsed[1]:
+        return None
+    return _OpenTurn(first.branch_id, branch, parsed[0], rec.turns[-1].calls, {o.step_id: o for o in outcomes})
+
+
+def _status_with(attempts: Sequence[AttemptState], max_attempts: int, outcome: Outcome | None) -> StepStatus:
+    """The step's status with ``outcome`` (if any) applied to its attempts."""
+    if outcome is None:
+        return attempts_status(attempts, max_attempts)
+    return _status_after(attempts, max_attempts, outcome)
+
+
+def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
+    """True when, with ``outcomes`` (calls of one turn) applied, every call of that turn is terminal and none
+    is a fatal failure: the commit may then carry the next turn's intent (:func:`next_turn`)."""
+    turn = _open_turn(state, outcomes)
+    if turn is None:
         return False
-    mine = {o.step_id: o for o in outcomes}
-    for c in rec.turns[-1].calls:
-        gate = inputfold.gate(branch, c.decl.step_id)
+    for c in turn.calls:
+        gate = inputfold.gate(turn.branch, c.decl.step_id)
         if gate in inputfold.GATE_TERMINAL:
             continue
         if gate == "open":
             return False
-        attempts = branch.attempts.get(c.decl.step_id, ())
-        o = mine.get(c.decl.step_id)
-        status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,
-                                                                                             c.decl.max_attempts)
+        status = _status_with(turn.branch.attempts.get(c.decl.step_id, ()), c.decl.max_attempts,
+                              turn.outcomes.get(c.decl.step_id))
         if status not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             return False
     return True
@@ -241,34 +266,27 @@ def follow_up_calls(state: RunState, outcomes: Sequence[Outcome], in_flight: InF
 
     ``None`` when there are none (or the outcomes end the agent). ``in_flight``: as for ``next_action``.
     """
-    if not outcomes or _fatal_end(state, outcomes, 0) is not None:
+    turn = _open_turn(state, outcomes)
+    if turn is None:
         return None
-    first = outcomes[0]
-    parsed = parse_step_id(first.step_id)
-    branch = state.branches[first.branch_id]
-    rec = agentfold.record(branch, parsed[0]) if parsed else None
-    if parsed is None or parsed[2] < 0 or rec is None or rec.finished is not None or len(rec.turns) != parsed[1]:
-        return None
-    mine = {o.step_id: o for o in outcomes}
+    branch, mine = turn.branch, turn.outcomes
     start: list[CallAttempt] = []
     running = 0
-    for c in rec.turns[-1].calls:
+    for c in turn.calls:
         sid = c.decl.step_id
         if inputfold.gate(branch, sid) not in ("none", "approved"):  # waits for a human, or never runs
             continue
         attempts = branch.attempts.get(sid, ())
         o = mine.get(sid)
-        status = _status_after(attempts, c.decl.max_attempts, o) if o else attempts_status(attempts,
-                                                                                             c.decl.max_attempts)
-        if status in (StepStatus.SUCCEEDED, StepStatus.FAILED):
+        if _status_with(attempts, c.decl.max_attempts, o) in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             continue
         if not attempts:
             start.append(CallAttempt(sid, AttemptNo(1)))
         elif o is not None or attempts[-1].status != AttemptStatus.DISPATCHED:
             start.append(CallAttempt(sid, AttemptNo(attempts[-1].attempt + 1)))    # a retry
-        elif (first.branch_id, sid, attempts[-1].attempt) in in_flight:
+        elif (turn.branch_id, sid, attempts[-1].attempt) in in_flight:
             running += 1
-    room = limits(state.step_decl(parsed[0]))[1] - running
+    room = limits(state.step_decl(turn.agent))[1] - running
     if not start or room <= 0:
         return None
-    return DispatchCalls(branch_id=first.branch_id, agent=parsed[0], calls=tuple(start[:room]))
+    return DispatchCalls(branch_id=turn.branch_id, agent=turn.agent, calls=tuple(start[:room]))
