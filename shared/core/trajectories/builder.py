@@ -79,6 +79,21 @@ def policy(entries: list[Entry], budget_tokens: int, counter: TokenCounter) -> P
     return PolicySpec(exclude_kinds=EXCLUDED_KINDS, max_item_tokens=cap, dedupe=True)
 
 
+def checked(rec: Recording, spec: WorkflowSpec) -> WorkflowSpec:
+    """``spec`` (the replay workflow of ``rec``) validated, and no larger than :data:`MAX_WORKFLOW_BYTES` encoded.
+
+    Raises:
+        WorkflowInvalid: ``spec`` fails validation (:func:`shared.core.workflow.validate_workflow`).
+        TrajectoryFormatError: it encodes to more than :data:`MAX_WORKFLOW_BYTES` bytes.
+    """
+    spec = validate_workflow(spec)
+    size = len(encode_workflow(spec))
+    if size > MAX_WORKFLOW_BYTES:
+        raise TrajectoryFormatError(f"{rec.where}: workflow {rec.name} would be {size} bytes "
+                                    f"(> {MAX_WORKFLOW_BYTES}); the recording is too large to replay as one run")
+    return spec
+
+
 class _Turn(msgspec.Struct):
     """A recorded turn being assembled: its calls and the result of each (``None``: not answered yet)."""
 
@@ -179,12 +194,7 @@ def build(rec: Recording, budget_tokens: int, counter: TokenCounter) -> Workflow
     desc = (f"Replay of {src['agent']}{' / ' + rec.model if rec.model else ''} on {src['instance_id']}: "
             f"{len(recorded)} model turns, {n_calls} tool calls"
             + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))
-    spec = validate_workflow(WorkflowSpec(
+    return checked(rec, WorkflowSpec(
         name=rec.name, description=desc, budget_tokens=budget_tokens, steps=(agent,), verifiers=verifiers,
         labels={"format": str(src["format"])}, source={**src, "closing_turn": len(turns) > len(recorded)},
     ))
-    size = len(encode_workflow(spec))
-    if size > MAX_WORKFLOW_BYTES:
-        raise TrajectoryFormatError(f"{rec.where}: workflow {rec.name} would be {size} bytes "
-                                    f"(> {MAX_WORKFLOW_BYTES}); the recording is too large to replay as one run")
-    return spec

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from shared.core.errors import TrajectoryFormatError
 from shared.core.tokens import TokenCounter
-from shared.core.trajectories.builder import MAX_WORKFLOW_BYTES, PRIORITY, policy
+from shared.core.trajectories.builder import PRIORITY, checked, policy
 from shared.core.trajectories.recording import Obs, Recording, Turn
 from shared.core.workflow import (
     ContextItemSpec,
@@ -34,8 +34,6 @@ from shared.core.workflow import (
     ToolStep,
     VerifierSpec,
     WorkflowSpec,
-    encode_workflow,
-    validate_workflow,
 )
 
 
@@ -44,7 +42,7 @@ def build_linear(rec: Recording, budget_tokens: int, counter: TokenCounter) -> W
 
     Raises:
         TrajectoryFormatError: the recording has no model turn, or its workflow
-            encodes to more than :data:`MAX_WORKFLOW_BYTES`.
+            encodes to more than :data:`.builder.MAX_WORKFLOW_BYTES`.
     """
     turns = sum(isinstance(e, Turn) for e in rec.entries)
     if turns == 0:
@@ -81,12 +79,7 @@ def build_linear(rec: Recording, budget_tokens: int, counter: TokenCounter) -> W
     src = rec.source
     desc = (f"Replay of {src['agent']}{' / ' + rec.model if rec.model else ''} on {src['instance_id']}: "
             f"{turns} model turns" + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))
-    spec = validate_workflow(WorkflowSpec(
+    return checked(rec, WorkflowSpec(
         name=rec.name, description=desc, budget_tokens=budget_tokens, steps=tuple(steps), verifiers=verifiers,
         labels={"format": str(src["format"])}, source=src,
     ))
-    size = len(encode_workflow(spec))
-    if size > MAX_WORKFLOW_BYTES:
-        raise TrajectoryFormatError(f"{rec.where}: workflow {rec.name} would be {size} bytes "
-                                    f"(> {MAX_WORKFLOW_BYTES}); the recording is too large to replay as one run")
-    return spec
