@@ -29,7 +29,7 @@ from shared.core import agentfold
 from shared.core.agentstate import AgentRecord
 from shared.core.errors import InvalidTransition
 from shared.core.events import DeclaredStep
-from shared.core.ids import LSN, RequestId, RunId, StepId
+from shared.core.ids import LSN, RunId, StepId
 from shared.core.inputevents import InputAnswered, InputRequested, RunAwaitingInput
 from shared.core.inputstate import InputRecord, InputResponse
 from shared.core.persistent import FrozenMap
@@ -197,7 +197,3 @@ def inherit(parent: BranchState, positions: Mapping[StepId, int], fork_lsn: LSN,
         out[sid] = r
     return FrozenMap.of(out) if out else msgspec.UNSET
 
-
-def request_ids(branch: BranchState) -> tuple[RequestId, ...]:
-    """Ids of the branch's open requests, in request order."""
-    return tuple(r.request_id for r in open_requests(branch))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from shared.core.ids import ContextItemId, StepId, is_token
+from shared.core.ids import ContextItemId, StepId
 
 _DYNAMIC = re.compile(r"^([A-Za-z0-9_-]{1,128}):t([1-9][0-9]{0,5})(?::c(0|[1-9][0-9]{0,5}))?$")
 
@@ -58,11 +58,6 @@ def parse_step_id(step_id: str) -> tuple[StepId, int, int] | None:
     if m is None:
         return None
     return StepId(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) is not None else -1
-
-
-def is_step_id(value: str) -> bool:
-    """True for a workflow step id (a token) or a dynamic one (``solve:t2``, ``solve:t2:c0``)."""
-    return is_token(value) or parse_step_id(value) is not None
 
 
 def order_key(positions: Mapping[StepId, int], step_id: StepId) -> tuple[int, int, int]:
