@@ -21,9 +21,6 @@ from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, Attemp
 from shared.core.fold import LIVE, AttemptStatus, RunState
 from shared.core.state import CANCELLED
 
-CANCELLED_KIND: str = AttemptStatus.CANCELLED.value
-"""``error_kind`` the fold gives a cancelled attempt's record (its ``error_message`` is the reason)."""
-
 
 class NoOp(msgspec.Struct, frozen=True, kw_only=True):
     """Nothing to commit: the run already ended."""
