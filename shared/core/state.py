@@ -212,7 +212,7 @@ def step_statuses(state: RunState, branch_id: BranchId) -> list[StepStatus]:
         if failed_before:
             out.append(STEP_SKIPPED)
             continue
-        status = _own_status(branch, decl)
+        status = own_status(branch, decl)
         failed_before = status == STEP_FAILED
         out.append(status)
     return out
@@ -236,10 +236,6 @@ def final_success(attempts: Sequence[AttemptState]) -> AttemptState | None:
 
 def own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
     """Status of one step from its own records on ``branch`` (not ``skipped``: see :func:`step_statuses`)."""
-    return _own_status(branch, decl)
-
-
-def _own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
     if decl.kind == "agent":
         return agent_status(branch, decl.step_id)
     return attempts_status(branch.attempts.get(decl.step_id), decl.max_attempts)
