@@ -79,12 +79,12 @@ class FrozenMap(Mapping[K, V]):
     Lookups, ``in`` and :meth:`set` are O(log₃₂ n), ``len`` O(1), iteration O(n).
     """
 
-    __slots__ = ("_items", "_log", "_n")
+    __slots__ = ("_items", "_log")
 
-    def __init__(self, items: immutables.Map[K, V] | None = None, log: _KeyLog[K] | None = None, n: int = 0) -> None:
+    def __init__(self, items: immutables.Map[K, V] | None = None, log: _KeyLog[K] | None = None) -> None:
+        """``items`` and the log its keys were appended to, in order (``len(items)`` of them are this map's)."""
         self._items: immutables.Map[K, V] = items if items is not None else immutables.Map()
         self._log: _KeyLog[K] = log if log is not None else _KeyLog()
-        self._n = n
 
     @classmethod
     def of(cls, pairs: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> FrozenMap[K, V]:
@@ -97,13 +97,13 @@ class FrozenMap(Mapping[K, V]):
     def set(self, key: K, value: V) -> FrozenMap[K, V]:
         """This map with ``key`` set to ``value`` (a new key goes last); ``self`` is unchanged."""
         if key in self._items:
-            return FrozenMap(self._items.set(key, value), self._log, self._n)
-        return FrozenMap(self._items.set(key, value), _appended(self._log, self._n, key), self._n + 1)
+            return FrozenMap(self._items.set(key, value), self._log)
+        return FrozenMap(self._items.set(key, value), _appended(self._log, len(self._items), key))
 
     def merged(self, changes: Mapping[K, V]) -> FrozenMap[K, V]:
         """This map with every key of ``changes`` set (new keys go last, in ``changes``' order); ``self`` is
         unchanged. One change is one :meth:`set`; many go through one :class:`MapBuilder`."""
-        if not self._n:  # nothing to share: build in one go
+        if not self._items:  # nothing to share: build in one go
             return from_builtins(changes if isinstance(changes, dict) else dict(changes))
         if len(changes) == 1:
             ((key, value),) = changes.items()
@@ -127,19 +127,19 @@ class FrozenMap(Mapping[K, V]):
         return key in self._items
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._items)
 
     def __iter__(self) -> Iterator[K]:
-        return self._log.first(self._n)
+        return self._log.first(len(self._items))
 
     def to_dict(self) -> dict[K, V]:
         """A new ``dict`` with the same entries in the same order (O(n))."""
         items = self._items
-        return {k: items[k] for k in self._log.first(self._n)}
+        return {k: items[k] for k in self._log.first(len(items))}
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FrozenMap):
-            return self._n == other._n and self._items == other._items
+            return self._items == other._items
         return isinstance(other, Mapping) and self.to_dict() == dict(other.items())
 
     __hash__ = None  # type: ignore[assignment]  # like dict: values need not be hashable
@@ -156,12 +156,12 @@ class MapBuilder(Generic[K, V]):
     must not be used again.
     """
 
-    __slots__ = ("_log", "_mut", "_n")
+    __slots__ = ("_log", "_mut")
 
     def __init__(self, start: FrozenMap[K, V] | None = None) -> None:
         base: FrozenMap[K, V] = start if start is not None else FrozenMap()
         self._mut: immutables.MapMutation[K, V] = base._items.mutate()
-        self._log, self._n = base._log, base._n
+        self._log = base._log
 
     def __getitem__(self, key: K) -> V:
         return self._mut[key]
@@ -179,13 +179,12 @@ class MapBuilder(Generic[K, V]):
 
     def __setitem__(self, key: K, value: V) -> None:
         if key not in self._mut:
-            self._log = _appended(self._log, self._n, key)
-            self._n += 1
+            self._log = _appended(self._log, len(self._mut), key)
         self._mut[key] = value
 
     def finish(self) -> FrozenMap[K, V]:
         """The map as built (O(1)); the builder is spent."""
-        return FrozenMap(self._mut.finish(), self._log, self._n)
+        return FrozenMap(self._mut.finish(), self._log)
 
 
 class FrozenVector(Sequence[V]):
@@ -195,30 +194,30 @@ class FrozenVector(Sequence[V]):
     compares equal to any sequence with the same items.
     """
 
-    __slots__ = ("_items", "_n")
+    __slots__ = ("_items",)
 
-    def __init__(self, items: immutables.Map[int, V] | None = None, n: int = 0) -> None:
+    def __init__(self, items: immutables.Map[int, V] | None = None) -> None:
+        """``items``: position → item, for positions ``0 … len(items) - 1``."""
         self._items: immutables.Map[int, V] = items if items is not None else immutables.Map()
-        self._n = n
 
     @classmethod
     def of(cls, items: Iterable[V] = ()) -> FrozenVector[V]:
         """A vector of ``items``, in order."""
-        listed = list(items)
-        return cls(immutables.Map(enumerate(listed)), len(listed))
+        return cls(immutables.Map(enumerate(items)))
 
     def append(self, item: V) -> FrozenVector[V]:
         """This vector with ``item`` at the end; ``self`` is unchanged."""
-        return FrozenVector(self._items.set(self._n, item), self._n + 1)
+        return FrozenVector(self._items.set(len(self._items), item))
 
     def replace(self, index: int, item: V) -> FrozenVector[V]:
         """This vector with ``item`` at ``index`` (negative counts from the end). Raises IndexError."""
-        return FrozenVector(self._items.set(self._position(index), item), self._n)
+        return FrozenVector(self._items.set(self._position(index), item))
 
     def _position(self, index: int) -> int:
-        i = index + self._n if index < 0 else index
-        if not 0 <= i < self._n:
-            raise IndexError(f"index {index} out of range for {self._n} items")
+        n = len(self._items)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for {n} items")
         return i
 
     @overload
@@ -227,18 +226,18 @@ class FrozenVector(Sequence[V]):
     def __getitem__(self, index: slice) -> tuple[V, ...]: ...
     def __getitem__(self, index: int | slice) -> V | tuple[V, ...]:
         if isinstance(index, slice):
-            return tuple(map(self._items.__getitem__, range(*index.indices(self._n))))
+            return tuple(map(self._items.__getitem__, range(*index.indices(len(self._items)))))
         return self._items[self._position(index)]
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._items)
 
     def __iter__(self) -> Iterator[V]:
-        return map(self._items.__getitem__, range(self._n))
+        return map(self._items.__getitem__, range(len(self._items)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FrozenVector):
-            return self._n == other._n and self._items == other._items
+            return self._items == other._items
         return isinstance(other, Sequence) and not isinstance(other, str | bytes) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]
@@ -265,4 +264,4 @@ def from_builtins(entries: dict[Any, Any]) -> FrozenMap[Any, Any]:
     """The :class:`FrozenMap` of a decoded (already typed) ``dict``, keeping its order (O(n))."""
     keys = list(entries)
     return FrozenMap(immutables.Map(entries), _KeyLog([keys[i:i + CHUNK] for i in range(0, len(keys), CHUNK)],
-                                                      len(keys)), len(keys))
+                                                      len(keys)))
