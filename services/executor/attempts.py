@@ -42,7 +42,7 @@ from nats.js.kv import KeyValue
 
 from shared.core import planning as plan
 from shared.core.cancel import after_cancel
-from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, BlobRef
+from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import RunState
 from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.ports import BlobStore, EventLog
@@ -207,20 +207,3 @@ class Attempts:
                                                     stop=tenacity.stop_after_delay(600)):
             with attempt:
                 await self.blobs.put(body, media_type)
-
-    async def _outcome(self, state: RunState, fut: asyncio.Future[int] | None,
-                       event: AttemptSucceeded | AttemptFailed) -> RunState:
-        """Settle an outcome commit (``fut``: its first try, in flight). If someone else committed
-        while the side effect ran (a cancel, a rewind, recovery), the outcome is still a fact about
-        this attempt: it is recorded on top of their commit, unless the attempt was resolved
-        meanwhile (:func:`record_outcome`). Never drops an outcome silently.
-
-        Raises:
-            ConcurrencyConflict: the fence was lost on every try of the one retry policy.
-        """
-        done = await self.commit(state, record_outcome(event), sent=fut)
-        if isinstance(done, NoCommit):
-            log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
-        elif any(isinstance(e, AttemptCancelled) for e in done.events):
-            log.info("attempt.cancelled", lsn=done.lsn, step_id=event.step_id, attempt=event.attempt)
-        return done.state
