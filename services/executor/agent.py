@@ -56,7 +56,6 @@ from shared.nats.control import Interrupt
 
 from .agentio import (
     JSON,
-    Bodies,
     CallDone,
     Done,
     Key,
@@ -70,6 +69,7 @@ from .agentio import (
 )
 from .agenttools import CallContext, PythonTools, secret_env_names
 from .attempts import Attempts
+from .bodies import Bodies
 from .interrupts import stopped_within
 
 log = structlog.get_logger("reel.executor")

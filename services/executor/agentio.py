@@ -1,8 +1,5 @@
 """What the agent loop reads, runs and decides around its commits (services/executor/agent.py uses it).
 
-* :class:`Bodies` — blob bodies of earlier turns (answers, results, large arguments) by
-  sha256: this executor's LRU, else the blob store. A turn's context needs every earlier
-  turn's message and results, so each is read from the store at most once per executor.
 * :func:`prepare_turn` — turn *t*'s candidates → partition → request
   (:func:`shared.core.agentcontext.build_turn`), the prompt body (the exact wire
   request) and the intent events (:func:`shared.core.agentcommits.turn_intent`).
@@ -18,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +31,6 @@ from shared.core.errors import ModelError, ToolError
 from shared.core.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
 from shared.core.fold import RunState
 from shared.core.ids import AttemptNo, BranchId, ExecutorId, StepId
-from shared.core.ports import BlobStore
 from shared.core.tokens import TokenCounter
 from shared.core.workflow import WorkflowSpec
 from shared.fenced import Decide, NoCommit
@@ -45,44 +40,11 @@ from shared.nats.control import Interrupt
 
 from .agenttools import CallContext, PythonTools, run_call
 from .attempts import Attempts
+from .bodies import Bodies
 from .interrupts import Interrupted
 from .streaming import StreamOut, streamed
 
-BODY_CACHE_BYTES = 64 * 1024 * 1024
 JSON = "application/json"
-
-
-class Bodies:
-    """Blob bodies by sha256 (LRU of at most ``max_bytes``), read through to the blob store."""
-
-    def __init__(self, blobs: BlobStore, max_bytes: int = BODY_CACHE_BYTES) -> None:
-        self.blobs, self._max = blobs, max_bytes
-        self._cache: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
-
-    def keep(self, body: bytes, ref: BlobRef) -> None:
-        """Remember ``body`` (stored, or about to be, as ``ref``)."""
-        if ref.sha256 in self._cache:
-            self._cache.move_to_end(ref.sha256)
-            return
-        self._cache[ref.sha256] = body
-        self._bytes += len(body)
-        while self._bytes > self._max and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._bytes -= len(old)
-
-    async def get(self, ref: BlobRef) -> bytes:
-        """The body of ``ref``. Raises BlobMissing / BlobTimeout from the store."""
-        body = self._cache.get(ref.sha256)
-        if body is None:
-            body = await self.blobs.get(ref)
-        self.keep(body, ref)
-        return body
-
-    async def many(self, refs: Sequence[BlobRef]) -> dict[str, bytes]:
-        """sha256 → body of every ref (the missing ones read concurrently)."""
-        bodies = await asyncio.gather(*(self.get(r) for r in refs))
-        return {r.sha256: b for r, b in zip(refs, bodies, strict=True)}
 
 
 class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,11 +50,11 @@ from shared.core.tokens import TokenCounter
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.nats.publish import publish_pipelined, publish_verify
 
+from .bodies import Bodies
 from .streaming import StreamOut
 
 log = structlog.get_logger("reel.executor")
 
-TEXT_CACHE_BYTES = 64 * 1024 * 1024
 BLOB_TIMEOUT_S = 30.0
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection: "<step_id>:<attempt>:after_output", "verifying:after_commit"
 LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
@@ -105,8 +104,7 @@ class Attempts:
         self.executor_id = executor_id
         self.counter = counter
         self.facts = plan.TextFacts(counter)
-        self._texts: OrderedDict[str, str] = OrderedDict()  # sha256 → output text, LRU
-        self._texts_bytes = 0
+        self.bodies = Bodies(blobs)  # the executor's one cache of blob bodies (outputs, turns, results)
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ---- commits -------------------------------------------------------------------------
@@ -149,19 +147,8 @@ class Attempts:
             log.warning("run.verify_trigger_failed", lsn=state.head_lsn, error=str(exc))
 
     # ---- outputs -------------------------------------------------------------------------
-    def remember_text(self, sha: str, text: str) -> None:
-        """Keep an output text (by the sha256 of its body) in this executor's LRU."""
-        if sha in self._texts:
-            self._texts.move_to_end(sha)
-            return
-        self._texts[sha] = text
-        self._texts_bytes += len(text)
-        while self._texts_bytes > TEXT_CACHE_BYTES and len(self._texts) > 1:
-            _, old = self._texts.popitem(last=False)
-            self._texts_bytes -= len(old)
-
     async def outputs(self, state: RunState, branch_id: BranchId, step_ids: list[str]) -> dict[str, str]:
-        """Output texts of earlier steps (from this executor's LRU, else the blob store); step id → text.
+        """Output texts of earlier steps (from :attr:`bodies`, else the blob store); step id → text.
 
         Raises:
             BlobMissing: an output's blob is gone from the store.
@@ -171,11 +158,7 @@ class Attempts:
             ref = plan.succeeded_output(state, branch_id, StepId(sid))
             if ref is None:
                 continue
-            text = self._texts.get(ref.sha256)
-            if text is None:
-                text = await self.blobs.get_text(ref)
-            self.remember_text(ref.sha256, text)
-            out[sid] = text
+            out[sid] = await self.bodies.text(ref)
         return out
 
     # ---- outcomes ------------------------------------------------------------------------

@@ -39,7 +39,6 @@ from shared.nats.control import ControlHub, Interrupt
 from shared.tools_check import check_tool_imports
 
 from .agent import AgentRun
-from .agentio import Bodies
 from .agenttools import PythonTools
 from .attempts import Attempts, on_head
 from .plain import Chained, Cursor, PlainSteps, Prepared
@@ -106,7 +105,7 @@ class Driver:
         self.log, self.specs, self.attempts = log, specs, attempts
         self.executor_id = attempts.executor_id
         self.stopping, self.control = stopping, control
-        self.bodies = Bodies(attempts.blobs)
+        self.bodies = attempts.bodies  # the executor's one body cache
         self.plain = PlainSteps(attempts, inline_max=inline_max, stopping=stopping)
 
     async def drive(self, run_id: str) -> RunState | None:

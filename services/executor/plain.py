@@ -253,7 +253,7 @@ class PlainSteps:
                                  usage=usage, at_ms=now_ms()), None
         body = text.encode()
         ref = ref_for(body, inline_max=self.inline_max)
-        self.a.remember_text(ref.sha256, text)
+        self.a.bodies.keep(body, ref)
         return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                 output_ref=ref, usage=usage, at_ms=now_ms()), body
 
