@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from shared.deathsig import die_with_parent
 
 _LISTEN = re.compile(rb"Listening for client connections on [^:\s]+:(\d+)")
 
@@ -39,12 +41,6 @@ class StoreInUse(RuntimeError):
     def __init__(self, store_dir: str, holder: str) -> None:
         super().__init__(f"the JetStream store {store_dir} is in use by another process ({holder or 'unknown'})")
         self.store_dir, self.holder = store_dir, holder
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the server gets SIGTERM if the process that embeds it dies (kill -9 included): no orphan."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _lock_store(store_dir: str) -> int:
@@ -113,7 +109,8 @@ async def embedded_server(
     conf = ["-c", config_file] if config_file else []
     proc = await asyncio.create_subprocess_exec(
         find_binary(), *conf, "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),  # SIGTERM: it stops in order
         start_new_session=True,  # a Ctrl-C at the terminal is ours to handle; we stop the server in order
     )
     try:

@@ -17,16 +17,15 @@ taken for the owner or the leader it replaced.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import sys
 from pathlib import Path
+
+from shared.deathsig import die_with_parent
 
 REGISTRY_ENV = "REEL_TOOL_DIR"
 """The environment variable naming the registry directory (no registry when unset)."""
 
-_PR_SET_PDEATHSIG = 1
 _STARTTIME_FIELD = 19  # of the fields after the ``(comm)`` of /proc/<pid>/stat
 
 
@@ -61,10 +60,7 @@ def child_setup(owner: int, records: Path | None) -> None:  # pragma: no cover -
         owner: the pid of the process that spawned this one (the owner of the group).
         records: the registry directory, or ``None`` to record nothing.
     """
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != owner:  # the owner died before the signal was armed
-            os._exit(1)
+    die_with_parent(signal.SIGKILL, owner)
     if records is not None:
         me = os.getpid()  # start_new_session: the group id is this pid
         fd = os.open(records / f"{owner}.{me}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
