@@ -182,20 +182,9 @@ class AgentRun:
         """One round trip: store ``bodies`` (and the prompt of ``turn``), publish the ``markers`` of successes,
         commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
         if the planned events were committed. NoCommit: nothing was recorded (the run moved)."""
-        puts = [await self.attempts.blobs.put_async(b, media) for b, media in bodies]
         prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
-        marks = [self.attempts.marker_async(state.run_id, o.branch_id, o.step_id, o.attempt, o.output_ref)
-                 for o in markers]
-        sent = await self.attempts.send(state, events)
-        stored = await asyncio.gather(*puts, return_exceptions=True)
+        sent = await self.attempts.send_with(state, events, bodies, markers)
         prompt_result: Any = (await asyncio.gather(prompt, return_exceptions=True))[0] if prompt is not None else None
-        for result, (body, media) in zip(stored, bodies, strict=True):
-            if isinstance(result, BaseException):  # the commit may name it: write it again before moving on
-                log.warning("attempt.output_rewrite", error=str(result))
-                await self.attempts.store_until_done(body, media)
-        for mark in await asyncio.gather(*marks, return_exceptions=True):
-            if isinstance(mark, BaseException):
-                log.warning("attempt.marker_failed", error=str(mark))
         done = await self.attempts.commit(state, planned_or_facts(state.head_lsn, events, outcomes), sent=sent)
         if isinstance(done, NoCommit):
             return done

@@ -119,6 +119,35 @@ class Attempts:
             return None
         return await self.log.commit_async(state.run_id, kept, expected_lsn=state.head_lsn, writer=self.executor_id)
 
+    async def send_with(self, state: RunState, events: Sequence[AnyEvent], bodies: Sequence[tuple[bytes, str]] = (),
+                        markers: Sequence[AttemptSucceeded] = (), *, crash_point: str = "",
+                        ) -> asyncio.Future[int] | None:
+        """One round trip before a commit: store ``bodies`` (``(body, media type)``), publish the recovery
+        markers of the ``markers`` successes, then :meth:`send` ``events`` — all pipelined on one connection,
+        so the server has them before the commit. Then each body the store refused is written again
+        (:meth:`store_until_done`: the commit may name it) and a lost marker is logged (it only matters
+        if the commit is lost too). Returns :meth:`send`'s future.
+
+        ``crash_point``: fault injection (``REEL_EXECUTOR_CRASH_AT``): if it is the one set, the process
+        exits (137) once the bodies and markers are stored, before the commit is sent.
+        """
+        puts = [await self.blobs.put_async(b, media) for b, media in bodies]
+        marks = [self.marker_async(state.run_id, o.branch_id, o.step_id, o.attempt, o.output_ref) for o in markers]
+        if crash_point and self._crash_at == crash_point:
+            await asyncio.gather(*puts, *marks)
+            log.error("executor.crash_injected", point=self._crash_at)
+            os._exit(137)
+        sent = await self.send(state, events)
+        stored = await asyncio.gather(*puts, *marks, return_exceptions=True)
+        for result, (body, media) in zip(stored, bodies, strict=False):
+            if isinstance(result, BaseException):
+                log.warning("attempt.output_rewrite", error=str(result))
+                await self.store_until_done(body, media)
+        for mark in stored[len(puts):]:
+            if isinstance(mark, BaseException):
+                log.warning("attempt.marker_failed", error=str(mark))
+        return sent
+
     async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
                      ) -> Committed | NoCommit:
         """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already).

@@ -27,7 +27,6 @@ commit (so the server stores them first):
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,7 +56,7 @@ from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.control import Interrupt
 from shared.proc.tools import run_tool
 
-from .attempts import CRASH_ENV, Attempts, record_outcome
+from .attempts import Attempts, record_outcome
 from .interrupts import Interrupted, guarded
 from .streaming import streamed
 
@@ -136,7 +135,6 @@ class PlainSteps:
 
     def __init__(self, attempts: Attempts, *, inline_max: int, stopping: asyncio.Event | None = None) -> None:
         self.a, self.inline_max, self.stopping = attempts, inline_max, stopping
-        self._crash_at = os.environ.get(CRASH_ENV, "")
 
     async def prepare(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> Prepared:
         """The intent of ``action`` on ``state`` (a model step's context packed and its prompt rendered)."""
@@ -272,35 +270,21 @@ class PlainSteps:
 
     async def _commit_outcome(self, state: RunState, p: Prepared, event: Outcome, body: bytes | None,
                               nxt: Prepared | None) -> RunState | Chained:
-        """One round trip: the output blob, the marker, the next prompt blob (each if needed), then the
-        commit of the outcome (and ``nxt``'s intent). A blob refused while the commit lands is written
-        again (its ref is content-addressed) before the run moves on; a lost marker only matters if
-        the commit is lost too."""
+        """One round trip (:meth:`Attempts.send_with`): the output blob, the marker, the next prompt blob
+        (each if needed), then the commit of the outcome (and ``nxt``'s intent). A blob refused while the
+        commit lands is written again (its ref is content-addressed) before the run moves on; a lost
+        marker only matters if the commit is lost too."""
         a, action = self.a, p.action
-        out_ref = event.output_ref if isinstance(event, AttemptSucceeded) else None
         bodies: list[tuple[bytes, str]] = []
-        if out_ref is not None and body is not None and not is_inline(out_ref):
-            bodies.append((body, out_ref.media_type))
+        if isinstance(event, AttemptSucceeded) and body is not None and not is_inline(event.output_ref):
+            bodies.append((body, event.output_ref.media_type))
         nref = nxt.intent.prompt_ref if nxt is not None else None
         if nxt is not None and nref is not None and not is_inline(nref):
             bodies.append((nxt.prompt.encode(), nref.media_type))
-        puts = [await a.blobs.put_async(b, mt) for b, mt in bodies]
-        marks = ([a.marker_async(state.run_id, action.branch_id, action.step_id, action.attempt, out_ref)]
-                 if out_ref is not None and needs_marker(p.step) else [])
-        if self._crash_at == f"{action.step_id}:{action.attempt}:after_output":
-            await asyncio.gather(*puts, *marks)
-            log.error("executor.crash_injected", point=self._crash_at)
-            os._exit(137)
+        marks = [event] if isinstance(event, AttemptSucceeded) and needs_marker(p.step) else []
         head = state.head_lsn
-        events = [event, nxt.intent] if nxt is not None else [event]
-        sent = await a.send(state, events)
-        stored = await asyncio.gather(*puts, *marks, return_exceptions=True)
-        for (b, mt), result in zip(bodies, stored, strict=False):
-            if isinstance(result, BaseException):
-                log.warning("attempt.output_rewrite", error=str(result))
-                await a.store_until_done(b, mt)
-        if marks and isinstance(stored[-1], BaseException):
-            log.warning("attempt.marker_failed", error=str(stored[-1]))
+        sent = await a.send_with(state, [event, nxt.intent] if nxt is not None else [event], bodies, marks,
+                                 crash_point=f"{action.step_id}:{action.attempt}:after_output")
         done = await a.commit(state, outcome_then(event, head, nxt), sent=sent)
         if isinstance(done, NoCommit):
             log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
