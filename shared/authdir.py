@@ -172,10 +172,12 @@ class AuthDir:
 
     @property
     def auth_conf(self) -> Path:
+        """``<dir>/auth.conf``: the accounts and users (nats-server include)."""
         return self.path / AUTH_CONF
 
     @property
     def server_conf(self) -> Path:
+        """``<dir>/server.conf``: the nats-server config that includes ``auth.conf``."""
         return self.path / SERVER_CONF
 
     def exists(self) -> bool:

@@ -99,6 +99,11 @@ class LegacyChat:
         self.adapter, self.counter, self.name = adapter, counter, adapter.name
 
     async def complete_chat(self, request: ChatRequest) -> ChatResponse:
+        """One ``complete`` of the flattened messages; its text as a plain assistant message (no tool calls).
+
+        Raises:
+            ModelError: whatever the v1 adapter raised.
+        """
         prompt = flatten(request.messages)
         resp = await self.adapter.complete(ModelRequest(
             run_id=request.run_id, step_id=request.step_id, attempt=request.attempt, prompt=prompt,

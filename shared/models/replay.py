@@ -25,6 +25,7 @@ class ReplayAdapter:
         self._spec, self._output, self._counter = spec, spec.output or "", counter
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The recorded ``output``; tokens and cost from the recorded usage, else counted (input: the request's)."""
         usage = self._spec.usage
         in_tokens = usage.input_tokens if usage and usage.input_tokens is not None else request.prompt_tokens
         out_tokens = usage.output_tokens if usage and usage.output_tokens is not None else self._counter.count(

@@ -52,6 +52,7 @@ class Interrupt:
 
     @property
     def cause(self) -> Cause | None:
+        """The cause ``fired`` resolved with (``"cancelled"`` / ``"shutdown"``), or ``None`` before it fired."""
         return self.fired.result() if self.fired.done() else None
 
 

@@ -36,6 +36,9 @@ class CommandVerifier:
         self._argv, self._timeout_s = spec.argv, spec.timeout_s
 
     async def verify(self, ctx: VerifierCtx) -> VerdictResult:
+        """Run the command on the step's output: ``passed`` on exit 0, ``failed`` on another exit status,
+        ``error`` when it cannot start or outlives its budget (``timeout_s`` or the ctx deadline, s).
+        No output recorded: ``failed`` (:func:`no_output`). Never raises for what the command does."""
         body = await ctx.output()
         if body is None:
             return no_output(ctx)
