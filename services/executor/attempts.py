@@ -177,18 +177,16 @@ class Attempts:
 
     # ---- outputs -------------------------------------------------------------------------
     async def outputs(self, state: RunState, branch_id: BranchId, step_ids: list[str]) -> dict[str, str]:
-        """Output texts of earlier steps (from :attr:`bodies`, else the blob store); step id → text.
+        """Output texts of earlier steps that succeeded on ``branch_id`` (from :attr:`bodies`, the ones it lacks
+        read from the blob store concurrently); step id → text (UTF-8, invalid bytes replaced).
 
         Raises:
-            BlobMissing: an output's blob is gone from the store.
+            BlobMissing, BlobCorrupt, BlobTimeout: an output's blob cannot be read.
         """
-        out: dict[str, str] = {}
-        for sid in step_ids:
-            ref = plan.succeeded_output(state, branch_id, StepId(sid))
-            if ref is None:
-                continue
-            out[sid] = await self.bodies.text(ref)
-        return out
+        found = {sid: plan.succeeded_output(state, branch_id, StepId(sid)) for sid in step_ids}
+        refs = {sid: ref for sid, ref in found.items() if ref is not None}
+        bodies = await self.bodies.many(list(refs.values()))
+        return {sid: bodies[ref.sha256].decode("utf-8", errors="replace") for sid, ref in refs.items()}
 
     # ---- outcomes ------------------------------------------------------------------------
     async def marker(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> BlobRef | None:
