@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from services.cli.common import EXIT, CliError, Namespace, NatsUrl, console, run_async
-from services.cli.embed import SERVICES, Session, session, wait_states
+from services.cli.embed import SERVICES, session, wait_states
 from services.cli.runs import exit_code, follow
 from services.timeline import open_requests, print_timeline, print_waiting
 from shared.clock import now_ms
@@ -57,24 +57,37 @@ def pending(json_out: bool = typer.Option(False, "--json", help="JSON: one objec
     run_async(body())
 
 
-async def _answered(s: Session, run_id: str, request_id: str, decision: str, *, wait: bool, timeout_s: float,
-                    **fields: Any) -> int:
-    reply = await s.client.respond(run_id, request_id, decision, **fields)
-    if not reply.ok:
-        raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
-    sys.stdout.write(json.dumps({"ok": True, "run_id": reply.run_id, "status": reply.status, "lsn": reply.lsn,
-                                 "detail": reply.detail}) + "\n")
-    if not wait:
-        return 0
-    state = await follow(s, run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout_s, history=False)
-    if state is None:
-        raise CliError(f"run {run_id} did not rest within {timeout_s}s (it goes on; `reel show {run_id}`)",
-                       EXIT["timeout"])
-    if state.status == "awaiting_input":
-        print_waiting(console, state)
-    else:
-        print_timeline(console, state)
-    return exit_code(state)
+def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str, decision: str, *, wait: bool,
+             timeout_s: float, **fields: Any) -> None:
+    """The body of ``approve`` / ``reject`` / ``answer``: send one answer (``fields``: the decision's own —
+    ``arguments``, ``note``, ``text`` — and ``by``), print the reply as one JSON line, then unless not ``wait``
+    follow the run until it rests.
+
+    Raises:
+        typer.Exit: the run's exit code (:func:`services.cli.runs.exit_code`; 0 without ``wait``), 1 if the
+            answer is refused, 5 if the run does not rest within ``timeout_s`` seconds.
+    """
+    async def body() -> int:
+        async with session(nats_url, namespace, services=SERVICES) as s:
+            reply = await s.client.respond(run_id, request_id, decision, **fields)
+            if not reply.ok:
+                raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
+            sys.stdout.write(json.dumps({"ok": True, "run_id": reply.run_id, "status": reply.status,
+                                         "lsn": reply.lsn, "detail": reply.detail}) + "\n")
+            if not wait:
+                return 0
+            state = await follow(s, run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout_s,
+                                 history=False)
+            if state is None:
+                raise CliError(f"run {run_id} did not rest within {timeout_s}s (it goes on; `reel show {run_id}`)",
+                               EXIT["timeout"])
+            if state.status == "awaiting_input":
+                print_waiting(console, state)
+            else:
+                print_timeline(console, state)
+            return exit_code(state)
+
+    run_async(body())
 
 
 def approve(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),
@@ -87,12 +100,8 @@ def approve(run_id: str = typer.Argument(...), request_id: str = typer.Argument(
     except ValueError as exc:
         raise typer.BadParameter(f"--args is not JSON: {exc}") from None
 
-    async def body() -> int:
-        async with session(nats_url, namespace, services=SERVICES) as s:
-            return await _answered(s, run_id, request_id, "approve", arguments=arguments, by=by, wait=not no_wait,
-                                   timeout_s=timeout)
-
-    run_async(body())
+    _respond(nats_url, namespace, run_id, request_id, "approve", wait=not no_wait, timeout_s=timeout,
+             arguments=arguments, by=by)
 
 
 def reject(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),
@@ -100,12 +109,7 @@ def reject(run_id: str = typer.Argument(...), request_id: str = typer.Argument(.
            by: str = By, no_wait: bool = NoWait, timeout: float = Timeout,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Reject a tool call (or decline a question) with a note the model sees; then follow the run."""
-    async def body() -> int:
-        async with session(nats_url, namespace, services=SERVICES) as s:
-            return await _answered(s, run_id, request_id, "reject", note=note, by=by, wait=not no_wait,
-                                   timeout_s=timeout)
-
-    run_async(body())
+    _respond(nats_url, namespace, run_id, request_id, "reject", wait=not no_wait, timeout_s=timeout, note=note, by=by)
 
 
 def answer(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),
@@ -113,9 +117,4 @@ def answer(run_id: str = typer.Argument(...), request_id: str = typer.Argument(.
            by: str = By, no_wait: bool = NoWait, timeout: float = Timeout,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Answer the model's ask_user question; then follow the run."""
-    async def body() -> int:
-        async with session(nats_url, namespace, services=SERVICES) as s:
-            return await _answered(s, run_id, request_id, "answer", text=text, by=by, wait=not no_wait,
-                                   timeout_s=timeout)
-
-    run_async(body())
+    _respond(nats_url, namespace, run_id, request_id, "answer", wait=not no_wait, timeout_s=timeout, text=text, by=by)
