@@ -3,28 +3,47 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import msgspec
 import typer
 
-from services.cli.common import CliError, Namespace, NatsUrl, err_console, run_async
+from services.cli.common import CliError, Namespace, NatsUrl, console, err_console, run_async
 from services.cli.embed import service_active, session
+from shared.core.commands import Reply
 
 
-def _print_reply(reply: Any) -> int:
+def _accepted(reply: Reply) -> Reply:
+    """``reply`` if the service accepted the command. Raises: CliError (exit 1): its error code and message."""
     if not reply.ok:
         raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
-    sys.stdout.write(msgspec.json.encode(reply).decode() + "\n")
+    return reply
+
+
+def _print_reply(reply: Reply) -> int:
+    """Print an accepted ``reply`` as one JSON line; 0. Raises: CliError: see :func:`_accepted`."""
+    sys.stdout.write(msgspec.json.encode(_accepted(reply)).decode() + "\n")
     return 0
 
 
+def _cancelled_line(reply: Reply) -> str:
+    """``reel cancel``'s line: the LSN of the cancel and the status it ended, or why nothing was committed."""
+    detail = reply.detail
+    if detail.get("noop"):
+        return f"run {reply.run_id} not cancelled: {detail.get('reason') or reply.status}"
+    return f"run {reply.run_id} cancelled at lsn {reply.lsn} (was {detail.get('previous_status')})"
+
+
 def cancel(run_id: str = typer.Argument(...), reason: str = typer.Option("", help="why"),
+           json_out: bool = typer.Option(False, "--json", help="print the service's reply as one JSON line"),
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
-    """Cancel a run (legal from Pending, Running and Verifying)."""
+    """Cancel a run (legal from Pending, Running, Awaiting input and Verifying); one line says what happened."""
     async def body() -> int:
         async with session(nats_url, namespace, services=("cancel",)) as s:
-            return _print_reply(await s.client.cancel(run_id, reason))
+            reply = await s.client.cancel(run_id, reason)
+        if json_out:
+            return _print_reply(reply)
+        console.print(_cancelled_line(_accepted(reply)), markup=False, highlight=False)
+        return 0
 
     run_async(body())
 

@@ -51,7 +51,13 @@ async def test_run_show_rewind_cancel_from_the_command_line(cfg: Config, event_l
 
     code, out, err = await reel(cfg, "cancel", run_id, "--reason", "from the test")
     assert code == 0, err
-    assert json.loads(out.strip().splitlines()[-1])["ok"]
+    assert re.fullmatch(rf"run {run_id} cancelled at lsn \d+ \(was \w+\)", out.strip()), out
+    code, out, err = await reel(cfg, "cancel", run_id, "--json")
+    assert code == 0, err
+    reply = json.loads(out.strip().splitlines()[-1])
+    assert reply["ok"] and reply["status"] == "cancelled" and reply["detail"]["noop"] is True
+    code, out, err = await reel(cfg, "cancel", run_id)
+    assert code == 0 and out.strip() == f"run {run_id} not cancelled: run is already cancelled", (out, err)
 
 
 async def test_command_line_errors_are_one_line_and_non_zero(cfg: Config) -> None:
