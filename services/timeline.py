@@ -152,10 +152,12 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
     for col in ("step", "kind", "#", "status", "packed", "avail", "dropped", "in tok", "out tok", "ms", "lsn",
                 "error"):
         table.add_column(col, overflow="fold")
+    notes: list[Text] = []  # messages too long for the table's last cell, whole, below it
     for step in view.steps:
         name, kind = _labels(step)
         if not step.attempts:
-            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 7, _answer_cell(step))
+            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 7,
+                          _cell(_answer(step), step.step_id, notes))
         for a in step.attempts:
             c = a.context
             status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
@@ -164,23 +166,37 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
                 name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")),
                 str(len(c.packed)) if c else "", str(len(c.available)) if c else "", str(len(c.dropped)) if c else "",
                 str(a.usage.input_tokens), str(a.usage.output_tokens), f"{a.usage.latency_ms:.1f}", lsns,
-                f"{a.error_kind}: {a.error_message}"[:60] if a.error_kind else "",
+                _cell(f"{a.error_kind}: {a.error_message}" if a.error_kind else "", f"{step.step_id}#{a.attempt}",
+                      notes),
             )
     u = view.usage
     footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
                   f"{u.latency_ms:.1f} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
-    parts: list[Text | Table] = [header, branches, table, footer, *_agent_lines(view)]
+    parts: list[Text | Table] = [header, branches, table, *notes, footer, *_agent_lines(view)]
     if state.verdicts:
         parts.append(verdict_table(state.verdicts))
     return Group(*parts)
 
 
-def _answer_cell(step: StepView) -> str:
+CELL_CHARS = 60
+"""The longest message shown in the timeline's last cell; a longer one is printed whole below the table."""
+
+
+def _cell(message: str, where: str, notes: list[Text]) -> str:
+    """``message`` for the last cell, or, if longer than :data:`CELL_CHARS`, a pointer to a note (appended to
+    ``notes``: ``[n] where: message``, the message whole) — never a message cut mid-word."""
+    if len(message) <= CELL_CHARS:
+        return message
+    notes.append(Text(f"[{len(notes) + 1}] {where}: {message}"))
+    return f"{message.split(':', 1)[0]}: see [{len(notes)}] below"
+
+
+def _answer(step: StepView) -> str:
     """A call a human answered without it running: the rejection's note or the answer."""
     r = step.input.response if isinstance(step.input, InputRecord) else None
     if r is None or r.decision == "approve":
         return ""
-    return f"{'rejected' if r.decision == 'reject' else 'answered'}: {r.note or r.text}"[:60]
+    return f"{'rejected' if r.decision == 'reject' else 'answered'}: {r.note or r.text}"
 
 
 def _labels(step: StepView) -> tuple[str, str]:
@@ -244,4 +260,9 @@ def print_waiting(console: Console, state: RunState) -> None:
 
 
 def print_timeline(console: Console, state: RunState, branch_id: str | None = None) -> None:
+    """Print :func:`timeline` of ``state`` (``branch_id``: default the active branch) on ``console``.
+
+    Raises:
+        KeyError: ``state`` has no branch ``branch_id``.
+    """
     console.print(timeline(state, branch_id))

@@ -35,3 +35,12 @@ def test_runs_without_agents_print_as_before() -> None:
     state, _ = fold_log(GOLDEN_DIR / "recorded_linear.jsonl")
     shown = _text(timeline(state))
     assert "agent " not in shown and " turn " not in shown and "tool call" not in shown
+
+
+def test_an_error_too_long_for_its_cell_is_printed_whole_below_the_table() -> None:
+    state, _ = fold_log(GOLDEN_DIR / "hand_cancel_in_flight.jsonl")
+    shown = _text(timeline(state))
+    assert "interrupted: see [1] below" in shown
+    assert ("[1] fetch#1: interrupted: executor x-cs1 shut down: the drain deadline (45 s) passed before the attempt "
+            "finished; its process group was killed") in shown
+    assert "pressed stop" in shown and "[2]" not in shown  # a short one stays in its cell (wrapped), no note
