@@ -158,7 +158,7 @@ class RecoveryService:
         """``report`` with the defaults committed for the requests of ``state``'s run due now."""
         deadline, now = respond.next_deadline(state), now_ms()
         if deadline is not None and deadline <= now:
-            report.deadlines = await fire_due(self.infra, self.cfg, self.log, state.run_id, now, writer=WRITER)
+            report.deadlines = await fire_due(self.infra, self.cfg, self.log, state, now, writer=WRITER)
         return report
 
     async def _resume(self, state: RunState) -> None:

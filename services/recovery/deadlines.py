@@ -29,26 +29,29 @@ from shared.nats.publish import publish_resume
 log = structlog.get_logger("reel.recovery")
 
 
-async def fire_due(infra: Infra, cfg: Config, events: EventLog, run_id: str, now_ms: int, *, writer: str
+async def fire_due(infra: Infra, cfg: Config, events: EventLog, state: RunState, now_ms: int, *, writer: str
                    ) -> list[dict[str, Any]]:
-    """Commit the default of every request of ``run_id`` due at ``now_ms`` (one fenced commit); what was fired.
+    """Commit the default of every request of ``state``'s run due at ``now_ms`` (epoch ms; one commit fenced on
+    ``state.head_lsn``, the run refreshed on a conflict); what was fired: ``[{run, request_id, step, decision,
+    lsn}]``, empty if nothing was due.
 
     Raises:
-        RunNotFound: no such run.
+        RunCorrupt: a refresh after a lost fence found the run corrupt.
         ConcurrencyConflict: the run kept moving for every try of the retry policy.
     """
+    run_id = state.run_id
     before: list[RunState] = []
 
     def decide(s: RunState) -> tuple[AnyEvent, ...] | NoCommit:
         before.append(s)
         return respond.deadline_events(s, now_ms) or NoCommit(reason="no deadline due", state=s)
 
-    result = await commit_decided(events, run_id, decide, writer=writer, log_name="recovery")
+    result = await commit_decided(events, run_id, decide, writer=writer, state=state, log_name="recovery")
     if isinstance(result, NoCommit):
         return []
     fired = [{"run": run_id, "request_id": e.request_id, "step": e.step_id, "decision": e.decision, "lsn": result.lsn}
              for e in result.events if isinstance(e, InputAnswered)]
-    state = before[-1]
+    state = before[-1]  # the state the default was decided on
     resume = rewind.needs_resume(state, await executor_alive(infra.leases, state.executor_id))
     if resume:
         await publish_resume(infra.js, cfg.names, run_id, result.lsn)
