@@ -207,13 +207,17 @@ class VerificationHandler:
                  mine=recorded is verdict, duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
     async def _commit_fenced(self, job: Job, decide: Decide) -> Committed | NoCommit:
-        """Commit ``decide(state)`` on the job's state brought to the head (one at a time per job).
+        """Commit ``decide(state)`` fenced on the job's state (one at a time per job; ``job.current`` follows).
+
+        The job's own commits keep ``job.current`` at the head, so no read comes first: a commit by
+        anyone else (a cancel, a fork, another instance) makes the fence fail, and
+        :func:`~shared.fenced.commit_decided` refreshes the state and decides again.
 
         Raises:
+            RunCorrupt: the refresh after a lost fence found the run corrupt.
             ConcurrencyConflict: the fence failed on every try (the job is redelivered).
         """
         async with job.lock:
-            job.current, _ = await self.log.refresh(job.current)
             result = await commit_decided(self.log, job.run_id, decide, writer=self.writer, state=job.current,
                                           log_name="verification")
             job.current = result.state
