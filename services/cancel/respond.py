@@ -16,9 +16,10 @@ from typing import Any
 
 import structlog
 
+from services.resume import resume_unless_driven
 from shared.clock import now_ms
 from shared.config import Config
-from shared.core import respond, rewind
+from shared.core import respond
 from shared.core.commands import Reply, RespondRun
 from shared.core.events import AnyEvent
 from shared.core.fold import RunState
@@ -28,8 +29,6 @@ from shared.fenced import NoCommit, commit_decided
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.consumer import Delivery, Router
 from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive
-from shared.nats.publish import publish_resume
 
 log = structlog.get_logger("reel.respond")
 
@@ -80,10 +79,7 @@ class RespondService:
 
     async def _maybe_resume(self, state: RunState, lsn: int) -> str:
         """``ResumeRun`` (deduplicated by the answer's LSN) unless the live owner drives ``state`` (before it)."""
-        if not rewind.needs_resume(state, await executor_alive(self.infra.leases, state.executor_id)):
-            return "owner_driving"
-        await publish_resume(self.infra.js, self.cfg.names, state.run_id, lsn)
-        return "published"
+        return "published" if await resume_unless_driven(self.infra, self.cfg.names, state, lsn) else "owner_driving"
 
 
 def route(router: Router, infra: Infra, cfg: Config, events: EventLog) -> None:

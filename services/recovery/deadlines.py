@@ -16,15 +16,14 @@ from typing import Any
 
 import structlog
 
+from services.resume import resume_unless_driven
 from shared.config import Config
-from shared.core import respond, rewind
+from shared.core import respond
 from shared.core.events import AnyEvent, InputAnswered
 from shared.core.fold import RunState
 from shared.core.ports import EventLog
 from shared.fenced import NoCommit, commit_decided
 from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive
-from shared.nats.publish import publish_resume
 
 log = structlog.get_logger("reel.recovery")
 
@@ -52,9 +51,7 @@ async def fire_due(infra: Infra, cfg: Config, events: EventLog, state: RunState,
     fired = [{"run": run_id, "request_id": e.request_id, "step": e.step_id, "decision": e.decision, "lsn": result.lsn}
              for e in result.events if isinstance(e, InputAnswered)]
     state = before[-1]  # the state the default was decided on
-    resume = rewind.needs_resume(state, await executor_alive(infra.leases, state.executor_id))
-    if resume:
-        await publish_resume(infra.js, cfg.names, run_id, result.lsn)
+    resume = await resume_unless_driven(infra, cfg.names, state, result.lsn)
     log.info("recovery.deadline_fired", run_id=run_id, requests=[f["request_id"] for f in fired], lsn=result.lsn,
              previous_status=state.status, resume=resume)
     return fired

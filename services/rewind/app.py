@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from services.resume import resume_unless_driven
 from shared.clock import now_ms
 from shared.config import Config
 from shared.core import rewind
@@ -34,8 +35,6 @@ from shared.fenced import NoCommit, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive
-from shared.nats.publish import publish_resume
 
 log = structlog.get_logger("reel.rewind")
 
@@ -103,10 +102,9 @@ class RewindService:
 
     async def _maybe_resume(self, state: RunState, fork_commit_lsn: int) -> str:
         """Publish ``ResumeRun`` (deduplicated by the fork's LSN) unless the live owner drives the run."""
-        if not rewind.needs_resume(state, await executor_alive(self.infra.leases, state.executor_id)):
+        if not await resume_unless_driven(self.infra, self.cfg.names, state, fork_commit_lsn):
             log.info("rewind.owner_driving", executor_id=state.executor_id, lsn=fork_commit_lsn)
             return "owner_driving"
-        await publish_resume(self.infra.js, self.cfg.names, state.run_id, fork_commit_lsn)
         log.info("rewind.resume_published", lsn=fork_commit_lsn)
         return "published"
 
