@@ -53,6 +53,7 @@ class IntentIndex:
         self.stale: set[str] = set()
         self.verifying: dict[str, int] = {}  # run id → LSN of its run_verifying commit, while it rests there
         self.corrupt: dict[str, integrity.Corruption] = {}
+        self._deadlines: dict[str, int] = {}  # run id → its earliest open input deadline (epoch ms), tracked runs only
         self._seen: dict[str, int] = {}
         self.last_seq = 0
         self._progress = asyncio.Condition()
@@ -97,6 +98,7 @@ class IntentIndex:
         except Exception as exc:  # the index is a hint: a commit it cannot apply sends the run to a cold load
             log.warning("recovery.index_unreadable", run_id=run_id, lsn=lsn, error=str(exc))
             self.states.pop(run_id, None)
+            self._deadlines.pop(run_id, None)
             self.verifying.pop(run_id, None)
             self.stale.add(run_id)
             return
@@ -108,6 +110,7 @@ class IntentIndex:
             log.warning("recovery.run_corrupt", run_id=bad.run_id, lsn=bad.lsn, kind=bad.kind, reason=bad.reason)
         self.corrupt[bad.run_id] = bad
         self.states.pop(bad.run_id, None)
+        self._deadlines.pop(bad.run_id, None)
         self.verifying.pop(bad.run_id, None)
         self.stale.discard(bad.run_id)
 
@@ -121,21 +124,26 @@ class IntentIndex:
         self._forget_if_done(state)
 
     def _forget_if_done(self, state: RunState) -> None:
+        """Keep ``state``'s verifying LSN and earliest input deadline in step; drop a run with nothing left to watch."""
         if state.status == VERIFYING and state.verifying_lsn is not None:
             self.verifying[state.run_id] = state.verifying_lsn
         else:
             self.verifying.pop(state.run_id, None)
-        if state.status in RESTING and not has_open_intent(state) and next_deadline(state) is None:
+        deadline = next_deadline(state)
+        if deadline is not None:
+            self._deadlines[state.run_id] = deadline
+            return
+        self._deadlines.pop(state.run_id, None)
+        if state.status in RESTING and not has_open_intent(state):
             self.states.pop(state.run_id, None)
 
     def due(self, now_ms: int) -> set[str]:
         """Tracked runs with an open input request whose deadline is at or before ``now_ms`` (epoch ms)."""
-        return {s.run_id for s in self.states.values() if (d := next_deadline(s)) is not None and d <= now_ms}
+        return {run_id for run_id, d in self._deadlines.items() if d <= now_ms}
 
     def next_deadline(self) -> int | None:
         """The earliest deadline of an open input request of a tracked run (epoch ms), if any."""
-        times = [d for s in self.states.values() if (d := next_deadline(s)) is not None]
-        return min(times) if times else None
+        return min(self._deadlines.values(), default=None)
 
     def candidates(self) -> list[RunState]:
         """Tracked runs that have at least one open intent."""
