@@ -200,26 +200,20 @@ async def test_a_stopping_executor_records_the_calls_in_flight_starts_nothing_ne
                             {"name": "lookup", "arguments": {"key": "answer"}}]},
             {"text": "answered by the next executor"}]},
         "tools": [parking, LOOKUP]}]})
-    stop_a = asyncio.Event()
-    a = asyncio.create_task(executor_serve(infra, cfg, stop_a))
-    started = await client.start(spec)
-    assert started.run_id
-    await asyncio.wait_for(arrived.wait(), 30)  # A runs turn 1's calls
-    stop_a.set()
-    release.set()
-    await asyncio.wait_for(a, 30)  # A drained: both results recorded, then it handed the run back
+    async with running(executor_serve, infra, cfg) as stop_a:  # A
+        started = await client.start(spec)
+        assert started.run_id
+        await asyncio.wait_for(arrived.wait(), 30)  # A runs turn 1's calls
+        stop_a.set()
+        release.set()
+    # A drained (the block awaited it): both results recorded, then it handed the run back
     mid = await event_log.load(started.run_id)
     assert mid.status == "running"
     assert [mid.branches["main"].attempts[f"solve:t1:c{i}"][0].status for i in (0, 1)] == ["succeeded"] * 2
     assert "solve:t2" not in mid.branches["main"].attempts  # no new model call under a stop
 
-    stop_b = asyncio.Event()
-    b = asyncio.create_task(executor_serve(infra, cfg, stop_b))
-    try:
+    async with running(executor_serve, infra, cfg):  # B
         state = await client.wait_for(started.run_id, ("verifying",), timeout_s=30)
-    finally:
-        stop_b.set()
-        await asyncio.wait_for(b, 30)
     assert len(state.branches["main"].attempts["solve:t1:c0"]) == 1  # not repeated
     assert attempt_of(state, "solve:t2", 1).executor_id != attempt_of(state, "solve:t1", 1).executor_id
     await assert_refold_identical(event_log, state)

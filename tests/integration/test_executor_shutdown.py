@@ -18,16 +18,10 @@ from shared.core.workflow import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from tests.conftest import running
 from tests.integration import cancel_support as cs
+from tests.integration.scenarios import wait_until
 from tests.refold import assert_refold_identical
-
-
-async def _until(path: Path) -> None:
-    for _ in range(3000):
-        if await asyncio.to_thread(path.exists):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{path} never appeared")
 
 
 async def test_stopping_executor_finishes_its_attempt_and_hands_the_run_back(
@@ -39,26 +33,21 @@ async def test_stopping_executor_finishes_its_attempt_and_hands_the_run_back(
             "sh", "-c", f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done; echo slow-done"]}},
         {"kind": "tool", "id": "after", "tool": {"type": "scripted", "outputs": ["after-done"]}},
     ]})
-    stop_a = asyncio.Event()
-    a = asyncio.create_task(executor_serve(infra, cfg, stop_a))
-    reply = await client.start(spec)
-    assert reply.run_id
-    await _until(started)  # A is inside the slow step
-    stop_a.set()  # SIGTERM, in effect
-    gate.touch()
-    await asyncio.wait_for(a, 30)  # A drained: it recorded the outcome, then handed the run back
+    async with running(executor_serve, infra, cfg) as stop_a:  # A
+        reply = await client.start(spec)
+        assert reply.run_id
+        await wait_until(lambda: asyncio.to_thread(started.exists), timeout_s=30,
+                         what="the slow step to start")  # A is inside it
+        stop_a.set()  # SIGTERM, in effect
+        gate.touch()
+    # A drained (the block awaited it): it recorded the outcome, then handed the run back
     mid = await event_log.load(reply.run_id)
     assert mid.status == "running"
     assert mid.branches["main"].attempts["slow"][0].status == "succeeded"
     assert "after" not in mid.branches["main"].attempts
 
-    stop_b = asyncio.Event()
-    b = asyncio.create_task(executor_serve(infra, cfg, stop_b))
-    try:
+    async with running(executor_serve, infra, cfg):  # B
         state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
-    finally:
-        stop_b.set()
-        await asyncio.wait_for(b, 30)
     claims = [e.executor_id for _, c in await event_log.read(reply.run_id) for e in c.events
               if isinstance(e, RunStarted)]
     assert len(claims) == 2 and claims[0] != claims[1]  # B took over from the log
@@ -86,28 +75,22 @@ async def test_past_the_drain_deadline_the_attempt_is_interrupted_and_retried_el
         step = "solve:t1:c0"
     spec = parse_workflow({"name": "drained", "steps": [
         *steps, {"kind": "tool", "id": "after", "tool": {"type": "scripted", "outputs": ["after-done"]}}]})
-    stop_a = asyncio.Event()
-    a = asyncio.create_task(executor_serve(infra, dataclasses.replace(cfg, drain_deadline_s=0.2), stop_a))
-    reply = await client.start(spec)
-    assert reply.run_id
-    leader, child = await cs.fifo_rendezvous(pids)  # A is inside attempt 1
-    stop_a.set()  # SIGTERM, in effect; the attempt outlives the drain deadline
-    await asyncio.wait_for(asyncio.gather(cs.exited(leader), cs.exited(child)), 5)
-    await cs.group_gone(leader)
-    await asyncio.wait_for(a, 30)  # A recorded the attempt interrupted, then handed the run back
+    async with running(executor_serve, infra, dataclasses.replace(cfg, drain_deadline_s=0.2)) as stop_a:  # A
+        reply = await client.start(spec)
+        assert reply.run_id
+        leader, child = await cs.fifo_rendezvous(pids)  # A is inside attempt 1
+        stop_a.set()  # SIGTERM, in effect; the attempt outlives the drain deadline
+        await asyncio.wait_for(asyncio.gather(cs.exited(leader), cs.exited(child)), 5)
+        await cs.group_gone(leader)
+    # A (the block awaited it) recorded the attempt interrupted, then handed the run back
     mid = await event_log.load(reply.run_id)
     assert mid.status == "running"
     [first] = mid.branches["main"].attempts[step]
     assert (first.status, first.error_kind, first.retryable) == ("failed", INTERRUPTED, True)
     assert "drain deadline" in (first.error_message or "")
 
-    stop_b = asyncio.Event()
-    b = asyncio.create_task(executor_serve(infra, cfg, stop_b))
-    try:
+    async with running(executor_serve, infra, cfg):  # B
         state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
-    finally:
-        stop_b.set()
-        await asyncio.wait_for(b, 30)
     attempts = state.branches["main"].attempts[step]
     # max_attempts is 1: the interrupted attempt was not a try of the step; B ran a new one
     assert [(x.attempt, x.status) for x in attempts] == [(1, "failed"), (2, "succeeded")]
