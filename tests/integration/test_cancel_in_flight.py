@@ -33,7 +33,7 @@ from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration import parking
-from tests.integration.scenarios import attempt_of
+from tests.integration.scenarios import attempt_of, wait_until
 from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, Hang, hang
 
@@ -80,12 +80,11 @@ class Verifying:
 
 async def _executor_idle(infra: Infra, cfg: Config) -> None:
     """Until the executor acked every command (it acks a run's command once the drive returned)."""
-    for _ in range(3000):
+    async def idle() -> bool:
         info = await infra.js.consumer_info(cfg.names.commands_stream, cfg.names.consumer("executor"))
-        if info.num_ack_pending == 0 and info.num_pending == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the executor never finished driving the cancelled run")
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_until(idle, timeout_s=30, what="the executor to finish driving the cancelled run")
 
 
 async def _cancelled_cleanly(infra: Infra, cfg: Config, event_log: JetStreamEventLog, run_id: str, step_id: str,
