@@ -26,7 +26,7 @@ from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from tests.conftest import running
-from tests.integration.agent_support import KEY, KEY_ENV, agent_workflow, commits_of
+from tests.integration.agent_support import agent_workflow, commits_of
 from tests.integration.scenarios import attempt_of, wait_state
 from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, call, reply
@@ -38,10 +38,7 @@ WRITE = {"name": "write_file", "description": "Write a file.", "python": "tests.
 ASK = {"name": "ask_user", "builtin": "ask_user"}
 
 
-@pytest.fixture(autouse=True)
-def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv(KEY_ENV, KEY)
-    return KEY
+pytestmark = pytest.mark.usefixtures("api_key")  # tests/integration/conftest.py
 
 
 @contextlib.asynccontextmanager

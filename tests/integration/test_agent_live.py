@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
@@ -23,8 +22,6 @@ from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration.agent_support import (
-    KEY,
-    KEY_ENV,
     LOOKUP,
     agent_workflow,
     all_blobs,
@@ -40,17 +37,6 @@ from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, call, empty, rate_limited, reply
 
 _enc = STATE_ENCODER
-
-
-@pytest.fixture
-def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv(KEY_ENV, KEY)
-    return KEY
-
-
-@pytest.fixture
-def log_dir(tmp_path: Path) -> Path:
-    return tmp_path
 
 
 

@@ -26,23 +26,11 @@ from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from tests.conftest import REPO, running
-from tests.integration.agent_support import KEY, KEY_ENV, LOOKUP, agent_workflow, checks_tool, runs_of
+from tests.integration.agent_support import LOOKUP, agent_workflow, checks_tool, runs_of
 from tests.integration.agent_tools import HOLD_ENV, arm
 from tests.integration.scenarios import attempt_of, commit_events, wait_until
 from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, call, reply
-
-
-@pytest.fixture
-def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv(KEY_ENV, KEY)
-    return KEY
-
-
-@pytest.fixture
-def log_dir(tmp_path: Path) -> Path:
-    return tmp_path
-
 
 
 # ---- kill -9 between a tool's intent and its outcome --------------------------------------------------------
