@@ -34,6 +34,9 @@ from shared.proc.verifier import CommandVerifier
 log = structlog.get_logger(__name__)
 
 CANCEL_GRACE_S = 1.0
+# A verifier that enforces the deadline itself (the command verifier kills its process group at it)
+# gets this long past the deadline to report its own reason before the guard cancels it (s).
+REPORT_SLACK_S = 0.5
 
 
 def _import_path(spec: VerifierSpec) -> Verifier:
@@ -104,10 +107,13 @@ async def run_verifier(
     0..1) or a passed deadline gives an ``error`` result. At the deadline the
     verify task is cancelled and given ``cancel_grace_s`` to unwind; one that
     swallows the cancellation is abandoned (and logged), not awaited forever.
+    The guard fires :data:`REPORT_SLACK_S` after the deadline, so a verifier that
+    stops itself at the deadline (a command killed at its timeout) reports its own
+    reason rather than racing the guard.
     """
     task = asyncio.ensure_future(verifier.verify(ctx))
     try:
-        done, _ = await asyncio.wait({task}, timeout=ctx.remaining_s())
+        done, _ = await asyncio.wait({task}, timeout=ctx.remaining_s() + REPORT_SLACK_S)
     except asyncio.CancelledError:
         task.cancel()
         raise
