@@ -56,7 +56,9 @@ from .streaming import StreamOut
 log = structlog.get_logger("reel.executor")
 
 BLOB_TIMEOUT_S = 30.0
-CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"  # fault injection: "<step_id>:<attempt>:after_output", "verifying:after_commit"
+CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
+"""Fault injection: ``<step_id>:<attempt>:<point>`` (point: before_intent, after_intent, after_output,
+after_outcome; plain steps, services/executor/plain.py) or ``verifying:after_commit``; the process exits 137 there."""
 LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
 
 
@@ -106,6 +108,12 @@ class Attempts:
         self.facts = plan.TextFacts(counter)
         self.bodies = Bodies(blobs)  # the executor's one cache of blob bodies (outputs, turns, results)
         self._crash_at = os.environ.get(CRASH_ENV, "")
+
+    def crash_if(self, point: str) -> None:
+        """Fault injection (:data:`CRASH_ENV`): exit the process at once (137) if ``point`` is the one set."""
+        if self._crash_at and self._crash_at == point:
+            log.error("executor.crash_injected", point=point)
+            os._exit(137)
 
     # ---- commits -------------------------------------------------------------------------
     async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int] | None:

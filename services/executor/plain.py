@@ -178,6 +178,7 @@ class PlainSteps:
             state = done
         else:
             p = prepared
+        self.a.crash_if(f"{action.step_id}:{action.attempt}:after_intent")
         kind = {"tool": p.step.tool.type} if isinstance(p.step, ToolStep) else {"prompt_tokens": p.prompt_tokens}
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
         event, body = await self._side_effect(state, p, interrupt)
@@ -200,6 +201,7 @@ class PlainSteps:
         whose prompt is missing (a prompt the store refused fails the attempt, retryable)."""
         ref = p.intent.prompt_ref
         events = [*before, p.intent]
+        self.a.crash_if(f"{p.action.step_id}:{p.action.attempt}:before_intent")
         blob = None if ref is None or is_inline(ref) else await self.a.blobs.put_async(p.prompt.encode())
         sent = await self.a.send(state, events)
         stored = (await asyncio.gather(blob, return_exceptions=True))[0] if blob is not None else None
@@ -283,9 +285,13 @@ class PlainSteps:
             bodies.append((nxt.prompt.encode(), nref.media_type))
         marks = [event] if isinstance(event, AttemptSucceeded) and needs_marker(p.step) else []
         head = state.head_lsn
+        if nxt is not None:
+            a.crash_if(f"{nxt.action.step_id}:{nxt.action.attempt}:before_intent")
         sent = await a.send_with(state, [event, nxt.intent] if nxt is not None else [event], bodies, marks,
                                  crash_point=f"{action.step_id}:{action.attempt}:after_output")
         done = await a.commit(state, outcome_then(event, head, nxt), sent=sent)
+        if isinstance(done, Committed):
+            a.crash_if(f"{action.step_id}:{action.attempt}:after_outcome")
         if isinstance(done, NoCommit):
             log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
         elif any(isinstance(e, AttemptCancelled) for e in done.events):

@@ -1,0 +1,65 @@
+"""Shared pieces of the fault scenarios: the workflow, the config, starting runs, recording the counts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shared.config import Config
+from shared.core.commands import Reply
+from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.nats.client import ReelClient
+from tests.faults.checks import FaultCounts, side_effect_tool
+from tests.faults.conftest import FaultsLedger
+from tests.faults.procs import Proc
+
+STEPS = ("s1", "s2", "s3")
+ACK_WAIT_S = 3.0
+"""The scenarios' command ack wait (s): a command of a killed service comes back this soon."""
+
+
+def fault_cfg(cfg: Config) -> Config:
+    """The test's config with a short command ack wait (:data:`ACK_WAIT_S`); lease TTL stays 2 s."""
+    return dataclasses.replace(cfg, command_ack_wait_s=ACK_WAIT_S)
+
+
+def effects_workflow(path: Path, name: str = "faults", *, steps: Sequence[str] = STEPS,
+                     sleep_s: float = 0.0) -> WorkflowSpec:
+    """``steps`` command tools in a row, each appending its ``<run>:<step>:<attempt>`` line to ``path``
+    (3 attempts each; no verifier: the verifier service completes the run)."""
+    return parse_workflow({"name": name, "steps": [
+        {"kind": "tool", "id": s, "max_attempts": 3, "tool": side_effect_tool(path, f"out of {s}", sleep_s=sleep_s)}
+        for s in steps]})
+
+
+async def start_all(client: ReelClient, specs: Sequence[WorkflowSpec], *, keys: Sequence[str | None] = (),
+                    timeout_s: float = 90.0) -> list[Reply]:
+    """Start every spec at once (``keys[i]``: its idempotency key); the replies, each asserted ok."""
+    keyed = list(keys) + [None] * (len(specs) - len(keys))
+    replies = await asyncio.gather(*(client.start(s, idempotency_key=k, timeout_s=timeout_s)
+                                     for s, k in zip(specs, keyed, strict=True)))
+    for r in replies:
+        assert r.ok and r.run_id, r
+    return list(replies)
+
+
+def crash_lines(proc: Proc) -> list[dict[str, Any]]:
+    """The ``executor.crash_injected`` log records of ``proc`` (JSON lines)."""
+    out = []
+    for line in proc.log_path.read_text(errors="replace").splitlines():
+        if "executor.crash_injected" in line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def record(ledger: FaultsLedger, scenario: str, counts: FaultCounts) -> None:
+    """Record ``counts`` for ``scenario``, then assert them clean (record first: the summary counts honestly)."""
+    ledger.record(scenario, counts.runs, counts.lost, counts.stuck, counts.unrecorded)
+    counts.assert_clean()
