@@ -63,7 +63,8 @@ def _perms(g: Grant, indent: str) -> str:
         pub += f", deny: [{', '.join(map(_q, g.deny_publish))}]"
     sub = f"allow: [{', '.join(map(_q, g.subscribe))}]"
     i = indent
-    return f",\n{i}  permissions: {{\n{i}    publish: {{{pub}}}\n{i}    subscribe: {{{sub}}}\n{i}  }}"
+    resp = f"\n{i}    allow_responses: {{max: 1, expires: \"10s\"}}" if g.responses else ""
+    return f",\n{i}  permissions: {{\n{i}    publish: {{{pub}}}\n{i}    subscribe: {{{sub}}}{resp}\n{i}  }}"
 
 
 def render_auth_conf(names: Names, password_hashes: Mapping[str, str]) -> str:

@@ -43,6 +43,10 @@ CLIENT_COMMANDS = ("start", "cancel", "rewind", "respond", "crucible.run", "cruc
 are not among them."""
 
 API = "$JS.API"
+SRV = "$SRV"
+RESPONSES = "(reply of a request it received)"
+"""The matrix's row for NATS ``allow_responses`` (one answer per request, within 10 s: ``$SRV`` answers)."""
+"""The NATS micro discovery prefix (``$SRV.PING|INFO|STATS[.<name>[.<id>]]``, NATS ADR-32)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Grant:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     deny_publish: tuple[str, ...] = ()
+    responses: bool = False  # may answer once each request it receives (NATS allow_responses), wherever it came from
 
 
 @dataclass(frozen=True)
@@ -123,10 +128,12 @@ def grants(names: Names) -> dict[str, Grant]:
              *(f"{API}.STREAM.CREATE.{x}" for x in s.values())]  # create what is missing, never update or delete
     blob_read = [*_read(s["blobs"]), *_ordered(s["blobs"])]
     blob_write = [f"$O.{blobs}.C.*", f"$O.{blobs}.M.*", f"{API}.STREAM.PURGE.{s['blobs']}"]  # purge: own duplicates
-    replies = ["_INBOX.>", f"{inbox_prefix('operator')}.>"]  # answers on a command's Reel-Reply-To
+    replies = ["_INBOX.>", f"{inbox_prefix('operator')}.>"]  # answers on a command's Reel-Reply-To, and to $SRV
 
     def service(role: str, publish: Iterable[str], subscribe: Iterable[str] = ()) -> Grant:
-        return Grant(publish=_unique([*setup, *publish]), subscribe=(f"{inbox_prefix(role)}.>", *subscribe))
+        micro = [x for svc, r in SERVICE_ROLE.items() if r == role for x in discovery(svc)]
+        return Grant(publish=_unique([*setup, *publish]), subscribe=(f"{inbox_prefix(role)}.>", *subscribe, *micro),
+                     responses=True)
 
     out = {
         "client": client_grant(names),
@@ -154,6 +161,12 @@ def grants(names: Names) -> dict[str, Grant]:
     return out
 
 
+def discovery(service: str) -> list[str]:
+    """The ``$SRV`` subjects service ``service`` answers as NATS micro service ``reel-<service>``
+    (shared/nats/micro.py): every verb to all services, to its name, to its instance."""
+    return [f"{SRV}.*", f"{SRV}.*.reel-{service}", f"{SRV}.*.reel-{service}.*"]
+
+
 def client_imports(names: Names) -> list[Import]:
     """The services the client account imports from the Reel account (see the module doc)."""
     n, s, p = names, streams(names), client_js_api_prefix(names)
@@ -172,6 +185,7 @@ def client_imports(names: Names) -> list[Import]:
                 Import(f"$JS.FC.{x}.>", f"$JS.FC.{x}.>")]
     out += [Import(f"$O.{n.blob_bucket}.C.*", f"$O.{n.blob_bucket}.C.*"),  # workflow refs (sha256 checked on read)
             Import(f"$O.{n.blob_bucket}.M.*", f"$O.{n.blob_bucket}.M.*")]
+    out.append(Import(f"{SRV}.>", f"{SRV}.>", "stream"))  # discovery (`reel status`): one answer per instance
     return out
 
 
@@ -227,6 +241,8 @@ def matrix(names: Names) -> list[tuple[str, dict[str, str]]]:
             mark(p, role, "pub")
         for p in grant.subscribe:
             mark(p, role, "sub")
+        if grant.responses:
+            mark(RESPONSES, role, "pub")
     for i in client_imports(names):
         mark(i.subject, "client", "pub")
     p = client_js_api_prefix(names)

@@ -45,7 +45,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     if reaped:
         log.warning("executor.reaped_orphaned_tools", process_groups=reaped)
     consumer = CommandConsumer(infra, cfg, "executor", ex.router.subjects, ex.router,
-                               concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s)
+                               concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s,
+                               instance_id=ex.executor_id)
     lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
     hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop))
     deadline = asyncio.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))

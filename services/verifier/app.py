@@ -108,5 +108,6 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, ack_wait_s: f
         infra, cfg, "verifier", [cfg.names.verify_all], service.handle,
         concurrency=concurrency or cfg.max_concurrent_runs,
         ack_wait_s=ack_wait_s if ack_wait_s is not None else cfg.command_ack_wait_s,
+        instance_id=service.instance_id,
     )
     await consumer.run(stop)

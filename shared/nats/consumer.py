@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from shared.core.errors import InvalidCommand, ReelError
 from shared.core.ids import is_token
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.nats.infra import Infra
+from shared.nats.micro import Counters, begin_delivery, note_refusal, register, unregister
 
 log = structlog.get_logger(__name__)
 
@@ -168,6 +170,7 @@ class Router:
                 _check_session_id(cmd)
                 answer = await handler(cmd, delivery)
             except ReelError as exc:
+                note_refusal(exc.code, exc.message)
                 if rejected is not None:
                     log.warning(rejected, **extra, code=exc.code, reason=exc.message, stream_seq=delivery.stream_seq)
                 answer = error_reply(exc)
@@ -194,16 +197,23 @@ class CommandConsumer:
         concurrency: commands handled at once by this instance.
         ack_wait_s: redelivery delay if this instance dies mid-command; long handlers
             are kept alive with in-progress acks every ``ack_wait_s / 3``.
+        instance_id: this instance's id (an executor's ``x-…``): its NATS micro instance id.
+
+    While it runs it is the NATS micro service ``reel-<service>`` (:mod:`shared.nats.micro`):
+    ``counters`` holds what ``$SRV.STATS`` reports per subject. Each delivery's log context
+    starts from the one ``run`` was called in (an executor's ``executor_id``, …), plus ``service``.
     """
 
     def __init__(self, infra: Infra, cfg: Config, service: str, subjects: list[str], handler: Handler, *,
                  concurrency: int = 8, ack_wait_s: float = 30.0, max_deliver: int = 20,
-                 stream: str | None = None) -> None:
-        self.infra, self.cfg, self.service = infra, cfg, service
+                 stream: str | None = None, instance_id: str | None = None) -> None:
+        self.infra, self.cfg, self.service, self.instance_id = infra, cfg, service, instance_id
         self.stream = stream or cfg.names.commands_stream
         self.subjects, self.handler = subjects, handler
         self.concurrency, self.ack_wait_s, self.max_deliver = concurrency, ack_wait_s, max_deliver
         self._tasks: set[asyncio.Task[None]] = set()
+        self.counters = Counters(list(subjects))
+        self._context: dict[str, Any] = {}
 
     async def _subscribe(self) -> object:
         durable = self.cfg.names.consumer(self.service)
@@ -227,7 +237,12 @@ class CommandConsumer:
         so another instance gets it at once.
         """
         psub = await self._subscribe()
-        log.info("service.consuming", subjects=self.subjects, durable=self.cfg.names.consumer(self.service))
+        durable = self.cfg.names.consumer(self.service)
+        log.info("service.consuming", subjects=self.subjects, durable=durable)
+        self._context = structlog.contextvars.get_contextvars()
+        micro = await register(self.infra.nc, service=self.service, namespace=self.cfg.names.namespace,
+                               counters=self.counters, durable=durable, stream=self.stream,
+                               instance_id=self.instance_id)
         stopper = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
@@ -260,6 +275,7 @@ class CommandConsumer:
             stopper.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            await unregister(micro)
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()  # type: ignore[attr-defined]
 
@@ -271,7 +287,8 @@ class CommandConsumer:
 
     async def _handle(self, msg: Msg) -> None:
         structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(service=self.service)
+        structlog.contextvars.bind_contextvars(**{**self._context, "service": self.service})
+        started_ns, outcome = time.perf_counter_ns(), begin_delivery()
         meta = msg.metadata
         headers = msg.headers or {}
         cmd = Delivery(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
@@ -281,11 +298,14 @@ class CommandConsumer:
         keepalive = asyncio.create_task(self._keepalive(msg))
         try:
             decision = await self.handler(cmd)
-        except Exception:
+        except Exception as exc:
             log.exception("command.handler_crashed", subject=cmd.subject, stream_seq=cmd.stream_seq)
-            decision = Ack.NAK
+            decision, outcome.error = Ack.NAK, f"crashed: {exc.__class__.__name__}"
         finally:
             keepalive.cancel()
+        if outcome.error is None and decision is not Ack.ACK:
+            outcome.error = decision.value
+        self.counters.record(cmd.subject, time.perf_counter_ns() - started_ns, outcome.error)
         try:
             if decision is Ack.ACK:
                 await msg.ack()
