@@ -1,5 +1,8 @@
 """Runtime configuration, read from the environment once at service start.
 
+The complete table of every variable any process reads is docs/operations.md "Configuration"
+(``tests/unit/test_config_docs.py`` keeps it complete); the ones read here:
+
 =======================  =========================  ===========================================
 variable                 default                    meaning
 =======================  =========================  ===========================================
@@ -8,11 +11,13 @@ variable                 default                    meaning
 ``REEL_REPLICAS``        ``1``                      stream/bucket replicas (3 in a cluster)
 ``REEL_STORAGE``         ``file``                   ``file`` or ``memory``
 ``REEL_LEASE_TTL_S``     ``5``                      executor lease TTL, whole seconds (≥ 1)
+``REEL_MAX_CONCURRENT_RUNS`` ``16``                commands one instance handles at once (runs, jobs)
 ``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose service died
 ``REEL_DRAIN_DEADLINE_S`` ``45``                   after SIGTERM, how long an executor lets attempts run
                                                     before it interrupts them (retried elsewhere)
 ``REEL_INLINE_MAX_BYTES`` ``2048``                bodies up to this size ride inline in their refs
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
+``REEL_LOG_LEVEL``       ``INFO``                   structlog level (shared/logging.py; ``reel``: ``ERROR``)
 =======================  =========================  ===========================================
 
 Credentials and TLS (:class:`NatsAuth`, docs/security.md; all unset by default — an auth-off server):

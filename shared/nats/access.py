@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import ssl
 from typing import Any
@@ -196,6 +197,40 @@ def fail_if_denied(nc: Client, subject: str, fut: asyncio.Future[Any]) -> None:
         nc.watch(subject, fut)
 
 
+def connection_callbacks(nc: Client, name: str) -> dict[str, Any]:
+    """structlog callbacks for a connection's life (``nats.disconnected``, ``nats.reconnected`` with the
+    server now in use, ``nats.closed``), in place of nats-py's defaults: one JSON line each, no traceback."""
+    async def disconnected() -> None:
+        log.warning("nats.disconnected", connection=name)
+
+    async def reconnected() -> None:
+        log.warning("nats.reconnected", connection=name, server=redact_url(str(nc.connected_url.geturl()))
+                    if nc.connected_url else None)
+
+    async def closed() -> None:
+        log.info("nats.closed", connection=name)
+
+    return {"disconnected_cb": disconnected, "reconnected_cb": reconnected, "closed_cb": closed}
+
+
+class _ToStructlog(logging.Handler):
+    """nats-py's own ``logging`` lines (its read loop's ``encountered error``, with a traceback) as one
+    structlog line each: ``nats.client_error`` with the error's type and message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        log.error("nats.client_error", message=record.getMessage()[:300],
+                  error=None if exc is None else f"{exc.__class__.__name__}: {str(exc)[:300]}")
+
+
+def bridge_client_logger() -> None:
+    """Route the ``nats`` stdlib logger through structlog, once per process (idempotent)."""
+    logger = logging.getLogger("nats")
+    if not any(isinstance(h, _ToStructlog) for h in logger.handlers):
+        logger.addHandler(_ToStructlog(level=logging.WARNING))
+        logger.propagate = False
+
+
 async def open_connection(servers: list[str], auth: NatsAuth, *, name: str, **options: Any) -> ReelConnection:
     """Connect to ``servers`` with ``auth`` (further ``options`` go to ``nats.connect``).
 
@@ -213,8 +248,10 @@ async def open_connection(servers: list[str], auth: NatsAuth, *, name: str, **op
             return
         await nc.on_error(exc)
 
+    bridge_client_logger()
+    callbacks = connection_callbacks(nc, name)
     connecting: asyncio.Future[Any] = asyncio.ensure_future(
-        nc.connect(servers=servers, name=name, error_cb=error_cb, **connect_options(auth), **options))
+        nc.connect(servers=servers, name=name, error_cb=error_cb, **{**callbacks, **options}, **connect_options(auth)))
     await asyncio.wait([connecting, refused], return_when=asyncio.FIRST_COMPLETED)
     if connecting.done():
         connecting.result()
