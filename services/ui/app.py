@@ -1,0 +1,212 @@
+"""The ``reel ui`` web app: Starlette routes over a :class:`~services.ui.reader.RunReader` (read-only).
+
+Pages are rendered on the server (Jinja2, autoescaped: a tool output holding ``<script>``
+is text) and work without JavaScript; ``static/ui.js`` enhances them with live updates
+over server-sent events (sse-starlette). Routes:
+
+* ``GET /`` — the runs (id, status, outcome, workflow, age, head LSN); filter ``?status=&q=``;
+* ``GET /events?status=&q=`` — SSE: ``run`` (a row's HTML, for a run that got a commit) and
+  ``remove`` (a run that left the filter);
+* ``GET /runs/{run_id}?branch=`` — a run: lineage graph, timeline, partitions, viewers, verdicts;
+  ``GET /runs/{run_id}/body?branch=`` — the same page's body alone (what live updates swap in);
+* ``GET /runs/{run_id}/events?after=LSN`` — SSE: ``commits`` (``{head_lsn, status, outcome,
+  commits: [{lsn, lines}]}``, from :meth:`ReelClient.watch_commits`) and ``corrupt``;
+* ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
+  run references (bytes ``offset``..; default :data:`~services.ui.pages.PAGE_BYTES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from services.timeline import event_line
+from services.ui import pages
+from services.ui.reader import NotARunId, RunReader
+from services.ui.runview import run_page
+from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
+from shared.core.fold import RunState
+from shared.core.integrity import RunCorrupt
+
+HERE = Path(__file__).parent
+SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["age"] = lambda ms: pages.age(ms, int(time.time() * 1000))
+    env.filters["kib"] = lambda n: f"{n:,} B" if n < 10240 else f"{n / 1024:,.1f} KiB"
+    return env
+
+
+def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server: str = "") -> Starlette:
+    """The app over ``reader``; viewers page bodies by ``page_bytes`` bytes; ``server`` is shown in the header
+    (the NATS server's URL, credentials redacted)."""
+    env = _env()
+    common = {"namespace": reader.namespace, "server": server, "statuses": pages.STATUSES}
+
+    def html(name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        return HTMLResponse(env.get_template(name).render(**common, **ctx), status_code=status_code)
+
+    def error(status_code: int, message: str) -> HTMLResponse:
+        return html("error.html", status_code, message=message)
+
+    async def runs(request: Request) -> Response:
+        status, q = request.query_params.get("status", ""), request.query_params.get("q", "")
+        rows = [r for r in await reader.rows() if pages.matches(r, status, q)]
+        return html("runs.html", rows=rows, status=status, q=q)
+
+    async def runs_events(request: Request) -> Response:
+        status, q = request.query_params.get("status", ""), request.query_params.get("q", "")
+        row_tpl = env.get_template("_row.html")
+
+        async def gen() -> AsyncIterator[ServerSentEvent]:
+            async with reader.moved_runs() as moved:
+                yield ServerSentEvent(event="ready", data="{}")
+                while True:
+                    ids = {await moved.get()}
+                    while not moved.empty():
+                        ids.add(moved.get_nowait())
+                    for rid in sorted(ids):
+                        row = await reader.row(rid)
+                        if row is None:
+                            continue
+                        if pages.matches(row, status, q):
+                            yield ServerSentEvent(event="run", data=json.dumps(
+                                {"run_id": rid, "html": row_tpl.render(**common, r=row)}))
+                        else:
+                            yield ServerSentEvent(event="remove", data=json.dumps({"run_id": rid}))
+
+        return EventSourceResponse(gen(), ping=10)
+
+    async def _page(request: Request, template: str) -> Response:
+        run_id, branch = request.path_params["run_id"], request.query_params.get("branch") or None
+        corrupt = None
+        try:
+            state = await reader.state(run_id)
+        except NotARunId as exc:
+            return error(400, str(exc))
+        except RunNotFound:
+            return error(404, f"no run {run_id!r} in namespace {reader.namespace}")
+        except RunCorrupt as exc:
+            if exc.state is None:
+                return error(409, exc.corruption.describe())
+            state, corrupt = exc.state, exc.corruption
+        if branch is not None and branch not in state.branches:
+            return error(404, f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
+        return html(template, p=run_page(state, branch, corrupt=corrupt), branch_param=branch or "",
+                    page_bytes=page_bytes)
+
+    async def run(request: Request) -> Response:
+        return await _page(request, "run.html")
+
+    async def run_body(request: Request) -> Response:
+        return await _page(request, "_run_body.html")
+
+    async def run_events(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            after = int(request.query_params.get("after", "0"))
+            reader_watch = reader.watch(run_id)
+        except (ValueError, NotARunId) as exc:
+            return error(400, str(exc))
+
+        async def gen() -> AsyncIterator[ServerSentEvent]:
+            last = after
+            try:
+                async for state, new in reader_watch:
+                    if not new and state.head_lsn > last:  # commits since the page was rendered
+                        new = await reader.commits(run_id, after_lsn=last, upto_lsn=state.head_lsn)
+                    new = [(lsn, c) for lsn, c in new if lsn > last]
+                    if new or last == after:
+                        yield ServerSentEvent(event="commits", data=json.dumps(_commits(state, new)))
+                    last = max(last, state.head_lsn)
+            except RunCorrupt as exc:
+                yield ServerSentEvent(event="corrupt", data=json.dumps({"message": exc.corruption.describe()}))
+
+        return EventSourceResponse(gen(), ping=10)
+
+    async def blob(request: Request) -> Response:
+        run_id, sha = request.path_params["run_id"], request.path_params["sha256"]
+        q = request.query_params
+        as_json = q.get("format") == "json"
+
+        def fail(status_code: int, message: str) -> Response:
+            return JSONResponse({"error": message}, status_code) if as_json else error(status_code, message)
+
+        if len(sha) != 64 or not set(sha) <= SHA256_HEX:
+            return fail(400, "not a sha256 (64 lower-case hex digits)")
+        try:
+            offset, length = int(q.get("offset", "0")), int(q.get("length", str(page_bytes)))
+        except ValueError:
+            return fail(400, "offset and length are byte counts")
+        try:
+            page = await reader.blob(run_id, sha, offset, length)
+        except NotARunId as exc:
+            return fail(400, str(exc))
+        except (RunNotFound, BlobMissing) as exc:
+            return fail(404, str(exc))
+        except (RunCorrupt, BlobCorrupt, BlobTimeout) as exc:
+            return fail(502 if isinstance(exc, BlobTimeout) else 409, str(exc))
+        if as_json:
+            return JSONResponse({"sha256": page.sha256, "media_type": page.media_type, "offset": page.offset,
+                                 "end": page.end, "total": page.total, "text": page.text})
+        return html("blob.html", run_id=run_id, page=page, length=length)
+
+    routes = [
+        Route("/", runs), Route("/events", runs_events), Route("/runs/{run_id}", run),
+        Route("/runs/{run_id}/body", run_body), Route("/runs/{run_id}/events", run_events),
+        Route("/runs/{run_id}/blobs/{sha256}", blob),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def _commits(state: RunState, new: list[tuple[int, Any]]) -> dict[str, Any]:
+    """The ``commits`` SSE payload: the head, the status, and each new commit's event lines (plain text)."""
+    return {"head_lsn": state.head_lsn, "status": str(state.status), "outcome": str(state.outcome or ""),
+            "commits": [{"lsn": lsn, "lines": [event_line(lsn, ev).plain.removeprefix(f"  lsn {lsn:>6}  ")
+                                                  for ev in c.events]}
+                        for lsn, c in new]}
+
+
+async def serve(app: Starlette, host: str, port: int, *, started: asyncio.Future[str] | None = None) -> None:
+    """Serve ``app`` with uvicorn on host:port (``0``: a free port) until cancelled or Ctrl-C.
+
+    The socket is bound and listening before uvicorn starts, so ``started`` gets the URL
+    (``http://host:port``) when a browser can already connect.
+
+    Raises:
+        OSError: host:port cannot be bound.
+    """
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+        bound = sock.getsockname()
+        if started is not None:
+            started.set_result(f"http://{f'[{bound[0]}]' if family == socket.AF_INET6 else bound[0]}:{bound[1]}")
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2,
+                                access_log=False)
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        sock.close()

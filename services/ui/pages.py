@@ -1,0 +1,155 @@
+"""What the runs page shows, and blob pages: pure functions of folded states and bodies (no I/O).
+
+* :func:`run_row` — one run's line on the runs page (``/``): id, status, outcome, workflow, age;
+  :func:`matches` — the page's filter (``?status=…&q=…``);
+* :func:`blob_refs` — every body a run's log references, by sha256 (what ``/runs/<id>/blobs/<sha>``
+  may serve); :func:`blob_page` — one page of a body by byte range, cut on a UTF-8 boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from shared.core import agentfold
+from shared.core.events import BlobRef
+from shared.core.fold import RunState
+from shared.core.integrity import Corruption
+
+STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "cancelled", "corrupt")
+"""The runs page's status filter choices (``corrupt``: a run with a bad commit, brief §12)."""
+
+PAGE_BYTES = 64 * 1024
+"""Default page of a blob viewer (bytes)."""
+MAX_PAGE_BYTES = 1024 * 1024
+"""Largest page a viewer may ask for (bytes)."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run on the runs page.
+
+    Attributes:
+        created_ms: when the run was created (Unix ms; its ``run_created`` commit), 0 if unknown.
+        corrupt: for a corrupt run, ``at lsn N: <kind>`` (its first bad commit).
+    """
+
+    run_id: str
+    status: str
+    outcome: str
+    workflow: str
+    created_ms: int
+    head_lsn: int
+    commits: int
+    branches: int
+    active_branch: str
+    labels: dict[str, str] = field(default_factory=dict)
+    corrupt: str = ""
+
+
+def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | None = None) -> RunRow:
+    """The :class:`RunRow` of ``state`` (for a corrupt run: its state as of the last good commit, maybe none)."""
+    if corrupt is not None:
+        bad = f"at lsn {corrupt.lsn}: {corrupt.kind}"
+        if state is None:
+            return RunRow(run_id=run_id, status="corrupt", outcome="", workflow="?", created_ms=0,
+                          head_lsn=corrupt.lsn, commits=0, branches=0, active_branch="", corrupt=bad)
+        return RunRow(run_id=state.run_id, status="corrupt", outcome="", workflow=state.workflow_name,
+                      created_ms=state.created_ms, head_lsn=corrupt.lsn, commits=state.commits,
+                      branches=len(state.branches), active_branch=state.active_branch, labels=dict(state.labels),
+                      corrupt=bad)
+    assert state is not None
+    return RunRow(run_id=state.run_id, status=str(state.status), outcome=str(state.outcome or ""),
+                  workflow=state.workflow_name, created_ms=state.created_ms, head_lsn=state.head_lsn,
+                  commits=state.commits, branches=len(state.branches), active_branch=state.active_branch,
+                  labels=dict(state.labels))
+
+
+def matches(row: RunRow, status: str = "", q: str = "") -> bool:
+    """True if ``row`` passes the runs page's filter.
+
+    ``status``: one of :data:`STATUSES` or empty (any); ``q``: a case-insensitive substring of
+    the run id, workflow, outcome or a label's key or value, empty for any.
+    """
+    if status and row.status != status:
+        return False
+    if not q:
+        return True
+    hay = " ".join([row.run_id, row.workflow, row.outcome, *row.labels, *row.labels.values()]).lower()
+    return q.lower() in hay
+
+
+def age(created_ms: int, now_ms: int) -> str:
+    """A short age: ``42 s``, ``5 min``, ``3 h``, ``2 d`` (``?`` if unknown)."""
+    if created_ms <= 0:
+        return "?"
+    s = max(0, (now_ms - created_ms) // 1000)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s // size} {unit}"
+    return f"{s} s"
+
+
+def _refs(state: RunState) -> Iterator[BlobRef]:
+    yield state.workflow_ref
+    for branch in state.branches.values():
+        for attempts in branch.attempts.values():
+            for a in attempts:
+                if a.prompt_ref is not None:
+                    yield a.prompt_ref
+                if a.output_ref is not None:
+                    yield a.output_ref
+        for agent in agentfold.agents_of(branch):
+            rec = agentfold.record(branch, agent)
+            if rec is None:
+                continue
+            if rec.finished is not None and rec.finished.output_ref is not None:
+                yield rec.finished.output_ref
+            for d in agentfold.declarations(branch, agent):
+                if d.arguments_ref is not None:
+                    yield d.arguments_ref
+
+
+def blob_refs(state: RunState) -> dict[str, BlobRef]:
+    """Every blob the run's log references (workflow, prompts, outputs, tool arguments), by sha256."""
+    return {r.sha256: r for r in _refs(state)}
+
+
+@dataclass(frozen=True)
+class BlobPage:
+    """One page of a body: ``text`` is bytes ``offset`` ≤ b < ``end`` of ``total`` (bytes) decoded as UTF-8.
+
+    ``end`` is ``total`` on the last page, else the next page's ``offset``.
+    """
+
+    sha256: str
+    media_type: str
+    offset: int
+    end: int
+    total: int
+    text: str
+
+    @property
+    def last(self) -> bool:
+        """True if this page reaches the end of the body."""
+        return self.end >= self.total
+
+
+def blob_page(data: bytes, ref: BlobRef, offset: int, length: int) -> BlobPage:
+    """Bytes ``offset``.. of ``data`` (at most ``length``, clamped to 1..:data:`MAX_PAGE_BYTES`), the end moved
+    back onto a UTF-8 character boundary so no character is split between pages (forward, for a page shorter
+    than its first character); invalid bytes are replaced."""
+    total = len(data)
+    start = min(max(0, offset), total)
+    end = min(total, start + min(max(1, length), MAX_PAGE_BYTES))
+    if end < total:
+        cut = end
+        while cut > start and (data[cut] & 0xC0) == 0x80:  # a continuation byte: the character began earlier
+            cut -= 1
+        if cut > start:
+            end = cut
+        else:  # a page shorter than its first character: the whole character
+            while end < total and (data[end] & 0xC0) == 0x80:
+                end += 1
+    return BlobPage(sha256=ref.sha256, media_type=ref.media_type, offset=start, end=end, total=total,
+                    text=data[start:end].decode("utf-8", errors="replace"))

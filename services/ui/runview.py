@@ -1,0 +1,251 @@
+"""What a run's page shows: pure functions of a folded :class:`RunState` (no I/O).
+
+:func:`run_page` builds, for one branch, the timeline (each step and agent turn or tool
+call with every attempt — failed, superseded, cancelled — its LSNs, usage, partition,
+prompt/output refs, a call's arguments and input request) from
+:func:`~shared.core.views.build_episode_view`, and :func:`lineage`, the branch graph as
+lanes on an LSN axis (what the page draws as inline SVG).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from shared.core import agentfold
+from shared.core.events import BlobRef, ContextPartition, Verdict
+from shared.core.fold import RunState
+from shared.core.ids import BranchId
+from shared.core.inputstate import InputRecord
+from shared.core.integrity import Corruption
+from shared.core.views import AttemptView, EpisodeView, StepView, build_episode_view
+
+PARTITION_GROUPS = ("packed", "available", "dropped")
+LANE_H, LANE_PAD, AXIS_W, LABEL_W = 34, 22, 720, 200
+"""Lineage graph geometry (SVG user units): lane height, top padding, LSN axis width, label column."""
+
+
+@dataclass(frozen=True)
+class PartitionItem:
+    """One context item of a partition and what the partition records about it (tokens, drop reason)."""
+
+    item_id: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A model attempt's partition (seed T1.5): ids by group, per-item notes, and any scalar fields recorded."""
+
+    groups: tuple[tuple[str, tuple[PartitionItem, ...]], ...]
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class AttemptEntry:
+    """One attempt on the timeline: the view, its bar on the run's LSN axis (percent) and its usage fields."""
+
+    view: AttemptView
+    bar_left: float
+    bar_width: float
+    usage: tuple[tuple[str, Any], ...]
+    partition: Partition | None
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """One step (or an agent's turn or tool call) on the timeline.
+
+    Attributes:
+        depth: 1 for an agent's turns and calls, else 0.
+        arguments, arguments_ref: a tool call's raw JSON arguments, inline or by blob.
+    """
+
+    view: StepView
+    depth: int
+    label: str
+    attempts: tuple[AttemptEntry, ...]
+    arguments: str | None = None
+    arguments_ref: BlobRef | None = None
+    call_id: str = ""
+    is_error: bool = False
+    input: InputRecord | None = None
+    output_ref: BlobRef | None = None
+    error_kind: str | None = None
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One branch of the lineage graph: its lane's y, its span on the LSN axis (x0–x1) and the fork curve's start
+    (fx, fy) on the parent's lane, if forked; ``marks`` are its verdicts ``(x, status, text)``."""
+
+    branch_id: str
+    parent: str | None
+    fork_lsn: int | None
+    from_step: str | None
+    first_lsn: int
+    last_lsn: int
+    y: float
+    x0: float
+    x1: float
+    fx: float | None = None
+    fy: float | None = None
+    active: bool = False
+    shown: bool = False
+    marks: tuple[tuple[float, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The branch graph: SVG size (user units), the LSN range drawn and one lane per branch (root first)."""
+
+    width: int
+    height: int
+    lo: int
+    hi: int
+    lanes: tuple[Lane, ...]
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """Everything the run page renders for ``branch_id``."""
+
+    state: RunState
+    branch_id: str
+    view: EpisodeView
+    steps: tuple[StepEntry, ...]
+    lineage: Lineage
+    verdicts: tuple[Verdict, ...]
+    corrupt: Corruption | None = None
+    usage: tuple[tuple[str, Any], ...] = field(default=())
+
+
+def partition(context: ContextPartition) -> Partition:
+    """The partition's groups with per-item notes from whatever else it records about items.
+
+    Besides ``packed``/``available``/``dropped``, a field that maps item ids to values (tokens,
+    reasons), or lists ``[id, value]`` pairs or objects naming an item (``id`` / ``item_id`` /
+    ``item``), becomes notes on those items; any other scalar field is shown as is.
+    """
+    data: dict[str, Any] = msgspec.to_builtins(context)
+    notes: dict[str, list[str]] = {}
+    extra: list[tuple[str, str]] = []
+    for key, value in data.items():
+        if key in PARTITION_GROUPS:
+            continue
+        if isinstance(value, dict):
+            for item, v in value.items():
+                notes.setdefault(str(item), []).append(f"{key}: {v}")
+        elif isinstance(value, (list, tuple)):
+            for entry in value:
+                _note(notes, key, entry)
+        else:
+            extra.append((key, str(value)))
+    groups = tuple((g, tuple(PartitionItem(str(i), tuple(notes.get(str(i), ()))) for i in data.get(g, ())))
+                   for g in PARTITION_GROUPS)
+    return Partition(groups=groups, extra=tuple(extra))
+
+
+def _note(notes: dict[str, list[str]], key: str, entry: Any) -> None:
+    if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str):
+        notes.setdefault(entry[0], []).append(f"{key}: {entry[1]}")
+    elif isinstance(entry, dict):
+        ident = next((entry[k] for k in ("id", "item_id", "item") if k in entry), None)
+        if ident is not None:
+            rest = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("id", "item_id", "item"))
+            notes.setdefault(str(ident), []).append(f"{key}: {rest}" if rest else key)
+
+
+def _usage(usage: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(msgspec.to_builtins(usage).items())
+
+
+def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corruption | None = None) -> RunPage:
+    """The run page of ``branch_id`` (default: the active branch).
+
+    Raises:
+        KeyError: no such branch.
+    """
+    bid = BranchId(branch_id) if branch_id else state.active_branch
+    branch = state.branches[bid]
+    view = build_episode_view(state, bid)
+    lo, span = state.created_lsn, max(1, state.head_lsn - state.created_lsn)
+    steps = []
+    for s in view.steps:
+        entries = []
+        for a in s.attempts:
+            end = a.outcome_lsn if a.outcome_lsn is not None else state.head_lsn
+            entries.append(AttemptEntry(
+                view=a, bar_left=round(100 * (a.dispatched_lsn - lo) / span, 2),
+                bar_width=round(max(0.6, 100 * (end - a.dispatched_lsn) / span), 2), usage=_usage(a.usage),
+                partition=partition(a.context) if a.context is not None else None))
+        decl = agentfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
+        steps.append(StepEntry(
+            view=s, depth=1 if isinstance(s.parent_step, str) else 0, label=_label(s), attempts=tuple(entries),
+            arguments=decl.arguments if decl else None, arguments_ref=decl.arguments_ref if decl else None,
+            call_id=s.call_id if isinstance(s.call_id, str) else "", is_error=s.is_error is True,
+            input=s.input if isinstance(s.input, InputRecord) else None,
+            output_ref=s.output_ref if isinstance(s.output_ref, BlobRef) else None,
+            error_kind=s.error_kind if isinstance(s.error_kind, str) else None))
+    return RunPage(state=state, branch_id=bid, view=view, steps=tuple(steps), lineage=lineage(state, bid),
+                   verdicts=state.verdicts, corrupt=corrupt, usage=_usage(view.usage))
+
+
+def _label(s: StepView) -> str:
+    if s.kind == "tool" and isinstance(s.tool_name, str):
+        return f"tool {s.tool_name}"
+    if s.kind == "model" and isinstance(s.turn, int):
+        return f"turn {s.turn}"
+    return s.kind
+
+
+def _last_lsn(state: RunState, bid: BranchId) -> int:
+    b = state.branches[bid]
+    if bid == state.active_branch:
+        return state.head_lsn
+    lsns = [b.created_lsn]
+    for attempts in b.attempts.values():
+        for a in attempts:
+            lsns.append(a.outcome_lsn if a.outcome_lsn is not None else a.dispatched_lsn)
+    lsns += [v.snapshot_lsn for v in state.verdicts if v.branch_id == bid]
+    return max(lsns)
+
+
+def lineage(state: RunState, shown: str | None = None) -> Lineage:
+    """The branch graph: a lane per branch (depth-first from the root, children by fork LSN), spanning its
+    first to last LSN on a shared axis, a curve from the fork point on the parent's lane, verdict marks."""
+    children: dict[str | None, list[str]] = {}
+    for b in state.branches.values():
+        children.setdefault(b.parent_branch_id, []).append(b.branch_id)
+    order: list[str] = []
+
+    def visit(bid: str) -> None:
+        order.append(bid)
+        for c in sorted(children.get(bid, []), key=lambda c: (state.branches[BranchId(c)].created_lsn, c)):
+            visit(c)
+
+    for root in sorted(children.get(None, [])):
+        visit(root)
+    lo, hi = state.created_lsn, max(state.head_lsn, state.created_lsn + 1)
+
+    def x(lsn: int) -> float:
+        return round(LABEL_W + AXIS_W * (lsn - lo) / (hi - lo), 1)
+
+    ys = {bid: LANE_PAD + i * LANE_H for i, bid in enumerate(order)}
+    lanes = []
+    for bid in order:
+        b = state.branches[BranchId(bid)]
+        first, last = (b.fork_lsn if b.fork_lsn is not None else b.created_lsn), _last_lsn(state, BranchId(bid))
+        parent = b.parent_branch_id
+        marks = tuple((x(v.snapshot_lsn), str(v.status), f"{v.verifier}: {v.status} at lsn {v.snapshot_lsn}")
+                      for v in state.verdicts if v.branch_id == bid)
+        lanes.append(Lane(branch_id=bid, parent=parent, fork_lsn=b.fork_lsn, from_step=b.from_step,
+                          first_lsn=first, last_lsn=last, y=ys[bid], x0=x(b.created_lsn), x1=max(x(last),
+                                                                                                    x(b.created_lsn)),
+                          fx=x(first) if parent is not None else None, fy=ys.get(parent) if parent else None,
+                          active=bid == state.active_branch, shown=bid == (shown or state.active_branch),
+                          marks=marks))
+    return Lineage(width=LABEL_W + AXIS_W + 190, height=LANE_PAD * 2 + max(0, len(order) - 1) * LANE_H, lo=lo,
+                   hi=hi, lanes=tuple(lanes))

@@ -1,0 +1,130 @@
+"""The UI's pure parts without a browser: blob pages cut on UTF-8 boundaries, the runs filter, partitions' per-item
+notes, the lineage graph of a forked golden log, and every golden log rendered through the run page's templates."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from services.ui.app import _env
+from services.ui.pages import MAX_PAGE_BYTES, RunRow, age, blob_page, blob_refs, matches, run_row
+from services.ui.reader import NotARunId, check_run_id
+from services.ui.runview import lineage, partition, run_page
+from shared.core.events import BlobRef, ContextPartition
+from shared.core.fold import fold
+from shared.core.ids import ContextItemId
+from tests.golden.regen import logs, read_log
+
+GOLDEN = {p.stem: fold(read_log(p)) for p in logs()}
+
+
+def _ref(data: bytes) -> BlobRef:
+    return BlobRef(sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
+
+
+def test_pages_of_a_body_join_to_it_and_never_split_a_character() -> None:
+    data = ("ab€" * 50 + "😀z" * 30).encode()  # 1-, 3- and 4-byte characters
+    for length in (1, 2, 3, 5, 7, 64):
+        offset, texts = 0, []
+        while True:
+            page = blob_page(data, _ref(data), offset, length)
+            assert "\ufffd" not in page.text, (length, offset)
+            texts.append(page.text)
+            assert page.end - page.offset <= max(length, 4)
+            if page.last:
+                break
+            assert page.end > offset
+            offset = page.end
+        assert "".join(texts) == data.decode(), length
+    page = blob_page(data, _ref(data), 10**9, 10)
+    assert (page.offset, page.end, page.text, page.last) == (len(data), len(data), "", True)
+    assert blob_page(b"x" * (MAX_PAGE_BYTES + 5), _ref(b"x"), 0, 10**9).end == MAX_PAGE_BYTES
+
+
+def test_the_runs_filter_and_ages() -> None:
+    row = RunRow(run_id="r-0123", status="completed", outcome="passed", workflow="fix-typo", created_ms=1_000,
+                 head_lsn=9, commits=5, branches=1, active_branch="main", labels={"replayed_from": "tau.json"})
+    assert matches(row) and matches(row, "completed") and not matches(row, "running")
+    assert matches(row, q="FIX") and matches(row, q="r-01") and matches(row, q="tau.json")
+    assert matches(row, "completed", "passed") and not matches(row, q="nothing-like-it")
+    assert [age(1_000, now) for now in (43_000, 301_000, 3 * 3_600_000, 2 * 86_400_000 + 5)] == [
+        "42 s", "5 min", "2 h", "1 d"]
+    assert age(0, 5) == "?"
+
+
+def test_run_ids_are_one_subject_token() -> None:
+    assert check_run_id("r-0123abc") == "r-0123abc"
+    for bad in (">", "*", "r.1", "r 1", "", "x" * 129):
+        with pytest.raises(NotARunId):
+            check_run_id(bad)
+
+
+def test_a_partitions_other_fields_become_notes_on_its_items() -> None:
+    ids = tuple(ContextItemId(i) for i in ("a", "b"))
+    plain = partition(ContextPartition(packed=ids, available=(), dropped=(ContextItemId("c"),)))
+    assert [(g, [i.item_id for i in items]) for g, items in plain.groups] == [
+        ("packed", ["a", "b"]), ("available", []), ("dropped", ["c"])]
+    assert plain.extra == () and all(not i.notes for _, items in plain.groups for i in items)
+
+    class Richer(ContextPartition, frozen=True, kw_only=True):  # what a partition may record beside the ids
+        tokens: dict[str, int]
+        reasons: tuple[tuple[str, str], ...]
+        packed_tokens: int
+
+    rich = partition(Richer(packed=ids, available=(), dropped=(ContextItemId("c"),), tokens={"a": 12, "c": 40},
+                            reasons=(("c", "stale"),), packed_tokens=30))
+    notes = {i.item_id: i.notes for _, items in rich.groups for i in items}
+    assert notes == {"a": ("tokens: 12",), "b": (), "c": ("tokens: 40", "reasons: stale")}
+    assert rich.extra == (("packed_tokens", "30"),)
+
+
+def test_the_lineage_of_a_forked_run() -> None:
+    state = GOLDEN["hand_fork_verdicts_cancel"]
+    graph = lineage(state)
+    assert graph.lanes[0].branch_id == "main" and len(graph.lanes) == len(state.branches) > 1
+    by = {lane.branch_id: lane for lane in graph.lanes}
+    for b in state.branches.values():
+        lane = by[b.branch_id]
+        assert lane.parent == b.parent_branch_id and lane.fork_lsn == b.fork_lsn
+        if b.parent_branch_id is not None:
+            parent = by[b.parent_branch_id]
+            assert lane.fy == parent.y and lane.fx is not None and lane.fx <= lane.x0 and lane.y > parent.y
+        assert lane.x0 <= lane.x1 <= graph.width
+    marks = [m for lane in graph.lanes for m in lane.marks]
+    assert len(marks) == len(state.verdicts) > 0
+    assert sum(lane.active for lane in graph.lanes) == 1 and by[state.active_branch].active
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_every_golden_log_renders_on_the_run_page(name: str) -> None:
+    state = GOLDEN[name]
+    env = _env()
+    for bid in state.branches:
+        html = env.get_template("_run_body.html").render(p=run_page(state, bid), branch_param=bid, page_bytes=100)
+        page = run_page(state, bid)
+        assert html.count('class="attempt ') == len(list(page.view.attempts()))
+        assert html.count('<tr class="verdict"') == len(state.verdicts)
+        for sha in blob_refs(state):
+            assert len(sha) == 64
+    assert run_row(state).run_id == state.run_id
+
+
+def test_markup_in_a_run_is_escaped_by_the_templates() -> None:
+    import msgspec
+
+    state = GOLDEN["hand_agent_approval"]
+    evil = msgspec.structs.replace(state, workflow_name="<script>alert(1)</script>", labels=type(state.labels)(
+        {"<b>k</b>": "<img src=x>"}))
+    html = _env().get_template("_run_body.html").render(p=run_page(evil), branch_param="", page_bytes=100)
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img src=x>" not in html and "<b>k</b>" not in html
+    row = _env().get_template("_row.html").render(r=run_row(evil))
+    assert "<script>" not in row and "&lt;script&gt;" in row
+
+
+def test_templates_and_script_ship_with_the_package() -> None:
+    ui = Path(__file__).resolve().parents[2] / "services" / "ui"
+    assert {p.name for p in (ui / "templates").iterdir()} >= {"base.html", "runs.html", "run.html", "_run_body.html"}
+    assert (ui / "static" / "ui.js").read_text().count("innerHTML") == 2  # server-rendered fragments only

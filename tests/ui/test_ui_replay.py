@@ -1,0 +1,96 @@
+"""``reel ui`` in a real browser on a replayed recording (``reel replay`` of a tau-bench episode from ../shared/data):
+the run is listed with its replay label, every recorded turn and tool call is on the timeline with its partition,
+the verdicts with their snapshot LSNs; a rewind made while the page is open appears live as a second branch on
+the lineage graph."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from shared.core.views import build_episode_view
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.eventlog import JetStreamEventLog
+from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, screenshot, until
+
+pytestmark = [pytest.mark.ui, pytest.mark.data]
+
+TAU = "taubench_gpt-4o-airline.json"
+
+
+async def test_a_replayed_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs: JetStreamBlobStore,  # type: ignore[no-untyped-def]
+                                             data_dir: Path, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    code, out, err = await reel(cfg, "replay", str(data_dir / TAU), "--limit", "1", "--no-timelines", env=env,
+                                timeout_s=240)
+    run_id = re.search(r"run (r-[0-9a-f]{20})", out).group(1)  # type: ignore[union-attr]
+    state = await event_log.load(run_id)
+    assert state.status == "completed" and code in (0, 3), (code, out, err)
+    view = build_episode_view(state)
+    turns = [s for s in view.steps if s.kind == "model"]
+    calls = [s for s in view.steps if s.kind == "tool"]
+    assert len(turns) > 2 and calls
+    async with reel_ui(cfg, "--page-bytes", "4096", env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            b.get(f"{url}/?q={TAU}")  # the replay label is searchable
+            row = b.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')
+            assert row.get_attribute("data-status") == "completed"
+            assert row.find_element(By.CSS_SELECTOR, "td.outcome").text == (state.outcome or "")
+            assert f"replayed_from={TAU}" in row.text
+            b.find_element(By.LINK_TEXT, run_id).click()
+            await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-live") == "1",
+                        "the run page's live connection")
+
+            steps = [e.get_attribute("data-step") for e in b.find_elements(By.CSS_SELECTOR, "article.step")]
+            assert steps == [s.step_id for s in view.steps]
+            for s in calls:
+                el = b.find_element(By.CSS_SELECTOR, f'article.step[data-step="{s.step_id}"]')
+                assert f"tool {s.tool_name}" in el.text and f"call id {s.call_id}" in el.text
+            for s in turns:
+                a = s.attempts[-1]
+                el = b.find_element(By.CSS_SELECTOR,
+                                    f'div.attempt[data-step="{a.step_id}"][data-attempt="{a.attempt}"]')
+                assert el.get_attribute("data-dispatched-lsn") == str(a.dispatched_lsn)
+                assert el.get_attribute("data-outcome-lsn") == str(a.outcome_lsn)
+                packed = [i.get_attribute("data-item") for i in el.find_elements(
+                    By.CSS_SELECTOR, '.group[data-group="packed"] .item')]
+                assert a.context is not None and packed == list(a.context.packed) and "instructions" in packed
+            for v in state.verdicts:
+                vrow = b.find_element(By.CSS_SELECTOR, f'tr.verdict[data-verifier="{v.verifier}"]')
+                assert (vrow.get_attribute("data-status"), vrow.get_attribute("data-snapshot-lsn"),
+                        vrow.get_attribute("data-branch")) == (v.status, str(v.snapshot_lsn), v.branch_id)
+
+            # the last turn's recorded prompt, fetched when opened: its first page is the body's first 4096 bytes
+            last = turns[-1].attempts[-1]
+            assert last.prompt_ref is not None
+            prompt = (await blobs.get(last.prompt_ref)).decode()
+            viewer = b.find_element(By.CSS_SELECTOR, f'.viewer[data-key="{last.step_id}#{last.attempt}:prompt"]')
+            viewer.find_element(By.TAG_NAME, "summary").click()
+            pre = viewer.find_element(By.CSS_SELECTOR, "pre.blob-text")
+            await until(b, lambda d: viewer.get_attribute("data-loaded") == "1", "the prompt's first page")
+            shown = b.execute_script("return arguments[0].textContent", pre)
+            assert shown == prompt.encode()[:int(viewer.get_attribute("data-next"))].decode() and shown
+            assert json.loads(prompt)["messages"]  # the wire request the recorded model answered
+
+            # a rewind while the page is open: the fork lands live, the graph gets the new branch's lane
+            code, out, err = await reel(cfg, "rewind", run_id, "--at-step", turns[1].step_id, "--key", "ui", env=env)
+            assert code == 0, (out, err)
+            forked = json.loads(out.strip().splitlines()[-1])["branch_id"]
+            after = await event_log.load(run_id)
+            await until(b, lambda d: d.find_elements(By.CSS_SELECTOR, f'svg.lineage g.lane[data-branch="{forked}"]'),
+                        "the new branch's lane")
+            lane = b.find_element(By.CSS_SELECTOR, f'svg.lineage g.lane[data-branch="{forked}"]')
+            fork = after.branches[forked]
+            assert (lane.get_attribute("data-parent"), lane.get_attribute("data-fork-lsn")) == (
+                "main", str(fork.fork_lsn))
+            assert b.find_elements(By.CSS_SELECTOR, "svg.lineage path.fork")
+            assert any(f"branch {forked} forked from main" in li.text
+                       for li in b.find_elements(By.CSS_SELECTOR, "#live-log li"))
+            b.get(f"{url}/runs/{run_id}?branch=main")  # the original branch keeps its verdicts and attempts
+            assert len(b.find_elements(By.CSS_SELECTOR, "div.attempt")) == len(list(view.attempts()))
+            screenshot(b, artifact(tmp_path, "ui-replayed-run.png"))
