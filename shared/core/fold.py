@@ -234,7 +234,7 @@ def _verifying(run: _Run, lsn: LSN, event: RunVerifying) -> None:
 
 
 def _verdict(run: _Run, lsn: LSN, event: VerdictRecorded) -> None:
-    run.verdicts.append(event.verdict)
+    run.verdicts.append(lifecycle.verdict(run, lsn, event))
 
 
 def _completed(run: _Run, lsn: LSN, event: RunCompleted) -> None:

@@ -45,11 +45,11 @@ REF = BlobRef(sha256="0" * 64, size_bytes=10, media_type="application/json")
 OUT = BlobRef(sha256="1" * 64, size_bytes=3)
 
 
-def created(*steps: tuple[str, int], run_id: str = "r-1") -> RunCreated:
+def created(*steps: tuple[str, int], run_id: str = "r-1", verifiers: tuple[str, ...] = ()) -> RunCreated:
     decls = tuple(StepDecl(step_id=s, kind="model" if i % 2 == 0 else "tool", max_attempts=m)
                   for i, (s, m) in enumerate(steps))
     return RunCreated(run_id=run_id, branch_id="main", workflow_name="w", workflow_ref=REF, steps=decls,
-                      created_ms=1000)
+                      created_ms=1000, verifiers=verifiers)
 
 
 def dispatched(step: str, attempt: int, branch: str = "main", executor: str = "x-1") -> AttemptDispatched:
@@ -225,7 +225,7 @@ def test_superseded_dispatched_attempt_does_not_block_success() -> None:
 
 def test_run_status_follows_the_lifecycle() -> None:
     log = Log()
-    log.add(created(("a", 1)))
+    log.add(created(("a", 1), verifiers=("v",)))
     assert log.state().status == "pending"
     log.add(RunStarted(executor_id="x-1", at_ms=1))
     assert log.state().status == "running"
@@ -436,6 +436,8 @@ class Model:
     # branch → step → [(attempt, status, dispatched_lsn, outcome_lsn)]
     branches: dict[str, dict[str, list[list[object]]]] = field(default_factory=lambda: {"main": {}})
     lsns: list[int] = field(default_factory=list)
+    verifying_lsn: int | None = None
+    judged: set[tuple[str, int, str]] = field(default_factory=set)  # (branch, snapshot, verifier) recorded
 
     def open_attempts(self) -> list[tuple[str, str, int]]:
         return [(b, s, int(a[0]))  # type: ignore[call-overload]
@@ -459,14 +461,18 @@ class Model:
             if kept:
                 out[s] = kept
         self.branches[child] = out
-        self.active, self.status = child, "running"
+        self.active, self.status, self.verifying_lsn = child, "running", None
+
+
+VERIFIERS = ("v1", "v2")
 
 
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[list[tuple[int, Commit]], Model]:
     model = Model()
     lsn = draw(st.integers(1, 50))
-    commits = [(lsn, Commit(commit_id="c0", run_id="r-p", events=(created(*STEPS, run_id="r-p"),)))]
+    first = created(*STEPS, run_id="r-p", verifiers=VERIFIERS)
+    commits = [(lsn, Commit(commit_id="c0", run_id="r-p", events=(first,)))]
     model.lsns.append(lsn)
     forks = 0
     for n in range(draw(st.integers(0, 30))):
@@ -509,10 +515,16 @@ def runs(draw: st.DrawFn) -> tuple[list[tuple[int, Commit]], Model]:
                 rec[1], rec[3] = ("succeeded" if ok else "failed"), lsn
             elif move == "verifying":
                 events.append(RunVerifying(branch_id=model.active, at_ms=lsn))
-                model.status = "verifying"
-            elif move == "verdict":
+                model.status, model.verifying_lsn = "verifying", lsn
+            elif move == "verdict":  # once per verifier, by a job at the snapshot, in a later commit
+                at = model.verifying_lsn
+                left = [v for v in VERIFIERS if at is not None and (model.active, at, v) not in model.judged]
+                if at is None or at >= lsn or not left:
+                    continue
+                verifier = draw(st.sampled_from(left))
+                model.judged.add((model.active, at, verifier))
                 events.append(VerdictRecorded(verdict=Verdict(
-                    run_id="r-p", branch_id=model.active, snapshot_lsn=model.lsns[-1], verifier="v",
+                    run_id="r-p", branch_id=model.active, snapshot_lsn=at, verifier=verifier,
                     status=draw(st.sampled_from(["pass", "fail", "error"])), score=draw(st.floats(0, 1)))))
             elif move == "complete":
                 events.append(RunCompleted(branch_id=model.active, outcome="passed", at_ms=lsn))
