@@ -22,7 +22,7 @@ from services.health import HEARTBEAT_ENV, heartbeat
 from shared.config import CONNECTION_FLAGS, Config
 from shared.logging import setup_logging
 from shared.nats.access import redact_url
-from shared.nats.infra import Infra, connect, ensure_infra
+from shared.nats.infra import Infra, connect, ensure_infra_retrying
 
 Serve = Callable[[Infra, Config, asyncio.Event], Awaitable[None]]
 
@@ -36,7 +36,7 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
         loop.add_signal_handler(sig, stop.set)
     nc = await connect(cfg, name=f"reel-{name}")
     try:
-        infra = await ensure_infra(nc, cfg)
+        infra = await ensure_infra_retrying(nc, cfg)
         log.info("service.started", nats_url=redact_url(cfg.nats_url), namespace=cfg.names.namespace,
                  nats_user=cfg.auth.user)
         beat = os.environ.get(HEARTBEAT_ENV)

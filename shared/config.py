@@ -16,6 +16,8 @@ variable                 default                    meaning
 ``REEL_DRAIN_DEADLINE_S`` ``45``                   after SIGTERM, how long an executor lets attempts run
                                                     before it interrupts them (retried elsewhere)
 ``REEL_INLINE_MAX_BYTES`` ``2048``                bodies up to this size ride inline in their refs
+``REEL_FAILOVER_S``      ``30``                     how long a client re-sends a command (same msg id)
+                                                    while no server answers (a failover), then errors
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 ``REEL_LOG_LEVEL``       ``INFO``                   structlog level (shared/logging.py; ``reel``: ``ERROR``)
 =======================  =========================  ===========================================
@@ -115,6 +117,7 @@ class Config:
     auth: NatsAuth = field(default_factory=NatsAuth)
     drain_deadline_s: float = 45.0
     inline_max_bytes: int = 2048
+    failover_s: float = 30.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -130,6 +133,7 @@ class Config:
             "auth": NatsAuth.from_env(),
             "drain_deadline_s": float(os.environ.get("REEL_DRAIN_DEADLINE_S", "45")),
             "inline_max_bytes": int(os.environ.get("REEL_INLINE_MAX_BYTES", "2048")),
+            "failover_s": float(os.environ.get("REEL_FAILOVER_S", "30")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

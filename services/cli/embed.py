@@ -32,7 +32,7 @@ from shared.nats.access import ConnectRefused, redact_url
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import url_or_embedded
-from shared.nats.infra import Infra, connect, ensure_infra, open_infra
+from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
@@ -92,7 +92,7 @@ async def serve_as_role(name: str, serve: Callable[..., Coroutine[Any, Any, None
     role_cfg = auth.service_config(name, cfg)
     nc = await connect(role_cfg, name=f"reel-{name}")
     try:
-        await serve(await ensure_infra(nc, role_cfg), role_cfg, stop)
+        await serve(await ensure_infra_retrying(nc, role_cfg), role_cfg, stop)
     finally:
         await nc.close()
 

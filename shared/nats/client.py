@@ -2,7 +2,9 @@
 
 It publishes a command to the commands stream with ``Reel-Reply-To`` set to a
 fresh inbox, waits for JetStream's PubAck (the command is durably queued) and
-then for the service's :class:`~shared.core.commands.Reply`.
+then for the service's :class:`~shared.core.commands.Reply`. Through a failover (no server answers,
+a stream leader being elected) the publish is re-sent with the same ``Nats-Msg-Id`` for up to
+``REEL_FAILOVER_S`` (default 30 s) before a clear error; a missing commands stream is an error at once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 
 from shared.config import Config
 from shared.core.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
@@ -28,6 +30,7 @@ from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.core.workflow import WorkflowSpec, encode_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.publish import is_transient, settle_retrying
 
 INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
 
@@ -37,6 +40,10 @@ class CommandTimeout(ReelError, TimeoutError):
 
     code = "command_timeout"
     retryable = True
+
+
+class _NoStream(Exception):
+    """The commands stream does not exist (not retried)."""
 
 
 class ReelClient:
@@ -57,22 +64,56 @@ class ReelClient:
         """
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, max_msgs=1)
-        headers = {REPLY_TO_HEADER: inbox}
-        if msg_id:
-            headers[MSG_ID_HEADER] = msg_id
+        headers = {REPLY_TO_HEADER: inbox, MSG_ID_HEADER: msg_id or uuid.uuid4().hex}  # a re-send is deduplicated
         try:
-            try:
-                await self.js.publish(self.cfg.names.command(name), body, headers=headers)
-            except NoStreamResponseError as exc:
-                raise ReelError(f"no {self.cfg.names.commands_stream} stream at {self.cfg.nats_url}: "
-                                "is `reel up` (or a Reel service) running?") from exc
+            await self._publish(name, body, headers)
             try:
                 msg = await sub.next_msg(timeout=timeout_s)
             except Exception as exc:
                 raise CommandTimeout(f"no answer to {name} within {timeout_s}s (the command stays queued)") from exc
         finally:
             await sub.unsubscribe()
-        return msgspec.json.decode(msg.data, type=Reply)
+        reply = msgspec.json.decode(msg.data, type=Reply)
+        if reply.run_id and reply.lsn:
+            self.log.note(reply.run_id, int(reply.lsn))  # reads of this run now include that commit
+        return reply
+
+    async def _publish(self, name: str, body: bytes, headers: dict[str, str]) -> None:
+        """Queue one command, re-sent with the same ``Nats-Msg-Id`` while no server answers (a failover) for up to
+        ``cfg.failover_s`` (``REEL_FAILOVER_S``).
+
+        Raises:
+            ReelError: the commands stream does not exist (no Reel service ever ran here), or no server
+                stored the command within the failover window.
+        """
+        stream = self.cfg.names.commands_stream
+        try:
+            async for attempt in settle_retrying(self.cfg.failover_s):
+                with attempt:
+                    try:
+                        await self.js.publish(self.cfg.names.command(name), body, headers=headers)
+                    except NoStreamResponseError:
+                        if await self._stream_missing(stream):
+                            raise _NoStream(stream) from None
+                        raise
+        except _NoStream as exc:
+            raise ReelError(f"no {stream} stream at {self.cfg.nats_url}: "
+                            "is `reel up` (or a Reel service) running?") from exc
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise ReelError(f"no server stored the {name} command within {self.cfg.failover_s:g} s "
+                            f"(REEL_FAILOVER_S) at {self.cfg.nats_url}: {type(exc).__name__}") from exc
+
+    async def _stream_missing(self, stream: str) -> bool:
+        """True if JetStream answers that ``stream`` does not exist (not: no answer, as in a failover)."""
+        try:
+            await self.js.stream_info(stream)
+        except NotFoundError:
+            return True
+        except Exception:  # no answer: an election or a dead node, not a missing stream
+            return False
+        return False
 
     async def start(self, spec: WorkflowSpec, *, idempotency_key: str | None = None,
                     labels: dict[str, str] | None = None, timeout_s: float = 30.0) -> Reply:

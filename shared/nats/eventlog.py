@@ -5,6 +5,10 @@
 run's subject). Every read is checked (:mod:`shared.core.integrity`): a commit that does not
 decode, names another run or is an illegal transition makes the read raise ``RunCorrupt``
 for that run, with its state as of the last good commit.
+
+Reads see what must be seen on a replicated stream (R3): this log's own commits, the commits it
+read before, the LSN a snapshot was taken at and a pinned ``upto_lsn`` — a lagging follower's
+answer is completed from the stream leader (:class:`~shared.nats.subjectlog.SubjectLog`).
 """
 
 from __future__ import annotations
@@ -77,6 +81,10 @@ class JetStreamEventLog:
         body = encode_commit(Commit(commit_id=CommitId(cid), run_id=RunId(run_id), writer=writer, events=tuple(events)))
         return await self.subjects.append_async(run_id, body, expected_seq=expected_lsn, commit_id=cid)
 
+    def note(self, run_id: str, lsn: int) -> None:
+        """Remember that ``run_id`` has a commit at ``lsn`` (e.g. a reply's LSN): later reads include it."""
+        self.subjects.note(run_id, lsn)
+
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
         """The run's last commit and its LSN, or ``None`` if the run has none.
 
@@ -112,7 +120,7 @@ class JetStreamEventLog:
         """
         if not is_token(run_id):
             return []
-        raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, from_seq=from_lsn)
+        raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, from_seq=from_lsn, expect_seq=upto_lsn)
         with gc_paused():
             commits, bad = integrity.decode_log(run_id, raw)
         if bad is not None:
@@ -143,7 +151,8 @@ class JetStreamEventLog:
         """
         state = None if cold or not is_token(run_id) else await self._load_from_snapshot(run_id, upto_lsn)
         if state is None and is_token(run_id):
-            state, _, bad = _fold_raw(run_id, await self.subjects.read_raw(run_id, upto_seq=upto_lsn), upto_lsn)
+            raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, expect_seq=upto_lsn)
+            state, _, bad = _fold_raw(run_id, raw, upto_lsn)
             if bad is not None:
                 raise integrity.RunCorrupt(bad, state)
         if state is None:
@@ -155,9 +164,10 @@ class JetStreamEventLog:
         ref = await store.latest(run_id) if store is not None else None
         if store is None or ref is None or (upto_lsn is not None and ref.lsn > upto_lsn):
             return None
+        self.subjects.note(run_id, ref.lsn)  # the snapshot's commit exists: a lagging replica is not the truth
         with gc_paused():
-            tail, bad = integrity.decode_log(run_id, await self.subjects.read_raw(run_id, upto_seq=upto_lsn,
-                                                                                  from_seq=ref.lsn))
+            tail, bad = integrity.decode_log(run_id, await self.subjects.read_raw(
+                run_id, upto_seq=upto_lsn, from_seq=ref.lsn, expect_seq=upto_lsn))
         if not tail or tail[0][0] != ref.lsn or tail[0][1].commit_id != ref.commit_id:
             log.warning("snapshot.mismatch", run_id=run_id, lsn=ref.lsn)
             return None

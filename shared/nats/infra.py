@@ -16,7 +16,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -156,3 +156,33 @@ async def _kv(js: JetStreamContext, config: jsapi.KeyValueConfig) -> KeyValue:
         return await js.key_value(config.bucket)
     except (NotFoundError, BadRequestError):
         return await js.create_key_value(config)
+
+
+START_RETRY_S = 120.0
+"""How long (s) a service retries :func:`ensure_infra` at start (a loaded cluster, an election)."""
+
+
+async def ensure_infra_retrying(nc: Client, cfg: Config, *, within_s: float = START_RETRY_S) -> Infra:
+    """:func:`ensure_infra`, retried with backoff (tenacity: jittered, ≤ 2 s apart) for ``within_s`` seconds on
+    the errors of a loaded or electing cluster (timeouts, no responders, 5xx answers) — the start of every service.
+
+    Raises:
+        the last error of :func:`ensure_infra` once ``within_s`` is over, or at once if it is not transient.
+    """
+    import tenacity
+
+    from shared.nats.publish import is_transient
+
+    def retryable(exc: BaseException) -> bool:
+        return is_transient(exc) or (isinstance(exc, APIError) and (exc.code or 0) >= 500)
+
+    def logged(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("infra.retry", try_no=state.attempt_number, error=repr(exc)[:200])
+
+    async for attempt in tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_delay(within_s), wait=tenacity.wait_random_exponential(multiplier=0.2, max=2.0),
+            retry=tenacity.retry_if_exception(retryable), reraise=True, after=logged):
+        with attempt:
+            return await ensure_infra(nc, cfg)
+    raise AssertionError("unreachable")  # pragma: no cover

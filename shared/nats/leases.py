@@ -4,6 +4,10 @@ An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key:
 executor id; body: ``{"executor_id": …, "pid": …}`` as JSON) while it heartbeats. The
 bucket's max age is the lease TTL, so a dead executor's entry expires by itself; a
 stopping one deletes it. Recovery and rewind read it to tell a live owner from a dead one.
+
+On a replicated bucket (R3) a Direct Get can be answered by a follower that has not applied a
+fresh heartbeat yet, so "no entry" is asked again of the stream leader before an executor is
+declared gone: a live executor's attempt is never taken over on a lagging replica's word (issue 10).
 """
 
 from __future__ import annotations
@@ -45,11 +49,21 @@ async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
     """
     if executor_id is None:
         return False
-    try:
-        entry = await leases.get(executor_id)
-    except (KeyNotFoundError, InvalidKeyError):
-        return False
-    except Exception as exc:
-        log.warning("lease.unreadable", executor_id=executor_id, error=str(exc))
-        return True
-    return bool(entry.value)  # a server-written expiry marker has no body
+    for kv in (leases, _from_leader(leases)):  # a follower's "absent" is checked with the leader
+        try:
+            entry = await kv.get(executor_id)
+        except InvalidKeyError:
+            return False
+        except KeyNotFoundError:
+            continue
+        except Exception as exc:
+            log.warning("lease.unreadable", executor_id=executor_id, error=str(exc))
+            return True
+        if entry.value:
+            return True  # a server-written expiry marker has no body
+    return False
+
+
+def _from_leader(kv: KeyValue) -> KeyValue:
+    """The same bucket read with ``$JS.API.STREAM.MSG.GET`` (answered by the stream leader only)."""
+    return KeyValue(kv._name, kv._stream, kv._pre, kv._js, direct=False)
