@@ -201,7 +201,8 @@ def connection_callbacks(nc: Client, name: str) -> dict[str, Any]:
     """structlog callbacks for a connection's life (``nats.disconnected``, ``nats.reconnected`` with the
     server now in use, ``nats.closed``), in place of nats-py's defaults: one JSON line each, no traceback."""
     async def disconnected() -> None:
-        log.warning("nats.disconnected", connection=name)
+        if not nc.is_closed:  # a close of our own is ``nats.closed``
+            log.warning("nats.disconnected", connection=name)
 
     async def reconnected() -> None:
         log.warning("nats.reconnected", connection=name, server=redact_url(str(nc.connected_url.geturl()))

@@ -1,0 +1,55 @@
+"""``reel trace RUN``: export a run as OpenTelemetry GenAI spans (docs/operations.md "Traces").
+
+The spans are a pure function of the run's log (shared/core/traces.py), exported with the
+OpenTelemetry SDK over OTLP/HTTP (shared/otel.py) to ``--otlp-endpoint`` or
+``$OTEL_EXPORTER_OTLP_ENDPOINT``; ``--json`` prints them instead (one JSON object per span).
+Exporting again sends the same trace and span ids.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import msgspec
+import typer
+
+from services.cli.common import CliError, Namespace, NatsUrl, console, run_async
+from services.cli.embed import session
+
+
+def trace(
+    run_id: str = typer.Argument(..., help="the run id"),
+    otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", help="OTLP/HTTP base URL, e.g. "
+                                             "http://localhost:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT)"),
+    json_out: bool = typer.Option(False, "--json", help="print the spans as JSON lines instead of exporting"),
+    nats_url: str | None = NatsUrl,
+    namespace: str = Namespace,
+) -> None:
+    """Export a run's trace: invoke_agent per branch, chat per model attempt, execute_tool per tool attempt."""
+    from shared.otel import otlp_exporter, run_trace, sdk_spans
+
+    endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+
+    async def body() -> int:
+        if not json_out and not endpoint:
+            raise CliError("no OTLP endpoint: pass --otlp-endpoint URL or set OTEL_EXPORTER_OTLP_ENDPOINT "
+                           "(or --json to print the spans)", 2)
+        async with session(nats_url, namespace, services=()) as s:
+            records = await run_trace(s.client.log, s.client.blobs, run_id)
+        if json_out:
+            for r in records:
+                sys.stdout.write(msgspec.json.encode(r).decode() + "\n")
+            return 0
+        exporter = otlp_exporter(endpoint)
+        try:
+            result = exporter.export(sdk_spans(records))
+        finally:
+            exporter.shutdown()
+        if result.name != "SUCCESS":
+            raise CliError(f"the OTLP endpoint {endpoint} did not accept the {len(records)} spans")
+        trace_id = f"{records[0].trace_id:032x}" if records else "-"
+        console.print(f"exported {len(records)} spans of run {run_id} (trace {trace_id}) to {endpoint}")
+        return 0
+
+    run_async(body())
