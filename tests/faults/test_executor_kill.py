@@ -53,9 +53,7 @@ async def test_executor_killed_at_a_point_of_an_attempt(
         await procs.start("executor")  # takes the runs over when their commands come back
         run_ids = [r.run_id for r in await started if r.run_id]
         counts = await check_runs(client.log, run_ids, side_effects=effects, timeout_s=90)
-        if counts.problems:
-            counts.problems.append(procs.logs())
-    record(faults_ledger, f"executor_kill_{point}", counts)
+        record(faults_ledger, f"executor_kill_{point}", counts, procs)
 
     crashed = crash.get("run_id")
     assert crashed in run_ids, crash
