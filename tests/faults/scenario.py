@@ -29,13 +29,19 @@ def fault_cfg(cfg: Config) -> Config:
     return dataclasses.replace(cfg, command_ack_wait_s=ACK_WAIT_S)
 
 
+def effects_spec(path: Path, name: str = "faults", *, steps: Sequence[str] = STEPS,
+                 sleep_s: float = 0.0) -> dict[str, Any]:
+    """The workflow JSON of :func:`effects_workflow`."""
+    return {"name": name, "steps": [
+        {"kind": "tool", "id": s, "max_attempts": 3, "tool": side_effect_tool(path, f"out of {s}", sleep_s=sleep_s)}
+        for s in steps]}
+
+
 def effects_workflow(path: Path, name: str = "faults", *, steps: Sequence[str] = STEPS,
                      sleep_s: float = 0.0) -> WorkflowSpec:
     """``steps`` command tools in a row, each appending its ``<run>:<step>:<attempt>`` line to ``path``
     (3 attempts each; no verifier: the verifier service completes the run)."""
-    return parse_workflow({"name": name, "steps": [
-        {"kind": "tool", "id": s, "max_attempts": 3, "tool": side_effect_tool(path, f"out of {s}", sleep_s=sleep_s)}
-        for s in steps]})
+    return parse_workflow(effects_spec(path, name, steps=steps, sleep_s=sleep_s))
 
 
 async def start_all(client: ReelClient, specs: Sequence[WorkflowSpec], *, keys: Sequence[str | None] = (),
