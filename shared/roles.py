@@ -186,6 +186,10 @@ def client_imports(names: Names) -> list[Import]:
     out += [Import(f"$O.{n.blob_bucket}.C.*", f"$O.{n.blob_bucket}.C.*"),  # workflow refs (sha256 checked on read)
             Import(f"$O.{n.blob_bucket}.M.*", f"$O.{n.blob_bucket}.M.*")]
     out.append(Import(f"{SRV}.>", f"{SRV}.>", "stream"))  # discovery (`reel status`): one answer per instance
+    for svc in SERVICE_ROLE:  # `reel status`: each service's consumer lag, the executor leases (read only)
+        info = f"CONSUMER.INFO.{s['commands']}.{n.consumer(svc)}"
+        out.append(Import(f"{API}.{info}", f"{p}.{info}"))
+    out.append(Import(f"{API}.STREAM.MSG.GET.{s['leases']}", f"{p}.STREAM.MSG.GET.{s['leases']}"))
     return out
 
 

@@ -23,7 +23,7 @@ import os
 
 import typer
 
-from services.cli import auth, control, inputs, replay, runs, supervisor, trace, ui
+from services.cli import auth, control, inputs, replay, runs, status, supervisor, trace, ui
 from services.cli.common import reel_home
 from services.cli.serve import serve_app
 from shared.logging import setup_logging
@@ -45,6 +45,7 @@ app.command()(inputs.answer)
 app.command()(supervisor.up)
 app.command()(ui.ui)
 app.command()(trace.trace)
+app.command()(status.status)
 app.add_typer(serve_app, name="serve")
 auth.install(app)  # connection options (reel --nats-user … CMD), reel auth init
 

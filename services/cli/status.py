@@ -1,0 +1,142 @@
+"""``reel status``: the services and instances answering (NATS micro), their consumers' lag, the executor leases.
+
+Three reads, none of which changes anything (docs/operations.md "reel status"):
+
+* ``$SRV.STATS`` (scatter-gather, ``--timeout`` seconds; shared/nats/micro.py): every instance of
+  this namespace's services, its version, start time, host/pid, and per consumed subject the
+  deliveries it handled and refused;
+* JetStream consumer info of each service's durable consumer (``<ns>_<service>`` on the commands
+  stream): ``num_pending`` (queued, not yet delivered), ``num_ack_pending`` (delivered, in flight),
+  ``num_redelivered``, ``num_waiting`` (pull requests of idle instances);
+* the executor leases KV bucket: one key per live executor (its id, pid), with whether an
+  instance of that id answered discovery.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from nats.js.errors import NotFoundError
+from rich.table import Table
+
+from services.cli.common import Namespace, NatsUrl, console, run_async
+from services.cli.embed import session
+from shared.config import Config
+from shared.nats.infra import Infra
+from shared.nats.micro import discover
+from shared.roles import SERVICE_ROLE
+
+SERVICES = tuple(SERVICE_ROLE)
+"""Every service whose durable consumer ``reel status`` reports (executor, verifier, … crucible)."""
+
+
+async def gather(infra: Infra, cfg: Config, *, timeout_s: float = 0.5, expected: int | None = None) -> dict[str, Any]:
+    """The status report (the ``--json`` document): ``{"namespace", "services": [...], "consumers": [...],
+    "leases": [...]}``; times in ms, processing times in ms (micro reports ns).
+
+    ``expected``: stop waiting for discovery answers once this many instances answered.
+    """
+    names = cfg.names
+    stats = await discover(infra.nc, "STATS", namespace=names.namespace, timeout_s=timeout_s, expected=expected)
+    services = []
+    for s in stats:
+        meta = s.get("metadata") or {}
+        assert isinstance(meta, dict)
+        endpoints = s.get("endpoints") or []
+        assert isinstance(endpoints, list)
+        services.append({
+            "service": str(s.get("name", "")).removeprefix("reel-"), "instance_id": s.get("id"),
+            "version": s.get("version"), "started": s.get("started"), "host": meta.get("host"),
+            "pid": meta.get("pid"),
+            "endpoints": [{"name": e.get("name"), "subject": e.get("subject"), "handled": e.get("num_requests", 0),
+                           "errors": e.get("num_errors", 0), "last_error": e.get("last_error") or None,
+                           "avg_ms": round(int(e.get("average_processing_time", 0)) / 1e6, 3)}
+                          for e in endpoints if isinstance(e, dict)]})
+    consumers = []
+    for service in SERVICES:
+        durable = names.consumer(service)
+        try:
+            info = await infra.js.consumer_info(names.commands_stream, durable)
+        except NotFoundError:
+            continue
+        consumers.append({"service": service, "durable": durable, "stream": names.commands_stream,
+                          "num_pending": info.num_pending or 0, "num_ack_pending": info.num_ack_pending or 0,
+                          "num_redelivered": info.num_redelivered or 0, "num_waiting": info.num_waiting or 0})
+    answering = {str(s["instance_id"]) for s in services}
+    return {"namespace": names.namespace, "services": services, "consumers": consumers,
+            "leases": await _leases(infra, cfg, answering)}
+
+
+async def _leases(infra: Infra, cfg: Config, answering: set[str]) -> list[dict[str, Any]]:
+    """Each live lease: its key (the executor id), the pid in its body, how long ago it was last put (ms)."""
+    stream, prefix = f"KV_{cfg.names.lease_bucket}", f"$KV.{cfg.names.lease_bucket}."
+    info = await infra.js.stream_info(stream, subjects_filter=f"{prefix}>")
+    out = []
+    now = datetime.now(UTC)
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            msg = await infra.js.get_last_msg(stream, subject)
+        except NotFoundError:  # expired meanwhile
+            continue
+        if not msg.data or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            continue  # deleted by a stopping executor
+        try:
+            body = json.loads(msg.data)
+        except ValueError:
+            body = {}
+        key = subject.removeprefix(prefix)
+        out.append({"executor_id": key, "pid": body.get("pid") if isinstance(body, dict) else None,
+                    "renewed_ms_ago": round((now - msg.time).total_seconds() * 1000) if msg.time else None,
+                    "answers_discovery": key in answering})
+    return out
+
+
+def render(report: dict[str, Any]) -> list[Table]:
+    """The report as rich tables: services, consumers, leases."""
+    svc = Table(title=f"services of namespace {report['namespace']!r}", title_justify="left")
+    for col in ("service", "instance", "version", "host/pid", "subject", "handled", "errors", "avg ms", "last error"):
+        svc.add_column(col)
+    for s in report["services"]:
+        for i, e in enumerate(s["endpoints"] or [{}]):
+            first = i == 0
+            svc.add_row(s["service"] if first else "", str(s["instance_id"]) if first else "",
+                        str(s["version"]) if first else "", f"{s['host']}/{s['pid']}" if first else "",
+                        str(e.get("subject", "")), str(e.get("handled", "")), str(e.get("errors", "")),
+                        str(e.get("avg_ms", "")), str(e.get("last_error") or ""))
+    lag = Table(title="consumers (JetStream)", title_justify="left")
+    for col in ("service", "durable", "pending", "ack pending", "redelivered", "waiting pulls"):
+        lag.add_column(col)
+    for c in report["consumers"]:
+        lag.add_row(c["service"], c["durable"], str(c["num_pending"]), str(c["num_ack_pending"]),
+                    str(c["num_redelivered"]), str(c["num_waiting"]))
+    leases = Table(title="executor leases", title_justify="left")
+    for col in ("executor", "pid", "renewed ms ago", "answers discovery"):
+        leases.add_column(col)
+    for x in report["leases"]:
+        leases.add_row(x["executor_id"], str(x["pid"]), str(x["renewed_ms_ago"] if x["renewed_ms_ago"] is not None
+                                                             else "?"), "yes" if x["answers_discovery"] else "no")
+    return [svc, lag, leases]
+
+
+def status(
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    timeout: float = typer.Option(0.5, help="seconds to wait for the services' discovery answers"),
+    nats_url: str | None = NatsUrl,
+    namespace: str = Namespace,
+) -> None:
+    """List the services and their instances ($SRV.STATS), consumer lag and executor leases."""
+    async def body() -> int:
+        async with session(nats_url, namespace, services=()) as s:
+            report = await gather(s.infra, s.cfg, timeout_s=timeout)
+        if json_out:
+            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        else:
+            for table in render(report):
+                console.print(table)
+        return 0
+
+    run_async(body())
