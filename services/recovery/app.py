@@ -11,6 +11,10 @@ commit of the resolutions (:func:`shared.fenced.commit_decided`), or a ``ResumeR
 * the same sweep re-triggers the verifier (``VerifyRun`` on ``<ns>.cmd.verify.<run_id>``)
   for a run resting in ``verifying`` with no trigger queued — the executor died between
   its ``run_verifying`` commit and the trigger (:meth:`RecoveryService.retrigger`);
+* the same sweep heals a run in ``pending`` or ``running`` with no open intent whose owner holds no
+  lease, seen at the same head LSN on two passes in a row (no executor drives it: a start whose drive
+  was lost, an owner that died between two commits): one ``ResumeRun``, deduplicated per (run, LSN),
+  from the index's live runs only (:meth:`RecoveryService.idle_due`);
 * the ``<ns>.cmd.recover`` command (``RecoverRuns{run_id?}``) scans one run, or
   every indexed run with an open intent once the index has caught up with the
   stream, and replies with what it resolved, resumed and left waiting.
@@ -44,7 +48,7 @@ from shared.core import recovery, respond
 from shared.core.commands import RecoverRuns, Reply
 from shared.core.errors import ReelError
 from shared.core.events import AnyEvent, BlobRef
-from shared.core.fold import RunState
+from shared.core.fold import DRIVABLE, RunState
 from shared.core.integrity import RunCorrupt
 from shared.core.ports import EventLog
 from shared.core.state import VERIFYING
@@ -56,7 +60,7 @@ from shared.nats.leases import executor_alive
 from shared.nats.publish import publish_resume, publish_verify
 
 from .deadlines import fire_due, nap
-from .index import IntentIndex
+from .index import IntentIndex, has_open_intent
 
 log = structlog.get_logger("reel.recovery")
 
@@ -82,6 +86,7 @@ class RecoveryService:
         self.log = events
         self.index = IntentIndex(cfg.names.events(""))
         self._verifying_seen: set[tuple[str, int]] = set()  # (run, verifying LSN) the previous retrigger saw
+        self._idle_seen: set[tuple[str, int]] = set()  # (run, head LSN) of the idle drivable runs the last pass saw
 
     # ---- facts recovery cannot derive from the log ----------------------------------------
     async def live_set(self, executor_ids: Iterable[str]) -> set[str]:
@@ -176,6 +181,36 @@ class RecoveryService:
         due = [s.run_id for s in states if (t := recovery.triage(s, live)).resolve or t.resume]
         return sorted(set(due) | self.index.stale | self.index.due(now_ms()))
 
+    async def idle_due(self) -> list[str]:
+        """Drivable runs no executor drives: in ``pending``/``running`` with no open intent at the same head LSN
+        as on the previous pass, their owner (if any) without a lease. Each gets one ``ResumeRun``
+        (deduplicated per (run, LSN)); the run is read from the log first (the index is a hint)."""
+        states = self.index.idle()
+        now: set[tuple[str, int]] = {(s.run_id, s.head_lsn) for s in states}
+        twice, self._idle_seen = now & self._idle_seen, now
+        idle = [s for s in states if (s.run_id, s.head_lsn) in twice]
+        live = await self.live_set(s.executor_id for s in idle if s.executor_id is not None)
+        healed: list[str] = []
+        for s in idle:
+            if s.executor_id in live:
+                continue
+            try:
+                state = await self.log.load(s.run_id)
+            except RunCorrupt as exc:
+                self.index.mark_corrupt(exc.corruption)
+                continue
+            except ReelError as exc:
+                log.warning("recovery.run_skipped", run_id=s.run_id, code=exc.code, reason=exc.message)
+                continue
+            self.index.offer(state)
+            if state.head_lsn != s.head_lsn or state.status not in DRIVABLE or has_open_intent(state):
+                continue  # it moved since the index saw it: someone drives it
+            await self._resume(state)
+            log.info("recovery.idle_resumed", run_id=s.run_id, status=state.status, lsn=state.head_lsn,
+                     owner=state.executor_id)
+            healed.append(s.run_id)
+        return healed
+
     async def sweep(self, *, every_open_run: bool = False) -> list[RunReport]:
         """One pass over every actionable run (or every run with an open intent, to report them all).
 
@@ -251,6 +286,7 @@ class RecoveryService:
             try:
                 reports = await self.sweep()
                 await self.retrigger()
+                await self.idle_due()
             except Exception:  # a sweep must never take the service down; the next one retries
                 log.exception("recovery.sweep_failed")
                 reports = []

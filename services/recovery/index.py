@@ -32,7 +32,7 @@ from nats.aio.msg import Msg
 
 from shared.core import integrity
 from shared.core.events import AttemptDispatched, BranchForked, InputRequested, RunCancelled, RunCompleted, RunCreated
-from shared.core.fold import RESTING, RunState
+from shared.core.fold import DRIVABLE, RESTING, RunState
 from shared.core.respond import next_deadline
 from shared.core.state import VERIFYING
 
@@ -148,6 +148,11 @@ class IntentIndex:
     def candidates(self) -> list[RunState]:
         """Tracked runs that have at least one open intent."""
         return [s for s in self.states.values() if has_open_intent(s)]
+
+    def idle(self) -> list[RunState]:
+        """Tracked runs in ``pending`` or ``running`` with no open intent: nothing recovery resolves, but an
+        executor must drive them (self-healing; O(tracked runs): the index holds live runs only)."""
+        return [s for s in self.states.values() if s.status in DRIVABLE and not has_open_intent(s)]
 
     async def wait_for_seq(self, seq: int, timeout_s: float) -> bool:
         """Wait until every commit up to stream sequence ``seq`` has been observed; False on timeout."""

@@ -13,9 +13,11 @@ Three real nats-server processes (tests/support/cluster.py). The scenarios:
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -23,10 +25,16 @@ from shared.config import Config
 from shared.core.events import BlobRef, RunCreated
 from shared.core.ids import ROOT_BRANCH, RunId
 from shared.core.subjects import Names
+from shared.nats.blobstore import JetStreamBlobStore
+from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect, ensure_infra
 from shared.nats.subjectlog import SubjectLog
-from tests.faults.scenario import ACK_WAIT_S
+from tests.faults.checks import check_runs
+from tests.faults.conftest import FaultsLedger
+from tests.faults.procs import ServiceProcs
+from tests.faults.scenario import ACK_WAIT_S, effects_workflow, record, start_all
+from tests.integration.scenarios import wait_until
 from tests.support.cluster import Cluster, cluster
 
 pytestmark = pytest.mark.faults
@@ -98,3 +106,36 @@ async def test_commits_through_a_leader_kill_land_once(r3: Cluster, r3_infra: In
     assert [seq for seq, _ in stored] == acked[1:], "every acked commit once, in order, nothing else"
     assert [body for _, body in stored] == [f"c{i}".encode() for i in range(120)]
     assert max(latencies) > 1.0, "the kill stalled writes (else it did not hit the leader)"
+
+
+async def test_200_runs_through_a_leader_kill_and_an_executor_kill(
+        r3: Cluster, r3_infra: Infra, tmp_path: Path, faults_ledger: FaultsLedger) -> None:
+    cfg: Config = r3_infra.cfg  # type: ignore[attr-defined]
+    blobs = JetStreamBlobStore(r3_infra.nc, r3_infra.blobs, cfg.names.blob_bucket)
+    client = ReelClient(r3_infra.nc, cfg, blobs)
+    effects = tmp_path / "effects.txt"
+    async with ServiceProcs(cfg, tmp_path) as procs:
+        for service in ("verifier", "recovery", "executor", "executor"):
+            await procs.start(service)
+        victim = procs.procs[-1]
+        specs = [effects_workflow(effects, f"r3-{i}", steps=("s1", "s2")) for i in range(RUNS)]
+        started = asyncio.ensure_future(start_all(client, specs, keys=[f"r3-{i}" for i in range(RUNS)],
+                                                  timeout_s=120))
+
+        def effects_seen(n: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return effects.exists() and len(effects.read_text().splitlines()) >= n
+            return check
+
+        await wait_until(effects_seen(40), timeout_s=120, what="40 side effects")
+        leader = await r3.kill_stream_leader(cfg.names.events_stream)
+        await wait_until(effects_seen(120), timeout_s=120, what="120 side effects")
+        await procs.kill(victim)
+        await r3.restart(leader)
+        await procs.start("executor")
+        run_ids = [r.run_id for r in await started if r.run_id]
+        assert len(run_ids) == RUNS
+        counts = await check_runs(client.log, run_ids, side_effects=effects, timeout_s=150)
+        if counts.problems:
+            counts.problems.append(procs.logs())
+    record(faults_ledger, "cluster_r3_leader_and_executor_kill", counts)
