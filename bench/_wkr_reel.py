@@ -202,27 +202,34 @@ def _log_file(workdir: str, name: str) -> BinaryIO:
 
 
 @contextlib.asynccontextmanager
-async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int = 1) -> AsyncIterator[Stack]:
+async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int = 1,
+                     partitions: int = 0) -> AsyncIterator[Stack]:
     """A server (``sync_interval: always`` if ``sync == "always"``), its infra, ``executors`` executors
-    (roles ``executor``, ``executor-2``, …) and one verifier."""
+    (roles ``executor``, ``executor-2``, …) and one verifier. ``partitions`` ≥ 1: ``REEL_PARTITIONS``, the
+    partitions dealt round-robin to the executors (``REEL_EXECUTOR_PARTITIONS``)."""
     conf = _write_conf(workdir) if sync == "always" else None
     store = tempfile.mkdtemp(prefix=f"js-{sync}-", dir=workdir)
     async with embedded_server(store_dir=store, config_file=conf) as srv:
-        cfg = Config(nats_url=srv.url, names=Names("reel"), replicas=1, storage="file")
+        cfg = Config(nats_url=srv.url, names=Names("reel", partitions), replicas=1, storage="file")
         nc = await connect(cfg, name=f"w_kr-{sync}")
         infra = await ensure_infra(nc, cfg)
         stack = Stack(sync=sync, srv=srv, cfg=cfg, infra=infra,
                       client=ReelClient(nc, cfg, JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)))
         sub = await nc.subscribe(cfg.names.events("*"), cb=stack.on_commit)
         env = {**os.environ, "NATS_URL": srv.url, "REEL_NAMESPACE": "reel", "REEL_LOG_FORMAT": "json",
-               "REEL_MAX_CONCURRENT_RUNS": str(concurrency), "PYTHONPATH": str(REPO)}
+               "REEL_MAX_CONCURRENT_RUNS": str(concurrency), "PYTHONPATH": str(REPO),
+               "REEL_PARTITIONS": str(partitions)}
         roles = [("executor" if i == 0 else f"executor-{i + 1}", "executor") for i in range(executors)]
         roles.append(("verifier", "verifier"))
         logs = [_log_file(workdir, f"{role}-{sync}-{executors}.log") for role, _ in roles]
         try:
             for (role, name), log in zip(roles, logs, strict=True):
+                own = {}
+                if partitions and name == "executor":
+                    i = len(stack.procs)
+                    own = {"REEL_EXECUTOR_PARTITIONS": ",".join(str(p) for p in range(i, partitions, executors))}
                 stack.procs[role] = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", f"services.{name}", env=env, cwd=str(REPO),
+                    sys.executable, "-m", f"services.{name}", env={**env, **own}, cwd=str(REPO),
                     stdout=asyncio.subprocess.DEVNULL, stderr=log)
             yield stack
         finally:

@@ -146,7 +146,8 @@ async def scale(args: argparse.Namespace, workdir: str) -> list[dict[str, float]
     counts = [int(x) for x in args.scale_executors.split(",")]
     samples: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
     async with contextlib.AsyncExitStack() as stack_of:
-        stacks = {n: await stack_of.enter_async_context(reel_stack("default", workdir, args.concurrency, executors=n))
+        stacks = {n: await stack_of.enter_async_context(reel_stack("default", workdir, args.concurrency, executors=n,
+                                                                   partitions=args.scale_partitions))
                   for n in counts}
         tag = uuid.uuid4().hex[:6]
         for n, st in stacks.items():
@@ -227,6 +228,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--scale", type=int, default=500, help="runs of 3 steps started at once (0: skip)")
     ap.add_argument("--scale-executors", default="1,2,4", help="executor processes of the --scale servers")
     ap.add_argument("--scale-rounds", type=int, default=3)
+    ap.add_argument("--scale-partitions", type=int, default=4,
+                    help="REEL_PARTITIONS of the --scale servers, dealt round-robin (0: one shared durable)")
     ap.add_argument("--concurrency", type=int, default=50, help="REEL_MAX_CONCURRENT_RUNS of each executor")
     ap.add_argument("--variants", default=",".join(REEL_VARIANTS), help="Reel variants, comma-separated")
     ap.add_argument("--json", help="also write every figure to this file")

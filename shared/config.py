@@ -20,6 +20,9 @@ variable                 default                    meaning
                                                     while no server answers (a failover), then errors
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 ``REEL_LOG_LEVEL``       ``INFO``                   structlog level (shared/logging.py; ``reel``: ``ERROR``)
+``REEL_PARTITIONS``      ``0``                      executor command partitions N (0: one shared durable)
+``REEL_EXECUTOR_PARTITIONS`` all                   an executor's own partitions, e.g. ``0,2`` (others'
+                                                    are adopted while no live executor owns them)
 =======================  =========================  ===========================================
 
 Credentials and TLS (:class:`NatsAuth`, docs/security.md; all unset by default — an auth-off server):
@@ -118,13 +121,14 @@ class Config:
     drain_deadline_s: float = 45.0
     inline_max_bytes: int = 2048
     failover_s: float = 30.0
+    executor_partitions: tuple[int, ...] | None = None  # None: all of names.partitions
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
         """Build from environment variables; keyword overrides win (``None`` is ignored)."""
         values: dict[str, object] = {
             "nats_url": os.environ.get("NATS_URL", cls.nats_url),
-            "names": Names(os.environ.get("REEL_NAMESPACE", "reel")),
+            "names": Names(os.environ.get("REEL_NAMESPACE", "reel"), int(os.environ.get("REEL_PARTITIONS", "0"))),
             "replicas": int(os.environ.get("REEL_REPLICAS", "1")),
             "storage": os.environ.get("REEL_STORAGE", "file"),
             "lease_ttl_s": max(1, int(os.environ.get("REEL_LEASE_TTL_S", "5"))),
@@ -134,6 +138,12 @@ class Config:
             "drain_deadline_s": float(os.environ.get("REEL_DRAIN_DEADLINE_S", "45")),
             "inline_max_bytes": int(os.environ.get("REEL_INLINE_MAX_BYTES", "2048")),
             "failover_s": float(os.environ.get("REEL_FAILOVER_S", "30")),
+            "executor_partitions": _partition_set(os.environ.get("REEL_EXECUTOR_PARTITIONS", "")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _partition_set(text: str) -> tuple[int, ...] | None:
+    """``REEL_EXECUTOR_PARTITIONS`` (``0,2``) as a tuple; empty: ``None`` (all)."""
+    return tuple(sorted({int(x) for x in text.split(",") if x.strip()})) or None

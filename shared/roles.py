@@ -139,6 +139,7 @@ def grants(names: Names) -> dict[str, Grant]:
         "client": client_grant(names),
         "executor": service("executor", [
             *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", n.verify_all,
+            *(x for p in range(n.partitions) for x in _durable(s["commands"], n.consumer(n.partition_consumer(p)))),
             *_read(s["events"]),
             *blob_read, *blob_write, *_read(s["snapshots"]), *_read(s["leases"]),
             f"$KV.{n.lease_bucket}.*", f"$KV.{n.outcome_bucket}.>", f"$KV.{n.snapshot_bucket}.*", n.stream_all,
@@ -149,7 +150,8 @@ def grants(names: Names) -> dict[str, Grant]:
             *_read(s["events"]), *_read(s["verdicts"]), *blob_read, *_read(s["snapshots"])]),
         "mutators": service("mutators", [
             *(x for svc in ("rewind", "cancel", "recovery") for x in _durable(s["commands"], n.consumer(svc))),
-            f"{n.namespace}.ev.*", n.command("resume"), n.verify_all, n.control_all, *_read(s["events"]),
+            f"{n.namespace}.ev.*", n.command("resume"), *([n.run_command("*", "resume")] if n.partitions else []),
+            n.verify_all, n.control_all, *_read(s["events"]),
             *_ordered(s["events"]),
             f"{API}.STREAM.MSG.GET.{s['commands']}",  # recovery: is a verification trigger queued?
             *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies]),
@@ -171,6 +173,8 @@ def client_imports(names: Names) -> list[Import]:
     """The services the client account imports from the Reel account (see the module doc)."""
     n, s, p = names, streams(names), client_js_api_prefix(names)
     out = [Import(n.command(c), n.command(c)) for c in CLIENT_COMMANDS]
+    if n.partitions >= 1:  # a keyed start (executor partitions: services/executor/partitions.py)
+        out.append(Import(n.run_command("*", "start"), n.run_command("*", "start")))
     readable = [s["events"], s["verdicts"], s["snapshots"], s["blobs"], s["crucible"]]
     for x in readable:
         for direct in (API, p):

@@ -19,7 +19,7 @@ import typer
 
 from services.cli.common import CliError, Namespace, console, run_async
 from shared.authdir import AuthDir, AuthDirExists, init
-from shared.config import CONNECTION_FLAGS
+from shared.config import CONNECTION_FLAGS, Config
 from shared.core.subjects import Names
 from shared.roles import ROLES
 
@@ -94,7 +94,7 @@ def init_cmd(
             console.print(f"{directory}: auth.conf exists; nothing written")
             return 0
         try:
-            d = init(directory, Names(namespace), force=force, k8s=k8s)
+            d = init(directory, Names(namespace, Config.from_env().names.partitions), force=force, k8s=k8s)
         except AuthDirExists as exc:
             raise CliError(str(exc)) from None
         console.print(f"wrote {d.auth_conf} (include it from the server config), {d.server_conf}, and "

@@ -3,8 +3,9 @@
 ``serve()`` constructs the ports (event log, blob store) once, hands them to the
 :class:`~services.executor.handler.Executor` (commands, services/executor/handler.py),
 which drives runs (services/executor/driver.py) attempt by attempt
-(services/executor/attempts.py), consumes the start/resume command subjects, and
-keeps this executor's lease alive (shared/nats/leases.py) until the drain is over.
+(services/executor/attempts.py), consumes the start/resume command subjects (the shared durable,
+and with ``REEL_PARTITIONS`` its own and orphaned partitions: services/executor/partitions.py), and
+keeps this executor's lease alive (shared/nats/leases.py, naming its partitions) until the drain is over.
 
 Shutdown (``stop`` set, e.g. SIGTERM): no new command is taken; the attempts in flight run on
 for ``cfg.drain_deadline_s`` (``REEL_DRAIN_DEADLINE_S``, default 45 s, inside the deployments'
@@ -21,13 +22,13 @@ import structlog
 
 from shared.config import Config
 from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import CommandConsumer
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import heartbeat
 from shared.proc.tools import reap_orphaned_tools
 
 from .handler import Executor
+from .partitions import PartitionConsumers
 
 log = structlog.get_logger("reel.executor")
 
@@ -44,15 +45,13 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     reaped = await asyncio.to_thread(reap_orphaned_tools)
     if reaped:
         log.warning("executor.reaped_orphaned_tools", process_groups=reaped)
-    consumer = CommandConsumer(infra, cfg, "executor", ex.router.subjects, ex.router,
-                               concurrency=cfg.max_concurrent_runs, ack_wait_s=cfg.command_ack_wait_s,
-                               instance_id=ex.executor_id)
+    consumers = PartitionConsumers(infra, cfg, ex.executor_id, ex.router, ex.router.subjects)
     lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
-    hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop))
+    hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop, consumers.own))
     deadline = asyncio.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
     try:
         await ex.control.start()
-        await consumer.run(stop)
+        await consumers.run(stop)
     finally:
         deadline.cancel()
         lease_stop.set()

@@ -65,12 +65,27 @@ class Executor:
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes)
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
-        self.router = Router(infra)
-        names = cfg.names
+        names = self.names = cfg.names
+        self.router = Router(infra, route_of=self._route_of)
         self.router.route(names.command("start"), StartRun, self.start, rejected="command.rejected",
                           rejected_fields={"command": "start"})
         self.router.route(names.command("resume"), ResumeRun, self.resume, rejected="command.rejected",
                           rejected_fields={"command": "resume"}, invalid_run_id=_invalid_run_id)
+
+    def _route_of(self, subject: str) -> str:
+        keyed = self.names.keyed_command(subject)
+        return self.names.command(keyed[2]) if keyed else subject
+
+    def _check_keyed(self, delivery: Delivery, run_id: str) -> None:
+        """A keyed command (``<ns>.cmd.part.<p>.<run>.<cmd>``) must be about the run its subject names.
+
+        Raises:
+            InvalidCommand: it names another run (it was routed by a run id it does not drive).
+        """
+        keyed = self.names.keyed_command(delivery.subject)
+        if keyed is not None and keyed[1] != run_id:
+            raise InvalidCommand(f"the subject names run {keyed[1][:80]!r} but the command is about {run_id[:80]!r}"
+                                 " (a keyed start's run id is that of its idempotency key, or of `cmd:<Nats-Msg-Id>`)")
 
     async def _is_cancelled(self, run_id: str) -> bool:
         return (await self.log.load(run_id)).status == "cancelled"
@@ -88,12 +103,13 @@ class Executor:
 
         Raises:
             InvalidCommand, BlobMissing, WorkflowInvalid: the command's workflow cannot run (a python tool
-                of an agent step that does not import included).
+                of an agent step that does not import included), or a keyed start names another run.
         """
         spec = await self._spec_of_command(start)
         tools = check_tool_imports(spec)  # a python tool that does not import: refused now, naming the field
         key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
+        self._check_keyed(delivery, run_id)
         structlog.contextvars.bind_contextvars(run_id=run_id)
         workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
         self.specs.remember(workflow_ref.sha256, spec, tools)
@@ -111,12 +127,14 @@ class Executor:
             reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
         return Then(reply, lambda: self._drive_until_rest(run_id, "start"))
 
-    async def resume(self, resume: ResumeRun, _: Delivery) -> Then:
+    async def resume(self, resume: ResumeRun, delivery: Delivery) -> Then:
         """Reply, then drive an existing run (after a rewind, or recovery) until it rests.
 
         Raises:
             RunNotFound: there is no such run (refused before anything else; the drive loads it).
+            InvalidCommand: a keyed resume names another run in its subject.
         """
+        self._check_keyed(delivery, resume.run_id)
         if await self.log.head(resume.run_id) is None:
             raise RunNotFound(f"no run {resume.run_id!r}", run_id=resume.run_id)
         return Then(Reply(ok=True, run_id=resume.run_id), lambda: self._drive_until_rest(resume.run_id, "resume"))

@@ -13,6 +13,9 @@ cancel a run           ``reel.cmd.cancel``         ″
 rewind a run           ``reel.cmd.rewind``         ″
 answer an input        ``reel.cmd.respond``        ″ (the cancel service, docs/mutators.md)
 resume a run           ``reel.cmd.resume``         ″ (rewind/recovery → executor)
+start/resume, keyed    ``reel.cmd.run.<run>.<cmd>`` ″ with ``REEL_PARTITIONS`` N ≥ 1: stored as
+                       ``reel.cmd.part.<p>.<run>.<cmd>``, ``p = partition(N, run)`` (the stream's
+                       subject transform), one durable ``reel_executor_p<p>`` per partition
 scan for lost intents  ``reel.cmd.recover``        ″ (recovery)
 verify a run           ``reel.cmd.verify.<run_id>`` ″ (executor/recovery → verifier)
 verdicts               ``reel.verdict.<run_id>``   stream ``REEL_VERDICTS``
@@ -40,13 +43,23 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 
 COMMANDS = ("start", "cancel", "rewind", "resume", "recover", "respond")
+RUN_COMMANDS = ("start", "resume")
+"""Commands that may be published keyed by run id (``<ns>.cmd.run.<run_id>.<cmd>``) and so partitioned."""
 
 
 @dataclass(frozen=True)
 class Names:
-    """Subjects and JetStream object names under one namespace (a NATS token)."""
+    """Subjects and JetStream object names under one namespace (a NATS token).
+
+    ``partitions``: N command partitions of the executors (``REEL_PARTITIONS``; 0: none, every
+    executor shares one durable). With N ≥ 1 the commands stream maps ``<ns>.cmd.run.<run>.<cmd>`` to
+    ``<ns>.cmd.part.<p>.<run>.<cmd>`` with ``p = {{partition(N,1)}}`` of the run id (FNV-1a, the server's
+    subject transform; :func:`partition_of` computes the same). Source: NATS docs, "Subject mapping and
+    partitioning"; docs/architecture.md, "Executor partitions".
+    """
 
     namespace: str = "reel"
+    partitions: int = 0
 
     @property
     def _up(self) -> str:
@@ -99,6 +112,32 @@ class Names:
     def commands_all(self) -> str:
         return f"{self.namespace}.cmd.>"
 
+    def run_command(self, run_id: str, name: str) -> str:
+        """The keyed subject of a start/resume (``name`` in :data:`RUN_COMMANDS`) of ``run_id`` (a token;
+        ``*`` for a permission): what a client publishes when the namespace is partitioned."""
+        return f"{self.namespace}.cmd.run.{run_id}.{name}"
+
+    def partition(self, p: int) -> str:
+        """Every stored keyed command of partition ``p`` (a consumer's filter)."""
+        return f"{self.namespace}.cmd.part.{p}.>"
+
+    def partition_transform(self) -> tuple[str, str]:
+        """The commands stream's subject transform (source, destination) for :attr:`partitions` ≥ 1."""
+        return (f"{self.namespace}.cmd.run.*.*",
+                f"{self.namespace}.cmd.part.{{{{partition({self.partitions},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}")
+
+    def keyed_command(self, subject: str) -> tuple[int, str, str] | None:
+        """``(partition, run_id, command)`` of a stored keyed command subject, else ``None``."""
+        t = subject.split(".")
+        if len(t) == 6 and t[0] == self.namespace and t[1:3] == ["cmd", "part"] and t[3].isdigit() \
+                and t[5] in RUN_COMMANDS:
+            return int(t[3]), t[4], t[5]
+        return None
+
+    def partition_consumer(self, p: int) -> str:
+        """The service suffix of partition ``p``'s durable (``<ns>_executor_p<p>``)."""
+        return f"executor_p{p}"
+
     def verdict(self, run_id: str) -> str:
         """The subject verdicts about ``run_id`` are published on."""
         return f"{self.namespace}.verdict.{run_id}"
@@ -144,6 +183,14 @@ class Names:
     def consumer(self, service: str) -> str:
         """Durable consumer name of a service."""
         return f"{self.namespace}_{service}"
+
+
+def partition_of(run_id: str, partitions: int) -> int:
+    """The partition the server's ``{{partition(N,1)}}`` maps ``run_id`` to: FNV-1a 32 of the token, mod N."""
+    h = 0x811C9DC5
+    for b in run_id.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % partitions
 
 
 def verify_msg_id(run_id: str, snapshot_lsn: int) -> str:

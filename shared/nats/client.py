@@ -24,10 +24,11 @@ from shared.core.commands import CancelRun, Reply, RespondRun, RewindRun, StartR
 from shared.core.errors import ReelError, RunNotFound
 from shared.core.events import Commit, Verdict
 from shared.core.fold import RunState
-from shared.core.ids import LSN, BranchId, RunId, StepId
+from shared.core.ids import LSN, BranchId, RunId, StepId, run_id_for_key
 from shared.core.integrity import fold_or_raise
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.core.workflow import WorkflowSpec, encode_workflow
+from shared.nats.access import PermissionDenied
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.publish import is_transient, settle_retrying
@@ -54,8 +55,10 @@ class ReelClient:
         self.js = nc.jetstream()
         self.log = JetStreamEventLog(nc, cfg.names)
         self.blobs = blobs
+        self._keyed: bool | None = None
 
-    async def command(self, name: str, body: bytes, *, timeout_s: float = 30.0, msg_id: str | None = None) -> Reply:
+    async def command(self, name: str, body: bytes, *, timeout_s: float = 30.0, msg_id: str | None = None,
+                      subject: str | None = None) -> Reply:
         """Publish one command and wait for its reply.
 
         Raises:
@@ -66,7 +69,7 @@ class ReelClient:
         sub = await self.nc.subscribe(inbox, max_msgs=1)
         headers = {REPLY_TO_HEADER: inbox, MSG_ID_HEADER: msg_id or uuid.uuid4().hex}  # a re-send is deduplicated
         try:
-            await self._publish(name, body, headers)
+            await self._publish(name, body, headers, subject)
             try:
                 msg = await sub.next_msg(timeout=timeout_s)
             except Exception as exc:
@@ -78,7 +81,7 @@ class ReelClient:
             self.log.note(reply.run_id, int(reply.lsn))  # reads of this run now include that commit
         return reply
 
-    async def _publish(self, name: str, body: bytes, headers: dict[str, str]) -> None:
+    async def _publish(self, name: str, body: bytes, headers: dict[str, str], subject: str | None = None) -> None:
         """Queue one command, re-sent with the same ``Nats-Msg-Id`` while no server answers (a failover) for up to
         ``cfg.failover_s`` (``REEL_FAILOVER_S``).
 
@@ -91,7 +94,7 @@ class ReelClient:
             async for attempt in settle_retrying(self.cfg.failover_s):
                 with attempt:
                     try:
-                        await self.js.publish(self.cfg.names.command(name), body, headers=headers)
+                        await self.js.publish(subject or self.cfg.names.command(name), body, headers=headers)
                     except NoStreamResponseError:
                         if await self._stream_missing(stream):
                             raise _NoStream(stream) from None
@@ -124,7 +127,27 @@ class ReelClient:
             cmd = StartRun(workflow_ref=ref, idempotency_key=idempotency_key, labels=labels or {})
         else:
             cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {})
-        return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=uuid.uuid4().hex)
+        msg_id = uuid.uuid4().hex
+        if await self._partitioned():  # keyed by the run id the executor derives: its partition's executor
+            subject = self.cfg.names.run_command(run_id_for_key(idempotency_key or f"cmd:{msg_id}"), "start")
+            try:
+                return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=msg_id, subject=subject)
+            except (PermissionDenied, ReelError) as exc:  # not stored (no such subject, or not ours to publish)
+                if isinstance(exc, CommandTimeout):
+                    raise
+                self._keyed = False
+        return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=msg_id)
+
+    async def _partitioned(self) -> bool:
+        """True if the commands stream partitions keyed commands (its subject transform; read once)."""
+        if self._keyed is None:
+            try:
+                info = await self.js.stream_info(self.cfg.names.commands_stream)
+                tr = info.config.subject_transform
+                self._keyed = tr is not None and tr.src == self.cfg.names.run_command("*", "*")
+            except Exception:  # no stream yet, or not readable: the plain subject works everywhere
+                return False
+        return self._keyed
 
     async def cancel(self, run_id: str, reason: str = "", *, timeout_s: float = 30.0) -> Reply:
         """Cancel a run."""

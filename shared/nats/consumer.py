@@ -128,10 +128,12 @@ class Router:
 
     Args:
         infra: the connection replies go out on.
+        route_of: maps a delivered subject to the routed one (e.g. a partitioned keyed command to its
+            plain subject); the handler still sees the delivered subject.
     """
 
-    def __init__(self, infra: Infra) -> None:
-        self.infra = infra
+    def __init__(self, infra: Infra, route_of: Callable[[str], str] | None = None) -> None:
+        self.infra, self.route_of = infra, route_of
         self._routes: dict[str, Handler] = {}
 
     @property
@@ -181,7 +183,7 @@ class Router:
 
     async def __call__(self, delivery: Delivery) -> Ack:
         """Handle one delivery by its subject's route (an unrouted subject is logged and acked)."""
-        handle = self._routes.get(delivery.subject)
+        handle = self._routes.get(self.route_of(delivery.subject) if self.route_of else delivery.subject)
         if handle is None:
             log.error("command.unrouted", subject=delivery.subject, stream_seq=delivery.stream_seq)
             return Ack.ACK

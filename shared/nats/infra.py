@@ -22,7 +22,7 @@ from nats.js.object_store import ObjectStore
 
 from shared.config import Config
 from shared.core.errors import ReelError
-from shared.core.subjects import COMMANDS
+from shared.core.subjects import COMMANDS, RUN_COMMANDS
 from shared.nats.access import PermissionDenied, open_connection, redact_url
 
 log = structlog.get_logger(__name__)
@@ -84,6 +84,27 @@ async def ensure_stream(js: JetStreamContext, config: jsapi.StreamConfig) -> Non
             log.warning("infra.config_kept", stream=config.name, reason="this NATS user may not update streams")
 
 
+def commands_stream_config(cfg: Config) -> jsapi.StreamConfig:
+    """The commands stream: a work queue of every command subject; with ``cfg.names.partitions`` N ≥ 1 also
+    the keyed start/resume subjects, stored under their partition by the stream's subject transform
+    (``<ns>.cmd.run.<run>.<cmd>`` → ``<ns>.cmd.part.<p>.<run>.<cmd>``, NATS docs "Subject mapping and
+    partitioning"; docs/architecture.md, "Executor partitions")."""
+    n = cfg.names
+    subjects = [n.command(c) for c in COMMANDS] + [n.command("crucible.*"), n.verify_all]
+    transform = None
+    if n.partitions >= 1:
+        subjects += [n.run_command("*", c) for c in RUN_COMMANDS]
+        src, dest = n.partition_transform()
+        transform = jsapi.SubjectTransform(src=src, dest=dest)
+    return jsapi.StreamConfig(
+        name=n.commands_stream, subjects=subjects, subject_transform=transform,
+        storage=storage_type(cfg), num_replicas=cfg.replicas,
+        retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        description="Reel commands (start, cancel, rewind, resume, recover) and verification triggers",
+    )
+
+
 async def ensure_infra(nc: Client, cfg: Config) -> Infra:
     """Create (or confirm) the streams, object store and KV buckets of ``cfg.names``."""
     js = nc.jetstream()
@@ -94,13 +115,7 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
         description="Reel run events: one subject per run, one message per commit, LSN = stream sequence",
     ))
-    await ensure_stream(js, jsapi.StreamConfig(
-        name=n.commands_stream, subjects=[n.command(c) for c in COMMANDS] + [n.command("crucible.*"), n.verify_all],
-        storage=storage, num_replicas=cfg.replicas,
-        retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
-        duplicate_window=DUPLICATE_WINDOW_S,
-        description="Reel commands (start, cancel, rewind, resume, recover) and verification triggers",
-    ))
+    await ensure_stream(js, commands_stream_config(cfg))
     await ensure_stream(js, jsapi.StreamConfig(
         name=n.verdicts_stream, subjects=[n.verdicts_all], storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,

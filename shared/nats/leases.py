@@ -1,7 +1,7 @@
 """Executor leases (brief §6): the writer (:func:`heartbeat`) and the reader (:func:`executor_alive`).
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
-executor id; body: ``{"executor_id": …, "pid": …}`` as JSON) while it heartbeats. The
+executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it heartbeats. The
 bucket's max age is the lease TTL, so a dead executor's entry expires by itself; a
 stopping one deletes it. Recovery and rewind read it to tell a live owner from a dead one.
 
@@ -24,13 +24,17 @@ from nats.js.kv import KeyValue
 log = structlog.get_logger(__name__)
 
 
-async def heartbeat(leases: KeyValue, executor_id: str, ttl_s: int, stop: asyncio.Event) -> None:
+async def heartbeat(leases: KeyValue, executor_id: str, ttl_s: int, stop: asyncio.Event,
+                    partitions: tuple[int, ...] = ()) -> None:
     """Keep ``executor_id``'s lease alive (one put every ``ttl_s / 3`` seconds) until ``stop``, then delete it.
+
+    ``partitions``: the command partitions it owns, named in the body (``"partitions": [0, 2]``;
+    services/executor/partitions.py).
 
     Best effort: a put or delete the server refuses is skipped (the next beat tries
     again; an undeleted lease expires after ``ttl_s``). Never raises.
     """
-    body = json.dumps({"executor_id": executor_id, "pid": os.getpid()}).encode()
+    body = json.dumps({"executor_id": executor_id, "pid": os.getpid(), "partitions": list(partitions)}).encode()
     while not stop.is_set():
         with contextlib.suppress(Exception):
             await leases.put(executor_id, body)

@@ -93,10 +93,12 @@ def publish_pipelined(
 
 async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn: int) -> None:
     """Queue ``ResumeRun`` for an executor, deduplicated per (run, LSN that made it needed); sent again with
-    the same id through an election (:func:`settle_retrying`)."""
+    the same id through an election (:func:`settle_retrying`); keyed by the run (its partition's executor)
+    when ``names.partitions`` ≥ 1."""
+    subject = names.run_command(run_id, "resume") if names.partitions >= 1 else names.command("resume")
     async for attempt in settle_retrying():
         with attempt:
-            await js.publish(names.command("resume"), encode(ResumeRun(run_id=RunId(run_id))),
+            await js.publish(subject, encode(ResumeRun(run_id=RunId(run_id))),
                              headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"})
 
 
