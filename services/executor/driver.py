@@ -108,8 +108,11 @@ class Driver:
         self.bodies = attempts.bodies  # the executor's one body cache
         self.plain = PlainSteps(attempts, inline_max=inline_max, stopping=stopping)
 
-    async def drive(self, run_id: str) -> RunState | None:
+    async def drive(self, run_id: str, state: RunState | None = None) -> RunState | None:
         """Drive ``run_id`` until it rests (Verifying, Completed, Cancelled) or another executor owns it.
+
+        ``state``: the run as this executor just committed it (its creation): the drive starts from it
+        instead of reading the run (a commit of anyone else since then loses the fence and refreshes).
 
         Returns the state the executor materialized when it stopped driving, or ``None``
         if there is no such run.
@@ -120,17 +123,18 @@ class Driver:
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
         if self.control is None:
-            return await self._drive(run_id, None)
+            return await self._drive(run_id, None, state)
         await self.control.start()
         with self.control.watch(run_id) as interrupt:  # before the load: a cancel committed earlier is in it
-            return await self._drive(run_id, interrupt)
+            return await self._drive(run_id, interrupt, state)
 
-    async def _drive(self, run_id: str, interrupt: Interrupt | None) -> RunState | None:
-        try:
-            state = await self.log.load(run_id)
-        except RunNotFound:
-            log.warning("run.not_found")
-            return None
+    async def _drive(self, run_id: str, interrupt: Interrupt | None, state: RunState | None) -> RunState | None:
+        if state is None:
+            try:
+                state = await self.log.load(run_id)
+            except RunNotFound:
+                log.warning("run.not_found")
+                return None
         spec = await self.specs.load(state.workflow_ref)
         agents = AgentRun(self.attempts, run_id, spec, self.specs.python_tools(state.workflow_ref.sha256),
                           bodies=self.bodies, stopping=self.stopping, interrupt=interrupt)

@@ -28,6 +28,7 @@ from shared.core.ports import BlobStore, EventLog
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
 from shared.fenced import Committed, commit_new
+from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.control import ControlHub
 from shared.nats.infra import Infra
@@ -60,6 +61,7 @@ class Executor:
         self.infra, self.log, self.blobs = infra, log, blobs
         self.executor_id = executor_id or new_executor_id()
         self.specs = WorkflowSpecs(blobs)
+        self.inline_max = cfg.inline_max_bytes
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes)
         self.control = ControlHub(infra.nc, cfg.names, self._is_cancelled)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
@@ -90,9 +92,9 @@ class Executor:
     async def _is_cancelled(self, run_id: str) -> bool:
         return (await self.log.load(run_id)).status == "cancelled"
 
-    async def drive(self, run_id: str) -> RunState | None:
-        """Drive ``run_id`` until it rests (see :meth:`Driver.drive`)."""
-        return await self.driver.drive(run_id)
+    async def drive(self, run_id: str, state: RunState | None = None) -> RunState | None:
+        """Drive ``run_id`` until it rests (see :meth:`Driver.drive`; ``state``: the run as just committed)."""
+        return await self.driver.drive(run_id, state)
 
     async def handle(self, delivery: Delivery) -> Ack:
         """Handle one start or resume command (reply, then drive the run until it rests)."""
@@ -111,7 +113,12 @@ class Executor:
         run_id = run_id_for_key(key)
         self._check_keyed(delivery, run_id)
         structlog.contextvars.bind_contextvars(run_id=run_id)
-        workflow_ref = await self.blobs.put(encode_workflow(spec), "application/json")
+        body = encode_workflow(spec)
+        # one round trip (brief §13): a workflow up to the inline threshold rides in its ref; a larger one's
+        # blob is in flight with run_created (awaited after it: a failed put naks the start, whose redelivery
+        # puts it again before the existing run is driven)
+        workflow_ref = ref_for(body, "application/json", inline_max=self.inline_max)
+        stored = None if is_inline(workflow_ref) else await self.blobs.put_async(body, "application/json")
         self.specs.remember(workflow_ref.sha256, spec, tools)
         created = RunCreated(
             run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
@@ -119,13 +126,17 @@ class Executor:
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
         )
         done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
+        if stored is not None:
+            await stored
         if isinstance(done, Committed):
             log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=done.lsn)
             reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=LSN(done.lsn))
+            fresh: RunState | None = done.state  # the drive starts from it: no re-read of the run
         else:  # the key's run exists (a repeated or redelivered start)
             log.info("run.exists", status=done.state.status, idempotency_key=start.idempotency_key)
             reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
-        return Then(reply, lambda: self._drive_until_rest(run_id, "start"))
+            fresh = None
+        return Then(reply, lambda: self._drive_until_rest(run_id, "start", fresh))
 
     async def resume(self, resume: ResumeRun, delivery: Delivery) -> Then:
         """Reply, then drive an existing run (after a rewind, or recovery) until it rests.
@@ -139,7 +150,7 @@ class Executor:
             raise RunNotFound(f"no run {resume.run_id!r}", run_id=resume.run_id)
         return Then(Reply(ok=True, run_id=resume.run_id), lambda: self._drive_until_rest(resume.run_id, "resume"))
 
-    async def _drive_until_rest(self, run_id: str, kind: str) -> Ack:
+    async def _drive_until_rest(self, run_id: str, kind: str, state: RunState | None = None) -> Ack:
         if run_id in self._driving:  # this process drives it already: make that loop look once more
             self._driving[run_id] = True
             log.info("run.already_driving", command=kind)
@@ -147,7 +158,8 @@ class Executor:
         self._driving[run_id] = False
         try:
             while True:
-                await self.drive(run_id)
+                await self.drive(run_id, state)
+                state = None  # a second look re-reads the run
                 if not self._driving[run_id]:
                     return Ack.ACK
                 self._driving[run_id] = False

@@ -297,8 +297,8 @@ class RestingExecutor(Executor):
         self.rested: dict[str, RunState] = {}
         self.changed = asyncio.Event()
 
-    async def drive(self, run_id: str) -> RunState | None:
-        state = await super().drive(run_id)
+    async def drive(self, run_id: str, state: RunState | None = None) -> RunState | None:
+        state = await super().drive(run_id, state)
         if state is not None:
             self.rested[run_id] = state
             self.changed.set()
