@@ -126,8 +126,10 @@ def partition(context: ContextPartition) -> Partition:
     """The partition's groups with per-item notes from whatever else it records about items.
 
     Besides ``packed``/``available``/``dropped``, a field that maps item ids to values (tokens,
-    reasons), or lists ``[id, value]`` pairs or objects naming an item (``id`` / ``item_id`` /
-    ``item``), becomes notes on those items; any other scalar field is shown as is.
+    reasons), lists values beside a group item for item (``drop_reasons`` beside ``dropped``:
+    same length, the name begins as the group's), or lists ``[id, value]`` pairs or objects
+    naming an item (``id`` / ``item_id`` / ``item``), becomes notes on those items; any other
+    scalar field (``packed_tokens``) is shown as is.
     """
     data: dict[str, Any] = msgspec.to_builtins(context)
     notes: dict[str, list[str]] = {}
@@ -138,6 +140,9 @@ def partition(context: ContextPartition) -> Partition:
         if isinstance(value, dict):
             for item, v in value.items():
                 notes.setdefault(str(item), []).append(f"{key}: {v}")
+        elif isinstance(value, (list, tuple)) and (group := _beside(key, value, data)) is not None:
+            for item, v in zip(data[group], value, strict=True):  # e.g. drop_reasons beside dropped
+                notes.setdefault(str(item), []).append(f"{key.removeprefix(group[:4]).strip('_') or key}: {v}")
         elif isinstance(value, (list, tuple)):
             for entry in value:
                 _note(notes, key, entry)
@@ -146,6 +151,14 @@ def partition(context: ContextPartition) -> Partition:
     groups = tuple((g, tuple(PartitionItem(str(i), tuple(notes.get(str(i), ()))) for i in data.get(g, ())))
                    for g in PARTITION_GROUPS)
     return Partition(groups=groups, extra=tuple(extra))
+
+
+def _beside(key: str, value: list[Any] | tuple[Any, ...], data: dict[str, Any]) -> str | None:
+    """The group a list of plain values stands beside, item for item: same length, and its name begins as the
+    group's does (``drop_reasons`` beside ``dropped``)."""
+    if any(isinstance(v, (list, tuple, dict)) for v in value):
+        return None
+    return next((g for g in PARTITION_GROUPS if key.startswith(g[:4]) and len(data.get(g, ())) == len(value)), None)
 
 
 def _note(notes: dict[str, list[str]], key: str, entry: Any) -> None:

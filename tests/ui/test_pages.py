@@ -79,6 +79,14 @@ def test_a_partitions_other_fields_become_notes_on_its_items() -> None:
     assert notes == {"a": ("tokens: 12",), "b": (), "c": ("tokens: 40", "reasons: stale")}
     assert rich.extra == (("packed_tokens", "30"),)
 
+    class Beside(ContextPartition, frozen=True, kw_only=True):  # reasons in the order of `dropped`
+        drop_reasons: tuple[str, ...]
+
+    two = tuple(ContextItemId(i) for i in ("c", "d"))
+    beside = partition(Beside(packed=ids, available=(), dropped=two, drop_reasons=("stale", "over_budget")))
+    notes = {i.item_id: i.notes for _, items in beside.groups for i in items}
+    assert notes == {"a": (), "b": (), "c": ("reasons: stale",), "d": ("reasons: over_budget",)}
+
 
 def test_the_lineage_of_a_forked_run() -> None:
     state = GOLDEN["hand_fork_verdicts_cancel"]

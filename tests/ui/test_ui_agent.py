@@ -77,6 +77,10 @@ async def test_agent_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs
                     ids = [i.get_attribute("data-item") for i in el.find_elements(
                         By.CSS_SELECTOR, f'.group[data-group="{group}"] .item')]
                     assert ids == list(getattr(a.context, group)), (a.step_id, group, ids)
+                reasons = getattr(a.context, "drop_reasons", None)  # recorded by packers that record them
+                if isinstance(reasons, tuple):
+                    notes = [n.text for n in el.find_elements(By.CSS_SELECTOR, '.group[data-group="dropped"] .note')]
+                    assert notes == [f"reasons: {r}" for r in reasons], notes
             assert "old-notes" in view.step("fix:t1").attempts[-1].context.dropped  # type: ignore[union-attr]
 
             # the prompt viewer: nothing fetched until opened, then paged by 400 bytes to its end
