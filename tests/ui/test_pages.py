@@ -105,6 +105,11 @@ def test_the_lineage_of_a_forked_run() -> None:
     assert sum(lane.active for lane in graph.lanes) == 1 and by[state.active_branch].active
 
 
+def test_the_golden_logs_hold_cancelled_and_superseded_attempts() -> None:
+    attempts = [a for st in GOLDEN.values() for b in st.branches for a in run_page(st, b).view.attempts()]
+    assert any(a.status == "cancelled" for a in attempts) and any(a.superseded for a in attempts)
+
+
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_every_golden_log_renders_on_the_run_page(name: str) -> None:
     state = GOLDEN[name]
@@ -112,7 +117,11 @@ def test_every_golden_log_renders_on_the_run_page(name: str) -> None:
     for bid in state.branches:
         html = env.get_template("_run_body.html").render(p=run_page(state, bid), branch_param=bid, page_bytes=100)
         page = run_page(state, bid)
-        assert html.count('class="attempt ') == len(list(page.view.attempts()))
+        attempts = list(page.view.attempts())
+        assert html.count('class="attempt ') == len(attempts)
+        for status in ("succeeded", "failed", "cancelled", "dispatched"):  # every attempt, whatever became of it
+            assert html.count(f'class="attempt st-{status}"') == sum(a.status == status for a in attempts)
+        assert html.count('class="badge s-superseded"') == sum(a.superseded for a in attempts)
         assert html.count('<tr class="verdict"') == len(state.verdicts)
         for sha in blob_refs(state):
             assert len(sha) == 64
