@@ -82,15 +82,19 @@ async def test_a_replayed_run_in_the_browser(cfg, event_log: JetStreamEventLog, 
             assert code == 0, (out, err)
             forked = json.loads(out.strip().splitlines()[-1])["branch_id"]
             after = await event_log.load(run_id)
-            await until(b, lambda d: d.find_elements(By.CSS_SELECTOR, f'svg.lineage g.lane[data-branch="{forked}"]'),
-                        "the new branch's lane")
-            lane = b.find_element(By.CSS_SELECTOR, f'svg.lineage g.lane[data-branch="{forked}"]')
             fork = after.branches[forked]
-            assert (lane.get_attribute("data-parent"), lane.get_attribute("data-fork-lsn")) == (
-                "main", str(fork.fork_lsn))
-            assert b.find_elements(By.CSS_SELECTOR, "svg.lineage path.fork")
-            assert any(f"branch {forked} forked from main" in li.text
-                       for li in b.find_elements(By.CSS_SELECTOR, "#live-log li"))
+            await until(b, lambda d: d.find_element(By.ID, "run-head").get_attribute("data-head") == str(
+                after.head_lsn), "the page at the log's new head")
+            # read in one script: a later commit's re-render cannot swap the body between two reads
+            seen = b.execute_script(
+                "const g = document.querySelector(`svg.lineage g.lane[data-branch='${arguments[0]}']`);"
+                "return g && [g.dataset.parent, g.dataset.forkLsn, document.querySelectorAll("
+                "'svg.lineage path.fork').length, [...document.querySelectorAll('#live-log li')]"
+                ".map(li => li.textContent)]", forked)
+            assert seen is not None, "no lane for the new branch"
+            parent, fork_lsn, curves, log_lines = seen
+            assert (parent, fork_lsn, curves) == ("main", str(fork.fork_lsn), 1)
+            assert any(f"branch {forked} forked from main" in line for line in log_lines), log_lines
             b.get(f"{url}/runs/{run_id}?branch=main")  # the original branch keeps its verdicts and attempts
             assert len(b.find_elements(By.CSS_SELECTOR, "div.attempt")) == len(list(view.attempts()))
             screenshot(b, artifact(tmp_path, "ui-replayed-run.png"))
