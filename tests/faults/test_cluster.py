@@ -6,6 +6,9 @@ Three real nats-server processes (tests/support/cluster.py). The scenarios:
   comes back shorter than what was acked (a follower's Direct Get may lag; brief §10);
 * a commit loop through a kill -9 of the events stream's leader: every commit is acked once, at
   one LSN, nothing twice (a publish in flight is re-sent with its Nats-Msg-Id until it settles);
+* a command published while the commands stream elects a leader is queued once (the client
+  re-sends it with its Nats-Msg-Id), a missing commands stream is an error at once, and
+  ``ensure_infra`` at a service's start waits out a cluster without quorum;
 * 200 runs of two command tools (real service processes: two executors, recovery, a verifier)
   while the events-stream leader is killed and restarted and an executor is killed: every acked
   start completes exactly once, nothing stuck, no side effect without its attempt, refold identical.
@@ -14,6 +17,7 @@ Three real nats-server processes (tests/support/cluster.py). The scenarios:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,13 +26,15 @@ from pathlib import Path
 import pytest
 
 from shared.config import Config
+from shared.core.commands import RecoverRuns, encode
+from shared.core.errors import ReelError
 from shared.core.events import BlobRef, RunCreated
 from shared.core.ids import ROOT_BRANCH, RunId
 from shared.core.subjects import Names
 from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
+from shared.nats.client import CommandTimeout, ReelClient
 from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect, ensure_infra
+from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying
 from shared.nats.subjectlog import SubjectLog
 from tests.faults.checks import check_runs
 from tests.faults.conftest import FaultsLedger
@@ -139,3 +145,51 @@ async def test_200_runs_through_a_leader_kill_and_an_executor_kill(
         if counts.problems:
             counts.problems.append(procs.logs())
     record(faults_ledger, "cluster_r3_leader_and_executor_kill", counts)
+
+
+async def test_a_command_published_during_a_failover_is_queued_once(r3: Cluster, r3_infra: Infra) -> None:
+    cfg: Config = r3_infra.cfg  # type: ignore[attr-defined]
+    client = ReelClient(r3_infra.nc, cfg)
+    killed = await r3.kill_stream_leader(cfg.names.commands_stream)
+    try:
+        with pytest.raises(CommandTimeout):  # stored (no service here answers it), not "is reel up running?"
+            await client.command("recover", encode(RecoverRuns()), timeout_s=1)
+    finally:
+        await r3.restart(killed)
+    info = await r3.stream_info(cfg.names.commands_stream)
+    state = info["state"]
+    assert isinstance(state, dict) and state["messages"] == 1, "queued once, however often it was re-sent"
+
+
+async def test_a_missing_commands_stream_is_an_error_at_once(r3: Cluster) -> None:
+    cfg = r3_cfg(r3)  # a namespace nobody created
+    nc = await connect(cfg, name="reel-tests-r3-missing")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ReelError, match="is `reel up`"):
+            await ReelClient(nc, cfg).command("recover", encode(RecoverRuns()), timeout_s=1)
+        assert time.monotonic() - t0 < cfg.failover_s / 2, "not retried for the failover window"
+    finally:
+        await nc.close()
+
+
+async def test_ensure_infra_at_start_waits_out_a_cluster_without_quorum(r3: Cluster) -> None:
+    cfg = r3_cfg(r3)
+    down = [n.name for n in r3.nodes[1:]]
+    for name in down:
+        await r3.kill(name)
+    nc = await connect(dataclasses.replace(cfg, nats_url=r3.nodes[0].url), name="reel-tests-r3-start")
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - whatever a cluster without quorum answers
+            await ensure_infra(nc, cfg)
+        setup = asyncio.ensure_future(ensure_infra_retrying(nc, cfg, within_s=90))
+        await asyncio.sleep(1.0)  # the retry is under way before a node comes back
+        assert not setup.done()
+        for name in down:
+            await r3.restart(name)
+        infra = await asyncio.wait_for(setup, 90)
+        assert (await infra.js.stream_info(cfg.names.events_stream)).config.num_replicas == 3
+    finally:
+        await nc.close()
+        for name in down:
+            await r3.restart(name)
