@@ -57,6 +57,8 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             t.append(f"  {event.usage.input_tokens}→{event.usage.output_tokens} tok, {event.usage.latency_ms:.1f} ms")
             if event.recovered:
                 t.append("  (recovered)", style="magenta")
+            if event.truncated is True:
+                t.append(f"  (output truncated to {event.output_ref.size_bytes} B)", style="magenta")
         case AttemptFailed():
             t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {event.message[:80]}", style="red")
         case AttemptCancelled():
@@ -161,6 +163,7 @@ def timeline(state: RunState, branch_id: str | None = None) -> Group:
         for a in step.attempts:
             c = a.context
             status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
+            status += f" (truncated to {a.output_ref.size_bytes} B)" if a.truncated is True and a.output_ref else ""
             lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
             table.add_row(
                 name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")),

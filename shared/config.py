@@ -18,6 +18,11 @@ variable                 default                    meaning
 ``REEL_INLINE_MAX_BYTES`` ``2048``                bodies up to this size ride inline in their refs
 ``REEL_FAILOVER_S``      ``30``                     how long a client re-sends a command (same msg id)
                                                     while no server answers (a failover), then errors
+``REEL_TOOL_MAX_OUTPUT_BYTES`` ``8388608``        a ``command`` tool step's output cap (bytes, stdout
+                                                    and stderr merged); a tool's ``max_output_bytes`` wins
+``REEL_TOOL_ON_OVERFLOW`` ``fail``                 past the cap: ``fail`` (``output_too_large``) or
+                                                    ``truncate`` (head kept, ``truncated``); per tool:
+                                                    ``on_overflow`` (shared/core/toolspec.py)
 ``REEL_LOG_FORMAT``      auto                       ``json`` or ``console`` (auto: console on a TTY)
 ``REEL_LOG_LEVEL``       ``INFO``                   structlog level (shared/logging.py; ``reel``: ``ERROR``)
 ``REEL_PARTITIONS``      ``0``                      executor command partitions N (0: one shared durable)
@@ -51,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.core.subjects import Names
+from shared.core.toolspec import DEFAULT_MAX_OUTPUT_BYTES, ON_OVERFLOW, OutputLimit
 
 CONNECTION_FLAGS = {
     "--nats-user": ("REEL_NATS_USER", "NATS user (a role of `reel auth init`)"),
@@ -122,10 +128,15 @@ class Config:
     inline_max_bytes: int = 2048
     failover_s: float = 30.0
     executor_partitions: tuple[int, ...] | None = None  # None: all of names.partitions
+    tool_output: OutputLimit = field(default_factory=OutputLimit)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
-        """Build from environment variables; keyword overrides win (``None`` is ignored)."""
+        """Build from environment variables; keyword overrides win (``None`` is ignored).
+
+        Raises:
+            ValueError: a variable holds a value it cannot take (named in the message).
+        """
         values: dict[str, object] = {
             "nats_url": os.environ.get("NATS_URL", cls.nats_url),
             "names": Names(os.environ.get("REEL_NAMESPACE", "reel"), int(os.environ.get("REEL_PARTITIONS", "0"))),
@@ -139,6 +150,7 @@ class Config:
             "inline_max_bytes": int(os.environ.get("REEL_INLINE_MAX_BYTES", "2048")),
             "failover_s": float(os.environ.get("REEL_FAILOVER_S", "30")),
             "executor_partitions": _partition_set(os.environ.get("REEL_EXECUTOR_PARTITIONS", "")),
+            "tool_output": tool_output_from_env(os.environ),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -147,3 +159,18 @@ class Config:
 def _partition_set(text: str) -> tuple[int, ...] | None:
     """``REEL_EXECUTOR_PARTITIONS`` (``0,2``) as a tuple; empty: ``None`` (all)."""
     return tuple(sorted({int(x) for x in text.split(",") if x.strip()})) or None
+
+
+def tool_output_from_env(env: Mapping[str, str]) -> OutputLimit:
+    """The default tool output cap from ``REEL_TOOL_MAX_OUTPUT_BYTES`` and ``REEL_TOOL_ON_OVERFLOW``.
+
+    Raises:
+        ValueError: the cap is not an integer ≥ 1, or the policy is not ``fail``/``truncate``.
+    """
+    raw = env.get("REEL_TOOL_MAX_OUTPUT_BYTES") or str(DEFAULT_MAX_OUTPUT_BYTES)
+    policy = env.get("REEL_TOOL_ON_OVERFLOW") or "fail"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"REEL_TOOL_MAX_OUTPUT_BYTES must be a whole number of bytes >= 1, not {raw!r}")
+    if policy not in ON_OVERFLOW:
+        raise ValueError(f"REEL_TOOL_ON_OVERFLOW must be one of {', '.join(ON_OVERFLOW)}, not {policy!r}")
+    return OutputLimit(max_bytes=int(raw), on_overflow=policy)  # policy checked just above

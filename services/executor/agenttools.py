@@ -15,7 +15,12 @@ kind                retryable  when
 ``timeout``         yes        ``timeout_s`` passed (a command's group is killed; a sync Python
                                tool's thread cannot be, it is abandoned)
 ``spawn_failed``    no         a command's program cannot be started
+``output_too_large`` yes       a command printed more than its ``max_output_bytes`` (``on_overflow: fail``)
 ==================  =========  ================================================================
+
+A command's output is capped (``max_output_bytes``, default 1 MiB): past it, by default, the
+model is shown the head followed by :func:`~shared.core.toolspec.truncation_note` — never a
+silent cut.
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
 call's attempts, so an outside service can dedupe a retry — and its attempt number:
@@ -38,14 +43,13 @@ from typing import Any
 
 import jsonschema
 
-from shared.core.agentspec import AgentToolSpec
+from shared.core.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
 from shared.core.chat import ToolCall
 from shared.core.errors import ToolCallInvalid, ToolError
+from shared.core.toolspec import OUTPUT_TOO_LARGE, output_limit, truncation_note
 from shared.core.workflow import AgentStep, WorkflowSpec
 from shared.proc.group import run_group
 
-MAX_OUTPUT_BYTES = 1024 * 1024
-"""A tool result kept for the model: the first MiB of a command's output."""
 ERROR_TAIL_CHARS = 4000
 """A failing command's output kept in its error observation: the last 4000 characters."""
 
@@ -139,9 +143,10 @@ async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContex
     env.update({"REEL_TOOL_ARGS": arguments_text, "REEL_IDEMPOTENCY_KEY": ctx.key, "REEL_ATTEMPT": str(ctx.attempt),
                 "REEL_RUN_ID": ctx.run_id, "REEL_BRANCH_ID": ctx.branch_id, "REEL_STEP_ID": ctx.step_id,
                 "REEL_TOOL_NAME": tool.name})
+    limit = output_limit(tool, AGENT_TOOL_OUTPUT)
     try:
         done = await run_group(tool.command, timeout_s=tool.timeout_s, env=env, stdin=arguments_text.encode(),
-                               output_limit_bytes=MAX_OUTPUT_BYTES, keep="head", merge_stderr=True)
+                               output_limit_bytes=limit.max_bytes, keep="head", merge_stderr=True)
     except OSError as exc:
         raise ToolError(f"cannot run {tool.command[0]!r}: {exc.strerror}", kind="spawn_failed",
                         retryable=False) from None
@@ -151,7 +156,10 @@ async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContex
                         kind="timeout")
     if done.returncode != 0:
         raise ToolError(f"{tool.name} exited {done.returncode}: {text[-ERROR_TAIL_CHARS:]}", kind="tool_error")
-    return text
+    if done.stdout_truncated and limit.on_overflow == "fail":
+        raise ToolError(f"{tool.name} printed more than its max_output_bytes ({limit.max_bytes})",
+                        kind=OUTPUT_TOO_LARGE)
+    return text + truncation_note(len(done.stdout)) if done.stdout_truncated else text
 
 
 def _run_recorded(tool: AgentToolSpec, call_id: str) -> str:

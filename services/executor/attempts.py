@@ -41,14 +41,19 @@ from nats.js.kv import KeyValue
 
 from shared.core import planning as plan
 from shared.core.cancel import after_cancel
+from shared.core.errors import ToolError
 from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import RunState
 from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.ports import BlobStore, EventLog
+from shared.core.state import final_success
 from shared.core.subjects import Names, outcome_key
 from shared.core.tokens import TokenCounter
+from shared.core.toolspec import OutputLimit, truncation_note
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
+from shared.nats.blobstore import ref_for
 from shared.nats.publish import publish_pipelined, publish_verify
+from shared.proc.tools import SPOOL_MEMORY_BYTES, ToolOutput
 
 from .bodies import Bodies
 from .streaming import StreamOut
@@ -98,11 +103,15 @@ class Attempts:
         nc: the connection the recovery markers are published on (``names.outcome_marker``).
         counter: token counter of the packer's candidates.
         outcomes: the outcome-marker bucket, to read a dead executor's markers (:meth:`marker`).
+        tool_output: the default output cap of a ``command`` tool step (``REEL_TOOL_MAX_OUTPUT_BYTES``,
+            ``REEL_TOOL_ON_OVERFLOW``); a tool's own ``max_output_bytes``/``on_overflow`` win.
     """
 
     def __init__(self, log: EventLog, blobs: BlobStore, nc: Client, names: Names,
-                 executor_id: ExecutorId, counter: TokenCounter, *, outcomes: KeyValue | None = None) -> None:
+                 executor_id: ExecutorId, counter: TokenCounter, *, outcomes: KeyValue | None = None,
+                 tool_output: OutputLimit | None = None) -> None:
         self.log, self.blobs, self._nc, self._names, self._outcomes = log, blobs, nc, names, outcomes
+        self.tool_output = tool_output or OutputLimit()
         self.executor_id = executor_id
         self.counter = counter
         self.facts = plan.TextFacts(counter)
@@ -184,9 +193,38 @@ class Attempts:
             log.warning("run.verify_trigger_failed", lsn=state.head_lsn, error=str(exc))
 
     # ---- outputs -------------------------------------------------------------------------
-    async def outputs(self, state: RunState, branch_id: BranchId, step_ids: list[str]) -> dict[str, str]:
+    async def tool_body(self, out: ToolOutput, inline_max: int) -> tuple[BlobRef, bytes | None]:
+        """A tool output's ref, and its body if it is small (read into memory, kept in :attr:`bodies`, inline
+        in its ref if at most ``inline_max`` bytes); a large one (over :data:`~shared.proc.tools.SPOOL_MEMORY_BYTES`)
+        is streamed from its spool into the blob store now (``put_file``, three tries) and its body is ``None``:
+        it is never held whole. The spool is closed.
+
+        Raises:
+            ToolError: ``output_store_failed`` (retryable): a large output could not be stored.
+        """
+        with out:
+            if out.size_bytes <= SPOOL_MEMORY_BYTES:
+                body = out.read()
+                ref = ref_for(body, inline_max=inline_max)
+                self.bodies.keep(body, ref)
+                return ref, body
+            ref = BlobRef(sha256=out.sha256, size_bytes=out.size_bytes)
+            try:
+                async for attempt in tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(3), reraise=True,
+                                                            wait=tenacity.wait_exponential(max=2)):
+                    with attempt:
+                        await self.blobs.put_file(out.file(), ref)
+            except Exception as exc:
+                raise ToolError(f"the output ({out.size_bytes} bytes) could not be stored: {exc}"[:2000],
+                                kind="output_store_failed") from exc
+            return ref, None
+
+    async def outputs(self, state: RunState, branch_id: BranchId, step_ids: list[str], *,
+                      marked: bool = True) -> dict[str, str]:
         """Output texts of earlier steps that succeeded on ``branch_id`` (from :attr:`bodies`, the ones it lacks
-        read from the blob store concurrently); step id → text (UTF-8, invalid bytes replaced).
+        read from the blob store concurrently); step id → text (UTF-8, invalid bytes replaced). ``marked``: a
+        tool output its cap truncated ends with :func:`~shared.core.toolspec.truncation_note` (what a model is
+        shown); ``False``: the bytes as stored (a command's stdin).
 
         Raises:
             BlobMissing, BlobCorrupt, BlobTimeout: an output's blob cannot be read.
@@ -194,7 +232,12 @@ class Attempts:
         found = {sid: plan.succeeded_output(state, branch_id, StepId(sid)) for sid in step_ids}
         refs = {sid: ref for sid, ref in found.items() if ref is not None}
         bodies = await self.bodies.many(list(refs.values()))
-        return {sid: bodies[ref.sha256].decode("utf-8", errors="replace") for sid, ref in refs.items()}
+        texts = {sid: bodies[ref.sha256].decode("utf-8", errors="replace") for sid, ref in refs.items()}
+        for sid, ref in refs.items():
+            win = final_success(state.branches[branch_id].attempts.get(StepId(sid), ()))
+            if marked and win is not None and win.truncated is True:
+                texts[sid] += truncation_note(ref.size_bytes)
+        return texts
 
     # ---- outcomes ------------------------------------------------------------------------
     async def marker(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> BlobRef | None:

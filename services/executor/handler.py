@@ -62,7 +62,8 @@ class Executor:
         self.executor_id = executor_id or new_executor_id()
         self.specs = WorkflowSpecs(blobs)
         self.inline_max = cfg.inline_max_bytes
-        attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes)
+        attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
+                            tool_output=cfg.tool_output)
         self.control = ControlHub(infra.nc, cfg.names, self._is_cancelled)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes)

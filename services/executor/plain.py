@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 
 from shared.clock import now_ms
@@ -49,6 +50,7 @@ from shared.core.events import (
 from shared.core.fold import RunState, apply_commit
 from shared.core.ids import CommitId
 from shared.core.packer import pack
+from shared.core.toolspec import output_limit
 from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
 from shared.fenced import Committed, Decide, NoCommit
 from shared.models import ModelRequest, make_adapter
@@ -218,19 +220,25 @@ class PlainSteps:
                            ) -> tuple[Outcome, bytes | None]:
         """Run the tool or call the model (stopped if ``interrupt`` fires: a command's process group is
         killed, a model's request aborted; recorded and scripted ones are instant): the outcome event,
-        and a success's output body."""
+        and a success's output body (``None`` for a tool output too large to hold: stored already, streamed;
+        one the store refused fails the attempt ``output_store_failed``, retryable)."""
         action, step = p.action, p.step
         started = time.perf_counter()
         try:
             if isinstance(step, ToolStep):
                 stdin = None
                 if step.tool.stdin_from:
-                    stdin = (await self.a.outputs(state, action.branch_id, [step.tool.stdin_from])).get(
+                    stdin = (await self.a.outputs(state, action.branch_id, [step.tool.stdin_from], marked=False)).get(
                         step.tool.stdin_from, "").encode()
-                text = await guarded(run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
+                spool = await guarded(run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
                     "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
-                    "REEL_ATTEMPT": str(action.attempt)}), interrupt if step.tool.type == "command" else None)
+                    "REEL_ATTEMPT": str(action.attempt)}, limit=output_limit(step.tool, self.a.tool_output)),
+                    interrupt if step.tool.type == "command" else None)
                 usage = Usage(latency_ms=_ms_since(started))
+                ref, body = await self.a.tool_body(spool, self.inline_max)  # a large one is stored now, streamed
+                return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                        output_ref=ref, usage=usage, at_ms=now_ms(),
+                                        truncated=True if spool.truncated else msgspec.UNSET), body
             else:
                 adapter = make_adapter(step.model, self.a.counter)
                 request = ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,

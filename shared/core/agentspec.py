@@ -28,6 +28,7 @@ import msgspec
 
 from shared.core.errors import WorkflowInvalid
 from shared.core.inputevents import DECISIONS, Decision, RequestKind
+from shared.core.toolspec import OnOverflow, OutputLimit
 
 if TYPE_CHECKING:
     from shared.core.workflow import AgentStep
@@ -40,6 +41,8 @@ ToolType = Literal["python", "command", "recorded", "builtin"]
 ASK_USER_PARAMETERS: dict[str, Any] = {
     "type": "object", "required": ["question"],
     "properties": {"question": {"type": "string", "description": "The question, in full."}}}
+AGENT_TOOL_OUTPUT = OutputLimit(max_bytes=1024 * 1024, on_overflow="truncate")
+"""An agent ``command`` tool's default output cap: its first MiB goes to the model, marked truncated."""
 ASK_USER_DESCRIPTION = "Ask the user a question and wait for the answer; the answer is this call's result."
 
 
@@ -105,6 +108,9 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         timeout_s: deadline of one attempt (s).
         needs_approval: each call waits for a human's approval before it runs.
         input: how the human is asked (an approval, or ``ask_user``'s question).
+        max_output_bytes: cap on a ``command``'s output (bytes; unset: 1 MiB, :data:`AGENT_TOOL_OUTPUT`).
+        on_overflow: past it, ``truncate`` (unset: the model sees the head, then
+            :func:`~shared.core.toolspec.truncation_note`) or ``fail`` (an ``output_too_large`` error observation).
     """
 
     name: str
@@ -120,6 +126,8 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     builtin: Literal["ask_user"] | None = None
     needs_approval: bool = False
     input: InputSpec | None = None
+    max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
+    on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def type(self) -> ToolType:
@@ -208,6 +216,8 @@ def _check_tool(tool: AgentToolSpec, at: str) -> None:
         raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{at}.max_attempts`)")
     if tool.timeout_s <= 0:
         raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
+    if isinstance(tool.max_output_bytes, int) and tool.max_output_bytes < 1:
+        raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{at}.max_output_bytes`)")
 
 
 def check_input(spec: InputSpec, kind: RequestKind, at: str) -> None:

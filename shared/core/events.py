@@ -77,7 +77,11 @@ class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=Tr
 
 
 class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True):
-    """The outcome of a dispatched attempt: success, with its output blob."""
+    """The outcome of a dispatched attempt: success, with its output blob.
+
+    ``truncated``: the tool printed more than its ``max_output_bytes`` and ``on_overflow: truncate`` kept
+    the head (``output_ref`` is that head); unset (not encoded) otherwise, so older logs read the same.
+    """
 
     branch_id: BranchId
     step_id: StepId
@@ -86,6 +90,7 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
     usage: Usage = Usage()
     at_ms: int
     recovered: bool = False
+    truncated: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):

@@ -217,7 +217,7 @@ def _resolved(run: _Run, lsn: LSN, event: AttemptSucceeded | AttemptFailed | Att
 
 
 def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
-    _resolved(run, lsn, event, status=SUCCEEDED, output_ref=event.output_ref)
+    _resolved(run, lsn, event, status=SUCCEEDED, output_ref=event.output_ref, truncated=event.truncated)
 
 
 def _failed(run: _Run, lsn: LSN, event: AttemptFailed) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import IO, Protocol
 
 from shared.core.events import AnyEvent, BlobRef, Commit
 from shared.core.fold import RunState
@@ -118,6 +118,18 @@ class BlobStore(Protocol):
 
     async def put_async(self, data: bytes, media_type: str = "text/plain") -> asyncio.Future[BlobRef]:
         """Start storing ``data`` now; the future resolves to its ref once stored."""
+        ...
+
+    async def put_file(self, source: IO[bytes], ref: BlobRef) -> BlobRef:
+        """Store the body read from ``source`` to EOF as ``ref`` (its sha256 and size known), streamed.
+
+        Raises:
+            BlobCorrupt: what was read is not ``ref``'s body (nothing stored).
+        """
+        ...
+
+    async def get_file(self, ref: BlobRef, into: IO[bytes] | None) -> int:
+        """Stream the body of ``ref`` into ``into`` (``None``: only check it), checked; its size (bytes)."""
         ...
 
     async def get(self, ref: BlobRef) -> bytes:

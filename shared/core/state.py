@@ -136,6 +136,7 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     error_message: str | None = None
     retryable: bool = True
     recovered: bool = False
+    truncated: bool | msgspec.UnsetType = msgspec.UNSET  # the output is a head (attempt_succeeded.truncated)
 
 
 class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):

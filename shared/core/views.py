@@ -53,6 +53,7 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
     error_kind: str | None = None
     error_message: str | None = None
     recovered: bool = False
+    truncated: bool | msgspec.UnsetType = msgspec.UNSET  # the output is the head of a longer one (not encoded unset)
 
 
 class StepView(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,7 +198,7 @@ def _attempt_views(attempts: Sequence[AttemptState], totals: list[float]) -> tup
             superseded=a.status == AttemptStatus.DISPATCHED and i < len(attempts) - 1,
             executor_id=a.executor_id, dispatched_lsn=a.dispatched_lsn, outcome_lsn=a.outcome_lsn,
             prompt_ref=a.prompt_ref, output_ref=a.output_ref, context=a.context, usage=a.usage,
-            error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered,
+            error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered, truncated=a.truncated,
         ))
         totals[0] += a.usage.input_tokens
         totals[1] += a.usage.output_tokens

@@ -34,6 +34,7 @@ from shared.core.modelspec import ScriptedOutput as ScriptedOutput
 from shared.core.modelspec import ScriptedToolCall as ScriptedToolCall
 from shared.core.modelspec import ScriptedTurn as ScriptedTurn
 from shared.core.modelspec import check_model_spec
+from shared.core.toolspec import ToolSpec as ToolSpec
 from shared.core.verifierspec import VerifierSpec as VerifierSpec
 from shared.core.verifierspec import VerifierType as VerifierType
 from shared.core.verifierspec import check_verifiers
@@ -70,28 +71,6 @@ class ModelStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     include_previous_outputs: bool = False
     policy: PolicySpec = PolicySpec()
     max_attempts: int = 1
-
-
-class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What a tool step calls.
-
-    Attributes:
-        type: ``recorded`` (returns ``output``), ``scripted`` (``outputs[attempt-1]``),
-            ``command`` (runs ``argv``; exit code ≠ 0 fails the attempt).
-        name: tool name for logs (e.g. ``bash``).
-        input: the recorded tool call (e.g. the command line).
-        timeout_s: deadline of a ``command`` (s).
-        stdin_from: a step whose output is the command's stdin.
-    """
-
-    type: Literal["recorded", "scripted", "command"]
-    name: str = ""
-    input: str = ""
-    output: str | None = None
-    outputs: tuple[ScriptedOutput, ...] = ()
-    argv: tuple[str, ...] = ()
-    timeout_s: float = 60.0
-    stdin_from: str | None = None
 
 
 class ToolStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="tool", tag_field="kind"):
@@ -235,6 +214,8 @@ def _check_tool(step: ToolStep, earlier: set[str], where: str) -> None:
         raise WorkflowInvalid(f"command tool needs `argv` (at `{where}.tool.argv`)")
     if t.stdin_from is not None and t.stdin_from not in earlier:
         raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at `{where}.tool.stdin_from`)")
+    if isinstance(t.max_output_bytes, int) and t.max_output_bytes < 1:
+        raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{where}.tool.max_output_bytes`)")
 
 
 def parse_workflow(

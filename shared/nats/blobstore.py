@@ -17,6 +17,10 @@ most the inline threshold may instead ride in its ref (:func:`ref_for` with
 ``inline_max``; brief §4): :meth:`JetStreamBlobStore.get` answers it from the ref,
 so readers do not care where a body is.
 
+A large body is streamed (:meth:`JetStreamBlobStore.put_file`: a tool's spool): read and
+published chunk by chunk with at most :data:`PUT_WINDOW` chunks unacked, its sha256 and
+size checked as it goes, so the writer's memory stays O(window) whatever the size.
+
 A writer that finds an object already under its body's name reads it back once:
 an intact one is kept (never overwritten); one that is not intact is *not a blob*
 — it is replaced by the body, fenced on exactly the meta record found corrupt (so
@@ -30,10 +34,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import io
 import json
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 import structlog
@@ -51,6 +56,8 @@ from shared.nats.publish import publish_pipelined
 log = structlog.get_logger(__name__)
 
 CHUNK_BYTES = 512 * 1024
+PUT_WINDOW = 8
+"""Chunks of a streamed put in flight (unacked) at once: 4 MiB of the writer's memory."""
 GET_TIMEOUT_S = 30.0
 _KNOWN_CACHE = 4096
 
@@ -105,11 +112,51 @@ class JetStreamBlobStore:
             return done
         return asyncio.ensure_future(self._put(ref, data))
 
+    async def put_file(self, source: IO[bytes], ref: BlobRef) -> BlobRef:
+        """Store the body read from ``source`` (its position to EOF) as ``ref``, whose sha256 and size are
+        known beforehand (a tool's spool hashed as it was written): streamed in :data:`CHUNK_BYTES` chunks,
+        at most :data:`PUT_WINDOW` unacked, then the meta record as :meth:`put` writes it (ADR-20).
+        Idempotent; an inline ``ref`` needs nothing stored.
+
+        Raises:
+            BlobCorrupt: what was read does not hash to ``ref.sha256`` or is not ``ref.size_bytes`` long
+                (nothing is stored: the chunks are purged).
+            nats.js.errors.APIError, nats.errors.TimeoutError: the object store refused or did not ack.
+        """
+        if is_inline(ref) or ref.sha256 in self._known:
+            return ref
+        nuid, chunk_subject, _ = self._subjects(ref)
+        digest, size, n = hashlib.sha256(), 0, 0
+        window: deque[asyncio.Future[Any]] = deque()
+        try:
+            while piece := source.read(CHUNK_BYTES):
+                digest.update(piece)
+                size, n = size + len(piece), n + 1
+                window.append(publish_pipelined(self._nc, chunk_subject, piece, None, self._timeout_s))
+                if len(window) >= PUT_WINDOW:
+                    await window.popleft()
+            await asyncio.gather(*window)
+        except BaseException:
+            await asyncio.gather(*window, return_exceptions=True)
+            await self._purge(chunk_subject)
+            raise
+        if digest.hexdigest() != ref.sha256 or size != ref.size_bytes:
+            await self._purge(chunk_subject)
+            raise BlobCorrupt(f"blob {ref.sha256[:12]}…: the body read is {size} bytes hashing to "
+                              f"{digest.hexdigest()[:12]}…, not the {ref.size_bytes} bytes named (not stored)")
+        return await self._seal(ref, nuid, size, n, digest.digest(), [])
+
+    def _subjects(self, ref: BlobRef) -> tuple[str, str, str]:
+        """A new object's nuid, its chunk subject and ``ref``'s meta subject (ADR-20)."""
+        nuid = self._nc._nuid.next().decode()
+        return nuid, f"$O.{self._bucket}.C.{nuid}", self._meta_subject(ref)
+
+    def _meta_subject(self, ref: BlobRef) -> str:
+        return f"$O.{self._bucket}.M.{base64.urlsafe_b64encode(ref.sha256.encode()).decode()}"
+
     async def _put(self, ref: BlobRef, data: bytes) -> BlobRef:
         """Chunks, then the meta record fenced on "no meta yet" (ADR-20 wire format, never an overwrite)."""
-        nuid = self._nc._nuid.next().decode()
-        chunk_subject = f"$O.{self._bucket}.C.{nuid}"
-        meta_subject = f"$O.{self._bucket}.M.{base64.urlsafe_b64encode(ref.sha256.encode()).decode()}"
+        nuid, chunk_subject, _ = self._subjects(ref)
         pieces = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
         chunks = [publish_pipelined(self._nc, chunk_subject, p, None, self._timeout_s) for p in pieces]
         if len(pieces) > 1:  # the meta record must not name chunks that may not exist
@@ -118,10 +165,17 @@ class JetStreamBlobStore:
                 await self._purge(chunk_subject)
                 raise failed[0]
             chunks = []
+        return await self._seal(ref, nuid, len(data), len(pieces), hashlib.sha256(data).digest(), chunks)
+
+    async def _seal(self, ref: BlobRef, nuid: str, size: int, n_chunks: int, digest: bytes,
+                    chunks: list[asyncio.Future[Any]]) -> BlobRef:
+        """The meta record of an object whose chunks (``nuid``) are stored, or still in flight (``chunks``:
+        a single chunk pipelined with it), fenced on "no meta yet"; an existing object is kept if intact."""
+        meta_subject, chunk_subject = self._meta_subject(ref), f"$O.{self._bucket}.C.{nuid}"
         info = jsapi.ObjectInfo(
-            name=ref.sha256, bucket=self._bucket, nuid=nuid, size=len(data), chunks=len(pieces),
+            name=ref.sha256, bucket=self._bucket, nuid=nuid, size=size, chunks=n_chunks,
             mtime=datetime.now(UTC).isoformat(),
-            digest="SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode(),
+            digest="SHA-256=" + base64.urlsafe_b64encode(digest).decode(),
             headers={"Content-Type": [ref.media_type]},
             options=jsapi.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
         )
@@ -179,7 +233,7 @@ class JetStreamBlobStore:
     async def _why_not_intact(self, ref: BlobRef) -> str | None:
         """Why the object under ``ref``'s name is not ``ref``'s body, or ``None`` if it is."""
         try:
-            await self.get(ref)
+            await self.get_file(ref, None)  # streamed: an existing large object is never read whole
         except BlobCorrupt as exc:
             return exc.message
         except BlobMissing as exc:
@@ -219,8 +273,31 @@ class JetStreamBlobStore:
             if hashlib.sha256(data).hexdigest() != ref.sha256:
                 raise BlobCorrupt(f"inline blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
             return data
+        result = await self._fetch(ref, None)
+        data = bytes(result.data or b"")
+        _check(ref, hashlib.sha256(data).hexdigest(), len(data))
+        return data
+
+    async def get_file(self, ref: BlobRef, into: IO[bytes] | None) -> int:
+        """Stream the body of ``ref`` into ``into`` chunk by chunk (``None``: only check it), never holding it
+        whole; its sha256 is checked as it comes. Returns its size (bytes).
+
+        Raises:
+            BlobMissing, BlobCorrupt, BlobTimeout: as :meth:`get` (``into`` may hold part of a corrupt body).
+        """
+        if is_inline(ref):
+            data = await self.get(ref)
+            if into is not None:
+                into.write(data)
+            return len(data)
+        sink = _HashingSink(into)
+        await self._fetch(ref, sink)
+        _check(ref, sink.digest.hexdigest(), sink.size)
+        return sink.size
+
+    async def _fetch(self, ref: BlobRef, sink: io.BufferedIOBase | None) -> ObjectStore.ObjectResult:
         try:
-            result = await asyncio.wait_for(self._obs.get(ref.sha256), self._timeout_s)
+            return await asyncio.wait_for(self._obs.get(ref.sha256, writeinto=sink), self._timeout_s)
         except NotFoundError as exc:
             raise BlobMissing(f"blob {ref.sha256[:12]}… not in bucket {self._bucket}") from exc
         except TimeoutError as exc:
@@ -228,16 +305,32 @@ class JetStreamBlobStore:
         except Exception as exc:  # a meta record that is not a readable object (bad digest, no nuid, a link…)
             raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: not a readable object "
                               f"({type(exc).__name__}: {exc})"[:300]) from exc
-        data = bytes(result.data or b"")
-        got = hashlib.sha256(data).hexdigest()
-        if got != ref.sha256:
-            raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: the object holds {len(data)} bytes hashing to "
-                              f"{got[:12]}… (sha256 mismatch; written under the wrong name, or overwritten)")
-        return data
 
     async def get_text(self, ref: BlobRef) -> str:
         """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
         return (await self.get(ref)).decode("utf-8", errors="replace")
+
+
+class _HashingSink(io.BufferedIOBase):
+    """Where a streamed get writes: hashes and counts every chunk, and hands it on (if ``into``)."""
+
+    def __init__(self, into: IO[bytes] | None) -> None:
+        super().__init__()
+        self.digest, self.size, self._into = hashlib.sha256(), 0, into
+
+    def write(self, chunk: bytes) -> int:  # type: ignore[override]  # nats-py passes bytes
+        self.digest.update(chunk)
+        self.size += len(chunk)
+        if self._into is not None:
+            self._into.write(chunk)
+        return len(chunk)
+
+
+def _check(ref: BlobRef, got: str, size: int) -> None:
+    """Raises BlobCorrupt unless the body read (``size`` bytes hashing to ``got``) is ``ref``'s."""
+    if got != ref.sha256:
+        raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: the object holds {size} bytes hashing to "
+                          f"{got[:12]}… (sha256 mismatch; written under the wrong name, or overwritten)")
 
 
 def _meta_headers(expected_seq: int) -> dict[str, str]:

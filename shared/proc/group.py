@@ -14,7 +14,9 @@ SIGKILLed before it returns or raises:
 With ``term_grace_s`` the group first gets SIGTERM and that long to exit (a
 service draining its work) before the SIGKILL. Output is read as it comes:
 each captured stream keeps at most ``output_limit_bytes`` (the first or the
-last, ``keep``), so a chatty child never grows this process beyond the limit.
+last, ``keep``), so a chatty child never grows this process beyond the limit;
+with ``stdout_sink`` every stdout chunk is handed to it as read instead (a tool's
+spool: :mod:`shared.proc.tools`) and none is kept here.
 
 Callers map :class:`Completed` to their own results: tools
 (:mod:`shared.proc.tools`), the command verifier (:mod:`shared.proc.verifier`),
@@ -31,7 +33,7 @@ import os
 import signal as signals
 import subprocess
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -96,14 +98,16 @@ class Completed:
 class _Kept:
     """One output stream as it arrives: its first or last ``limit`` bytes, and how many came."""
 
-    def __init__(self, limit: int, keep: Keep) -> None:
-        self.limit, self.tail = limit, keep == "tail"
+    def __init__(self, limit: int, keep: Keep, sink: Callable[[bytes], object] | None = None) -> None:
+        self.limit, self.tail, self.sink = limit, keep == "tail", sink
         self.seen = 0
         self._buf = bytearray()
 
     def feed(self, chunk: bytes) -> None:
         self.seen += len(chunk)
-        if self.tail:
+        if self.sink is not None:
+            self.sink(chunk)
+        elif self.tail:
             self._buf += chunk
             if len(self._buf) > 2 * self.limit + _CHUNK_BYTES:  # trim now and then, not on every chunk
                 del self._buf[: len(self._buf) - self.limit]
@@ -122,7 +126,7 @@ async def run_group(
     argv: Sequence[str], *, timeout_s: float | None, cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None, stdin: bytes | None = None,
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT_BYTES, keep: Keep = "head", merge_stderr: bool = False,
-    capture: bool = True, term_grace_s: float = 0.0,
+    capture: bool = True, term_grace_s: float = 0.0, stdout_sink: Callable[[bytes], object] | None = None,
 ) -> Completed:
     """Run ``argv`` in a new process group; the group is killed on every way out (see module doc).
 
@@ -139,6 +143,8 @@ async def run_group(
         capture: ``False`` leaves stdout/stderr as this process's own (nothing is kept).
         term_grace_s: when the group must die before the leader has exited (timeout, cancellation,
             error), it first gets SIGTERM and this long to exit; then SIGKILL. 0: SIGKILL at once.
+        stdout_sink: called with every stdout chunk (≤ 64 KiB) as it is read; then ``Completed.stdout``
+            is empty and ``stdout_truncated`` says whether more than ``output_limit_bytes`` came.
 
     Returns:
         The :class:`Completed` leader (a timeout is a result, not an error).
@@ -155,7 +161,7 @@ async def run_group(
     started = time.monotonic()
     proc = await _started(_spawn(argv, cwd=cwd, env=env, stdin=stdin is not None, merge_stderr=merge_stderr,
                                  capture=capture, records=records), records)
-    out, err = _Kept(output_limit_bytes, keep), _Kept(output_limit_bytes, keep)
+    out, err = _Kept(output_limit_bytes, keep, stdout_sink), _Kept(output_limit_bytes, keep)
     pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
         _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -12,8 +13,10 @@ import pytest
 
 from services.executor.agenttools import CallContext, encode_result, run_call, secret_env_names
 from shared.core.chat import ToolCall
-from shared.core.errors import ToolError
+from shared.core.errors import ToolError, WorkflowInvalid
+from shared.core.toolspec import OUTPUT_TOO_LARGE, truncation_note
 from shared.core.workflow import AgentStep, parse_workflow
+from tests.support import print_bytes
 
 
 def _agent(tools: list[dict[str, Any]]) -> AgentStep:
@@ -109,3 +112,24 @@ async def test_recorded_tools_answer_by_call_id() -> None:
     err = await _fails(agent, "err", "{}")
     assert (err.kind, err.message) == ("tool_error", "it failed")
     assert msgspec.json.decode(encode_result({"a": 1})) == {"a": 1}
+
+
+PRINTER = str(Path(__file__).parents[1] / "support" / "print_bytes.py")
+
+
+async def test_a_command_past_its_cap_shows_the_model_its_head_marked_truncated() -> None:
+    agent = _agent([{"name": "big", "command": [sys.executable, PRINTER, "5000"], "max_output_bytes": 1000},
+                    {"name": "whole", "command": [sys.executable, PRINTER, "1000"], "max_output_bytes": 1000},
+                    {"name": "strict", "command": [sys.executable, PRINTER, "5000"], "max_output_bytes": 1000,
+                     "on_overflow": "fail"}])
+    seen = await _call(agent, "big", "{}")
+    assert seen == print_bytes.expected(1000).decode() + truncation_note(1000)
+    assert "truncated" in truncation_note(1000) and "1000" in truncation_note(1000)
+    assert await _call(agent, "whole", "{}") == print_bytes.expected(1000).decode()
+    failed = await _fails(agent, "strict", "{}")
+    assert failed.kind == OUTPUT_TOO_LARGE and failed.retryable and "1000" in failed.message
+
+
+def test_an_agent_tool_cap_below_one_byte_is_refused_at_load() -> None:
+    with pytest.raises(WorkflowInvalid, match=r"max_output_bytes must be >= 1 \(at `\$\.steps\[0\]\.tools\[0\]"):
+        _agent([{"name": "big", "command": ["true"], "max_output_bytes": 0}])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from shared.core.errors import ToolError
+from shared.core.toolspec import OUTPUT_TOO_LARGE, OutputLimit
 from shared.core.workflow import ToolSpec
-from shared.proc.tools import reap_orphaned_tools, run_tool
+from shared.proc.tools import SPOOL_MEMORY_BYTES, reap_orphaned_tools, run_tool
+from tests.support import print_bytes
 
 
 def _alive(pid: int) -> bool:
@@ -75,14 +78,58 @@ async def test_a_timed_out_tool_is_killed_with_its_children(tmp_path: Path) -> N
 
 async def test_the_attempt_identity_is_in_the_tool_environment() -> None:
     spec = ToolSpec(type="command", argv=("sh", "-c", "echo $REEL_RUN_ID/$REEL_STEP_ID/$REEL_ATTEMPT"))
-    out = await run_tool(spec, attempt=2, env={"REEL_RUN_ID": "r-1", "REEL_STEP_ID": "s", "REEL_ATTEMPT": "2"})
-    assert out.strip() == "r-1/s/2"
+    with await run_tool(spec, attempt=2, env={"REEL_RUN_ID": "r-1", "REEL_STEP_ID": "s", "REEL_ATTEMPT": "2"}) as out:
+        assert out.read().strip() == b"r-1/s/2"
 
 
 async def test_a_failing_command_reports_its_exit_code() -> None:
     with pytest.raises(ToolError) as err:
         await run_tool(ToolSpec(type="command", argv=("sh", "-c", "echo boom; exit 7")), attempt=1)
     assert err.value.kind == "exit_7" and "boom" in err.value.message
+
+
+PRINTER = str(Path(__file__).parents[1] / "support" / "print_bytes.py")
+
+
+def _printing(n_bytes: int) -> ToolSpec:
+    """A command printing ``n_bytes`` of a non-repeating pattern, then ``END`` on stderr (merged)."""
+    return ToolSpec(type="command", argv=("sh", "-c", f"{sys.executable} {PRINTER} {n_bytes}; printf END >&2"))
+
+
+def _expected(n_bytes: int) -> bytes:
+    return print_bytes.expected(n_bytes) + b"END"
+
+
+async def test_an_output_under_its_cap_is_spooled_whole_with_its_sha256() -> None:
+    n = 3 * SPOOL_MEMORY_BYTES + 123  # past the in-memory part: it rolled over to a temp file
+    with await run_tool(_printing(n), attempt=1, limit=OutputLimit(max_bytes=n + 3)) as out:
+        whole = out.read()
+        assert whole == _expected(n) and not out.truncated
+        assert (out.size_bytes, out.seen_bytes) == (n + 3, n + 3)
+        assert out.sha256 == hashlib.sha256(whole).hexdigest()
+
+
+async def test_an_output_past_its_cap_fails_output_too_large_by_default() -> None:
+    with pytest.raises(ToolError) as err:
+        await run_tool(_printing(100_000), attempt=1, limit=OutputLimit(max_bytes=4096))
+    assert err.value.kind == OUTPUT_TOO_LARGE and err.value.retryable
+    assert "100003 bytes" in err.value.message and "4096" in err.value.message
+
+
+async def test_truncate_keeps_the_head_and_says_so() -> None:
+    with await run_tool(_printing(100_000), attempt=1, limit=OutputLimit(max_bytes=4096,
+                                                                          on_overflow="truncate")) as out:
+        head = out.read()
+        assert head == _expected(100_000)[:4096] and out.truncated
+        assert (out.size_bytes, out.seen_bytes) == (4096, 100_003)
+        assert out.sha256 == hashlib.sha256(head).hexdigest()
+
+
+async def test_a_command_exiting_nonzero_past_its_cap_reports_its_last_words() -> None:
+    spec = ToolSpec(type="command", argv=("sh", "-c", f"{sys.executable} {PRINTER} 50000; echo last-words; exit 3"))
+    with pytest.raises(ToolError) as err:
+        await run_tool(spec, attempt=1, limit=OutputLimit(max_bytes=1000, on_overflow="truncate"))
+    assert err.value.kind == "exit_3" and err.value.message.rstrip().endswith("last-words")
 
 
 async def test_tool_groups_left_by_a_killed_executor_are_reaped(tmp_path: Path,
