@@ -14,6 +14,11 @@ The old image (``USER reel``, ``WORKDIR /app``, no ``REEL_HOME``) fails here: th
 tool-process registry ``./.reel/tools`` under the root-owned ``/app`` is not
 writable, every command step fails to spawn and the run loops on redelivery.
 
+The code is copied into the layout's ``/app`` (root-owned, as the image's ``COPY``); the
+installed dependencies are this interpreter's site-packages, linked (hard links, else
+copies) into the layout's venv when the image's uid cannot read them where they are — a
+checkout in a 0700 directory, as ``ci-fresh``'s clone is.
+
 Switching uid needs root; as another user the test is skipped with that reason.
 """
 
@@ -36,6 +41,7 @@ from shared.config import Config
 from shared.core.planning import succeeded_output
 from shared.core.workflow import parse_workflow
 from shared.nats.client import ReelClient
+from tests.conftest import REPO
 from tests.deploy import dockerfile
 
 IMAGE = dockerfile.read()
@@ -98,6 +104,30 @@ def _world_executable(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in [real, *real.parents])
 
 
+def _readable_by(path: Path, uid: int, gid: int) -> bool:
+    """``uid`` may list ``path``: run as that uid (its own permission check, not a guess from modes)."""
+    return subprocess.run(["ls", str(path)], user=uid, group=gid, extra_groups=[], capture_output=True,
+                          cwd="/").returncode == 0
+
+
+def _linked_deps(site: Path) -> str:
+    """This interpreter's site-packages (minus this checkout's editable install, which points into the
+    checkout) under ``site``: hard links where the filesystem allows, else copies. Their directory."""
+    dest = site / "reel-deps"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(SITE_PACKAGES, dest, copy_function=link, symlinks=True,
+                    ignore=shutil.ignore_patterns("__editable__*", "reel-*.dist-info", "__pycache__"))
+    for d in [dest, *(p for p in dest.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        d.chmod(0o755)
+    return str(dest)
+
+
 @pytest.fixture
 def layout() -> Iterator[Layout]:
     if os.geteuid() != 0:
@@ -113,6 +143,8 @@ def layout() -> Iterator[Layout]:
         _mkdir(root / home.lstrip("/"), 0o700, (uid, gid))  # useradd --create-home
         _mkdir(root / "tmp", 0o1777)
         _mkdir(root / "app")  # COPY's destination, root-owned
+        for package in ("shared", "services"):  # COPY shared ./shared, COPY services ./services
+            shutil.copytree(REPO / package, root / "app" / package, ignore=shutil.ignore_patterns("__pycache__"))
         lay = Layout(root=root, uid=uid, gid=gid, bin=root / "opt" / "venv" / "bin")
         if not lay.host(IMAGE.workdir).exists():
             _mkdir(lay.host(IMAGE.workdir))  # WORKDIR makes a missing directory root-owned
@@ -121,7 +153,8 @@ def layout() -> Iterator[Layout]:
         venv = root / "opt" / "venv"
         subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True)
         site = next((venv / "lib").glob("python3*/site-packages"))
-        (site / "reel-checkout.pth").write_text(f"import site; site.addsitedir({SITE_PACKAGES!r})\n")
+        deps = SITE_PACKAGES if _readable_by(Path(SITE_PACKAGES), uid, gid) else _linked_deps(site)
+        (site / "reel-image.pth").write_text(f"{root / 'app'}\nimport site; site.addsitedir({deps!r})\n")
         reel = lay.bin / "reel"
         reel.write_text(f"#!{lay.bin / 'python'}\nimport sys\nfrom services.cli import main\nsys.exit(main())\n")
         reel.chmod(0o755)

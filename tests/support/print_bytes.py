@@ -1,12 +1,14 @@
 """A tool that prints exactly N bytes of a pattern that never repeats (each line names its offset).
 
-Usage: ``python tests/support/print_bytes.py N [--stderr-tail TEXT]``; :func:`expected` is what it prints,
+Usage: ``python tests/support/print_bytes.py N``; :func:`expected` is what it prints,
 so a test can check a head or a sha256 against the bytes a real process wrote through a pipe.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from collections.abc import Iterator
 
 LINE_FILL = 50
 
@@ -25,14 +27,27 @@ def expected(n_bytes: int) -> bytes:
     return bytes(out)
 
 
-def main(argv: list[str]) -> None:
-    n, i = int(argv[0]), 0
-    w = sys.stdout.buffer
-    block = 1024  # lines per write: 64 KiB
-    while i < n:
-        chunk = b"".join(line_at(j) for j in range(i, min(n, i + 64 * block), 64))[:n - i]
-        w.write(chunk)
+def chunks(n_bytes: int, block_bytes: int = 64 * 1024) -> Iterator[bytes]:
+    """What the tool prints, ``block_bytes`` (a multiple of 64) at a time."""
+    i = 0
+    while i < n_bytes:
+        chunk = b"".join(line_at(j) for j in range(i, min(n_bytes, i + block_bytes), 64))[:n_bytes - i]
+        yield chunk
         i += len(chunk)
+
+
+def sha256_of(n_bytes: int) -> str:
+    """sha256 hex of the first ``n_bytes`` the tool prints, computed without holding them."""
+    digest = hashlib.sha256()
+    for chunk in chunks(n_bytes):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def main(argv: list[str]) -> None:
+    w = sys.stdout.buffer
+    for chunk in chunks(int(argv[0])):
+        w.write(chunk)
     w.flush()
 
 
