@@ -21,6 +21,7 @@ import structlog
 from services.health import HEARTBEAT_ENV, heartbeat
 from shared.config import CONNECTION_FLAGS, Config
 from shared.logging import setup_logging
+from shared.metrics import serve_from_env as serve_metrics
 from shared.nats.access import redact_url
 from shared.nats.infra import Infra, connect, ensure_infra_retrying
 
@@ -39,6 +40,7 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
         infra = await ensure_infra_retrying(nc, cfg)
         log.info("service.started", nats_url=redact_url(cfg.nats_url), namespace=cfg.names.namespace,
                  nats_user=cfg.auth.user)
+        serve_metrics()  # REEL_METRICS_PORT: /metrics (shared/metrics.py)
         beat = os.environ.get(HEARTBEAT_ENV)
         beating = asyncio.create_task(heartbeat(Path(beat))) if beat else None
         try:
@@ -55,9 +57,9 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
 
 def apply_connection_flags(argv: list[str]) -> None:
     """Set the environment variable of each connection flag in ``argv`` (shared.config.CONNECTION_FLAGS;
-    ``--nats-url`` sets ``NATS_URL``); other arguments are left alone."""
+    ``--nats-url`` sets ``NATS_URL``, ``--metrics-port`` ``REEL_METRICS_PORT``); other arguments are left alone."""
     parser = argparse.ArgumentParser(add_help=False)
-    flags = {"--nats-url": ("NATS_URL", ""), **CONNECTION_FLAGS}
+    flags = {"--nats-url": ("NATS_URL", ""), "--metrics-port": ("REEL_METRICS_PORT", ""), **CONNECTION_FLAGS}
     for flag in flags:
         parser.add_argument(flag, dest=flag)
     known, _ = parser.parse_known_args(argv)

@@ -30,6 +30,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as jsapi
 from nats.js.errors import FetchTimeoutError
 
+from shared import metrics
 from shared.config import Config
 from shared.core.commands import Reply, decode_command, encode, error_reply
 from shared.core.errors import InvalidCommand, ReelError
@@ -246,6 +247,7 @@ class CommandConsumer:
                                counters=self.counters, durable=durable, stream=self.stream,
                                instance_id=self.instance_id)
         stopper = asyncio.create_task(stop.wait())
+        depth = asyncio.create_task(self._poll_depth(durable)) if metrics.enabled() else None
         try:
             while not stop.is_set():
                 free = self.concurrency - len(self._tasks)
@@ -275,11 +277,21 @@ class CommandConsumer:
             raise
         finally:
             stopper.cancel()
+            if depth is not None:
+                depth.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             await unregister(micro)
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()  # type: ignore[attr-defined]
+
+    async def _poll_depth(self, durable: str) -> None:
+        """Keep the queue-depth gauges of this durable fresh while idle (shared/metrics.py)."""
+        while True:
+            with contextlib.suppress(Exception):
+                info = await self.infra.js.consumer_info(self.stream, durable)
+                metrics.set_consumer_depth(durable, info.num_pending, info.num_ack_pending)
+            await asyncio.sleep(metrics.DEPTH_POLL_S)
 
     async def _keepalive(self, msg: Msg) -> None:
         while True:
@@ -292,6 +304,7 @@ class CommandConsumer:
         structlog.contextvars.bind_contextvars(**{**self._context, "service": self.service})
         started_ns, outcome = time.perf_counter_ns(), begin_delivery()
         meta = msg.metadata
+        metrics.set_consumer_depth(self.cfg.names.consumer(self.service), meta.num_pending)
         headers = msg.headers or {}
         cmd = Delivery(subject=msg.subject, data=msg.data, reply_to=headers.get(REPLY_TO_HEADER),
                       stream_seq=meta.sequence.stream, num_delivered=meta.num_delivered,

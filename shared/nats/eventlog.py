@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import structlog
 from nats.aio.client import Client
 
+from shared import metrics
 from shared.core import fold as folding
 from shared.core import integrity
 from shared.core.errors import RunNotFound
@@ -79,7 +80,10 @@ class JetStreamEventLog:
         """
         cid = commit_id or new_commit_id()
         body = encode_commit(Commit(commit_id=CommitId(cid), run_id=RunId(run_id), writer=writer, events=tuple(events)))
-        return await self.subjects.append_async(run_id, body, expected_seq=expected_lsn, commit_id=cid)
+        fut = await self.subjects.append_async(run_id, body, expected_seq=expected_lsn, commit_id=cid)
+        fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
+                              else metrics.observe_commit(run_id, events))  # the one place commits are counted
+        return fut
 
     def note(self, run_id: str, lsn: int) -> None:
         """Remember that ``run_id`` has a commit at ``lsn`` (e.g. a reply's LSN): later reads include it."""

@@ -1,7 +1,8 @@
 """Every ``REEL_*`` environment variable the code reads is in the configuration table of docs/operations.md.
 
 "Read" is found in the source of services/ and shared/ (never tests/): a ``REEL_…`` string given to
-``os.environ.get``/``os.environ[…]``/``os.getenv``/``os.environ.setdefault`` or typer's ``envvar=``,
+``.get``/``.getenv``/``.setdefault``/``.pop`` (of ``os.environ`` or an alias of it), ``os.environ[…]``
+or typer's ``envvar=``,
 directly or through a module constant (``HEARTBEAT_ENV = "REEL_HEARTBEAT_FILE"``), and every ``REEL_…``
 string of shared/config.py's code (the configuration module: ``Config.from_env``, ``NatsAuth``,
 ``CONNECTION_FLAGS``). Names Reel *sets* for the processes it starts (``REEL_RUN_ID`` … of a tool) are
@@ -62,7 +63,7 @@ def read_variables() -> dict[str, str]:
             names: list[str | None] = []
             if isinstance(node, ast.Call):
                 f = node.func
-                if isinstance(f, ast.Attribute) and f.attr in READERS and (_is_environ(f.value) or f.attr == "getenv"):
+                if isinstance(f, ast.Attribute) and f.attr in READERS:  # os.environ.get, env.get (an alias), …
                     names += [name_of(a) for a in node.args[:1]]
                 names += [name_of(k.value) for k in node.keywords if k.arg == "envvar"]
             elif isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.ctx, ast.Load):
