@@ -3,7 +3,8 @@
 Three nats-server processes (tests/support/cluster.py), every stream and bucket at R3:
 
 1. **stuck starts** — ``--runs`` starts (batches of ``--batch`` at once) of a one-step workflow
-   (a scripted tool) against ``--executors`` executors running in this process, **without the
+   (a scripted tool) against ``--executors`` executors running in this process, each on its own
+   connection to a node that is not the events stream's leader (so its reads are served by a follower), **without the
    recovery service** (so its self-healing cannot hide a lost start). A start is *stuck* when its
    start was acked (a Reply with a run id) but the run has not reached ``verifying`` within
    ``--bound-s`` of the batch's last reply. Before issue 10 ≈ 0.3 % were (a Direct Get on a
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import time
 import uuid
@@ -49,10 +51,17 @@ def workflow(i: int) -> WorkflowSpec:
 async def stuck_starts(c: Cluster, runs: int, batch: int, executors: int, bound_s: float) -> dict[str, float]:
     cfg = Config(nats_url=c.urls, names=Names(f"b{uuid.uuid4().hex[:8]}"), replicas=3, lease_ttl_s=2)
     nc = await connect(cfg, name="bench-r3")
-    infra = await ensure_infra(nc, cfg)
+    await ensure_infra(nc, cfg)
     client = ReelClient(nc, cfg)
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(executor_serve(infra, cfg, stop)) for _ in range(executors)]
+    # each executor on its own connection to a node that is not the events leader: a Direct Get is
+    # answered by the replica of the node a client is connected to, so these read from followers
+    leader = await c.stream_leader(cfg.names.events_stream)
+    followers = [n for n in c.nodes if n.name != leader]
+    conns, tasks, stop = [], [], asyncio.Event()
+    for i in range(executors):
+        ecfg = dataclasses.replace(cfg, nats_url=followers[i % len(followers)].url)
+        conns.append(enc := await connect(ecfg, name=f"bench-r3-executor-{i}"))
+        tasks.append(asyncio.create_task(executor_serve(await ensure_infra(enc, ecfg), ecfg, stop)))
     acked = stuck = 0
     start_ms: list[float] = []
     t_all = time.perf_counter()
@@ -78,7 +87,8 @@ async def stuck_starts(c: Cluster, runs: int, batch: int, executors: int, bound_
     finally:
         stop.set()
         await asyncio.gather(*tasks)
-        await nc.close()
+        for conn in (*conns, nc):
+            await conn.close()
     return {"acked": acked, "stuck": stuck, "rate": stuck / max(1, acked), "secs": time.perf_counter() - t_all,
             "start_p50": median(start_ms), "start_p99": pct(start_ms, 99)}
 
