@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import structlog
 
@@ -26,12 +27,14 @@ async def open_segment(d: Driver, regime: Regime, reason: SegmentReason) -> Loop
     """
     t0 = time.perf_counter()
     snap = await d.best()
+    tree = await d.world.measure_tree(snap)
     judge = d.judge(regime)
-    fp = await judge.fingerprint()
+    fp = await judge.fingerprint(tree)
     repeats = max(regime.judge.repeats, d.cfg.noise.baseline_repeats)
-    reading = await _measure_waiting(d, judge, repeats)
-    if isinstance(reading, LoopExit):
-        return reading
+    got = await _measure_waiting(d, judge, repeats, tree)
+    if isinstance(got, LoopExit):
+        return got
+    reading, parked_ms = got
     if isinstance(reading, InvalidReading):
         why = f"baseline of regime {regime.name} is invalid: {reading.reason}"
         return await d.end(LoopExit.ESCALATED, why, Escalated(reason=why, at_ms=now_ms()))
@@ -39,21 +42,26 @@ async def open_segment(d: Driver, regime: Regime, reason: SegmentReason) -> Loop
     await d.commit(SegmentOpened(
         regime=regime.name, reason=reason, fingerprint=fp.digest,
         fingerprint_parts=fp.parts, reading=reading, snap=snap,
-        goal_met=goal_met(regime.judge.direction, reading.score, regime.goal), wall_ms=ms_since(t0), at_ms=now_ms(),
+        goal_met=goal_met(regime.judge.direction, reading.score, regime.goal), wall_ms=ms_since(t0),
+        parked_ms=parked_ms, at_ms=now_ms(),
     ))
     log.info("crucible.segment", regime=regime.name, reason=reason, baseline=reading.score, snap=snap[:12])
     return None
 
 
-async def _measure_waiting(d: Driver, judge: Judge, repeats: int) -> Measurement | LoopExit:
-    """A baseline measurement, waiting out an unavailable judge (up to ``gates.max_block_s``)."""
+async def _measure_waiting(d: Driver, judge: Judge, repeats: int, tree: Path) -> tuple[Measurement, int] | LoopExit:
+    """A baseline measurement in ``tree``, waiting out an unavailable judge (up to ``gates.max_block_s``);
+    the measurement and the time spent waiting (ms, parked: not counted against the time budget)."""
     t0 = time.perf_counter()
+    parked_ms = 0
     while True:
-        got = await judge.measure(repeats)
+        got = await judge.measure(repeats, tree)
         if not isinstance(got, Unavailable):
-            return got
+            return got, parked_ms
         if ms_since(t0) > d.cfg.gates.max_block_s * 1000:
             why = f"judge unavailable for the baseline longer than {d.cfg.gates.max_block_s:g}s: {got.reason}"
             return await d.end(LoopExit.ESCALATED, why, Escalated(reason=why, at_ms=now_ms()))
+        waited = time.perf_counter()
         if await gates.wait(d.stop, d.cfg.gates.retry_s):
             return await d.end(LoopExit.STOPPED, "stop requested while the judge was unavailable")
+        parked_ms += ms_since(waited)

@@ -5,8 +5,10 @@ Mounted by the ``reel`` CLI as ``reel crucible``; also runnable alone as
 
 NATS: ``--nats-url`` / ``$NATS_URL`` if given; otherwise an embedded nats-server
 is started for the duration of the command with a persistent JetStream store
-(``--store-dir``, default ``.reel/crucible-js`` under the current directory), so a
-``resume`` after a kill finds the session log.
+(``--store-dir``, default ``$REEL_HOME/crucible-js``; ``$REEL_HOME`` defaults to
+``.reel`` under the current directory), so a ``resume`` after a kill finds the session
+log. Process groups are recorded in ``$REEL_TOOL_DIR`` (default ``$REEL_HOME/tools``)
+so that ``resume`` can kill what a killed driver left running.
 
 Exit codes of ``run``/``resume``: 0 Solved, 3 Finished, 4 Budget, 5 Stopped,
 6 Escalated; 1 an error (one line on stderr), 2 a usage error.
@@ -39,8 +41,10 @@ from shared.config import Config
 from shared.core.errors import ReelError
 from shared.core.subjects import Names
 from shared.crucible.fold import SessionState
+from shared.crucible.integrity import SessionCorrupt
 from shared.logging import setup_logging
 from shared.nats.embedded import NatsServerNotFound, url_or_embedded
+from shared.proc.orphans import REGISTRY_ENV
 
 app = typer.Typer(
     help="Crucible, the autoresearch loop: a proposer edits a git world, a frozen judge scores it, "
@@ -50,12 +54,17 @@ app = typer.Typer(
 out = Console() if sys.stdout.isatty() else Console(width=160)  # piped: wide enough for the rows table
 err = Console(stderr=True)
 T = TypeVar("T")
-DEFAULT_STORE = ".reel/crucible-js"
+
+
+def reel_home() -> Path:
+    """Where Reel keeps local state: ``$REEL_HOME``, default ``.reel`` (the ``reel`` CLI's convention)."""
+    return Path(os.environ.get("REEL_HOME", ".reel"))
 
 NatsUrl = typer.Option(None, "--nats-url", envvar="NATS_URL",
                        help="NATS server(s); default: an embedded server on --store-dir.")
 Namespace = typer.Option(None, "--namespace", envvar="REEL_NAMESPACE", help="Reel namespace (default reel).")
-StoreDir = typer.Option(Path(DEFAULT_STORE), "--store-dir", help="JetStream store of the embedded server.")
+StoreDir = typer.Option(None, "--store-dir", help="JetStream store of the embedded server "
+                                                   "(default $REEL_HOME/crucible-js).")
 Quiet = typer.Option(False, "--quiet", "-q", help="Print only the session id.")
 
 
@@ -63,10 +72,11 @@ def _cfg(url: str, namespace: str | None) -> Config:
     return Config.from_env(nats_url=url, names=Names(namespace) if namespace else None)
 
 
-def _execute(url: str | None, namespace: str | None, store_dir: Path, writer: str,
+def _execute(url: str | None, namespace: str | None, store: Path | None, writer: str,
              body: Callable[[Backend, asyncio.Event], Awaitable[T]]) -> T:
     """Run ``body`` against NATS with SIGINT/SIGTERM setting the stop event; errors become one line + exit 1."""
-
+    os.environ.setdefault(REGISTRY_ENV, str((reel_home() / "tools").resolve()))  # resume reaps orphans
+    store_dir = store if store is not None else reel_home() / "crucible-js"
     if not url:
         store_dir = store_dir.resolve()
         store_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +113,7 @@ def _stopper(stop: asyncio.Event) -> Callable[[], None]:
     return on_signal
 
 
-def _drive(url: str | None, namespace: str | None, store_dir: Path, quiet: bool,
+def _drive(url: str | None, namespace: str | None, store_dir: Path | None, quiet: bool,
            body: Callable[[Backend, asyncio.Event], Awaitable[SessionResult]]) -> NoReturn:
     """Drive a session with ``body``, print its rows and summary (unless ``quiet``) and its id; exit with its code."""
     result = _execute(url, namespace, store_dir, "crucible-cli", body)
@@ -120,7 +130,7 @@ def run(
     session: str | None = typer.Option(None, "--session", help="Session id (default: a fresh cs-… id)."),
     nats_url: str | None = NatsUrl,
     namespace: str | None = Namespace,
-    store_dir: Path = StoreDir,
+    store_dir: Path | None = StoreDir,
     quiet: bool = Quiet,
 ) -> None:
     """Start a session from CONFIG and run it to its end (exit code = how it ended)."""
@@ -142,7 +152,7 @@ def resume(
     session: str = typer.Argument(..., help="Session id."),
     nats_url: str | None = NatsUrl,
     namespace: str | None = Namespace,
-    store_dir: Path = StoreDir,
+    store_dir: Path | None = StoreDir,
     quiet: bool = Quiet,
 ) -> None:
     """Continue SESSION from its log (a finished session just reports its exit again)."""
@@ -162,15 +172,24 @@ def show(
     png: Path | None = typer.Option(None, "--png", help="Draw score over iterations to this PNG."),
     nats_url: str | None = NatsUrl,
     namespace: str | None = Namespace,
-    store_dir: Path = StoreDir,
+    store_dir: Path | None = StoreDir,
 ) -> None:
     """Print SESSION's rows (iteration, verdict, readings, score, delta, kept sha) and export them."""
     setup_logging("crucible", level=os.environ.get("REEL_LOG_LEVEL", "WARNING"))
 
-    async def body(b: Backend, stop: asyncio.Event) -> SessionState:
-        return await b.log.load(session)
+    async def body(b: Backend, stop: asyncio.Event) -> SessionState | SessionCorrupt:
+        try:
+            return await b.log.load(session)
+        except SessionCorrupt as exc:
+            return exc
 
-    state = _execute(nats_url, namespace, store_dir, "crucible-show", body)
+    got = _execute(nats_url, namespace, store_dir, "crucible-show", body)
+    if isinstance(got, SessionCorrupt):  # what is known up to the bad commit, then where it breaks
+        if got.state is not None:
+            out.print(report.rows_table(got.state))
+        _error(got.message)
+        raise typer.Exit(1)
+    state = got
     out.print(report.rows_table(state))
     out.print(report.summary(state), highlight=False)
     if tsv:
@@ -183,13 +202,17 @@ def show(
 
 @app.command("ls")
 def list_sessions(nats_url: str | None = NatsUrl, namespace: str | None = Namespace,
-                  store_dir: Path = StoreDir) -> None:
+                  store_dir: Path | None = StoreDir) -> None:
     """List session ids with their exit."""
     setup_logging("crucible", level=os.environ.get("REEL_LOG_LEVEL", "WARNING"))
 
     async def body(b: Backend, stop: asyncio.Event) -> None:
         for sid in await b.log.sessions():
-            state = await b.log.load(sid)
+            try:
+                state = await b.log.load(sid)
+            except SessionCorrupt as exc:
+                out.print(f"{sid}\t-\tcorrupt\tat LSN {exc.lsn}: {exc.reason}", highlight=False)
+                continue
             ended = state.ended.exit.value if state.ended else "open"
             best = f"{state.run.segment.best_score:.6g}" if state.run else "-"
             out.print(f"{sid}\t{state.started.config.name}\t{ended}\tbest {best}", highlight=False)

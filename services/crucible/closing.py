@@ -23,11 +23,13 @@ log = structlog.get_logger("reel.crucible")
 
 @dataclass
 class Tally:
-    """What one iteration has cost so far: proposer calls (USD) and its start (perf counter)."""
+    """What one iteration has cost so far: proposer and judge calls (USD), its start (perf counter), and
+    the time waited out in the block in force (ms, parked: committed with its ``ProvisioningCleared``)."""
 
     it: int
     t0: float = field(default_factory=time.perf_counter)
     cost_usd: float = 0.0
+    waited_ms: int = 0
 
     @property
     def wall_ms(self) -> int:
@@ -47,13 +49,13 @@ async def close(d: Driver, row: Row, *before: AnySessionEvent) -> None:
              best=row.best_score, sha=(row.sha or "")[:12], reason=row.reason, wall_ms=row.wall_ms)
 
 
-async def close_and_end(d: Driver, tally: Tally, exit_: LoopExit, verdict: Fate, reason: str, waited_ms: int,
+async def close_and_end(d: Driver, tally: Tally, exit_: LoopExit, verdict: Fate, reason: str,
                         *extra: AnySessionEvent) -> LoopExit:
-    """Close the iteration (clearing a pending block after ``waited_ms``) and end the run in one commit."""
+    """Close the iteration (clearing a pending block: its waits are parked time) and end the run in one commit."""
     cleared: tuple[AnySessionEvent, ...] = ()
     if d.run.pending_block is not None:
         b = d.run.pending_block
-        cleared = (ProvisioningCleared(it=tally.it, resource=b.resource, waited_ms=waited_ms, at_ms=now_ms()),)
+        cleared = (ProvisioningCleared(it=tally.it, resource=b.resource, waited_ms=tally.waited_ms, at_ms=now_ms()),)
     closed = row(d, tally, verdict, reason)
     return await d.end(exit_, reason, *cleared, *extra, IterationClosed(row=closed, at_ms=now_ms()))
 
@@ -67,18 +69,23 @@ async def wait_block(d: Driver, tally: Tally) -> LoopExit | None:
         why = (f"{block.resource} unavailable for {blocked_ms / 1000:.1f}s (> {d.cfg.gates.max_block_s:g}s): "
                f"{block.reason}")
         await d.best()
-        return await close_and_end(d, tally, LoopExit.ESCALATED, Fate.ESCALATED, why, blocked_ms,
+        return await close_and_end(d, tally, LoopExit.ESCALATED, Fate.ESCALATED, why,
                                    Escalated(it=tally.it, reason=why, at_ms=now_ms()))
-    if await gates.wait(d.stop, d.cfg.gates.retry_s):
+    t0 = time.perf_counter()
+    stopped = await gates.wait(d.stop, d.cfg.gates.retry_s)
+    tally.waited_ms += ms_since(t0)
+    if stopped:
         await d.best()
         return await close_and_end(d, tally, LoopExit.STOPPED, Fate.ABANDONED,
-                                   f"stop requested while {block.resource} was unavailable", now_ms() - block.since_ms)
+                                   f"stop requested while {block.resource} was unavailable")
     return None
 
 
 async def cleared(d: Driver, tally: Tally, resource: str) -> None:
-    """Commit the end of the iteration's pending block on ``resource``, if there is one."""
+    """Commit the end of the iteration's pending block on ``resource``, if there is one: its waits,
+    parked time (excluded from the time budget, like the park gate's)."""
     block = d.run.pending_block
     if block is not None:
-        await d.commit(ProvisioningCleared(it=tally.it, resource=resource, waited_ms=now_ms() - block.since_ms,
+        await d.commit(ProvisioningCleared(it=tally.it, resource=resource, waited_ms=tally.waited_ms,
                                            at_ms=now_ms()))
+        tally.waited_ms = 0

@@ -68,7 +68,7 @@ class Driver:
 
     def judge(self, regime: Regime) -> Judge:
         if regime.name not in self._judges:
-            self._judges[regime.name] = Judge(regime.judge, self.world.root)
+            self._judges[regime.name] = Judge(regime.judge)
         return self._judges[regime.name]
 
     async def commit(self, *events: AnySessionEvent) -> int:

@@ -7,8 +7,14 @@ content; a missing one hashes as missing). It is recorded when a segment opens
 and recomputed before every measurement; any difference stops the run.
 
 Output — the judge's last non-empty stdout line is either a JSON object
-``{"score": <number>, "total": <int, optional>}``, a bare number, or a line
-containing ``score: <number>`` / ``score=<number>``.
+``{"score": <number>, "total": <int, optional>, "cost_usd": <number, optional>}``, a
+bare number, or a line containing ``score: <number>`` / ``score=<number>``. A reported
+``cost_usd`` is counted against the budget whatever the exit (a timeout included: the
+output printed until the kill is read).
+
+Where it runs — in the session's measure tree, a clean checkout of the measured sha
+(:meth:`services.crucible.world.GitWorld.measure_tree`), never in the world; ``reads``
+are hashed there too, so the fingerprint covers exactly what the judge runs.
 
 Readings — exit 0 with a finite value is a valid repeat. A non-zero exit (crash),
 a timeout, NaN/±inf or no value is an :class:`~shared.crucible.state.InvalidReading`
@@ -54,6 +60,7 @@ class Unavailable:
     """The judge (or proposer) reported a missing resource (exit 75): wait and retry, do not discard."""
 
     reason: str
+    cost_usd: float = 0.0
 
 
 def _sha(data: bytes) -> str:
@@ -142,53 +149,74 @@ def parse_score(stdout: str) -> tuple[float | None, int | None, str]:
     return value, total, ""
 
 
-class Judge:
-    """Runs one regime's judge command in a world."""
+def reported_cost(stdout: str) -> float:
+    """The ``cost_usd`` of the last JSON line of ``stdout`` that carries one (USD, ≥ 0; else 0.0)."""
+    for line in reversed([ln.strip() for ln in stdout.splitlines() if ln.strip()]):
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        raw = obj.get("cost_usd") if isinstance(obj, dict) else None
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0:
+            return float(raw)
+    return 0.0
 
-    def __init__(self, spec: JudgeSpec, world: Path) -> None:
+
+class Judge:
+    """Runs one regime's judge command in a measure tree."""
+
+    def __init__(self, spec: JudgeSpec) -> None:
         self.spec = spec
-        self.world = world
 
     def env(self) -> dict[str, str]:
         """Minimal inherited environment plus the declared one (nothing else reaches the judge)."""
         return {**proc.base_env(), **self.spec.env}
 
-    async def fingerprint(self) -> Fingerprint:
-        """The fingerprint as of now."""
-        return await fingerprint_async(self.spec, self.world)
+    async def fingerprint(self, tree: Path) -> Fingerprint:
+        """The fingerprint as of now, ``reads`` hashed in ``tree`` (the tree about to be measured)."""
+        return await fingerprint_async(self.spec, tree)
 
-    async def once(self) -> tuple[float, int | None] | InvalidReading | Unavailable:
-        """One run of the command: a finite ``(value, total)``, an invalid reading, or unavailable."""
+    async def once(self, tree: Path) -> tuple[tuple[float, int | None] | InvalidReading | Unavailable, float]:
+        """One run of the command in ``tree``: (a finite ``(value, total)``, an invalid reading, or
+        unavailable; the cost it reported, USD — counted whatever the exit)."""
         try:
-            done = await proc.run(self.spec.command, cwd=self.world, env=self.env(), timeout_s=self.spec.timeout_s)
+            done = await proc.run(self.spec.command, cwd=tree, env=self.env(), timeout_s=self.spec.timeout_s)
         except OSError as exc:
-            return InvalidReading(reason=f"crash: cannot start judge: {exc}")
+            return InvalidReading(reason=f"crash: cannot start judge: {exc}"), 0.0
+        cost = reported_cost(done.text())
         if done.timed_out:
-            return InvalidReading(reason=f"timeout after {self.spec.timeout_s:g}s", judge_ms=done.duration_ms)
+            return InvalidReading(reason=f"timeout after {self.spec.timeout_s:g}s", judge_ms=done.duration_ms), cost
         if done.returncode == proc.EX_TEMPFAIL:
-            return Unavailable(reason=done.last_line("stderr") or done.last_line() or "judge unavailable (exit 75)")
+            why = done.last_line("stderr") or done.last_line() or "judge unavailable (exit 75)"
+            return Unavailable(reason=why, cost_usd=cost), cost
         if done.returncode != 0:
             why = done.last_line("stderr") or done.last_line()
             return InvalidReading(reason=f"crash: exit {done.returncode}" + (f": {why}" if why else ""),
-                                  judge_ms=done.duration_ms)
+                                  judge_ms=done.duration_ms), cost
         value, total, problem = parse_score(done.text())
         if problem or value is None:
-            return InvalidReading(reason=problem or "missing value", judge_ms=done.duration_ms)
-        return value, total
+            return InvalidReading(reason=problem or "missing value", judge_ms=done.duration_ms), cost
+        return (value, total), cost
 
-    async def measure(self, repeats: int) -> Measurement | Unavailable:
-        """Run the command ``repeats`` times; a valid :class:`Reading` only if every repeat was valid."""
+    async def measure(self, repeats: int, tree: Path) -> Measurement | Unavailable:
+        """Run the command ``repeats`` times in ``tree``; a valid :class:`Reading` only if every repeat was valid.
+
+        The reading's ``cost_usd`` sums what every run reported (USD), the failed one included.
+        """
         values: list[float] = []
         total: int | None = None
-        wall_ms = 0
+        wall_ms, cost = 0, 0.0
         for _ in range(repeats):
             started = asyncio.get_running_loop().time()
-            got = await self.once()
+            got, spent = await self.once(tree)
             wall_ms += int((asyncio.get_running_loop().time() - started) * 1000)
+            cost += spent
             if isinstance(got, Unavailable):
-                return got
+                return Unavailable(reason=got.reason, cost_usd=cost)
             if isinstance(got, InvalidReading):
-                return InvalidReading(reason=got.reason, values=tuple(values), judge_ms=wall_ms)
+                return InvalidReading(reason=got.reason, values=tuple(values), judge_ms=wall_ms, cost_usd=cost)
             values.append(got[0])
             total = got[1] if got[1] is not None else total
-        return Reading(values=tuple(values), score=aggregate(values), total=total, judge_ms=wall_ms)
+        return Reading(values=tuple(values), score=aggregate(values), total=total, judge_ms=wall_ms, cost_usd=cost)

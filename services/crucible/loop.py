@@ -57,7 +57,7 @@ async def run_gates(d: Driver) -> LoopExit | None:
             break
         if ended is not None:
             return ended
-    due = budget.exhausted(d.run, d.cfg.budget)
+    due = budget.exhausted(d.run, d.cfg.budget, d.cfg.proposer.max_cost_usd)
     if due is not None:
         return await d.end(*due)
     return await park_gate(d)

@@ -11,9 +11,13 @@ environment plus:
 ``CRUCIBLE_BEST_SCORE`` the segment's best score
 ``CRUCIBLE_GOAL``     the regime's goal (empty if none)
 ``CRUCIBLE_HISTORY``  path of a JSON file with every row so far (outside the world)
+``CRUCIBLE_BUDGET_ITERATIONS`` iterations left, this one included
+``CRUCIBLE_BUDGET_COST_USD`` USD left before this call (empty: no cost budget)
+``CRUCIBLE_BUDGET_WALL_S`` active seconds left (empty: no time budget)
 ====================  ==========================================================
 
-It edits files; whatever it leaves in the working tree is the candidate. Its last
+It edits files (and may commit them); the candidate is the best snapshot vs whatever it
+leaves in the working tree, its own commits included. Its last
 stdout line may be a JSON object ``{"note", "cost_usd", "escalate", "done",
 "rescope"}`` (``cost_usd`` is counted even when it fails); otherwise that line is
 the note. Exit 0: proposed (an empty change skips the measurement); exit 75: a
@@ -34,7 +38,8 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import msgspec
@@ -64,6 +69,7 @@ class ProposeContext:
     best_score: float
     rows: tuple[Row, ...]
     world: GitWorld
+    budget: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class Proposal:
         kind: ``edited`` (look at the world), ``failed``, ``escalate``, ``done``, ``rescope``, ``blocked``.
         detail: failure / escalation reason / target regime, one line.
         prompt: the model prompt, if any (stored as a blob).
+        proposer_sha: the commit the proposer left HEAD at, when it committed itself.
     """
 
     kind: ProposalKind
@@ -82,6 +89,7 @@ class Proposal:
     detail: str = ""
     proposer_ms: int = 0
     prompt: str | None = None
+    proposer_sha: str = ""
 
 
 class Proposer(Protocol):
@@ -113,7 +121,7 @@ class CommandProposer:
             "CRUCIBLE_REGIME": ctx.regime.name, "CRUCIBLE_DIRECTION": ctx.regime.judge.direction,
             "CRUCIBLE_BEST_SCORE": repr(ctx.best_score),
             "CRUCIBLE_GOAL": "" if ctx.regime.goal is None else repr(ctx.regime.goal),
-            "CRUCIBLE_HISTORY": str(ctx.world.history_path),
+            "CRUCIBLE_HISTORY": str(ctx.world.history_path), **ctx.budget,
         }
 
     async def propose(self, ctx: ProposeContext) -> Proposal:

@@ -91,37 +91,58 @@ def to_json(state: SessionState) -> bytes:
     return msgspec.json.format(msgspec.json.encode(doc), indent=2)
 
 
-def plot_png(state: SessionState, path: Path) -> None:
-    """Score over iterations: every measured row, kept ones highlighted, the best-so-far as a step line."""
+def score_figure(state: SessionState) -> Any:
+    """The score plot as a matplotlib figure (see :func:`plot_png`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = state.run.rows if state.run else ()
+    cfg = state.started.config
+    regime = cfg.regime(state.run.segment.regime) if state.run else cfg.regimes[0]
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     measured = [r for r in rows if r.score is not None]
     kept = [r for r in measured if r.verdict is Fate.KEEP]
     other = [r for r in measured if r.verdict is not Fate.KEEP]
     ax.scatter([r.it for r in other], [r.score or 0.0 for r in other], color="tab:gray", label="discarded", zorder=2)
     ax.scatter([r.it for r in kept], [r.score or 0.0 for r in kept], color="tab:green", label="kept", zorder=3)
-    invalid = [r for r in rows if r.verdict is Fate.INVALID]
-    for r in invalid:
-        ax.axvline(r.it, color="tab:red", alpha=0.25, lw=1)
+    for fate, color, style in ((Fate.INVALID, "tab:red", "-"), (Fate.ABANDONED, "tab:purple", "--"),
+                               (Fate.DENIED, "tab:orange", ":")):
+        marked = [r.it for r in rows if r.verdict is fate]
+        for i, it in enumerate(marked):  # one legend entry per kind, however many iterations it marks
+            ax.axvline(it, color=color, ls=style, alpha=0.35, lw=1.2, label=fate.value if i == 0 else None)
+    start = 0.0
     if rows:
         first = rows[0]
         start = first.score - first.delta if first.score is not None and first.delta is not None else first.best_score
         ax.step([0] + [r.it for r in rows], [start] + [r.best_score for r in rows], where="post", color="tab:blue",
                 label="best", zorder=1)
+    if regime.goal is not None:
+        ax.axhline(regime.goal, color="tab:green", ls="--", lw=1, alpha=0.7, label=f"goal {regime.goal:g}")
     if rows:
-        _clip_outliers(ax, [start] + [r.best_score for r in rows], [r.it for r in measured],
-                       [r.score or 0.0 for r in measured])
+        _clip_outliers(ax, [start] + [r.best_score for r in rows] + ([regime.goal] if regime.goal is not None else []),
+                       [r.it for r in measured], [r.score or 0.0 for r in measured])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("score")
-    ax.set_title(f"{state.started.config.name} — {state.session_id}")
+    unit = f" ({regime.judge.unit})" if regime.judge.unit else ""
+    better = "higher is better" if regime.judge.direction == "maximize" else "lower is better"
+    ax.set_ylabel(f"score{unit} — {regime.judge.direction}, {better}")
+    ax.set_title(f"{cfg.name} — {state.session_id}")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def plot_png(state: SessionState, path: Path) -> None:
+    """Score over iterations: every measured row (kept ones green), the best-so-far as a step line, the
+    goal line; invalid, abandoned and denied iterations as marked verticals; integer iteration ticks;
+    the y label names the unit and the direction."""
+    import matplotlib.pyplot as plt
+
+    fig = score_figure(state)
     fig.savefig(path)
     plt.close(fig)
 

@@ -4,9 +4,12 @@
   "subject empty", so a session id is created once), baseline, loop.
 * :func:`resume_session` — fold the log (ADR 0004 open question 3). A session that
   ended with a final exit is left alone and its exit returned (resuming twice is
-  idempotent: no new events). Otherwise the world is reset to the log's best
-  snapshot, the iteration in flight is recorded as abandoned (``SessionResumed``),
-  and the loop continues with the log's counters, spend and best sha.
+  idempotent: no new events). Otherwise every process group a dead driver left
+  (a proposer's background children) is killed (:func:`shared.proc.orphans.reap_orphans`,
+  ``$REEL_TOOL_DIR``), the world is reset to the log's best snapshot, the iteration in
+  flight is recorded as abandoned (``SessionResumed``), the judge's fingerprint is
+  checked before anything is proposed (a moved judge stops the session again at no
+  cost), and the loop continues with the log's counters, spend and best sha.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from shared.core.ids import is_token
 from shared.core.ports import BlobStore
 from shared.crucible.config import SessionConfig, parse_config
 from shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
-from shared.crucible.events import SegmentOpened, SessionResumed, SessionStarted
+from shared.crucible.events import FingerprintChanged, SegmentOpened, SessionResumed, SessionStarted
 from shared.crucible.fold import SessionState
 from shared.crucible.iteration import interrupted_row
 from shared.crucible.state import LoopExit
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.infra import connect, ensure_infra
+from shared.proc.orphans import reap_orphans
 
 log = structlog.get_logger("reel.crucible")
 
@@ -161,18 +165,33 @@ async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) ->
         if state.ended is not None and state.ended.exit.terminal:
             return SessionResult(session_id, state.ended.exit, state)
         d = _driver(b, state, world, stop)
+        reaped = await asyncio.to_thread(reap_orphans)  # before the reset: nothing a dead driver started writes on
         await d.best()
         abandoned = interrupted_row(state.run) if state.run is not None else None
         await d.commit(SessionResumed(abandoned=abandoned, at_ms=now_ms()))
         log.info("crucible.resumed", lsn=d.state.lsn, abandoned=abandoned.it if abandoned else None,
-                 best=d.run.segment.best_snap[:12] if d.state.run else None)
+                 best=d.run.segment.best_snap[:12] if d.state.run else None, reaped_groups=reaped)
         ended = None
         if d.state.run is None:
             ended = await open_segment(d, d.cfg.regimes[0], "baseline")
         else:
             d.fingerprint_parts = await _baseline_parts(b, session_id)
+            ended = await _fingerprint_gate(d)
         exit_ = ended if ended is not None else await run_loop(d)
         return SessionResult(session_id, exit_, d.state)
+
+
+async def _fingerprint_gate(d: Driver) -> LoopExit | None:
+    """Stop a resumed session whose judge moved, before its proposer runs (no iteration spent)."""
+    fp = await d.judge(d.regime()).fingerprint(d.world.root)  # the world is at the best snapshot, clean
+    expected = d.run.segment.fingerprint
+    if fp.digest == expected:
+        return None
+    changed = fp.changed(d.fingerprint_parts) if d.fingerprint_parts else ()
+    why = (f"judge fingerprint changed ({', '.join(changed) or 'digest'}); not resuming against a moved "
+           "goalpost")
+    return await d.end(LoopExit.STOPPED, why, FingerprintChanged(it=d.run.next_it, expected=expected,
+                                                                 actual=fp.digest, changed=changed, at_ms=now_ms()))
 
 
 async def _baseline_parts(b: Backend, session_id: str) -> dict[str, str]:

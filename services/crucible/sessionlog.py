@@ -20,7 +20,8 @@ from shared.config import Config
 from shared.core.ids import new_commit_id
 from shared.crucible.errors import SessionBusy, SessionNotFound
 from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
-from shared.crucible.fold import SessionState, fold
+from shared.crucible.fold import SessionState
+from shared.crucible.integrity import fold_checked
 from shared.crucible.names import CrucibleNames
 from shared.nats.infra import DUPLICATE_WINDOW_S, ensure_stream, storage_type
 from shared.nats.subjectlog import SubjectLog
@@ -72,12 +73,13 @@ class SessionLog:
         return [e for _, c in await self.read(session_id) for e in c.events]
 
     async def load(self, session_id: str) -> SessionState:
-        """Cold re-fold of the session.
+        """Cold re-fold of the session, every commit checked (:func:`shared.crucible.integrity.fold_checked`).
 
         Raises:
             SessionNotFound: no log for ``session_id``.
+            SessionCorrupt: a bad commit on its subject (the LSN, the reason, the state before it).
         """
-        state = fold(await self.read(session_id))
+        state = fold_checked(session_id, await self.subjects.read_raw(session_id))
         if state is None:
             raise SessionNotFound(f"no crucible session {session_id!r}")
         return state

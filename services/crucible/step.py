@@ -1,14 +1,17 @@
 """One iteration: propose (waiting out a blocked proposer), gate the candidate, apply it, then measure and decide.
 
 ``Iteration[Proposed] → apply → Iteration[Applied]`` here, the rest in
-:mod:`services.crucible.decide`. A proposal that is not an edit (failed,
-escalate, done, rescope), an empty diff, a denied path or a failed apply closes
-the iteration with a gate row; the world is rolled back to the best snapshot first.
+:mod:`services.crucible.decide`. The candidate is the best snapshot vs the world
+after the proposer — commits it made itself included (:meth:`GitWorld.settle` takes
+them off the branch, keeps them under the iteration's proposer ref, and leaves their
+change in the working tree). A proposal that is not an edit (failed, escalate, done,
+rescope), an empty diff, a denied path or a failed apply closes the iteration with a
+gate row; the world is rolled back to the best snapshot exactly first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -19,6 +22,7 @@ from services.crucible.driver import Driver, now_ms
 from services.crucible.proposer import Proposal, ProposeContext
 from shared.core.errors import ReelError
 from shared.core.events import BlobRef
+from shared.crucible import budget
 from shared.crucible.events import (
     ApplyFailed,
     CandidateApplied,
@@ -50,18 +54,20 @@ async def _propose(d: Driver, tally: Tally) -> Proposal | LoopExit:
     regime = d.regime()
     while True:
         ctx = ProposeContext(session_id=d.session_id, it=tally.it, regime=regime,
-                             best_score=d.run.segment.best_score, rows=d.run.rows, world=d.world)
+                             best_score=d.run.segment.best_score, rows=d.run.rows, world=d.world,
+                             budget=budget.left(d.run, d.cfg.budget))
         proposal = await d.proposer.propose(ctx)
         tally.cost_usd += proposal.cost_usd
+        committed = await d.world.settle(tally.it, d.run.segment.best_snap)
         if proposal.kind != "blocked":
-            return proposal
+            await cleared(d, tally, "proposer")
+            return replace(proposal, proposer_sha=committed)
         await d.best()  # drop any partial edit before waiting
         await d.commit(ProvisioningBlocked(it=tally.it, resource="proposer", reason=proposal.detail,
                                            cost_usd=proposal.cost_usd, at_ms=now_ms()))
         waited = await wait_block(d, tally)
         if waited is not None:
             return waited
-        await cleared(d, tally, "proposer")
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class _Made:
         p = self.p
         return ProposalMade(it=self.it, outcome=outcome, note=p.note, paths=paths, diffstat=diffstat, patch=patch,
                             prompt=self.prompt, cost_usd=p.cost_usd, proposer_ms=p.proposer_ms, detail=detail,
-                            at_ms=now_ms())
+                            proposer_sha=p.proposer_sha, at_ms=now_ms())
 
 
 async def _after_proposal(d: Driver, tally: Tally, p: Proposal) -> LoopExit | None:
@@ -91,12 +97,12 @@ async def _after_proposal(d: Driver, tally: Tally, p: Proposal) -> LoopExit | No
     if p.kind == "escalate":
         await d.commit(made("escalate", detail=p.detail))
         why = f"proposer escalated: {p.detail}"
-        return await close_and_end(d, tally, LoopExit.ESCALATED, Fate.ESCALATED, why, 0,
+        return await close_and_end(d, tally, LoopExit.ESCALATED, Fate.ESCALATED, why,
                                    Escalated(it=tally.it, reason=why, at_ms=now_ms()))
     if p.kind == "done":
         await d.commit(made("done", detail=p.detail))
         why = "proposer has nothing more to propose" + (f": {p.detail}" if p.detail else "")
-        return await close_and_end(d, tally, LoopExit.FINISHED, Fate.SKIP, why, 0)
+        return await close_and_end(d, tally, LoopExit.FINISHED, Fate.SKIP, why)
     assert p.kind == "rescope"
     if p.detail not in {r.name for r in d.cfg.regimes}:
         why = f"rescope to unknown regime {p.detail!r}"

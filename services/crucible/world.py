@@ -4,12 +4,21 @@ Each session clones its source repository into ``<workdir>/<session_id>/world``
 (a local clone: objects hard-linked, nothing shared with the source afterwards)
 on a branch ``crucible/<session_id>``.
 
-* stage    — ``git add -A``: the proposer's edits become the candidate (paths, diffstat, patch).
-* apply    — ``git commit``: the candidate's snapshot is the commit sha; every applied
-  candidate also gets the ref ``refs/crucible/<session_id>/<it>``, so discarded ones
-  stay retrievable (``git show refs/crucible/<session>/<it>``), and its patch goes to
-  the blob store.
-* rollback — ``git reset --hard <best>`` + ``git clean -ffdx``.
+* settle   — after every proposer run: commits the proposer made itself are kept under
+  ``refs/crucible/<session_id>/proposer/<it>`` and taken off the branch, which is back
+  at the best snapshot with the proposer's working tree untouched — so the candidate is
+  always *the best snapshot vs the world after the proposer*, its commits included.
+* stage    — ``git add -A``: that whole change becomes the candidate (paths, diffstat, patch).
+* apply    — ``git commit`` on the best snapshot: the candidate's snapshot is the commit sha;
+  every applied candidate also gets the ref ``refs/crucible/<session_id>/<it>``, so
+  discarded ones stay retrievable (``git show refs/crucible/<session>/<it>``), and its
+  patch goes to the blob store.
+* rollback — the branch re-attached, ``git reset --hard <best>`` + ``git clean -ffdx``:
+  tracked and untracked files exactly as in the best snapshot.
+* measure tree — the judge never runs in the world: :meth:`GitWorld.measure_tree` checks the
+  measured sha out, clean (``checkout --force`` + ``clean -ffdx``), in the session's
+  ``measure`` worktree (``<workdir>/<session_id>/measure``). Whatever a judge writes
+  (bytecode caches, logs) stays there until the next measurement and never enters a candidate.
 
 Commits are deterministic: fixed author/committer and a date derived from the
 iteration number, so the same edits on the same base give the same shas (which
@@ -110,8 +119,9 @@ class GitWorld:
             raise WorldError(f"world.repo {source} is not a git repository")
         sha = (await git(source, "rev-parse", "--verify", f"{spec.rev}^{{commit}}")).strip()
         root = session_dir(spec.workdir, session_id) / "world"
-        if root.exists():
-            shutil.rmtree(root)
+        for leftover in (root, root.parent / "measure"):
+            if leftover.exists():
+                shutil.rmtree(leftover)
         root.parent.mkdir(parents=True, exist_ok=True)
         await git(root.parent, "clone", "--quiet", "--no-checkout", str(source), str(root))
         await git(root, "checkout", "--quiet", "-B", f"crucible/{session_id}", sha)
@@ -156,6 +166,37 @@ class GitWorld:
         """The snapshot the working tree is at."""
         return WorldSha((await git(self.root, "rev-parse", "HEAD")).strip())
 
+    @property
+    def branch(self) -> str:
+        """The session's branch (full ref name); the world's HEAD is attached to it between iterations."""
+        return f"refs/heads/crucible/{self.session_id}"
+
+    def proposer_ref(self, it: int) -> str:
+        """The ref that keeps the commits the proposer of iteration ``it`` made itself."""
+        return f"refs/crucible/{self.session_id}/proposer/{it}"
+
+    async def settle(self, it: int, best: WorldSha) -> str:
+        """After a proposer ran: the branch back at ``best``, the proposer's own commits kept aside.
+
+        The working tree and index are left as the proposer left them, so staging them
+        against ``best`` gives the whole change, committed or not. Returns the commit the
+        proposer left HEAD at when it is not ``best`` (kept as :meth:`proposer_ref`), else ``""``.
+
+        Raises:
+            WorldError: git failed.
+        """
+        out = (await git(self.root, "rev-parse", "HEAD", "--symbolic-full-name", "HEAD")).split()
+        head, ref = out[0], (out[1] if len(out) > 1 else "HEAD")
+        if head == best and ref == self.branch:
+            return ""
+        if ref != self.branch:  # the proposer detached HEAD or switched branches
+            await git(self.root, "symbolic-ref", "HEAD", self.branch)
+        await git(self.root, "update-ref", self.branch, best)
+        if head == best:
+            return ""
+        await git(self.root, "update-ref", self.proposer_ref(it), head)
+        return head
+
     async def stage(self) -> Staged:
         """Stage every edit in the working tree as the candidate.
 
@@ -189,6 +230,29 @@ class GitWorld:
         return f"refs/crucible/{self.session_id}/{it}"
 
     async def rollback(self, snap: WorldSha) -> None:
-        """Reset the working tree to ``snap``, dropping every edit and untracked file."""
+        """The branch, index and working tree exactly at ``snap``: every edit, commit and untracked file dropped."""
+        await git(self.root, "symbolic-ref", "HEAD", self.branch)
         await git(self.root, "reset", "--quiet", "--hard", snap)
         await git(self.root, "clean", "-q", "-ffdx")
+
+    @property
+    def measure_dir(self) -> Path:
+        """The judge's worktree (outside the world): where every measurement runs and its artifacts stay."""
+        return self.root.parent / "measure"
+
+    async def measure_tree(self, snap: WorldSha) -> Path:
+        """A clean checkout of ``snap`` to measure in (no file of an earlier measurement left); its path.
+
+        Raises:
+            WorldError: git failed.
+        """
+        tree = self.measure_dir
+        if not (tree / ".git").is_file():
+            if tree.exists():
+                shutil.rmtree(tree)
+            await git(self.root, "worktree", "prune")
+            await git(self.root, "worktree", "add", "--quiet", "--force", "--detach", str(tree), snap)
+        else:
+            await git(tree, "checkout", "--quiet", "--force", "--detach", snap)
+        await git(tree, "clean", "-q", "-ffdx")
+        return tree

@@ -1,10 +1,12 @@
-"""Budgets: iterations, active wall time, cost — checked before an iteration starts (issue 4). Pure.
+"""Budgets: iterations, active wall time, cost — checked before an iteration starts (issue 4, issue 13). Pure.
 
-"Stop before overshooting": the next iteration is assumed to cost as much and take
-as long as the most expensive / longest one so far (or the configured estimate,
-whichever is larger). If that could cross a limit, the run ends with
-``LoopExit.BUDGET`` instead of starting it. Running out of iterations is the
-run's planned end, ``LoopExit.FINISHED``.
+"Stop before overshooting": the next iteration's worst case must fit. Its cost is
+the proposer's declared per-call cap (``proposer.max_cost_usd``) when there is one,
+else the most expensive iteration so far (or the configured estimate, whichever is
+larger); its time the longest iteration so far (or the estimate). If that could
+cross a limit, the run ends with ``LoopExit.BUDGET`` instead of starting it.
+Running out of iterations is the run's planned end, ``LoopExit.FINISHED``. What is
+left is told to a command proposer (:func:`left`, ``CRUCIBLE_BUDGET_*``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from shared.crucible.config import BudgetSpec
 from shared.crucible.state import LoopExit, Run
 
 
-def next_cost_usd(run: Run, spec: BudgetSpec) -> float:
-    """Estimated cost of the next iteration (USD)."""
+def next_cost_usd(run: Run, spec: BudgetSpec, call_cap_usd: float | None = None) -> float:
+    """Worst-case cost of the next iteration (USD): the declared per-call cap, else the estimate."""
+    if call_cap_usd is not None:
+        return call_cap_usd
     return max([spec.cost_estimate_usd, *(r.cost_usd for r in run.rows)])
 
 
@@ -23,14 +27,31 @@ def next_wall_ms(run: Run, spec: BudgetSpec) -> int:
     return max([int(spec.wall_estimate_s * 1000), *(r.wall_ms for r in run.rows)])
 
 
-def exhausted(run: Run, spec: BudgetSpec) -> tuple[LoopExit, str] | None:
-    """The budget exit due before the next iteration, with its reason, or ``None`` to go on."""
+def left(run: Run, spec: BudgetSpec) -> dict[str, str]:
+    """What is left before the next iteration, as a proposer's environment.
+
+    ``CRUCIBLE_BUDGET_ITERATIONS`` (this one included), ``CRUCIBLE_BUDGET_COST_USD`` (USD)
+    and ``CRUCIBLE_BUDGET_WALL_S`` (active seconds); a limit not configured is ``""``.
+    """
+    cost = "" if spec.cost_usd is None else f"{max(0.0, spec.cost_usd - run.spent.cost_usd):.6f}"
+    wall = "" if spec.wall_s is None else f"{max(0.0, spec.wall_s - run.active_ms / 1000):.3f}"
+    return {"CRUCIBLE_BUDGET_ITERATIONS": str(max(0, spec.iterations - run.spent.iterations)),
+            "CRUCIBLE_BUDGET_COST_USD": cost, "CRUCIBLE_BUDGET_WALL_S": wall}
+
+
+def exhausted(run: Run, spec: BudgetSpec, call_cap_usd: float | None = None) -> tuple[LoopExit, str] | None:
+    """The budget exit due before the next iteration, with its reason, or ``None`` to go on.
+
+    Args:
+        call_cap_usd: the proposer's declared per-call cap (USD), if any: the worst case of the next call.
+    """
     if run.spent.iterations >= spec.iterations:
         return LoopExit.FINISHED, f"iteration budget used ({run.spent.iterations}/{spec.iterations})"
     if spec.cost_usd is not None:
-        est = next_cost_usd(run, spec)
+        est = next_cost_usd(run, spec, call_cap_usd)
         if run.spent.cost_usd >= spec.cost_usd or run.spent.cost_usd + est > spec.cost_usd:
-            return LoopExit.BUDGET, (f"cost budget: spent ${run.spent.cost_usd:.4f} + next ≈ ${est:.4f} "
+            what = "cap" if call_cap_usd is not None else "≈"
+            return LoopExit.BUDGET, (f"cost budget: spent ${run.spent.cost_usd:.4f} + next {what} ${est:.4f} "
                                      f"> ${spec.cost_usd:.4f}")
     if spec.wall_s is not None:
         limit_ms = int(spec.wall_s * 1000)

@@ -26,7 +26,8 @@ from shared.crucible.errors import ConfigInvalid
 Direction = Literal["maximize", "minimize"]
 OnDeny = Literal["escalate", "skip"]
 
-DEFAULT_WORKDIR = ".reel/crucible"
+DEFAULT_WORKDIR = "${REEL_HOME:-.reel}/crucible"
+"""Sessions' directories by default: ``$REEL_HOME/crucible`` (``.reel/crucible`` without ``$REEL_HOME``)."""
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -44,7 +45,7 @@ class WorldSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
     repo: str
     rev: str = "HEAD"
-    workdir: str = DEFAULT_WORKDIR
+    workdir: str = ".reel/crucible"
 
 
 class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +60,7 @@ class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
             plus ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``.
         timeout_s: a run longer than this is an invalid reading (s).
         repeats: how many times one measurement runs the command (noise).
+        unit: what the score counts (``tokens``, ``s``, ``%``…), for the plot and the tables.
     """
 
     command: tuple[str, ...]
@@ -67,6 +69,7 @@ class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     env: dict[str, str] = {}
     timeout_s: float = 300.0
     repeats: int = 1
+    unit: str = ""
 
 
 class Regime(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -81,23 +84,42 @@ class Regime(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     goal: float | None = None
 
 
+ConfirmRule = Literal["all", "mean"]
+
+
 class NoiseSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Keep/discard margin (issue 4, Noise).
+    """Keep/discard margin and the confirmation before a keep (issue 4 Noise, issue 13).
 
     A candidate is kept only if its improvement over the best exceeds
     ``max(abs_margin, rel_margin·|best|, k_sigma·σ)`` where σ is the sample standard
     deviation of the segment's repeated baseline readings (needs ``baseline_repeats ≥ 2``).
 
+    A would-be keep (its first reading passes that test against the best snapshot's
+    readings) is confirmed first: it is measured ``confirm_repeats`` more times and, with
+    ``remeasure_incumbent``, the best snapshot as often (at least once), alternately. Every
+    value of the best snapshot (its earlier ones and the fresh ones) gives its corrected
+    score (their mean), committed whatever the decision. Then ``confirm_rule`` decides:
+
+    * ``all`` (default) — every value of the candidate beats every value of the best
+      snapshot by more than the margin (a no-op passes with probability 1/C(n+m, n) for
+      n candidate and m incumbent values: 1/35 at the defaults' first confirmation);
+    * ``mean`` — the mean of the candidate's values beats the corrected score by more than the margin.
+
+    ``confirm_repeats: 0`` with ``remeasure_incumbent: false`` is the one-reading rule.
+
     Attributes:
-        remeasure_incumbent: before a keep, measure the best snapshot again and
-            decide against that fresh score.
+        confirm_repeats: extra measurements of a would-be keep (each ``judge.repeats`` runs).
+        remeasure_incumbent: measure the best snapshot again while confirming.
+        confirm_rule: how candidate and incumbent values combine with the margin.
     """
 
     abs_margin: float = 0.0
     rel_margin: float = 0.0
     k_sigma: float = 0.0
     baseline_repeats: int = 1
-    remeasure_incumbent: bool = False
+    remeasure_incumbent: bool = True
+    confirm_repeats: int = 3
+    confirm_rule: ConfirmRule = "all"
 
 
 class ProposerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -106,12 +128,15 @@ class ProposerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
     Attributes:
         instructions: prepended to a model proposer's prompt.
         timeout_s: a proposer run longer than this fails the iteration (s).
+        max_cost_usd: the most one proposer call may cost (USD), declared: the cost budget
+            stops before an iteration when this much more could pass it (else the estimate).
     """
 
     command: tuple[str, ...] = ()
     model: ModelSpec | None = None
     instructions: str = ""
     timeout_s: float = 600.0
+    max_cost_usd: float | None = None
 
 
 class BudgetSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -271,6 +296,10 @@ def validate(cfg: SessionConfig) -> SessionConfig:
         raise ConfigInvalid("budget.iterations must be ≥ 0")
     if cfg.noise.baseline_repeats < 1:
         raise ConfigInvalid("noise.baseline_repeats must be ≥ 1")
+    if cfg.noise.confirm_repeats < 0:
+        raise ConfigInvalid("noise.confirm_repeats must be ≥ 0")
+    if cfg.proposer.max_cost_usd is not None and cfg.proposer.max_cost_usd < 0:
+        raise ConfigInvalid("proposer.max_cost_usd must be ≥ 0")
     if cfg.noise.k_sigma > 0 and max(cfg.noise.baseline_repeats, *(r.judge.repeats for r in cfg.regimes)) < 2:
         raise ConfigInvalid("noise.k_sigma needs a repeated baseline (noise.baseline_repeats ≥ 2)")
     return cfg

@@ -58,7 +58,8 @@ class SegmentOpened(SessionEvent, tag="segment_opened", kw_only=True, frozen=Tru
     Attributes:
         fingerprint_parts: the fingerprint's components (name → sha256), to say what moved later.
         goal_met: the baseline already reaches the regime's goal.
-        wall_ms: wall time of the baseline measurement (ms).
+        wall_ms: wall time of the baseline measurement (ms), waits included.
+        parked_ms: of which waiting for an unavailable judge (exit 75): parked time (ms).
     """
 
     regime: str
@@ -69,6 +70,7 @@ class SegmentOpened(SessionEvent, tag="segment_opened", kw_only=True, frozen=Tru
     snap: str
     goal_met: bool = False
     wall_ms: int
+    parked_ms: int = 0
     at_ms: int
 
 
@@ -107,6 +109,8 @@ class ProposalMade(SessionEvent, tag="proposal_made", kw_only=True, frozen=True)
         cost_usd: this call's cost (USD).
         proposer_ms: the proposer's wall time (ms).
         detail: error / escalation reason / target regime, one line.
+        proposer_sha: the commit the proposer left HEAD at when it committed itself (kept
+            under ``refs/crucible/<session>/proposer/<it>``, its change part of the candidate).
     """
 
     it: int
@@ -119,6 +123,7 @@ class ProposalMade(SessionEvent, tag="proposal_made", kw_only=True, frozen=True)
     cost_usd: float = 0.0
     proposer_ms: int = 0
     detail: str = ""
+    proposer_sha: str = ""
     at_ms: int
 
 
@@ -176,7 +181,11 @@ class MeasureStarted(SessionEvent, tag="measure_started", kw_only=True, frozen=T
 
 
 class MeasureFinished(SessionEvent, tag="measured", kw_only=True, frozen=True):
-    """Applied → Measured: the judge's reading of ``target`` (valid or invalid). Tag ``measured`` (its wire name)."""
+    """Applied → Measured: the judge's reading of ``target`` (valid or invalid). Tag ``measured`` (its wire name).
+
+    A valid reading of the ``incumbent`` corrects the best score (:meth:`Segment.remeasured`);
+    the reading's ``cost_usd`` is spent whatever it is.
+    """
 
     it: int
     target: MeasureTarget = "candidate"

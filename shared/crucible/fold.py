@@ -47,6 +47,7 @@ from shared.crucible.state import (
     Fate,
     OpenIteration,
     PendingProvisioning,
+    Reading,
     Row,
     Run,
     Segment,
@@ -82,16 +83,20 @@ def _spend(run: Run, *, iterations: int = 0, cost_usd: float = 0.0, wall_ms: int
 
 def _open_segment(run: Run | None, e: SegmentOpened) -> Run:
     segment = Segment.baseline(regime=e.regime, fingerprint=e.fingerprint, reading=e.reading, snap=WorldSha(e.snap))
+    parked = timedelta(milliseconds=e.parked_ms)
     if run is None:
-        return Run(segment=segment, spent=Spent(wall_ms=e.wall_ms), solved_any=e.goal_met)
+        return Run(segment=segment, spent=Spent(wall_ms=e.wall_ms, cost_usd=e.reading.cost_usd),
+                   solved_any=e.goal_met, parked_total=parked)
     return replace(run, segment=segment, rescope_to=None, solved_any=run.solved_any or e.goal_met,
-                   spent=_spend(run, wall_ms=e.wall_ms))
+                   spent=_spend(run, wall_ms=e.wall_ms, cost_usd=e.reading.cost_usd),
+                   parked_total=run.parked_total + parked)
 
 
 def _close(run: Run, row: Row) -> Run:
     segment, kept = run.segment, run.kept_shas
     if row.verdict is Fate.KEEP and row.kept_sha is not None and row.score is not None:
-        segment = segment.promoted(row.score, WorldSha(row.kept_sha))
+        readings = tuple(v for v in row.readings if v is not None)
+        segment = segment.promoted(row.score, WorldSha(row.kept_sha), readings)
         kept = (*kept, row.kept_sha)
     return replace(run, rows=(*run.rows, row), segment=segment, kept_shas=kept, open_it=None, pending_block=None,
                    solved_any=run.solved_any or row.goal_met, spent=_spend(run, wall_ms=row.wall_ms))
@@ -134,6 +139,14 @@ def apply_run(run: Run, event: AnySessionEvent) -> Run:
             run = _touch(run, it)
             assert run.open_it is not None
             return replace(run, open_it=replace(run.open_it, sha=sha))
+        case MeasureFinished(target=target, reading=reading):
+            if target == "incumbent" and isinstance(reading, Reading):
+                run = replace(run, segment=run.segment.remeasured(reading.values))
+            if not reading.cost_usd:
+                return run
+            o = run.open_it
+            return replace(run, open_it=None if o is None else replace(o, cost_usd=o.cost_usd + reading.cost_usd),
+                           spent=_spend(run, cost_usd=reading.cost_usd))
         case ParkEnded(parked_ms=parked):
             return replace(run, parked_total=run.parked_total + timedelta(milliseconds=parked),
                            spent=_spend(run, wall_ms=parked))
@@ -144,7 +157,7 @@ def apply_run(run: Run, event: AnySessionEvent) -> Run:
             return replace(run, exit=None, exit_reason="")
         case SessionEnded(exit=exit_, reason=reason):
             return replace(run, exit=exit_, exit_reason=reason, open_it=None)
-        case (ParkStarted() | CandidateDenied() | ApplyFailed() | MeasureStarted() | MeasureFinished()
+        case (ParkStarted() | CandidateDenied() | ApplyFailed() | MeasureStarted()
               | FingerprintChanged() | Escalated()):
             return run  # recorded for the reader; the row carries their effect
         case SessionStarted():
@@ -163,6 +176,8 @@ def apply(state: SessionState | None, lsn: int, event: AnySessionEvent) -> Sessi
         if not isinstance(event, SessionStarted):
             raise InvalidTransition(f"a session log must start with session_started, not {type(event).__name__}")
         return SessionState(started=event, lsn=lsn)
+    if state.ended is not None and state.ended.exit.terminal:
+        raise InvalidTransition(f"{type(event).__name__} after the session ended ({state.ended.exit.value})")
     ended = event if isinstance(event, SessionEnded) else None if isinstance(event, SessionResumed) else state.ended
     if state.run is None:
         if isinstance(event, SegmentOpened):

@@ -18,6 +18,8 @@ keep path needs the reading's score, so it is handed back by construction.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Generic, TypeVar, final
 
 import msgspec
@@ -126,61 +128,94 @@ class Iteration(Generic[S]):
                    wall_ms=wall_ms, reason=reason)
 
     def promotes(self: Iteration[Measured], *, segment: Segment, direction: Direction, noise: NoiseSpec) -> bool:
-        """Whether :meth:`decide` without an incumbent would keep this reading (a valid one past the margin).
+        """Whether this first reading would be kept (a valid one past the margin against the best's readings).
 
-        The shell asks this before spending a re-measurement of the incumbent
-        (``noise.remeasure_incumbent``): only a would-be promotion is re-checked.
+        The shell asks this before spending confirmation measurements (``noise.confirm_repeats``,
+        ``noise.remeasure_incumbent``): only a would-be keep is confirmed.
         """
         reading = self.state.reading
         if not isinstance(reading, Reading):
             return False
-        gain, need = keep_test(reading.score, segment.best_score, segment=segment, direction=direction, noise=noise)
+        gain, need = keep_test(reading.values, best_values(segment), segment=segment, direction=direction,
+                               noise=noise)
         return gain > need
 
     def decide(self: Iteration[Measured], *, segment: Segment, direction: Direction, noise: NoiseSpec,
-               goal: float | None, wall_ms: int, incumbent: Reading | None = None) -> Decided:
-        """Keep or discard: only a valid reading better than the best by more than the margin is kept.
+               goal: float | None, wall_ms: int, incumbent: Reading | None = None,
+               confirmation: Measurement | None = None) -> Decided:
+        """Keep or discard: only valid readings better than the best by more than the margin are kept.
 
         Args:
-            segment: the current segment (best score, baseline readings for σ).
-            incumbent: a fresh measurement of the best snapshot; when given the
-                candidate is compared with it instead of the recorded best.
+            segment: the current segment: the best snapshot's readings (corrected by any
+                re-measurement of it, see :meth:`Segment.remeasured`) and the baseline's (σ).
+            incumbent: the fresh readings of the best snapshot taken while confirming (for the row).
+            confirmation: the candidate's confirmation readings; an invalid one makes the
+                iteration invalid (never a keep).
             wall_ms: the iteration's wall time so far (ms), for the row.
+
+        The kept path's :attr:`Decided.reading` is every valid value of the candidate
+        (first reading and confirmations), its score their mean: the new best score.
         """
         s = self.state
         c, best = s.candidate, segment.best_score
-        reading: Measurement = s.reading
         base = Row(it=self.it, regime=self.regime, verdict=Fate.INVALID, best_score=best, sha=s.sha,
                    note=c.note, diffstat=c.diffstat, cost_usd=c.cost_usd, wall_ms=wall_ms,
                    incumbent=incumbent.values if incumbent is not None else ())
-        if isinstance(reading, InvalidReading):
-            row = replace(base, readings=(*reading.values, None), reason=reading.reason)
-            return Decided(row=row, verdict=Fate.INVALID, reading=reading)
-        ref = incumbent.score if incumbent is not None else best
-        gain, need = keep_test(reading.score, ref, segment=segment, direction=direction, noise=noise)
+        first: Measurement = s.reading
+        if isinstance(first, InvalidReading):
+            row = replace(base, readings=(*first.values, None), reason=first.reason)
+            return Decided(row=row, verdict=Fate.INVALID, reading=first)
+        if isinstance(confirmation, InvalidReading):
+            bad: InvalidReading = confirmation
+            row = replace(base, readings=(*first.values, *bad.values, None), reason=f"confirmation: {bad.reason}")
+            return Decided(row=row, verdict=Fate.INVALID, reading=bad)
+        reading = first if confirmation is None else combined(first, confirmation)
+        gain, need = keep_test(reading.values, best_values(segment), segment=segment, direction=direction,
+                               noise=noise)
         keep = gain > need
         verdict = Fate.KEEP if keep else Fate.DISCARD
+        rule = f"{noise.confirm_rule} of {len(reading.values)} vs {len(best_values(segment))}"
         row = replace(base, verdict=verdict, readings=reading.values, score=reading.score,
                       delta=reading.score - best, best_score=reading.score if keep else best,
                       kept_sha=s.sha if keep else None, goal_met=keep and goal_met(direction, reading.score, goal),
-                      reason="" if keep else f"improvement {gain:+.6g} ≤ margin {need:.6g}")
+                      reason="" if keep else f"improvement {gain:+.6g} ≤ margin {need:.6g} ({rule})")
         return Decided(row=row, verdict=verdict, reading=reading)
 
 
-def keep_test(score: float, ref: float, *, segment: Segment, direction: Direction,
+def best_values(segment: Segment) -> tuple[float, ...]:
+    """Every value measured on the segment's best snapshot (its score alone for a segment without them)."""
+    return segment.best_readings or (segment.best_score,)
+
+
+def combined(first: Reading, more: Reading) -> Reading:
+    """One reading of a candidate from its first reading and its confirmation (values in order)."""
+    values = (*first.values, *more.values)
+    return Reading(values=values, score=math.fsum(values) / len(values), total=first.total,
+                   judge_ms=first.judge_ms + more.judge_ms, cost_usd=first.cost_usd + more.cost_usd)
+
+
+def keep_test(values: Sequence[float], ref: Sequence[float], *, segment: Segment, direction: Direction,
               noise: NoiseSpec) -> tuple[float, float]:
-    """The one keep test's figures: ``(gain, need)``; a reading is kept iff ``gain > need``.
+    """The one keep test's figures: ``(gain, need)``; a candidate is kept iff ``gain > need``.
 
     Args:
-        score: the candidate's score (judge units).
-        ref: what it must beat: the segment's best, or a fresh incumbent score.
+        values: the candidate's values (judge units): its first reading, plus its confirmations.
+        ref: every value of the best snapshot (recorded and re-measured).
         segment: supplies the baseline readings the noise margin is computed from.
 
     Returns:
-        ``gain``: the improvement of ``score`` over ``ref`` in ``direction`` (positive = better);
+        ``gain``: under ``noise.confirm_rule`` ``all``, the candidate's worst value's improvement
+        over the best snapshot's best value; under ``mean``, the improvement of the candidate's
+        mean over the best snapshot's mean (positive = better, in ``direction``);
         ``need``: the noise margin it must exceed (:func:`shared.crucible.noise.margin`).
     """
-    return improvement(direction, score, ref), margin(noise, ref, segment.baseline_readings)
+    ref_mean = math.fsum(ref) / len(ref)
+    if noise.confirm_rule == "all":
+        pick = (min, max) if direction == "maximize" else (max, min)
+        gain = improvement(direction, pick[0](values), pick[1](ref))
+    else:
+        gain = improvement(direction, math.fsum(values) / len(values), ref_mean)
+    return gain, margin(noise, ref_mean, segment.baseline_readings)
 
 
 def gate_row(*, it: int, regime: str, verdict: Fate, best_score: float, reason: str, note: str = "",

@@ -17,6 +17,7 @@ cold re-fold of the session log are the same thing by construction.
 from __future__ import annotations
 
 import enum
+import math
 from datetime import timedelta
 from typing import NewType
 
@@ -37,12 +38,14 @@ class Reading(msgspec.Struct, frozen=True, kw_only=True, tag="valid", tag_field=
         score: their mean (the value compared against the best).
         total: the size of the judge's universe if it reports one (e.g. cases), else ``None``.
         judge_ms: wall time of all repeats (ms).
+        cost_usd: what the repeats reported costing (USD; counted against the budget).
     """
 
     values: tuple[float, ...]
     score: float
     total: int | None = None
     judge_ms: int = 0
+    cost_usd: float = 0.0
 
 
 class InvalidReading(msgspec.Struct, frozen=True, kw_only=True, tag="invalid", tag_field="kind"):
@@ -52,11 +55,13 @@ class InvalidReading(msgspec.Struct, frozen=True, kw_only=True, tag="invalid", t
         reason: one line, e.g. ``"crash: exit 1: ZeroDivisionError"``, ``"timeout after 5.0s"``, ``"nan"``.
         values: the finite scores of the repeats that did print one.
         judge_ms: wall time of all repeats (ms).
+        cost_usd: what the repeats reported costing, the failed one included (USD).
     """
 
     reason: str
     values: tuple[float, ...] = ()
     judge_ms: int = 0
+    cost_usd: float = 0.0
 
 
 Measurement = Reading | InvalidReading
@@ -124,10 +129,13 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
         regime: the regime's name (its judge and goal are in the config).
         fingerprint: the judge's frozen fingerprint at baseline (sha256 hex).
         baseline_score: the score of the segment's first snapshot.
-        best_score: the best score kept so far in this segment.
+        best_score: the best snapshot's score: the mean of ``best_readings`` (corrected
+            whenever the best snapshot is re-measured).
         baseline_total: the judge's universe size at baseline (0 if it reports none).
         best_snap: the snapshot holding ``best_score``.
         baseline_readings: the baseline's repeated values (σ for the k·σ margin).
+        best_readings: every value measured on ``best_snap`` so far (the reading that made
+            it the best, its confirmations and every re-measurement of the incumbent).
     """
 
     regime: str
@@ -137,6 +145,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
     baseline_total: int
     best_snap: WorldSha
     baseline_readings: tuple[float, ...] = ()
+    best_readings: tuple[float, ...] = ()
 
     @classmethod
     def baseline(cls, *, regime: str, fingerprint: str, reading: Reading, snap: WorldSha) -> Segment:
@@ -147,11 +156,17 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
         """
         return cls(regime=regime, fingerprint=fingerprint, baseline_score=reading.score,
                    best_score=reading.score, baseline_total=reading.total or 0, best_snap=snap,
-                   baseline_readings=reading.values)
+                   baseline_readings=reading.values, best_readings=reading.values)
 
-    def promoted(self, score: float, snap: WorldSha) -> Segment:
-        """The segment after a keep: best score and best snapshot move together."""
-        return msgspec.structs.replace(self, best_score=score, best_snap=snap)
+    def promoted(self, score: float, snap: WorldSha, readings: tuple[float, ...] = ()) -> Segment:
+        """The segment after a keep: best score, best snapshot and its readings move together."""
+        return msgspec.structs.replace(self, best_score=score, best_snap=snap, best_readings=readings or (score,))
+
+    def remeasured(self, values: tuple[float, ...]) -> Segment:
+        """The segment after the best snapshot was measured again: ``best_score`` corrected to the
+        mean of every value it has had (a lucky reading does not crown a snapshot for good)."""
+        readings = (*(self.best_readings or (self.best_score,)), *values)
+        return msgspec.structs.replace(self, best_readings=readings, best_score=math.fsum(readings) / len(readings))
 
 
 class PendingProvisioning(msgspec.Struct, frozen=True, kw_only=True):

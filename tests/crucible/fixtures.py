@@ -12,7 +12,13 @@ the score, ``$TOTAL`` is the reported total.
 Proposer (outside the world): plays the plan file given as its argument — entry ``CRUCIBLE_ITERATION - 1``
 (``{"done": true}`` past the end): ``write`` files, then print its JSON directives
 (``note``, ``cost_usd``, ``escalate``, ``rescope``, ``done``) and exit with ``exit``;
-``record_head`` writes the world's HEAD and cleanliness (as the proposer found it) to a file.
+``record_head`` writes the world's HEAD and cleanliness (as the proposer found it) to a file;
+``once`` plays the step on the iteration's first run and its ``then`` on a re-run;
+``commit`` commits the writes itself (``write_after`` then edits on top, uncommitted);
+``keep_mtime`` preserves a rewritten file's mtime; ``record_env`` dumps ``CRUCIBLE_BUDGET_*``;
+``orphan`` leaves a background child in its group that writes ``evil.txt`` once a gate file
+appears, ``orphan_check`` opens that gate if the child still lives; ``fifo`` writes the
+proposer's pid into a FIFO and hangs; ``sleep`` sleeps after printing (a timeout).
 """
 
 from __future__ import annotations
@@ -69,13 +75,17 @@ JUDGE = textwrap.dedent('''
 ''')
 
 PROPOSER = textwrap.dedent('''
-    import json, os, subprocess, sys
+    import json, os, subprocess, sys, time
     from pathlib import Path
     plan = json.loads(Path(sys.argv[1]).read_text())
     it = int(os.environ["CRUCIBLE_ITERATION"])
     step = plan[it - 1] if it <= len(plan) else {"done": True}
+    if "once" in step:  # the first run of this iteration plays the step, a re-run (after a resume) its "then"
+        if Path(step["once"]).exists():
+            step = step["then"]
+        else:
+            Path(step["once"]).write_text("x")
     if "hold" in step:  # a rendezvous for tests: say we started, then wait for the gate file
-        import time
         Path(step["hold"]["started"]).write_text("x")
         while not Path(step["hold"]["gate"]).exists():
             time.sleep(0.01)
@@ -83,14 +93,62 @@ PROPOSER = textwrap.dedent('''
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
         Path(step["record_head"]).write_text(json.dumps({"head": head, "clean": status == ""}))
-    for rel, text in (step.get("write") or {}).items():
-        p = Path(rel)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
+    if "record_env" in step:
+        env = {k: v for k, v in os.environ.items() if k.startswith("CRUCIBLE_BUDGET_")}
+        Path(step["record_env"]).write_text(json.dumps(env))
+    if "orphan_check" in step:  # is the orphan of an earlier proposer alive? then let it write now
+        o = step["orphan_check"]
+        pid = int(Path(o["pid"]).read_text())
+        try:
+            os.kill(pid, 0)
+            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            alive = False
+        Path(o["record"]).write_text(json.dumps({"alive": alive}))
+        if alive:
+            Path(o["gate"]).write_text("x")
+            deadline = time.monotonic() + 30
+            while not Path(o["done"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+    def put(files):
+        for rel, text in (files or {}).items():
+            p = Path(rel)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            st = p.stat() if step.get("keep_mtime") and p.exists() else None
+            p.write_text(text)
+            if st is not None:  # a tool that preserves timestamps (cp -p, rsync -t)
+                os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    put(step.get("write"))
+    if "commit" in step:  # the proposer commits its own change
+        subprocess.run(["git", "add", "-A"], check=True)
+        subprocess.run(["git", "-c", "user.name=p", "-c", "user.email=p@x", "commit", "-q", "-m", step["commit"]],
+                       check=True)
+    put(step.get("write_after"))
+    if "orphan" in step:  # a background child in the proposer's group, waiting for a gate to write
+        o = step["orphan"]
+        code = ("import os, sys, time; from pathlib import Path; "
+                f"Path({o['pid']!r}).write_text(str(os.getpid())); "
+                f"g = Path({o['gate']!r})\\n"
+                "while not g.exists(): time.sleep(0.01)\\n"
+                f"Path('evil.txt').write_text('orphan'); Path({o['done']!r}).write_text('x')")
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)  # a background job: `cmd >/dev/null 2>&1 &`
+        while not Path(o["pid"]).exists():
+            time.sleep(0.01)
     out = {k: step[k] for k in ("note", "cost_usd", "escalate", "rescope", "done") if k in step}
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    if "fifo" in step:  # say where we are (pid into the FIFO), then hang until killed
+        with open(step["fifo"], "w") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(300)
+    if "sleep" in step:
+        time.sleep(step["sleep"])
     sys.exit(step.get("exit", 0))
 ''')
+
+
+ONE_READING = {"confirm_repeats": 0, "remeasure_incumbent": False, "confirm_rule": "mean"}
+"""The suite's default noise settings: one reading decides (the tests of confirmation set their own)."""
 
 
 async def make_repo(root: Path, value: str = "1") -> Path:
@@ -126,6 +184,7 @@ def config_dict(root: Path, repo: Path, plan: Sequence[Mapping[str, Any]], *, ju
         "proposer": {"command": [sys.executable, str(script), str(plan_file)], "timeout_s": 20},
         "budget": {"iterations": len(plan)},
         "gates": {"retry_s": 0.05},
+        "noise": ONE_READING,
     }
     for key, value in over.items():
         if value is None:

@@ -142,7 +142,7 @@ def test_session_commit_round_trip_and_unknown_event_is_an_error() -> None:
         decode_session_commit(bogus)
     assert normalized(list(events)) == [
         {"type": "proposal_made", "it": 1, "outcome": "empty", "note": "", "paths": [], "diffstat": "",
-         "patch": None, "prompt": None, "cost_usd": 0.0, "detail": ""},
+         "patch": None, "prompt": None, "cost_usd": 0.0, "detail": "", "proposer_sha": ""},
         {"type": "session_ended", "exit": "budget", "reason": "r"},
     ]
 
@@ -160,3 +160,30 @@ def test_config_direction_is_required_and_paths_resolve() -> None:
     assert cfg.world.repo == "/c/src" and cfg.world.workdir == "/w/.reel/crucible"
     assert cfg.regimes[0].judge.env == {"DATA": "/c/data"} and cfg.regimes[0].judge.reads == ("judge.py", "/c/data")
     assert msgspec.json.decode(msgspec.json.encode(cfg), type=SessionConfig) == cfg
+
+
+def test_confirmation_all_rule_and_the_incumbent_correction() -> None:
+    applied = Iteration.propose(1, "a", CandidateChange(note="n", paths=("x",))).apply(WorldSha("c"))
+    noise = NoiseSpec()  # defaults: confirm 3, re-measure the incumbent, rule "all"
+    lucky = applied.measure(Reading(values=(2.0,), score=2.0))
+    s = seg(1.0)
+    assert lucky.promotes(segment=s, direction="maximize", noise=noise)
+    corrected = s.remeasured((1.0, 0.98, 1.02))  # what the fold does with each incumbent reading
+    assert corrected.best_score == 1.0 and corrected.best_readings == (1.0, 1.0, 0.98, 1.02)
+    conf = Reading(values=(1.01, 0.99, 1.03), score=1.01)
+    d = lucky.decide(segment=corrected, direction="maximize", noise=noise, goal=None, wall_ms=0,
+                     incumbent=Reading(values=(1.0, 0.98, 1.02), score=1.0), confirmation=conf)
+    assert d.verdict is Fate.DISCARD and d.row.readings == (2.0, 1.01, 0.99, 1.03) and d.row.best_score == 1.0
+    assert d.row.incumbent == (1.0, 0.98, 1.02) and "all of 4 vs 4" in d.row.reason
+    better = applied.measure(Reading(values=(1.5,), score=1.5)).decide(
+        segment=corrected, direction="maximize", noise=noise, goal=None, wall_ms=0,
+        confirmation=Reading(values=(1.4, 1.6, 1.5), score=1.5))
+    assert better.kept is not None and better.kept.values == (1.5, 1.4, 1.6, 1.5) and better.row.best_score == 1.5
+    mean = NoiseSpec(confirm_rule="mean")  # the mean of the candidate against the corrected score
+    assert lucky.decide(segment=corrected, direction="maximize", noise=mean, goal=None, wall_ms=0,
+                        confirmation=conf).verdict is Fate.KEEP  # (2.0 + 3.03) / 4 > 1.0
+    broken = lucky.decide(segment=corrected, direction="maximize", noise=noise, goal=None, wall_ms=0,
+                          confirmation=InvalidReading(reason="nan", values=(1.0,)))
+    assert broken.verdict is Fate.INVALID and broken.row.reason == "confirmation: nan"
+    assert broken.row.readings == (2.0, 1.0, None)
+    assert seg(1.0).promoted(1.5, WorldSha("k"), (1.4, 1.6)).best_readings == (1.4, 1.6)

@@ -30,7 +30,7 @@ from shared.crucible.events import (
 )
 from shared.crucible.state import Fate, InvalidReading, LoopExit, Segment, WorldSha
 from tests.crucible.conftest import Crucible
-from tests.crucible.fixtures import JUDGE, make_config, make_repo, write
+from tests.crucible.fixtures import JUDGE, ONE_READING, make_config, make_repo, write
 
 
 def verdicts(o: object) -> list[str]:
@@ -224,7 +224,7 @@ async def test_noisy_judge_with_noop_candidates_keeps_nothing(crucible: Crucible
         cfg = make_config(base, repo, noop, judge_env={"NOISE": "0.5"},
                           judge={"command": ["{python}", "judge.py"], "direction": "maximize", "repeats": 3,
                                  "reads": ["judge.py"], "env": {"JUDGE_STATE": str(base / "js"), "NOISE": "0.5"}},
-                          noise={"k_sigma": k_sigma, "baseline_repeats": 5})
+                          noise={**ONE_READING, "k_sigma": k_sigma, "baseline_repeats": 5})
         return verdicts(await crucible.run(cfg))
 
     guarded = await session("guarded", 3.0)
@@ -240,7 +240,7 @@ async def test_incumbent_is_remeasured_before_a_promotion(crucible: Crucible, ro
     async def session(tag: str, remeasure: bool) -> object:
         return await crucible.run(make_config(root / tag, await make_repo(root / tag, "1"), [write("1.0")],
                                               judge={**judge, "env": {**judge["env"], "JUDGE_STATE": str(root / tag)}},
-                                              noise={"remeasure_incumbent": remeasure}))
+                                              noise={**ONE_READING, "remeasure_incumbent": remeasure}))
 
     naive = await session("naive", False)
     assert verdicts(naive) == ["keep"]  # 1.5 after a 1.0 baseline: drift mistaken for progress

@@ -1,0 +1,99 @@
+"""Issue 13, failure 4 on real processes and the JetStream session log: budgets hold — a call's reported cost
+counts whatever its exit, a declared per-call cap keeps the cost cap, the proposer is told what is left, and
+waits for an unavailable judge are parked time."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.crucible.world import git
+from shared.crucible.config import SessionConfig, parse_config
+from shared.crucible.events import MeasureFinished, SegmentOpened
+from shared.crucible.state import InvalidReading, LoopExit
+from tests.crucible.conftest import Crucible
+from tests.crucible.fixtures import config_dict, make_config, make_repo, write
+
+
+def with_proposer(root: Path, repo: Path, plan: list[dict[str, Any]], proposer: dict[str, Any],
+                  **over: Any) -> SessionConfig:
+    """The tiny world's config with ``proposer`` settings added to its plan proposer."""
+    data = config_dict(root, repo, plan, **over)
+    data["proposer"].update(proposer)
+    return parse_config(data, config_dir=str(root), cwd=str(root), environ=os.environ)
+
+
+def verdicts(o: object) -> list[str]:
+    return [r.verdict.value for r in o.state.run.rows]  # type: ignore[attr-defined]
+
+
+PAID_JUDGE = textwrap.dedent('''
+    import json, time
+    from pathlib import Path
+    value = Path("value.txt").read_text().strip()
+    print(json.dumps({"cost_usd": 0.25}), flush=True)  # billed before it knows the answer
+    if value == "slow":
+        time.sleep(60)
+    print(json.dumps({"score": float(value), "cost_usd": 0.25}))
+''')
+
+
+async def test_costs_printed_before_a_timeout_are_counted_for_proposer_and_judge(crucible: Crucible,
+                                                                                 root: Path) -> None:
+    repo = await make_repo(root, "1")
+    (repo / "paid.py").write_text(PAID_JUDGE)
+    await git(repo, "add", "-A")
+    await git(repo, "commit", "-q", "-m", "paid judge")
+    plan = [{**write(2), "cost_usd": 0.5, "note": "then hung", "sleep": 60},  # proposer timeout after its cost
+            write("slow", cost_usd=0.1)]  # the judge prints a cost, then times out
+    cfg = with_proposer(root, repo, plan, {"timeout_s": 2.0}, judge={
+        "command": ["{python}", "paid.py"], "direction": "maximize", "reads": ["paid.py"], "timeout_s": 2.0})
+    o = await crucible.run(cfg)
+    rows = o.state.run.rows
+    assert verdicts(o) == ["failed", "invalid"]
+    assert rows[0].note == "then hung" and "timed out" in rows[0].reason and rows[0].cost_usd == pytest.approx(0.5)
+    reading = o.of(MeasureFinished)[0].reading
+    assert isinstance(reading, InvalidReading) and reading.reason.startswith("timeout")
+    assert reading.cost_usd == pytest.approx(0.25) and rows[1].cost_usd == pytest.approx(0.35)
+    baseline = o.of(SegmentOpened)[0].reading
+    assert baseline.cost_usd == pytest.approx(0.25)  # the baseline's judge call is billed too
+    assert o.state.run.spent.cost_usd == pytest.approx(0.25 + 0.5 + 0.1 + 0.25)
+
+
+async def test_a_declared_call_cap_keeps_the_cost_cap_and_the_proposer_is_told_what_is_left(
+        crucible: Crucible, root: Path) -> None:
+    repo = await make_repo(root, "1")
+    seen = [root / f"env{i}.json" for i in (1, 2, 3)]
+    plan = [write(2, cost_usd=0.1, record_env=str(seen[0])), write(3, cost_usd=0.1, record_env=str(seen[1])),
+            write(4, cost_usd=0.9, record_env=str(seen[2]))]  # one call costlier than any before
+    cfg = with_proposer(root, repo, plan, {"max_cost_usd": 0.9},
+                        budget={"iterations": 10, "cost_usd": 1.0, "wall_s": 600})
+    o = await crucible.run(cfg)
+    assert o.exit is LoopExit.BUDGET and verdicts(o) == ["keep", "keep"]  # 0.2 + a call of up to 0.9 > 1.0
+    assert o.state.run.spent.cost_usd == pytest.approx(0.2) and not seen[2].exists()
+    assert "cap $0.9000" in o.state.ended.reason
+    told = [json.loads(p.read_text()) for p in seen[:2]]
+    assert [t["CRUCIBLE_BUDGET_COST_USD"] for t in told] == ["1.000000", "0.900000"]
+    assert [t["CRUCIBLE_BUDGET_ITERATIONS"] for t in told] == ["10", "9"]
+    assert all(0 < float(t["CRUCIBLE_BUDGET_WALL_S"]) <= 600 for t in told)
+
+
+async def test_waiting_for_an_unavailable_judge_at_the_baseline_is_parked_time(crucible: Crucible,
+                                                                               root: Path) -> None:
+    """The judge answers "come back later" (exit 75) three times for the baseline, 2 s apart: 6 s of
+    waiting against a 5 s time budget, while the active time stays well under it."""
+    repo = await make_repo(root, "tempfail 3 1")
+    cfg = make_config(root, repo, [write(2), write(3)], budget={"iterations": 2, "wall_s": 5.0},
+                      gates={"retry_s": 2.0})
+    o = await crucible.run(cfg)
+    run = o.state.run
+    assert o.exit is LoopExit.FINISHED, o.state.ended
+    assert verdicts(o) == ["keep", "keep"]
+    parked = o.of(SegmentOpened)[0].parked_ms
+    assert parked >= 6000 and run.parked_total.total_seconds() * 1000 == parked
+    assert run.spent.wall_ms >= 6000 > 5000 > run.active_ms
