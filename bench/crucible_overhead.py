@@ -7,7 +7,10 @@ git stage/commit/ref/rollback, blob put of the patch, the session-log commits
 (guarded publish + fold) and the fingerprint check.
 
 Per iteration i: overhead_i = (at_ms of IterationClosed_i − at_ms of IterationClosed_{i−1})
-− proposer_ms_i − judge_ms_i (both recorded in the session log).
+− proposer_ms_i − judge_ms_i (both recorded in the session log; judge_ms_i sums every
+measurement of the iteration: a kept candidate's confirmations and incumbent readings too).
+``keep`` runs the default confirmation (3 more readings of the candidate, 3 of the
+incumbent, each in the clean measure tree); ``keep-1`` the one-reading rule.
 
     python bench/crucible_overhead.py [--iterations 40]
 """
@@ -36,11 +39,14 @@ from shared.crucible.state import Reading
 from shared.logging import setup_logging
 from shared.nats.embedded import embedded_server
 
-SCENARIOS = {
-    # name: (proposer shell snippet, description)
-    "keep": ("echo $CRUCIBLE_ITERATION > value.txt", "every candidate better: commit, keep"),
-    "discard": ("echo -$CRUCIBLE_ITERATION > value.txt", "every candidate worse: commit, roll back"),
-    "skip": ("true", "empty diff: nothing to apply or measure"),
+ONE_READING: dict[str, object] = {"confirm_repeats": 0, "remeasure_incumbent": False}
+SCENARIOS: dict[str, tuple[str, str, dict[str, object]]] = {
+    # name: (proposer shell snippet, description, noise settings)
+    "keep": ("echo $CRUCIBLE_ITERATION > value.txt", "every candidate better: confirm (defaults), keep", {}),
+    "keep-1": ("echo $CRUCIBLE_ITERATION > value.txt", "every candidate better: one reading, keep",
+               ONE_READING),
+    "discard": ("echo -$CRUCIBLE_ITERATION > value.txt", "every candidate worse: commit, roll back", {}),
+    "skip": ("true", "empty diff: nothing to apply or measure", {}),
 }
 
 
@@ -61,6 +67,7 @@ async def scenario(cfg: Config, root: Path, name: str, iterations: int) -> dict[
         "judge": {"command": ["cat", "value.txt"], "direction": "maximize"},
         "proposer": {"command": ["sh", "-c", SCENARIOS[name][0]]},
         "budget": {"iterations": iterations},
+        "noise": SCENARIOS[name][2],
     }, config_dir=str(root), cwd=str(root), environ={})
     async with backend(cfg, writer="bench") as b:
         res = await start_session(b, config, stop=asyncio.Event())
@@ -69,7 +76,10 @@ async def scenario(cfg: Config, root: Path, name: str, iterations: int) -> dict[
     opened = next(e for e in events if isinstance(e, SegmentOpened))
     closed = [e for e in events if isinstance(e, IterationClosed)]
     proposer = {e.it: e.proposer_ms for e in events if isinstance(e, ProposalMade)}
-    judge = {e.it: e.reading.judge_ms for e in events if isinstance(e, MeasureFinished)}
+    judge: dict[int, int] = {}
+    for e in events:
+        if isinstance(e, MeasureFinished):  # a kept candidate's confirmations and incumbent readings too
+            judge[e.it] = judge.get(e.it, 0) + e.reading.judge_ms
     overhead, cycle = [], []
     prev = opened.at_ms
     for e in closed:

@@ -124,6 +124,9 @@ class GitWorld:
                 shutil.rmtree(leftover)
         root.parent.mkdir(parents=True, exist_ok=True)
         await git(root.parent, "clone", "--quiet", "--no-checkout", str(source), str(root))
+        # the clone's one local branch (the source's current one) goes: a source on a branch named
+        # ``crucible`` would otherwise refuse ``crucible/<session>``
+        await git(root, "update-ref", "-d", (await git(root, "symbolic-ref", "HEAD")).strip())
         await git(root, "checkout", "--quiet", "-B", f"crucible/{session_id}", sha)
         return cls(root, session_id), WorldSha(sha)
 
