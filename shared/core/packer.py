@@ -13,6 +13,12 @@ What the three buckets mean in Reel:
   A bigger budget would have added them, in this order (best first).
 * ``packed`` — what went into the prompt, in prompt (original candidate) order.
 
+The partition records, beside ``dropped``, each dropped item's reason
+(``drop_reasons``, same order: the first that applies of ``excluded_kind``, ``stale``,
+``duplicate``, ``over_item_cap``, ``over_budget``, or ``group_dropped`` for a member of a
+group another member took down) and the packed token total (``packed_tokens``): both are
+known only here, at pack time, and not derivable afterwards (seed T1.5).
+
 Ranking: higher ``priority`` first, then more recent (later in the candidate
 list) first. Packing is greedy first-fit over the ranking: an item that does not
 fit is left ``available`` and smaller, lower-ranked items may still fit.
@@ -177,11 +183,13 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
         else:
             available.extend(candidates[p].id for p in unit.positions)
     packed_pos.sort()
+    dropped = tuple(i for i in ids if i in reasons)
+    packed_tokens = sum(candidates[p].tokens for p in packed_pos)
     partition = ContextPartition(
-        packed=tuple(candidates[p].id for p in packed_pos), available=tuple(available),
-        dropped=tuple(i for i in ids if i in reasons),
+        packed=tuple(candidates[p].id for p in packed_pos), available=tuple(available), dropped=dropped,
+        drop_reasons=tuple(reasons[i] for i in dropped) if dropped else msgspec.UNSET, packed_tokens=packed_tokens,
     )
-    return Packed(partition=partition, packed_tokens=sum(candidates[p].tokens for p in packed_pos))
+    return Packed(partition=partition, packed_tokens=packed_tokens)
 
 
 def drop_reasons(candidates: Sequence[Candidate], policy: PackPolicy) -> dict[str, str]:

@@ -56,11 +56,25 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
             in rank order (best first) — what a bigger budget would have added.
         dropped: items excluded by policy before packing (excluded kind, stale,
             duplicate, over the per-item cap, or larger than the whole budget).
+        drop_reasons: why each ``dropped`` item was dropped, beside it (same order, same
+            length): ``excluded_kind``, ``stale``, ``duplicate``, ``over_item_cap``,
+            ``over_budget`` or ``group_dropped`` (:mod:`shared.core.packer`); identifiers,
+            never text. Unset (and not encoded) when nothing was dropped and in partitions
+            recorded before reasons were (old logs decode and fold unchanged).
+        packed_tokens: the token total of ``packed`` as the packer counted it (tokens); unset
+            in partitions recorded before it was.
     """
 
     packed: tuple[ContextItemId, ...]
     available: tuple[ContextItemId, ...]
     dropped: tuple[ContextItemId, ...]
+    drop_reasons: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    packed_tokens: int | msgspec.UnsetType = msgspec.UNSET
+
+    def dropped_with_reasons(self) -> tuple[tuple[ContextItemId, str], ...]:
+        """``(id, reason)`` per dropped item, in order; the reason is ``""`` where none was recorded."""
+        reasons = self.drop_reasons if isinstance(self.drop_reasons, tuple) else ()
+        return tuple((i, reasons[k] if k < len(reasons) else "") for k, i in enumerate(self.dropped))
 
 
 class StepDecl(msgspec.Struct, frozen=True, kw_only=True):

@@ -255,9 +255,13 @@ def test_small_budget_leaves_late_turns_short(data_dir: Path, name: str) -> None
 def test_default_budget_gives_real_partitions(loaded: dict[str, list[WorkflowSpec]]) -> None:
     swe = _partitions(loaded[SWE][0])
     assert all("m0001" in p.dropped for _, _, p in swe)  # the in-context demonstration: excluded kind
+    assert all(dict(p.dropped_with_reasons())["m0001"] == "excluded_kind" for _, _, p in swe)  # recorded at pack time
     assert any(p.available for _, _, p in swe)
     mini = _partitions(loaded[MINI_FAIL][0])
-    assert mini[0][2] == ContextPartition(packed=("m0000", "m0001"), available=(), dropped=())
+    first = mini[0][2]
+    assert first == ContextPartition(packed=("m0000", "m0001"), available=(), dropped=(),
+                                     packed_tokens=first.packed_tokens)
+    assert isinstance(first.packed_tokens, int) and first.packed_tokens > 0
     assert mini[-1][2].dropped and mini[-1][2].available
     oh = _partitions(loaded[OH][2])
     assert len(oh[-1][2].available) > len(oh[-1][2].packed) // 2
