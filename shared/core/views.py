@@ -115,6 +115,10 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
         steps: every step in workflow order, each with all attempts.
         verdicts: verdicts recorded at or below ``snapshot_lsn``.
         usage: the sum over every attempt (failed ones too).
+        outcome, context_checks: set only by readers that report a completed run (``reel show
+            --json``): its reported outcome (``unlabelled`` without an outcome verifier) and the
+            verdicts of its context checks (:mod:`shared.core.outcomes`); unset and not encoded in
+            the views verifiers get.
     """
 
     run_id: RunId
@@ -126,6 +130,8 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
     steps: tuple[StepView, ...]
     verdicts: tuple[Verdict, ...] = ()
     usage: Usage = Usage()
+    outcome: str | msgspec.UnsetType = msgspec.UNSET
+    context_checks: tuple[Verdict, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def attempts(self) -> Iterator[AttemptView]:
         """Every attempt of every step, in step then attempt order."""

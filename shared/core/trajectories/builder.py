@@ -22,8 +22,10 @@ instructions, the task and the earlier turns (:mod:`shared.core.agentcontext`).
 * When the last recorded turn called tools, one closing turn :data:`CLOSING_TEXT`
   (usage 0 tokens) ends the loop after their results: the agent step's output.
 
-Verifiers: ``recorded_outcome`` when the recording has a label, and
-``task-in-final-context`` (``context_requires`` the task item at the last recorded turn).
+Verifiers: ``recorded_outcome`` when the recording has a label (the outcome verifier), and
+``task-in-final-context`` (``context_requires`` the task item at the last recorded turn): a
+*context check*, named in the workflow's ``context_checks`` label, reported beside the outcome and
+never as it — a recording without a label reports outcome ``unlabelled`` (:mod:`shared.core.outcomes`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import msgspec
 from shared.core.agentspec import TOOL_NAME, AgentToolSpec, RecordedToolSpec
 from shared.core.chat import ToolCall, assign_call_ids
 from shared.core.errors import TrajectoryFormatError
+from shared.core.outcomes import CONTEXT_CHECKS_LABEL
 from shared.core.stepids import turn_step_id
 from shared.core.tokens import TokenCounter
 from shared.core.trajectories.recording import Call, Entry, Lit, Obs, Recording, Turn
@@ -69,6 +72,14 @@ EXCLUDED_KINDS = ("demo",)
 """Kinds the loader's policy drops outright (SWE-agent in-context demonstrations)."""
 
 _NOT_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+CONTEXT_CHECK_TYPES = ("context_requires",)
+"""Verifier types that check Reel's packing, not the recorded agent: context checks, never the run's outcome
+(the workflow's ``context_checks`` label names them; :mod:`shared.core.outcomes`)."""
+
+
+def checks_label(verifiers: tuple[VerifierSpec, ...]) -> str:
+    """The ``context_checks`` label: the names of the context-check verifiers, comma-separated."""
+    return ",".join(v.label for v in verifiers if v.type in CONTEXT_CHECK_TYPES)
 
 
 def policy(entries: list[Entry], budget_tokens: int, counter: TokenCounter) -> PolicySpec:
@@ -196,5 +207,6 @@ def build(rec: Recording, budget_tokens: int, counter: TokenCounter) -> Workflow
             + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))
     return checked(rec, WorkflowSpec(
         name=rec.name, description=desc, budget_tokens=budget_tokens, steps=(agent,), verifiers=verifiers,
-        labels={"format": str(src["format"])}, source={**src, "closing_turn": len(turns) > len(recorded)},
+        labels={"format": str(src["format"]), CONTEXT_CHECKS_LABEL: checks_label(verifiers)},
+        source={**src, "closing_turn": len(turns) > len(recorded)},
     ))

@@ -16,14 +16,16 @@ crucible worked example's judge (``examples/crucible/judge.py``) scores its poli
   ``message`` for a simulated user). A workflow therefore grows O(n) with the turns, not O(n²).
 
 Verifiers: ``recorded_outcome`` when the recording has a label, and
-``task-in-final-context`` (``context_requires`` the task item at the last model step).
+``task-in-final-context`` (``context_requires`` the task item at the last model step), a context check
+(the ``context_checks`` label, :mod:`shared.core.outcomes`).
 """
 
 from __future__ import annotations
 
 from shared.core.errors import TrajectoryFormatError
+from shared.core.outcomes import CONTEXT_CHECKS_LABEL
 from shared.core.tokens import TokenCounter
-from shared.core.trajectories.builder import PRIORITY, checked, policy
+from shared.core.trajectories.builder import PRIORITY, checked, checks_label, policy
 from shared.core.trajectories.recording import Obs, Recording, Turn
 from shared.core.workflow import (
     ContextItemSpec,
@@ -81,5 +83,5 @@ def build_linear(rec: Recording, budget_tokens: int, counter: TokenCounter) -> W
             f"{turns} model turns" + ("" if rec.outcome is None else f", recorded outcome {rec.outcome}"))
     return checked(rec, WorkflowSpec(
         name=rec.name, description=desc, budget_tokens=budget_tokens, steps=tuple(steps), verifiers=verifiers,
-        labels={"format": str(src["format"])}, source=src,
+        labels={"format": str(src["format"]), CONTEXT_CHECKS_LABEL: checks_label(verifiers)}, source=src,
     ))
