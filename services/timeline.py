@@ -8,6 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from services import timeline_rows as rows
 from shared.core import agentfold, inputfold
 from shared.core.events import (
     AgentFinished,
@@ -29,14 +30,25 @@ from shared.core.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.core.fold import LIVE, RunState
+from shared.core.fold import LIVE, BranchState, RunState
 from shared.core.ids import BranchId
 from shared.core.inputstate import InputRecord
-from shared.core.views import EpisodeView, StepView, build_episode_view
+from shared.core.outcomes import checks_summary, reported_outcome
+from shared.core.views import AttemptView, EpisodeView, StepView, build_episode_view
+from shared.core.workflow import WorkflowSpec
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
                 "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",
                 "verifying": "cyan", "running": "yellow", "pending": "dim", "awaiting_input": "magenta"}
+
+
+def clip(text: str, n: int = 80) -> str:
+    """``text`` in at most about ``n`` characters, never cut mid-word: at the last space before ``n``, then ``…``
+    (``reel show`` prints whole messages; progress lines clip)."""
+    if len(text) <= n:
+        return text
+    cut = text.rfind(" ", 0, n)
+    return text[:cut if cut > n // 2 else n].rstrip() + "…"
 
 
 def event_line(lsn: int, event: AnyEvent) -> Text:
@@ -60,7 +72,7 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             if event.truncated is True:
                 t.append(f"  (output truncated to {event.output_ref.size_bytes} B)", style="magenta")
         case AttemptFailed():
-            t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {event.message[:80]}", style="red")
+            t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {clip(event.message)}", style="red")
         case AttemptCancelled():
             t.append(f"{event.step_id}#{event.attempt} cancelled", style="red")
             t.append(f"  stopped after {event.usage.latency_ms:.1f} ms" + ("  (recovered)" * event.recovered))
@@ -68,7 +80,7 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             t.append(f"verifying branch {event.branch_id}", style="cyan")
         case VerdictRecorded():
             v = event.verdict
-            t.append(f"verdict {v.verifier}: {v.status} ({v.score:.2f}) {v.reason[:80]}",
+            t.append(f"verdict {v.verifier}: {v.status} ({v.score:.2f}) {clip(v.reason)}",
                      style=STATUS_STYLE.get(v.status, ""))
         case RunCompleted():
             t.append(f"completed: {event.outcome}", style=STATUS_STYLE.get(event.outcome, "bold"))
@@ -80,7 +92,7 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             t.append(f"agent {event.step_id} {event.status} after {event.turns} turn{'s' * (event.turns != 1)}",
                      style=STATUS_STYLE.get(event.status, ""))
             if event.error_kind:
-                t.append(f": {event.error_kind}: {event.message[:80]}", style="red")
+                t.append(f": {event.error_kind}: {clip(event.message)}", style="red")
         case InputRequested() | InputAnswered() | RunAwaitingInput():
             _input(t, event)
         case BranchForked():
@@ -108,7 +120,7 @@ def _input(t: Text, event: InputRequested | InputAnswered | RunAwaitingInput) ->
     if isinstance(event, RunAwaitingInput):
         t.append(f"awaiting input on branch {event.branch_id}", style="magenta")
     elif isinstance(event, InputRequested):
-        what = f"asks: {event.question[:80]}" if event.kind == "question" else f"needs approval ({event.tool_name})"
+        what = f"asks: {clip(event.question)}" if event.kind == "question" else f"needs approval ({event.tool_name})"
         t.append(f"{event.step_id} {what}", style="magenta")
         t.append(f"  request {event.request_id}" + (f", asked: {event.asked}" if event.asked else ""), style="dim")
         if event.deadline_ms is not None:
@@ -119,7 +131,7 @@ def _input(t: Text, event: InputRequested | InputAnswered | RunAwaitingInput) ->
                  + (" (deadline default)" if event.source == "deadline" else ""), style="magenta")
         detail = event.arguments if event.arguments is not None else (event.note or event.text)
         if detail:
-            t.append(f": {detail[:80]}" + (" (edited arguments)" if event.arguments is not None else ""), style="dim")
+            t.append(f": {clip(detail)}" + (" (edited arguments)" if event.arguments is not None else ""), style="dim")
 
 
 def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
@@ -134,51 +146,95 @@ def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
     return table
 
 
-def timeline(state: RunState, branch_id: str | None = None) -> Group:
-    """``reel show``: header, branches, one row per attempt (status, partition sizes, usage, LSNs), verdicts."""
+COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "packed", "avail", "dropped", "packed tok",
+           "in tok", "out tok", "ms", "wall ms", "lsn", "error")
+"""The attempt table's columns (``reel show``): see :mod:`services.timeline_rows` for the derived ones."""
+
+
+def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec | None = None) -> Group:
+    """``reel show``: header, branches, one row per attempt, the notes printed whole, verdicts.
+
+    Each row: status; for a tool call its command (or arguments), exit code and output size
+    (bytes); for a model attempt its partition sizes (packed / available / dropped with the
+    drop reasons' counts), the packed tokens (counted at pack time) beside the recorded
+    input and output tokens; the call's own latency and the wall time from intent to
+    outcome (ms); LSNs; the error (one too long for its cell points to a note below the
+    table). Below the table, in full (never cut): those notes, then each model attempt's
+    dropped ids with their reasons. ``spec`` (the run's
+    workflow) adds what only it knows: a plain tool step's command, which tools run
+    commands (their exit codes).
+    """
     bid = BranchId(branch_id) if branch_id else state.active_branch
     view = build_episode_view(state, bid)
+    branch = state.branches[bid]
+    table = Table(title=f"branch {bid}", title_justify="left")
+    for col in COLUMNS:
+        table.add_column(col, overflow="fold", no_wrap=col not in ("step", "command", "error"),
+                         ratio=3 if col == "command" else None)
+    notes: list[Text] = []  # messages too long for the table's last cell, whole, below it
+    drops: list[Text] = []  # each model attempt's dropped ids with their reasons, below the notes
+    for step in view.steps:
+        name, kind = _labels(step)
+        if not step.attempts:
+            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 12,
+                          _cell(_answer(step), step.step_id, notes))
+        for a in step.attempts:
+            table.add_row(*_row(spec, branch, step, name, kind, a, notes))
+            _dropped_note(drops, a)
+    u = view.usage
+    footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
+                  f"{rows.fmt_ms(u.latency_ms)} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
+    parts: list[Text | Table] = [_header(state), _branches(state, bid), table, *notes, *drops, footer,
+                                 *_agent_lines(view)]
+    if state.verdicts:
+        parts.append(verdict_table(state.verdicts))
+    return Group(*parts)
+
+
+def _header(state: RunState) -> Text:
+    """Run, workflow, status, the reported outcome (:mod:`shared.core.outcomes`) and context checks, head, commits."""
     header = Text()
     header.append(f"run {state.run_id}", style="bold")
     header.append(f"  workflow {state.workflow_name}  status ")
     header.append(state.status, style=STATUS_STYLE.get(state.status, ""))
-    if state.outcome:
-        header.append(f"  outcome {state.outcome}", style=STATUS_STYLE.get(state.outcome, ""))
+    outcome = reported_outcome(state)
+    if outcome:
+        header.append(f"  outcome {outcome}", style=STATUS_STYLE.get(outcome, ""))
+    if checks := checks_summary(state):
+        header.append(f"  context check {checks}", style="dim")
     header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
-    branches = Text("branches: " + "   ".join(
+    return header
+
+
+def _branches(state: RunState, bid: BranchId) -> Text:
+    return Text("branches: " + "   ".join(
         ("* " if b.branch_id == state.active_branch else "") + b.branch_id
         + (f" ← {b.parent_branch_id}@{b.fork_lsn}" if b.parent_branch_id else "")
         + (" (shown)" if b.branch_id == bid else "")
         for b in state.branches.values()))
-    table = Table(title=f"branch {bid}", title_justify="left")
-    for col in ("step", "kind", "#", "status", "packed", "avail", "dropped", "in tok", "out tok", "ms", "lsn",
-                "error"):
-        table.add_column(col, overflow="fold")
-    notes: list[Text] = []  # messages too long for the table's last cell, whole, below it
-    for step in view.steps:
-        name, kind = _labels(step)
-        if not step.attempts:
-            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 7,
-                          _cell(_answer(step), step.step_id, notes))
-        for a in step.attempts:
-            c = a.context
-            status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
-            status += f" (truncated to {a.output_ref.size_bytes} B)" if a.truncated is True and a.output_ref else ""
-            lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
-            table.add_row(
-                name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")),
-                str(len(c.packed)) if c else "", str(len(c.available)) if c else "", str(len(c.dropped)) if c else "",
-                str(a.usage.input_tokens), str(a.usage.output_tokens), f"{a.usage.latency_ms:.1f}", lsns,
-                _cell(f"{a.error_kind}: {a.error_message}" if a.error_kind else "", f"{step.step_id}#{a.attempt}",
-                      notes),
-            )
-    u = view.usage
-    footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
-                  f"{u.latency_ms:.1f} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
-    parts: list[Text | Table] = [header, branches, table, *notes, footer, *_agent_lines(view)]
-    if state.verdicts:
-        parts.append(verdict_table(state.verdicts))
-    return Group(*parts)
+
+
+def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: str, kind: str,
+         a: AttemptView, notes: list[Text]) -> tuple[str | Text, ...]:
+    c = a.context
+    status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
+    status += f" (truncated to {a.output_ref.size_bytes} B)" if a.truncated is True and a.output_ref else ""
+    lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
+    command, exit_code = rows.call_cells(spec, branch, step, a)
+    own_ms, wall_ms = rows.latency_cell(a, rows.attempt_state(branch, a))
+    return (
+        name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")), command, exit_code,
+        str(a.output_ref.size_bytes) if a.output_ref else "",
+        str(len(c.packed)) if c else "", str(len(c.available)) if c else "", str(len(c.dropped)) if c else "",
+        rows.packed_tokens_cell(c), str(a.usage.input_tokens), str(a.usage.output_tokens), own_ms, wall_ms, lsns,
+        _cell(f"{a.error_kind}: {a.error_message}" if a.error_kind else "", f"{step.step_id}#{a.attempt}", notes),
+    )
+
+
+def _dropped_note(drops: list[Text], a: AttemptView) -> None:
+    """A model attempt's dropped items with the reasons recorded at pack time (seed T1.5), whole."""
+    if a.context is not None and a.context.dropped:
+        drops.append(Text(f"  {a.step_id}#{a.attempt} dropped: {rows.drop_summary(a.context)}", style="dim"))
 
 
 CELL_CHARS = 60
@@ -262,10 +318,12 @@ def print_waiting(console: Console, state: RunState) -> None:
         console.print(f"      {how_to_answer(r, state.run_id)}", markup=False, highlight=False)
 
 
-def print_timeline(console: Console, state: RunState, branch_id: str | None = None) -> None:
-    """Print :func:`timeline` of ``state`` (``branch_id``: default the active branch) on ``console``.
+def print_timeline(console: Console, state: RunState, branch_id: str | None = None,
+                   spec: WorkflowSpec | None = None) -> None:
+    """Print :func:`timeline` of ``state`` (``branch_id``: default the active branch; ``spec``: the run's
+    workflow, when the caller has it) on ``console``.
 
     Raises:
         KeyError: ``state`` has no branch ``branch_id``.
     """
-    console.print(timeline(state, branch_id))
+    console.print(timeline(state, branch_id, spec))

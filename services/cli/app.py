@@ -23,7 +23,7 @@ import os
 
 import typer
 
-from services.cli import auth, control, inputs, replay, runs, status, supervisor, trace, ui
+from services.cli import auth, control, inputs, replay, runs, show, status, supervisor, trace, ui
 from services.cli.common import reel_home
 from services.cli.serve import serve_app
 from shared.logging import setup_logging
@@ -33,7 +33,7 @@ app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on N
 
 app.command()(runs.run)
 app.command()(replay.replay)
-app.command()(runs.show)
+app.command()(show.show)
 app.command("ls")(runs.list_runs)
 app.command()(runs.verdicts)
 app.command()(control.cancel)

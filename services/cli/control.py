@@ -7,7 +7,7 @@ import sys
 import msgspec
 import typer
 
-from services.cli.common import CliError, Namespace, NatsUrl, console, err_console, run_async
+from services.cli.common import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async, usage_error
 from services.cli.embed import service_active, session
 from shared.core.commands import Reply
 
@@ -33,8 +33,16 @@ def _cancelled_line(reply: Reply) -> str:
     return f"run {reply.run_id} cancelled at lsn {reply.lsn} (was {detail.get('previous_status')})"
 
 
+def _rewound_line(reply: Reply, at_step: str | None, at_lsn: int | None) -> str:
+    """``reel rewind``'s line: the new branch, where it forked, and the LSN of the fork (none: the key's branch)."""
+    where = f"from step {at_step}" if at_step is not None else f"at lsn {at_lsn}"
+    made = (f" (lsn {reply.lsn}); the run continues on it" if reply.lsn
+            else " (it already existed: same idempotency key)")
+    return f"run {reply.run_id} rewound {where}: branch {reply.branch_id}{made}"
+
+
 def cancel(run_id: str = typer.Argument(...), reason: str = typer.Option("", help="why"),
-           json_out: bool = typer.Option(False, "--json", help="print the service's reply as one JSON line"),
+           json_out: bool = JsonOut,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Cancel a run (legal from Pending, Running, Awaiting input and Verifying); one line says what happened."""
     async def body() -> int:
@@ -54,22 +62,26 @@ def rewind(
     at_lsn: int | None = typer.Option(None, "--at-lsn", help="fork at this LSN"),
     branch: str | None = typer.Option(None, "--branch", help="branch to fork (default: active)"),
     key: str | None = typer.Option(None, "--key", help="idempotency key"),
+    json_out: bool = JsonOut,
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
     """Fork a new branch of a run at a step or an LSN; execution resumes on it."""
     if (at_step is None) == (at_lsn is None):
-        err_console.print("[red]error:[/] give exactly one of --at-step or --at-lsn")
-        raise typer.Exit(2)
+        usage_error("give exactly one of --at-step or --at-lsn")
 
     async def body() -> int:
         async with session(nats_url, namespace, services=("rewind",)) as s:
-            code = _print_reply(await s.client.rewind(run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
-                                                      idempotency_key=key))
+            reply = _accepted(await s.client.rewind(run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
+                                                    idempotency_key=key))
+            if json_out:
+                _print_reply(reply)
+            else:
+                console.print(_rewound_line(reply, at_step, at_lsn), markup=False, highlight=False)
             if not await service_active(s.infra, s.cfg, "executor"):
                 err_console.print("[dim]no executor is running: the run continues on the new branch when one"
                                   " starts (`reel up`, or `reel serve executor`);"
-                                  f" follow it with `reel show {run_id}`[/]")
-            return code
+                                  f" watch it with `reel show {run_id} --follow`[/]")
+            return 0
 
     run_async(body())

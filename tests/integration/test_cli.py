@@ -43,7 +43,12 @@ async def test_run_show_rewind_cancel_from_the_command_line(cfg: Config, event_l
 
     code, out, err = await reel(cfg, "rewind", run_id, "--at-step", "summarize", "--key", "k1")
     assert code == 0, err
+    said = out.strip().splitlines()[-1]
+    assert said.startswith(f"run {run_id} rewound from step summarize: branch b-"), out
+    code, out, err = await reel(cfg, "rewind", run_id, "--at-step", "summarize", "--key", "k1", "--json")
+    assert code == 0, err
     reply = json.loads(out.strip().splitlines()[-1])
+    assert reply["branch_id"] in said  # the same key: the same branch
     assert reply["ok"] and reply["branch_id"]
     state = await event_log.load(run_id)
     assert reply["branch_id"] in state.branches

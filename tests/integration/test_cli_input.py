@@ -28,12 +28,13 @@ async def test_run_waits_for_input_then_answers_from_the_command_line_finish_it(
     code, ls, err = await reel(cfg, "ls")
     assert code == 0 and "awaiting_input" in ls, (ls, err)
 
-    code, out, err = await reel(cfg, "answer", run_id, question, "v2", "--by", "ana")
+    code, out, err = await reel(cfg, "answer", run_id, question, "v2", "--by", "ana", "--json")
     assert code == 6, (out, err)  # the deploy still waits: the run rests again, and says what for
     assert json.loads(out.splitlines()[0])["detail"]["resume"] == "published"
     assert deploy in out and question not in out.split("\n", 1)[1]
     code, out, err = await reel(cfg, "approve", run_id, deploy, "--args", '{"env": "staging", "version": "v2"}')
     assert code == 0, (out, err)
+    assert out.startswith(f"approved request {deploy} of run {run_id} (lsn "), out  # a sentence, not raw JSON
     assert "outcome passed" in out
     state = await event_log.load(run_id)
     answers = {r.tool_name: r.response for r in inputfold.requests_of(state.branches["main"]).values()}
