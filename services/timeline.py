@@ -146,8 +146,8 @@ def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
     return table
 
 
-COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "packed", "avail", "dropped", "packed tok",
-           "in tok", "out tok", "ms", "wall ms", "lsn", "error")
+COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "pack/avail/drop", "packed tok",
+           "tok in/out", "ms call/wall", "lsn", "error")
 """The attempt table's columns (``reel show``): see :mod:`services.timeline_rows` for the derived ones."""
 
 
@@ -155,28 +155,27 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
     """``reel show``: header, branches, one row per attempt, the notes printed whole, verdicts.
 
     Each row: status; for a tool call its command (or arguments), exit code and output size
-    (bytes); for a model attempt its partition sizes (packed / available / dropped with the
-    drop reasons' counts), the packed tokens (counted at pack time) beside the recorded
-    input and output tokens; the call's own latency and the wall time from intent to
-    outcome (ms); LSNs; the error (one too long for its cell points to a note below the
-    table). Below the table, in full (never cut): those notes, then each model attempt's
-    dropped ids with their reasons. ``spec`` (the run's
-    workflow) adds what only it knows: a plain tool step's command, which tools run
-    commands (their exit codes).
+    (bytes); for a model attempt its partition sizes (packed / available / dropped), the
+    packed tokens (counted at pack time) beside the recorded input / output tokens; the
+    call's own latency / the wall time from intent to outcome (ms); LSNs; the error (one
+    too long for its cell points to a note below the table). Below the table, in full
+    (never cut): those notes, then each model attempt's dropped ids with their reasons.
+    ``spec`` (the run's workflow) adds what only it knows: a plain tool step's command,
+    which tools run commands (their exit codes).
     """
     bid = BranchId(branch_id) if branch_id else state.active_branch
     view = build_episode_view(state, bid)
     branch = state.branches[bid]
     table = Table(title=f"branch {bid}", title_justify="left")
     for col in COLUMNS:
-        table.add_column(col, overflow="fold", no_wrap=col not in ("step", "command", "error"),
-                         ratio=3 if col == "command" else None)
+        table.add_column(col, overflow="fold", no_wrap=col not in ("status", "command", "error"),
+                         max_width=11 if col == "status" else None)
     notes: list[Text] = []  # messages too long for the table's last cell, whole, below it
     drops: list[Text] = []  # each model attempt's dropped ids with their reasons, below the notes
     for step in view.steps:
         name, kind = _labels(step)
         if not step.attempts:
-            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 12,
+            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 8,
                           _cell(_answer(step), step.step_id, notes))
         for a in step.attempts:
             table.add_row(*_row(spec, branch, step, name, kind, a, notes))
@@ -225,8 +224,9 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
     return (
         name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")), command, exit_code,
         str(a.output_ref.size_bytes) if a.output_ref else "",
-        str(len(c.packed)) if c else "", str(len(c.available)) if c else "", str(len(c.dropped)) if c else "",
-        rows.packed_tokens_cell(c), str(a.usage.input_tokens), str(a.usage.output_tokens), own_ms, wall_ms, lsns,
+        f"{len(c.packed)}/{len(c.available)}/{len(c.dropped)}" if c else "",
+        rows.packed_tokens_cell(c), f"{a.usage.input_tokens}/{a.usage.output_tokens}",
+        f"{own_ms}/{wall_ms}" if own_ms or wall_ms else "", lsns,
         _cell(f"{a.error_kind}: {a.error_message}" if a.error_kind else "", f"{step.step_id}#{a.attempt}", notes),
     )
 

@@ -36,15 +36,27 @@ async def test_show_columns_bodies_and_usage_errors(cfg: Config, event_log: JetS
 
     code, shown, err = await reel(cfg, "show", run_id)
     assert code == 0, err
-    for col in ("command", "exit", "out B", "packed tok", "in tok", "wall ms"):
+    for col in ("command", "exit", "out B", "pack/avail/drop", "packed tok", "tok in/out", "ms call/wall"):
         assert col in shown, col
     run_row = next(line for line in shown.splitlines() if line.startswith("│ run "))
     cells = [c.strip() for c in run_row.strip("│").split("│")]
     assert cells[4] == "sh -c 'sh -s'" and cells[5] == "0" and cells[6] == str(len(b"hello from reel\n"))
     plan = state.branches["main"].attempts["plan"][0]  # type: ignore[index]
-    plan_row = next(line for line in shown.splitlines() if line.startswith("│ plan "))
-    assert f"│ {plan.context.packed_tokens} " in plan_row  # type: ignore[union-attr]
-    assert "summarize#1 rate_limited: 429 Too Many Requests (scripted)" in shown  # whole, below the table
+    plan_row = [c.strip() for c in next(line for line in shown.splitlines() if line.startswith("│ plan "))
+                .strip("│").split("│")]
+    c = plan.context
+    assert c is not None and plan_row[7] == f"{len(c.packed)}/{len(c.available)}/{len(c.dropped)}"
+    assert plan_row[8] == str(c.packed_tokens)
+    assert plan_row[9] == f"{plan.usage.input_tokens}/{plan.usage.output_tokens}"
+    assert plan_row[10].endswith(f"/{plan.finished_ms - plan.dispatched_ms}")  # type: ignore[operator]
+    lines = shown.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("│ summarize "))
+    cell = [lines[first].strip("│").split("│")[-1].strip()]
+    for line in lines[first + 1:]:
+        if not line.startswith("│  "):
+            break
+        cell.append(line.strip("│").split("│")[-1].strip())
+    assert " ".join(c for c in cell if c) == "rate_limited: 429 Too Many Requests (scripted)"  # whole, never cut
     assert "plan#1 dropped: old-notes (stale), scratchpad (excluded_kind)" in shown  # the reasons, recorded
 
     code, prompt, err = await reel(cfg, "show", run_id, "--attempt", "plan#1", "--prompt")

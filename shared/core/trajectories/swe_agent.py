@@ -62,7 +62,7 @@ BASH = "bash"
 
 class _SweMsg(msgspec.Struct):
     role: str
-    content: str | list[Any] | None = None
+    content: str | list[Any] | None  # required (HistoryItem), may be null
     agent: str | None = None
     is_demo: bool = False
     action: str | None = None
