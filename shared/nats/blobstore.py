@@ -85,6 +85,7 @@ class JetStreamBlobStore:
     def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S) -> None:
         self._nc = nc
         self._obs = obs
+        self._js = obs._js  # the store's own context (a client's carries its account's API prefix)
         self._bucket = bucket
         self._timeout_s = timeout_s
         self._known: OrderedDict[str, None] = OrderedDict()
@@ -297,7 +298,7 @@ class JetStreamBlobStore:
 
     async def _fetch(self, ref: BlobRef, sink: io.BufferedIOBase | None) -> ObjectStore.ObjectResult:
         try:
-            return await asyncio.wait_for(self._obs.get(ref.sha256, writeinto=sink), self._timeout_s)
+            return await asyncio.wait_for(self._read(ref.sha256, sink), self._timeout_s)
         except NotFoundError as exc:
             raise BlobMissing(f"blob {ref.sha256[:12]}… not in bucket {self._bucket}") from exc
         except TimeoutError as exc:
@@ -305,6 +306,22 @@ class JetStreamBlobStore:
         except Exception as exc:  # a meta record that is not a readable object (bad digest, no nuid, a link…)
             raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: not a readable object "
                               f"({type(exc).__name__}: {exc})"[:300]) from exc
+
+    async def _read(self, name: str, sink: io.BufferedIOBase | None) -> ObjectStore.ObjectResult:
+        """The object: its meta record, then — one chunk, the common case — that chunk by a message get (two
+        requests, no consumer); several chunks (or a ``sink`` to stream into) through nats-py's ordered consumer.
+
+        Raises:
+            NotFoundError: no such object (or its chunk is gone).
+            nats.js.errors.Error, ValueError: the meta record is not a readable plain object.
+        """
+        if sink is not None:
+            return await self._obs.get(name, writeinto=sink)
+        info = await self._obs.get_info(name)
+        if info.chunks != 1 or not info.nuid or info.is_link():
+            return await self._obs.get(name)
+        msg = await self._js.get_last_msg(f"OBJ_{self._bucket}", f"$O.{self._bucket}.C.{info.nuid}")
+        return ObjectStore.ObjectResult(info=info, data=bytes(msg.data or b""))
 
     async def get_text(self, ref: BlobRef) -> str:
         """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
