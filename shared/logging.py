@@ -10,7 +10,14 @@ import logging
 import os
 import sys
 
+import msgspec
 import structlog
+
+
+def _dumps(obj: object, **_: object) -> str:
+    """One JSON line (msgspec: ~5× cheaper than ``json.dumps``, same keys in the same order; anything msgspec
+    cannot encode is written as its ``str``)."""
+    return msgspec.json.encode(obj, enc_hook=str).decode()
 
 
 def setup_logging(service: str, level: str | None = None) -> None:
@@ -18,7 +25,8 @@ def setup_logging(service: str, level: str | None = None) -> None:
     fmt = os.environ.get("REEL_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
     lvl = getattr(logging, (level or os.environ.get("REEL_LOG_LEVEL", "INFO")).upper(), logging.INFO)
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer(serializer=_dumps) if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[

@@ -50,5 +50,16 @@ class Bodies:
 
     async def many(self, refs: Sequence[BlobRef]) -> dict[str, bytes]:
         """sha256 → body of every ref (the missing ones read concurrently). Raises as :meth:`get`."""
-        bodies = await asyncio.gather(*(self.get(r) for r in refs))
-        return {r.sha256: b for r, b in zip(refs, bodies, strict=True)}
+        out: dict[str, bytes] = {}
+        missing: list[BlobRef] = []
+        for r in refs:  # a cached body costs no task (an agent turn asks for every earlier turn's)
+            body = self._cache.get(r.sha256)
+            if body is None:
+                missing.append(r)
+            else:
+                self._cache.move_to_end(r.sha256)
+                out[r.sha256] = body
+        if missing:
+            bodies = await asyncio.gather(*(self.get(r) for r in missing))
+            out.update((r.sha256, b) for r, b in zip(missing, bodies, strict=True))
+        return out

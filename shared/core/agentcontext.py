@@ -183,6 +183,8 @@ def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int
 
 def counted_text(item: TurnItem) -> str:
     """What an item's token estimate counts: its text, plus the names and arguments of its calls."""
+    if not item.tool_calls:
+        return item.text
     return "\n".join([item.text, *(f"{c.name} {c.arguments}" for c in item.tool_calls)])
 
 

@@ -11,9 +11,11 @@ Two shapes (docs/models.md):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
-from shared.core.chat import ChatRequest, ChatResponse, ToolCall, assign_call_ids, flatten, wire_call
+from shared.core.chat import ChatMessage, ChatRequest, ChatResponse, ToolCall, assign_call_ids, flatten, wire_call
 from shared.core.errors import ModelError
 from shared.core.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
@@ -45,7 +47,7 @@ def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter
     if sent:
         message["tool_calls"] = [wire_call(c) for c in sent]
     u = turn.usage
-    tokens_in = u.input_tokens if u and u.input_tokens is not None else counter.count(flatten(request.messages))
+    tokens_in = u.input_tokens if u and u.input_tokens is not None else _transcript_tokens(request.messages, counter)
     tokens_out = u.output_tokens if u and u.output_tokens is not None else counter.count(
         " ".join([turn.text, *(c.arguments for c in sent)]))
     return ChatResponse(
@@ -54,6 +56,25 @@ def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter
         cost_usd=u.cost_usd if u and u.cost_usd else spec.cost_usd(tokens_in, tokens_out),
         model=spec.model_name, message=message,
     )
+
+
+_COUNTED: dict[tuple[str, ChatMessage], int] = {}  # (counter, message) → tokens of its flattened text
+
+
+def _transcript_tokens(messages: Sequence[ChatMessage], counter: TokenCounter) -> int:
+    """``counter.count(flatten(messages))``, summed per message and memoized: a transcript's messages are
+    joined by blank lines, which no token spans, so the sum is the same count — but a turn re-counts only
+    its new messages, not the whole transcript (bounded memo)."""
+    total = 0
+    for m in messages:
+        key = (getattr(counter, "name", type(counter).__name__), m)
+        n = _COUNTED.get(key)
+        if n is None:
+            if len(_COUNTED) > 100_000:
+                _COUNTED.clear()
+            n = _COUNTED[key] = counter.count(flatten((m,)))
+        total += n
+    return total
 
 
 def scripted_turn(spec: ModelSpec, turn: int) -> ScriptedTurn:
