@@ -40,6 +40,7 @@ from services.ui.runview import run_page
 from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from shared.core.fold import RunState
 from shared.core.integrity import RunCorrupt
+from shared.core.outcomes import reported_outcome
 
 HERE = Path(__file__).parent
 SHA256_HEX = frozenset("0123456789abcdef")
@@ -178,7 +179,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
 
 def _commits(state: RunState, new: list[tuple[int, Any]]) -> dict[str, Any]:
     """The ``commits`` SSE payload: the head, the status, and each new commit's event lines (plain text)."""
-    return {"head_lsn": state.head_lsn, "status": str(state.status), "outcome": str(state.outcome or ""),
+    return {"head_lsn": state.head_lsn, "status": str(state.status), "outcome": reported_outcome(state) or "",
             "commits": [{"lsn": lsn, "lines": [event_line(lsn, ev).plain.removeprefix(f"  lsn {lsn:>6}  ")
                                                   for ev in c.events]}
                         for lsn, c in new]}

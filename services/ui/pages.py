@@ -15,6 +15,7 @@ from shared.core import agentfold
 from shared.core.events import BlobRef
 from shared.core.fold import RunState
 from shared.core.integrity import Corruption
+from shared.core.outcomes import checks_summary, reported_outcome
 
 STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "cancelled", "corrupt")
 """The runs page's status filter choices (``corrupt``: a run with a bad commit, brief §12)."""
@@ -30,6 +31,9 @@ class RunRow:
     """One run on the runs page.
 
     Attributes:
+        outcome: the outcome as Reel reports it (:func:`shared.core.outcomes.reported_outcome`: a replay with
+            no outcome verifier is ``unlabelled``), ``""`` until it completes.
+        checks: its context checks' verdicts (``task-in-final-context=pass``), beside the outcome.
         created_ms: when the run was created (Unix ms; its ``run_created`` commit), 0 if unknown.
         corrupt: for a corrupt run, ``at lsn N: <kind>`` (its first bad commit).
     """
@@ -45,6 +49,7 @@ class RunRow:
     active_branch: str
     labels: dict[str, str] = field(default_factory=dict)
     corrupt: str = ""
+    checks: str = ""
 
 
 def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | None = None) -> RunRow:
@@ -59,10 +64,10 @@ def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | N
                       branches=len(state.branches), active_branch=state.active_branch, labels=dict(state.labels),
                       corrupt=bad)
     assert state is not None
-    return RunRow(run_id=state.run_id, status=str(state.status), outcome=str(state.outcome or ""),
+    return RunRow(run_id=state.run_id, status=str(state.status), outcome=str(reported_outcome(state) or ""),
                   workflow=state.workflow_name, created_ms=state.created_ms, head_lsn=state.head_lsn,
                   commits=state.commits, branches=len(state.branches), active_branch=state.active_branch,
-                  labels=dict(state.labels))
+                  labels=dict(state.labels), checks=checks_summary(state))
 
 
 def matches(row: RunRow, status: str = "", q: str = "") -> bool:

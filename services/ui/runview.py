@@ -20,6 +20,7 @@ from shared.core.fold import RunState
 from shared.core.ids import BranchId
 from shared.core.inputstate import InputRecord
 from shared.core.integrity import Corruption
+from shared.core.outcomes import context_checks, reported_outcome
 from shared.core.views import AttemptView, EpisodeView, StepView, build_episode_view
 
 PARTITION_GROUPS = ("packed", "available", "dropped")
@@ -110,7 +111,12 @@ class Lineage:
 
 @dataclass(frozen=True)
 class RunPage:
-    """Everything the run page renders for ``branch_id``."""
+    """Everything the run page renders for ``branch_id``.
+
+    Attributes:
+        outcome: the reported outcome (:func:`shared.core.outcomes.reported_outcome`), ``""`` until completed.
+        checks: the names of the run's context checks (verifiers reported beside the outcome, not as it).
+    """
 
     state: RunState
     branch_id: str
@@ -120,6 +126,8 @@ class RunPage:
     verdicts: tuple[Verdict, ...]
     corrupt: Corruption | None = None
     usage: tuple[tuple[str, Any], ...] = field(default=())
+    outcome: str = ""
+    checks: tuple[str, ...] = ()
 
 
 def partition(context: ContextPartition) -> Partition:
@@ -203,7 +211,8 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
             output_ref=s.output_ref if isinstance(s.output_ref, BlobRef) else None,
             error_kind=s.error_kind if isinstance(s.error_kind, str) else None))
     return RunPage(state=state, branch_id=bid, view=view, steps=tuple(steps), lineage=lineage(state, bid),
-                   verdicts=state.verdicts, corrupt=corrupt, usage=_usage(view.usage))
+                   verdicts=state.verdicts, corrupt=corrupt, usage=_usage(view.usage),
+                   outcome=reported_outcome(state) or "", checks=context_checks(state))
 
 
 def _label(s: StepView) -> str:

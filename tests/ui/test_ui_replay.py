@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.core.outcomes import checks_summary, context_checks, reported_outcome
 from shared.core.views import build_episode_view
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
@@ -40,12 +41,15 @@ async def test_a_replayed_run_in_the_browser(cfg, event_log: JetStreamEventLog, 
             b.get(f"{url}/?q={TAU}")  # the replay label is searchable
             row = b.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')
             assert row.get_attribute("data-status") == "completed"
-            assert row.find_element(By.CSS_SELECTOR, "td.outcome").text == (state.outcome or "")
+            outcome, checks = reported_outcome(state) or "", checks_summary(state)
+            assert checks and row.find_element(By.CSS_SELECTOR, "td.outcome").text == f"{outcome} {checks}"
             assert f"replayed_from={TAU}" in row.text
             b.find_element(By.LINK_TEXT, run_id).click()
             await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-live") == "1",
                         "the run page's live connection")
 
+            assert b.find_element(By.ID, "run-outcome").text == outcome  # as Reel reports it: not over its check
+            assert b.find_element(By.ID, "run-checks").text.startswith(", ".join(context_checks(state)))
             steps = [e.get_attribute("data-step") for e in b.find_elements(By.CSS_SELECTOR, "article.step")]
             assert steps == [s.step_id for s in view.steps]
             for s in calls:
@@ -64,6 +68,8 @@ async def test_a_replayed_run_in_the_browser(cfg, event_log: JetStreamEventLog, 
                 vrow = b.find_element(By.CSS_SELECTOR, f'tr.verdict[data-verifier="{v.verifier}"]')
                 assert (vrow.get_attribute("data-status"), vrow.get_attribute("data-snapshot-lsn"),
                         vrow.get_attribute("data-branch")) == (v.status, str(v.snapshot_lsn), v.branch_id)
+                tagged = bool(vrow.find_elements(By.CSS_SELECTOR, ".context-check"))
+                assert tagged == (v.verifier in context_checks(state)), v.verifier
 
             # the last turn's recorded prompt, fetched when opened: its first page is the body's first 4096 bytes
             last = turns[-1].attempts[-1]
@@ -78,7 +84,8 @@ async def test_a_replayed_run_in_the_browser(cfg, event_log: JetStreamEventLog, 
             assert json.loads(prompt)["messages"]  # the wire request the recorded model answered
 
             # a rewind while the page is open: the fork lands live, the graph gets the new branch's lane
-            code, out, err = await reel(cfg, "rewind", run_id, "--at-step", turns[1].step_id, "--key", "ui", env=env)
+            code, out, err = await reel(cfg, "rewind", run_id, "--at-step", turns[1].step_id, "--key", "ui", "--json",
+                                        env=env)
             assert code == 0, (out, err)
             forked = json.loads(out.strip().splitlines()[-1])["branch_id"]
             after = await event_log.load(run_id)
