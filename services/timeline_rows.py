@@ -85,7 +85,7 @@ def call_cells(spec: WorkflowSpec | None, branch: BranchState, step: StepView, a
         command = shlex.join(argv) if argv else (decl.tool.input if decl is not None else "")
     else:
         command = ""
-    return command, _exit_code(is_command, a)
+    return command, exit_code_cell(is_command, a)
 
 
 def _plain_tool(spec: WorkflowSpec, step_id: str) -> ToolStep | None:
@@ -96,7 +96,9 @@ def _plain_tool(spec: WorkflowSpec, step_id: str) -> ToolStep | None:
     return decl if isinstance(decl, ToolStep) else None
 
 
-def _exit_code(is_command: bool, a: AttemptView) -> str:
+def exit_code_cell(is_command: bool, a: AttemptView) -> str:
+    """A tool attempt's exit code: ``N`` from an ``exit_N`` kind, or (a command tool) from "exited N" or ``0`` on
+    success; ``""`` otherwise."""
     if a.error_kind and a.error_kind.startswith("exit_") and a.error_kind[5:].lstrip("-").isdigit():
         return a.error_kind[5:]
     found = _EXITED.search(a.error_message or "") if a.status == "failed" else None
