@@ -89,8 +89,11 @@ class Driver:
         log.info("crucible.ended", exit=exit_.value, exit_code=exit_.exit_code, reason=reason)
         return exit_
 
-    async def best(self) -> WorldSha:
-        """Roll the world back to the best snapshot (or the base, before any baseline); that snapshot."""
+    async def best(self, *, reattach: bool = False) -> WorldSha:
+        """Roll the world back to the best snapshot (or the base, before any baseline); that snapshot.
+
+        ``reattach``: first put HEAD back on the session branch (on resume, see :meth:`GitWorld.rollback`).
+        """
         snap = self.run.segment.best_snap if self.state.run is not None else WorldSha(self.state.started.base_sha)
-        await self.world.rollback(snap)
+        await self.world.rollback(snap, reattach=reattach)
         return snap

@@ -166,7 +166,7 @@ async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) ->
             return SessionResult(session_id, state.ended.exit, state)
         d = _driver(b, state, world, stop)
         reaped = await asyncio.to_thread(reap_orphans)  # before the reset: nothing a dead driver started writes on
-        await d.best()
+        await d.best(reattach=True)
         abandoned = interrupted_row(state.run) if state.run is not None else None
         await d.commit(SessionResumed(abandoned=abandoned, at_ms=now_ms()))
         log.info("crucible.resumed", lsn=d.state.lsn, abandoned=abandoned.it if abandoned else None,

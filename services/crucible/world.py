@@ -232,9 +232,15 @@ class GitWorld:
         """The ref that keeps iteration ``it``'s candidate retrievable."""
         return f"refs/crucible/{self.session_id}/{it}"
 
-    async def rollback(self, snap: WorldSha) -> None:
-        """The branch, index and working tree exactly at ``snap``: every edit, commit and untracked file dropped."""
-        await git(self.root, "symbolic-ref", "HEAD", self.branch)
+    async def rollback(self, snap: WorldSha, *, reattach: bool = False) -> None:
+        """The branch, index and working tree exactly at ``snap``: every edit, commit and untracked file dropped.
+
+        Args:
+            reattach: attach HEAD to the session branch first (a world found as a dead driver left
+                it; in the loop :meth:`settle` has done it after every proposer run).
+        """
+        if reattach:
+            await git(self.root, "symbolic-ref", "HEAD", self.branch)
         await git(self.root, "reset", "--quiet", "--hard", snap)
         await git(self.root, "clean", "-q", "-ffdx")
 
