@@ -171,6 +171,15 @@ def _cost(info: dict[str, object] | None) -> float:
     return float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw >= 0 else 0.0
 
 
+def _budget_line(left: Mapping[str, str]) -> str:
+    """What is left of the budget, for a model proposer's prompt ("" without any)."""
+    parts = [f"{n} {what}" for key, what in (("CRUCIBLE_BUDGET_ITERATIONS", "iterations"),
+                                             ("CRUCIBLE_BUDGET_COST_USD", "USD"),
+                                             ("CRUCIBLE_BUDGET_WALL_S", "s of active time"))
+             if (n := left.get(key))]
+    return "Budget left: " + ", ".join(parts) + "." if parts else ""
+
+
 class ModelProposer:
     """Asks a Reel model adapter for a diff (see module doc)."""
 
@@ -190,6 +199,7 @@ class ModelProposer:
             self.spec.instructions,
             f"Regime {ctx.regime.name}: {ctx.regime.judge.direction} the judge's score; goal {goal}; "
             f"best so far {ctx.best_score:.6g}. Iteration {ctx.it}.",
+            _budget_line(ctx.budget),
             f"Recent iterations (it, verdict, score, note):\n{rows or '(none)'}",
             "Files:\n" + "\n".join(files),
             "Answer with one unified diff in a ```diff fenced block (and a line `NOTE: <what you changed>`), "

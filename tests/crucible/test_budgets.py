@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from services.crucible.session import backend
 from services.crucible.world import git
+from shared.config import Config
 from shared.crucible.config import SessionConfig, parse_config
-from shared.crucible.events import MeasureFinished, SegmentOpened
+from shared.crucible.events import MeasureFinished, ProposalMade, SegmentOpened
 from shared.crucible.state import InvalidReading, LoopExit
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import config_dict, make_config, make_repo, write
@@ -97,3 +99,17 @@ async def test_waiting_for_an_unavailable_judge_at_the_baseline_is_parked_time(c
     parked = o.of(SegmentOpened)[0].parked_ms
     assert parked >= 7500 and run.parked_total.total_seconds() * 1000 == parked
     assert run.spent.wall_ms >= 7500 > 6000 > run.active_ms
+
+
+async def test_a_model_proposer_is_told_the_budget_left_in_its_prompt(crucible: Crucible, cfg: Config,
+                                                                      root: Path) -> None:
+    repo = await make_repo(root, "1")
+    diff = "NOTE: raise\n```diff\n--- a/value.txt\n+++ b/value.txt\n@@ -1 +1 @@\n-1\n+2\n```\n"
+    o = await crucible.run(make_config(root, repo, [], proposer={"model": {"adapter": "scripted",
+                                                                           "outputs": [diff, "DONE"]}},
+                                       budget={"iterations": 5, "cost_usd": 2.0}))
+    prompts = [e.prompt for e in o.of(ProposalMade) if isinstance(e, ProposalMade)]
+    assert len(prompts) == 2 and all(p is not None for p in prompts)
+    async with backend(cfg, writer="test") as b:
+        texts = [(await b.blobs.get(p)).decode() for p in prompts if p is not None]
+    assert "Budget left: 5 iterations, 2.000000 USD." in texts[0] and "Budget left: 4 iterations" in texts[1]
