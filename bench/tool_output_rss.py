@@ -8,7 +8,10 @@ the executor's **peak** RSS is its ``VmHWM`` (/proc/<pid>/status) after it, **ti
 Verifying (s), and the stored blob's sha256 is checked against what the tool printed. A bounded
 executor shows peak − idle independent of N.
 
-    python bench/tool_output_rss.py [--sizes-mb 0,1,10,50,200]
+    python bench/tool_output_rss.py [--sizes-mb 0,1,10,50,200] [--executor-repo PATH]
+
+``--executor-repo``: run the executor from another checkout (e.g. one before the output limits,
+to compare); its output is then checked the same way (a silent cut shows as ``MISMATCH``).
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ def _status_mb(pid: int, field: str) -> float:
 
 
 @contextlib.asynccontextmanager
-async def executor_process(b: Bench) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A separate executor process on ``b``'s namespace; SIGTERM (then a wait) on exit."""
+async def executor_process(b: Bench, repo: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A separate executor process (the code of checkout ``repo``) on ``b``'s namespace; SIGTERM on exit."""
     env = {**os.environ, "NATS_URL": b.cfg.nats_url, "REEL_NAMESPACE": b.cfg.names.namespace,
-           "REEL_TOOL_MAX_OUTPUT_BYTES": str(CAP), "REEL_LOG_FORMAT": "json", "PYTHONPATH": str(REPO)}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", cwd=REPO, env=env,
+           "REEL_TOOL_MAX_OUTPUT_BYTES": str(CAP), "REEL_LOG_FORMAT": "json", "PYTHONPATH": str(repo)}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", cwd=repo, env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         yield proc
@@ -76,11 +79,11 @@ async def _run(client: ReelClient, name: str, tool: dict[str, object]) -> tuple[
     return state, time.monotonic() - t0
 
 
-async def one_size(b: Bench, n_bytes: int) -> tuple[float, float, float, bool]:
+async def one_size(b: Bench, n_bytes: int, repo: Path) -> tuple[float, float, float, bool]:
     """Idle RSS (MB), peak RSS (MB), time (s) and "sha256 matches" for one tool printing ``n_bytes``."""
     blobs = JetStreamBlobStore(b.nc, b.infra.blobs, b.cfg.names.blob_bucket)
     client = ReelClient(b.nc, b.cfg, blobs)
-    async with executor_process(b) as proc:
+    async with executor_process(b, repo) as proc:
         await _run(client, "warm", {"type": "recorded", "output": "warm"})
         idle = _status_mb(proc.pid, "VmRSS")
         state, took = await _run(client, "big", {"type": "command", "argv": [sys.executable, str(PRINTER),
@@ -93,7 +96,7 @@ async def one_size(b: Bench, n_bytes: int) -> tuple[float, float, float, bool]:
     return idle, peak, took, ok
 
 
-async def main(sizes_mb: list[int]) -> None:
+async def main(sizes_mb: list[int], repo: Path) -> None:
     table = Table(title="executor peak RSS vs tool output size (fresh executor process per row)")
     for col in ("output (MB)", "idle RSS (MB)", "peak RSS (MB)", "peak − idle (MB)", "start → verifying (s)",
                 "MB/s", "blob sha256"):
@@ -101,15 +104,16 @@ async def main(sizes_mb: list[int]) -> None:
     async with bench_server() as srv:
         for i, mb in enumerate(sizes_mb):
             async with namespace(srv, f"rss{i}") as b:
-                idle, peak, took, ok = await one_size(b, mb * MB)
+                idle, peak, took, ok = await one_size(b, mb * MB, repo)
             table.add_row(str(mb), f"{idle:.1f}", f"{peak:.1f}", f"{peak - idle:.1f}", f"{took:.2f}",
                           f"{mb / took:.0f}" if mb else "-", "ok" if ok else "MISMATCH")
     console.print(table)
-    console.print(machine_note())
+    console.print(f"executor code: {repo}; " + machine_note())
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mb", default="0,1,10,50,200")
+    parser.add_argument("--executor-repo", type=Path, default=REPO)
     args = parser.parse_args()
-    asyncio.run(main([int(s) for s in args.sizes_mb.split(",")]))
+    asyncio.run(main([int(s) for s in args.sizes_mb.split(",")], args.executor_repo.resolve()))

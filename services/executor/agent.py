@@ -306,7 +306,8 @@ class AgentRun:
             self.bodies.keep(body, ref)
             bodies.append((body, ref.media_type))
             outcomes.append(AttemptSucceeded(branch_id=bid, step_id=sid, attempt=attempt, output_ref=ref,
-                                             usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms()))
+                                             usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms(),
+                                             truncated=True if d.truncated else msgspec.UNSET))
             log.info("attempt.succeeded", step_id=sid, attempt=attempt, output_bytes=len(body),
                      latency_ms=round(d.latency_ms, 3))
         events: list[AnyEvent] = []

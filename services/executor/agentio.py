@@ -133,12 +133,14 @@ class TurnDone:
 
 @dataclass(frozen=True)
 class CallDone:
-    """A tool call attempt returned: its output text, or the error; latency in ms."""
+    """A tool call attempt returned: its output text, or the error; latency in ms; ``truncated``: the text is
+    a command's head past its ``max_output_bytes`` (with the note the model reads)."""
 
     key: Key
     text: str | None
     error: ToolError | None
     latency_ms: float
+    truncated: bool = False
 
 
 Done = TurnDone | CallDone
@@ -194,4 +196,4 @@ async def call_tool(spec: WorkflowSpec, key: Key, decl: DeclaredStep, ctx: CallC
     except Exception as exc:  # e.g. the arguments blob is unreadable: the attempt fails, retryably
         return CallDone(key, None, ToolError(f"{type(exc).__name__}: {exc}", kind="executor_error"),
                         _ms_since(started))
-    return CallDone(key, text, None, _ms_since(started))
+    return CallDone(key, text, None, _ms_since(started), truncated=ctx.truncated)

@@ -74,12 +74,15 @@ class CallContext:
     Args:
         run_id, branch_id, step_id: the call step; attempt: 1-based.
         hidden_env: variable names removed from a command's environment (:func:`secret_env_names`).
+
+    ``truncated`` is set once the attempt's command printed more than its cap and its head was kept.
     """
 
     def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int, hidden_env: frozenset[str]) -> None:
         self.run_id, self.branch_id, self.step_id, self.attempt = run_id, branch_id, step_id, attempt
         self.hidden_env = hidden_env
         self.key = idempotency_key(run_id, branch_id, step_id)
+        self.truncated = False
 
 
 @functools.lru_cache(maxsize=1024)
@@ -159,6 +162,7 @@ async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContex
     if done.stdout_truncated and limit.on_overflow == "fail":
         raise ToolError(f"{tool.name} printed more than its max_output_bytes ({limit.max_bytes})",
                         kind=OUTPUT_TOO_LARGE)
+    ctx.truncated = done.stdout_truncated
     return text + truncation_note(len(done.stdout)) if done.stdout_truncated else text
 
 

@@ -146,7 +146,10 @@ async def test_an_agent_sees_truncated_tool_output_marked(
     started = await client.start(spec, timeout_s=30)
     assert started.ok and started.run_id
     state = await client.wait_for(started.run_id, ("verifying",), timeout_s=90)
-    assert state.branches["main"].attempts["dump"][0].truncated is True
+    atts = state.branches["main"].attempts
+    assert atts["dump"][0].truncated is True
+    assert [(a.status, a.truncated) for a in atts["solve:t1:c0"]] == [("succeeded", True)]
+    assert atts["solve:t2"][0].truncated is msgspec.UNSET
     assert len(chat_server.requests) == 2
     t1, t2 = (json.dumps(r.body["messages"]) for r in chat_server.requests)
     note = json.dumps(truncation_note(cap))[1:-1]

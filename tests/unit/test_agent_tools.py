@@ -123,9 +123,9 @@ async def test_a_command_past_its_cap_shows_the_model_its_head_marked_truncated(
                     {"name": "strict", "command": [sys.executable, PRINTER, "5000"], "max_output_bytes": 1000,
                      "on_overflow": "fail"}])
     seen = await _call(agent, "big", "{}")
-    assert seen == print_bytes.expected(1000).decode() + truncation_note(1000)
+    assert seen == print_bytes.expected(1000).decode() + truncation_note(1000) and CTX.truncated
     assert "truncated" in truncation_note(1000) and "1000" in truncation_note(1000)
-    assert await _call(agent, "whole", "{}") == print_bytes.expected(1000).decode()
+    assert await _call(agent, "whole", "{}") == print_bytes.expected(1000).decode() and not CTX.truncated
     failed = await _fails(agent, "strict", "{}")
     assert failed.kind == OUTPUT_TOO_LARGE and failed.retryable and "1000" in failed.message
 
