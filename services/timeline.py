@@ -217,7 +217,10 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
          a: AttemptView, notes: list[Text]) -> tuple[str | Text, ...]:
     c = a.context
     status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
-    status += f" (truncated to {a.output_ref.size_bytes} B)" if a.truncated is True and a.output_ref else ""
+    if a.truncated is True and a.output_ref:
+        status += " (truncated)"
+        notes.append(Text(f"{step.step_id}#{a.attempt}: output truncated to its first {a.output_ref.size_bytes} B "
+                          "(the tool's max_output_bytes)", style="magenta"))
     lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
     command, exit_code = rows.call_cells(spec, branch, step, a)
     own_ms, wall_ms = rows.latency_cell(a, rows.attempt_state(branch, a))
