@@ -9,9 +9,7 @@ import typer
 
 from services.cli.common import CliError, Namespace, NatsUrl, console, run_async
 from services.cli.embed import session
-from services.ui.app import create_app, serve
 from services.ui.pages import MAX_PAGE_BYTES, PAGE_BYTES
-from services.ui.reader import RunReader
 from shared.nats.access import redact_url
 
 
@@ -26,6 +24,9 @@ def ui(
     """Serve a read-only web UI of the runs: the runs page, each run's lineage, timeline, partitions, prompts,
     outputs and verdicts, live while runs move. Connects like every command (as the client role with
     credentials) and never sends a command. Ctrl-C stops it."""
+    from services.ui.app import create_app, serve  # the web stack is imported by `reel ui` only
+    from services.ui.reader import RunReader
+
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
             app = create_app(RunReader(s.client), page_bytes=page_bytes, server=redact_url(s.cfg.nats_url))
