@@ -234,7 +234,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variants", default=",".join(REEL_VARIANTS), help="Reel variants, comma-separated")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--workdir", help="keep the servers' stores and the services' logs here (default: a temp dir)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.peers:  # the peers run in their folder: a relative path would name their scripts twice relative
+        args.peers = str(Path(args.peers).resolve())
+    return args
 
 
 if __name__ == "__main__":
