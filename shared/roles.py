@@ -44,6 +44,8 @@ are not among them."""
 
 API = "$JS.API"
 SRV = "$SRV"
+MAPPED_REPLIES = "_R_.>"
+"""Reply subjects nats-server maps a request arriving through a service import to (a client-account requester)."""
 RESPONSES = "(reply of a request it received)"
 """The matrix's row for NATS ``allow_responses`` (one answer per request, within 10 s: ``$SRV`` answers)."""
 """The NATS micro discovery prefix (``$SRV.PING|INFO|STATS[.<name>[.<id>]]``, NATS ADR-32)."""
@@ -132,8 +134,11 @@ def grants(names: Names) -> dict[str, Grant]:
 
     def service(role: str, publish: Iterable[str], subscribe: Iterable[str] = ()) -> Grant:
         micro = [x for svc, r in SERVICE_ROLE.items() if r == role for x in discovery(svc)]
-        return Grant(publish=_unique([*setup, *publish]), subscribe=(f"{inbox_prefix(role)}.>", *subscribe, *micro),
-                     responses=True)
+        # $SRV answers go to the requester's inbox (``replies``) or, for a client-account requester, to the
+        # reply the service import maps it to (``_R_.>``). Not NATS allow_responses: with it, nats-server 2.15
+        # dropped JetStream API answers to several service connections starting at once (ensure_infra timed out).
+        return Grant(publish=_unique([*setup, *publish, MAPPED_REPLIES]),
+                     subscribe=(f"{inbox_prefix(role)}.>", *subscribe, *micro))
 
     out = {
         "client": client_grant(names),
