@@ -7,6 +7,7 @@ above it) is in the contract suite, tests/integration/test_eventlog_contract.py.
 from __future__ import annotations
 
 import msgspec
+import nats.js.errors
 import pytest
 
 from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
@@ -17,7 +18,7 @@ from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.snapshots import SnapshotRef
-from tests.integration.scenarios import commit_events, create_manual_run
+from tests.integration.scenarios import commit_events, create_manual_run, wait_until
 
 _enc = STATE_ENCODER
 OUT = BlobRef(sha256="1" * 64, size_bytes=1)
@@ -40,7 +41,15 @@ async def test_the_executor_snapshots_the_verifying_state_and_loads_equal_a_cold
     reply = await client.start(spec)
     assert reply.run_id
     state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
-    entry = await infra.snapshots.get(reply.run_id)
+    # the snapshot is stored beside the trigger, after the Verifying commit (a read shortcut, brief §13):
+    # the client may see verifying first, so wait for the entry (bounded), then check what it holds
+    async def stored() -> object:
+        try:
+            return await infra.snapshots.get(reply.run_id)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+
+    entry = await wait_until(stored, timeout_s=10, what="the Verifying snapshot in the KV bucket")
     assert entry.value is not None
     ref = state_decoder(SnapshotRef).decode(entry.value)
     verifying = [(lsn, c) for lsn, c in await event_log.read(reply.run_id) if lsn == state.verifying_lsn]
