@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -72,7 +73,8 @@ async def test_services_serve_metrics_over_http(cfg: Config, client: ReelClient,
         state = await client.wait_for(reply.run_id, ("completed",), timeout_s=90)
         assert state.outcome == "passed"
         ex, ver = await scrape(ex_port), await scrape(ver_port)
-    assert f'"port": {ex_port}' in (tmp_path / "executor.log").read_text()  # metrics.listening
+    lines = [json.loads(x) for x in (tmp_path / "executor.log").read_text().splitlines() if x.startswith("{")]
+    assert [x["port"] for x in lines if x.get("event") == "metrics.listening"] == [ex_port]
     durable = cfg.names.consumer("executor")
     # hello: plan (model), run (tool), summarize (model: fails once, rate_limited, then succeeds)
     assert ex[("reel_attempts_total", (("kind", "model"), ("outcome", "succeeded")))] == 2
