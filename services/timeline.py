@@ -178,7 +178,7 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
             table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 8,
                           _cell(_answer(step), step.step_id, notes))
         for a in step.attempts:
-            table.add_row(*_row(spec, branch, step, name, kind, a, notes))
+            table.add_row(*_plain(_row(spec, branch, step, name, kind, a, notes)))
             _dropped_note(drops, a)
     u = view.usage
     footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
@@ -211,6 +211,11 @@ def _branches(state: RunState, bid: BranchId) -> Text:
         + (f" ← {b.parent_branch_id}@{b.fork_lsn}" if b.parent_branch_id else "")
         + (" (shown)" if b.branch_id == bid else "")
         for b in state.branches.values()))
+
+
+def _plain(cells: tuple[str | Text, ...]) -> tuple[Text, ...]:
+    """Cells as text, never Rich markup: a tool argument such as ``list[str]`` prints as written."""
+    return tuple(Text(c) if isinstance(c, str) else c for c in cells)
 
 
 def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: str, kind: str,

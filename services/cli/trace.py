@@ -16,6 +16,7 @@ import typer
 
 from services.cli.common import CliError, Namespace, NatsUrl, console, run_async
 from services.cli.embed import session
+from shared.core.errors import RunNotFound
 
 
 def trace(
@@ -36,6 +37,8 @@ def trace(
             raise CliError("no OTLP endpoint: pass --otlp-endpoint URL or set OTEL_EXPORTER_OTLP_ENDPOINT "
                            "(or --json to print the spans)", 2)
         async with session(nats_url, namespace, services=()) as s:
+            if await s.client.log.first_lsn(run_id) is None:  # a typo: say so, never an empty trace and exit 0
+                raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
             records = await run_trace(s.client.log, s.client.blobs, run_id)
         if json_out:
             for r in records:

@@ -49,3 +49,21 @@ def test_drop_summary_groups_ids_by_reason() -> None:
     assert drop_summary(part) == "d1 d3 (stale), d2 (duplicate)"
     old = msgspec.json.decode(b'{"packed":[],"available":[],"dropped":["x"]}', type=ContextPartition)
     assert drop_summary(old) == "x (reason not recorded)"
+
+
+def test_timeline_cells_print_brackets_as_written() -> None:
+    """Tool arguments (``list[str]``, ``[w.strip(P) for w in ws]``) are text, not Rich markup."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from services.timeline import _plain
+
+    table = Table()
+    table.add_column("args")
+    table.add_row(*_plain(("def words(text: str) -> list[str]: return [w.strip(P) for w in ws] [bold]x[/]",)))
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(table)
+    assert "list[str]" in out.getvalue() and "[w.strip(P) for w in ws]" in out.getvalue()
+    assert "[bold]x[/]" in out.getvalue()
