@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared.core.subjects import Names
+from shared.core.subjects import Names, subject_matches
 from shared.crucible.names import CrucibleNames
 
 ROLES = ("client", "executor", "verifier", "mutators", "crucible", "operator")
@@ -219,17 +219,6 @@ def client_reply_stream() -> str:
 def client_streams(names: Names) -> tuple[str, ...]:
     """Every stream the Reel account exports to the client account: replies, and streamed tokens (core NATS)."""
     return client_reply_stream(), names.stream_all
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 def may_publish(grant: Grant, subject: str) -> bool:

@@ -206,3 +206,14 @@ def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
     (:func:`shared.core.stepids.kv_safe`): KV keys do not allow ``:``.
     """
     return f"{run_id}.{branch_id}.{kv_safe(step_id)}.{attempt}"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)

@@ -38,6 +38,7 @@ from nats.aio.msg import Msg
 from nats.micro.service import EndpointInfo, EndpointStats, Service, ServiceConfig, ServiceInfo, ServiceStats
 
 from shared.core.ids import is_token
+from shared.core.subjects import subject_matches
 
 log = structlog.get_logger(__name__)
 
@@ -63,14 +64,6 @@ class EndpointCounts:
     last_error: str = ""
 
 
-def _matches(pattern: str, subject: str) -> bool:
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 @dataclass
@@ -87,7 +80,7 @@ class Counters:
     def record(self, subject: str, elapsed_ns: int, error: str | None) -> None:
         """Count one delivery on ``subject`` (counted under the first filter subject it matches)."""
         key = subject if subject in self.by_subject else next(
-            (s for s in self.subjects if _matches(s, subject)), subject)
+            (s for s in self.subjects if subject_matches(s, subject)), subject)
         c = self.by_subject.setdefault(key, EndpointCounts())
         c.num_requests += 1
         c.processing_time_ns += max(0, elapsed_ns)
