@@ -24,6 +24,7 @@ at once (services/executor/interrupts.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -48,6 +49,16 @@ log = structlog.get_logger("reel.executor")
 
 class HandedBack(Exception):
     """This executor is stopping: the run goes back to the queue (its command is nak'ed) between steps."""
+
+
+class OwnedElsewhere(Exception):
+    """Another executor owns the run, holds its lease and has an attempt in flight
+    (:func:`shared.core.planning.claim_defers`): this executor does not claim it; the command is nak'ed
+    (redelivered with backoff, until the run rests, its owner takes the command, or the owner's lease lapses)."""
+
+    def __init__(self, run_id: str, owner: str) -> None:
+        super().__init__(f"run {run_id} is driven by live executor {owner}")
+        self.run_id, self.owner = run_id, owner
 
 
 class WorkflowSpecs:
@@ -97,12 +108,15 @@ class Driver:
             ``control`` hub's interrupts), then runs are handed back.
         control: the executor's watch of its runs' control subjects (``None``: nothing interrupts an attempt).
         inline_max: bodies of at most this many bytes ride in their refs (``REEL_INLINE_MAX_BYTES``).
+        owner_alive: whether an executor id holds a lease (shared/nats/leases.py ``executor_alive``), asked
+            before claiming a run another executor owns; ``None``: every owner is taken for gone.
     """
 
     def __init__(self, log: EventLog, specs: WorkflowSpecs, attempts: Attempts, *,
                  stopping: asyncio.Event | None = None, control: ControlHub | None = None,
-                 inline_max: int = 0) -> None:
+                 inline_max: int = 0, owner_alive: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.log, self.specs, self.attempts = log, specs, attempts
+        self._owner_alive = owner_alive
         self.executor_id = attempts.executor_id
         self.stopping, self.control = stopping, control
         self.bodies = attempts.bodies  # the executor's one body cache
@@ -119,6 +133,7 @@ class Driver:
 
         Raises:
             HandedBack: the executor is stopping (between two steps; the attempts in flight recorded first).
+            OwnedElsewhere: a live executor owns the run with an attempt in flight (nothing was committed).
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
@@ -169,6 +184,7 @@ class Driver:
                 if claimed:  # we held it and another executor took it over: never take it back
                     log.info("run.yielded", owner=state.executor_id)
                     return await agents.drain(state)
+                await self._check_owner(state)
                 claimed = True
             done = await self._perform(state, spec, action, agents, interrupt, cursor)
             if isinstance(done, Chained):
@@ -181,6 +197,15 @@ class Driver:
             if state.executor_id not in (None, self.executor_id) and state.status in DRIVABLE:
                 log.info("run.yielded", owner=state.executor_id)
                 return await agents.drain(state)
+
+    async def _check_owner(self, state: RunState) -> None:
+        """Raise :class:`OwnedElsewhere` if ``state``'s owner is alive with an attempt in flight."""
+        owner = state.executor_id
+        if owner is None or owner == self.executor_id or self._owner_alive is None:
+            return
+        if plan.claim_defers(state, self.executor_id, await self._owner_alive(owner)):
+            log.info("run.owned_elsewhere", owner=owner, lsn=state.head_lsn)
+            raise OwnedElsewhere(state.run_id, owner)
 
     async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action, agents: AgentRun,
                        interrupt: Interrupt | None, cursor: Cursor, prepared: Prepared | None = None,

@@ -32,10 +32,11 @@ from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.control import ControlHub
 from shared.nats.infra import Infra
+from shared.nats.leases import executor_alive
 from shared.tools_check import check_tool_imports
 
 from .attempts import LOG_NAME, Attempts
-from .driver import Driver, HandedBack, WorkflowSpecs
+from .driver import Driver, HandedBack, OwnedElsewhere, WorkflowSpecs
 
 log = structlog.get_logger("reel.executor")
 
@@ -66,7 +67,8 @@ class Executor:
                             tool_output=cfg.tool_output)
         self.control = ControlHub(infra.nc, cfg.names, self._is_cancelled)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
-                             inline_max=cfg.inline_max_bytes)
+                             inline_max=cfg.inline_max_bytes,
+                             owner_alive=lambda owner: executor_alive(infra.leases, owner))
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
         names = self.names = cfg.names
         self.router = Router(infra, route_of=self._route_of)
@@ -166,6 +168,8 @@ class Executor:
                 self._driving[run_id] = False
         except HandedBack:
             return Ack.NAK  # redelivered at once to another instance, which takes over from the log
+        except OwnedElsewhere:  # a duplicate while its live owner drives it: back to the queue, with backoff
+            return Ack.NAK
         except RunCorrupt as exc:  # no executor can drive it: never redeliver
             bad = exc.corruption
             log.error("run.corrupt", command=kind, lsn=bad.lsn, kind=bad.kind, reason=bad.reason)

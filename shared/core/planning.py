@@ -111,6 +111,20 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
     return EnterVerifying(bid)
 
 
+def claim_defers(state: RunState, executor_id: str, owner_alive: bool) -> bool:
+    """True when ``executor_id`` must not claim ``state``: another executor owns it, holds a lease
+    (``owner_alive``) and has an attempt of the run still ``dispatched`` — claiming would supersede a live
+    attempt and run its side effect twice (issue 10: a duplicate start or resume delivered to a second
+    executor). With no attempt in flight a claim is safe (the owner's next commit loses the fence and it
+    yields), so a live owner whose drive ended without an attempt open does not strand the run. Pure.
+    """
+    owner = state.executor_id
+    if owner is None or owner == executor_id or not owner_alive:
+        return False
+    return any(a.status == AttemptStatus.DISPATCHED
+               for b in state.branches.values() for atts in b.attempts.values() for a in atts)
+
+
 def succeeded_prefix(state: RunState, branch_id: BranchId, start: int = 0) -> int:
     """How many leading steps have succeeded on ``branch_id``, counting on from ``start`` (steps the
     caller knows succeeded: a step that succeeded on a branch stays so — outcomes are never taken

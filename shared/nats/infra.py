@@ -176,20 +176,31 @@ async def _kv(js: JetStreamContext, config: jsapi.KeyValueConfig) -> KeyValue:
 START_RETRY_S = 120.0
 """How long (s) a service retries :func:`ensure_infra` at start (a loaded cluster, an election)."""
 
+CLUSTER_UNAVAILABLE = frozenset({10005, 10008, 10009, 10023})
+"""JetStream ``err_code``s of a cluster that cannot place or answer for a stream *yet*: 10005 no suitable
+peers for placement (a **400**: too few servers up for the replicas asked), 10008 cluster not available,
+10009 not the leader, 10023 insufficient resources (nats-server ``server/errors.json``). At start they mean
+"wait for quorum", not "bad request"."""
+
+
+def setup_retryable(exc: BaseException) -> bool:
+    """True for an error :func:`ensure_infra_retrying` waits out: transient (timeout, no responders, 503), any
+    5xx answer, or a :data:`CLUSTER_UNAVAILABLE` code whatever its HTTP-like code."""
+    from shared.nats.publish import is_transient
+
+    return is_transient(exc) or (isinstance(exc, APIError) and (
+        (exc.code or 0) >= 500 or (exc.err_code or 0) in CLUSTER_UNAVAILABLE))
+
 
 async def ensure_infra_retrying(nc: Client, cfg: Config, *, within_s: float = START_RETRY_S) -> Infra:
     """:func:`ensure_infra`, retried with backoff (tenacity: jittered, ≤ 2 s apart) for ``within_s`` seconds on
-    the errors of a loaded or electing cluster (timeouts, no responders, 5xx answers) — the start of every service.
+    the errors of a loaded or electing cluster or one without quorum yet (:func:`setup_retryable`) — the start of
+    every service.
 
     Raises:
         the last error of :func:`ensure_infra` once ``within_s`` is over, or at once if it is not transient.
     """
     import tenacity
-
-    from shared.nats.publish import is_transient
-
-    def retryable(exc: BaseException) -> bool:
-        return is_transient(exc) or (isinstance(exc, APIError) and (exc.code or 0) >= 500)
 
     def logged(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -197,7 +208,7 @@ async def ensure_infra_retrying(nc: Client, cfg: Config, *, within_s: float = ST
 
     async for attempt in tenacity.AsyncRetrying(
             stop=tenacity.stop_after_delay(within_s), wait=tenacity.wait_random_exponential(multiplier=0.2, max=2.0),
-            retry=tenacity.retry_if_exception(retryable), reraise=True, after=logged):
+            retry=tenacity.retry_if_exception(setup_retryable), reraise=True, after=logged):
         with attempt:
             return await ensure_infra(nc, cfg)
     raise AssertionError("unreachable")  # pragma: no cover

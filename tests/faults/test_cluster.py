@@ -173,8 +173,6 @@ async def test_a_missing_commands_stream_is_an_error_at_once(r3: Cluster) -> Non
         await nc.close()
 
 
-@pytest.mark.xfail(strict=False, reason="a cluster without quorum sometimes answers the stream create with a 400 "
-                   "(BadRequestError), which ensure_infra_retrying does not retry (only 5xx): issue 10")
 async def test_ensure_infra_at_start_waits_out_a_cluster_without_quorum(r3: Cluster) -> None:
     cfg = r3_cfg(r3)
     down = [n.name for n in r3.nodes[1:]]

@@ -9,10 +9,9 @@ duplicates — against two executor processes (and the verifier and recovery), n
 * 8 ``resume`` commands at once for a run in flight: it is driven by one executor, no step runs twice.
 
 Every invariant of tests/faults/checks.py holds (asserted), one run per key. Nothing was killed here,
-so every step's side effect should happen exactly once; today a duplicate command delivered to the
-*other* executor makes it claim the run while its owner lives and run the owner's step again (recorded
-and resolved, so no invariant breaks): that is an expected failure (xfail naming the steps) until the
-claim checks the owner's lease.
+so every step's side effect happens exactly once (asserted): a duplicate command delivered to the *other*
+executor does not claim the run while its owner holds a lease with an attempt in flight
+(``planning.claim_defers``); the command is nak'ed and comes back until the run rests.
 """
 
 from __future__ import annotations
@@ -102,7 +101,5 @@ async def test_duplicate_commands_run_nothing_twice(
     ran = Counter(ln.rpartition(":")[0] for ln in lines)  # run:step -> how many times its side effect happened
     assert set(ran) == {f"{r}:{s}" for r in runs for s in STEPS}, f"a step never ran: {sorted(lines)}"
     twice = sorted(k for k, n in ran.items() if n > 1)
-    if twice:  # every invariant held (recorded, resolved), yet a live executor's attempt was superseded
-        pytest.xfail(f"open bug: a duplicate command makes a second live executor claim the run (planning."
-                     f"next_action claims whenever the owner is another executor, lease not checked) and run "
-                     f"{len(twice)} steps again: {twice}")
+    assert not twice, (f"a duplicate command made a second live executor claim the run and run {len(twice)} "
+                       f"steps again (planning.claim_defers must keep it off): {twice}")
