@@ -45,6 +45,7 @@ from shared.core import agentcommits as ac
 from shared.core import agentfold, inputfold
 from shared.core import planning as plan
 from shared.core.agentcontext import Outcome
+from shared.core.agentmemo import ContextMemo
 from shared.core.errors import ModelError, ToolError
 from shared.core.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSucceeded, Usage
 from shared.core.fold import DRIVABLE, RunState
@@ -98,6 +99,7 @@ class AgentRun:
         self.hidden_env = secret_env_names(spec)
         self.tasks: dict[Key, asyncio.Task[Done]] = {}
         self._not_before: dict[tuple[BranchId, StepId], float] = {}  # Retry-After: monotonic time of next attempt
+        self.contexts = ContextMemo(attempts.facts)  # earlier turns' items, kept from turn to turn of this drive
 
     async def __aenter__(self) -> AgentRun:
         return self
@@ -171,7 +173,8 @@ class AgentRun:
             if await stopped_within(due - time.monotonic(), self.stopping, self.interrupt):
                 return state  # the driver sees ``stopping`` and hands the run back
         self._not_before.pop((action.branch_id, action.step_id), None)
-        prepared = await prepare_turn(state, self.spec, action, attempts=self.attempts, bodies=self.bodies)
+        prepared = await prepare_turn(state, self.spec, action, attempts=self.attempts, bodies=self.bodies,
+                                      memo=self.contexts)
         return await self._commit_starting(state, prepared.events, (), turn=prepared, branch_id=action.branch_id)
 
     # ---- commits -------------------------------------------------------------------------------
@@ -322,7 +325,7 @@ class AgentRun:
             if ac.completes_turn(state, outcomes):
                 agent = StepId(batch[0].key[1].split(":", 1)[0])
                 nxt = await prepare_turn(state, self.spec, ac.next_turn(state, bid, agent), attempts=self.attempts,
-                                         bodies=self.bodies, outcomes=outcomes)
+                                         bodies=self.bodies, memo=self.contexts, outcomes=outcomes)
                 events += nxt.events
             else:
                 follow = ac.follow_up_calls(state, outcomes, self.in_flight)

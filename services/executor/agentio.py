@@ -1,7 +1,8 @@
 """What the agent loop reads, runs and decides around its commits (services/executor/agent.py uses it).
 
 * :func:`prepare_turn` — turn *t*'s candidates → partition → request
-  (:func:`shared.core.agentcontext.build_turn`), the prompt body (the exact wire
+  (:func:`shared.core.agentcontext.build_turn`'s result, built incrementally by
+  :class:`shared.core.agentmemo.ContextMemo`), the prompt body (the exact wire
   request) and the intent events (:func:`shared.core.agentcommits.turn_intent`).
 * :func:`planned_or_facts` — the decision of every agent commit: the planned events on
   the head they were planned on; on any other head only the outcomes not yet recorded
@@ -25,7 +26,8 @@ from shared.clock import now_ms
 from shared.core import agentcommits as ac
 from shared.core import agentfold
 from shared.core import planning as plan
-from shared.core.agentcontext import Outcome, build_turn, needed_blobs
+from shared.core.agentcontext import Outcome
+from shared.core.agentmemo import ContextMemo
 from shared.core.chat import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
 from shared.core.errors import ModelError, ToolError
 from shared.core.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
@@ -60,19 +62,20 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.DispatchTurn, *, attempts: Attempts,
-                       bodies: Bodies, outcomes: Sequence[Outcome] = ()) -> PreparedTurn:
+                       bodies: Bodies, memo: ContextMemo, outcomes: Sequence[Outcome] = ()) -> PreparedTurn:
     """Build turn ``action.turn``'s request on ``state`` (``outcomes``: call results about to be committed
-    with this intent) and the intent events.
+    with this intent) and the intent events. Only the earlier turns ``memo`` does not keep are read and
+    rebuilt (:mod:`shared.core.agentmemo`): the context is the one a full rebuild makes.
 
     Raises:
         BlobMissing, BlobTimeout: an earlier turn's blob cannot be read.
     """
     agent = spec.agent(action.agent)
-    blobs = await bodies.many(needed_blobs(state, action.branch_id, action.agent, action.turn, outcomes))
+    todo = memo.plan(state, action.branch_id, action.agent, action.turn, outcomes)
+    blobs = await bodies.many(list(todo.refs)) if todo.refs else {}
     run_outputs = await attempts.outputs(state, action.branch_id,
                                          [c.from_step for c in agent.context if c.from_step is not None])
-    ctx = build_turn(state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, facts=attempts.facts,
-                     outcomes=outcomes)
+    ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes)
     body = msgspec.json.encode(wire_request(ctx.request))
     ref = ref_for(body, JSON)
     partition = ctx.packed.partition

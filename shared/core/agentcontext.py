@@ -32,7 +32,7 @@ import msgspec
 
 from shared.core import agentfold, inputfold
 from shared.core.agent import DispatchTurn
-from shared.core.agentstate import Declared
+from shared.core.agentstate import Declared, TurnRecord
 from shared.core.chat import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
 from shared.core.events import AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import AttemptStatus, BranchState, RunState, final_success
@@ -93,15 +93,35 @@ def _observation(branch: BranchState, call: Declared, outcomes: Mapping[str, Out
                          error_kind=last.error_kind or "error", message=last.error_message or "")
 
 
-def _earlier_turns(state: RunState, branch_id: BranchId, agent: StepId, turn: int
-                   ) -> list[tuple[StepId, BlobRef | None, tuple[Declared, ...]]]:
+EarlierTurn = tuple[StepId, BlobRef | None, tuple[Declared, ...]]
+"""One earlier turn: its step id, its answer's output ref (``None`` before it succeeded), its declared calls."""
+
+
+def earlier_turn(branch: BranchState, t: TurnRecord) -> EarlierTurn:
+    """What the context reads of one declared turn ``t`` on ``branch``."""
+    win = final_success(branch.attempts.get(t.decl.step_id, ()))
+    return t.decl.step_id, win.output_ref if win is not None else None, t.calls
+
+
+def _earlier_turns(state: RunState, branch_id: BranchId, agent: StepId, turn: int) -> list[EarlierTurn]:
     branch = state.branches[branch_id]
     rec = agentfold.record(branch, agent)
-    out = []
-    for t in (rec.turns[:turn - 1] if rec is not None else []):
-        win = final_success(branch.attempts.get(t.decl.step_id, ()))
-        out.append((t.decl.step_id, win.output_ref if win is not None else None, t.calls))
-    return out
+    return [earlier_turn(branch, t) for t in (rec.turns[:turn - 1] if rec is not None else [])]
+
+
+def turn_refs(branch: BranchState, earlier: EarlierTurn, by_step: Mapping[str, Outcome]) -> list[BlobRef]:
+    """The blobs :func:`group_items` reads for one earlier turn: its answer, its calls' large arguments and results."""
+    _, answer, calls = earlier
+    refs: list[BlobRef] = [answer] if answer is not None else []
+    for c in calls:
+        if c.decl.arguments_ref is not None:
+            refs.append(c.decl.arguments_ref)
+        obs = _observation(branch, c, by_step)
+        if isinstance(obs, BlobRef):
+            refs.append(obs)
+        elif isinstance(obs, AttemptSucceeded):
+            refs.append(obs.output_ref)
+    return refs
 
 
 def needed_blobs(state: RunState, branch_id: BranchId, agent: StepId, turn: int,
@@ -109,18 +129,7 @@ def needed_blobs(state: RunState, branch_id: BranchId, agent: StepId, turn: int,
     """Every blob :func:`build_turn` reads for turn ``turn``: earlier answers, results and large arguments."""
     branch = state.branches[branch_id]
     by_step: dict[str, Outcome] = {o.step_id: o for o in outcomes}
-    refs: list[BlobRef] = []
-    for _, answer, calls in _earlier_turns(state, branch_id, agent, turn):
-        if answer is not None:
-            refs.append(answer)
-        for c in calls:
-            if c.decl.arguments_ref is not None:
-                refs.append(c.decl.arguments_ref)
-            obs = _observation(branch, c, by_step)
-            if isinstance(obs, BlobRef):
-                refs.append(obs)
-            elif isinstance(obs, AttemptSucceeded):
-                refs.append(obs.output_ref)
+    refs = [r for t in _earlier_turns(state, branch_id, agent, turn) for r in turn_refs(branch, t, by_step)]
     return list({r.sha256: r for r in refs}.values())
 
 
@@ -137,9 +146,56 @@ def message_text(body: bytes) -> str:
     return body.decode(errors="replace")
 
 
+def head_items(agent: AgentStep, outputs: Mapping[str, str]) -> list[TurnItem]:
+    """The items every turn starts with, in order: the instructions, then the step's ``context:`` items
+    (``outputs``: output texts of the earlier steps they name, ``from_step``)."""
+    items: list[TurnItem] = []
+    if agent.instructions:
+        items.append(TurnItem(id=INSTRUCTIONS, kind="system", text=agent.instructions, required=True))
+    for ci in agent.context:
+        text = ci.text if ci.text is not None else outputs.get(ci.from_step or "", "")
+        items.append(TurnItem(id=ContextItemId(ci.id), kind=ci.kind, text=text, required=ci.kind == "task",
+                              priority=ci.priority, stale=ci.stale))
+    return items
+
+
+def group_items(branch: BranchState, earlier: EarlierTurn, *, blobs: Mapping[str, bytes],
+                by_step: Mapping[str, Outcome]) -> list[TurnItem]:
+    """One earlier turn's items, in order: its assistant message, then one tool item per call (group: the turn).
+
+    A pure function of the turn's record, the attempts and input requests of the turn and its calls,
+    ``by_step`` (outcomes not folded yet, by step id) and the bodies of :func:`turn_refs`.
+
+    Raises:
+        KeyError: a blob of :func:`turn_refs` is missing from ``blobs``.
+    """
+    turn_id, answer, calls = earlier
+    content = message_text(blobs[answer.sha256]) if answer is not None else ""
+    tool_calls = tuple(ToolCall(id=c.decl.call_id or "", name=c.decl.tool_name or "", arguments=(
+        c.decl.arguments if c.decl.arguments_ref is None else blobs[c.decl.arguments_ref.sha256].decode()
+    ) or "{}") for c in calls)
+    items = [TurnItem(id=message_item_id(turn_id), kind="assistant", text=content, group=turn_id,
+                      tool_calls=tool_calls)]
+    for c, call in zip(calls, tool_calls, strict=True):
+        obs = _observation(branch, c, by_step)
+        answered = inputfold.observation(branch, c.decl.step_id)
+        if answered is not None:
+            text, err = answered
+        elif isinstance(obs, AttemptFailed):
+            text, err = f"error ({obs.error_kind}): {obs.message}", True
+        else:
+            ref = obs.output_ref if isinstance(obs, AttemptSucceeded) else obs
+            text, err = (blobs[ref.sha256].decode(errors="replace") if ref is not None else ""), False
+        text = inputfold.edited_prefix(branch, c.decl.step_id) + text
+        items.append(TurnItem(id=observation_item_id(c.decl.step_id), kind="tool", text=text, group=turn_id,
+                              tool_call_id=call.id, is_error=err))
+    return items
+
+
 def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int, *, outputs: Mapping[str, str],
                blobs: Mapping[str, bytes], outcomes: Sequence[Outcome] = ()) -> list[TurnItem]:
-    """The candidate items of turn ``turn``, in candidate order (see the module docstring).
+    """The candidate items of turn ``turn``, in candidate order (see the module docstring):
+    :func:`head_items`, then :func:`group_items` of each earlier turn.
 
     Args:
         outputs: output texts of the earlier steps the context items name (``from_step``).
@@ -151,33 +207,9 @@ def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int
     """
     branch = state.branches[branch_id]
     by_step: dict[str, Outcome] = {o.step_id: o for o in outcomes}
-    items: list[TurnItem] = []
-    if agent.instructions:
-        items.append(TurnItem(id=INSTRUCTIONS, kind="system", text=agent.instructions, required=True))
-    for ci in agent.context:
-        text = ci.text if ci.text is not None else outputs.get(ci.from_step or "", "")
-        items.append(TurnItem(id=ContextItemId(ci.id), kind=ci.kind, text=text, required=ci.kind == "task",
-                              priority=ci.priority, stale=ci.stale))
-    for turn_id, answer, calls in _earlier_turns(state, branch_id, StepId(agent.id), turn):
-        content = message_text(blobs[answer.sha256]) if answer is not None else ""
-        tool_calls = tuple(ToolCall(id=c.decl.call_id or "", name=c.decl.tool_name or "", arguments=(
-            c.decl.arguments if c.decl.arguments_ref is None else blobs[c.decl.arguments_ref.sha256].decode()
-        ) or "{}") for c in calls)
-        items.append(TurnItem(id=message_item_id(turn_id), kind="assistant", text=content, group=turn_id,
-                              tool_calls=tool_calls))
-        for c, call in zip(calls, tool_calls, strict=True):
-            obs = _observation(branch, c, by_step)
-            answered = inputfold.observation(branch, c.decl.step_id)
-            if answered is not None:
-                text, err = answered
-            elif isinstance(obs, AttemptFailed):
-                text, err = f"error ({obs.error_kind}): {obs.message}", True
-            else:
-                ref = obs.output_ref if isinstance(obs, AttemptSucceeded) else obs
-                text, err = (blobs[ref.sha256].decode(errors="replace") if ref is not None else ""), False
-            text = inputfold.edited_prefix(branch, c.decl.step_id) + text
-            items.append(TurnItem(id=observation_item_id(c.decl.step_id), kind="tool", text=text, group=turn_id,
-                                  tool_call_id=call.id, is_error=err))
+    items = head_items(agent, outputs)
+    for earlier in _earlier_turns(state, branch_id, StepId(agent.id), turn):
+        items += group_items(branch, earlier, blobs=blobs, by_step=by_step)
     return items
 
 
@@ -198,6 +230,13 @@ def turn_candidates(items: Sequence[TurnItem], facts: TextFacts) -> list[Candida
     return out
 
 
+def item_message(item: TurnItem) -> ChatMessage:
+    """The transcript message of a turn's item (:func:`group_items`): the assistant's, or a tool result."""
+    if item.kind == "assistant":
+        return ChatMessage(role="assistant", content=item.text or None, tool_calls=item.tool_calls)
+    return ChatMessage(role="tool", content=item.text, tool_call_id=item.tool_call_id)
+
+
 def turn_messages(items: Sequence[TurnItem], packed: Sequence[str]) -> tuple[ChatMessage, ...]:
     """The transcript of the packed items: system, one user message of the context items, then each packed turn's
     assistant message followed by its tool results (see the module docstring)."""
@@ -208,11 +247,7 @@ def turn_messages(items: Sequence[TurnItem], packed: Sequence[str]) -> tuple[Cha
     if context:
         out.append(ChatMessage(role="user", content="\n\n".join(
             f"<context id={i.id!r} kind={i.kind!r}>\n{i.text}\n</context>" for i in context)))
-    for i in chosen:
-        if i.kind == "assistant":
-            out.append(ChatMessage(role="assistant", content=i.text or None, tool_calls=i.tool_calls))
-        elif i.group is not None:
-            out.append(ChatMessage(role="tool", content=i.text, tool_call_id=i.tool_call_id))
+    out += [item_message(i) for i in chosen if i.kind == "assistant" or i.group is not None]
     return tuple(out)
 
 

@@ -160,6 +160,28 @@ def _settle_groups(candidates: Sequence[Candidate], policy: PackPolicy, reasons:
     return [u for u in units if id(u) not in gone]
 
 
+def _fits_whole(candidates: Sequence[Candidate], policy: PackPolicy) -> int | None:
+    """The token total when no policy drops a candidate and all of them fit the budget, else ``None``.
+
+    Then :func:`pack`'s greedy pass packs every unit (their sum is within what is left after the
+    required items), so the partition is every id in candidate order and nothing else: this is
+    :func:`pack`'s answer in one pass, without grouping, ranking or sorting (O(candidates)).
+    """
+    total = 0
+    seen: set[str] = set()
+    budget, cap, excluded = policy.budget_tokens, policy.max_item_tokens, policy.exclude_kinds
+    for c in candidates:
+        total += c.tokens
+        if not c.required and (c.kind in excluded or (policy.drop_stale and c.stale) or c.tokens > budget
+                               or (cap is not None and c.tokens > cap)):
+            return None
+        if c.group is None and c.content_hash:
+            if c.content_hash in seen and policy.dedupe and not c.required:
+                return None
+            seen.add(c.content_hash)
+    return total if total <= budget else None
+
+
 def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
     """Partition ``candidates`` into packed / available / dropped.
 
@@ -171,6 +193,10 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
         raise ValueError("candidate ids must be unique")
     if policy.budget_tokens < 0:
         raise ValueError("budget_tokens must be >= 0")
+    whole = _fits_whole(candidates, policy)
+    if whole is not None:  # everything fits and nothing is dropped: no ranking, the result is known
+        partition = ContextPartition(packed=tuple(ids), available=(), dropped=(), packed_tokens=whole)
+        return Packed(partition=partition, packed_tokens=whole)
     reasons, required, units = _classify(candidates, policy)
     ranked = sorted(units, key=lambda u: (-u.priority, -u.positions[0]))
     left = policy.budget_tokens - sum(candidates[p].tokens for p in required)
