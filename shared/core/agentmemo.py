@@ -16,9 +16,11 @@ turns whose signature differs: the newest turn, once; every turn after a rewind 
 whose records are not shared, or after a drive starts. Reading a signature is a few dict
 look-ups per turn; everything that depends on text is done once per turn and kept.
 
-Then :func:`~shared.core.packer.pack` takes the candidates (its fast path: when everything
-fits and no policy drops anything, no ranking), and the transcript is the kept messages of the
-packed turns. A cache of a pure function keyed by all of its inputs: the context is the one a
+Then :func:`~shared.core.packer.pack_groups` partitions the head items (instructions, context
+items) and each kept turn as one unit — its packer facts kept with it — in O(head + turns), with no
+ranking when everything fits, and the transcript is the kept messages of the packed turns. What
+is left growing with the run is a few look-ups per earlier turn (≈ 2 µs each) and what the
+partition and the prompt hold. A cache of a pure function keyed by all of its inputs: the context is the one a
 full rebuild makes, byte for byte (tests/unit/test_agent_memo.py and
 tests/integration/test_agent_incremental.py compare them on every turn).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import msgspec
 
@@ -55,21 +58,39 @@ from shared.core.chat import ChatMessage, chat_request
 from shared.core.events import BlobRef
 from shared.core.fold import BranchState, RunState
 from shared.core.ids import BranchId, StepId
-from shared.core.packer import Candidate, pack
+from shared.core.packer import Candidate, GroupFacts, PackPolicy, group_facts, pack_groups
 from shared.core.planning import TextFacts, policy_for
 from shared.core.workflow import AgentStep, WorkflowSpec
 
-Signature = tuple[object, ...]
+
+class Signature(msgspec.Struct, frozen=True, gc=False):
+    """Every object of the state one earlier turn's items derive from (:func:`signature`): its record, and per
+    step of it (the turn, then each call: ``steps``) its attempts, its input request and the outcome pending
+    with the intent (``None`` for a branch with no requests / no outcome pending). Equal signatures, equal items."""
+
+    turn: TurnRecord
+    steps: tuple[StepId, ...]
+    attempts: tuple[object, ...]
+    requests: tuple[object, ...] | None
+    pending: tuple[object, ...] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnGroup:
-    """One earlier turn as the context uses it: its items, their candidates and messages (same order)."""
+    """One earlier turn as the context uses it: its items, their candidates and messages (same order), and its
+    packer facts under the policy last used (``facts``)."""
 
     signature: Signature
     items: tuple[TurnItem, ...]
     candidates: tuple[Candidate, ...]
     messages: tuple[ChatMessage, ...]
+    facts: tuple[PackPolicy, GroupFacts] | None = None
+
+    def facts_for(self, policy: PackPolicy) -> GroupFacts:
+        """The group's packer facts under ``policy`` (computed once per policy)."""
+        if self.facts is None or self.facts[0] != policy:
+            self.facts = policy, group_facts(self.candidates, policy)
+        return self.facts[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,19 +107,31 @@ class TurnPlan:
 
 
 def signature(branch: BranchState, t: TurnRecord, by_step: Mapping[str, Outcome]) -> Signature:
-    """Every object of the state the items of the earlier turn ``t`` are derived from (see the module docstring)."""
-    attempts = branch.attempts
-    requests = None if branch.requests is msgspec.UNSET else branch.requests
-    sig: list[object] = [t, attempts.get(t.decl.step_id)]
-    for c in t.calls:
-        sid = c.decl.step_id
-        sig += (attempts.get(sid), requests.get(sid) if requests is not None else None, by_step.get(sid))
-    return tuple(sig)
+    """The signature of the earlier turn ``t`` on ``branch`` (``by_step``: outcomes pending, by step id)."""
+    steps = (t.decl.step_id, *(c.decl.step_id for c in t.calls))
+    return Signature(t, steps, tuple(map(branch.attempts.get, steps)), _asked(branch, steps), _pending(by_step, steps))
 
 
-def same(a: Signature, b: Signature) -> bool:
-    """``a`` and ``b`` hold the same objects (identity), or equal ones."""
-    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+def _asked(branch: BranchState, steps: tuple[StepId, ...]) -> tuple[object, ...] | None:
+    if branch.requests is msgspec.UNSET:
+        return None
+    asked = tuple(map(branch.requests.get, steps))
+    return None if asked.count(None) == len(asked) else asked
+
+
+def _pending(by_step: Mapping[str, Outcome], steps: tuple[StepId, ...]) -> tuple[object, ...] | None:
+    if not by_step:
+        return None
+    pending = tuple(map(by_step.get, steps))
+    return None if pending.count(None) == len(pending) else pending
+
+
+def unchanged(kept: Signature, branch: BranchState, t: TurnRecord, by_step: Mapping[str, Outcome]) -> bool:
+    """The earlier turn ``t`` on ``branch`` has the signature ``kept``: the same objects, or equal ones (tuples
+    compare by identity first). A few look-ups, no text."""
+    steps = kept.steps
+    return (kept.turn is t or kept.turn == t) and kept.attempts == tuple(map(branch.attempts.get, steps)) \
+        and kept.requests == _asked(branch, steps) and kept.pending == _pending(by_step, steps)
 
 
 class ContextMemo:
@@ -127,13 +160,13 @@ class ContextMemo:
         stale: list[tuple[int, EarlierTurn, Signature]] = []
         refs: dict[str, BlobRef] = {}
         for i, t in enumerate(rec.turns[:turn - 1] if rec is not None else ()):
-            sig = signature(branch, t, by_step)
-            if i < len(kept) and same(kept[i].signature, sig):
-                groups.append(kept[i])
+            old = kept[i] if i < len(kept) else None
+            if old is not None and unchanged(old.signature, branch, t, by_step):
+                groups.append(old)
                 continue
             earlier = earlier_turn(branch, t)
             groups.append(None)
-            stale.append((i, earlier, sig))
+            stale.append((i, earlier, signature(branch, t, by_step)))
             refs.update((r.sha256, r) for r in turn_refs(branch, earlier, by_step))
         return TurnPlan(branch_id=branch_id, agent=agent, turn=turn, groups=tuple(groups), stale=tuple(stale),
                         refs=tuple(refs.values()))
@@ -159,21 +192,20 @@ class ContextMemo:
         assert len(done) == len(groups)
         self._keep(plan.agent, done)
         head = head_items(agent, run_outputs)
-        items = [*head, *(it for g in done for it in g.items)]
-        packed = pack([*turn_candidates(head, self.facts), *(c for g in done for c in g.candidates)],
-                      policy_for(agent, spec))
+        policy = policy_for(agent, spec)
+        packed = pack_groups(turn_candidates(head, self.facts), [g.facts_for(policy) for g in done], policy)
         ids = packed.partition.packed
         head_ids = {h.id for h in head}
         n_head = sum(1 for p in ids[:len(head)] if p in head_ids)  # head items come first: a prefix of ``ids``
         messages = list(turn_messages(head, ids[:n_head]))
-        if len(ids) == len(items):  # everything packed
-            messages += (m for g in done for m in g.messages)
-        else:
-            chosen = set(ids[n_head:])
-            messages += (m for g in done for it, m in zip(g.items, g.messages, strict=True) if it.id in chosen)
+        chosen = set(ids[n_head:]) if len(ids) - n_head < sum(len(g.items) for g in done) else None
+        for g in done:  # a group is packed whole or not at all
+            if g.items and (chosen is None or g.items[0].id in chosen):
+                messages += g.messages
         request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id, messages=messages,
                                tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)
-        return TurnContext(items=tuple(items), packed=packed, request=request)
+        items = (*head, *chain.from_iterable(g.items for g in done))
+        return TurnContext(items=items, packed=packed, request=request)
 
     def _keep(self, agent: StepId, groups: list[TurnGroup]) -> None:
         """Keep ``groups`` as the agent's first earlier turns (any kept beyond them stay: signatures decide)."""

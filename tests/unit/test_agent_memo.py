@@ -14,7 +14,7 @@ import pytest
 
 from shared.core.events import BranchForked, Commit
 from shared.core.ids import LSN, BranchId, ContextItemId, StepId
-from shared.core.packer import Candidate, PackPolicy, _classify, pack
+from shared.core.packer import Candidate, PackPolicy, _classify, group_facts, pack, pack_groups
 from shared.core.workflow import WorkflowSpec, parse_workflow
 from tests.support.turncheck import check_turns
 from tests.unit.agent_sim import Sim
@@ -141,6 +141,30 @@ def test_the_packers_fast_path_gives_what_the_full_path_gives() -> None:
         assert got == full, (cands, policy)
         fast += not reasons and len(got.partition.packed) == len(cands)
     assert fast > 300  # the fast path was taken often
+
+
+def test_packing_by_groups_gives_what_packing_the_candidates_gives() -> None:
+    rng = random.Random(9)
+    for n in range(3000):
+        head = [Candidate(id=ContextItemId(f"h{i}"), kind=rng.choice(["system", "task", "demo", "notes"]),
+                          tokens=rng.randint(0, 30), priority=rng.choice([0.0, 1.0, -1.0]), stale=rng.random() < 0.1,
+                          content_hash=rng.choice(["", "a", f"x{i}"]), required=rng.random() < 0.3)
+                for i in range(rng.randint(0, 4))]
+        groups = [[Candidate(id=ContextItemId(f"t{g}:{i}"), kind=rng.choice(["assistant", "tool", "demo"]),
+                             tokens=rng.randint(0, 25), priority=rng.choice([0.0, 0.0, 0.5]),
+                             stale=rng.random() < 0.03, content_hash=rng.choice(["", "a"]), group=f"t{g}")
+                   for i in range(rng.randint(1, 3))] for g in range(rng.randint(0, 12))]
+        policy = PackPolicy(budget_tokens=rng.choice([0, 40, 120, 400]), exclude_kinds=rng.choice([(), ("demo",)]),
+                            max_item_tokens=rng.choice([None, 20]), drop_stale=rng.random() < 0.5,
+                            dedupe=rng.random() < 0.5)
+        flat = [*head, *(c for g in groups for c in g)]
+        assert pack_groups(head, [group_facts(g, policy) for g in groups], policy) == pack(flat, policy), n
+    with pytest.raises(ValueError, match="not grouped"):
+        pack_groups([Candidate(id=ContextItemId("x"), tokens=1, group="g")], [], PackPolicy(budget_tokens=9))
+    with pytest.raises(ValueError, match="unique"):
+        pack_groups([Candidate(id=ContextItemId("x"), tokens=1)], [group_facts(
+            [Candidate(id=ContextItemId("x"), tokens=1, group="g")], PackPolicy(budget_tokens=9))],
+            PackPolicy(budget_tokens=9))
 
 
 def _full_pack(cands: list[Candidate], policy: PackPolicy, reasons: dict[ContextItemId, str], required: list[int],
