@@ -51,6 +51,7 @@ from shared.nats.infra import Infra, connect, ensure_infra
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120.0
+PROFILE_ENV = "WKR_PROFILE_DIR"
 
 
 def make_result(run: int, i: int, t_ns: int = 0) -> dict[str, object]:
@@ -228,8 +229,10 @@ async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int =
                 if partitions and name == "executor":
                     i = len(stack.procs)
                     own = {"REEL_EXECUTOR_PARTITIONS": ",".join(str(p) for p in range(i, partitions, executors))}
+                prof = os.environ.get(PROFILE_ENV)  # cProfile each service into <dir>/<role>-<sync>-<n>.prof
+                wrap = [str(REPO / "bench" / "_cprof.py"), f"{prof}/{role}-{sync}-{executors}.prof"] if prof else ["-m"]
                 stack.procs[role] = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", f"services.{name}", env={**env, **own}, cwd=str(REPO),
+                    sys.executable, *wrap, f"services.{name}", env={**env, **own}, cwd=str(REPO),
                     stdout=asyncio.subprocess.DEVNULL, stderr=log)
             yield stack
         finally:

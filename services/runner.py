@@ -72,5 +72,5 @@ def apply_connection_flags(argv: list[str]) -> None:
 def main_for(name: str, serve: Serve) -> None:
     """``python -m services.<name>`` entry point (connection flags: ``--nats-url``, ``--nats-user``, …)."""
     apply_connection_flags(sys.argv[1:])
-    setup_logging(name)
+    setup_logging(name, cache=True)  # a service never re-configures: loggers resolve once
     asyncio.run(run_service(name, serve, Config.from_env()))

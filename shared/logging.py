@@ -20,8 +20,13 @@ def _dumps(obj: object, **_: object) -> str:
     return msgspec.json.encode(obj, enc_hook=str).decode()
 
 
-def setup_logging(service: str, level: str | None = None) -> None:
-    """Configure structlog for one service process (idempotent)."""
+def setup_logging(service: str, level: str | None = None, *, cache: bool = False) -> None:
+    """Configure structlog for one service process (idempotent).
+
+    Args:
+        cache: each logger resolves the configuration once, at its first line (a service process, whose
+            configuration never changes; not where tests re-configure structlog to capture lines).
+    """
     fmt = os.environ.get("REEL_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
     lvl = getattr(logging, (level or os.environ.get("REEL_LOG_LEVEL", "INFO")).upper(), logging.INFO)
     renderer: structlog.typing.Processor = (
@@ -38,6 +43,6 @@ def setup_logging(service: str, level: str | None = None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=cache,
     )
     structlog.contextvars.bind_contextvars(service=service)

@@ -75,8 +75,9 @@ class VerifierService:
         except (RunNotFound, InvalidTransition, UnknownEventType, NotATrigger) as exc:
             log.error("verification.unreadable_run", code=exc.code, reason=exc.message)
             return Ack.TERM
-        log.info("verification.started", redelivery=cmd.num_delivered > 1, verifiers=len(job.pinned.verifiers),
-                 already_recorded=len(job.recorded()), failed_attempts=job.view.failed_attempts)
+        started = log.info if cmd.num_delivered > 1 else log.debug  # INFO per run: its verdicts and completion
+        started("verification.started", redelivery=cmd.num_delivered > 1, verifiers=len(job.pinned.verifiers),
+                already_recorded=len(job.recorded()), failed_attempts=job.view.failed_attempts)
         try:
             await self.handler.run(job)
         except RunCorrupt as exc:  # it went corrupt during the job

@@ -191,6 +191,28 @@ class Router:
         return await handle(delivery)
 
 
+class _KeepAlive:
+    """Sends ``msg.in_progress()`` every ``every_s`` seconds from a loop timer until :meth:`cancel`."""
+
+    def __init__(self, msg: Msg, every_s: float) -> None:
+        self._msg, self._every_s, self._loop = msg, every_s, asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle = self._loop.call_later(every_s, self._fire)
+        self._sending: asyncio.Task[None] | None = None
+
+    def _fire(self) -> None:
+        self._sending = self._loop.create_task(self._send())
+        self._timer = self._loop.call_later(self._every_s, self._fire)
+
+    async def _send(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._msg.in_progress()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        if self._sending is not None:
+            self._sending.cancel()
+
+
 class CommandConsumer:
     """Consume ``subjects`` of a stream (default: the commands stream) with a shared durable consumer.
 
@@ -293,12 +315,6 @@ class CommandConsumer:
                 metrics.set_consumer_depth(durable, info.num_pending, info.num_ack_pending)
             await asyncio.sleep(metrics.DEPTH_POLL_S)
 
-    async def _keepalive(self, msg: Msg) -> None:
-        while True:
-            await asyncio.sleep(self.ack_wait_s / 3)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
-
     async def _handle(self, msg: Msg) -> None:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(**{**self._context, "service": self.service})
@@ -310,7 +326,7 @@ class CommandConsumer:
                       stream_seq=meta.sequence.stream, num_delivered=meta.num_delivered,
                       stored_ns=int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0,
                       msg_id=headers.get(MSG_ID_HEADER))
-        keepalive = asyncio.create_task(self._keepalive(msg))
+        keepalive = _KeepAlive(msg, self.ack_wait_s / 3)  # a timer, no task per delivery
         try:
             decision = await self.handler(cmd)
         except Exception as exc:

@@ -130,7 +130,7 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
         bucket=n.outcome_bucket, storage=storage, replicas=cfg.replicas, history=1, ttl=7 * 24 * 3600.0,
     ))
     snapshots = await _kv(js, jsapi.KeyValueConfig(
-        bucket=n.snapshot_bucket, storage=storage, replicas=cfg.replicas, history=1,
+        bucket=n.snapshot_bucket, storage=storage, replicas=cfg.replicas, history=1, direct=True,  # Direct Get reads
         description="Latest folded-state snapshot per run (a shortcut for reads, never a source of truth)",
     ))
     return Infra(nc=nc, js=js, blobs=blobs, leases=leases, outcomes=outcomes, snapshots=snapshots)

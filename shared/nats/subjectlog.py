@@ -41,8 +41,8 @@ from nats.js.errors import APIError, NotFoundError
 from shared.core.errors import ConcurrencyConflict, ReelError
 from shared.core.ids import new_commit_id
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
-from shared.nats.access import fail_if_denied
-from shared.nats.publish import StreamUnavailable, is_transient, request_ack, settle_retrying
+from shared.nats.directget import direct_replies
+from shared.nats.publish import is_transient, request_ack, settle_retrying
 
 WRONG_LAST_SEQUENCE = 10071
 RACING_WRITE = 10164  # clustered: a write racing an in-flight one on the same subject
@@ -201,7 +201,13 @@ class SubjectLog:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _direct_get(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
-        """:meth:`_direct_get_once`, asked again while the stream cannot answer (an election; tenacity)."""
+        """:meth:`_direct_get_once`, asked again while the stream cannot answer (an election; tenacity). The
+        first try runs without the retry machinery (the common case answers at once)."""
+        try:
+            return await self._direct_get_once(payload, subject_suffix)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
         async for attempt in settle_retrying():
             with attempt:
                 return await self._direct_get_once(payload, subject_suffix)
@@ -210,37 +216,12 @@ class SubjectLog:
     async def _direct_get_once(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
         """Raw (batched) Direct Get; the messages before the end-of-batch status.
 
-        Replies are collected by a subscription callback (one future for the whole
-        batch, not a ``next_msg`` task per message).
+        Replies arrive on the connection's one Direct Get reply subscription
+        (:mod:`shared.nats.directget`: no subscription per read, no ``next_msg`` task per message).
         """
-        api_subject = f"$JS.API.DIRECT.GET.{self.stream}{subject_suffix}"
-        out: list[Msg] = []
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        single = "batch" not in payload
-
-        async def on_reply(msg: Msg) -> None:
-            if done.done():
-                return
-            status = (msg.headers or {}).get("Status")
-            if status is None:
-                out.append(msg)
-                if single:
-                    done.set_result(None)
-            elif status in ("404", "204", "408"):
-                done.set_result(None)
-            elif status == "503":
-                done.set_exception(StreamUnavailable(f"no responders for {api_subject}"))
-            else:
-                done.set_exception(ReelError(f"direct get failed: {status} {(msg.headers or {}).get('Description')}"))
-
-        sub = await self._nc.subscribe(self._nc.new_inbox(), cb=on_reply)
-        fail_if_denied(self._nc, api_subject, done)  # a refused read fails now, not at the timeout
-        try:
-            await self._nc.publish(api_subject, json.dumps(payload).encode() if payload else b"", reply=sub.subject)
-            await asyncio.wait_for(done, self._timeout_s)
-        finally:
-            await sub.unsubscribe()
-        return out
+        return await direct_replies(self._nc).get(
+            f"$JS.API.DIRECT.GET.{self.stream}{subject_suffix}", json.dumps(payload).encode() if payload else b"",
+            single="batch" not in payload, timeout_s=self._timeout_s)
 
     async def head_msg(self, key: str) -> Msg | None:
         """The key's last message (headers include ``Nats-Sequence``), or ``None``.
