@@ -204,10 +204,11 @@ def _log_file(workdir: str, name: str) -> BinaryIO:
 
 @contextlib.asynccontextmanager
 async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int = 1,
-                     partitions: int = 0) -> AsyncIterator[Stack]:
+                     partitions: int = 0, repo: Path = REPO) -> AsyncIterator[Stack]:
     """A server (``sync_interval: always`` if ``sync == "always"``), its infra, ``executors`` executors
     (roles ``executor``, ``executor-2``, …) and one verifier. ``partitions`` ≥ 1: ``REEL_PARTITIONS``, the
-    partitions dealt round-robin to the executors (``REEL_EXECUTOR_PARTITIONS``)."""
+    partitions dealt round-robin to the executors (``REEL_EXECUTOR_PARTITIONS``). ``repo``: the code tree the
+    services run from (another checkout of Reel: a baseline measured beside this one)."""
     conf = _write_conf(workdir) if sync == "always" else None
     store = tempfile.mkdtemp(prefix=f"js-{sync}-", dir=workdir)
     async with embedded_server(store_dir=store, config_file=conf) as srv:
@@ -218,11 +219,12 @@ async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int =
                       client=ReelClient(nc, cfg, JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)))
         sub = await nc.subscribe(cfg.names.events("*"), cb=stack.on_commit)
         env = {**os.environ, "NATS_URL": srv.url, "REEL_NAMESPACE": "reel", "REEL_LOG_FORMAT": "json",
-               "REEL_MAX_CONCURRENT_RUNS": str(concurrency), "PYTHONPATH": str(REPO),
+               "REEL_MAX_CONCURRENT_RUNS": str(concurrency), "PYTHONPATH": str(repo),
                "REEL_PARTITIONS": str(partitions)}
         roles = [("executor" if i == 0 else f"executor-{i + 1}", "executor") for i in range(executors)]
         roles.append(("verifier", "verifier"))
-        logs = [_log_file(workdir, f"{role}-{sync}-{executors}.log") for role, _ in roles]
+        tag = f"{sync}-{executors}" + ("" if repo == REPO else f"-{repo.name}")
+        logs = [_log_file(workdir, f"{role}-{tag}.log") for role, _ in roles]
         try:
             for (role, name), log in zip(roles, logs, strict=True):
                 own = {}
@@ -230,9 +232,9 @@ async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int =
                     i = len(stack.procs)
                     own = {"REEL_EXECUTOR_PARTITIONS": ",".join(str(p) for p in range(i, partitions, executors))}
                 prof = os.environ.get(PROFILE_ENV)  # cProfile each service into <dir>/<role>-<sync>-<n>.prof
-                wrap = [str(REPO / "bench" / "_cprof.py"), f"{prof}/{role}-{sync}-{executors}.prof"] if prof else ["-m"]
+                wrap = [str(REPO / "bench" / "_cprof.py"), f"{prof}/{role}-{tag}.prof"] if prof else ["-m"]
                 stack.procs[role] = await asyncio.create_subprocess_exec(
-                    sys.executable, *wrap, f"services.{name}", env={**env, **own}, cwd=str(REPO),
+                    sys.executable, *wrap, f"services.{name}", env={**env, **own}, cwd=str(repo),
                     stdout=asyncio.subprocess.DEVNULL, stderr=log)
             yield stack
         finally:

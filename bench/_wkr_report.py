@@ -51,11 +51,12 @@ def _per_key(rows: list[dict[str, float]]) -> dict[str, float]:
 def print_report(bench: Bench, long: dict[str, float] | None, scaled: list[dict[str, float]], *, load0: str,
                  load1: str, elapsed_s: float, ratio: Callable[..., float], peers: bool) -> dict[str, Any]:
     """Print the tables and the ratio lines (last); return every figure for ``--json``."""
-    raw_of = {v: ("raw_always" if v.endswith("always") else "raw") for v in LABELS}
+    labels = {**LABELS, **{f"{v}@base": f"{label} (baseline code)" for v, label in LABELS.items()}}
+    raw_of = {v: ("raw_always" if v.split("@")[0].endswith("always") else "raw") for v in labels}
     t = Table(title=f"W(K, R): {len(bench.a['raw'])} rounds, medians [min–max]", title_justify="left")
     for col in ("engine", "(a) W(200,1) µs/step", "(a) wall µs/step", "× raw", "(b) W(20,50) steps/s"):
         t.add_column(col, justify="left" if col == "engine" else "right")
-    for v, label in LABELS.items():
+    for v, label in ((w, labels[w]) for v0 in LABELS for w in (v0, f"{v0}@base")):
         if not bench.a.get(v):
             continue
         t.add_row(label, _spread([s.a_median_us for s in bench.a[v]]), _fmt(_med([s.a_wall_us for s in bench.a[v]])),
@@ -98,20 +99,26 @@ def print_report(bench: Bench, long: dict[str, float] | None, scaled: list[dict[
         st = Table(title=f"{scaled[0]['runs']:.0f} runs × 3 tool steps started at once, by executor processes "
                          f"(median of {scaled[0]['rounds']:.0f} rounds)",
                    title_justify="left")
-        for col in ("executors", "end-to-end s", "steps/s", "CPU µs/step, all", "executors", "verifier",
+        for col in ("code", "executors", "end-to-end s", "steps/s", "CPU µs/step, all", "executors", "verifier",
                     "nats-server", "driver", "CPU ÷ 1 executor"):
             st.add_column(col, justify="right")
+        first = {row["code"]: row for row in reversed(scaled)}  # each code's 1-executor row (the first count)
         for row in scaled:
-            st.add_row(f"{row['executors']:.0f}", _fmt(row["wall_s"], 2), _fmt(row["steps_per_s"]),
+            st.add_row(str(row["code"]), f"{row['executors']:.0f}", _fmt(row["wall_s"], 2), _fmt(row["steps_per_s"]),
                        _fmt(row["cpu_us_per_step"]), _fmt(row["executors_cpu_us_per_step"]),
                        _fmt(row["verifier_cpu_us_per_step"]), _fmt(row["server_cpu_us_per_step"]),
                        _fmt(row["driver_cpu_us_per_step"]),
-                       _fmt(row["cpu_us_per_step"] / scaled[0]["cpu_us_per_step"], 2))
+                       _fmt(row["cpu_us_per_step"] / first[row["code"]]["cpu_us_per_step"], 2))
         console.print(st)
     for f in bench.failures:
         console.print(f"[red]peer failed:[/] {f}")
     console.print(f"before: {load0}\nafter:  {load1}\nelapsed {elapsed_s:.0f} s")
 
+    if bench.a.get("tool@base") or bench.a.get("model@base"):
+        print(f"baseline ratio tool_vs_raw={ratio(bench, 'tool@base', 'raw'):.2f} "
+              f"model_vs_raw={ratio(bench, 'model@base', 'raw'):.2f} "
+              f"tool_vs_baseline={ratio(bench, 'tool', 'tool@base'):.2f} "
+              f"throughput_vs_baseline={ratio(bench, 'tool', 'tool@base', 'b'):.2f}")
     ratios = {"tool_vs_raw": ratio(bench, "tool", "raw"), "model_vs_raw": ratio(bench, "model", "raw")}
     print(f"ratio tool_vs_raw={ratios['tool_vs_raw']:.2f} model_vs_raw={ratios['model_vs_raw']:.2f}")
     if peers:

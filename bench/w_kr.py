@@ -50,7 +50,7 @@ from typing import Any
 
 from _bench_common import machine_note
 from _wkr_peers import PEERS, Sample, ensure_raw_stream, median_interval_us, raw_a, raw_b, run_peer
-from _wkr_reel import WORKFLOWS, Stack, reel_stack
+from _wkr_reel import REPO, WORKFLOWS, Stack, reel_stack
 from _wkr_report import print_report
 
 REEL_VARIANTS = {"tool": ("default", "tool"), "model": ("default", "model"), "agent": ("default", "agent"),
@@ -84,9 +84,10 @@ class Bench:
         return out
 
     async def reel(self, variant: str, *, ka: int, rb: int, kb: int, record: bool = True) -> None:
-        """(a) then (b) of one Reel variant."""
-        sync, kind = REEL_VARIANTS[variant]
-        stack, build = self.stacks[sync], WORKFLOWS[kind]
+        """(a) then (b) of one Reel variant (``<variant>@base``: on the ``--baseline`` code's stack)."""
+        name, _, base = variant.partition("@")
+        sync, kind = REEL_VARIANTS[name]
+        stack, build = self.stacks[sync + ("@base" if base else "")], WORKFLOWS[kind]
         n = self._next()
         spec = build(n, ka)
         key = f"{self.session}-{variant}-{n}"
@@ -142,36 +143,39 @@ class Bench:
 async def scale(args: argparse.Namespace, workdir: str) -> list[dict[str, float]]:
     """``--scale`` runs of 3 tool steps, all started at once, on servers with 1, 2, 4… executors (all up
     together, measured in turn for ``--scale-rounds`` rounds, the order rotating; medians): wall time
-    from the first start to the last ``run_completed``, and CPU µs per step of every process."""
+    from the first start to the last ``run_completed``, and CPU µs per step of every process. With
+    ``--baseline`` each count also runs on the baseline code (rows ``code: baseline``), in the same rounds."""
     counts = [int(x) for x in args.scale_executors.split(",")]
-    samples: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+    trees = [("", REPO)] + ([("@base", Path(args.baseline))] if args.baseline else [])
+    keys = [(n, t) for n in counts for t, _ in trees]
+    samples: dict[tuple[int, str], list[dict[str, float]]] = {k: [] for k in keys}
     async with contextlib.AsyncExitStack() as stack_of:
-        stacks = {n: await stack_of.enter_async_context(reel_stack("default", workdir, args.concurrency, executors=n,
-                                                                   partitions=args.scale_partitions))
-                  for n in counts}
+        stacks = {(n, t): await stack_of.enter_async_context(reel_stack(
+                      "default", workdir, args.concurrency, executors=n, partitions=args.scale_partitions, repo=repo))
+                  for n in counts for t, repo in trees}
         tag = uuid.uuid4().hex[:6]
-        for n, st in stacks.items():
+        for (n, t), st in stacks.items():
             warm = [WORKFLOWS["tool"](i, 3) for i in range(10 * n)]
-            await asyncio.gather(*(st.run(w, f"warm-{tag}-{n}-{i}") for i, w in enumerate(warm)))
+            await asyncio.gather(*(st.run(w, f"warm-{tag}-{n}{t}-{i}") for i, w in enumerate(warm)))
         for r in range(args.scale_rounds):
-            for n in counts[r % len(counts):] + counts[:r % len(counts)]:
-                st = stacks[n]
+            for n, t in keys[r % len(keys):] + keys[:r % len(keys)]:
+                st = stacks[(n, t)]
                 specs = [WORKFLOWS["tool"](i, 3) for i in range(args.scale)]
                 c0 = st.cpu()
                 done = await asyncio.gather(*(st.run(w, f"scale-{tag}-{r}-{i}", timeout_s=600)
                                               for i, w in enumerate(specs)))
                 c1 = st.cpu()
                 steps = 3 * args.scale
-                wall = (max(t for _, _, t in done) - min(t for _, t, _ in done)) / 1e9
+                wall = (max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)) / 1e9
                 cpu = {role: (c1[role] - c0[role]) * 1e6 / steps for role in c0}
-                samples[n].append({
+                samples[(n, t)].append({
                     "wall_s": wall, "steps_per_s": steps / wall, "cpu_us_per_step": sum(cpu.values()),
                     "executors_cpu_us_per_step": sum(v for role, v in cpu.items() if role.startswith("executor")),
                     "verifier_cpu_us_per_step": cpu["verifier"], "server_cpu_us_per_step": cpu["nats-server"],
                     "driver_cpu_us_per_step": cpu["driver"]})
-                print(f"scale round {r + 1}/{args.scale_rounds}, {n} executors: {wall:.1f} s", file=sys.stderr)
-    return [{"executors": n, "runs": args.scale, "rounds": args.scale_rounds,
-             **{k: statistics.median(x[k] for x in xs) for k in xs[0]}} for n, xs in samples.items()]
+                print(f"scale round {r + 1}/{args.scale_rounds}, {n} executors{t}: {wall:.1f} s", file=sys.stderr)
+    return [{"executors": n, "code": "baseline" if t else "this", "runs": args.scale, "rounds": args.scale_rounds,
+             **{k: statistics.median(x[k] for x in xs) for k in xs[0]}} for (n, t), xs in samples.items()]
 
 
 def ratio(bench: Bench, num: str, den: str, phase: str = "a") -> float:
@@ -189,17 +193,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     peers = list(PEERS) if args.peers else []
     with contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="w_kr-") as tmp:
         workdir = Path(tmp)
-        async with reel_stack("default", tmp, args.concurrency) as default, \
-                reel_stack("always", tmp, args.concurrency) as always:
-            stacks = {"default": default, "always": always}
+        async with contextlib.AsyncExitStack() as stack_of:
+            wanted = [] if args.only_scale else ["default", "always"]
+            trees = [("", REPO)] + ([("@base", Path(args.baseline))] if args.baseline else [])
+            stacks = {sync + t: await stack_of.enter_async_context(reel_stack(sync, tmp, args.concurrency, repo=repo))
+                      for sync in wanted for t, repo in trees if not t or sync != "always" or
+                      "tool_always" in args.variants}
             for s in stacks.values():
                 await ensure_raw_stream(s.infra.js)
             bench = Bench(args, stacks, workdir)
-            reel = [v for v in REEL_VARIANTS if v in args.variants]
+            reel = [v for v in REEL_VARIANTS if v in args.variants.split(",")] if not args.only_scale else []
+            reel = [v + t for v in reel for t, _ in trees]
             for v in reel:  # warm-up: one 20-step run and 5 × 5 concurrent, as the peers do
                 await bench.reel(v, ka=20, rb=5, kb=5, record=False)
             jobs: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-            for v in RAW_VARIANTS:
+            for v in RAW_VARIANTS if stacks else ():
                 jobs.append((v, lambda v=v: bench.raw(v, ka=args.ka, rb=args.rb, kb=args.kb)))
             for v in reel:
                 jobs.append((v, lambda v=v: bench.reel(v, ka=args.ka, rb=args.rb, kb=args.kb)))
@@ -210,7 +218,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     t = time.monotonic()
                     await job()
                     print(f"round {r + 1}/{args.rounds} {name}: {time.monotonic() - t:.1f} s", file=sys.stderr)
-            long = await bench.long_run(args.long) if args.long else None
+            long = await bench.long_run(args.long) if args.long and stacks else None
         scaled = await scale(args, tmp) if args.scale else []
         return print_report(bench, long, scaled, load0=load0, load1=machine_note(),
                             elapsed_s=time.monotonic() - started, ratio=ratio, peers=bool(peers))
@@ -232,6 +240,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="REEL_PARTITIONS of the --scale servers, dealt round-robin (0: one shared durable)")
     ap.add_argument("--concurrency", type=int, default=50, help="REEL_MAX_CONCURRENT_RUNS of each executor")
     ap.add_argument("--variants", default=",".join(REEL_VARIANTS), help="Reel variants, comma-separated")
+    ap.add_argument("--baseline", help="another checkout of Reel (e.g. a git worktree of an earlier commit): its "
+                    "services run beside this tree's, on their own servers, in the same rounds (variants <v>@base)")
+    ap.add_argument("--only-scale", action="store_true", help="only the --scale section")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--workdir", help="keep the servers' stores and the services' logs here (default: a temp dir)")
     args = ap.parse_args(argv)
