@@ -53,6 +53,7 @@ from shared.core.toolspec import OutputLimit, truncation_note
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.nats.blobstore import ref_for
 from shared.nats.publish import publish_pipelined, publish_verify
+from shared.proc.group import Stdin
 from shared.proc.tools import SPOOL_MEMORY_BYTES, ToolOutput
 
 from .bodies import Bodies
@@ -65,6 +66,20 @@ CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
 """Fault injection: ``<step_id>:<attempt>:<point>`` (point: before_intent, after_intent, after_output,
 after_outcome; plain steps, services/executor/plain.py) or ``verifying:after_commit``; the process exits 137 there."""
 LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
+
+
+OUTPUT_READ_MAX_BYTES = 4 * 1024 * 1024
+"""An earlier output longer than this is read as its head and tail only (bytes; a model step passes its own
+bound, :func:`shared.core.planning.read_bound`)."""
+
+
+class Outputs(dict[str, str]):
+    """Earlier outputs' texts by step id (:meth:`Attempts.outputs`); ``trimmed``: step id → the full size
+    (bytes) of each output of which only the head and tail were read."""
+
+    def __init__(self, texts: dict[str, str], trimmed: dict[str, int] | None = None) -> None:
+        super().__init__(texts)
+        self.trimmed: dict[str, int] = dict(trimmed or {})
 
 
 def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
@@ -219,25 +234,46 @@ class Attempts:
                                 kind="output_store_failed") from exc
             return ref, None
 
+    def stdin_of(self, state: RunState, branch_id: BranchId, step_id: str) -> Stdin:
+        """A command's stdin (``stdin_from``): the output of ``step_id``'s final success on ``branch_id``, the
+        bytes as stored — a body in :attr:`bodies` as it is, any other streamed from the blob store chunk by
+        chunk (checked against its sha256 as it goes: :meth:`~shared.nats.blobread.BlobReads.chunks`; never
+        held whole); ``b""`` if the step has no output."""
+        ref = plan.succeeded_output(state, branch_id, StepId(step_id))
+        if ref is None:
+            return b""
+        body = self.bodies.peek(ref)
+        return body if body is not None else self.blobs.chunks(ref)
+
     async def outputs(self, state: RunState, branch_id: BranchId, step_ids: list[str], *,
-                      marked: bool = True) -> dict[str, str]:
-        """Output texts of earlier steps that succeeded on ``branch_id`` (from :attr:`bodies`, the ones it lacks
-        read from the blob store concurrently); step id → text (UTF-8, invalid bytes replaced). ``marked``: a
-        tool output its cap truncated ends with :func:`~shared.core.toolspec.truncation_note` (what a model is
-        shown); ``False``: the bytes as stored (a command's stdin).
+                      max_bytes: int = OUTPUT_READ_MAX_BYTES) -> Outputs:
+        """Output texts of earlier steps that succeeded on ``branch_id`` (what a model is shown): step id →
+        text (UTF-8, invalid bytes replaced); a tool output its cap truncated ends with
+        :func:`~shared.core.toolspec.truncation_note`. One of at most ``max_bytes`` comes from :attr:`bodies`
+        (the ones it lacks read from the blob store concurrently); a longer one is never read whole: only
+        its first and last ``max_bytes // 2`` (one streamed pass, checked against its sha256:
+        :meth:`~shared.nats.blobread.BlobReads.head_tail`), marked where bytes were left out
+        (:func:`~shared.core.planning.trimmed_text`) and listed in :attr:`Outputs.trimmed`.
 
         Raises:
             BlobMissing, BlobCorrupt, BlobTimeout: an output's blob cannot be read.
         """
         found = {sid: plan.succeeded_output(state, branch_id, StepId(sid)) for sid in step_ids}
         refs = {sid: ref for sid, ref in found.items() if ref is not None}
-        bodies = await self.bodies.many(list(refs.values()))
-        texts = {sid: bodies[ref.sha256].decode("utf-8", errors="replace") for sid, ref in refs.items()}
+        large = {sid: ref for sid, ref in refs.items() if ref.size_bytes > max_bytes}
+        bodies = await self.bodies.many([ref for sid, ref in refs.items() if sid not in large])
+        ends = await asyncio.gather(*(self.blobs.head_tail(r, max_bytes // 2, max_bytes - max_bytes // 2)
+                                      for r in large.values()))
+        texts = Outputs({sid: bodies[ref.sha256].decode("utf-8", errors="replace")
+                         for sid, ref in refs.items() if sid not in large})
+        for sid, (head, tail, size) in zip(large, ends, strict=True):
+            texts[sid] = plan.trimmed_text(head, tail, size)
+            texts.trimmed[sid] = size
         for sid, ref in refs.items():
             win = final_success(state.branches[branch_id].attempts.get(StepId(sid), ()))
-            if marked and win is not None and win.truncated is True:
+            if win is not None and win.truncated is True:
                 texts[sid] += truncation_note(ref.size_bytes)
-        return texts
+        return Outputs({sid: texts[sid] for sid in refs}, texts.trimmed)  # in the order asked
 
     # ---- outcomes ------------------------------------------------------------------------
     async def marker(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> BlobRef | None:

@@ -36,6 +36,13 @@ class Bodies:
             _, old = self._cache.popitem(last=False)
             self._bytes -= len(old)
 
+    def peek(self, ref: BlobRef) -> bytes | None:
+        """The body of ``ref`` if it is cached (no read), else ``None``."""
+        body = self._cache.get(ref.sha256)
+        if body is not None:
+            self._cache.move_to_end(ref.sha256)
+        return body
+
     async def get(self, ref: BlobRef) -> bytes:
         """The body of ``ref``.
 

@@ -147,14 +147,20 @@ class PlainSteps:
             return Prepared(action=action, step=step, intent=AttemptDispatched(
                 branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                 executor_id=a.executor_id, at_ms=now_ms()))
-        outputs = await a.outputs(state, action.branch_id, plan.needed_outputs(step, spec))
+        policy = plan.policy_for(step, spec)
+        outputs = await a.outputs(state, action.branch_id, plan.needed_outputs(step, spec),
+                                  max_bytes=plan.read_bound(policy))
         items = plan.context_items(step, spec, outputs)
-        packed = pack(plan.candidates(items, a.facts), plan.policy_for(step, spec))
+        packed = pack(plan.candidates(items, a.facts), policy)
         prompt = plan.render_prompt(step, items, packed.partition.packed)
+        partition = packed.partition
+        if outputs.trimmed:  # recorded beside the buckets: what was cut before packing (never silent)
+            partition = msgspec.structs.replace(partition, trimmed=tuple(
+                i.id for i, _ in items if i.from_step in outputs.trimmed))
+            log.info("context.trimmed", step_id=step.id, outputs=outputs.trimmed, read_bound=plan.read_bound(policy))
         intent = AttemptDispatched(
             branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=a.executor_id,
-            at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max),
-            context=packed.partition,
+            at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max), context=partition,
         )
         return Prepared(action=action, step=step, intent=intent, prompt=prompt, prompt_tokens=packed.packed_tokens)
 
@@ -226,10 +232,7 @@ class PlainSteps:
         started = time.perf_counter()
         try:
             if isinstance(step, ToolStep):
-                stdin = None
-                if step.tool.stdin_from:
-                    stdin = (await self.a.outputs(state, action.branch_id, [step.tool.stdin_from], marked=False)).get(
-                        step.tool.stdin_from, "").encode()
+                stdin = self.a.stdin_of(state, action.branch_id, step.tool.stdin_from) if step.tool.stdin_from else None
                 spool = await guarded(run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
                     "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
                     "REEL_ATTEMPT": str(action.attempt)}, limit=output_limit(step.tool, self.a.tool_output)),

@@ -16,6 +16,7 @@ executor supersedes it with a new attempt and recovery resolves it later
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 from collections.abc import Mapping
 
@@ -186,6 +187,30 @@ def context_items(step: ModelStep, spec: WorkflowSpec, outputs: Mapping[str, str
             if f"out-{s.id}" not in have and s.id in outputs:
                 items.append((ContextItemSpec(id=f"out-{s.id}", from_step=s.id, kind="output"), outputs[s.id]))
     return items
+
+
+READ_BYTES_PER_TOKEN = 16
+"""How many bytes of an earlier output a model step reads per token of its budget (bytes/token): an output
+longer than that much of the budget (or of ``max_item_tokens``) could not fit — text runs 3–4 bytes per
+token (:mod:`shared.core.tokens`) — so only its head and tail are read (:func:`read_bound`)."""
+
+
+def read_bound(policy: PackPolicy) -> int:
+    """Bytes of one earlier output a step packing under ``policy`` reads at most (half head, half tail)."""
+    tokens = policy.budget_tokens if policy.max_item_tokens is None else min(policy.budget_tokens,
+                                                                             policy.max_item_tokens)
+    return max(1, tokens) * READ_BYTES_PER_TOKEN
+
+
+def trimmed_text(head: bytes, tail: bytes, size_bytes: int) -> str:
+    """An output's text when only its ``head`` and ``tail`` were read (pure): both decoded (a character cut at
+    either edge is dropped), with a note between them saying how many of its ``size_bytes`` were left out."""
+    first = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+    skip = next((i for i, b in enumerate(tail[:4]) if b & 0xC0 != 0x80), 0)  # continuation bytes of a cut char
+    last = tail[skip:].decode("utf-8", errors="replace")
+    omitted = size_bytes - len(head) - len(tail)
+    return (f"{first}\n[reel: output trimmed — {omitted} of its {size_bytes} bytes left out here, between the "
+            f"first {len(head)} and the last {len(tail)}: more than this step's context budget can use]\n{last}")
 
 
 def needed_outputs(step: ModelStep, spec: WorkflowSpec) -> list[str]:

@@ -18,7 +18,7 @@ pinned by one contract suite: tests/integration/test_eventlog_contract.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import IO, Protocol
 
 from shared.core.events import AnyEvent, BlobRef, Commit
@@ -130,6 +130,16 @@ class BlobStore(Protocol):
 
     async def get_file(self, ref: BlobRef, into: IO[bytes] | None) -> int:
         """Stream the body of ``ref`` into ``into`` (``None``: only check it), checked; its size (bytes)."""
+        ...
+
+    def chunks(self, ref: BlobRef) -> AsyncIterator[bytes]:
+        """The body of ``ref`` chunk by chunk, each fetched when asked for, never held whole; checked as it
+        goes (a mismatch raises BlobCorrupt after the last chunk: the body is unchecked until the end)."""
+        ...
+
+    async def head_tail(self, ref: BlobRef, head_bytes: int, tail_bytes: int) -> tuple[bytes, bytes, int]:
+        """The first ``head_bytes`` and last ``tail_bytes`` of the body (never overlapping) and its size (bytes),
+        streamed and checked whole."""
         ...
 
     async def get(self, ref: BlobRef) -> bytes:

@@ -63,6 +63,11 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
             recorded before reasons were (old logs decode and fold unchanged).
         packed_tokens: the token total of ``packed`` as the packer counted it (tokens); unset
             in partitions recorded before it was.
+        trimmed: candidates whose text was cut to its head and tail *before* packing — an earlier
+            output larger than the step's budget could use (more than
+            :data:`~shared.core.planning.READ_BYTES_PER_TOKEN` bytes per budget token; reason
+            ``read_bound``), its text marked where bytes were left out (docs/context.md). Each is
+            also in one of the three buckets. Unset (and not encoded) when none was.
     """
 
     packed: tuple[ContextItemId, ...]
@@ -70,6 +75,7 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
     dropped: tuple[ContextItemId, ...]
     drop_reasons: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
     packed_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    trimmed: tuple[ContextItemId, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def dropped_with_reasons(self) -> tuple[tuple[ContextItemId, str], ...]:
         """``(id, reason)`` per dropped item, in order; the reason is ``""`` where none was recorded."""

@@ -8,11 +8,11 @@ Bodies are written in the object store's own wire format (NATS ADR-20): 512 KiB
 chunks, then the meta record fenced with ``Nats-Expected-Last-Subject-Sequence: 0``
 on the meta subject, so an existing object is never replaced (racing writers of
 one body: one wins, the others purge their chunks). A single-chunk body and its
-meta record go out pipelined in one round trip. Reads go through nats-py's
-``ObjectStore.get`` (so the format stays the library's), with a timeout, and the
-body's sha256 is checked: an object that does not hold the body its name says
-(written under the wrong sha256 by another client, or overwritten) is
-:class:`~shared.core.errors.BlobCorrupt`, with what it holds instead. A body of at
+meta record go out pipelined in one round trip. Reads (whole, chunk by chunk, into a
+file, head and tail) are :mod:`shared.nats.blobread`'s, each checked against the ref's
+sha256: an object that does not hold the body its name says (written under the wrong
+sha256 by another client, or overwritten) is :class:`~shared.core.errors.BlobCorrupt`,
+with what it holds instead. A body of at
 most the inline threshold may instead ride in its ref (:func:`ref_for` with
 ``inline_max``; brief §4): :meth:`JetStreamBlobStore.get` answers it from the ref,
 so readers do not care where a body is.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import io
 import json
 from collections import OrderedDict, deque
 from datetime import UTC, datetime
@@ -47,10 +46,12 @@ from nats.js import api as jsapi
 from nats.js.errors import APIError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout
+from shared.core.errors import BlobCorrupt, BlobMissing
 from shared.core.events import BlobRef
 from shared.core.ports import BlobStore
 from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.nats.blobread import GET_TIMEOUT_S, BlobReads
+from shared.nats.blobread import is_inline as is_inline  # re-exported: writers and readers import it from here
 from shared.nats.publish import publish_pipelined
 
 log = structlog.get_logger(__name__)
@@ -58,8 +59,6 @@ log = structlog.get_logger(__name__)
 CHUNK_BYTES = 512 * 1024
 PUT_WINDOW = 8
 """Chunks of a streamed put in flight (unacked) at once: 4 MiB of the writer's memory."""
-GET_TIMEOUT_S = 30.0
-_KNOWN_CACHE = 4096
 
 
 def ref_for(data: bytes, media_type: str = "text/plain", *, inline_max: int = 0) -> BlobRef:
@@ -74,13 +73,9 @@ def ref_for(data: bytes, media_type: str = "text/plain", *, inline_max: int = 0)
     return ref
 
 
-def is_inline(ref: BlobRef) -> bool:
-    """True if ``ref`` carries its body (nothing to store or fetch)."""
-    return isinstance(ref.inline, str)
-
-
-class JetStreamBlobStore:
-    """The :class:`~shared.core.ports.BlobStore` port on a JetStream object store bucket."""
+class JetStreamBlobStore(BlobReads):
+    """The :class:`~shared.core.ports.BlobStore` port on a JetStream object store bucket (the reads:
+    :class:`~shared.nats.blobread.BlobReads`)."""
 
     def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S) -> None:
         self._nc = nc
@@ -89,12 +84,6 @@ class JetStreamBlobStore:
         self._bucket = bucket
         self._timeout_s = timeout_s
         self._known: OrderedDict[str, None] = OrderedDict()
-
-    def _remember(self, sha: str) -> None:
-        self._known[sha] = None
-        self._known.move_to_end(sha)
-        if len(self._known) > _KNOWN_CACHE:
-            self._known.popitem(last=False)
 
     async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef:
         """Store ``data`` (idempotent: an existing body is not written again); returns its ref."""
@@ -246,108 +235,6 @@ class JetStreamBlobStore:
             await self._nc.jetstream().purge_stream(f"OBJ_{self._bucket}", subject=subject)
         except Exception as exc:  # cleanup is best effort; the object itself is consistent
             log.warning("blob.purge_failed", subject=subject, error=str(exc))
-
-    async def exists(self, ref: BlobRef) -> bool:
-        """True if the store holds the body of ``ref``."""
-        if is_inline(ref) or ref.sha256 in self._known:
-            return True
-        try:
-            await asyncio.wait_for(self._obs.get_info(ref.sha256), self._timeout_s)
-        except NotFoundError:
-            return False
-        self._remember(ref.sha256)
-        return True
-
-    async def get(self, ref: BlobRef) -> bytes:
-        """Fetch the body of ``ref``.
-
-        An inline ref (:func:`is_inline`) is answered from the ref itself, checked the same way.
-
-        Raises:
-            BlobMissing: no such object.
-            BlobCorrupt: the object's body does not hash to ``ref.sha256`` (the reason says what it holds),
-                or it is not a readable object.
-            BlobTimeout: the read took longer than the store's timeout.
-        """
-        if isinstance(ref.inline, str):
-            data = ref.inline.encode("utf-8")
-            if hashlib.sha256(data).hexdigest() != ref.sha256:
-                raise BlobCorrupt(f"inline blob {ref.sha256[:12]}… is corrupt (sha256 mismatch)")
-            return data
-        result = await self._fetch(ref, None)
-        data = bytes(result.data or b"")
-        _check(ref, hashlib.sha256(data).hexdigest(), len(data))
-        return data
-
-    async def get_file(self, ref: BlobRef, into: IO[bytes] | None) -> int:
-        """Stream the body of ``ref`` into ``into`` chunk by chunk (``None``: only check it), never holding it
-        whole; its sha256 is checked as it comes. Returns its size (bytes).
-
-        Raises:
-            BlobMissing, BlobCorrupt, BlobTimeout: as :meth:`get` (``into`` may hold part of a corrupt body).
-        """
-        if is_inline(ref):
-            data = await self.get(ref)
-            if into is not None:
-                into.write(data)
-            return len(data)
-        sink = _HashingSink(into)
-        await self._fetch(ref, sink)
-        _check(ref, sink.digest.hexdigest(), sink.size)
-        return sink.size
-
-    async def _fetch(self, ref: BlobRef, sink: io.BufferedIOBase | None) -> ObjectStore.ObjectResult:
-        try:
-            return await asyncio.wait_for(self._read(ref.sha256, sink), self._timeout_s)
-        except NotFoundError as exc:
-            raise BlobMissing(f"blob {ref.sha256[:12]}… not in bucket {self._bucket}") from exc
-        except TimeoutError as exc:
-            raise BlobTimeout(f"reading blob {ref.sha256[:12]}… took over {self._timeout_s}s") from exc
-        except Exception as exc:  # a meta record that is not a readable object (bad digest, no nuid, a link…)
-            raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: not a readable object "
-                              f"({type(exc).__name__}: {exc})"[:300]) from exc
-
-    async def _read(self, name: str, sink: io.BufferedIOBase | None) -> ObjectStore.ObjectResult:
-        """The object: its meta record, then — one chunk, the common case — that chunk by a message get (two
-        requests, no consumer); several chunks (or a ``sink`` to stream into) through nats-py's ordered consumer.
-
-        Raises:
-            NotFoundError: no such object (or its chunk is gone).
-            nats.js.errors.Error, ValueError: the meta record is not a readable plain object.
-        """
-        if sink is not None:
-            return await self._obs.get(name, writeinto=sink)
-        info = await self._obs.get_info(name)
-        if info.chunks != 1 or not info.nuid or info.is_link():
-            return await self._obs.get(name)
-        msg = await self._js.get_last_msg(f"OBJ_{self._bucket}", f"$O.{self._bucket}.C.{info.nuid}")
-        return ObjectStore.ObjectResult(info=info, data=bytes(msg.data or b""))
-
-    async def get_text(self, ref: BlobRef) -> str:
-        """:meth:`get`, decoded as UTF-8 (invalid bytes replaced)."""
-        return (await self.get(ref)).decode("utf-8", errors="replace")
-
-
-class _HashingSink(io.BufferedIOBase):
-    """Where a streamed get writes: hashes and counts every chunk, and hands it on (if ``into``)."""
-
-    def __init__(self, into: IO[bytes] | None) -> None:
-        super().__init__()
-        self.digest, self.size, self._into = hashlib.sha256(), 0, into
-
-    def write(self, chunk: bytes) -> int:  # type: ignore[override]  # nats-py passes bytes
-        self.digest.update(chunk)
-        self.size += len(chunk)
-        if self._into is not None:
-            self._into.write(chunk)
-        return len(chunk)
-
-
-def _check(ref: BlobRef, got: str, size: int) -> None:
-    """Raises BlobCorrupt unless the body read (``size`` bytes hashing to ``got``) is ``ref``'s."""
-    if got != ref.sha256:
-        raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: the object holds {size} bytes hashing to "
-                          f"{got[:12]}… (sha256 mismatch; written under the wrong name, or overwritten)")
 
 
 def _meta_headers(expected_seq: int) -> dict[str, str]:

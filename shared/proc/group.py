@@ -33,14 +33,15 @@ import os
 import signal as signals
 import subprocess
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from shared.proc import orphans
 
 Keep = Literal["head", "tail"]
+Stdin = bytes | AsyncIterable[bytes] | BinaryIO | None
 Stream = Literal["stdout", "stderr"]
 
 DEFAULT_OUTPUT_LIMIT_BYTES = 8 * 1024 * 1024
@@ -124,7 +125,7 @@ class _Kept:
 
 async def run_group(
     argv: Sequence[str], *, timeout_s: float | None, cwd: str | Path | None = None,
-    env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None, stdin: Stdin = None,
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT_BYTES, keep: Keep = "head", merge_stderr: bool = False,
     capture: bool = True, term_grace_s: float = 0.0, stdout_sink: Callable[[bytes], object] | None = None,
 ) -> Completed:
@@ -136,7 +137,14 @@ async def run_group(
             The leader must have exited *and* closed its output pipes within it.
         cwd: working directory (default: this process's).
         env: exactly the child's environment (default: this process's).
-        stdin: bytes written to its standard input, then closed; ``None``: ``/dev/null``.
+        stdin: bytes written to its standard input, then closed; an open file: the child's stdin itself
+            (it reads the file from its current position; nothing passes through this process); an async
+            iterable of chunks (a blob
+            streamed from the store): each written as it comes, with backpressure (the next is asked for
+            once the pipe drained), then closed — if the child stops reading, the rest is still consumed
+            (and dropped), so a source that checks what it yields (a blob's sha256) still gets to the end;
+            an error the source raises kills the group at once, before its stdin is closed, and
+            propagates; ``None``: ``/dev/null``.
         output_limit_bytes: at most this much kept per captured stream (the rest is read and dropped).
         keep: ``"head"`` keeps the first ``output_limit_bytes``, ``"tail"`` the last.
         merge_stderr: standard error goes to the stdout pipe (interleaved as written).
@@ -159,13 +167,13 @@ async def run_group(
     if records is not None:
         records.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    proc = await _started(_spawn(argv, cwd=cwd, env=env, stdin=stdin is not None, merge_stderr=merge_stderr,
+    proc = await _started(_spawn(argv, cwd=cwd, env=env, stdin=stdin, merge_stderr=merge_stderr,
                                  capture=capture, records=records), records)
     out, err = _Kept(output_limit_bytes, keep, stdout_sink), _Kept(output_limit_bytes, keep)
     pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
         _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
-    try:
-        _, pending = await asyncio.wait(pumps, timeout=timeout_s)
+    try:  # a failing pump (its stdin's source) ends the wait at once: the group is killed below
+        _, pending = await asyncio.wait(pumps, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
     finally:
         try:
             await _end(proc, pumps, term_grace_s)
@@ -204,13 +212,15 @@ def _kill_spawned(records: Path | None, spawn: asyncio.Future[asyncio.subprocess
         orphans.forget(records, pgid)
 
 
-async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[str, str] | None, stdin: bool,
+async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[str, str] | None, stdin: Stdin,
                  merge_stderr: bool, capture: bool, records: Path | None) -> asyncio.subprocess.Process:
     pipe = asyncio.subprocess.PIPE
     try:
         return await asyncio.create_subprocess_exec(
             *argv, cwd=None if cwd is None else str(cwd), env=None if env is None else dict(env),
-            stdin=pipe if stdin else asyncio.subprocess.DEVNULL, stdout=pipe if capture else None,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else pipe if isinstance(stdin, bytes | AsyncIterable)
+            else stdin,
+            stdout=pipe if capture else None,
             stderr=(asyncio.subprocess.STDOUT if merge_stderr else pipe) if capture else None,
             start_new_session=True, preexec_fn=functools.partial(orphans.child_setup, os.getpid(), records),
         )
@@ -218,12 +228,23 @@ async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[st
         raise OSError(errno.EIO, f"process setup failed ({orphans.REGISTRY_ENV}={records}): {exc}") from exc
 
 
-async def _write(pipe: asyncio.StreamWriter | None, data: bytes | None) -> None:
-    if pipe is None:
+async def _write(pipe: asyncio.StreamWriter | None, data: Stdin) -> None:
+    if pipe is None:  # no stdin, or a file the child reads itself
+        return
+    if isinstance(data, AsyncIterable):
+        reading = True
+        async for chunk in data:  # a raise leaves the pipe open: the group dies before it could see an EOF
+            if reading:
+                try:
+                    pipe.write(chunk)
+                    await pipe.drain()
+                except (BrokenPipeError, ConnectionResetError):  # the child stopped reading: consume the rest
+                    reading = False
+        pipe.close()
         return
     try:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the child need not read it all
-            pipe.write(data or b"")
+            pipe.write(data if isinstance(data, bytes) else b"")
             await pipe.drain()
     finally:
         pipe.close()

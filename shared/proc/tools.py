@@ -27,10 +27,10 @@ import tempfile
 from types import TracebackType
 from typing import IO
 
-from shared.core.errors import ToolError
+from shared.core.errors import BlobMissing, BlobTimeout, ToolError
 from shared.core.toolspec import OUTPUT_TOO_LARGE, OutputLimit
 from shared.core.workflow import ScriptedFailure, ToolSpec
-from shared.proc.group import run_group
+from shared.proc.group import Stdin, run_group
 from shared.proc.orphans import reap_orphans as reap_orphaned_tools
 
 __all__ = ["SPOOL_MEMORY_BYTES", "ToolOutput", "reap_orphaned_tools", "run_tool"]
@@ -111,10 +111,12 @@ class ToolOutput:
         self.close()
 
 
-async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None, env: dict[str, str] | None = None,
+async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: dict[str, str] | None = None,
                    limit: OutputLimit | None = None) -> ToolOutput:
     """Run one attempt (1-based) of a tool step; returns its output (the caller closes it).
 
+    ``stdin``: a command's standard input — bytes, or chunks as they come (``stdin_from``: the earlier
+    output streamed from the blob store, checked against its sha256 as it goes; never held whole).
     ``env`` is added to a command's environment (the executor passes
     ``REEL_RUN_ID``, ``REEL_BRANCH_ID``, ``REEL_STEP_ID``, ``REEL_ATTEMPT``). ``limit``: the
     command's output cap and overflow policy (the tool's own, resolved by
@@ -123,7 +125,10 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None, 
     Raises:
         ToolError: scripted failure (its kind), ``exit_<code>`` for a command that exited non-zero,
             ``timeout`` past ``spec.timeout_s``, ``spawn_failed``, ``output_too_large`` (retryable) for
-            a command that printed more than ``limit.max_bytes`` with ``on_overflow: fail``.
+            a command that printed more than ``limit.max_bytes`` with ``on_overflow: fail``;
+            ``stdin_blob_corrupt`` / ``stdin_blob_missing`` (not retryable) or ``stdin_blob_timeout``
+            (retryable) when the ``stdin`` source could not be read whole and checked — the command is
+            killed then, even if it had exited 0 (it may have acted on bytes that were not the body).
     """
     if spec.type == "recorded":
         return ToolOutput.of((spec.output or "").encode())
@@ -141,7 +146,7 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: bytes | None = None, 
     return out
 
 
-async def _run_command(spec: ToolSpec, out: ToolOutput, limit: OutputLimit, stdin: bytes | None,
+async def _run_command(spec: ToolSpec, out: ToolOutput, limit: OutputLimit, stdin: Stdin,
                        env: dict[str, str] | None) -> None:
     """Run ``spec.argv`` (stderr merged into stdout, streamed into ``out``) on :func:`run_group`."""
     try:
@@ -150,6 +155,10 @@ async def _run_command(spec: ToolSpec, out: ToolOutput, limit: OutputLimit, stdi
                                stdout_sink=out.write)
     except OSError as exc:
         raise ToolError(f"cannot run {spec.argv[0]!r}: {exc.strerror}", kind="spawn_failed", retryable=False) from exc
+    except (BlobMissing, BlobTimeout) as exc:  # the stdin source (BlobCorrupt is a BlobMissing)
+        raise ToolError(f"{spec.argv[0]}: its stdin_from input could not be read and checked whole "
+                        f"(the command was killed): {exc.message}", kind=f"stdin_{exc.code}",
+                        retryable=exc.retryable) from exc
     if done.timed_out:
         raise ToolError(f"{spec.argv[0]} timed out after {spec.timeout_s}s", kind="timeout")
     if done.returncode != 0:
