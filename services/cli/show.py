@@ -116,7 +116,6 @@ async def _print_body(s: Session, state: RunState, branch: str | None, which: st
         raise CliError(f"{step_id}#{chosen.attempt} has no {kind} ({why})")
     if s.client.blobs is None:
         raise CliError("no blob store on this connection")
-    data = await s.client.blobs.get(ref)
-    sys.stdout.buffer.write(data)
+    await s.client.blobs.get_file(ref, sys.stdout.buffer)  # streamed chunk by chunk, checked: never held whole
     sys.stdout.buffer.flush()
     return 0

@@ -140,21 +140,29 @@ class BlobPage:
         return self.end >= self.total
 
 
-def blob_page(data: bytes, ref: BlobRef, offset: int, length: int) -> BlobPage:
-    """Bytes ``offset``.. of ``data`` (at most ``length``, clamped to 1..:data:`MAX_PAGE_BYTES`), the end moved
+def page_span(offset: int, length: int, total: int) -> tuple[int, int]:
+    """The bytes a page of a ``total``-byte body at ``offset`` needs (:func:`blob_page`): ``[start, stop)``."""
+    start = min(max(0, offset), total)
+    return start, min(total, start + min(max(1, length), MAX_PAGE_BYTES) + 4)
+
+
+def blob_page(data: bytes, ref: BlobRef, offset: int, length: int, *, base: int = 0,
+              total: int | None = None) -> BlobPage:
+    """Bytes ``offset``.. of the body (at most ``length``, clamped to 1..:data:`MAX_PAGE_BYTES`), the end moved
     back onto a UTF-8 character boundary so no character is split between pages (forward, for a page shorter
-    than its first character); invalid bytes are replaced."""
-    total = len(data)
+    than its first character); invalid bytes are replaced. ``data`` is the body, or (``base``, ``total``)
+    its bytes from ``base`` on — at least those :func:`page_span` names — of a ``total``-byte body."""
+    total = len(data) if total is None else total
     start = min(max(0, offset), total)
     end = min(total, start + min(max(1, length), MAX_PAGE_BYTES))
     if end < total:
         cut = end
-        while cut > start and (data[cut] & 0xC0) == 0x80:  # a continuation byte: the character began earlier
+        while cut > start and (data[cut - base] & 0xC0) == 0x80:  # a continuation byte: it began earlier
             cut -= 1
         if cut > start:
             end = cut
         else:  # a page shorter than its first character: the whole character
-            while end < total and (data[end] & 0xC0) == 0x80:
+            while end < total and (data[end - base] & 0xC0) == 0x80:
                 end += 1
     return BlobPage(sha256=ref.sha256, media_type=ref.media_type, offset=start, end=end, total=total,
-                    text=data[start:end].decode("utf-8", errors="replace"))
+                    text=data[start - base:end - base].decode("utf-8", errors="replace"))

@@ -9,7 +9,9 @@ consumers.
 
 Caches (all bounded): the folded state of the last :data:`STATE_CACHE` runs viewed,
 brought up to date with only the commits above it (:meth:`JetStreamEventLog.refresh`),
-and the last blob bodies read, up to :data:`BLOB_CACHE_BYTES` in total.
+and the last blob bodies read, up to :data:`BLOB_CACHE_BYTES` in total. A body larger than
+:data:`WHOLE_MAX_BYTES` is never read whole: it is checked once by a streamed pass that indexes its
+chunks, then each page reads only the chunks holding its bytes.
 """
 
 from __future__ import annotations
@@ -22,18 +24,23 @@ from typing import Any
 
 from nats.js import api as jsapi
 
-from services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, run_row
+from services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_span, run_row
 from shared.core.errors import BlobMissing, RunNotFound
 from shared.core.events import BlobRef, Commit
 from shared.core.fold import RunState
 from shared.core.ids import is_token
 from shared.core.integrity import RunCorrupt
+from shared.nats.blobread import ChunkIndex
 from shared.nats.client import ReelClient
 
 STATE_CACHE = 64
 """Runs whose folded state is kept between page loads."""
 BLOB_CACHE_BYTES = 64 * 1024 * 1024
 """Blob bodies kept in memory for paging (bytes, in total)."""
+WHOLE_MAX_BYTES = 4 * 1024 * 1024
+"""A body up to this size is read whole (and cached) to page it; a larger one is paged by byte range (bytes)."""
+INDEX_CACHE = 64
+"""Chunk indexes of large bodies kept (:meth:`~shared.nats.blobread.BlobReads.index`: a few ints per chunk)."""
 POLL_S = 0.25
 """How often a watched run's head is polled (seconds; :meth:`ReelClient.watch_commits`)."""
 
@@ -61,6 +68,7 @@ class RunReader:
         self._names = client.cfg.names
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._indexes: OrderedDict[str, ChunkIndex] = OrderedDict()
         self._blob_bytes = 0
 
     @property
@@ -128,7 +136,19 @@ class RunReader:
         ref = blob_refs(state).get(sha256)
         if ref is None:
             raise BlobMissing(f"run {run_id} references no blob {sha256[:12]}…")
-        return blob_page(await self._body(ref), ref, offset, length)
+        if ref.size_bytes <= WHOLE_MAX_BYTES:
+            return blob_page(await self._body(ref), ref, offset, length)
+        index = self._indexes.pop(ref.sha256, None)
+        if index is None:
+            assert self._client.blobs is not None, "the UI's client has a blob store"
+            index = await self._client.blobs.index(ref)  # one streamed pass, checked whole
+        self._indexes[ref.sha256] = index
+        while len(self._indexes) > INDEX_CACHE:
+            self._indexes.popitem(last=False)
+        start, stop = page_span(offset, length, ref.size_bytes)
+        assert self._client.blobs is not None
+        window = await self._client.blobs.read_range(index, start, stop - start)  # only the chunks holding it
+        return blob_page(window, ref, offset, length, base=start, total=ref.size_bytes)
 
     async def _body(self, ref: BlobRef) -> bytes:
         data = self._blobs.pop(ref.sha256, None)

@@ -1,5 +1,9 @@
 """The ``command`` verifier: argv with the judged output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes.
 
+The output is streamed from the blob store into a temporary file chunk by chunk (checked against its
+sha256; :meth:`~shared.core.verifiers.context.VerifierCtx.output_to`), and that file is the
+command's stdin too: the verifier service never holds an output whole, whatever its size.
+
 It runs on :func:`~shared.proc.group.run_group`: its own process group, which dies
 with the verifier service and is killed whole when the command exits, at its
 timeout, or when :func:`~shared.verify.run_verifier` cancels it at the ctx deadline.
@@ -11,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from shared.core.verifiers.builtin import no_output
 from shared.core.verifiers.context import VerdictResult, VerifierCtx, errored, failed, passed
@@ -39,20 +44,21 @@ class CommandVerifier:
         """Run the command on the step's output: ``passed`` on exit 0, ``failed`` on another exit status,
         ``error`` when it cannot start or outlives its budget (``timeout_s`` or the ctx deadline, s).
         No output recorded: ``failed`` (:func:`no_output`). Never raises for what the command does."""
-        body = await ctx.output()
-        if body is None:
+        if ctx.output_ref() is None:
             return no_output(ctx)
         with tempfile.TemporaryDirectory(prefix="reel-verify-") as tmp:
             path = Path(tmp) / "output"
-            path.write_bytes(body)
+            with path.open("wb") as out:
+                await ctx.output_to(out)  # raises BlobMissing/BlobCorrupt: an error verdict (run_verifier)
             env = {**os.environ, OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
                    "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt),
                    "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)}
             # stop a little before the ctx deadline, so the kill is ours and the reason says so
             budget_s = min(self._timeout_s, ctx.remaining_s())
-            return await self._run(body, env, budget_s - min(KILL_MARGIN_S, budget_s / 2))
+            with path.open("rb") as stdin:
+                return await self._run(stdin, env, budget_s - min(KILL_MARGIN_S, budget_s / 2))
 
-    async def _run(self, stdin: bytes, env: Mapping[str, str], timeout_s: float) -> VerdictResult:
+    async def _run(self, stdin: BinaryIO, env: Mapping[str, str], timeout_s: float) -> VerdictResult:
         try:
             done = await run_group(self._argv, timeout_s=timeout_s, env=env, stdin=stdin,
                                    output_limit_bytes=OUTPUT_TAIL_BYTES, keep="tail", merge_stderr=True)

@@ -11,7 +11,9 @@ its spec (import paths included) and running it under its deadline is
 
 from shared.core.verifiers.builtin import ContextRequires, OutputJsonSchema, OutputRegex, RecordedOutcome
 from shared.core.verifiers.context import (
+    VERIFIER_READ_MAX_BYTES,
     BlobReader,
+    OutputTooLarge,
     VerdictResult,
     Verifier,
     VerifierCtx,
@@ -24,7 +26,7 @@ from shared.core.verifiers.context import (
 )
 
 __all__ = [
-    "BlobReader", "ContextRequires", "OutputJsonSchema", "OutputRegex", "RecordedOutcome", "VerdictResult",
-    "Verifier", "VerifierCtx", "VerifierInvalid", "checked", "errored", "failed", "make_ctx",
-    "passed",
+    "VERIFIER_READ_MAX_BYTES", "BlobReader", "ContextRequires", "OutputJsonSchema", "OutputRegex", "OutputTooLarge",
+    "RecordedOutcome", "VerdictResult", "Verifier", "VerifierCtx", "VerifierInvalid", "checked", "errored", "failed",
+    "make_ctx", "passed",
 ]

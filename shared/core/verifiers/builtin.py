@@ -1,6 +1,8 @@
 """The built-in verifiers that need nothing but the ctx (docs/verifiers.md).
 
-* ``output_regex`` / ``output_json_schema`` — the judged attempt's output;
+* ``output_regex`` / ``output_json_schema`` — the judged attempt's output, read whole: one over
+  :data:`~shared.core.verifiers.context.VERIFIER_READ_MAX_BYTES` gets an ``error`` verdict (it cannot
+  be judged in memory; nothing is read);
 * ``context_requires`` — an item id must be ``packed`` in the judged attempt's
   partition (answered from the partition alone: no blob is read);
 * ``recorded_outcome`` — a replayed trajectory's own outcome label.
@@ -18,7 +20,15 @@ from typing import Any
 
 import jsonschema
 
-from shared.core.verifiers.context import VerdictResult, VerifierCtx, VerifierInvalid, errored, failed, passed
+from shared.core.verifiers.context import (
+    OutputTooLarge,
+    VerdictResult,
+    VerifierCtx,
+    VerifierInvalid,
+    errored,
+    failed,
+    passed,
+)
 from shared.core.workflow import VerifierSpec
 
 
@@ -47,7 +57,10 @@ class OutputRegex:
             raise VerifierInvalid(f"verifier {spec.label}: invalid regex {spec.pattern!r}: {exc}") from exc
 
     async def verify(self, ctx: VerifierCtx) -> VerdictResult:
-        body = await ctx.output()
+        try:
+            body = await ctx.output()
+        except OutputTooLarge as exc:
+            return errored(exc.message)
         if body is None:
             return no_output(ctx)
         m = self._re.search(body.decode("utf-8", errors="replace"))
@@ -70,7 +83,10 @@ class OutputJsonSchema:
         self._validator = cls(schema)
 
     async def verify(self, ctx: VerifierCtx) -> VerdictResult:
-        body = await ctx.output()
+        try:
+            body = await ctx.output()
+        except OutputTooLarge as exc:
+            return errored(exc.message)
         if body is None:
             return no_output(ctx)
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import IO, Protocol
 
 import msgspec
 
@@ -30,10 +30,23 @@ class VerifierInvalid(ReelError):
     code = "verifier_invalid"
 
 
+VERIFIER_READ_MAX_BYTES = 16 * 1024 * 1024
+"""The largest output :meth:`VerifierCtx.output` reads whole (bytes); a longer one is streamed
+(:meth:`VerifierCtx.output_to`: the ``command`` verifier) or cannot be judged in memory (docs/verifiers.md)."""
+
+
+class OutputTooLarge(ReelError):
+    """The judged output is longer than a verifier may read whole (:data:`VERIFIER_READ_MAX_BYTES`)."""
+
+    code = "output_too_large_to_read"
+
+
 class BlobReader(Protocol):
     """The read side of :class:`~shared.nats.blobstore.BlobStore`: what a verifier may fetch."""
 
     async def get(self, ref: BlobRef) -> bytes: ...
+
+    async def get_file(self, ref: BlobRef, into: IO[bytes] | None) -> int: ...
 
 
 class VerdictResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,16 +121,36 @@ class VerifierCtx:
         """Seconds left before :attr:`deadline` (never negative)."""
         return max(0.0, self.deadline - time.monotonic())
 
-    async def output(self) -> bytes | None:
-        """The judged attempt's output body (one blob read), or ``None`` if it has none; of an agent step, the
-        agent's output (its final turn's answer)."""
+    def output_ref(self) -> BlobRef | None:
+        """The judged output's ref (its ``size_bytes`` known without a read), or ``None`` if it has none: the
+        judged attempt's success, or of an agent step the agent's output (its final turn's answer)."""
         sv = self.step_view
         if sv.kind == "agent":
-            return await self.blobs.get(sv.output_ref) if isinstance(sv.output_ref, BlobRef) else None
+            return sv.output_ref if isinstance(sv.output_ref, BlobRef) else None
         a = self.attempt_view
         if a is None or a.status != "succeeded" or a.output_ref is None:
             return None
-        return await self.blobs.get(a.output_ref)
+        return a.output_ref
+
+    async def output(self, max_bytes: int = VERIFIER_READ_MAX_BYTES) -> bytes | None:
+        """The judged output's body, whole (one blob read), or ``None`` if it has none (:meth:`output_ref`).
+
+        Raises:
+            OutputTooLarge: it is longer than ``max_bytes`` (nothing is read; stream it with :meth:`output_to`).
+        """
+        ref = self.output_ref()
+        if ref is None:
+            return None
+        if ref.size_bytes > max_bytes:
+            raise OutputTooLarge(f"the output of {self.step}#{self.attempt} is {ref.size_bytes} bytes, over the "
+                                 f"{max_bytes} a verifier reads whole (a command verifier streams it)")
+        return await self.blobs.get(ref)
+
+    async def output_to(self, into: IO[bytes]) -> int | None:
+        """Stream the judged output's body into ``into`` chunk by chunk (checked against its sha256, never held
+        whole); its size (bytes), or ``None`` if it has none."""
+        ref = self.output_ref()
+        return None if ref is None else await self.blobs.get_file(ref, into)
 
 
 def make_ctx(episode: EpisodeView, *, step: str | None, blobs: BlobReader, timeout_s: float,
