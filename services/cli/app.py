@@ -6,8 +6,7 @@ one, Reel uses the embedded default: a ``nats-server`` from the
 started for the duration of the command — or the one ``reel up`` is running on
 127.0.0.1:4222 (:mod:`services.cli.embed`). Errors print one line and exit non-zero.
 
-Exit codes of ``reel run`` / ``reel replay``: 0 passed or succeeded, 3 failed or
-error, 4 cancelled, 5 timed out, 6 awaiting input, 1 usage/connection error.
+Exit codes: :mod:`services.cli.common` (and the README's table).
 
 The commands live by job: :mod:`~services.cli.runs` (run, show, ls, verdicts),
 :mod:`~services.cli.replay`, :mod:`~services.cli.control` (cancel, rewind),
@@ -24,11 +23,12 @@ import os
 import typer
 
 from services.cli import auth, control, inputs, replay, runs, show, status, supervisor, trace, ui
-from services.cli.common import reel_home
+from services.cli.common import ReelGroup, reel_home
+from services.cli.helptext import tidy
 from services.cli.serve import serve_app
 from shared.logging import setup_logging
 
-app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.",
+app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.", cls=ReelGroup,
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 
 app.command()(runs.run)
@@ -52,7 +52,9 @@ auth.install(app)  # connection options (reel --nats-user … CMD), reel auth in
 with contextlib.suppress(ImportError):
     from services.crucible.cli import app as crucible_app
 
-    app.add_typer(crucible_app, name="crucible", help="Crucible: the autoresearch loop (docs/crucible.md)")
+    app.add_typer(crucible_app, name="crucible", help="Crucible: the autoresearch loop (docs/crucible.md).")
+
+tidy(app)  # every command's --help in whole sentences at any width (services/cli/helptext.py)
 
 
 def main() -> None:

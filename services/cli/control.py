@@ -15,7 +15,8 @@ from shared.core.commands import Reply
 def _accepted(reply: Reply) -> Reply:
     """``reply`` if the service accepted the command. Raises: CliError (exit 1): its error code and message."""
     if not reply.ok:
-        raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
+        raise CliError(reply.error.message if reply.error else "refused", kind=reply.error.code if reply.error
+                       else "refused")
     return reply
 
 
@@ -53,7 +54,7 @@ def cancel(run_id: str = typer.Argument(...), reason: str = typer.Option("", hel
         console.print(_cancelled_line(_accepted(reply)), markup=False, highlight=False)
         return 0
 
-    run_async(body())
+    run_async(body(), json_out=json_out)
 
 
 def rewind(
@@ -68,7 +69,7 @@ def rewind(
 ) -> None:
     """Fork a new branch of a run at a step or an LSN; execution resumes on it."""
     if (at_step is None) == (at_lsn is None):
-        usage_error("give exactly one of --at-step or --at-lsn")
+        usage_error("give exactly one of --at-step or --at-lsn", json_out=json_out)
 
     async def body() -> int:
         async with session(nats_url, namespace, services=("rewind",)) as s:
@@ -84,4 +85,4 @@ def rewind(
                                   f" watch it with `reel show {run_id} --follow`[/]")
             return 0
 
-    run_async(body())
+    run_async(body(), json_out=json_out)

@@ -32,7 +32,9 @@ from services.cli.auth import auth_dir_from_env
 from services.cli.common import CliError, err_console, reel_home
 from shared.authdir import AuthDir
 from shared.config import Config
+from shared.core.fold import RunState
 from shared.core.subjects import Names
+from shared.core.workflow import WorkflowSpec, parse_workflow
 from shared.nats.access import ConnectRefused, redact_url
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
@@ -51,6 +53,21 @@ class Session:
     infra: Infra
     client: ReelClient
     embedded: bool
+    origin: str = "--nats-url"
+    """How the server was chosen: ``--nats-url`` (or ``$NATS_URL``), ``reel up`` (found on 127.0.0.1:4222) or
+    ``embedded`` (started for this command only)."""
+
+    async def workflow(self, state: RunState) -> WorkflowSpec | None:
+        """The run's workflow as stored at its start (``state.workflow_ref``), ``None`` if it cannot be read.
+
+        Every timeline the CLI prints (``reel run``, ``show``, ``replay``, ``approve``…) is given it, so a
+        tool row reads the same everywhere (a ``command`` tool's argv is only in the spec).
+        """
+        try:
+            blobs = self.client.blobs
+            return parse_workflow(await blobs.get(state.workflow_ref), fmt="json") if blobs else None
+        except Exception:  # the timeline is still printed without what only the spec says
+            return None
 
 
 async def server_listening(host: str = "127.0.0.1", port: int = 4222) -> bool:
@@ -178,7 +195,8 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
             if started:
                 err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
-        yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded)
+        origin = "embedded" if embedded else "reel up" if probed else "--nats-url"
+        yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded, origin=origin)
 
 
 async def _check_reel_server(nc: Any, cfg: Config) -> None:
@@ -205,15 +223,23 @@ async def _check_reel_server(nc: Any, cfg: Config) -> None:
     err_console.print(f"[dim]using the Reel server on {DEFAULT_LOCAL_URL} (`reel up`); --nats-url picks another[/]")
 
 
+CONNECT_S = 10.0
+"""How long a command waits for its first connection (s): the connection itself retries for ever once made, but a
+URL where nothing answers is an error, not a hang."""
+
+
 async def _connect(cfg: Config, name: str) -> Any:
     """:func:`connect`, any failure one line (no secret in it).
 
     Raises:
-        CliError: the server does not answer or refuses the credentials.
+        CliError: the server does not answer within :data:`CONNECT_S` or refuses the credentials.
     """
     try:
-        return await connect(cfg, name=name)
+        return await asyncio.wait_for(connect(cfg, name=name), CONNECT_S)
     except ConnectRefused as exc:
-        raise CliError(exc.message) from None
+        raise CliError(exc.message, kind="connect_refused") from None
+    except TimeoutError:
+        raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: no answer within {CONNECT_S:g} s",
+                       kind="unreachable") from None
     except Exception as exc:
-        raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: {exc}") from exc
+        raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: {exc}", kind="unreachable") from exc

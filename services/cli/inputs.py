@@ -54,7 +54,7 @@ def pending(json_out: bool = typer.Option(False, "--json", help="JSON: one objec
                       "  |  reel answer RUN REQUEST TEXT", markup=False, highlight=False)
         return 0
 
-    run_async(body())
+    run_async(body(), json_out=json_out)
 
 
 SAID = {"approve": "approved", "reject": "rejected", "answer": "answered"}
@@ -75,7 +75,8 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
         async with session(nats_url, namespace, services=SERVICES) as s:
             reply = await s.client.respond(run_id, request_id, decision, **fields)
             if not reply.ok:
-                raise CliError(f"{reply.error.code}: {reply.error.message}" if reply.error else "refused")
+                raise CliError(reply.error.message if reply.error else "refused",
+                               kind=reply.error.code if reply.error else "refused")
             if json_out:
                 sys.stdout.write(json.dumps({"ok": True, "run_id": reply.run_id, "status": reply.status,
                                              "lsn": reply.lsn, "detail": reply.detail}) + "\n")
@@ -94,10 +95,10 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
             if state.status == "awaiting_input":
                 print_waiting(console, state)
             else:
-                print_timeline(console, state)
+                print_timeline(console, state, None, await s.workflow(state))
             return exit_code(state)
 
-    run_async(body())
+    run_async(body(), json_out=json_out)
 
 
 def approve(run_id: str = typer.Argument(...), request_id: str = typer.Argument(...),

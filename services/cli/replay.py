@@ -83,7 +83,7 @@ async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fre
     for path, run_id, t0 in started:
         state = await follow(s, run_id, until=until, timeout_s=wait_s, quiet=True)
         if show and state is not None:
-            print_timeline(console, state)
+            print_timeline(console, state, None, await s.workflow(state))
             console.print(f"[dim]{state.commits} commits, {time.perf_counter() - t0:.2f} s since start[/]\n")
         results.append((path, run_id, state))
     return results

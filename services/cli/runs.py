@@ -11,7 +11,10 @@ from typing import Any
 import msgspec
 import nats
 import typer
+from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from services.cli.common import (
     EXIT,
@@ -25,7 +28,7 @@ from services.cli.common import (
 )
 from services.cli.embed import SERVICES, Session, session, wait_states
 from services.cli.tokens import TokenPrinter
-from services.timeline import event_line, print_timeline, print_waiting, verdict_table
+from services.timeline import STATUS_STYLE, event_line, print_timeline, print_waiting, verdict_table
 from shared.core.errors import RunNotFound
 from shared.core.events import Verdict
 from shared.core.fold import RunState
@@ -107,7 +110,7 @@ def run(
                 raise
             if state is None:
                 raise CliError(f"run {reply.run_id} did not finish within {timeout}s", EXIT["timeout"])
-            print_timeline(console, state)
+            print_timeline(console, state, None, await s.workflow(state))  # as `reel show` prints it
             if state.status == "awaiting_input":
                 print_waiting(console, state)
             return exit_code(state)
@@ -118,10 +121,11 @@ def run(
 def list_runs(nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """List runs, newest first (by creation time), with status, outcome and context checks.
 
-    The outcome is the reported one (:mod:`shared.core.outcomes`): ``unlabelled`` for a
+    The outcome is the reported one: ``unlabelled`` for a
     completed run without an outcome verifier (a recording without a label), whatever its
     context check said; that check has its own column. A corrupt run: ``corrupt``, the LSN
-    and kind of its bad commit.
+    and kind of its bad commit. Run ids are printed whole at any terminal width (a narrow
+    one gets two lines a run).
     """
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
@@ -139,16 +143,46 @@ def list_runs(nats_url: str | None = NatsUrl, namespace: str = Namespace) -> Non
                 rows.append((st.created_ms, rid, (st.workflow_name, st.status, reported_outcome(st) or "",
                                                   checks_summary(st), st.active_branch, str(st.commits),
                                                   str(st.head_lsn), _age(st.created_ms))))
-        table = Table()
-        for col in ("run", "workflow", "status", "outcome", "context check", "branch", "commits", "head lsn",
-                    "created"):
-            table.add_column(col)
-        for _, rid, cells in sorted(rows, key=lambda r: (-r[0], r[1])):
-            table.add_row(rid, *cells)
-        console.print(table)
+        print_runs(console, [(rid, cells) for _, rid, cells in sorted(rows, key=lambda r: (-r[0], r[1]))])
         return 0
 
     run_async(body())
+
+
+RUN_COLUMNS = ("run", "workflow", "status", "outcome", "context check", "branch", "commits", "head lsn", "created")
+"""``reel ls``'s columns (one cell each, in this order)."""
+
+
+TABLE_MIN_COLUMNS = 100
+"""Below this terminal width (characters) a ``reel ls`` table that does not fit is printed two lines a run."""
+
+
+def print_runs(out: Console, rows: list[tuple[str, tuple[str, ...]]]) -> None:
+    """``reel ls``'s rows (run id, then the other :data:`RUN_COLUMNS`' cells) as a table whose other cells fold
+    where the terminal is narrow; narrower than :data:`TABLE_MIN_COLUMNS` and the table, two lines a run: the run
+    id, status and outcome, then the rest, indented and wrapped at word boundaries. A run id is never cut: it is
+    what every other command takes. No runs: one line saying so."""
+    if not rows:
+        out.print("no runs yet in this namespace — start one with `reel run FILE` (or `reel replay FILE…`)",
+                  markup=False, highlight=False)
+        return
+    table = Table()
+    for col in RUN_COLUMNS:
+        table.add_column(col, no_wrap=col == "run", overflow="fold",
+                         min_width=max(len(r) for r, _ in rows) if col == "run" else None)
+    for rid, cells in rows:
+        table.add_row(*(Text(c) for c in (rid, *cells)))  # cells as written, never Rich markup
+    natural = out.measure(table, options=out.options.update_width(10**4)).maximum  # its width, unconstrained
+    if out.width >= TABLE_MIN_COLUMNS or natural <= out.width:
+        out.print(table)
+        return
+    for rid, (workflow, status, outcome, checks, branch, commits, head, created) in rows:
+        first = Text(rid, style="bold")
+        first.append(f"  {status}" + (f"  {outcome}" if outcome else ""), style=STATUS_STYLE.get(status, ""))
+        out.print(first, soft_wrap=True)  # never broken by Rich: the terminal wraps it, the id stays one string
+        rest = [f"workflow {workflow}", f"context check {checks}" if checks else "", f"branch {branch}" if branch
+                else "", f"{commits} commits, head lsn {head}", f"created {created}" if created else ""]
+        out.print(Padding(Text(", ".join(x for x in rest if x), style="dim"), (0, 0, 0, 4)))
 
 
 def _age(created_ms: int) -> str:

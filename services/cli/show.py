@@ -15,7 +15,6 @@ from services.timeline import print_timeline
 from shared.core.fold import RunState
 from shared.core.ids import BranchId
 from shared.core.outcomes import check_verdicts, reported_outcome
-from shared.core.workflow import WorkflowSpec, parse_workflow
 
 REST = ("verifying", "completed", "cancelled", "awaiting_input")
 """``reel show --follow`` stops at these statuses: done, cancelled, waiting for its verifiers or for a human."""
@@ -44,7 +43,7 @@ def show(
     (binary-safe: the exact bytes), for piping into a file or a pager.
     """
     if (prompt or output) != (attempt is not None) or (prompt and output):
-        usage_error("--attempt takes exactly one of --prompt or --output (and they need --attempt)")
+        usage_error("--attempt takes exactly one of --prompt or --output (and they need --attempt)", json_out=json_out)
 
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
@@ -61,10 +60,10 @@ def show(
             if json_out:
                 _print_json(state, branch)
             else:
-                print_timeline(console, state, branch, await _spec(s, state))
+                print_timeline(console, state, branch, await s.workflow(state))
         return 0
 
-    run_async(body())
+    run_async(body(), json_out=json_out)
 
 
 def _print_json(state: RunState, branch: str | None) -> None:
@@ -75,14 +74,6 @@ def _print_json(state: RunState, branch: str | None) -> None:
     if outcome is not None:
         view = msgspec.structs.replace(view, outcome=outcome, context_checks=tuple(check_verdicts(state)))
     sys.stdout.write(serialize_view(view).decode() + "\n")
-
-
-async def _spec(s: Session, state: RunState) -> WorkflowSpec | None:
-    """The run's workflow (what the timeline's tool rows need), ``None`` if it cannot be read."""
-    try:
-        return parse_workflow(await s.client.blobs.get(state.workflow_ref), fmt="json") if s.client.blobs else None
-    except Exception:  # the timeline is still printed without what only the spec says
-        return None
 
 
 def parse_attempt(text: str) -> tuple[str, int | None]:

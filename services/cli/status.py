@@ -22,10 +22,12 @@ from typing import Any
 import typer
 from nats.js.errors import NotFoundError
 from rich.table import Table
+from rich.text import Text
 
 from services.cli.common import Namespace, NatsUrl, console, run_async
 from services.cli.embed import session
 from shared.config import Config
+from shared.nats.access import redact_url
 from shared.nats.infra import Infra
 from shared.nats.micro import discover
 from shared.roles import SERVICE_ROLE
@@ -35,8 +37,9 @@ SERVICES = tuple(SERVICE_ROLE)
 
 
 async def gather(infra: Infra, cfg: Config, *, timeout_s: float = 0.5, expected: int | None = None) -> dict[str, Any]:
-    """The status report (the ``--json`` document): ``{"namespace", "services": [...], "consumers": [...],
-    "leases": [...]}``; times in ms, processing times in ms (micro reports ns).
+    """The status report (the ``--json`` document, to which ``reel status`` adds ``"server": {"url", "origin"}``):
+    ``{"namespace", "services": [...], "consumers": [...], "leases": [...]}``; times in ms, processing times in
+    ms (micro reports ns).
 
     ``expected``: stop waiting for discovery answers once this many instances answered.
     """
@@ -95,8 +98,25 @@ async def _leases(infra: Infra, cfg: Config, answering: set[str]) -> list[dict[s
     return out
 
 
-def render(report: dict[str, Any]) -> list[Table]:
-    """The report as rich tables: services, consumers, leases."""
+def server_line(url: str, origin: str, namespace: str) -> Text:
+    """Which server the report is of (``origin``: see :attr:`services.cli.embed.Session.origin`)."""
+    how = {"embedded": "an embedded server started for this command only: nothing else runs on it (start "
+                       "`reel up`, or pass --nats-url)",
+           "reel up": "the `reel up` server on 127.0.0.1:4222"}.get(origin, "from --nats-url / $NATS_URL")
+    return Text(f"server {url} ({how}), namespace {namespace!r}")
+
+
+EMPTY = {
+    "services": "no service answers discovery: none is running — start them all with `reel up`, or one with "
+                "`reel serve executor|verifier|rewind|cancel|recovery`",
+    "consumers": "no service consumer yet: each service creates its durable consumer when it first starts",
+    "leases": "no executors running — start one with `reel serve executor` (or `reel up`)",
+}
+"""What ``reel status`` prints instead of an empty table."""
+
+
+def render(report: dict[str, Any]) -> list[Table | Text]:
+    """The report as rich tables: services, consumers, leases; an empty one as a line saying why (:data:`EMPTY`)."""
     svc = Table(title=f"services of namespace {report['namespace']!r}", title_justify="left")
     for col in ("service", "instance", "version", "host/pid", "subject", "handled", "errors", "avg ms", "last error"):
         svc.add_column(col)
@@ -119,7 +139,8 @@ def render(report: dict[str, Any]) -> list[Table]:
     for x in report["leases"]:
         leases.add_row(x["executor_id"], str(x["pid"]), str(x["renewed_ms_ago"] if x["renewed_ms_ago"] is not None
                                                              else "?"), "yes" if x["answers_discovery"] else "no")
-    return [svc, lag, leases]
+    return [t if report[key] else Text(f"{t.title}: {EMPTY[key]}")
+            for key, t in (("services", svc), ("consumers", lag), ("leases", leases))]
 
 
 def status(
@@ -128,15 +149,21 @@ def status(
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
-    """List the services and their instances ($SRV.STATS), consumer lag and executor leases."""
+    """List the services and their instances ($SRV.STATS), consumer lag and executor leases.
+
+    The first line names the server read (and whether it is an embedded one started for this
+    command only, where nothing else runs); an empty table is a line saying why it is empty.
+    """
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
             report = await gather(s.infra, s.cfg, timeout_s=timeout)
+            report["server"] = {"url": redact_url(s.cfg.nats_url), "origin": s.origin}
         if json_out:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
+            console.print(server_line(report["server"]["url"], report["server"]["origin"], report["namespace"]))
             for table in render(report):
                 console.print(table)
         return 0
 
-    run_async(body())
+    run_async(body(), json_out=json_out)

@@ -55,4 +55,4 @@ def trace(
         console.print(f"exported {len(records)} spans of run {run_id} (trace {trace_id}) to {endpoint}")
         return 0
 
-    run_async(body())
+    run_async(body(), json_out=json_out)

@@ -73,6 +73,11 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
             deadline) and its answer (approved, edited arguments, rejected with a note, answered), or
             ``closed_lsn`` when the run was cancelled while it was open. The call's status is
             ``awaiting_input`` while it is open; a rejection is ``failed``, an answer ``succeeded``.
+        status: derived from the attempts (:func:`shared.core.state.step_statuses`), except on the active
+            branch of a cancelled run, where a step the cancel stopped in flight (``running``, ``retrying``,
+            ``awaiting_input``; an agent's call it had asked for and not yet run) reads ``cancelled``
+            (:func:`stopped_by_cancel`); its attempts stay as recorded (one the cancel's executor never
+            resolved stays ``dispatched``).
     """
 
     step_id: StepId
@@ -168,6 +173,20 @@ def _lineage(state: RunState, branch_id: BranchId) -> tuple[BranchInfo, ...]:
     return tuple(reversed(out))
 
 
+IN_FLIGHT: frozenset[StepStatus] = frozenset({StepStatus.RUNNING, StepStatus.RETRYING, StepStatus.AWAITING_INPUT})
+"""Step statuses of work under way: what a run's cancel stops (the step then reads ``cancelled``)."""
+
+
+def stopped_by_cancel(status: StepStatus, cancelled: bool) -> StepStatus:
+    """``cancelled`` for a step in flight (:data:`IN_FLIGHT`) when its branch was cancelled, else ``status``.
+
+    A view-only derivation: the fold keeps each attempt's own record (brief §2: cancel is
+    terminal for the run; the executor records ``attempt_cancelled`` for what it stops, but a
+    step between attempts, an agent between turns or a hand-written log's open intent has none).
+    """
+    return StepStatus.CANCELLED if cancelled and status in IN_FLIGHT else status
+
+
 def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> EpisodeView:
     """Copy the folded state of one branch into a frozen :class:`EpisodeView`.
 
@@ -181,9 +200,11 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
     branch = state.branches[bid]
     steps: list[StepView] = []
     totals = [0, 0, 0.0, 0.0]
-    for decl, status in zip(state.steps, step_statuses(state, bid), strict=True):
+    cancelled = state.status == RunStatus.CANCELLED and bid == state.active_branch  # cancel stops the active one
+    for decl, derived in zip(state.steps, step_statuses(state, bid), strict=True):
+        status = stopped_by_cancel(derived, cancelled)
         if decl.kind == "agent":
-            steps.extend(_agent_views(branch, decl.step_id, status, totals))
+            steps.extend(_agent_views(branch, decl.step_id, status, totals, cancelled))
             continue
         steps.append(StepView(step_id=decl.step_id, kind=decl.kind, status=status,
                               attempts=_attempt_views(branch.attempts.get(decl.step_id, ()), totals)))
@@ -213,8 +234,13 @@ def _attempt_views(attempts: Sequence[AttemptState], totals: list[float]) -> tup
     return tuple(views)
 
 
-def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals: list[float]) -> Iterator[StepView]:
-    """The agent step's own view, then one per turn and tool call, in step order."""
+def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals: list[float], cancelled: bool
+                 ) -> Iterator[StepView]:
+    """The agent step's own view, then one per turn and tool call, in step order.
+
+    Its calls not yet run when it ended are ``skipped``; when the run's cancel stopped it
+    (``cancelled``, no ``agent_finished``), those and the ones in flight are ``cancelled``.
+    """
     rec = agentfold.record(branch, agent)
     done = rec.finished if rec is not None else None
     yield StepView(step_id=agent, kind="agent", status=status, output_ref=done.output_ref if done else None,
@@ -228,6 +254,8 @@ def _agent_views(branch: BranchState, agent: StepId, status: StepStatus, totals:
             own = {"open": StepStatus.AWAITING_INPUT, "rejected": StepStatus.FAILED}.get(gate, StepStatus.SUCCEEDED)
         if done is not None and own in (StepStatus.PENDING, StepStatus.AWAITING_INPUT):
             own = StepStatus.SKIPPED
+        elif cancelled and done is None and (own == StepStatus.PENDING or own in IN_FLIGHT):
+            own = StepStatus.CANCELLED  # asked for, or under way, when the cancel stopped the agent
         if d.kind == "turn":
             yield StepView(step_id=d.step_id, kind="model", status=own, attempts=_attempt_views(attempts, totals),
                            parent_step=agent, turn=d.turn)
