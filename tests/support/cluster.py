@@ -6,7 +6,9 @@ routed to each other, each with its own store directory. :func:`cluster` starts
 them and returns once the meta leader is elected and JetStream answers on every
 node; :class:`Cluster` kills a node with SIGKILL, restarts it on the same ports and
 store, and finds a stream's leader (``$JS.API.STREAM.INFO.<stream>`` →
-``cluster.leader``).
+``cluster.leader``). Each server dies with the process that started it, kill -9 of that
+process included (Linux's parent-death signal, :func:`shared.deathsig.die_with_parent`, as
+the embedded server and every tool process do): a killed test run leaves no server behind.
 
 Usage::
 
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import shutil
 import signal
 import socket
@@ -34,6 +38,7 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
+from shared.deathsig import die_with_parent
 from shared.nats.embedded import find_binary
 
 CLUSTER_NAME = "reel-test"
@@ -122,6 +127,7 @@ class Cluster:
         try:
             node.process = await asyncio.create_subprocess_exec(
                 self._binary, "-c", str(node.conf_file), stdout=log, stderr=log, start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, signal.SIGKILL, os.getpid()),  # dies with this process
             )
         finally:
             log.close()
