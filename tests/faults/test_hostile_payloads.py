@@ -4,8 +4,9 @@ Every service is a process (two executors, cancel, rewind, recovery, the verifie
 three command tools are in flight while a plain client sends, to each of ``start``, ``resume``,
 ``cancel``, ``respond``, ``rewind`` and ``recover``: garbage bytes, wrong JSON types, deep nesting,
 ~900 KB bodies, and unicode (emoji, right-to-left text, NUL, lone surrogates, ids that are not one
-subject token) — some naming the live runs — and to ``verify.<run>`` (no reply) the same, naming
-the live runs and forging triggers for them.
+subject token) — some naming the live runs — and to ``verify.<run>`` (no reply) the garbage ones, ones
+naming the live runs and forged triggers for them. The bodies: tests/support/payloads.py, shared with
+the integration suite's poison commands (tests/integration/test_poison_commands.py).
 
 Asserted: every command with a reply subject is answered with a decodable refusal naming a code;
 each consumer delivered each command once (no redelivery, nothing left pending); every service
@@ -22,9 +23,8 @@ import msgspec
 import pytest
 
 from shared.config import Config
-from shared.core.commands import Reply, VerifyRun
+from shared.core.commands import VerifyRun
 from shared.core.ids import LSN, BranchId, RunId
-from shared.core.subjects import REPLY_TO_HEADER
 from shared.nats.client import ReelClient
 from shared.nats.infra import Infra
 from tests.faults.checks import check_runs
@@ -32,42 +32,13 @@ from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs
 from tests.faults.scenario import effects_workflow, record, start_all
 from tests.integration.scenarios import wait_until
+from tests.support.payloads import GARBAGE, ask, hostile, naming
 
 pytestmark = pytest.mark.faults
 
 RUNS = 6
-HUGE = 900 * 1024  # below the server's 1 MiB max payload
 SERVICES = {"start": "executor", "resume": "executor", "cancel": "cancel", "respond": "cancel",
             "rewind": "rewind", "recover": "recovery"}
-UNICODE = ["r-😀", "r-\u202eevil", "r-\x00nul", "r-\ud800", "r-ünïcödé", "r-a.b", "r->", " ", "r-" + "é" * 5000]
-
-
-def hostile(run_ids: list[str]) -> list[bytes]:
-    """The bodies sent to every subject (see module doc); a few name the live runs."""
-    live = run_ids[0]
-    bodies = [b"\x00\xff\xfe not json", b"", b"[]", b"null", b"42", b'"a string"', b"{" * 20_000,
-              b'[' * 10_000 + b']' * 10_000, b'{"run_id": 5}', b'{"run_id": null, "reason": {"x": [1]}}',
-              b'{"run_id": ["' + live.encode() + b'"]}', b'{"workflow": "' + b"x" * HUGE + b'"}',
-              b'{"run_id": "' + live.encode() + b'", "at_lsn": "three", "reason": 7, "decision": 1}',
-              b'{"run_id": "' + live.encode() + b'", "at_step": {"$gt": ""}, "request_id": [], "extra": true}',
-              b'{"workflow": {"name": "' + "名前".encode() * 1000 + b'", "steps": "none"}}',
-              b'{"workflow": {"name": "w", "steps": [{"kind": "tool", "id": "\\u0000", "tool": {"type": "command",'
-              b' "argv": []}}]}}', b'{"run_id": "\\ud800\\udfff\\ud800"}', "{\"run_id\": \"r-\u0000\"}".encode()]
-    bodies += [msgspec.json.encode({"run_id": u, "reason": u, "at_step": u, "request_id": u, "decision": u})
-               for u in UNICODE if "\ud800" not in u]
-    return bodies
-
-
-async def ask(infra: Infra, subject: str, body: bytes) -> Reply:
-    """Publish ``body`` with a reply subject; the decoded reply (within 30 s)."""
-    inbox = infra.nc.new_inbox()
-    sub = await infra.nc.subscribe(inbox, max_msgs=1)
-    try:
-        await infra.js.publish(subject, body, headers={REPLY_TO_HEADER: inbox})
-        msg = await sub.next_msg(timeout=30)
-    finally:
-        await sub.unsubscribe()
-    return msgspec.json.decode(msg.data, type=Reply)
 
 
 async def test_hostile_payloads_on_every_command_subject_while_runs_proceed(
@@ -92,10 +63,11 @@ async def test_hostile_payloads_on_every_command_subject_while_runs_proceed(
                     refusals.append(f"{suffix} {body[:60]!r}: {reply}")
         forged = [msgspec.json.encode(VerifyRun(run_id=RunId(r), branch_id=BranchId("main"), snapshot_lsn=LSN(1)))
                   for r in run_ids]
+        triggers = [*GARBAGE, *naming(run_ids[0]), *forged]  # no reply: garbage, wrong types, forged triggers
         for run_id in run_ids:
-            for body in [*bodies[:12], *forged]:
+            for body in triggers:
                 await infra.js.publish(cfg.names.verify(run_id), body)
-        sent["verifier"] = RUNS * (12 + len(forged))
+        sent["verifier"] = RUNS * len(triggers)
 
         counts = await check_runs(client.log, run_ids, side_effects=effects, timeout_s=90)
         for run_id in run_ids:

@@ -14,39 +14,18 @@ every invariant of tests/faults/checks.py; the executor got each command once an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
-from services.cancel.app import serve as cancel_serve
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.events import AttemptSucceeded, RunCancelled, RunCompleted, Verdict, VerdictRecorded
+from shared.core.events import Verdict, VerdictRecorded
 from shared.core.integrity import RunCorrupt
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from tests.conftest import running
 from tests.faults.checks import check_runs
 from tests.faults.conftest import FaultsLedger
 from tests.faults.scenario import effects_spec, record
-from tests.integration.test_poison import REF, World, executor_quiet, forged
-from tests.logcapture import info_logs
+from tests.integration.test_poison import World, executor_quiet
+from tests.integration.test_poison import world as world  # the fixture, by name
+from tests.support.payloads import POISON_COMMITS, forged
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture
-async def poison_world(infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog,
-                       tmp_path: Path) -> AsyncIterator[World]:
-    """test_poison's world: executor, verifier, recovery (sweeping every 0.2 s) and cancel, in-process."""
-    with info_logs() as logs:
-        async with (running(executor_serve, infra, cfg), running(verifier_serve, infra, cfg),
-                    running(recovery_serve, infra, cfg, sweep_interval_s=0.2), running(cancel_serve, infra, cfg)):
-            yield World(infra, cfg, client, event_log, tmp_path / "gate", logs)
 
 
 async def _corrupt_at(w: World, run_id: str) -> tuple[int, str, str]:
@@ -56,24 +35,18 @@ async def _corrupt_at(w: World, run_id: str) -> tuple[int, str, str]:
     return bad.lsn, bad.kind, bad.reason
 
 
-async def test_poisoned_runs_leave_the_others_whole(poison_world: World, faults_ledger: FaultsLedger) -> None:
-    w = poison_world
+async def test_poisoned_runs_leave_the_others_whole(world: World, faults_ledger: FaultsLedger) -> None:
+    w = world  # test_poison's world: executor, verifier, recovery (sweeping every 0.2 s) and cancel, in-process
     effects = w.gate.parent / "effects.txt"
     waiting = await w.start_waiting(6)
     normal = [await w.start(effects_spec(effects, f"beside-poison-{i}", sleep_s=0.1)) for i in range(4)]
     garbage, completed, foreign, illegal, unasked, kept = waiting
-    injected = {
-        garbage: (await w.inject(garbage, b"\x00\xff not a commit {"), "undecodable"),
-        completed: (await w.inject(completed, forged(completed, RunCompleted(
-            branch_id="main", outcome="passed", at_ms=1))), "invalid_transition"),
-        foreign: (await w.inject(foreign, forged(kept, RunCancelled(reason="forged", at_ms=1))), "foreign_run"),
-        illegal: (await w.inject(illegal, forged(illegal, AttemptSucceeded(
-            branch_id="main", step_id="wait", attempt=9, output_ref=REF, at_ms=1))), "invalid_transition"),
-    }
-    head = (await w.log.load(unasked)).head_lsn
-    injected[unasked] = (await w.inject(unasked, forged(unasked, VerdictRecorded(verdict=Verdict(
-        run_id=unasked, branch_id="main", snapshot_lsn=head, verifier="forged", status="pass")))),
-        "invalid_transition")
+    injected = {}
+    for run_id, name in ((garbage, "garbage"), (completed, "forged_completed"), (foreign, "foreign_run"),
+                         (illegal, "never_dispatched"), (unasked, "unasked_verdict")):
+        case = POISON_COMMITS[name]  # the integration suite's cases (tests/support/payloads.py), all at once
+        head = (await w.log.load(run_id)).head_lsn
+        injected[run_id] = (await w.inject(run_id, case.body(run_id, kept, head)), case.kind)
     w.open_gate()
 
     counts = await check_runs(w.log, [*normal, kept], side_effects=effects, timeout_s=60, ignore=injected)

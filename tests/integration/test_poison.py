@@ -31,7 +31,7 @@ from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
 from services.verifier.app import serve as verifier_serve
 from shared.config import Config
-from shared.core.events import AttemptSucceeded, BlobRef, Commit, RunCancelled, RunCompleted, Verdict, encode_commit
+from shared.core.events import Verdict
 from shared.core.fold import RunState
 from shared.core.integrity import RunCorrupt
 from shared.core.workflow import parse_workflow
@@ -44,8 +44,8 @@ from tests.conftest import running
 from tests.integration.scenarios import wait_state, wait_until
 from tests.integration.test_cli import reel
 from tests.logcapture import info_logs
+from tests.support.payloads import POISON_COMMITS
 
-REF = BlobRef(sha256="a" * 64, size_bytes=1)
 STORED = "-" * 4096  # makes an output too large to ride inline in its ref: it is stored in the blob bucket
 
 
@@ -111,10 +111,6 @@ async def world(infra: Infra, cfg: Config, client: ReelClient, event_log: JetStr
             yield World(infra, cfg, client, event_log, tmp_path / "gate", logs)
 
 
-def forged(run_id: str, *events: object, writer: str = "forger") -> bytes:
-    return encode_commit(Commit(commit_id="c-forged", run_id=run_id, writer=writer, events=events))  # type: ignore[arg-type]
-
-
 async def executor_quiet(w: World) -> None:
     """Every command the executor got is done with, each delivered exactly once."""
     async def quiet() -> Any:
@@ -171,9 +167,10 @@ async def isolated(w: World, poisoned: str | None, *, lsn: int | None = None, ki
 
 async def test_garbage_bytes_on_a_runs_subject(world: World) -> None:
     poisoned, *others = await world.start_waiting()
-    lsn = await world.inject(poisoned, b"\x00\xff not a commit {")
+    case = POISON_COMMITS["garbage"]
+    lsn = await world.inject(poisoned, case.body(poisoned, others[0], 0))
     world.open_gate()
-    await isolated(world, poisoned, lsn=lsn, kind="undecodable", words="does not decode", others=others)
+    await isolated(world, poisoned, lsn=lsn, kind=case.kind, words=case.words, others=others)
 
 
 async def test_a_forged_run_completed_mid_run(world: World) -> None:
@@ -186,29 +183,29 @@ async def test_a_forged_run_completed_mid_run(world: World) -> None:
     What isolation must guarantee either way — and what is asserted — is that the fold stays
     consistent (corrupt at one LSN, the state of the last good commit) and other runs are unaffected."""
     poisoned, *others = await world.start_waiting()
-    lsn = await world.inject(poisoned, forged(poisoned, RunCompleted(branch_id="main", outcome="passed", at_ms=1)))
+    case = POISON_COMMITS["forged_completed"]
+    lsn = await world.inject(poisoned, case.body(poisoned, others[0], 0))
     world.open_gate()
-    good = await isolated(world, poisoned, lsn=lsn, kind="invalid_transition", words="run_completed", others=others)
+    good = await isolated(world, poisoned, lsn=lsn, kind=case.kind, words=case.words, others=others)
     assert good is not None and good.outcome is None and good.status == "running"
 
 
 async def test_a_commit_naming_another_run(world: World) -> None:
     poisoned, *others = await world.start_waiting()
     victim = others[0]
-    lsn = await world.inject(poisoned, forged(victim, RunCancelled(reason="forged", at_ms=1)))
+    case = POISON_COMMITS["foreign_run"]
+    lsn = await world.inject(poisoned, case.body(poisoned, victim, 0))
     world.open_gate()
-    await isolated(world, poisoned, lsn=lsn, kind="foreign_run", words=f"names another run ({victim!r})",
-                   others=others)
+    await isolated(world, poisoned, lsn=lsn, kind=case.kind, words=f"{case.words} ({victim!r})", others=others)
     assert (await world.log.load(victim)).cancel_reason is None  # the run it names is untouched
 
 
 async def test_an_illegal_transition(world: World) -> None:
     poisoned, *others = await world.start_waiting()
-    lsn = await world.inject(poisoned, forged(poisoned, AttemptSucceeded(
-        branch_id="main", step_id="wait", attempt=9, output_ref=REF, at_ms=1)))
+    case = POISON_COMMITS["never_dispatched"]
+    lsn = await world.inject(poisoned, case.body(poisoned, others[0], 0))
     world.open_gate()
-    await isolated(world, poisoned, lsn=lsn, kind="invalid_transition",
-                   words="wait#9 on main that was never dispatched", others=others)
+    await isolated(world, poisoned, lsn=lsn, kind=case.kind, words=case.words, others=others)
 
 
 async def test_a_run_going_corrupt_while_verified_gets_error_verdicts(world: World) -> None:

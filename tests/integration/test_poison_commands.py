@@ -23,18 +23,17 @@ from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
 from services.verifier.app import serve as verifier_serve
 from shared.config import Config
-from shared.core.commands import Reply, VerifyRun
+from shared.core.commands import VerifyRun
 from shared.core.events import RunStarted
 from shared.core.ids import LSN, BranchId, RunId
-from shared.core.subjects import REPLY_TO_HEADER
 from shared.crucible.names import CrucibleNames
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration.scenarios import commit_events, create_manual_run, wait_until
 from tests.logcapture import info_logs
+from tests.support.payloads import GARBAGE, ask
 
-GARBAGE = [b"\x00\xff not json", b"", b"[1, 2]", b"null", b'{"bogus": true}', b'{"run_id": 5}', b'{' * 5000]
 WORKFLOW = {"name": "ok", "steps": [{"kind": "tool", "id": "a", "tool": {"type": "recorded", "output": "x"}}]}
 
 # service (durable name) → its subjects' suffixes → (poison bodies beyond GARBAGE, a good body and its answer)
@@ -62,17 +61,6 @@ ROUTES: dict[str, dict[str, tuple[list[bytes], bytes, str]]] = {
 }
 
 
-async def send(infra: Infra, subject: str, body: bytes) -> Reply:
-    inbox = infra.nc.new_inbox()
-    sub = await infra.nc.subscribe(inbox, max_msgs=1)
-    try:
-        await infra.js.publish(subject, body, headers={REPLY_TO_HEADER: inbox})
-        msg = await sub.next_msg(timeout=20)
-    finally:
-        await sub.unsubscribe()
-    return msgspec.json.decode(msg.data, type=Reply)
-
-
 @pytest.fixture
 async def services(infra: Infra, cfg: Config) -> AsyncIterator[None]:
     async with (running(executor_serve, infra, cfg), running(cancel_serve, infra, cfg),
@@ -89,12 +77,12 @@ async def test_poison_commands_are_refused_with_a_reason_and_never_redelivered(
             subject = cfg.names.command(suffix)
             for body in [*GARBAGE, *poison]:
                 with subtests.test(f"{suffix}: {body[:40]!r}"):
-                    reply = await send(infra, subject, body)
+                    reply = await ask(infra, subject, body, timeout_s=20)
                     sent[service] = sent.get(service, 0) + 1
                     assert reply.ok is False and reply.error is not None, reply
                     assert reply.error.code == "invalid_command", reply.error
                     assert reply.error.message.strip(), "a reason"
-            reply = await send(infra, subject, good)  # still serving
+            reply = await ask(infra, subject, good, timeout_s=20)  # still serving
             sent[service] += 1
             assert (reply.error.code if reply.error else "ok") == answer, reply
 
