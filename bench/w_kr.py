@@ -144,22 +144,25 @@ async def scale(args: argparse.Namespace, workdir: str) -> list[dict[str, float]
     """``--scale`` runs of 3 tool steps, all started at once, on servers with 1, 2, 4… executors (all up
     together, measured in turn for ``--scale-rounds`` rounds, the order rotating; medians): wall time
     from the first start to the last ``run_completed``, and CPU µs per step of every process. With
-    ``--baseline`` each count also runs on the baseline code (rows ``code: baseline``), in the same rounds."""
+    ``--baseline`` each count also runs on the baseline code (rows ``code: baseline``), and with several
+    ``--scale-partitions`` on each partition count, all in the same rounds."""
     counts = [int(x) for x in args.scale_executors.split(",")]
+    parts = [int(x) for x in str(args.scale_partitions).split(",")]
     trees = [("", REPO)] + ([("@base", Path(args.baseline))] if args.baseline else [])
-    keys = [(n, t) for n in counts for t, _ in trees]
-    samples: dict[tuple[int, str], list[dict[str, float]]] = {k: [] for k in keys}
+    keys = [(n, t, p) for n in counts for t, _ in trees for p in parts]
+    repo_of = dict(trees)
+    samples: dict[tuple[int, str, int], list[dict[str, float]]] = {k: [] for k in keys}
     async with contextlib.AsyncExitStack() as stack_of:
-        stacks = {(n, t): await stack_of.enter_async_context(reel_stack(
-                      "default", workdir, args.concurrency, executors=n, partitions=args.scale_partitions, repo=repo))
-                  for n in counts for t, repo in trees}
+        stacks = {(n, t, p): await stack_of.enter_async_context(reel_stack(
+                      "default", workdir, args.concurrency, executors=n, partitions=p, repo=repo_of[t]))
+                  for n, t, p in keys}
         tag = uuid.uuid4().hex[:6]
-        for (n, t), st in stacks.items():
+        for (n, t, p), st in stacks.items():
             warm = [WORKFLOWS["tool"](i, 3) for i in range(10 * n)]
-            await asyncio.gather(*(st.run(w, f"warm-{tag}-{n}{t}-{i}") for i, w in enumerate(warm)))
+            await asyncio.gather(*(st.run(w, f"warm-{tag}-{n}{t}-{p}-{i}") for i, w in enumerate(warm)))
         for r in range(args.scale_rounds):
-            for n, t in keys[r % len(keys):] + keys[:r % len(keys)]:
-                st = stacks[(n, t)]
+            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+                st = stacks[key]
                 specs = [WORKFLOWS["tool"](i, 3) for i in range(args.scale)]
                 c0 = st.cpu()
                 done = await asyncio.gather(*(st.run(w, f"scale-{tag}-{r}-{i}", timeout_s=600)
@@ -168,14 +171,16 @@ async def scale(args: argparse.Namespace, workdir: str) -> list[dict[str, float]
                 steps = 3 * args.scale
                 wall = (max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)) / 1e9
                 cpu = {role: (c1[role] - c0[role]) * 1e6 / steps for role in c0}
-                samples[(n, t)].append({
+                samples[key].append({
                     "wall_s": wall, "steps_per_s": steps / wall, "cpu_us_per_step": sum(cpu.values()),
                     "executors_cpu_us_per_step": sum(v for role, v in cpu.items() if role.startswith("executor")),
                     "verifier_cpu_us_per_step": cpu["verifier"], "server_cpu_us_per_step": cpu["nats-server"],
                     "driver_cpu_us_per_step": cpu["driver"]})
-                print(f"scale round {r + 1}/{args.scale_rounds}, {n} executors{t}: {wall:.1f} s", file=sys.stderr)
-    return [{"executors": n, "code": "baseline" if t else "this", "runs": args.scale, "rounds": args.scale_rounds,
-             **{k: statistics.median(x[k] for x in xs) for k in xs[0]}} for (n, t), xs in samples.items()]
+                print(f"scale round {r + 1}/{args.scale_rounds}, {key[0]} executors{key[1]}, {key[2]} partitions: "
+                      f"{wall:.1f} s", file=sys.stderr)
+    return [{"executors": n, "code": ("baseline" if t else "this") + (f", {p} partitions" if len(parts) > 1 else ""),
+             "partitions": p, "runs": args.scale, "rounds": args.scale_rounds,
+             **{k: statistics.median(x[k] for x in xs) for k in xs[0]}} for (n, t, p), xs in samples.items()]
 
 
 def ratio(bench: Bench, num: str, den: str, phase: str = "a") -> float:
@@ -236,8 +241,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--scale", type=int, default=500, help="runs of 3 steps started at once (0: skip)")
     ap.add_argument("--scale-executors", default="1,2,4", help="executor processes of the --scale servers")
     ap.add_argument("--scale-rounds", type=int, default=3)
-    ap.add_argument("--scale-partitions", type=int, default=4,
-                    help="REEL_PARTITIONS of the --scale servers, dealt round-robin (0: one shared durable)")
+    ap.add_argument("--scale-partitions", default="4",
+                    help="REEL_PARTITIONS of the --scale servers, dealt round-robin (0: one shared durable); "
+                         "several, comma-separated: each measured in the same rounds")
     ap.add_argument("--concurrency", type=int, default=50, help="REEL_MAX_CONCURRENT_RUNS of each executor")
     ap.add_argument("--variants", default=",".join(REEL_VARIANTS), help="Reel variants, comma-separated")
     ap.add_argument("--baseline", help="another checkout of Reel (e.g. a git worktree of an earlier commit): its "
