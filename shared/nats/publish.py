@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 
 import nats.errors
 import structlog
@@ -18,15 +19,16 @@ import tenacity
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from shared.core.commands import ResumeRun, VerifyRun, encode
 from shared.core.errors import ReelError
 from shared.core.ids import LSN, BranchId, RunId
-from shared.core.subjects import MSG_ID_HEADER, Names, verify_msg_id
+from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names, verify_msg_id
 
 log = structlog.get_logger(__name__)
 
+WRONG_LAST_SEQUENCE = 10071
 SETTLE_S = 60.0
 """How long (s) a publish or read is retried while the stream cannot answer (an election); < the 120 s
 duplicate window."""
@@ -40,12 +42,14 @@ class StreamUnavailable(ReelError):
 
 
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError, TimeoutError,
-              nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError, StreamUnavailable)
+              nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
+              nats.errors.OutboundBufferLimitError, StreamUnavailable)
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for the errors an election or a failover gives (timeout, no responders, 503, reconnecting):
-    the same request may be sent again."""
+    """True for the errors an election, a failover or a server outage gives (timeout, no responders, 503,
+    reconnecting, the client's reconnect buffer full): the same request may be sent again. A closed
+    connection (``ConnectionClosedError``) is not: it was closed on purpose and never comes back."""
     return isinstance(exc, _TRANSIENT) or (isinstance(exc, APIError) and exc.code == 503)
 
 
@@ -81,14 +85,63 @@ async def request_ack(nc: Client, subject: str, body: bytes, headers: dict[str, 
 
 
 def publish_pipelined(
-    nc: Client, subject: str, body: bytes, headers: dict[str, str] | None, timeout_s: float
+    nc: Client, subject: str, body: bytes, headers: dict[str, str] | None, timeout_s: float, *,
+    settle_s: float = SETTLE_S,
 ) -> asyncio.Future[PubAck]:
     """Publish to a stream subject now; the future resolves to the PubAck (see :func:`request_ack`).
 
     Several of these in flight at once share one round trip. (nats-py's own
-    ``publish_async`` cannot be used: it loses error acks such as 10071.)
+    ``publish_async`` cannot be used: it loses error acks such as 10071.) A try that gets no ack within
+    ``timeout_s`` or meets an outage (:func:`is_transient`) is sent again, the same message with the same
+    ``Nats-Msg-Id`` (one is given if ``headers`` has none), until it settles or ``settle_s`` seconds
+    have passed (:func:`settle_retrying`): a retry of a message that did land is deduplicated by the
+    stream, so a blob chunk is never stored twice (issue 10 item 3).
+
+    Raises (from the future):
+        nats.js.errors.APIError: the server refused the message (not retried: e.g. 10071).
+        nats.errors.TimeoutError: (or another transient error) still no ack after ``settle_s``.
     """
-    return asyncio.ensure_future(request_ack(nc, subject, body, headers, timeout_s))
+    if headers is None or MSG_ID_HEADER not in headers:
+        headers = {**(headers or {}), MSG_ID_HEADER: nc._nuid.next().decode()}
+    first = request_ack(nc, subject, body, headers, timeout_s)
+    return asyncio.ensure_future(_settled(nc, subject, body, headers, timeout_s, settle_s, first))
+
+
+async def _settled(nc: Client, subject: str, body: bytes, headers: dict[str, str], timeout_s: float,
+                   settle_s: float, first: Awaitable[PubAck]) -> PubAck:
+    """The ack of the ``first`` try, else of the same message sent again until it settles."""
+    try:
+        return await first
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        log.warning("publish.resend", subject=subject, error=repr(exc)[:200])
+    async for attempt in settle_retrying(settle_s):
+        with attempt:
+            try:
+                return await request_ack(nc, subject, body, headers, timeout_s)
+            except APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE or EXPECTED_LAST_SUBJECT_SEQ_HEADER not in headers:
+                    raise
+                landed = await _landed_last(nc, subject, headers[MSG_ID_HEADER])
+                if landed is None:
+                    raise
+                return landed
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _landed_last(nc: Client, subject: str, msg_id: str) -> PubAck | None:
+    """The ack of message ``msg_id`` if it is the last one on ``subject`` (a fenced message whose first try
+    landed: on one node the fence is checked before the duplicate window, so its resend is refused 10071)."""
+    js = nc.jetstream()
+    stream = await js.find_stream_name_by_subject(subject)
+    try:
+        last = await js.get_last_msg(stream, subject)
+    except NotFoundError:
+        return None
+    if (last.headers or {}).get(MSG_ID_HEADER) != msg_id:
+        return None
+    return PubAck(stream=stream, seq=int(last.seq or 0), duplicate=True)
 
 
 async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn: int) -> None:

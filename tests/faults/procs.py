@@ -161,6 +161,12 @@ class KillableServer:
                                      f"{self.log_path.read_text(errors='replace')[-2000:]}")
             await asyncio.sleep(0.1)
 
+    def freeze(self) -> None:
+        """SIGSTOP the server: it reads nothing more and answers nothing (a hung host), so what clients send
+        now is in flight, unanswered, when it is then killed (:meth:`kill` works on a frozen server)."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGSTOP)
+
     async def kill(self) -> None:
         """kill -9 the server and reap it."""
         if self.process is not None and self.process.returncode is None:

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from shared.config import Config
 from shared.core.commands import Reply
 from shared.core.workflow import WorkflowSpec, parse_workflow
@@ -67,26 +65,20 @@ def crash_lines(proc: Proc) -> list[dict[str, Any]]:
     return out
 
 
-KNOWN_HANDLER_CRASH = "command.handler_crashed"
-"""The log event of issue 10 item 3's open bug: a commit that timed out while the server was away crashes the
-executor's handler, the command comes back, a second executor supersedes the live one's attempt (left
-``dispatched``: its executor is alive, recovery waits) or a run is left ``pending`` with no command queued."""
+HANDLER_CRASH = "command.handler_crashed"
+"""The log event of a command handler that raised (shared/nats/consumer.py): its command is nak'ed."""
 
 
-def record(ledger: FaultsLedger, scenario: str, counts: FaultCounts, procs: ServiceProcs | None = None, *,
-           known_bug: bool = False) -> None:
+def logged(procs: ServiceProcs, event: str) -> list[str]:
+    """The log lines (JSON) of every child of ``procs`` that name ``event``, prefixed by the child's log file."""
+    return [f"{p.log_path.name}: {line[:2000]}" for p in procs.procs
+            for line in p.log_path.read_text(errors="replace").splitlines() if f'"{event}"' in line]
+
+
+def record(ledger: FaultsLedger, scenario: str, counts: FaultCounts, procs: ServiceProcs | None = None) -> None:
     """Record ``counts`` for ``scenario``, then assert them clean (record first: the summary counts honestly);
-    a failure quotes ``procs``' logs.
-
-    ``known_bug``: runs only stuck while an executor logged :data:`KNOWN_HANDLER_CRASH` are that open bug, an
-    expected failure (xfail, with the counts in the summary line) until it is fixed; any other problem fails.
-    """
+    a failure quotes ``procs``' logs."""
     ledger.record(scenario, counts.runs, counts.lost, counts.stuck, counts.unrecorded)
-    if known_bug and counts.problems and procs is not None and counts.lost == counts.unrecorded == counts.refold == 0:
-        crashed = [p.name for p in procs.procs if KNOWN_HANDLER_CRASH in p.log_path.read_text(errors="replace")]
-        if crashed:
-            pytest.xfail(f"issue 10 item 3 (open): {KNOWN_HANDLER_CRASH} in {crashed}; {counts.stuck} stuck: "
-                         + "; ".join(counts.problems[:5]))
     if counts.problems and procs is not None:
         counts.problems.append(procs.logs())
     counts.assert_clean()
