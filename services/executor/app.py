@@ -5,7 +5,8 @@
 which drives runs (services/executor/driver.py) attempt by attempt
 (services/executor/attempts.py), consumes the start/resume command subjects (the shared durable,
 and with ``REEL_PARTITIONS`` its own and orphaned partitions: services/executor/partitions.py), and
-keeps this executor's lease alive (shared/nats/leases.py, naming its partitions) until the drain is over.
+keeps this executor's lease alive (shared/nats/leases.py, naming its partitions) until the drain is over, and
+resolves its own attempts a drive that raised left open once they are settled (services/executor/orphans.py).
 
 Shutdown (``stop`` set, e.g. SIGTERM): no new command is taken; the attempts in flight run on
 for ``cfg.drain_deadline_s`` (``REEL_DRAIN_DEADLINE_S``, default 45 s, inside the deployments'
@@ -49,11 +50,13 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
     hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop, consumers.own))
     deadline = asyncio.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
+    orphans = asyncio.create_task(ex.orphans.tend_loop(lambda: ex.driving, stop, cfg.lease_ttl_s))
     try:
         await ex.control.start()
         await consumers.run(stop)
     finally:
         deadline.cancel()
+        await orphans
         lease_stop.set()
         await hb
         await ex.control.stop()

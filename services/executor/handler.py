@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Container
 
 import structlog
 
@@ -37,6 +38,7 @@ from shared.tools_check import check_tool_imports
 
 from .attempts import LOG_NAME, Attempts
 from .driver import Driver, HandedBack, OwnedElsewhere, WorkflowSpecs
+from .orphans import Orphans
 
 log = structlog.get_logger("reel.executor")
 
@@ -69,6 +71,7 @@ class Executor:
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes,
                              owner_alive=lambda owner: executor_alive(infra.leases, owner))
+        self.orphans = Orphans(log, attempts)
         self._driving: dict[str, bool] = {}  # run id → "look again" (a command for it came in meanwhile)
         names = self.names = cfg.names
         self.router = Router(infra, route_of=self._route_of)
@@ -161,7 +164,9 @@ class Executor:
         self._driving[run_id] = False
         try:
             while True:
-                await self.drive(run_id, state)
+                rested = await self.drive(run_id, state)
+                if rested is not None:  # its attempts in flight are recorded: any other of ours is abandoned
+                    await self._abandon_orphans(rested)
                 state = None  # a second look re-reads the run
                 if not self._driving[run_id]:
                     return Ack.ACK
@@ -174,8 +179,27 @@ class Executor:
             bad = exc.corruption
             log.error("run.corrupt", command=kind, lsn=bad.lsn, kind=bad.kind, reason=bad.reason)
             return Ack.TERM
+        except Exception:  # an attempt of ours may be left open: resolved once settled (services/executor/orphans.py)
+            self.orphans.crashed.add(run_id)
+            raise
         finally:
             del self._driving[run_id]
+
+    @property
+    def driving(self) -> Container[str]:
+        """The runs a drive of this executor holds now."""
+        return self._driving.keys()
+
+    async def _abandon_orphans(self, state: RunState) -> None:
+        """Resolve our own settled intents of a run whose drive ended (:meth:`Orphans.settle`); a failure
+        leaves the run to :meth:`Orphans.tend_loop`."""
+        try:
+            await self.orphans.settle(state)
+        except RunCorrupt:
+            raise
+        except Exception as exc:
+            log.warning("attempt.abandon_failed", error=repr(exc)[:300])
+            self.orphans.crashed.add(state.run_id)
 
     async def _spec_of_command(self, start: StartRun) -> WorkflowSpec:
         if (start.workflow is None) == (start.workflow_ref is None):

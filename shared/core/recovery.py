@@ -22,6 +22,10 @@ executor normally commits the outcome; recovery steps in only when it cannot:
 * In a **cancelled** run an intent on the active branch (the one the cancel stopped)
   is resolved ``attempt_cancelled`` whatever the marker says (never succeeded or
   failed after ``run_cancelled``; :func:`shared.core.cancel.after_cancel`).
+* An executor that holds none of its own settled intents in a drive any more (a drive of it
+  raised between an intent and its outcome, and the attempt was superseded since — by itself on
+  the next drive, or by another executor) resolves them itself the same way (:func:`abandon`):
+  its lease says it is alive, so recovery would wait for it forever.
 * The latest intent of a step on the active branch of a *running* run is not
   settled: the executor that takes the run over supersedes it with a new
   attempt. When its writer is gone and so is the run's owner, recovery asks for
@@ -187,7 +191,8 @@ def triage(state: RunState, live_executors: Set[str]) -> Triage:
 
 
 def resolution_events(
-    state: RunState, intents: Iterable[OpenIntent], markers: Mapping[str, BlobRef], *, at_ms: int
+    state: RunState, intents: Iterable[OpenIntent], markers: Mapping[str, BlobRef], *, at_ms: int,
+    lost_message: str = "executor {executor_id} died before committing an outcome; no output was stored",
 ) -> tuple[AnyEvent, ...]:
     """The outcome events resolving ``intents`` (one commit), ``recovered=True``.
 
@@ -195,6 +200,7 @@ def resolution_events(
         markers: outcome markers found, by :attr:`OpenIntent.marker_key`; a
             missing key means the executor never stored an output.
         at_ms: the resolution time (epoch ms).
+        lost_message: the ``attempt_failed`` message of an intent without a marker (``{executor_id}``: its writer).
     """
     events: list[AnyEvent] = []
     for intent in intents:
@@ -210,7 +216,7 @@ def resolution_events(
             event = AttemptFailed(
                 branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
                 error_kind=EXECUTOR_LOST, retryable=True, at_ms=at_ms, recovered=True,
-                message=f"executor {intent.executor_id} died before committing an outcome; no output was stored",
+                message=lost_message.format(executor_id=intent.executor_id),
             )
         events.append(as_cancelled(state, event) if caught(state, intent.branch_id) else event)
     return tuple(events)
@@ -225,6 +231,33 @@ def _copy_outcome(intent: OpenIntent, origin: AttemptState, at_ms: int) -> Attem
         error_kind=origin.error_kind or EXECUTOR_LOST, message=origin.error_message or "",
         retryable=origin.retryable, usage=origin.usage, at_ms=at_ms, recovered=True,
     )
+
+
+ABANDONED = ("executor {executor_id} abandoned it: the drive that dispatched it ended without an outcome; "
+             "no output was stored")
+"""The ``attempt_failed`` message of an intent its live executor abandoned (:func:`abandon`)."""
+
+
+def own_settled(state: RunState, executor_id: str) -> tuple[OpenIntent, ...]:
+    """The open intents ``executor_id`` dispatched that are :func:`settled` (superseded, on an inactive branch,
+    or in a resting run): no drive of it will ever record them once it holds none of them in flight. Pure."""
+    return tuple(i for i in open_intents(state) if i.executor_id == executor_id and settled(state, i))
+
+
+def abandon(state: RunState, executor_id: str, markers: Mapping[str, BlobRef | None], *,
+            at_ms: int) -> tuple[AnyEvent, ...]:
+    """The events by which ``executor_id`` resolves its own settled open intents (:func:`own_settled`) when it
+    holds none of them in a drive — as recovery would once its lease is gone (:func:`resolution_events`,
+    ``recovered=True``): the stored output if its marker was found, else ``attempt_failed`` ``executor_lost``.
+
+    Args:
+        markers: the markers looked up, by :attr:`OpenIntent.marker_key` (``None``: none stored); an intent
+            whose marker was not looked up is left for a later call (never resolved on a guess).
+        at_ms: the resolution time (epoch ms).
+    """
+    intents = [i for i in own_settled(state, executor_id) if i.marker_key in markers]
+    found = {key: ref for key, ref in markers.items() if ref is not None}
+    return resolution_events(state, intents, found, at_ms=at_ms, lost_message=ABANDONED)
 
 
 def outcome_of(event: AnyEvent) -> AttemptStatus:
