@@ -240,8 +240,12 @@ ABANDONED = ("executor {executor_id} abandoned it: the drive that dispatched it 
 
 def own_settled(state: RunState, executor_id: str) -> tuple[OpenIntent, ...]:
     """The open intents ``executor_id`` dispatched that are :func:`settled` (superseded, on an inactive branch,
-    or in a resting run): no drive of it will ever record them once it holds none of them in flight. Pure."""
-    return tuple(i for i in open_intents(state) if i.executor_id == executor_id and settled(state, i))
+    or in a resting run): no drive of it will ever record them once it holds none of them in flight. Pure.
+
+    An inherited copy on a fork is not among them: it is recovery's to resolve, from its origin's outcome
+    once that is recorded (its origin, on the branch it was dispatched on, is)."""
+    return tuple(i for i in open_intents(state)
+                 if i.executor_id == executor_id and not i.inherited and settled(state, i))
 
 
 def abandon(state: RunState, executor_id: str, markers: Mapping[str, BlobRef | None], *,

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from shared.core import recovery
-from shared.core.events import AttemptCancelled, AttemptFailed, AttemptSucceeded, RunCancelled, RunStarted, RunVerifying
+from shared.core.events import (
+    AttemptCancelled,
+    AttemptFailed,
+    AttemptSucceeded,
+    BranchForked,
+    RunCancelled,
+    RunStarted,
+    RunVerifying,
+)
 from tests.unit.test_mutator_decisions import REF, dispatch, folded, ok
 
 
@@ -42,3 +50,11 @@ def test_in_a_cancelled_run_an_abandoned_intent_is_cancelled() -> None:
                       [RunCancelled(at_ms=2)])
     [event] = recovery.abandon(state, "x-me", {"r-1.main.a.1": None}, at_ms=9)
     assert isinstance(event, AttemptCancelled)
+
+
+def test_an_inherited_copy_is_left_to_recovery_and_its_origin_is_abandoned() -> None:
+    state, _ = folded([RunStarted(executor_id="x-me", at_ms=1), dispatch("a", 1, "x-me")],
+                      [BranchForked(branch_id="b-2", parent_branch_id="main", fork_lsn=12, at_ms=2)],
+                      [dispatch("a", 2, "x-me", branch="b-2")])
+    # main#a1 (an inactive branch now) is its own; b-2's copy of a#1 is inherited: recovery resolves it from main's
+    assert [(i.branch_id, i.step_id, i.attempt) for i in recovery.own_settled(state, "x-me")] == [("main", "a", 1)]
