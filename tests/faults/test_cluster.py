@@ -63,11 +63,12 @@ def r3_cfg(c: Cluster) -> Config:
 
 @pytest.fixture
 async def r3_infra(r3: Cluster) -> AsyncIterator[Infra]:
-    """The namespace's streams and buckets at R3, on a connection to every node."""
+    """The namespace's streams and buckets at R3, on a connection to every node; set up as a service does
+    (retried while the cluster forms or re-forms after a test restarted nodes: 10005 "no suitable peers")."""
     cfg = r3_cfg(r3)
     nc = await connect(cfg, name="reel-tests-r3")
     try:
-        infra = await ensure_infra(nc, cfg)
+        infra = await ensure_infra_retrying(nc, cfg, within_s=60)
         infra.cfg = cfg  # type: ignore[attr-defined]
         yield infra
     finally:
