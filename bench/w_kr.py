@@ -218,7 +218,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 jobs.append((v, lambda v=v: bench.reel(v, ka=args.ka, rb=args.rb, kb=args.kb)))
             for p in peers:
                 jobs.append((p, lambda p=p: bench.peer(p)))
-            for r in range(args.rounds):
+            for r in range(args.rounds if jobs else 0):
                 for name, job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
                     t = time.monotonic()
                     await job()
