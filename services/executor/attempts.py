@@ -262,8 +262,8 @@ class Attempts:
         refs = {sid: ref for sid, ref in found.items() if ref is not None}
         large = {sid: ref for sid, ref in refs.items() if ref.size_bytes > max_bytes}
         bodies = await self.bodies.many([ref for sid, ref in refs.items() if sid not in large])
-        ends = await asyncio.gather(*(self.blobs.head_tail(r, max_bytes // 2, max_bytes - max_bytes // 2)
-                                      for r in large.values()))
+        half = max_bytes // 2
+        ends = await asyncio.gather(*(self._ends(r, half, max_bytes - half) for r in large.values()))
         texts = Outputs({sid: bodies[ref.sha256].decode("utf-8", errors="replace")
                          for sid, ref in refs.items() if sid not in large})
         for sid, (head, tail, size) in zip(large, ends, strict=True):
@@ -274,6 +274,14 @@ class Attempts:
             if win is not None and win.truncated is True:
                 texts[sid] += truncation_note(ref.size_bytes)
         return Outputs({sid: texts[sid] for sid in refs}, texts.trimmed)  # in the order asked
+
+    async def _ends(self, ref: BlobRef, head: int, tail: int) -> tuple[bytes, bytes, int]:
+        """The head and tail of a body (bytes) and its size: sliced from :attr:`bodies` if it is there, else
+        streamed from the store (:meth:`~shared.nats.blobread.BlobReads.head_tail`)."""
+        body = self.bodies.peek(ref)
+        if body is None:
+            return await self.blobs.head_tail(ref, head, tail)
+        return body[:head], body[max(head, len(body) - tail):], len(body)
 
     # ---- outcomes ------------------------------------------------------------------------
     async def marker(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> BlobRef | None:
