@@ -33,15 +33,18 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import IO, TypeVar
 
+from nats import errors as nats_errors
 from nats.js import api as jsapi
 from nats.js import client as jsclient
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 from nats.js.object_store import ObjectStore
 
 from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout
 from shared.core.events import BlobRef
 
 GET_TIMEOUT_S = 30.0
+_UNANSWERED = (nats_errors.NoRespondersError, ServiceUnavailableError, nats_errors.ConnectionClosedError,
+               nats_errors.ConnectionReconnectingError, nats_errors.StaleConnectionError)
 KNOWN_CACHE = 4096
 T = TypeVar("T")
 
@@ -98,7 +101,7 @@ class BlobReads:
             BlobMissing: no such object.
             BlobCorrupt: the object's body does not hash to ``ref.sha256`` (the reason says what it holds),
                 or it is not a readable object.
-            BlobTimeout: the read took longer than the store's timeout.
+            BlobTimeout: the read took longer than the store's timeout, or no server answered it.
         """
         if isinstance(ref.inline, str):
             return _inline(ref)
@@ -118,7 +121,7 @@ class BlobReads:
         Raises (while iterating):
             BlobMissing: no such object, or one of its chunks is gone.
             BlobCorrupt: not a readable object, or (after the last chunk) the body is not ``ref``'s.
-            BlobTimeout: one request took longer than the store's timeout (s).
+            BlobTimeout: one request took longer than the store's timeout (s), or no server answered it.
         """
         async for _, _, data in self._walk(ref):
             yield data
@@ -246,6 +249,9 @@ class BlobReads:
             raise BlobMissing(f"blob {ref.sha256[:12]}… not in bucket {self._bucket}{where}") from exc
         except TimeoutError as exc:
             raise BlobTimeout(f"reading blob {ref.sha256[:12]}…{where} took over {self._timeout_s}s") from exc
+        except _UNANSWERED as exc:  # no server answered (an election, a reconnect): not a verdict on the body
+            raise BlobTimeout(f"reading blob {ref.sha256[:12]}…{where}: the store did not answer "
+                              f"({type(exc).__name__})") from exc
         except Exception as exc:  # a meta record that is not a readable object (bad digest, no nuid, a link…)
             raise BlobCorrupt(f"blob {ref.sha256[:12]}… is corrupt: not a readable object "
                               f"({type(exc).__name__}: {exc})"[:300]) from exc

@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from nats.js.object_store import ObjectStore
 
 from services.ui.pages import MAX_PAGE_BYTES, blob_page
 from services.ui.reader import WHOLE_MAX_BYTES, RunReader
 from shared.config import Config
-from shared.core.errors import BlobCorrupt, BlobMissing, ToolError
+from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, ToolError
 from shared.core.events import AttemptDispatched, AttemptSucceeded, RunCreated, StepDecl
 from shared.core.packer import PackPolicy
 from shared.core.planning import read_bound
@@ -171,3 +172,13 @@ async def test_the_ui_pages_a_large_body_by_range_after_checking_it_once(infra: 
         assert await reader.blob("r-pages", data.sha256, offset, length) == blob_page(body, data, offset, length)
     received = infra.nc.stats["in_bytes"] - before
     assert received < 10 * CHUNK_BYTES, f"pages read {received} bytes: not only the chunks holding them"
+
+
+async def test_a_read_no_server_answers_is_a_timeout_not_a_corrupt_body(infra: Infra, cfg: Config) -> None:
+    ref = await fresh(infra, cfg).put(os.urandom(2 * CHUNK_BYTES))
+    nowhere = infra.nc.jetstream(prefix="$JS.nowhere.API")  # a JetStream API no server serves: no responders
+    obs = ObjectStore(name=cfg.names.blob_bucket, stream=f"OBJ_{cfg.names.blob_bucket}", js=nowhere)
+    lost = JetStreamBlobStore(infra.nc, obs, cfg.names.blob_bucket)
+    with pytest.raises(BlobTimeout, match="the store did not answer") as info:
+        await anext(lost.chunks(ref))
+    assert info.value.retryable and not isinstance(info.value, BlobMissing)
