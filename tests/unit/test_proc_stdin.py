@@ -38,10 +38,14 @@ async def test_the_source_is_read_only_as_fast_as_the_child_reads() -> None:
     n_chunks = 64
     seen = {"read": 0}
     lead = []  # bytes yielded minus bytes the child has said it read, at each yield
+    partial = bytearray()  # a stdout chunk may end mid-line: only whole lines are parsed
 
     def progress(chunk: bytes) -> None:
-        for line in chunk.decode().splitlines():
-            if line.startswith("read "):
+        partial.extend(chunk)
+        *lines, rest = partial.split(b"\n")
+        partial[:] = rest
+        for line in lines:
+            if line.startswith(b"read "):
                 seen["read"] = max(seen["read"], int(line.split()[1]))
 
     async def source() -> AsyncIterator[bytes]:
