@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
+import structlog
 from nats.aio.client import Client
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
@@ -34,6 +36,12 @@ from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.publish import is_transient, settle_retrying
 
 INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
+
+
+LOST_REPLY_CHECK_S = 5.0
+"""After a reconnect, how often (s) a command waiting for its reply checks whether it took effect anyway."""
+
+log = structlog.get_logger("reel.client")
 
 
 class CommandTimeout(ReelError, TimeoutError):
@@ -58,8 +66,14 @@ class ReelClient:
         self._keyed: bool | None = None
 
     async def command(self, name: str, body: bytes, *, timeout_s: float = 30.0, msg_id: str | None = None,
-                      subject: str | None = None) -> Reply:
+                      subject: str | None = None,
+                      if_lost: Callable[[], Awaitable[Reply | None]] | None = None) -> Reply:
         """Publish one command and wait for its reply.
+
+        A reply is a core NATS message: one published while this connection was reconnecting (a failover, a
+        killed node) is lost although the command was handled. ``if_lost``: after a reconnect during the
+        wait, asked every :data:`LOST_REPLY_CHECK_S` s for the command's effect (e.g. the run a start made,
+        by the id it derives); its answer is returned in place of the reply.
 
         Raises:
             CommandTimeout: the command is queued but no service answered within ``timeout_s``.
@@ -69,11 +83,23 @@ class ReelClient:
         sub = await self.nc.subscribe(inbox, max_msgs=1)
         headers = {REPLY_TO_HEADER: inbox, MSG_ID_HEADER: msg_id or uuid.uuid4().hex}  # a re-send is deduplicated
         try:
+            reconnects = self.nc.stats["reconnects"]
             await self._publish(name, body, headers, subject)
-            try:
-                msg = await sub.next_msg(timeout=timeout_s)
-            except Exception as exc:
-                raise CommandTimeout(f"no answer to {name} within {timeout_s}s (the command stays queued)") from exc
+            deadline = time.monotonic() + timeout_s
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    msg = await sub.next_msg(timeout=max(0.001, min(left, LOST_REPLY_CHECK_S) if if_lost else left))
+                    break
+                except Exception as exc:
+                    if time.monotonic() >= deadline:
+                        raise CommandTimeout(f"no answer to {name} within {timeout_s}s (the command stays queued)"
+                                             ) from exc
+                    if if_lost is not None and self.nc.stats["reconnects"] != reconnects:
+                        found = await if_lost()
+                        if found is not None:
+                            log.info("command.reply_lost", command=name, run_id=found.run_id)
+                            return found
         finally:
             await sub.unsubscribe()
         reply = msgspec.json.decode(msg.data, type=Reply)
@@ -128,15 +154,26 @@ class ReelClient:
         else:
             cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {})
         msg_id = uuid.uuid4().hex
-        if await self._partitioned():  # keyed by the run id the executor derives: its partition's executor
-            subject = self.cfg.names.run_command(run_id_for_key(idempotency_key or f"cmd:{msg_id}"), "start")
+        run_id = run_id_for_key(idempotency_key or f"cmd:{msg_id}")  # the id the executor derives
+
+        async def if_lost() -> Reply | None:  # the reply was lost in a reconnect: the run, if it was made
             try:
-                return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=msg_id, subject=subject)
+                found = await self.log.head(run_id) is not None
+            except Exception:  # no answer yet (the failover goes on): keep waiting
+                return None
+            return Reply(ok=True, run_id=RunId(run_id), detail={"reply": "lost in a reconnect; the run exists"}) \
+                if found else None
+
+        if await self._partitioned():  # keyed by the run id the executor derives: its partition's executor
+            subject = self.cfg.names.run_command(run_id, "start")
+            try:
+                return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=msg_id, subject=subject,
+                                          if_lost=if_lost)
             except (PermissionDenied, ReelError) as exc:  # not stored (no such subject, or not ours to publish)
                 if isinstance(exc, CommandTimeout):
                     raise
                 self._keyed = False
-        return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=msg_id)
+        return await self.command("start", encode(cmd), timeout_s=timeout_s, msg_id=msg_id, if_lost=if_lost)
 
     async def _partitioned(self) -> bool:
         """True if the commands stream partitions keyed commands (its subject transform; read once)."""
