@@ -41,6 +41,10 @@ INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
 LOST_REPLY_CHECK_S = 5.0
 """After a reconnect, how often (s) a command waiting for its reply checks whether it took effect anyway."""
 
+LOST_REPLY_AFTER_S = 30.0
+"""With no reconnect of its own, after how long (s) a waiting command checks too: the replier's node may be
+the one that went away."""
+
 log = structlog.get_logger("reel.client")
 
 
@@ -72,8 +76,9 @@ class ReelClient:
 
         A reply is a core NATS message: one published while this connection was reconnecting (a failover, a
         killed node) is lost although the command was handled. ``if_lost``: after a reconnect during the
-        wait, asked every :data:`LOST_REPLY_CHECK_S` s for the command's effect (e.g. the run a start made,
-        by the id it derives); its answer is returned in place of the reply.
+        wait (or once :data:`LOST_REPLY_AFTER_S` s have passed), asked every :data:`LOST_REPLY_CHECK_S` s for
+        the command's effect (e.g. the run a start made, by the id it derives); its answer is returned in
+        place of the reply.
 
         Raises:
             CommandTimeout: the command is queued but no service answered within ``timeout_s``.
@@ -95,7 +100,8 @@ class ReelClient:
                     if time.monotonic() >= deadline:
                         raise CommandTimeout(f"no answer to {name} within {timeout_s}s (the command stays queued)"
                                              ) from exc
-                    if if_lost is not None and self.nc.stats["reconnects"] != reconnects:
+                    late = time.monotonic() - (deadline - timeout_s) >= LOST_REPLY_AFTER_S
+                    if if_lost is not None and (late or self.nc.stats["reconnects"] != reconnects):
                         found = await if_lost()
                         if found is not None:
                             log.info("command.reply_lost", command=name, run_id=found.run_id)
