@@ -167,13 +167,26 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
     """
     url = nats_url
     auth = auth_dir_from_env()
+    where = [url or "the embedded server"]  # the server's URL once chosen
+    try:
+        async with _session(url, namespace, auth, services, where) as s:
+            yield s
+    except nats.errors.Error as exc:  # nats.js.errors.Error derives from it: a 503, a timeout, a JS API error
+        raise nats_cli_error(exc, where[-1]) from None
+
+
+@contextlib.asynccontextmanager
+async def _session(url: str | None, namespace: str, auth: AuthDir | None, services: tuple[str, ...],
+                   where: list[str]) -> AsyncIterator[Session]:
+    """:func:`session` without its error mapping (appends the server's URL to ``where`` once chosen)."""
     async with contextlib.AsyncExitStack() as stack:
         probed = url is None and await server_listening()
         if probed:
             url = DEFAULT_LOCAL_URL
-        url, embedded = await stack.enter_async_context(url_or_embedded(
+        server, embedded = await stack.enter_async_context(url_or_embedded(
             url, reel_home() / "js", config_file=str(auth.server_conf) if auth else None))
-        base = Config.from_env(nats_url=url, names=Names(namespace))
+        where.append(server)
+        base = Config.from_env(nats_url=server, names=Names(namespace))
         cfg = auth.config("client", base) if auth and not base.auth.configured else base
         nc = await _connect(cfg, "reel-cli")
         stack.push_async_callback(nc.close)
@@ -197,6 +210,22 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
         origin = "embedded" if embedded else "reel up" if probed else "--nats-url"
         yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded, origin=origin)
+
+
+def nats_cli_error(exc: nats.errors.Error, url: str) -> CliError:
+    """One line for a NATS / JetStream error that reached a command (never a traceback).
+
+    A 503 / no responders means nothing serves the JetStream API (or a command subject) the connection uses:
+    with credentials (a client's JS API prefix) that is a server without Reel's accounts — no ``reel up --auth``.
+    """
+    where = redact_url(url)
+    if isinstance(exc, (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError)):
+        return CliError(f"no Reel services answer at {where}: start `reel up --auth` (with credentials) or "
+                        "`reel up`, or pass --nats-url to name the server that runs them", kind="unavailable")
+    if isinstance(exc, nats.errors.TimeoutError):
+        return CliError(f"NATS at {where} did not answer in time ({type(exc).__name__})", kind="timeout")
+    detail = str(exc).strip() or type(exc).__name__
+    return CliError(f"NATS at {where}: {type(exc).__name__}: {detail}", kind="nats_error")
 
 
 async def _check_reel_server(nc: Any, cfg: Config) -> None:
