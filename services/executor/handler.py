@@ -20,7 +20,7 @@ import structlog
 from shared.clock import now_ms
 from shared.config import Config
 from shared.core.commands import Reply, ResumeRun, StartRun
-from shared.core.errors import BlobMissing, InvalidCommand, RunNotFound
+from shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
 from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
@@ -112,6 +112,8 @@ class Executor:
         Raises:
             InvalidCommand, BlobMissing, WorkflowInvalid: the command's workflow cannot run (a python tool
                 of an agent step that does not import included), or a keyed start names another run.
+            IdempotencyConflict: the key's run exists with another workflow (sha256 of the encoded body);
+                that run is untouched and not driven.
         """
         spec = await self._spec_of_command(start)
         tools = check_tool_imports(spec)  # a python tool that does not import: refused now, naming the field
@@ -139,6 +141,14 @@ class Executor:
             reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=LSN(done.lsn))
             fresh: RunState | None = done.state  # the drive starts from it: no re-read of the run
         else:  # the key's run exists (a repeated or redelivered start)
+            existing = done.state.workflow_ref.sha256
+            if start.idempotency_key is not None and existing != workflow_ref.sha256:
+                raise IdempotencyConflict(
+                    f"idempotency key {start.idempotency_key!r} was used for run {run_id} of workflow "
+                    f"{done.state.workflow_name!r} (sha256 {existing[:12]}); this start's workflow "
+                    f"{spec.name!r} (sha256 {workflow_ref.sha256[:12]}) differs: use another key",
+                    run_id=run_id, key=start.idempotency_key, existing_workflow=done.state.workflow_name,
+                    new_workflow=spec.name)
             log.info("run.exists", status=done.state.status, idempotency_key=start.idempotency_key)
             reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
             fresh = None

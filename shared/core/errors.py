@@ -51,6 +51,26 @@ class InvalidCommand(ReelError):
     code = "invalid_command"
 
 
+class IdempotencyConflict(ReelError):
+    """An idempotency key reused with another workflow: the key's run was started from a workflow whose
+    encoded body has another sha256 (Stripe-style keys: one key, one request). The existing run is untouched;
+    retrying the same start can never succeed, so not retryable.
+
+    Attributes:
+        key: the reused idempotency key.
+        existing_workflow, new_workflow: the workflow names of the key's run and of the refused start.
+    """
+
+    code = "idempotency_conflict"
+
+    def __init__(self, message: str, *, run_id: str | None = None, key: str = "", existing_workflow: str = "",
+                 new_workflow: str = "") -> None:
+        super().__init__(message, run_id=run_id)
+        self.key = key
+        self.existing_workflow = existing_workflow
+        self.new_workflow = new_workflow
+
+
 class InvalidTransition(ReelError):
     """The command is not legal in the run's current state (e.g. cancel of a Completed run)."""
 
