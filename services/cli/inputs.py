@@ -67,9 +67,13 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
     the reply as one JSON line), then unless not ``wait``
     follow the run until it rests.
 
+    With ``json_out`` exactly one object is printed: the reply (``ok``, ``run_id``, ``status``, ``lsn``,
+    ``detail``), and after following also ``run_status``, ``exit`` and ``requests`` (the open ones).
+
     Raises:
         typer.Exit: the run's exit code (:func:`services.cli.runs.exit_code`; 0 without ``wait``), 1 if the
-            answer is refused, 5 if the run does not rest within ``timeout_s`` seconds.
+            answer is refused, 4 if the run is cancelled (nothing to answer), 5 if the run does not rest within
+            ``timeout_s`` seconds.
     """
     async def body() -> int:
         async with session(nats_url, namespace, services=SERVICES) as s:
@@ -77,26 +81,36 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
             if not reply.ok:
                 raise CliError(reply.error.message if reply.error else "refused",
                                kind=reply.error.code if reply.error else "refused")
-            if json_out:
-                sys.stdout.write(json.dumps({"ok": True, "run_id": reply.run_id, "status": reply.status,
-                                             "lsn": reply.lsn, "detail": reply.detail}) + "\n")
-            else:
+            if reply.detail.get("noop"):  # e.g. the run is cancelled: the answer changed nothing
+                reason = str(reply.detail.get("reason") or "the request is closed")
+                cancelled = reply.status == "cancelled" or "cancelled" in reason
+                raise CliError(f"{'the run is cancelled' if cancelled else reason}: nothing to {decision}",
+                               EXIT["cancelled"] if cancelled else 1,
+                               kind="run_cancelled" if cancelled else "noop")
+            doc = {"ok": True, "run_id": reply.run_id, "status": reply.status, "lsn": reply.lsn,
+                   "detail": reply.detail}
+            if not json_out:
                 console.print(f"{SAID[decision]} request {request_id} of run {run_id}"
-                              + (f" (lsn {reply.lsn})" if reply.lsn else "") + f"; run {reply.status or '?'}"
-                              + "".join(f", {k} {v}" for k, v in reply.detail.items()), markup=False,
-                              highlight=False)
+                              + (f" (lsn {reply.lsn})" if reply.lsn else "") + f"; run {reply.status or '?'}",
+                              markup=False, highlight=False)
             if not wait:
+                if json_out:
+                    sys.stdout.write(json.dumps(doc) + "\n")
                 return 0
             state = await follow(s, run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout_s,
-                                 history=False)
+                                 history=False, quiet=json_out)
             if state is None:
                 raise CliError(f"run {run_id} did not rest within {timeout_s}s (it goes on; `reel show {run_id} -f`)",
                                EXIT["timeout"])
-            if state.status == "awaiting_input":
+            code = exit_code(state)
+            if json_out:  # one object: the answer, then where the run rests
+                sys.stdout.write(json.dumps({**doc, "run_status": state.status, "exit": code,
+                                             "requests": open_requests(state)}) + "\n")
+            elif state.status == "awaiting_input":
                 print_waiting(console, state)
             else:
                 print_timeline(console, state, None, await s.workflow(state))
-            return exit_code(state)
+            return code
 
     run_async(body(), json_out=json_out)
 

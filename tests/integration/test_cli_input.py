@@ -30,8 +30,11 @@ async def test_run_waits_for_input_then_answers_from_the_command_line_finish_it(
 
     code, out, err = await reel(cfg, "answer", run_id, question, "v2", "--by", "ana", "--json")
     assert code == 6, (out, err)  # the deploy still waits: the run rests again, and says what for
-    assert json.loads(out.splitlines()[0])["detail"]["resume"] == "published"
-    assert deploy in out and question not in out.split("\n", 1)[1]
+    assert len(out.strip().splitlines()) == 1, out  # --json: one object on stdout, the follow-up inside it
+    doc = json.loads(out)
+    assert doc["ok"] is True and doc["detail"]["resume"] == "published", doc
+    assert (doc["run_status"], doc["exit"]) == ("awaiting_input", 6), doc
+    assert [r["request_id"] for r in doc["requests"]] == [deploy], doc
     code, out, err = await reel(cfg, "approve", run_id, deploy, "--args", '{"env": "staging", "version": "v2"}')
     assert code == 0, (out, err)
     assert out.startswith(f"approved request {deploy} of run {run_id} (lsn "), out  # a sentence, not raw JSON
@@ -44,3 +47,20 @@ async def test_run_waits_for_input_then_answers_from_the_command_line_finish_it(
     assert code == 1 and "request_answered" in err, (out, err)
     code, out, err = await reel(cfg, "approve", run_id, "q-000000000000")
     assert code == 1 and "request_not_found" in err, (out, err)
+
+
+async def test_an_answer_to_a_cancelled_run_is_a_refusal(cfg: Config) -> None:
+    code, out, err = await reel(cfg, "run", "examples/agent/approval.yaml")
+    assert code == 6, (out, err)
+    code, listed, err = await reel(cfg, "pending", "--json")
+    pending = json.loads(listed)
+    run_id, question = pending[1]["run_id"], pending[1]["request_id"]
+    code, out, err = await reel(cfg, "cancel", run_id)
+    assert code == 0, (out, err)
+    code, out, err = await reel(cfg, "answer", run_id, question, "v2")
+    assert code == 4 and out.strip() == "", (code, out, err)  # README: 4, the run was cancelled
+    assert err.strip().splitlines()[-1] == "error: run_cancelled: the run is cancelled: nothing to answer", err
+    code, out, err = await reel(cfg, "answer", run_id, question, "v2", "--json")
+    doc = json.loads(out)
+    assert code == 4 and doc == {"ok": False, "code": "run_cancelled", "exit": 4,
+                                 "reason": "the run is cancelled: nothing to answer"}, (out, err)
