@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from services.cli.common import CliError, Namespace, console, run_async
+from services.cli.common import CliError, Namespace, console, reel_home, run_async
 from shared.authdir import AuthDir, AuthDirExists, init
 from shared.config import CONNECTION_FLAGS, Config
 from shared.core.subjects import Names
@@ -41,6 +41,12 @@ def auth_dir_from_env() -> AuthDir | None:
     if not d.exists():
         raise CliError(f"{value} is not a `reel auth init` directory (no auth.conf): run `reel auth init {value}`")
     return d
+
+
+def default_auth_dir() -> Path:
+    """The directory ``reel auth init`` writes and ``reel up --auth`` reads without ``$REEL_AUTH_DIR``:
+    ``$REEL_HOME/auth`` (``.reel/auth``)."""
+    return reel_home() / "auth"
 
 
 def _opt(flag: str) -> Any:
@@ -82,13 +88,16 @@ def install(app: typer.Typer) -> None:
 
 @auth_app.command("init")
 def init_cmd(
-    directory: Path = typer.Argument(..., help="where to write auth.conf, server.conf and the role credentials"),
+    directory: Path | None = typer.Argument(None, help="where to write auth.conf, server.conf and the role "
+                                            "credentials (default $REEL_HOME/auth: the one `reel up --auth` uses)"),
     namespace: str = Namespace,
     force: bool = typer.Option(False, "--force", help="replace an existing directory's passwords"),
     if_missing: bool = typer.Option(False, "--if-missing", help="do nothing (exit 0) if DIR already has auth.conf"),
     k8s: bool = typer.Option(False, "--k8s", help="also write k8s-secrets.yaml (Secrets reel-nats-auth, reel-<role>)"),
 ) -> None:
     """Write a nats-server authorization config and a random password per role (files 0600)."""
+    directory = directory if directory is not None else default_auth_dir()
+
     async def body() -> int:
         if if_missing and AuthDir(directory).exists():
             console.print(f"{directory}: auth.conf exists; nothing written")
