@@ -193,7 +193,7 @@ def _age(created_ms: int) -> str:
 def verdicts(
     run_id: str = typer.Argument(...),
     follow_: bool = typer.Option(False, "--follow", "-f", help="print verdicts as they are published until the run "
-                                 "completes or is cancelled; exit code by its outcome (as reel run)"),
+                                 "completes, is cancelled or awaits input; exit code by its outcome (as reel run)"),
     timeout: float = typer.Option(3600.0, help="with --follow: seconds to wait for the run to complete (exit 5)"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
@@ -202,7 +202,8 @@ def verdicts(
 
     With ``--follow`` each verdict is printed as it arrives, and the command ends once the
     run has completed (or was cancelled) and every verdict published so far is printed:
-    exit code 0 passed/succeeded/unlabelled, 3 failed or error, 4 cancelled, 5 timeout.
+    exit code 0 passed/succeeded/unlabelled, 3 failed or error, 4 cancelled, 5 timeout, 6 awaiting input (the
+    open requests and how to answer them are printed).
     """
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
@@ -230,8 +231,10 @@ def verdicts(
 
 
 async def _follow_verdicts(s: Session, sub: Any, run_id: str, timeout_s: float) -> int:
-    """Print each verdict as it arrives until the run is done and the stream drained; the run's exit code."""
-    done = asyncio.create_task(s.client.wait_for(run_id, ("completed", "cancelled"), timeout_s=timeout_s))
+    """Print each verdict as it arrives until the run is done (or rests awaiting input: its open requests are
+    printed, exit 6) and the stream drained; the run's exit code."""
+    done = asyncio.create_task(s.client.wait_for(run_id, ("completed", "cancelled", "awaiting_input"),
+                                                 timeout_s=timeout_s))
     try:
         while True:  # a verdict is published before the commit completing the run: none comes after both
             try:
@@ -247,6 +250,8 @@ async def _follow_verdicts(s: Session, sub: Any, run_id: str, timeout_s: float) 
             state: RunState | None = done.result()
         except TimeoutError:
             state = None
+        if state is not None and state.status == "awaiting_input":
+            print_waiting(console, state)
         return exit_code(state)
     finally:
         done.cancel()

@@ -49,12 +49,15 @@ async def test_run_waits_for_input_then_answers_from_the_command_line_finish_it(
     assert code == 1 and "request_not_found" in err, (out, err)
 
 
-async def test_an_answer_to_a_cancelled_run_is_a_refusal(cfg: Config) -> None:
+async def test_verdicts_follow_stops_at_input_and_an_answer_to_a_cancelled_run_is_a_refusal(cfg: Config) -> None:
     code, out, err = await reel(cfg, "run", "examples/agent/approval.yaml")
     assert code == 6, (out, err)
     code, listed, err = await reel(cfg, "pending", "--json")
     pending = json.loads(listed)
     run_id, question = pending[1]["run_id"], pending[1]["request_id"]
+    code, out, err = await reel(cfg, "verdicts", run_id, "-f", "--timeout", "4")
+    assert code == 6, (code, out, err)  # README: 6, awaiting input, the requests printed
+    assert "awaiting input" in out and question in out and pending[0]["request_id"] in out, out
     code, out, err = await reel(cfg, "cancel", run_id)
     assert code == 0, (out, err)
     code, out, err = await reel(cfg, "answer", run_id, question, "v2")
