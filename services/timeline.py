@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from services import timeline_rows as rows
+from services.timeline_table import AttemptTable
 from shared.core import agentfold, inputfold
 from shared.core.events import (
     AgentFinished,
@@ -146,11 +147,6 @@ def verdict_table(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Table:
     return table
 
 
-COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "pack/avail/drop", "packed tok",
-           "tok in/out", "ms call/wall", "lsn", "error")
-"""The attempt table's columns (``reel show``): see :mod:`services.timeline_rows` for the derived ones."""
-
-
 def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec | None = None) -> Group:
     """``reel show``: header, branches, one row per attempt, the notes printed whole, verdicts.
 
@@ -166,24 +162,21 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
     bid = BranchId(branch_id) if branch_id else state.active_branch
     view = build_episode_view(state, bid)
     branch = state.branches[bid]
-    table = Table(title=f"branch {bid}", title_justify="left")
-    for col in COLUMNS:
-        table.add_column(col, overflow="fold", no_wrap=col not in ("status", "command", "error"),
-                         max_width=11 if col == "status" else None)
+    table = AttemptTable(f"branch {bid}")  # fitted to the width it is printed at
     notes: list[Text] = []  # messages too long for the table's last cell, whole, below it
     drops: list[Text] = []  # each model attempt's dropped ids with their reasons, below the notes
     for step in view.steps:
         name, kind = _labels(step)
         if not step.attempts:
-            table.add_row(name, kind, "-", Text(step.status, style="dim"), *[""] * 8,
-                          _cell(_answer(step), step.step_id, notes))
+            table.add_row(*_plain((name, kind, "-", Text(step.status, style="dim"), *[""] * 8,
+                                   _cell(_answer(step), step.step_id, notes))))
         for a in step.attempts:
             table.add_row(*_plain(_row(spec, branch, step, name, kind, a, notes)))
             _dropped_note(drops, a)
     u = view.usage
     footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
                   f"{rows.fmt_ms(u.latency_ms)} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
-    parts: list[Text | Table] = [_header(state), _branches(state, bid), table, *notes, *drops, footer,
+    parts: list[Text | Table | AttemptTable] = [_header(state), _branches(state, bid), table, *notes, *drops, footer,
                                  *_agent_lines(view)]
     if state.verdicts:
         parts.append(verdict_table(state.verdicts))

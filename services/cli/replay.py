@@ -92,7 +92,7 @@ async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fre
 def _replay_summary(results: list[tuple[Path, str, RunState | None]], unreadable: list[tuple[Path, str]]) -> None:
     table = Table(title="replayed runs", title_justify="left")
     for col in ("file", "workflow", "run", "status", "outcome", "context check", "steps", "commits", "verdicts"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("run", "status"))  # a run id, a status: whole
     for path, run_id, st in results:
         if st is None:
             table.add_row(path.name, "?", run_id, "timeout", "", "", "", "", "")

@@ -90,3 +90,27 @@ async def test_reel_status_names_its_server_and_explains_empty_tables(cfg: Confi
     doc = json.loads(js)
     assert doc["server"] == {"url": cfg.nats_url, "origin": "--nats-url"}
     assert doc["services"] == doc["leases"] == []
+
+
+async def test_reel_show_keeps_statuses_and_numbers_whole_at_80_120_and_piped(cfg: Config, tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    code, out, err = await reel(cfg, "run", "examples/agent/fix_typo.yaml", "-q", env=env)
+    assert code == 0, (out, err)
+    run_id = RUN_ID.search(out).group(0)  # type: ignore[union-attr]
+    without = {k: v for k, v in env.items() if k != "COLUMNS"}  # piped, no COLUMNS: the CLI's wide console
+    for columns, shown_env in (("80", {**env, "COLUMNS": "80"}), ("120", {**env, "COLUMNS": "120"}),
+                               ("piped", without)):
+        code, shown, err = await reel(cfg, "show", run_id, env=shown_env)
+        assert code == 0, err
+        lines = _timeline(shown, run_id).splitlines()
+        if columns != "piped":
+            assert all(len(line) <= int(columns) for line in lines), (columns, shown)
+        assert sum(run_id in line for line in lines) >= 1, (columns, shown)  # the header's id, whole
+        head = next(i for i, line in enumerate(lines) if line.startswith("┃ step"))
+        header = [c.strip() for c in lines[head].strip("┃").split("┃")]
+        assert header[1:3] == ["#", "status"] or header[2:4] == ["#", "status"], (columns, header)
+        status_col = header.index("status")
+        rows = [i for i, line in enumerate(lines) if "fix:t" in line and line.startswith("│ fix")]
+        statuses = [_cell(lines, i, status_col) for i in rows]
+        assert len(rows) == 8 and set(statuses) == {"succeeded", "failed"}, (columns, statuses, shown)
+        assert statuses.count("failed") == 1 and [_cell(lines, i, header.index("#")) for i in rows] == ["1"] * 8
