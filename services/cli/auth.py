@@ -55,6 +55,10 @@ def _opt(flag: str) -> Any:
 
 
 def connection_options(
+    nats_url: str | None = typer.Option(None, "--nats-url", envvar="NATS_URL", show_envvar=True,
+                                        help="NATS server URL (as each command's --nats-url; default: embedded)"),
+    namespace: str | None = typer.Option(None, "--namespace", envvar="REEL_NAMESPACE", show_envvar=True,
+                                         help="subject/stream namespace (as each command's --namespace)"),
     auth: Path | None = typer.Option(None, "--auth", envvar=AUTH_DIR_ENV, metavar="DIR", show_envvar=True,
                                      help="a `reel auth init` directory: connect as its roles (docs/security.md)"),
     nats_user: str | None = _opt("--nats-user"),
@@ -68,7 +72,11 @@ def connection_options(
     nats_js_api_prefix: str | None = _opt("--nats-js-api-prefix"),
     nats_inbox_prefix: str | None = _opt("--nats-inbox-prefix"),
 ) -> None:
-    """Connection options of every command (given before the command): credentials, TLS, an auth directory."""
+    """Connection options of every command (given before the command): the server, the namespace, credentials,
+    TLS, an auth directory. ``--nats-url`` / ``--namespace`` may also follow the command."""
+    for env, value in {"NATS_URL": nats_url, "REEL_NAMESPACE": namespace}.items():
+        if value is not None:
+            os.environ[env] = value  # the command's own option reads it (its envvar), unless given there too
     values = {"--nats-user": nats_user, "--nats-password": nats_password, "--nats-password-file": nats_password_file,
               "--nats-creds": nats_creds, "--nats-nkey-seed": nats_nkey_seed, "--nats-tls-ca": nats_tls_ca,
               "--nats-tls-cert": nats_tls_cert, "--nats-tls-key": nats_tls_key,

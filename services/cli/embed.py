@@ -24,6 +24,7 @@ import importlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 import nats.js.errors
@@ -257,12 +258,31 @@ CONNECT_S = 10.0
 URL where nothing answers is an error, not a hang."""
 
 
+async def _all_refused(urls: str) -> bool:
+    """True if every server of ``urls`` (comma-separated ``nats://host:port``) refuses a TCP connection at once
+    (ECONNREFUSED: nothing listens); a timeout, a name that does not resolve or a connection that opens is not."""
+    for url in (u.strip() for u in urls.split(",") if u.strip()):
+        parsed = urlsplit(url if "://" in url else f"nats://{url}")
+        try:
+            _reader, writer = await asyncio.wait_for(asyncio.open_connection(parsed.hostname, parsed.port or 4222), 2)
+        except ConnectionRefusedError:
+            continue
+        except (OSError, TimeoutError, ValueError):
+            return False
+        writer.close()
+        return False
+    return True
+
+
 async def _connect(cfg: Config, name: str) -> Any:
     """:func:`connect`, any failure one line (no secret in it).
 
     Raises:
         CliError: the server does not answer within :data:`CONNECT_S` or refuses the credentials.
     """
+    if await _all_refused(cfg.nats_url):
+        raise CliError(f"connection refused at {redact_url(cfg.nats_url)}: no NATS server listens there (start "
+                       "`reel up`, or check --nats-url)", kind="unreachable")
     try:
         return await asyncio.wait_for(connect(cfg, name=name), CONNECT_S)
     except ConnectRefused as exc:
