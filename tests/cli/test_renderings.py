@@ -14,6 +14,7 @@ from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from tests.integration.scenarios import wait_state
 from tests.ui.support import env_for, reel
+from tests.unit.test_trajectories_swe1 import _history, _write
 
 RUN_ID = re.compile(r"r-[0-9a-f]{20}")
 
@@ -114,3 +115,13 @@ async def test_reel_show_keeps_statuses_and_numbers_whole_at_80_120_and_piped(cf
         statuses = [_cell(lines, i, status_col) for i in rows]
         assert len(rows) == 8 and set(statuses) == {"succeeded", "failed"}, (columns, statuses, shown)
         assert statuses.count("failed") == 1 and [_cell(lines, i, header.index("#")) for i in rows] == ["1"] * 8
+
+
+async def test_reel_replay_summary_keeps_run_ids_whole_at_80_columns(cfg: Config, tmp_path: Path) -> None:
+    good = _write(tmp_path, _history(), name="acme__pager-42-with-a-long-instance-name.traj")
+    env = {**env_for(tmp_path), "COLUMNS": "80"}
+    code, out, err = await reel(cfg, "replay", str(good), "--no-timelines", env=env, timeout_s=240)
+    assert code in (0, 3), (out, err)
+    summary = out[out.index("replayed runs"):].splitlines()
+    ids = RUN_ID.findall("\n".join(summary))
+    assert len(ids) == 1 and all(len(line) <= 80 for line in summary), out  # one id, whole, on one line
