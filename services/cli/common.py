@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import nats.errors
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -118,7 +119,7 @@ def run_async(coro: Awaitable[int | None], *, json_out: bool = False) -> None:
 
     Raises:
         typer.Exit: always, with the body's code (0 for ``None``), the :class:`CliError`'s
-            code, 1 for a :class:`ReelError` or a missing/locked embedded server, 130 on Ctrl-C.
+            code, 1 for a :class:`ReelError`, a NATS error or a missing/locked embedded server, 130 on Ctrl-C.
     """
     try:
         code: int | None = asyncio.run(coro)  # type: ignore[arg-type]
@@ -131,6 +132,9 @@ def run_async(coro: Awaitable[int | None], *, json_out: bool = False) -> None:
     except StoreInUse as exc:
         fail("store_in_use", f"{exc}; run `reel up` to share one server between commands, or set REEL_HOME to use "
              "another store", 1, json_out=json_out)
+    except nats.errors.Error as exc:  # one outside a session (services/cli/embed.session maps its own, with the URL)
+        fail("nats_error", f"NATS: {type(exc).__name__}: {str(exc).strip() or type(exc).__name__}", 1,
+             json_out=json_out)
     except KeyboardInterrupt:
         if not _INTERRUPT_SAID:
             err_console.print("interrupted")

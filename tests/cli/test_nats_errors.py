@@ -7,6 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import nats.js.errors
+import pytest
+import typer
+
+from services.cli.common import run_async
 from shared.config import Config
 from tests.ui.support import env_for, reel
 
@@ -23,3 +28,15 @@ async def test_a_503_is_one_line_naming_the_server_and_what_to_start(cfg: Config
             doc = json.loads(out)
             assert doc == {"ok": False, "code": "unavailable", "reason": doc["reason"], "exit": 1}, out
             assert cfg.nats_url in doc["reason"], out
+
+
+def test_a_nats_error_outside_a_session_is_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    async def body() -> int:
+        raise nats.js.errors.NoStreamResponseError  # as a JetStream call outside `session` would
+
+    with pytest.raises(typer.Exit) as exited:
+        run_async(body(), json_out=True)
+    out, err = capsys.readouterr()
+    assert exited.value.exit_code == 1 and err.strip() == "error: NATS: NoStreamResponseError: nats: no response " \
+        "from stream", err
+    assert json.loads(out)["code"] == "nats_error", out
