@@ -16,7 +16,7 @@ COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "pack/avai
            "tok in/out", "ms call/wall", "lsn", "error")
 """The attempt table's columns (``reel show``): see :mod:`services.timeline_rows` for the derived ones."""
 
-FOLD_MAX = {"step": 32, "kind": 18, "command": 48, "error": 44}
+FOLD_MAX = {"step": 32, "kind": 32, "command": 48, "error": 44}  # kind: "tool <name>" whole for usual tool names
 """Free-text columns: folded (never cut) within this many characters each."""
 
 COMMAND_CHARS = 160
