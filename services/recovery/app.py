@@ -50,6 +50,7 @@ from shared.core.errors import ReelError
 from shared.core.events import AnyEvent, BlobRef
 from shared.core.fold import DRIVABLE, RunState
 from shared.core.integrity import RunCorrupt
+from shared.core.planning import has_open_intent
 from shared.core.ports import EventLog
 from shared.core.state import VERIFYING
 from shared.fenced import Committed, NoCommit, commit_decided
@@ -60,7 +61,7 @@ from shared.nats.leases import executor_alive
 from shared.nats.publish import publish_resume, publish_verify
 
 from .deadlines import fire_due, nap
-from .index import IntentIndex, has_open_intent
+from .index import IntentIndex
 
 log = structlog.get_logger("reel.recovery")
 

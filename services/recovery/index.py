@@ -33,15 +33,11 @@ from nats.aio.msg import Msg
 from shared.core import integrity
 from shared.core.events import AttemptDispatched, BranchForked, InputRequested, RunCancelled, RunCompleted, RunCreated
 from shared.core.fold import DRIVABLE, RESTING, RunState
+from shared.core.planning import has_open_intent
 from shared.core.respond import next_deadline
 from shared.core.state import VERIFYING
 
 log = structlog.get_logger("reel.recovery")
-
-
-def has_open_intent(state: RunState) -> bool:
-    """True if any attempt of any branch is still ``dispatched``."""
-    return any(a.status == "dispatched" for b in state.branches.values() for atts in b.attempts.values() for a in atts)
 
 
 class IntentIndex:

@@ -122,6 +122,11 @@ def claim_defers(state: RunState, executor_id: str, owner_alive: bool) -> bool:
     owner = state.executor_id
     if owner is None or owner == executor_id or not owner_alive:
         return False
+    return has_open_intent(state)
+
+
+def has_open_intent(state: RunState) -> bool:
+    """True if any attempt of any branch is still ``dispatched`` (an intent with no outcome). Pure."""
     return any(a.status == AttemptStatus.DISPATCHED
                for b in state.branches.values() for atts in b.attempts.values() for a in atts)
 
