@@ -10,7 +10,7 @@ the benchmarks check that it gives identical results before timing it.
 Landed in ``shared/`` since these benchmarks were written (and so removed here):
 one-pass step statuses (fold, planner, views), O(1) step lookup, memoized token
 counts, Direct Get replies collected by a callback, the lean guarded commit. ``fold_hot`` (the
-mutable fold with its hot events inline) went when the fold became immutable (issue 7):
+mutable fold with its hot events inline) went when the fold became immutable:
 its per-commit cost is now ``bench/fold_step.py``'s.
 """
 

@@ -1,4 +1,4 @@
-"""Executor CPU per agent turn along one long agent run, incremental contexts vs the old full rebuild (issue 11).
+"""Executor CPU per agent turn along one long agent run, incremental contexts vs the old full rebuild.
 
 The workload is bench/w_kr.py's agent variant (bench/_wkr_reel.py ``agent_workflow``): one agent step
 of K scripted turns, each calling the no-op async Python tool once, then a final answer; the default

@@ -1,4 +1,4 @@
-"""Benchmark (issue 9): how long a cancel takes to stop the work a run has in flight.
+"""Benchmark: how long a cancel takes to stop the work a run has in flight.
 
 One embedded nats-server (file storage, R1); the executor and the cancel service in this
 process (as in the tests), the loopback chat-completions server of the tests. Three cases,

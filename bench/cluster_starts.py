@@ -1,4 +1,4 @@
-"""Benchmark (issue 10 item 3): Reel on a 3-node loopback JetStream cluster at R3.
+"""Benchmark: Reel on a 3-node loopback JetStream cluster at R3.
 
 Three nats-server processes (tests/support/cluster.py), every stream and bucket at R3:
 
@@ -7,8 +7,8 @@ Three nats-server processes (tests/support/cluster.py), every stream and bucket 
    connection to a node that is not the events stream's leader (so its reads are served by a follower), **without the
    recovery service** (so its self-healing cannot hide a lost start). A start is *stuck* when its
    start was acked (a Reply with a run id) but the run has not reached ``verifying`` within
-   ``--bound-s`` of the batch's last reply. Before issue 10 ≈ 0.3 % were (a Direct Get on a
-   lagging follower answered "no run" right after the create).
+   ``--bound-s`` of the batch's last reply. Before "no run" was asked again of the leader, ≈ 0.3 % were
+   (a Direct Get on a lagging follower answered "no run" right after the create).
 2. **commit stall at a leader kill** — one writer commits back to back (fenced, on one run's
    subject); after ``--warmup`` commits the events stream's leader is killed (SIGKILL). Reported:
    the longest single commit (s) and the write gap around the kill (kill → next ack, s); then the

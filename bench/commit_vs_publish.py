@@ -1,4 +1,4 @@
-"""Benchmark (issue 2): one Reel commit vs one raw acked JetStream publish, and µs per model step.
+"""Benchmark: one Reel commit vs one raw acked JetStream publish, and µs per model step.
 
 Against one embedded nats-server (file storage, R1), in one process:
 
@@ -283,7 +283,7 @@ class IoReplica:
         self.lsn = int(acks[-1]["seq"])  # type: ignore[call-overload]
 
     async def floor_two_commits(self) -> None:
-        """Bound only: 2 guarded commits of the same sizes carrying the bodies (brief §4 forbids bodies in commits)."""
+        """Bound only: 2 guarded commits of the same sizes carrying the bodies (Reel never does)."""
         prompt, output = self._bodies()
         intent = encode_commit(Commit(commit_id="x", run_id=self.run_id, events=(self._intent(ref_for(prompt)),)))
         self.lsn = await self.log.subjects.append(self.run_id, intent + prompt, expected_seq=self.lsn)

@@ -1,4 +1,4 @@
-"""Crucible loop overhead per iteration, excluding proposer and judge time (issue 4, closing note).
+"""Crucible loop overhead per iteration, excluding proposer and judge time.
 
 Runs real sessions — embedded nats-server (file storage), real git world, trivial
 shell proposer and judge — and prints, per scenario, the time of one loop

@@ -1,4 +1,4 @@
-"""Benchmark (issue 7): the cost of folding ONE new commit into a run's state, at step 10 and at step 10,000.
+"""Benchmark: the cost of folding ONE new commit into a run's state, at step 10 and at step 10,000.
 
 In memory, no server. For each size N (default 10, 100, 1,000, 10,000) a run is
 built the way the executor writes one: ``run_created`` (N + 1 model steps

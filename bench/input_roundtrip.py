@@ -1,4 +1,4 @@
-"""Benchmark (issue 9 part 1): the open-request round trip, and how late a deadline's default lands.
+"""Benchmark: the open-request round trip, and how late a deadline's default lands.
 
 Against one embedded nats-server (file storage, R1), with the real executor, the cancel
 service (which answers ``<ns>.cmd.respond``) and recovery running in this process:

@@ -1,4 +1,4 @@
-"""Benchmark (issue 10 item 4): the executor's peak RSS while a tool prints N bytes and the next step reads them.
+"""Benchmark: the executor's peak RSS while a tool prints N bytes and the next step reads them.
 
 One embedded nats-server (file storage, R1). Per output size, a fresh executor **process**
 (``python -m services.executor``, its cap raised to 256 MiB so every size is stored whole) is

@@ -1,4 +1,4 @@
-"""Benchmark (issue 3): EpisodeView build time of one run, alone vs interleaved with 1,000,000 other commits.
+"""Benchmark: EpisodeView build time of one run, alone vs interleaved with 1,000,000 other commits.
 
 Against one embedded nats-server (file storage, R1):
 

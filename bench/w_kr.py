@@ -1,4 +1,4 @@
-"""Reel on W(K, R) beside raw JetStream publishes and (with ``--peers``) LangGraph and Restate (issue 11).
+"""Reel on W(K, R) beside raw JetStream publishes and (with ``--peers``) LangGraph and Restate.
 
 W(K, R) as ../shared/peers/README.md defines it: R runs of K sequential steps, each a no-op returning
 a ~200-byte dict that must be durable before the next step starts. (a) R=1, K=200: the median

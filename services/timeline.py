@@ -233,7 +233,7 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
 
 
 def _dropped_note(drops: list[Text], a: AttemptView) -> None:
-    """A model attempt's dropped items with the reasons recorded at pack time (seed T1.5), whole."""
+    """A model attempt's dropped items with the reasons recorded at pack time, whole."""
     if a.context is not None and a.context.dropped:
         drops.append(Text(f"  {a.step_id}#{a.attempt} dropped: {rows.drop_summary(a.context)}", style="dim"))
 

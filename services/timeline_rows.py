@@ -12,7 +12,7 @@ Pure helpers over the folded state and (when the CLI has it) the run's workflow 
   commit to its outcome's (``finished_ms - dispatched_ms``, ms). A replayed turn or a
   recorded tool answers from memory in microseconds, which the old one-decimal column
   printed as ``0.0``;
-* :func:`drop_summary` — a partition's dropped items grouped by reason (seed T1.5).
+* :func:`drop_summary` — a partition's dropped items grouped by reason.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reel's NATS roles and the subjects each may publish and subscribe (brief §12; docs/security.md).
+"""Reel's NATS roles and the subjects each may publish and subscribe (docs/security.md).
 
 Pure: every subject comes from :class:`shared.core.subjects.Names` (and crucible's
 names), so a new subject gets a permission here or no role may use it.

@@ -1,4 +1,4 @@
-"""Whether the ``python:`` tools of a workflow's agent steps import (issue 8, Bad input).
+"""Whether the ``python:`` tools of a workflow's agent steps import.
 
 Outside the core because it imports user code (importlib). The executor calls
 :func:`check_tool_imports` when it loads a workflow, so a path that does not resolve

@@ -1,6 +1,6 @@
 """Helpers the tests (and anyone checking a materialized state) use.
 
-:func:`assert_refold_identical` is the brief §4 invariant: any materialized state
+:func:`assert_refold_identical` is the fold's invariant: any materialized state
 must equal a cold re-fold of the log.
 """
 

@@ -1,4 +1,4 @@
-"""Cancel service: ``<ns>.cmd.cancel`` → ``run_cancelled`` (brief §2, §3; docs/mutators.md); it also answers
+"""Cancel service: ``<ns>.cmd.cancel`` → ``run_cancelled`` (docs/mutators.md); it also answers
 input requests, ``<ns>.cmd.respond`` → ``input_answered`` (services/cancel/respond.py).
 
 Per command: :func:`shared.fenced.commit_decided` with :func:`shared.core.cancel.decide`
@@ -14,7 +14,7 @@ Python tool's task cancelled, the model's HTTP request aborted — and records t
 next intent loses the fence, and the planner rests on a cancelled run). The log stays the
 source of truth: an executor that missed the signal still never records a success or a
 failure after the cancel (:func:`shared.core.cancel.after_cancel`). A verifier already
-running is not interrupted: its verdict is still recorded and published (seed T4.2).
+running is not interrupted: its verdict is still recorded and published.
 A held ``EpisodeView`` is untouched: the cancel is one more commit above it.
 """
 

@@ -1,1 +1,1 @@
-"""Crucible's shell (ADR 0004): world, judge, proposer, gates, loop, session log, service and CLI."""
+"""Crucible's shell: world, judge, proposer, gates, loop, session log, service and CLI."""

@@ -1,4 +1,4 @@
-"""Crucible service: a worker that runs and resumes sessions on command (brief §6).
+"""Crucible service: a worker that runs and resumes sessions on command.
 
 Commands (JSON, on Reel's commands stream, so none is lost while no worker runs):
 

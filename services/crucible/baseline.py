@@ -21,8 +21,8 @@ log = structlog.get_logger("reel.crucible")
 async def open_segment(d: Driver, regime: Regime, reason: SegmentReason) -> LoopExit | None:
     """Measure a baseline of the current best snapshot under ``regime`` and open its segment.
 
-    The one call behind both the initial baseline and a rescope (ADR 0004
-    Implementation notes): the fold assigns ``run.segment = Segment.baseline(...)``.
+    The one call behind both the initial baseline and a rescope: the fold assigns
+    ``run.segment = Segment.baseline(...)``.
     An invalid baseline escalates (there is no goalpost to measure against).
     """
     t0 = time.perf_counter()

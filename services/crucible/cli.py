@@ -1,4 +1,4 @@
-"""``reel crucible …``: run, resume and show autoresearch sessions (issue 4; docs/crucible.md).
+"""``reel crucible …``: run, resume and show autoresearch sessions (docs/crucible.md).
 
 Mounted by the ``reel`` CLI as ``reel crucible``; also runnable alone as
 ``python -m services.crucible.cli``.

@@ -1,4 +1,4 @@
-"""``Driver``: one session being driven — its folded state, its ports, and the one way it commits (ADR 0004).
+"""``Driver``: one session being driven — its folded state, its ports, and the one way it commits.
 
 The loop never assigns to ``Run``: :meth:`Driver.commit` appends events to the
 session log (one writer, guarded, LSN = stream sequence) and folds them with the

@@ -1,7 +1,7 @@
-"""Gates that run before an iteration enters ``Proposed`` (ADR 0004 §3, ADR-0003; issue 4).
+"""Gates that run before an iteration enters ``Proposed``.
 
 The loop (services/crucible/loop.py) runs them inline, in this order, before
-every iteration (ADR 0004 open question 1: inline until they get unwieldy):
+every iteration (inline until they get unwieldy):
 
 1. stop      — a stop was requested (signal): ``LoopExit.STOPPED``.
 2. rescope   — the regime was solved and another follows, or the proposer asked:

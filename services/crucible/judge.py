@@ -1,4 +1,4 @@
-"""The judge: a command that prints a score, frozen by a fingerprint (issue 4, Judge; ADR-0001).
+"""The judge: a command that prints a score, frozen by a fingerprint.
 
 Fingerprint — sha256 over: the command (``{python}`` resolved), the direction,
 the declared environment, and the content of every file the judge reads

@@ -1,4 +1,4 @@
-"""``run_loop``: drive the gates, run a typed iteration, fold the result into ``Run`` (ADR 0004).
+"""``run_loop``: drive the gates, run a typed iteration, fold the result into ``Run``.
 
 The loop never assigns to ``Run``: :meth:`~services.crucible.driver.Driver.commit`
 appends events to the session log (one writer, guarded, LSN = stream sequence)

@@ -1,4 +1,4 @@
-"""Proposers: what edits the world each iteration (issue 4, Proposer).
+"""Proposers: what edits the world each iteration.
 
 **Command proposer** — any program, run in the world directory with the full
 environment plus:

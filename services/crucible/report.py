@@ -1,4 +1,4 @@
-"""Rendering a session: rich table, TSV, JSON and a PNG of score over iterations (issue 4, Output)."""
+"""Rendering a session: rich table, TSV, JSON and a PNG of score over iterations."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 * :func:`start_session` — clone the world, commit ``SessionStarted`` (fenced on
   "subject empty", so a session id is created once), baseline, loop.
-* :func:`resume_session` — fold the log (ADR 0004 open question 3). A session that
+* :func:`resume_session` — fold the log. A session that
   ended with a final exit is left alone and its exit returned (resuming twice is
   idempotent: no new events). Otherwise every process group a dead driver left
   (a proposer's background children) is killed (:func:`shared.proc.orphans.reap_orphans`,

@@ -1,6 +1,6 @@
-"""The session log on JetStream: stream ``<NS>_CRUCIBLE``, subject ``<ns>.crucible.<session_id>`` (issue 4).
+"""The session log on JetStream: stream ``<NS>_CRUCIBLE``, subject ``<ns>.crucible.<session_id>``.
 
-Same commit discipline as run events (brief §4): one writer per session, every
+Same commit discipline as run events: one writer per session, every
 commit one message fenced with ``Nats-Expected-Last-Subject-Sequence`` (the LSN
 the writer last saw) and carrying its commit id as ``Nats-Msg-Id``; LSN = stream
 sequence; reads are batched Direct Gets of the session's own subject

@@ -1,4 +1,4 @@
-"""The world: a git working tree isolated per session (issue 4, World).
+"""The world: a git working tree isolated per session.
 
 Each session clones its source repository into ``<workdir>/<session_id>/world``
 (a local clone: objects hard-linked, nothing shared with the source afterwards)

@@ -1,4 +1,4 @@
-"""Running one attempt of one tool call of an agent step (brief §11, docs/workflow.md "Agent steps").
+"""Running one attempt of one tool call of an agent step (docs/workflow.md "Agent steps").
 
 :func:`run_call` is the side effect only: it never commits and never raises for
 anything a model or a tool did — the result is the output text, or a

@@ -1,4 +1,4 @@
-"""The executor's attempt machinery: fenced commits, outputs, recovery markers (brief §3, §4).
+"""The executor's attempt machinery: fenced commits, outputs, recovery markers.
 
 Per attempt the executor commits the intent (``attempt_dispatched``, with the prompt
 ref and the ContextPartition of a model step) *before* the side effect (the model call

@@ -1,4 +1,4 @@
-"""Driving one run: plan → perform → commit, on the state the executor materialized (brief §3).
+"""Driving one run: plan → perform → commit, on the state the executor materialized.
 
 :func:`shared.core.planning.next_action` decides from the folded state; the
 :class:`Driver` performs the action (claim, an attempt, entering Verifying), applies

@@ -122,7 +122,7 @@ class Executor:
         self._check_keyed(delivery, run_id)
         structlog.contextvars.bind_contextvars(run_id=run_id)
         body = encode_workflow(spec)
-        # one round trip (brief §13): a workflow up to the inline threshold rides in its ref; a larger one's
+        # one round trip: a workflow up to the inline threshold rides in its ref; a larger one's
         # blob is in flight with run_created (awaited after it: a failed put naks the start, whose redelivery
         # puts it again before the existing run is driven)
         workflow_ref = ref_for(body, "application/json", inline_max=self.inline_max)

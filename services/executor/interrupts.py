@@ -1,4 +1,4 @@
-"""Stopping the side effects in flight: a run's cancel, or the executor's drain deadline (brief §11; docs/mutators.md).
+"""Stopping the side effects in flight: a run's cancel, or the executor's drain deadline (docs/mutators.md).
 
 Each drive watches its run (:class:`~shared.nats.control.ControlHub`): its
 :class:`~shared.nats.control.Interrupt` fires with ``cancelled`` when the cancel service

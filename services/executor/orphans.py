@@ -1,4 +1,4 @@
-"""An executor's own attempts that no drive of it holds any more: resolved by the executor itself (issue 10).
+"""An executor's own attempts that no drive of it holds any more: resolved by the executor itself.
 
 Recovery resolves a settled intent (superseded, on an inactive branch, in a resting run) only once its
 writer's lease is gone; a live executor is trusted to record its own. But when a drive raises between an

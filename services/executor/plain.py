@@ -1,4 +1,4 @@
-"""Plain (tool and model) steps: one round trip per step where the next action is known (brief §13).
+"""Plain (tool and model) steps: one round trip per step where the next action is known.
 
 An attempt's intent (``attempt_dispatched``, with a model step's prompt ref and partition) is
 durable before its side effect (the tool run or the model call) and its outcome after. When the
@@ -21,7 +21,7 @@ commit (so the server stores them first):
   a side effect whose output cannot be had again for free — a model call, a ``command`` tool;
   a ``recorded``/``scripted`` tool step has none (its output is in the workflow);
 * the **output blob** and the next attempt's **prompt blob**, only when larger than the inline
-  threshold (``REEL_INLINE_MAX_BYTES``, 2 KiB): a smaller body rides in its ref (brief §4).
+  threshold (``REEL_INLINE_MAX_BYTES``, 2 KiB): a smaller body rides in its ref.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recovery service: resolves ``dispatched`` intents whose executor is gone (brief §3; docs/mutators.md).
+"""Recovery service: resolves ``dispatched`` intents whose executor is gone (docs/mutators.md).
 
 Three ways in, one code path (:meth:`RecoveryService.recover_run`: load →
 liveness and marker look-ups → :func:`shared.core.recovery.decide` → one fenced

@@ -1,4 +1,4 @@
-"""Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (brief §3; docs/mutators.md).
+"""Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (docs/mutators.md).
 
 Per command: load the run and its commits, :func:`shared.core.rewind.decide`,
 commit the fork fenced on the head (:func:`shared.fenced.commit_decided`: refreshed

@@ -18,7 +18,7 @@ from shared.core.integrity import Corruption
 from shared.core.outcomes import checks_summary, reported_outcome
 
 STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "cancelled", "corrupt")
-"""The runs page's status filter choices (``corrupt``: a run with a bad commit, brief §12)."""
+"""The runs page's status filter choices (``corrupt``: a run with a bad commit)."""
 
 PAGE_BYTES = 64 * 1024
 """Default page of a blob viewer (bytes)."""

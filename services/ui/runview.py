@@ -38,7 +38,7 @@ class PartitionItem:
 
 @dataclass(frozen=True)
 class Partition:
-    """A model attempt's partition (seed T1.5): ids by group, per-item notes, and any scalar fields recorded."""
+    """A model attempt's partition: ids by group, per-item notes, and any scalar fields recorded."""
 
     groups: tuple[tuple[str, tuple[PartitionItem, ...]], ...]
     extra: tuple[tuple[str, str], ...] = ()

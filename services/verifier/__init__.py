@@ -1,1 +1,1 @@
-"""Verifier service: judges runs resting in ``Verifying`` and completes them (seed T4.2)."""
+"""Verifier service: judges runs resting in ``Verifying`` and completes them."""

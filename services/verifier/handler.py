@@ -1,4 +1,4 @@
-"""One verification job: the verdicts of one run at one snapshot LSN (seed T4.2).
+"""One verification job: the verdicts of one run at one snapshot LSN.
 
 A job is triggered by a ``VerifyRun`` (services/verifier/app.py) naming the run's ``run_verifying``
 commit at LSN P and its branch. It:

@@ -1,4 +1,4 @@
-"""The agent loop's pure core: what an executor does next inside a ``kind: agent`` step (brief §11, §13).
+"""The agent loop's pure core: what an executor does next inside a ``kind: agent`` step.
 
 :func:`shared.core.planning.next_action` hands an agent step (the first step of the
 active branch that is not terminal) to :func:`agent_action`. Everything here reads

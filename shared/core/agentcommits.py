@@ -1,4 +1,4 @@
-"""The events of each commit of an agent loop (brief §11, §13): pure builders the executor commits as given.
+"""The events of each commit of an agent loop: pure builders the executor commits as given.
 
 Each builder reads the folded state at the head the commit will be fenced on, so a
 commit never says something the fold refuses (calls declared twice, a second
@@ -261,7 +261,7 @@ def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
 
 
 def follow_up_calls(state: RunState, outcomes: Sequence[Outcome], in_flight: InFlight) -> DispatchCalls | None:
-    """The calls of the same turn that the commit of ``outcomes`` should start too (brief §13: their intents ride
+    """The calls of the same turn that the commit of ``outcomes`` should start too (their intents ride
     in that commit, then they run): fresh calls and retries, up to the slots the outcomes free.
 
     ``None`` when there are none (or the outcomes end the agent). ``in_flight``: as for ``next_action``.

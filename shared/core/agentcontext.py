@@ -1,4 +1,4 @@
-"""The context of an agent turn (brief §11, seed T1.5): candidates, packing, and the chat messages sent.
+"""The context of an agent turn: candidates, packing, and the chat messages sent.
 
 Candidates of turn *t* of agent ``solve``, in candidate (= prompt) order, each with a stable id:
 

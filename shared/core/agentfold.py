@@ -1,4 +1,4 @@
-"""The agent part of the fold: dynamic step declarations and agent outcomes (brief §11).
+"""The agent part of the fold: dynamic step declarations and agent outcomes.
 
 :mod:`shared.core.fold` keeps one :class:`AgentRecord` per agent step that has
 started on a branch (``BranchState.agents``, absent from the encoding of a branch

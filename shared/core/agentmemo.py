@@ -1,5 +1,5 @@
 """Incremental agent-turn contexts: a turn's packing cost grows with what is new and what is packed, not with the
-number of earlier turns (brief §11, §13; issue 11).
+number of earlier turns.
 
 :func:`shared.core.agentcontext.build_turn` rebuilds turn *t*'s candidates from every
 earlier turn — reading their blobs, decoding answers, counting tokens — so an agent's

@@ -1,4 +1,4 @@
-"""The tools of an agent step and the load-time checks of ``kind: agent`` (brief §11, docs/workflow.md).
+"""The tools of an agent step and the load-time checks of ``kind: agent`` (docs/workflow.md).
 
 An agent step (:class:`shared.core.workflow.AgentStep`) declares ``tools:``, each a
 :class:`AgentToolSpec` of exactly one type:

@@ -1,4 +1,4 @@
-"""Cancel's pure core (brief §2, §3, §11): whether a :class:`~shared.core.commands.CancelRun` cancels the run,
+"""Cancel's pure core: whether a :class:`~shared.core.commands.CancelRun` cancels the run,
 and what becomes of the outcomes of attempts the cancel caught in flight.
 
 Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying`` (:data:`~shared.core.fold.LIVE`;

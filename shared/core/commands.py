@@ -1,4 +1,4 @@
-"""Commands and replies: Reel's public interface on NATS (brief §5; docs/subjects.md).
+"""Commands and replies: Reel's public interface on NATS (docs/subjects.md).
 
 A client publishes a JSON command on ``<ns>.cmd.<name>`` (a JetStream stream, so
 a command sent while the service is down waits for it) with the header

@@ -1,4 +1,4 @@
-"""The event model: what one commit on a run's subject can say (brief §4).
+"""The event model: what one commit on a run's subject can say.
 
 A *commit* is one JetStream message on ``reel.ev.<run_id>``; its body is the JSON
 encoding of :class:`Commit`, which carries one or more tagged events. The commit's
@@ -60,10 +60,10 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
 
 
 class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=True):
-    """The intent, committed *before* the side effect (brief §3).
+    """The intent, committed *before* the side effect.
 
     For model steps ``prompt_ref`` and ``context`` are set, in this same commit
-    (seed T1.5 step 3). A new attempt of a step supersedes any earlier attempt of
+    (the partition is known only at pack time). A new attempt of a step supersedes any earlier attempt of
     that step that is still ``dispatched`` (its executor died).
     """
 
@@ -155,7 +155,7 @@ class RunCancelled(Event, tag="run_cancelled", kw_only=True, frozen=True):
 
 
 class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
-    """A rewind: a new branch forked from ``parent_branch_id`` (brief §3).
+    """A rewind: a new branch forked from ``parent_branch_id``.
 
     The new branch inherits the parent's records up to ``fork_lsn`` and, when
     ``from_step`` is set, only the steps before ``from_step``. The parent's
@@ -170,7 +170,7 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
 
 
 class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One dynamic step of an agent (brief §11): a turn, or one tool call of a turn.
+    """One dynamic step of an agent: a turn, or one tool call of a turn.
 
     Attributes:
         step_id: ``<agent>:t<turn>`` or ``<agent>:t<turn>:c<i>`` (:mod:`shared.core.stepids`).
@@ -199,7 +199,7 @@ class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 
 class StepsDeclared(Event, tag="steps_declared", kw_only=True, frozen=True):
-    """Dynamic steps of the agent step ``parent_step`` on ``branch_id``, in order (brief §11).
+    """Dynamic steps of the agent step ``parent_step`` on ``branch_id``, in order.
 
     Turn 1 is declared with its first intent; the calls of turn *t* in the commit of
     turn *t*'s outcome (with their intents); turn *t+1* with the last result of turn *t*.

@@ -1,4 +1,4 @@
-"""State is a pure fold of the log (brief §4).
+"""State is a pure fold of the log.
 
 ``fold(commits)`` turns the ordered ``(lsn, Commit)`` pairs of one run into a :class:`RunState`;
 ``apply_commit(state, lsn, commit)`` gives the state one commit later. No clock, I/O, randomness or

@@ -1,4 +1,4 @@
-"""Identifiers of Reel (brief §1).
+"""Identifiers of Reel.
 
 All ids are plain strings (``NewType``) that are safe as a single NATS subject
 token: ASCII letters, digits, ``-`` and ``_`` only (no ``.``, ``*``, ``>`` or
@@ -42,7 +42,7 @@ def run_id_for_key(idempotency_key: str) -> RunId:
 
     Deriving the id from the key is what makes a repeated start return the same
     run: the second creation hits the ``Nats-Expected-Last-Subject-Sequence: 0``
-    fence of the first (brief §5).
+    fence of the first.
     """
     return RunId("r-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:20])
 

@@ -1,4 +1,4 @@
-"""Events of human input, a resting state like Verifying (brief §11): a request, its answer, the run waiting.
+"""Events of human input, a resting state like Verifying: a request, its answer, the run waiting.
 
 A tool call that needs approval (the tool's ``needs_approval``, or the workflow's
 ``approval`` policy by tool name) and every call of the built-in ``ask_user`` tool get

@@ -1,4 +1,4 @@
-"""The human-input part of the fold, and what planning, views and contexts read of it (brief §11).
+"""The human-input part of the fold, and what planning, views and contexts read of it.
 
 :mod:`shared.core.fold` keeps one :class:`~shared.core.inputstate.InputRecord` per tool
 call that asked for input, in ``BranchState.requests`` (keyed by the call's step id, in

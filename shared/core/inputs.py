@@ -1,4 +1,4 @@
-"""Human input, the pure builders: which declared calls ask a human, and their requests (brief §11).
+"""Human input, the pure builders: which declared calls ask a human, and their requests.
 
 :func:`request_events` is what the commit of a turn's answer carries for its calls that
 ask first (:func:`shared.core.agentcommits.turn_outcome`): one

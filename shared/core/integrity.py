@@ -1,4 +1,4 @@
-"""Poison isolation in a run's log (brief §12): a bad commit marks *that run* corrupt at its LSN.
+"""Poison isolation in a run's log: a bad commit marks *that run* corrupt at its LSN.
 
 A commit is bad when its body does not decode (:attr:`CorruptionKind.UNDECODABLE`), when it
 names another run than the one whose subject holds it (:attr:`CorruptionKind.FOREIGN_RUN`:

@@ -1,4 +1,4 @@
-"""Which ending events the fold accepts in which status (brief §2): pure checks, no state of their own.
+"""Which ending events the fold accepts in which status: pure checks, no state of their own.
 
 A verdict is recorded once per (branch, snapshot, verifier), by the verification job of a
 snapshot the run verified (:func:`shared.core.verification.record`; its retries are fenced,
@@ -13,7 +13,7 @@ A run ends once: ``run_completed`` is committed only by a verification job, on t
 elsewhere, so one found elsewhere — a forged ``run_completed`` mid-run above all — is an
 illegal transition: the fold refuses it and the run reads corrupt at that LSN
 (:mod:`shared.core.integrity`). A forged ending that fits these rules cannot be told from
-a real one by reading; keeping outsiders off the event subjects is the permissions' job (§12).
+a real one by reading; keeping outsiders off the event subjects is the permissions' job.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What Reel sends on core NATS while a run is live — never stored, never the source of truth (brief §11).
+"""What Reel sends on core NATS while a run is live — never stored, never the source of truth.
 
 Two kinds of messages, both JSON (schemas in docs/schemas/, subjects in docs/subjects.md):
 

@@ -1,4 +1,4 @@
-"""What a run's outcome honestly says: outcome verifiers apart from context checks (issue 12 item 4).
+"""What a run's outcome honestly says: outcome verifiers apart from context checks.
 
 A replayed recording gets a *context check*, ``task-in-final-context`` (a
 ``context_requires`` verifier: was the task item still packed into the last

@@ -1,4 +1,4 @@
-"""Context packing with partition capture (brief §7, seed T1.5).
+"""Context packing with partition capture.
 
 Pure: :func:`pack` takes candidate items and a policy and returns the
 :class:`~shared.core.events.ContextPartition` plus the packed items in prompt order.
@@ -17,13 +17,13 @@ The partition records, beside ``dropped``, each dropped item's reason
 (``drop_reasons``, same order: the first that applies of ``excluded_kind``, ``stale``,
 ``duplicate``, ``over_item_cap``, ``over_budget``, or ``group_dropped`` for a member of a
 group another member took down) and the packed token total (``packed_tokens``): both are
-known only here, at pack time, and not derivable afterwards (seed T1.5).
+known only here, at pack time, and not derivable afterwards.
 
 Ranking: higher ``priority`` first, then more recent (later in the candidate
 list) first. Packing is greedy first-fit over the ranking: an item that does not
 fit is left ``available`` and smaller, lower-ranked items may still fit.
 
-Two options serve agent turns (brief §11) and change nothing for candidates that
+Two options serve agent turns and change nothing for candidates that
 use neither:
 
 * ``required`` items are always packed, before anything is ranked, and no policy

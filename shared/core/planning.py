@@ -11,7 +11,7 @@ Attempt numbering: attempts are numbered 1, 2, … per step and branch. A step
 fails when ``max_attempts`` attempts have *failed* (or one failed non-retryably).
 An attempt left ``dispatched`` by a dead executor does not count: the next
 executor supersedes it with a new attempt and recovery resolves it later
-(brief §3).
+(docs/mutators.md, Recovery).
 """
 
 from __future__ import annotations
@@ -115,9 +115,10 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
 def claim_defers(state: RunState, executor_id: str, owner_alive: bool) -> bool:
     """True when ``executor_id`` must not claim ``state``: another executor owns it, holds a lease
     (``owner_alive``) and has an attempt of the run still ``dispatched`` — claiming would supersede a live
-    attempt and run its side effect twice (issue 10: a duplicate start or resume delivered to a second
+    attempt and run its side effect twice (a duplicate start or resume delivered to a second
     executor). With no attempt in flight a claim is safe (the owner's next commit loses the fence and it
     yields), so a live owner whose drive ended without an attempt open does not strand the run. Pure.
+    See docs/architecture.md, Services.
     """
     owner = state.executor_id
     if owner is None or owner == executor_id or not owner_alive:

@@ -3,7 +3,7 @@
 Pure declarations, satisfied structurally by the adapters in ``shared/nats/``:
 
 * :class:`EventLog` — :class:`shared.nats.eventlog.JetStreamEventLog` (one JetStream stream,
-  one subject per run, LSN = stream sequence; brief §4);
+  one subject per run, LSN = stream sequence);
 * :class:`BlobStore` — :class:`shared.nats.blobstore.JetStreamBlobStore` (content-addressed
   bodies on the object store);
 * :class:`SnapshotStore` — :class:`shared.nats.snapshots.SnapshotStore` (run-state snapshots

@@ -1,4 +1,4 @@
-"""Recovery's pure core: which open intents to resolve, and with what (brief §3).
+"""Recovery's pure core: which open intents to resolve, and with what.
 
 An *open intent* is an attempt still ``dispatched`` in a folded run. Its
 executor normally commits the outcome; recovery steps in only when it cannot:

@@ -1,4 +1,4 @@
-"""Rewind's pure core: validate a :class:`~shared.core.commands.RewindRun` and decide the fork (brief §3).
+"""Rewind's pure core: validate a :class:`~shared.core.commands.RewindRun` and decide the fork.
 
 The rewind service (services/rewind) reads one run's commits, folds them and
 asks :func:`decide` what to do; it commits and publishes, nothing else. No clock,
@@ -14,8 +14,8 @@ Where a branch may be forked:
   creation, or a commit of another branch (a sibling's, a child's) is refused.
 * ``at_step`` forks just before the step's first attempt on that branch (the
   previous lineage LSN) — or *at* the commit of that attempt's intent when that
-  commit also holds the outcome of the step before it (one round trip per step,
-  brief §13) — or at the head if the step never ran there, with ``from_step``
+  commit also holds the outcome of the step before it (one round trip per step:
+  an outcome and the next intent share a commit) — or at the head if the step never ran there, with ``from_step``
   set so the new branch keeps only the steps before it. An agent
   step forks before its first turn. A turn or tool call (``solve:t2``,
   ``solve:t1:c1``) forks *at* the commit that declared it: that commit may also
@@ -236,7 +236,7 @@ def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId,
 
 
 def _records_an_earlier_outcome(state: RunState, branch: BranchState, step_id: StepId, lsn: LSN) -> bool:
-    """True if the commit at ``lsn`` also holds the outcome of a step before ``step_id`` (brief §13: an
+    """True if the commit at ``lsn`` also holds the outcome of a step before ``step_id`` (an
     outcome and the next intent share a commit). Forking at that commit keeps the outcome: what the
     new branch inherits stops before ``step_id`` by step (:func:`shared.core.state.inherited`)."""
     earlier = state.steps[:state.step_index(step_id)]

@@ -1,4 +1,4 @@
-"""The folded state of one run and its statuses (brief §2, §4): what :mod:`shared.core.fold` produces.
+"""The folded state of one run and its statuses: what :mod:`shared.core.fold` produces.
 
 Statuses are :class:`enum.StrEnum`s: a member *is* its string (``RunStatus.RUNNING == "running"``,
 same hash, ``str()``/``format()`` give the value), and msgspec encodes it as that string, so the JSON
@@ -80,7 +80,7 @@ INTERRUPTED = "interrupted"
 and not a try of the step (never counted against ``max_attempts``); another executor runs a new attempt."""
 
 LIVE: frozenset[RunStatus] = frozenset({PENDING, RUNNING, AWAITING_INPUT, VERIFYING})
-"""Statuses a run can leave: cancel is legal in each (brief §2)."""
+"""Statuses a run can leave: cancel is legal in each."""
 DRIVABLE: frozenset[RunStatus] = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
 """Statuses in which an executor drives the run."""
 RESTING: frozenset[RunStatus] = frozenset({AWAITING_INPUT, VERIFYING, COMPLETED, CANCELLED})
@@ -299,7 +299,7 @@ def inherited(steps: Steps, parent: BranchState, fork_lsn: LSN, from_step: StepI
 
 
 def branch_terminal(state: RunState, branch_id: BranchId) -> bool:
-    """True when every step of the branch is succeeded, failed or skipped (brief §2)."""
+    """True when every step of the branch is succeeded, failed or skipped."""
     return all(s in STEP_TERMINAL for s in step_statuses(state, branch_id))
 
 

@@ -1,4 +1,4 @@
-"""Step ids of agent turns and tool calls: pure functions of the log (brief §11).
+"""Step ids of agent turns and tool calls: pure functions of the log.
 
 A workflow step of ``kind: agent`` with id ``solve`` has *dynamic* steps, declared in
 the log as the loop runs (``steps_declared``):

@@ -1,4 +1,4 @@
-"""Every subject, stream, bucket and consumer name Reel uses, in one place (brief §4–§6).
+"""Every subject, stream, bucket and consumer name Reel uses, in one place.
 
 All names hang off one *namespace* (default ``reel``), so several Reel
 deployments — or test modules — can share one NATS server without seeing each

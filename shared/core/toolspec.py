@@ -77,6 +77,6 @@ def output_limit(tool: Capped, default: OutputLimit) -> OutputLimit:
 
 
 def truncation_note(kept_bytes: int) -> str:
-    """What a model is shown after a truncated tool output's head (pure; brief §11: nothing silent)."""
+    """What a model is shown after a truncated tool output's head (pure; nothing silent)."""
     return (f"\n[reel: output truncated — only the first {kept_bytes} bytes are shown "
             "(the tool's max_output_bytes)]")

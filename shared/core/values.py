@@ -1,4 +1,4 @@
-"""Value types the events carry: blob refs, usage, context partitions, step declarations, verdicts (brief §1, §4).
+"""Value types the events carry: blob refs, usage, context partitions, step declarations, verdicts.
 
 Split from :mod:`shared.core.events` (which re-exports them) to keep modules small; the wire is unchanged.
 """
@@ -23,7 +23,7 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
         size_bytes: length of the body in bytes.
         media_type: MIME type of the body, e.g. ``text/plain`` or ``application/json``.
         inline: the body itself (its UTF-8 text), for a body of at most the inline threshold
-            (brief §4, ``REEL_INLINE_MAX_BYTES``): it rides in the commit instead of the object
+            (``REEL_INLINE_MAX_BYTES``): it rides in the commit instead of the object
             store, still named by its sha256 and read through the same ``BlobStore.get``. Unset
             (and not encoded) for a stored body.
     """
@@ -44,7 +44,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
-    """Which candidate context items a model-step attempt saw (seed T1.5).
+    """Which candidate context items a model-step attempt saw.
 
     All three are ordered tuples of ``ContextItemId``; they are disjoint and their
     union is the full candidate set. Ids only, never text (the packed text lives in
@@ -100,7 +100,7 @@ class StepDecl(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
-    """A verifier's answer about a specific point of one run's log (brief §1).
+    """A verifier's answer about a specific point of one run's log.
 
     Attributes:
         run_id, branch_id: what was judged.

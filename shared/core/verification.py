@@ -1,4 +1,4 @@
-"""The verifier's pure decisions (seed T4.2): record a verdict once, complete a run only at its snapshot.
+"""The verifier's pure decisions: record a verdict once, complete a run only at its snapshot.
 
 A verification job judges one run at one snapshot LSN P on one branch. The
 service (services/verifier) runs the verifiers and commits through

@@ -1,4 +1,4 @@
-"""Read models handed to verifiers, graders and the CLI (seed T4.2, T1.5 step 4).
+"""Read models handed to verifiers, graders and the CLI.
 
 An :class:`EpisodeView` is an owned, immutable snapshot of one branch of one run
 at a fixed LSN: frozen Structs and tuples only, copied out of the folded state,
@@ -113,7 +113,7 @@ class BranchInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
-    """A frozen view of one branch of one run at ``snapshot_lsn`` (seed T4.2 step 2).
+    """A frozen view of one branch of one run at ``snapshot_lsn``.
 
     Attributes:
         lineage: the branch and its ancestors, root first.
@@ -180,7 +180,7 @@ IN_FLIGHT: frozenset[StepStatus] = frozenset({StepStatus.RUNNING, StepStatus.RET
 def stopped_by_cancel(status: StepStatus, cancelled: bool) -> StepStatus:
     """``cancelled`` for a step in flight (:data:`IN_FLIGHT`) when its branch was cancelled, else ``status``.
 
-    A view-only derivation: the fold keeps each attempt's own record (brief §2: cancel is
+    A view-only derivation: the fold keeps each attempt's own record (cancel is
     terminal for the run; the executor records ``attempt_cancelled`` for what it stops, but a
     step between attempts, an agent between turns or a hand-written log's open intent has none).
     """

@@ -2,7 +2,7 @@
 
 A workflow is an ordered list of steps. A **model step** packs candidate context
 under a token budget and calls a model adapter; a **tool step** calls a tool; an
-**agent step** loops model turns and the tool calls they ask for (brief §11,
+**agent step** loops model turns and the tool calls they ask for (see
 :mod:`shared.core.agentspec`).
 Validation happens once at the edge (:func:`parse_workflow`), with an error that
 names the offending field, e.g.
@@ -84,7 +84,7 @@ class ToolStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class AgentStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="agent",
                 tag_field="kind"):
     """A model-driven loop: turn *t* is a model call over the task and the earlier turns; its tool calls
-    run as steps of their own and their results feed turn *t+1* (brief §11; docs/workflow.md).
+    run as steps of their own and their results feed turn *t+1* (docs/workflow.md).
 
     Attributes:
         max_turns: the turn that asks for tools at this bound fails the step (``max_turns``).

@@ -1,4 +1,4 @@
-"""Crucible's pure core (ADR 0004): state model, typed iteration, session events, fold, noise, budgets.
+"""Crucible's pure core: state model, typed iteration, session events, fold, noise, budgets.
 
 No I/O here: the shell (services/crucible) runs the world, the judge and the
 proposer, commits events to the session log and folds them with :func:`fold.apply`.

@@ -1,4 +1,4 @@
-"""Budgets: iterations, active wall time, cost — checked before an iteration starts (issue 4, issue 13). Pure.
+"""Budgets: iterations, active wall time, cost — checked before an iteration starts. Pure.
 
 "Stop before overshooting": the next iteration's worst case must fit. Its cost is
 the proposer's declared per-call cap (``proposer.max_cost_usd``) when there is one,

@@ -1,4 +1,4 @@
-"""The session config: world, regimes (judge + goal), proposer, noise, budgets, gates (ADR 0004).
+"""The session config: world, regimes (judge + goal), proposer, noise, budgets, gates.
 
 A config is validated once, with every path made absolute and every ``${VAR}``
 expanded, and is then frozen into the session log (``SessionStarted.config``):
@@ -35,7 +35,7 @@ class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class WorldSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Where the world comes from (ADR 0004 World): a clone of ``repo`` at ``rev``, one per session.
+    """Where the world comes from : a clone of ``repo`` at ``rev``, one per session.
 
     Attributes:
         repo: path of the source git repository (absolute after parsing).
@@ -49,7 +49,7 @@ class WorldSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
 
 class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A command that prints a score (ADR-0001 freeze the judge).
+    """A command that prints a score (frozen by a fingerprint: docs/crucible.md).
 
     Attributes:
         command: argv run in the world directory; ``{python}`` is replaced by this interpreter.
@@ -76,7 +76,7 @@ class Regime(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One segment's goalpost: a judge and an optional goal (Solved when the best reaches it).
 
     Regimes run in order: when one is solved and another follows, the loop rescopes
-    to the next (one ``Segment`` assignment, ADR 0004 §1).
+    to the next (one ``Segment`` assignment).
     """
 
     name: str
@@ -88,7 +88,7 @@ ConfirmRule = Literal["all", "mean"]
 
 
 class NoiseSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Keep/discard margin and the confirmation before a keep (issue 4 Noise, issue 13).
+    """Keep/discard margin and the confirmation before a keep.
 
     A candidate is kept only if its improvement over the best exceeds
     ``max(abs_margin, rel_margin·|best|, k_sigma·σ)`` where σ is the sample standard
@@ -140,7 +140,7 @@ class ProposerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
 
 
 class BudgetSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Budgets (issue 4): iterations, active wall time (parked time excluded), cost in USD.
+    """Budgets: iterations, active wall time (parked time excluded), cost in USD.
 
     The loop stops *before* an iteration that could overshoot: the next iteration
     is estimated at the most expensive/longest one so far (at least
@@ -166,7 +166,7 @@ class ParkSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
 
 class GateSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Gates (ADR-0003): deny, park, provisioning.
+    """Gates: deny, park, provisioning.
 
     Attributes:
         protect: world paths (files or directories) no candidate may touch, besides the

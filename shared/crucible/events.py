@@ -1,4 +1,4 @@
-"""The session log's events (issue 4, Session log and resume).
+"""The session log's events.
 
 One JetStream message per commit on ``<ns>.crucible.<session_id>``; its body is a
 :class:`SessionCommit` with one or more tagged events. The LSN is the stream

@@ -1,4 +1,4 @@
-"""The session state is a pure fold of its log (ADR 0004 open question 3: resume = fold).
+"""The session state is a pure fold of its log (resume = fold).
 
 ``fold(commits)`` turns a session's ordered ``(lsn, SessionCommit)`` pairs into a
 :class:`SessionState`: the frozen config (from ``SessionStarted``) and the

@@ -1,4 +1,4 @@
-"""The typed iteration protocol: ``Iteration[Proposed] → Iteration[Applied] → Iteration[Measured]`` (ADR 0004 §3).
+"""The typed iteration protocol: ``Iteration[Proposed] → Iteration[Applied] → Iteration[Measured]``.
 
 Only the linear sub-protocol is typestate ("type the protocol, not the process").
 Each transition is a method whose ``self`` type names the one state it may be
@@ -12,7 +12,7 @@ The transitions are pure: the shell performs the side effect (commit the
 candidate, run the judge) and hands the result to the transition, so a
 ``Iteration[Applied]`` can only be obtained with a snapshot in hand and a
 ``Iteration[Measured]`` only with a measurement in hand. ``decide`` returns
-:class:`Decided` ``{row, verdict, reading}`` (ADR 0004 Implementation notes): the
+:class:`Decided` ``{row, verdict, reading}``: the
 keep path needs the reading's score, so it is handed back by construction.
 """
 

@@ -1,4 +1,4 @@
-"""Noise: aggregating repeats, the keep margin, the goal test (issue 4, Noise). Pure.
+"""Noise: aggregating repeats, the keep margin, the goal test. Pure.
 
 A judge's score can wobble between runs of the same snapshot. A candidate is
 kept only when its improvement over the best exceeds the margin

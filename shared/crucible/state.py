@@ -1,15 +1,14 @@
-"""The loop's state model (ADR 0004 §1–§2): ``Run`` with its ``Segment``, readings, rows, ``LoopExit``.
+"""The loop's state model: ``Run`` with its ``Segment``, readings, rows, ``LoopExit``.
 
 Pure values: every struct is frozen. The loop never mutates a ``Run``; it commits
 events and folds them (:mod:`shared.crucible.fold`), so the live state and a
 cold re-fold of the session log are the same thing by construction.
 
-* :class:`Segment` — everything a re-scope replaces at once (ADR 0004 §1,
-  ADR-0001 safeguard 2). Opening a segment is one call, :meth:`Segment.baseline`,
-  which owns the fingerprint (ADR 0004, Implementation notes); a rescope is one
-  assignment of its result.
+* :class:`Segment` — everything a re-scope replaces at once (scores are compared only within one
+  regime and judge fingerprint). Opening a segment is one call, :meth:`Segment.baseline`, which owns
+  the fingerprint; a rescope is one assignment of its result.
 * :class:`LoopExit` — the one place that enumerates how a run ends, mapped to an
-  :class:`Outcome` and to the process exit code (ADR 0004 §2). ``ESCALATED`` is a
+  :class:`Outcome` and to the process exit code. ``ESCALATED`` is a
   unit variant: the escalation is reported and the world rolled back at the break
   site (Implementation notes).
 """
@@ -24,7 +23,7 @@ from typing import NewType
 import msgspec
 
 WorldSha = NewType("WorldSha", str)
-"""The world's opaque snapshot handle (a git commit sha) — ADR 0004 open question 2.
+"""The world's opaque snapshot handle (a git commit sha).
 
 Not a run-state snapshot (:mod:`shared.nats.snapshots`): this names a state of the crucible's world.
 """
@@ -49,7 +48,7 @@ class Reading(msgspec.Struct, frozen=True, kw_only=True, tag="valid", tag_field=
 
 
 class InvalidReading(msgspec.Struct, frozen=True, kw_only=True, tag="invalid", tag_field="kind"):
-    """A crash, a timeout, NaN/inf or a missing value: never a score, never a keep (issue 4, Judge).
+    """A crash, a timeout, NaN/inf or a missing value: never a score, never a keep.
 
     Attributes:
         reason: one line, e.g. ``"crash: exit 1: ZeroDivisionError"``, ``"timeout after 5.0s"``, ``"nan"``.
@@ -123,7 +122,7 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Segment(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything a re-scope replaces atomically (ADR 0004 §1).
+    """Everything a re-scope replaces atomically.
 
     Attributes:
         regime: the regime's name (its judge and goal are in the config).
@@ -149,7 +148,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def baseline(cls, *, regime: str, fingerprint: str, reading: Reading, snap: WorldSha) -> Segment:
-        """Open a segment from a baseline measurement of ``snap`` (ADR 0004 ``Segment::baseline``).
+        """Open a segment from a baseline measurement of ``snap``.
 
         The shell measures (the judge's fingerprint and a valid reading of the
         world at ``snap``); this builds every field from them in one value.
@@ -170,7 +169,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PendingProvisioning(msgspec.Struct, frozen=True, kw_only=True):
-    """A resource is unavailable (exit 75): the iteration waits, it is not discarded (ADR-0003).
+    """A resource is unavailable (exit 75): the iteration waits, it is not discarded.
 
     Attributes:
         it: the iteration that is blocked.
@@ -210,7 +209,7 @@ class OpenIteration(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LoopExit(enum.StrEnum):
-    """How a run ends (ADR 0004 §2). Exit codes are the CLI's, documented in docs/crucible.md."""
+    """How a run ends. Exit codes are the CLI's, documented in docs/crucible.md."""
 
     FINISHED = "finished"  # the iteration budget is used up or the proposer has nothing more
     SOLVED = "solved"  # the last regime's goal was reached
@@ -259,7 +258,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Run(msgspec.Struct, frozen=True, kw_only=True):
-    """The per-run threaded state (ADR 0004 §1), plus what the log adds for resume.
+    """The per-run threaded state, plus what the log adds for resume.
 
     Attributes:
         rows: one per finished iteration, in order.

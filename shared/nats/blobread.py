@@ -1,4 +1,4 @@
-"""The reading side of the blob store (brief §4, §12; NATS ADR-20): bodies checked against their sha256.
+"""The reading side of the blob store (NATS ADR-20): bodies checked against their sha256.
 
 :class:`BlobReads` is the half of :class:`~shared.nats.blobstore.JetStreamBlobStore` that reads.
 Every read checks what it read against the ref's sha256 (and size): an object that does not hold
@@ -8,7 +8,7 @@ the body its name says is :class:`~shared.core.errors.BlobCorrupt`, with what it
   chunk, the common case, costs two requests (the meta record, the chunk), no consumer.
 * :meth:`~BlobReads.chunks` — a body chunk by chunk as an async iterator, never held whole: each
   chunk is one message get (``next_by_subj`` from the previous chunk's sequence: a Direct Get, asked
-  again of the stream leader if a follower has not applied it yet — brief §10), fetched only when
+  again of the stream leader if a follower has not applied it yet), fetched only when
   the consumer asks for the next one (backpressure: a command's stdin, a file), each under the
   store's timeout. The sha256 and size are checked as it goes; a mismatch raises
   :class:`BlobCorrupt` *after* the last chunk — a consumer acting as it streams must treat the
@@ -20,7 +20,7 @@ the body its name says is :class:`~shared.core.errors.BlobCorrupt`, with what it
   pages): one streamed pass checks it whole and notes each chunk's stream sequence; a range then
   reads only the chunks that hold it, by sequence (a message at a sequence never changes).
 
-An inline ref (its body in the ref, brief §4) is answered from the ref, checked the same way.
+An inline ref (its body in the ref) is answered from the ref, checked the same way.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class BlobReads:
 
     async def _chunk_after(self, subject: str, seq: int) -> jsapi.RawStreamMsg:
         """The first message on ``subject`` at sequence ≥ ``seq``: a Direct Get, asked of the leader if
-        the answering server has none (an R3 follower may not have applied it yet; brief §10)."""
+        the answering server has none (an R3 follower may not have applied it yet)."""
         stream = f"OBJ_{self._bucket}"
         try:
             return await self._js.get_msg(stream, seq=seq, subject=subject, next=True, direct=True)

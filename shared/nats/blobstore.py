@@ -1,4 +1,4 @@
-"""Content-addressed blob store on the JetStream object store (brief §4, seed T4.2 ``blobs``).
+"""Content-addressed blob store on the JetStream object store.
 
 Prompts, outputs, workflows and large tool results live here; commits carry only
 :class:`~shared.core.events.BlobRef` (sha256 + size). Objects are named by their sha256
@@ -14,7 +14,7 @@ sha256: an object that does not hold the body its name says (written under the w
 sha256 by another client, or overwritten) is :class:`~shared.core.errors.BlobCorrupt`,
 with what it holds instead. A body of at
 most the inline threshold may instead ride in its ref (:func:`ref_for` with
-``inline_max``; brief §4): :meth:`JetStreamBlobStore.get` answers it from the ref,
+``inline_max``): :meth:`JetStreamBlobStore.get` answers it from the ref,
 so readers do not care where a body is.
 
 A large body is streamed (:meth:`JetStreamBlobStore.put_file`: a tool's spool): read and

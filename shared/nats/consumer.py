@@ -1,4 +1,4 @@
-"""The thin async shell every consuming service shares (brief §6).
+"""The thin async shell every consuming service shares.
 
 A service is a durable pull consumer on the commands stream (the verifier: the
 events stream), filtered to its own subjects. Several instances of a service share

@@ -1,4 +1,4 @@
-"""The event log: one JetStream stream, one subject per run, LSN = stream sequence (brief §4).
+"""The event log: one JetStream stream, one subject per run, LSN = stream sequence.
 
 :class:`JetStreamEventLog` keeps run commits (:class:`~shared.core.events.Commit`) on a
 :class:`~shared.nats.subjectlog.SubjectLog` (fenced appends, batched Direct Get reads of one

@@ -1,4 +1,4 @@
-"""Connecting to NATS and creating Reel's streams, buckets idempotently (brief §4, §6).
+"""Connecting to NATS and creating Reel's streams, buckets idempotently.
 
 Every service calls :func:`ensure_infra` at start: creating what exists already is
 a no-op, and a stream whose config drifted (e.g. replicas) is updated — by a

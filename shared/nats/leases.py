@@ -1,4 +1,4 @@
-"""Executor leases (brief §6): the writer (:func:`heartbeat`) and the reader (:func:`executor_alive`).
+"""Executor leases: the writer (:func:`heartbeat`) and the reader (:func:`executor_alive`).
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
 executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it heartbeats. The
@@ -7,7 +7,7 @@ stopping one deletes it. Recovery and rewind read it to tell a live owner from a
 
 On a replicated bucket (R3) a Direct Get can be answered by a follower that has not applied a
 fresh heartbeat yet, so "no entry" is asked again of the stream leader before an executor is
-declared gone: a live executor's attempt is never taken over on a lagging replica's word (issue 10).
+declared gone: a live executor's attempt is never taken over on a lagging replica's word.
 """
 
 from __future__ import annotations

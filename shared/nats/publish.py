@@ -1,7 +1,7 @@
 """Acked publishes to JetStream subjects, pipelined (several in flight share one round trip), and the
 commands a service queues for another (:func:`publish_resume`, :func:`publish_verify`).
 
-A publish during a leader election (R3: 4–8 s, brief §10) times out or finds no responders; the one
+A publish during a leader election (R3: 4–8 s) times out or finds no responders; the one
 settle policy (:func:`settle_retrying`, tenacity) sends it again with the same ``Nats-Msg-Id`` for up
 to :data:`SETTLE_S` — inside the streams' 120 s duplicate window, so a retry of a publish that did land
 is deduplicated.
@@ -95,7 +95,7 @@ def publish_pipelined(
     ``timeout_s`` or meets an outage (:func:`is_transient`) is sent again, the same message with the same
     ``Nats-Msg-Id`` (one is given if ``headers`` has none), until it settles or ``settle_s`` seconds
     have passed (:func:`settle_retrying`): a retry of a message that did land is deduplicated by the
-    stream, so a blob chunk is never stored twice (issue 10 item 3).
+    stream, so a blob chunk is never stored twice.
 
     Raises (from the future):
         nats.js.errors.APIError: the server refused the message (not retried: e.g. 10071).

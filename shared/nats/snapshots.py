@@ -1,4 +1,4 @@
-"""Snapshots of a run's folded state, so a read need not replay the whole log (brief §10).
+"""Snapshots of a run's folded state, so a read need not replay the whole log.
 
 A snapshot is the :class:`~shared.core.fold.RunState` of one run at one LSN, as JSON
 in the KV bucket ``<ns>_snapshots`` (key = run id, the latest snapshot only) —

@@ -1,4 +1,4 @@
-"""A guarded, per-key append-only log of opaque bodies on one JetStream stream (brief §4).
+"""A guarded, per-key append-only log of opaque bodies on one JetStream stream.
 
 :class:`SubjectLog`: ``subject_of(key)`` is one subject per key. Writes are fenced with
 ``Nats-Expected-Last-Subject-Sequence`` (the sequence the writer last saw; ``0`` for a
@@ -7,9 +7,9 @@ Reads use batched Direct Get on the key's own subject, starting at its first seq
 so replaying one key costs O(its messages), not O(stream). The run event log
 (:mod:`shared.nats.eventlog`), crucible's session log and the verdict stream's readers use it.
 
-**On a replicated stream (R3, brief §10)** a Direct Get may be answered by a follower that has
+**On a replicated stream (R3)** a Direct Get may be answered by a follower that has
 not applied the latest writes yet, and a publish in flight during a leader election times out
-or finds no responders. So (issue 10 item 3):
+or finds no responders. So:
 
 * each log remembers, per key, the highest sequence it knows exists (its own acks, a fence's
   ``wrong last sequence: N``, what it read, :meth:`SubjectLog.note`); a read whose answer stops

@@ -1,4 +1,4 @@
-"""Issue 13, failure 4 on real processes and the JetStream session log: budgets hold — a call's reported cost
+"""Budgets hold, on real processes and the JetStream session log — a call's reported cost
 counts whatever its exit, a declared per-call cap keeps the cost cap, the proposer is told what is left, and
 waits for an unavailable judge are parked time."""
 

@@ -1,5 +1,5 @@
-"""Issue 13 on real git, real processes and the JetStream session log: the world holds exactly what was
-measured, and a lucky reading cannot crown a candidate (failures 1–3 of the peer reports)."""
+"""On real git, real processes and the JetStream session log: the world holds exactly what was
+measured, and a lucky reading cannot crown a candidate."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ async def out(world: Path, *args: str) -> str:
 
 async def test_a_proposers_own_commit_of_a_protected_file_is_denied_and_rolled_back(crucible: Crucible,
                                                                                      root: Path) -> None:
-    """Failure 1a: a proposer that commits a tampered judge got "skip — empty diff" and kept its commit."""
+    """A proposer that commits a tampered judge got "skip — empty diff" and kept its commit."""
     repo = await make_repo(root, "1")
     tamper = {"write": {"judge.py": "print(1e9)\n"}, "commit": "tune the judge", "note": "tamper"}
     o = await crucible.run(make_config(root, repo, [tamper, tamper], gates={"on_deny": "skip", "retry_s": 0.05}))
@@ -43,7 +43,7 @@ async def test_a_proposers_own_commit_of_a_protected_file_is_denied_and_rolled_b
 
 async def test_a_committed_change_is_part_of_the_candidate_its_diffstat_and_its_rollback(crucible: Crucible,
                                                                                          root: Path) -> None:
-    """Failure 1b: a committed parameter change rode into a kept sha whose diffstat showed only another file."""
+    """A committed parameter change rode into a kept sha whose diffstat showed only another file."""
     repo = await make_repo(root, "1")
     plan = [{"write": {"value.txt": "5\n"}, "commit": "raise", "write_after": {"notes.txt": "why\n"}, "note": "c"},
             {"write": {"value.txt": "0\n"}, "commit": "lower", "note": "worse"},
@@ -79,7 +79,7 @@ JUDGE_IMPORTING = textwrap.dedent('''
 
 async def test_the_judge_measures_a_clean_tree_and_its_leftovers_never_enter_a_candidate(crucible: Crucible,
                                                                                          root: Path) -> None:
-    """Failure 2: the judge's bytecode cache and log became part of the next candidate; a stale cache
+    """The judge's bytecode cache and log became part of the next candidate; a stale cache
     (a proposer that keeps mtimes) made the judge measure the previous code."""
     repo = await make_repo(root, "1")
     (repo / "param.py").write_text("X = 1\n")
@@ -104,7 +104,7 @@ async def test_the_judge_measures_a_clean_tree_and_its_leftovers_never_enter_a_c
 
 async def test_a_lucky_reading_is_confirmed_before_a_keep_and_the_incumbent_corrected(crucible: Crucible,
                                                                                       root: Path) -> None:
-    """Failure 3: with remeasure_incumbent, one lucky reading crowned a no-op for good and every truly better
+    """With remeasure_incumbent, one lucky reading crowned a no-op for good and every truly better
     candidate after it was discarded. The judge here spikes +1.0 once, on its second call."""
     repo = await make_repo(root, "1")
     plan = [write("1.0", note="no-op"), write(1.5), write(1.6)]

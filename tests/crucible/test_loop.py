@@ -1,4 +1,4 @@
-"""Crucible's loop on real git worlds and a real JetStream session log, one test per behaviour (issue 4)."""
+"""Crucible's loop on real git worlds and a real JetStream session log, one test per behaviour."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ async def test_park_time_is_excluded_from_the_time_budget(crucible: Crucible, ro
             sys.exit(75)
     """))
     # the park (9 s) alone exceeds the budget (8 s); the active time stays well under it even on a loaded
-    # 2-core machine (issue 13's measure tree and settle add git calls: with 5 s of budget an iteration of
+    # 2-core machine (the measure tree and settle add git calls: with 5 s of budget an iteration of
     # ~2.4 s under load left no room for the next estimate)
     park = {"command": [sys.executable, str(probe)], "poll_s": 9.0}
     cfg = make_config(root, repo, [write(2), write(3)], budget={"iterations": 2, "wall_s": 8.0},

@@ -1,4 +1,4 @@
-"""Poison isolation in the session log (issue 10 leftover): a commit on a session's subject that does not
+"""Poison isolation in the session log: a commit on a session's subject that does not
 decode, names another session or is an illegal transition marks that session corrupt at its LSN — resume
 refuses with one line, show prints what is known and where it breaks, ls lists it — never a traceback."""
 

@@ -1,4 +1,4 @@
-"""The score plot (issue 13, issue 12): every fate that has no score is still marked in the legend, iteration
+"""The score plot: every fate that has no score is still marked in the legend, iteration
 ticks are integers, the goal line, direction and unit are shown."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13, failures 5 and 6, with real processes: no proposer child outlives its call or a killed driver, a
+"""With real processes: no proposer child outlives its call or a killed driver, a
 resumed candidate holds only what the resumed proposer wrote, a moved judge is caught before proposing on
 resume; and ``reel crucible`` keeps its state under ``$REEL_HOME``."""
 

@@ -1,4 +1,4 @@
-"""The iteration typestate (ADR 0004 §3): mypy rejects illegal orderings and accepts the legal one.
+"""The iteration typestate: mypy rejects illegal orderings and accepts the legal one.
 
 One mypy run (``--strict``, like shared/) over small snippets; each illegal
 snippet must produce an error on its marked line, the legal one none.

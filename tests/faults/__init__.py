@@ -1,1 +1,1 @@
-"""The fault suite (issue 10 item 6): real processes killed, restarted and fed bad input."""
+"""The fault suite: real processes killed, restarted and fed bad input."""

@@ -1,4 +1,4 @@
-"""The invariants every fault scenario checks (issue 10 item 6), counted, then asserted.
+"""The invariants every fault scenario checks, counted, then asserted.
 
 A scenario hands :func:`check_runs` the run ids of the starts it saw acked (a repeat of
 one idempotency key gives the same id again) and the side-effect file its tools wrote;

@@ -1,4 +1,4 @@
-"""The fault suite's ledger and its one-line terminal summary (issue 10 item 6).
+"""The fault suite's ledger and its one-line terminal summary.
 
 Every scenario in ``tests/faults`` is marked ``faults`` (``pytestmark``) and, after
 its checks ran, records what it saw in the session's :class:`FaultsLedger` — also

@@ -1,9 +1,9 @@
-"""Reel on a 3-node loopback JetStream cluster at R3 (issue 10 items 3 and 6; brief §10).
+"""Reel on a 3-node loopback JetStream cluster at R3.
 
 Three real nats-server processes (tests/support/cluster.py). The scenarios:
 
 * reads that must see a write see it: a run read right after its commit, over and over, never
-  comes back shorter than what was acked (a follower's Direct Get may lag; brief §10);
+  comes back shorter than what was acked (a follower's Direct Get may lag);
 * a commit loop through a kill -9 of the events stream's leader: every commit is acked once, at
   one LSN, nothing twice (a publish in flight is re-sent with its Nats-Msg-Id until it settles);
 * a command published while the commands stream elects a leader is queued once (the client

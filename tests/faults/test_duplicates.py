@@ -1,4 +1,4 @@
-"""Duplicate commands (issue 10 item 6; brief §4, §10): the same start twice, one idempotency key, concurrent
+"""Duplicate commands: the same start twice, one idempotency key, concurrent
 duplicates — against two executor processes (and the verifier and recovery), nothing runs twice.
 
 * the same start command published twice (one ``Nats-Msg-Id``, as a client retrying a publish does):

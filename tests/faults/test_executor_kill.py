@@ -1,4 +1,4 @@
-"""kill -9 of an executor at each of the four points of an attempt (issue 10 item 6; brief §3).
+"""kill -9 of an executor at each of the four points of an attempt.
 
 A real executor process (``REEL_EXECUTOR_CRASH_AT=s2:1:<point>``) drives three runs of
 three command tools at once and dies (``os._exit(137)``, as a kill -9 leaves it) the first

@@ -1,4 +1,4 @@
-"""Hostile payloads on every command subject while real runs proceed (issue 10 item 6; brief §12).
+"""Hostile payloads on every command subject while real runs proceed.
 
 Every service is a process (two executors, cancel, rewind, recovery, the verifier). Six runs of
 three command tools are in flight while a plain client sends, to each of ``start``, ``resume``,

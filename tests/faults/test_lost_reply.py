@@ -1,4 +1,4 @@
-"""A start's reply lost in a reconnect (issue 10 item 3: the client rides out a failover). A reply is a core
+"""A start's reply lost in a reconnect (the client rides out a failover). A reply is a core
 NATS message: one published while the client's connection is reconnecting (its node was killed) is gone,
 although the command was handled. Seen in CI: one of 200 starts through an events-leader kill got no reply
 within 120 s while its run completed. The client, after a reconnect during the wait, looks for the run the

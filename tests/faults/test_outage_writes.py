@@ -1,4 +1,4 @@
-"""Every write the executor makes waits out a server outage with the same message ids (issue 10 item 3).
+"""Every write the executor makes waits out a server outage with the same message ids.
 
 One killable nats-server (file storage). The server is frozen (SIGSTOP) so that the writes sent
 next are in flight and unanswered, then killed -9 and restarted on the same port and store: the

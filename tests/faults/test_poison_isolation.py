@@ -1,4 +1,4 @@
-"""The poison cases while real runs proceed (issue 10 item 6; brief §12): the *other* runs are unaffected.
+"""The poison cases while real runs proceed: the *other* runs are unaffected.
 
 Reuses the world of tests/integration/test_poison.py (executor, verifier, recovery, cancel on a real
 server; a plain client publishing onto live runs' event subjects) — its tests check each poison case

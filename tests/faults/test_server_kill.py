@@ -1,11 +1,11 @@
-"""kill -9 of the nats-server mid-run, restarted on the same port and store (issue 10 item 6; brief §10).
+"""kill -9 of the nats-server mid-run, restarted on the same port and store.
 
 Its own single server (file storage), every service a process (two executors, the
 verifier, recovery): eight runs of three command tools (0.3 s each) are acked and in
 flight when the server hangs (SIGSTOP, 0.5 s: what the services send meanwhile is in
 flight, unanswered) and is then killed; it comes back ~1 s later, every process
 reconnects, every write that was in flight is sent again with its ids until it settles
-(issue 10 item 3: no command handler crashes), and every invariant of
+(no command handler crashes), and every invariant of
 tests/faults/checks.py holds.
 """
 

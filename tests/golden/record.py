@@ -5,7 +5,7 @@
 Starts an embedded nats-server, runs the executor (once as a subprocess that is made to
 crash mid-run, then in-process), and writes each run's log exactly as it sits in the
 stream to ``tests/golden/recorded_1rt_<name>.jsonl`` (``{"lsn": N, "commit": <body>}`` per
-line): the executor's commit pattern since issue 11 (one round trip per step: an outcome and
+line): the executor's current commit pattern (one round trip per step: an outcome and
 the next intent in one commit, small bodies inline in their refs). The
 ``recorded_<name>.jsonl`` logs beside them are the earlier pattern (the intent and the
 outcome of each attempt in commits of their own); they stay as recorded and must still fold.

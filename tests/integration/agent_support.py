@@ -65,7 +65,7 @@ async def start_and_rest(client: ReelClient, spec: WorkflowSpec, timeout_s: floa
 
 
 def turn_partition_ok(state: RunState, step_id: str, candidates: set[str], *, branch: str | None = None) -> None:
-    """Seed T1.5 over one turn: every attempt has a partition, disjoint, whose union is the candidates."""
+    """The context partition over one turn: every attempt has a partition, disjoint, whose union is the candidates."""
     attempts = state.branches[branch or state.active_branch].attempts[step_id]
     for a in attempts:
         c = a.context

@@ -1,7 +1,7 @@
 """Reusable integration scenarios for the mutator services (cancel, rewind, recovery).
 
-The main one is :func:`crashed_attempt_scenario`, the realistic recovery case of
-brief §3, built with real processes on the real server:
+The main one is :func:`crashed_attempt_scenario`, the realistic recovery case (an
+executor killed after its side effect, before committing the outcome), built with real processes on the real server:
 
 1. a real executor **subprocess** (``python -m services.executor``) started with
    ``REEL_EXECUTOR_CRASH_AT=work:2:after_output`` runs the workflow of
@@ -172,7 +172,7 @@ async def create_manual_run(event_log: JetStreamEventLog, run_id: str, steps: Se
     return await event_log.commit(run_id, [created], expected_lsn=0, writer="test")
 
 
-# ---- the crashed-attempt scenario (brief §3) ---------------------------------------------
+# ---- the crashed-attempt scenario ---------------------------------------------
 
 
 def crashed_attempt_workflow(verifiers: Sequence[Mapping[str, Any]] = ()) -> WorkflowSpec:
@@ -238,7 +238,7 @@ async def crashed_attempt_scenario(
     infra: Infra, cfg: Config, client: ReelClient, *, verifiers: Sequence[Mapping[str, Any]] = (),
     timeout_s: float = 30.0,
 ) -> CrashedAttempt:
-    """Brief §3's recovery case, ending with the run in Verifying and the lost attempt dispatched.
+    """The crashed-attempt recovery case, ending with the run in Verifying and the lost attempt dispatched.
 
     Args:
         verifiers: verifier specs (workflow JSON objects) configured on the workflow.

@@ -1,4 +1,4 @@
-"""A live executor's superseded attempt is resolved by that executor (issue 10 item 3), on a real nats-server.
+"""A live executor's superseded attempt is resolved by that executor, on a real nats-server.
 
 The stuck path: an executor's drive raises between an intent and its outcome (the command is nak'ed).
 Its lease lives on, so recovery never resolves that attempt (``waiting: executor_alive``), and the

@@ -1,4 +1,4 @@
-"""Incremental turn contexts in the real executor (issue 11, shared/core/agentmemo.py): on a real nats-server,
+"""Incremental turn contexts in the real executor (shared/core/agentmemo.py): on a real nats-server,
 long agent runs whose later turns leave earlier ones out for want of budget, with tool errors, rewound after
 resting and while driven; every turn's recorded partition and prompt blob must be what a full rebuild of that
 turn makes (tests/support/turncheck.py), byte for byte."""

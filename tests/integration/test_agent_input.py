@@ -1,4 +1,4 @@
-"""Human input as a resting state, end to end (issue 9 part 1): a real nats-server, the real executor, the cancel
+"""Human input as a resting state, end to end: a real nats-server, the real executor, the cancel
 service answering ``<ns>.cmd.respond``, recovery firing deadlines, the real ``openai`` client over HTTP to the
 loopback chat-completions server. No mocks; every wait is on the log (rendezvous), never a sleep.
 """

@@ -92,7 +92,7 @@ async def test_two_turn_live_agent_runs_to_verifying_context_partition(
     answer = json.loads(await blobs.get(attempt_of(state, "solve:t1", 1).output_ref))  # type: ignore[arg-type]
     assert [c["id"] for c in answer["tool_calls"]] == ["call_lookup_1", ""]  # as the provider sent it
 
-    # every turn has a partition (seed T1.5), known in advance
+    # every turn has a partition, known in advance
     base = {"instructions", "task", "notes", "background"}
     turn_partition_ok(state, "solve:t1", base)
     p1 = attempt_of(state, "solve:t1", 1).context

@@ -1,4 +1,4 @@
-"""Least-privilege NATS roles on a real auth-on server (brief §12, docs/security.md).
+"""Least-privilege NATS roles on a real auth-on server (docs/security.md).
 
 The server runs with the accounts ``reel auth init`` writes (tests/integration/authserver.py).
 A ``client`` connection cannot write history or administer JetStream — each refusal an

@@ -1,4 +1,4 @@
-"""Bad input at the executor's command edge (issue 2, "Bad input").
+"""Bad input at the executor's command edge.
 
 Every bad command gets a clear error reply (``ok=false``, ``error.code``, a message
 naming the field) and a log line; nothing is committed (no run subject appears); the

@@ -1,4 +1,4 @@
-"""Bounded reads of large bodies on a real JetStream object store (shared/nats/blobread.py, issue 10 item 4).
+"""Bounded reads of large bodies on a real JetStream object store (shared/nats/blobread.py).
 
 A body read chunk by chunk is fetched as the reader asks (checked on the connection's received
 bytes, not trusted), checked against its sha256 at the end; head and tail come from one streamed

@@ -1,4 +1,4 @@
-"""The content-addressed blob store on a real JetStream object store (brief §4, §10).
+"""The content-addressed blob store on a real JetStream object store.
 
 "Stored once" and "fetches nothing" are checked on the server (the object store
 stream's message count) and on the wire (messages a connection received), never

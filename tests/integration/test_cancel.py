@@ -44,7 +44,7 @@ async def test_cancel_stops_an_executor_driving_the_run(
     state = await event_log.load(run)
     assert state.status == "cancelled" and state.cancel_reason == "user pressed stop"
     # the attempt in flight was stopped and recorded cancelled, on top of the cancel, and nothing more
-    # (it was recorded succeeded after the cancel before issue 9; tests/integration/test_cancel_in_flight.py)
+    # (it was once recorded succeeded after the cancel; tests/integration/test_cancel_in_flight.py)
     slow = attempt_of(state, "slow", 1)
     assert (slow.status, slow.outcome_lsn, slow.output_ref) == ("cancelled", reply.lsn + 1, None)
     assert state.head_lsn == reply.lsn + 1, "the executor committed more than the outcome after the cancel"

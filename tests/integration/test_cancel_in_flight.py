@@ -1,4 +1,4 @@
-"""A cancel stops what is in flight (issue 9 part 2): a real nats-server, the real executor, cancel and verifier
+"""A cancel stops what is in flight: a real nats-server, the real executor, cancel and verifier
 services, real processes and real HTTP to the loopback chat-completions server. No mocks, no sleeps to sync.
 
 In each case the work is seen gone from outside the executor — the tool's process group by the OS (pidfds,
@@ -6,7 +6,7 @@ In each case the work is seen gone from outside the executor — the tool's proc
 seeing its client close the connection — within a generous 5 s of the cancel (bench/cancel_latency.py
 measures the real latency); the attempt is recorded ``cancelled`` in the commit right after ``run_cancelled``;
 nothing is dispatched after it; a verifier already running on another run that is cancelled too still
-records its verdict (seed T4.2); a cold refold equals the executor's state.
+records its verdict; a cold refold equals the executor's state.
 """
 
 from __future__ import annotations

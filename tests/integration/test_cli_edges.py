@@ -1,4 +1,4 @@
-"""The rough edges of issue 12 items 3–5, as a user meets them on a real server: ``reel show``'s columns and an
+"""The CLI's rough edges, as a user meets them on a real server: ``reel show``'s columns and an
 attempt's bodies, usage errors (exit 2), honest replay outcomes (``unlabelled``, the context check on its own),
 a multi-file replay with an unreadable file, ``reel ls`` newest first, ``reel verdicts -f`` ending, the
 ``reel up`` probe refusing a server without this namespace's streams."""

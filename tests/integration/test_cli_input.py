@@ -1,4 +1,4 @@
-"""Human input from the command line, as a user would (issue 9 part 1): `reel run` stops at a run waiting for
+"""Human input from the command line, as a user would: `reel run` stops at a run waiting for
 input (exit 6, the requests and how to answer them), `reel ls` and `reel pending` show it, and `reel answer` /
 `reel approve` wake it and follow it to the end. Real processes against the test server."""
 

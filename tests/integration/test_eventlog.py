@@ -1,4 +1,4 @@
-"""The JetStream event log's own layout and infrastructure on a real nats-server (brief §4, §10).
+"""The JetStream event log's own layout and infrastructure on a real nats-server.
 
 What every EventLog must do (fence, dedup, reads at an LSN, per-run read cost, snapshots) is
 the contract suite, tests/integration/test_eventlog_contract.py; here: how JetStreamEventLog

@@ -177,7 +177,7 @@ async def test_concurrent_writers_with_the_same_expectation_exactly_one_wins(har
 
 
 async def test_retried_commit_with_stale_expectation_returns_the_original_lsn(harness: Harness) -> None:
-    """The retry finds the head taken by its own commit id (JetStream: R1 answers 10071; brief §10)."""
+    """The retry finds the head taken by its own commit id (JetStream: R1 answers 10071)."""
     log = harness.log
     base = await log.commit("r-d", [created("r-d")], expected_lsn=0)
     lsn = await log.commit("r-d", [started()], expected_lsn=base, commit_id="cid-1")
@@ -311,7 +311,7 @@ async def test_refresh_applies_only_the_commits_above_the_state(harness: Harness
 
 
 async def test_reader_cost_does_not_depend_on_other_runs(harness: Harness) -> None:
-    """Counted in what the reader received, not in time (brief §4)."""
+    """Counted in what the reader received, not in time."""
     log, reader = harness.log, harness.reader
     n_mine = harness.batch + 44  # two read batches
     heads = {"r-me": await log.commit("r-me", [created("r-me")], expected_lsn=0)}

@@ -1,4 +1,4 @@
-"""The executor service on a real nats-server (issue 2 "Executor service"; brief §3, §4).
+"""The executor service on a real nats-server.
 
 Intent before side effect is checked from the side effect itself: a command tool step
 reads the run's head from the stream at the moment it runs and appends it to a file.

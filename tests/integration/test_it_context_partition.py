@@ -1,4 +1,4 @@
-"""Seed T1.5 Verify section, exactly: ``pytest -k context_partition``.
+"""The context partition (docs/context.md) end to end: ``pytest -k context_partition``.
 
 Harness: a workflow whose packer is configured to drop known items, so the
 expected partition is known in advance. Runs on a real nats-server through the

@@ -1,4 +1,4 @@
-"""Seed T4.2 Verify section, exactly: ``pytest -k snapshot_barrier``.
+"""The snapshot barrier (docs/verifiers.md), one test per mutator: ``pytest -k snapshot_barrier``.
 
 Harness: a verifier (``tests.integration.parking:Parking``) that parks on a
 rendezvous mid-``verify``, after serializing the view it holds; each mutator is
@@ -11,7 +11,7 @@ mutator — they are different code paths:
 * recovery (``<ns>.cmd.recover`` → services/recovery) resolves the ``Dispatched``
   intent of the very attempt the held view contains (a crashed executor's).
 
-Every test also checks steps 5–6 of the card: the ctx records the snapshot LSN,
+Every test also checks that the ctx records the snapshot LSN,
 a cold re-fold at that LSN gives a byte-identical view, and the failed attempt
 is in it and counted. There is deliberately no concurrent-retry test: Verifying
 is entered only when every step is terminal, so it would pass with no barrier.

@@ -1,4 +1,4 @@
-"""Tool output limits on a real nats-server, through the real executor (issue 10 item 4).
+"""Tool output limits on a real nats-server, through the real executor.
 
 A ``command`` tool printing 10 MB: past its cap it fails ``output_too_large`` (a failed attempt,
 retried per ``max_attempts``) or, with ``on_overflow: truncate``, succeeds with its head kept

@@ -1,4 +1,4 @@
-"""Executor partitions (issue 11, "Executors that scale"; docs/architecture.md, "Executor partitions").
+"""Executor partitions (docs/architecture.md, "Executor partitions").
 
 With ``REEL_PARTITIONS`` N the commands stream maps a keyed start/resume to its run's partition (the
 server's ``{{partition(N,1)}}``), each partition has its own durable, and an executor consumes its own

@@ -1,4 +1,4 @@
-"""Poison isolation on a real nats-server (issue 10 item 2; brief §12): one test per poison case.
+"""Poison isolation on a real nats-server: one test per poison case.
 
 A plain client — not Reel — publishes onto a live run's event subject, or into the blob
 bucket, while the executor, verifier, recovery and cancel services run and other runs are

@@ -1,4 +1,4 @@
-"""Poison commands on every command subject of every service, crucible's included (brief §12), on a real server.
+"""Poison commands on every command subject of every service, crucible's included, on a real server.
 
 A command that does not decode, has the wrong schema, or names an id that is not one
 subject token is refused with a reason on its reply subject and acknowledged: each

@@ -1,4 +1,4 @@
-"""Recovery heals drivable runs nobody drives (issue 10 item 3: self-healing, not only open intents).
+"""Recovery heals drivable runs nobody drives (self-healing, not only open intents).
 
 A run in ``pending`` (its start was acked, the drive lost: the R3 stuck-start bug) or in
 ``running`` with no open intent whose owner has no lease gets one ``ResumeRun`` from the

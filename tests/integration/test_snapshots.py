@@ -41,7 +41,7 @@ async def test_the_executor_snapshots_the_verifying_state_and_loads_equal_a_cold
     reply = await client.start(spec)
     assert reply.run_id
     state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
-    # the snapshot is stored beside the trigger, after the Verifying commit (a read shortcut, brief §13):
+    # the snapshot is stored beside the trigger, after the Verifying commit (a read shortcut):
     # the client may see verifying first, so wait for the entry (bounded), then check what it holds
     async def stored() -> object:
         try:

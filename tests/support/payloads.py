@@ -1,4 +1,4 @@
-"""The poison and hostile payloads of the trust tests, in one table (brief §12; issue 10 items 2 and 6).
+"""The poison and hostile payloads of the trust tests, in one table.
 
 Both the integration suites (tests/integration/test_poison_commands.py, test_poison.py: each
 case in depth, on in-process services) and the fault suite (tests/faults/test_hostile_payloads.py,

@@ -1,4 +1,4 @@
-"""Every agent turn of a log, rebuilt in full and incrementally, compared (issue 11, shared/core/agentmemo.py).
+"""Every agent turn of a log, rebuilt in full and incrementally, compared (shared/core/agentmemo.py).
 
 :func:`check_turns` folds a log commit by commit. At each commit carrying a turn's intent
 (``attempt_dispatched`` of a ``<agent>:t<n>`` step, with its partition and prompt ref) it

@@ -1,5 +1,6 @@
-"""The context of every agent turn (seed T1.5 over turns; brief §11): candidates, the packer's groups and required
-items, and the chat transcript the packed items become. ``pytest -k context_partition`` selects the T1.5 checks."""
+"""The context of every agent turn: candidates, the packer's groups and required
+items, and the chat transcript the packed items become. ``pytest -k context_partition`` selects the partition
+checks (docs/context.md)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _turn_intents(sim: Sim) -> list[AttemptDispatched]:
 
 
 def check_partition(p: ContextPartition, candidates: set[str]) -> None:
-    """Seed T1.5 step 4: disjoint buckets whose union is the candidate set."""
+    """Disjoint buckets whose union is the candidate set."""
     packed, available, dropped = set(p.packed), set(p.available), set(p.dropped)
     assert len(packed) == len(p.packed) and len(available) == len(p.available) and len(dropped) == len(p.dropped)
     assert not packed & available and not packed & dropped and not available & dropped

@@ -1,4 +1,4 @@
-"""The agent part of the fold (brief §11): declarations in order, agent status, fork inheritance by
+"""The agent part of the fold: declarations in order, agent status, fork inheritance by
 ``(agent index, turn, call)``, views, rewind and recovery over dynamic steps, O(1) per event. No server."""
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def _tail_cost(pairs: list[tuple[int, Commit]], upto: int, n: int) -> float:
 
 
 def test_folding_an_agent_commit_costs_the_same_at_turn_10_and_turn_3000() -> None:
-    """O(1) per event (brief §13): the last 600 commits of a 3000-turn loop fold as fast as early ones."""
+    """O(1) per event: the last 600 commits of a 3000-turn loop fold as fast as early ones."""
     pairs = _long_agent(3000)
     early, late = _tail_cost(pairs, 30, 600), _tail_cost(pairs, len(pairs) - 600, 600)
     assert late < early * 3, (early, late)

@@ -1,4 +1,4 @@
-"""Incremental agent-turn contexts (shared/core/agentmemo.py) against full rebuilds, on every turn (issue 11):
+"""Incremental agent-turn contexts (shared/core/agentmemo.py) against full rebuilds, on every turn:
 long sim runs under and over budget, failing and parallel calls, a rewind onto a new branch, and the golden
 agent logs (with stand-in bodies for their blobs); plus the packer's fast path against its full path."""
 

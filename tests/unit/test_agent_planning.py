@@ -1,4 +1,4 @@
-"""Planning inside agent steps (issue 8; brief §11, §13): the loop driven end to end through the pure core by the
+"""Planning inside agent steps: the loop driven end to end through the pure core by the
 reference driver (tests/unit/agent_sim.py), and each decision of ``agent_action`` and each commit builder alone."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def kinds(events: tuple[Any, ...]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
-def test_a_two_turn_loop_runs_to_verifying_in_the_commits_the_brief_asks_for() -> None:
+def test_a_two_turn_loop_runs_to_verifying_in_one_commit_per_round_trip() -> None:
     sim = Sim(workflow(TWO_TURNS), tools())
     state = sim.run()
     assert state.status == "verifying"
@@ -113,7 +113,7 @@ def test_calls_run_at_most_max_parallel_tools_at_once() -> None:
     assert sim.state is not None and step_statuses(sim.state, MAIN)[1] == "succeeded"
     started = [kinds(c.events) for _, c in sim.log
                if any(isinstance(e, AttemptDispatched) and e.step_id.startswith("solve:") for e in c.events)]
-    # c2's intent rides in the commit of the first result that frees a slot (one round trip, brief §13)
+    # c2's intent rides in the commit of the first result that frees a slot (one round trip)
     assert started == [["StepsDeclared", "AttemptDispatched"],
                        ["AttemptSucceeded", "StepsDeclared", "AttemptDispatched", "AttemptDispatched"],
                        ["AttemptSucceeded", "AttemptDispatched"],

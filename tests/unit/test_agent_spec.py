@@ -1,4 +1,4 @@
-"""``kind: agent`` workflow steps (issue 8 §1, Bad input): parsed from JSON and YAML alike, refused at load
+"""``kind: agent`` workflow steps: parsed from JSON and YAML alike, refused at load
 with the field named, and the import check of ``python:`` tools outside the core."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Streamed responses (issue 9 part 3), pure: the request asks for a stream, the chunks assemble into the message a
+"""Streamed responses, pure: the request asks for a stream, the chunks assemble into the message a
 non-streamed call returns (tool-call fragments by index), a stream without its finish is broken, specs are checked."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A claim defers to a live owner with an attempt in flight (issue 10: a duplicate start or resume delivered to
+"""A claim defers to a live owner with an attempt in flight (a duplicate start or resume delivered to
 a second executor must not supersede the live owner's attempt), on every prefix of every golden log; checked
 against recovery's own list of open intents (``shared.core.recovery.open_intents``), an independent scan."""
 

@@ -1,4 +1,4 @@
-"""Codecs at the edges: commits on the wire (brief §4) and workflow specs (issue 2, Bad input).
+"""Codecs at the edges: commits on the wire and workflow specs.
 
 A commit decodes to exactly what was encoded, for every event type; an event type or
 schema version this build does not know is an error that names it, never a skip.

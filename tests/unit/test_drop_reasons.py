@@ -1,4 +1,4 @@
-"""Drop reasons and the packed token total are recorded in the partition at pack time (seed T1.5, issue 12)."""
+"""Drop reasons and the packed token total are recorded in the partition at pack time."""
 
 from __future__ import annotations
 

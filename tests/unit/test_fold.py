@@ -1,4 +1,4 @@
-"""The fold (brief §4): pure, deterministic, and exact about step status and branch inheritance.
+"""The fold: pure, deterministic, and exact about step status and branch inheritance.
 
 No server here: commits are built by hand (and, for the property test, by a small
 model of a run's life that also predicts what the fold must conclude).

@@ -1,4 +1,4 @@
-"""Human input through the pure core (issue 9 part 1; brief §11): requests committed with the turn's answer, the
+"""Human input through the pure core: requests committed with the turn's answer, the
 run resting in ``awaiting_input``, answers in any order, edited arguments, rejections and answers as observations,
 deadlines, cancel and rewind — driven by the reference driver (tests/unit/agent_sim.py), no server."""
 

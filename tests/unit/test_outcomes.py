@@ -1,4 +1,4 @@
-"""Honest outcomes (issue 12 item 4): a context check is reported beside the outcome, never as it."""
+"""Honest outcomes: a context check is reported beside the outcome, never as it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The packer's three buckets (brief §7, seed T1.5), checked against their written definitions.
+"""The packer's three buckets, checked against their written definitions.
 
 From shared/core/packer.py: ``dropped`` = excluded by policy whatever the budget (excluded
 kind, stale, duplicate of an earlier *eligible* item, over the per-item cap, larger

@@ -1,4 +1,4 @@
-"""Planning from a cursor (issue 11, O(1) per step): ``next_action(state, …, start=succeeded_prefix(…))``
+"""Planning from a cursor (O(1) per step): ``next_action(state, …, start=succeeded_prefix(…))``
 decides what a full scan decides, on every prefix of every golden log."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which answers a service waits out at start (issue 10 item 3: services retry infrastructure setup with backoff):
+"""Which answers a service waits out at start (services retry infrastructure setup with backoff):
 a cluster without quorum answers the stream create with a **400** whose ``err_code`` is 10005 (no suitable peers),
 and that must be retried like a timeout, while a genuine bad request is not."""
 

@@ -1,4 +1,4 @@
-"""Replay as an agent step (brief §11): every recorded file of the data folder through the agent loop's pure core.
+"""Replay as an agent step: every recorded file of the data folder through the agent loop's pure core.
 
 The loop is driven by the in-memory reference driver (tests/unit/agent_sim.py: the executor's contract with
 the recorded tools answering by call id); the end-to-end ``reel replay`` runs are in tests/integration.

@@ -1,4 +1,4 @@
-"""SWE-agent 1.x trajectories (issue 12 item 5): any agent name, ``role: tool`` observations, native tool calls.
+"""SWE-agent 1.x trajectories: any agent name, ``role: tool`` observations, native tool calls.
 
 The files are synthetic, written from SWE-agent's documented history item
 (``sweagent/types.py`` ``HistoryItem``: role, content, agent, message_type, is_demo,

@@ -1,4 +1,4 @@
-"""A forged or duplicate ``verdict_recorded`` is poison (shared/core/lifecycle.py ``verdict``; issue 10, brief §12).
+"""A forged or duplicate ``verdict_recorded`` is poison (shared/core/lifecycle.py ``verdict``).
 
 The verification job records one verdict per (branch, snapshot, verifier) of a snapshot the
 run verified (its retries are fenced: :func:`shared.core.verification.record`); anything else

@@ -1,6 +1,6 @@
 """A format-neutral :class:`~shared.core.trajectories.recording.Recording` → a validated agent-step workflow.
 
-Replay is the agent loop (brief §11): a recording becomes one ``kind: agent`` step,
+Replay is the agent loop: a recording becomes one ``kind: agent`` step,
 :data:`AGENT_STEP` (``replay``), whose model is the ``replay`` adapter playing the
 recorded assistant messages as ``turns`` (text, tool calls and usage as recorded) and
 whose tools are ``recorded`` tools answering each call with the recorded observation

@@ -1,6 +1,6 @@
 """Verifiers, the pure part: what a verifier gets and answers, the built-ins (docs/verifiers.md).
 
-What judges a run resting in ``Verifying`` (seed T4.2). This package holds the
+What judges a run resting in ``Verifying``. This package holds the
 types (:mod:`.context`) and the built-ins that need nothing but the ctx
 (:mod:`.builtin`); the run's outcome from its verdicts is
 :func:`shared.core.verification.derive_outcome`. The ``command``

@@ -1,4 +1,4 @@
-"""What a verifier gets and answers: :class:`VerifierCtx` in, :class:`VerdictResult` out (seed T4.2).
+"""What a verifier gets and answers: :class:`VerifierCtx` in, :class:`VerdictResult` out.
 
 A verifier gets a :class:`VerifierCtx` — the run, the step and attempt it judges,
 the frozen :class:`~shared.core.views.EpisodeView` built at the snapshot LSN, a lazy
@@ -80,7 +80,7 @@ def errored(reason: str) -> VerdictResult:
 
 @dataclass(frozen=True, slots=True)
 class VerifierCtx:
-    """What one verifier gets (seed T4.2 ``VerifierCtx``).
+    """What one verifier gets.
 
     Attributes:
         run: the run id.
