@@ -86,7 +86,8 @@ class Broken:
 async def probe(spec: ParkSpec, world: Path) -> Go | Park | Broken:
     """Run the park probe once (exit 0 go, 75 park, anything else broken)."""
     try:
-        done = await proc.run(spec.command, cwd=world, env=dict(os.environ), timeout_s=max(30.0, spec.poll_s))
+        done = await proc.run(spec.command, cwd=world, env=proc.base_env(spec.pass_env),
+                              timeout_s=max(30.0, spec.poll_s))
     except OSError as exc:
         return Broken(f"park probe cannot start: {exc}")
     if done.returncode == 0 and not done.timed_out:

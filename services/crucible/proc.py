@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from shared.core.toolenv import BASE_ENV_KEYS, tool_env
 from shared.proc.group import Completed, run_group
 
 __all__ = ["BASE_ENV_KEYS", "EX_TEMPFAIL", "OUTPUT_LIMIT_BYTES", "Completed", "base_env", "resolve_argv", "run"]
@@ -41,9 +42,7 @@ async def run(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout
                            output_limit_bytes=OUTPUT_LIMIT_BYTES, keep="tail")
 
 
-BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
-
-
-def base_env() -> dict[str, str]:
-    """The minimal inherited environment of a judge or probe (everything else must be declared)."""
-    return {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+def base_env(pass_env: Sequence[str] = ()) -> dict[str, str]:
+    """The minimal inherited environment of a judge, proposer or probe, and the ``pass_env`` names it lists
+    (:func:`shared.core.toolenv.tool_env`: everything else must be declared; ``REEL_NATS_*`` never crosses)."""
+    return tool_env(os.environ, pass_env=pass_env)

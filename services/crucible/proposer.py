@@ -35,7 +35,6 @@ non-retryable one fails the iteration.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -117,7 +116,7 @@ class CommandProposer:
 
     def env(self, ctx: ProposeContext) -> dict[str, str]:
         return {
-            **os.environ, "CRUCIBLE_SESSION": ctx.session_id, "CRUCIBLE_ITERATION": str(ctx.it),
+            **proc.base_env(self.spec.pass_env), "CRUCIBLE_SESSION": ctx.session_id, "CRUCIBLE_ITERATION": str(ctx.it),
             "CRUCIBLE_REGIME": ctx.regime.name, "CRUCIBLE_DIRECTION": ctx.regime.judge.direction,
             "CRUCIBLE_BEST_SCORE": repr(ctx.best_score),
             "CRUCIBLE_GOAL": "" if ctx.regime.goal is None else repr(ctx.regime.goal),

@@ -68,7 +68,7 @@ from .agentio import (
     planned_or_facts,
     prepare_turn,
 )
-from .agenttools import CallContext, PythonTools, secret_env_names
+from .agenttools import CallContext, PythonTools
 from .attempts import Attempts
 from .bodies import Bodies
 from .interrupts import stopped_within
@@ -96,7 +96,6 @@ class AgentRun:
         self.attempts, self.run_id, self.spec, self.python_tools = attempts, run_id, spec, python_tools
         self.bodies, self.stopping, self.interrupt = bodies, stopping, interrupt
         self.me = ExecutorId(attempts.executor_id)
-        self.hidden_env = secret_env_names(spec)
         self.tasks: dict[Key, asyncio.Task[Done]] = {}
         self._not_before: dict[tuple[BranchId, StepId], float] = {}  # Retry-After: monotonic time of next attempt
         self.contexts = ContextMemo(attempts.facts)  # earlier turns' items, kept from turn to turn of this drive
@@ -205,7 +204,7 @@ class AgentRun:
             assert decl is not None, c
             decl = inputfold.effective_decl(branch, decl)  # an approval's edited arguments
             key = (branch_id, c.step_id, c.attempt)
-            ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt, self.hidden_env)
+            ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt)
             self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies,
                                                             self.interrupt), name=f"call {c.step_id}#{c.attempt}")
         if calls:

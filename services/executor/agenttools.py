@@ -27,8 +27,10 @@ call's attempts, so an outside service can dedupe a retry — and its attempt nu
 keywords ``idempotency_key=`` / ``attempt=`` for a Python tool that names them in its
 signature; ``REEL_IDEMPOTENCY_KEY`` / ``REEL_ATTEMPT`` in a command's environment
 (with ``REEL_TOOL_ARGS``, the arguments' JSON text, also sent on stdin; never a
-shell). A command's environment is the executor's minus the variables holding API
-keys of the workflow's models (``api_key_env``): a tool never sees a key.
+shell). A command's environment is an allow-list (:mod:`shared.core.toolenv`): the executor's
+``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``, the tool's ``pass_env`` names and ``env``
+values, and the variables above — never the executor's NATS credentials or a model's key
+unless the tool names it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import jsonschema
 from shared.core.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
 from shared.core.chat import ToolCall
 from shared.core.errors import ToolCallInvalid, ToolError
+from shared.core.toolenv import spec_env
 from shared.core.toolspec import OUTPUT_TOO_LARGE, output_limit, truncation_note
 from shared.core.workflow import AgentStep, WorkflowSpec
 from shared.proc.group import run_group
@@ -73,14 +76,12 @@ class CallContext:
 
     Args:
         run_id, branch_id, step_id: the call step; attempt: 1-based.
-        hidden_env: variable names removed from a command's environment (:func:`secret_env_names`).
 
     ``truncated`` is set once the attempt's command printed more than its cap and its head was kept.
     """
 
-    def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int, hidden_env: frozenset[str]) -> None:
+    def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> None:
         self.run_id, self.branch_id, self.step_id, self.attempt = run_id, branch_id, step_id, attempt
-        self.hidden_env = hidden_env
         self.key = idempotency_key(run_id, branch_id, step_id)
         self.truncated = False
 
@@ -142,10 +143,10 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
 
 async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContext) -> str:
     assert tool.command is not None
-    env = {k: v for k, v in os.environ.items() if k not in ctx.hidden_env}
-    env.update({"REEL_TOOL_ARGS": arguments_text, "REEL_IDEMPOTENCY_KEY": ctx.key, "REEL_ATTEMPT": str(ctx.attempt),
-                "REEL_RUN_ID": ctx.run_id, "REEL_BRANCH_ID": ctx.branch_id, "REEL_STEP_ID": ctx.step_id,
-                "REEL_TOOL_NAME": tool.name})
+    env = spec_env(os.environ, tool, {
+        "REEL_TOOL_ARGS": arguments_text, "REEL_IDEMPOTENCY_KEY": ctx.key, "REEL_ATTEMPT": str(ctx.attempt),
+        "REEL_RUN_ID": ctx.run_id, "REEL_BRANCH_ID": ctx.branch_id, "REEL_STEP_ID": ctx.step_id,
+        "REEL_TOOL_NAME": tool.name})
     limit = output_limit(tool, AGENT_TOOL_OUTPUT)
     try:
         done = await run_group(tool.command, timeout_s=tool.timeout_s, env=env, stdin=arguments_text.encode(),

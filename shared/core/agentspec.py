@@ -28,6 +28,7 @@ import msgspec
 
 from shared.core.errors import WorkflowInvalid
 from shared.core.inputevents import DECISIONS, Decision, RequestKind
+from shared.core.toolenv import check_process_env
 from shared.core.toolspec import OnOverflow, OutputLimit
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         max_output_bytes: cap on a ``command``'s output (bytes; unset: 1 MiB, :data:`AGENT_TOOL_OUTPUT`).
         on_overflow: past it, ``truncate`` (unset: the model sees the head, then
             :func:`~shared.core.toolspec.truncation_note`) or ``fail`` (an ``output_too_large`` error observation).
+        env, pass_env: a ``command``'s own variables, and the names passed through from the executor's
+            environment (:mod:`shared.core.toolenv`; a ``REEL_NATS_*`` name is refused at load).
     """
 
     name: str
@@ -128,6 +131,8 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     input: InputSpec | None = None
     max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
     on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
+    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def type(self) -> ToolType:
@@ -218,6 +223,7 @@ def _check_tool(tool: AgentToolSpec, at: str) -> None:
         raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
     if isinstance(tool.max_output_bytes, int) and tool.max_output_bytes < 1:
         raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{at}.max_output_bytes`)")
+    check_process_env(tool, tool.command is not None, at)
 
 
 def check_input(spec: InputSpec, kind: RequestKind, at: str) -> None:

@@ -38,6 +38,9 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         on_overflow: past the cap, ``fail`` the attempt (error kind ``output_too_large``, retryable: the
             step's ``max_attempts`` applies) or ``truncate``: keep the first ``max_output_bytes`` and record
             the success ``truncated``. Unset: the executor's default (``REEL_TOOL_ON_OVERFLOW``, ``fail``).
+        env: variables set in a ``command``'s environment (``NAME: value``); pass_env: names passed through
+            from the executor's environment. Nothing else of it reaches the command
+            (:mod:`shared.core.toolenv`); a ``REEL_NATS_*`` name is refused at load.
     """
 
     type: Literal["recorded", "scripted", "command"]
@@ -50,6 +53,8 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stdin_from: str | None = None
     max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
     on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
+    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):

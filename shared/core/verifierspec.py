@@ -13,6 +13,7 @@ import msgspec
 
 from shared.core.errors import WorkflowInvalid
 from shared.core.stepids import parse_step_id
+from shared.core.toolenv import check_process_env
 
 VerifierType = Literal[
     "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
@@ -31,6 +32,8 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         item: context item id for ``context_requires``.
         expect: the recording's own outcome label for ``recorded_outcome``.
         timeout_s: deadline of this verifier (s).
+        env, pass_env: a ``command`` verifier's own variables, and the names passed through from the
+            verifier service's environment (:mod:`shared.core.toolenv`; ``REEL_NATS_*`` refused at load).
     """
 
     type: VerifierType
@@ -44,6 +47,8 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     path: str | None = None
     version: str = "1"
     timeout_s: float = 30.0
+    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def label(self) -> str:
@@ -70,6 +75,7 @@ def check_verifiers(verifiers: tuple[VerifierSpec, ...], steps: set[str], agents
         if v.step is not None and v.step not in steps and (parsed is None or parsed[0] not in agents):
             raise WorkflowInvalid(f"verifier step {v.step!r} is not a step of the workflow (at `{at}.step`)")
         _check_verifier_params(v, at)
+        check_process_env(v, v.type == "command", at)
         need = {"output_regex": v.pattern, "output_json_schema": v.json_schema, "context_requires": v.item,
                 "python": v.path, "command": v.argv or None, "recorded_outcome": v.expect}
         if need.get(v.type) is None:

@@ -34,6 +34,7 @@ from shared.core.modelspec import ScriptedOutput as ScriptedOutput
 from shared.core.modelspec import ScriptedToolCall as ScriptedToolCall
 from shared.core.modelspec import ScriptedTurn as ScriptedTurn
 from shared.core.modelspec import check_model_spec
+from shared.core.toolenv import check_process_env
 from shared.core.toolspec import ToolSpec as ToolSpec
 from shared.core.verifierspec import VerifierSpec as VerifierSpec
 from shared.core.verifierspec import VerifierType as VerifierType
@@ -216,6 +217,7 @@ def _check_tool(step: ToolStep, earlier: set[str], where: str) -> None:
         raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at `{where}.tool.stdin_from`)")
     if isinstance(t.max_output_bytes, int) and t.max_output_bytes < 1:
         raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{where}.tool.max_output_bytes`)")
+    check_process_env(t, t.type == "command", f"{where}.tool")
 
 
 def parse_workflow(

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import msgspec
 
 from shared.core import envvars
+from shared.core.errors import WorkflowInvalid
+from shared.core.toolenv import check_tool_env
 from shared.core.workflow import ModelSpec
 from shared.crucible.errors import ConfigInvalid
 
@@ -130,6 +132,9 @@ class ProposerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
         timeout_s: a proposer run longer than this fails the iteration (s).
         max_cost_usd: the most one proposer call may cost (USD), declared: the cost budget
             stops before an iteration when this much more could pass it (else the estimate).
+        pass_env: variables a ``command`` proposer gets from crucible's environment (e.g. the API key of
+            the model it calls), besides ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR`` and its
+            ``CRUCIBLE_*`` variables; nothing else crosses (``REEL_NATS_*`` is refused).
     """
 
     command: tuple[str, ...] = ()
@@ -137,6 +142,7 @@ class ProposerSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True)
     instructions: str = ""
     timeout_s: float = 600.0
     max_cost_usd: float | None = None
+    pass_env: tuple[str, ...] = ()
 
 
 class BudgetSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -158,11 +164,13 @@ class ParkSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A probe run before every iteration: exit 0 = go, 75 = park (stdout's last line is the reason).
 
     Any other exit escalates (a broken gate needs a human). While parked the loop
-    re-probes every ``poll_s`` seconds; parked time does not count against ``wall_s``.
+    re-probes every ``poll_s`` seconds; parked time does not count against ``wall_s``. The probe gets
+    ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR`` and the variables ``pass_env`` names, nothing else.
     """
 
     command: tuple[str, ...]
     poll_s: float = 5.0
+    pass_env: tuple[str, ...] = ()
 
 
 class GateSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -302,4 +310,18 @@ def validate(cfg: SessionConfig) -> SessionConfig:
         raise ConfigInvalid("proposer.max_cost_usd must be ≥ 0")
     if cfg.noise.k_sigma > 0 and max(cfg.noise.baseline_repeats, *(r.judge.repeats for r in cfg.regimes)) < 2:
         raise ConfigInvalid("noise.k_sigma needs a repeated baseline (noise.baseline_repeats ≥ 2)")
+    _check_process_envs(cfg)
     return cfg
+
+
+def _check_process_envs(cfg: SessionConfig) -> None:
+    """The judges' ``env``, the proposer's and the park probe's ``pass_env``: no ``REEL_NATS_*`` name
+    (:func:`shared.core.toolenv.check_tool_env`)."""
+    try:
+        for r in cfg.regimes:
+            check_tool_env(r.judge.env, (), f"regime {r.name}: judge")
+        check_tool_env({}, cfg.proposer.pass_env, "proposer")
+        if cfg.gates.park is not None:
+            check_tool_env({}, cfg.gates.park.pass_env, "gates.park")
+    except WorkflowInvalid as exc:
+        raise ConfigInvalid(exc.message) from None

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import IO
 
 from shared.core.errors import BlobMissing, BlobTimeout, ToolError
+from shared.core.toolenv import spec_env
 from shared.core.toolspec import OUTPUT_TOO_LARGE, OutputLimit
 from shared.core.workflow import ScriptedFailure, ToolSpec
 from shared.proc.group import Stdin, run_group
@@ -117,8 +118,10 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: di
 
     ``stdin``: a command's standard input — bytes, or chunks as they come (``stdin_from``: the earlier
     output streamed from the blob store, checked against its sha256 as it goes; never held whole).
-    ``env`` is added to a command's environment (the executor passes
-    ``REEL_RUN_ID``, ``REEL_BRANCH_ID``, ``REEL_STEP_ID``, ``REEL_ATTEMPT``). ``limit``: the
+    ``env``: the variables Reel defines for the call (the executor passes ``REEL_RUN_ID``, ``REEL_BRANCH_ID``,
+    ``REEL_STEP_ID``, ``REEL_ATTEMPT``); the command's environment is the allow-list of
+    :mod:`shared.core.toolenv` (this process's ``PATH``, ``HOME``…, the spec's ``pass_env`` and ``env``)
+    plus these — never this process's whole environment. ``limit``: the
     command's output cap and overflow policy (the tool's own, resolved by
     :func:`shared.core.toolspec.output_limit`; default 8 MiB, ``fail``).
 
@@ -150,7 +153,7 @@ async def _run_command(spec: ToolSpec, out: ToolOutput, limit: OutputLimit, stdi
                        env: dict[str, str] | None) -> None:
     """Run ``spec.argv`` (stderr merged into stdout, streamed into ``out``) on :func:`run_group`."""
     try:
-        done = await run_group(spec.argv, timeout_s=spec.timeout_s, env={**os.environ, **env} if env else None,
+        done = await run_group(spec.argv, timeout_s=spec.timeout_s, env=spec_env(os.environ, spec, env or {}),
                                stdin=stdin or b"", output_limit_bytes=limit.max_bytes, merge_stderr=True,
                                stdout_sink=out.write)
     except OSError as exc:

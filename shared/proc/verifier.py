@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from shared.core.toolenv import spec_env
 from shared.core.verifiers.builtin import no_output
 from shared.core.verifiers.context import VerdictResult, VerifierCtx, errored, failed, passed
 from shared.core.workflow import VerifierSpec
@@ -30,15 +31,17 @@ OUTPUT_TAIL_BYTES = 1 << 20  # of the command's output, the last MiB is kept (it
 class CommandVerifier:
     """Runs ``argv`` with the output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes.
 
-    The command also gets ``REEL_RUN_ID``, ``REEL_BRANCH_ID``, ``REEL_STEP_ID``,
-    ``REEL_ATTEMPT`` and ``REEL_SNAPSHOT_LSN``. It runs in its own process group,
-    killed whole at ``timeout_s`` (or the ctx deadline, whichever is first) → ``error``.
+    Its environment is the allow-list of :mod:`shared.core.toolenv` (the service's ``PATH``, ``HOME``…,
+    the spec's ``pass_env`` and ``env``) plus ``REEL_OUTPUT_FILE``, ``REEL_RUN_ID``, ``REEL_BRANCH_ID``,
+    ``REEL_STEP_ID``, ``REEL_ATTEMPT`` and ``REEL_SNAPSHOT_LSN`` — never the service's NATS credentials.
+    It runs in its own process group, killed whole at ``timeout_s`` (or the ctx deadline, whichever is
+    first) → ``error``.
     The reason quotes the exit code and the last line of its output (stdout and stderr).
     """
 
     def __init__(self, spec: VerifierSpec) -> None:
         self.name, self.version = spec.label, spec.version
-        self._argv, self._timeout_s = spec.argv, spec.timeout_s
+        self._spec, self._argv, self._timeout_s = spec, spec.argv, spec.timeout_s
 
     async def verify(self, ctx: VerifierCtx) -> VerdictResult:
         """Run the command on the step's output: ``passed`` on exit 0, ``failed`` on another exit status,
@@ -50,9 +53,9 @@ class CommandVerifier:
             path = Path(tmp) / "output"
             with path.open("wb") as out:
                 await ctx.output_to(out)  # raises BlobMissing/BlobCorrupt: an error verdict (run_verifier)
-            env = {**os.environ, OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
-                   "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt),
-                   "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)}
+            env = spec_env(os.environ, self._spec, {
+                OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
+                "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt), "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)})
             # stop a little before the ctx deadline, so the kill is ours and the reason says so
             budget_s = min(self._timeout_s, ctx.remaining_s())
             with path.open("rb") as stdin:

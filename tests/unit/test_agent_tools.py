@@ -30,7 +30,7 @@ def _agent(tools: list[dict[str, Any]]) -> AgentStep:
     return step
 
 
-CTX = CallContext("r-1", "main", "solve:t1:c0", 2, frozenset({"T_KEY"}))
+CTX = CallContext("r-1", "main", "solve:t1:c0", 2)
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array",
                                                                             "items": {"type": "string"}}},
           "required": ["n"]}
@@ -93,14 +93,22 @@ async def test_a_sync_tool_past_its_timeout_fails_retryably() -> None:
 async def test_command_tools_get_arguments_on_stdin_and_env_but_never_a_models_key(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("T_KEY", "sk-never-seen")
+    monkeypatch.setenv("REEL_NATS_PASSWORD", "pw-never-seen")
+    monkeypatch.setenv("T_PASSED", "passed")
     script = ("import json, os, sys; a = sys.stdin.read(); print(json.dumps({'stdin': a,"
               " 'env': os.environ['REEL_TOOL_ARGS'], 'key': os.environ['REEL_IDEMPOTENCY_KEY'],"
-              " 'attempt': os.environ['REEL_ATTEMPT'], 'secret': os.environ.get('T_KEY')}));"
+              " 'attempt': os.environ['REEL_ATTEMPT'], 'secret': os.environ.get('T_KEY'),"
+              " 'names': sorted(os.environ)}));"
               " sys.exit(int(json.loads(a).get('n', 0)))")
-    agent = _agent([{"name": "cmd", "command": [sys.executable, "-c", script], "parameters": SCHEMA}])
+    agent = _agent([{"name": "cmd", "command": [sys.executable, "-c", script], "parameters": SCHEMA,
+                     "env": {"T_SET": "v"}, "pass_env": ["T_PASSED", "T_UNSET"]}])
     out = json.loads(await _call(agent, "cmd", '{"n": 0}'))
+    names = set(out.pop("names"))
     assert out == {"stdin": '{"n": 0}', "env": '{"n": 0}', "key": "r-1/main/solve:t1:c0", "attempt": "2",
                    "secret": None}
+    reel = {"REEL_TOOL_ARGS", "REEL_IDEMPOTENCY_KEY", "REEL_ATTEMPT", "REEL_RUN_ID", "REEL_BRANCH_ID",
+            "REEL_STEP_ID", "REEL_TOOL_NAME"}
+    assert names - {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "LC_CTYPE"} == reel | {"T_SET", "T_PASSED"}
     failed = await _fails(agent, "cmd", '{"n": 3}')
     assert failed.kind == "tool_error" and failed.message.startswith("cmd exited 3: {")
 
