@@ -30,6 +30,7 @@ import bcrypt
 from shared.config import Config, NatsAuth
 from shared.core.subjects import Names
 from shared.roles import (
+    CLIENT_ROLES,
     ROLES,
     SERVICE_ROLE,
     Grant,
@@ -86,14 +87,15 @@ def render_auth_conf(names: Names, password_hashes: Mapping[str, str]) -> str:
     import_lines = [f"{ind}{{service: {{account: {_q(reel)}, subject: {_q(i.subject)}}}, to: {_q(i.local)}}}"
                     for i in imports]
     import_lines += [f"{ind}{{stream: {{account: {_q(reel)}, subject: {_q(x)}}}}}" for x in client_streams(names)]
-    service_users = "\n".join(user(r) for r in ROLES if r != "client")
+    service_users = "\n".join(user(r) for r in ROLES if r not in CLIENT_ROLES)
+    client_users = "\n".join(user(r) for r in CLIENT_ROLES)
     return (
         f"# Reel's NATS accounts for namespace {names.namespace!r}: written by `reel auth init`; docs/security.md.\n"
         "# One user per role, passwords bcrypt-hashed. Include this file from the server config.\n"
         "accounts {\n"
         f"  {reel}: {{\n    jetstream: enabled\n    users: [\n{service_users}\n    ]\n"
         f"    exports: [\n" + "\n".join(export_lines) + "\n    ]\n  }\n"
-        f"  {clients}: {{\n    users: [\n{user('client')}\n    ]\n"
+        f"  {clients}: {{\n    users: [\n{client_users}\n    ]\n"
         f"    imports: [\n" + "\n".join(import_lines) + "\n    ]\n  }\n"
         "}\n"
     )
@@ -102,7 +104,7 @@ def render_auth_conf(names: Names, password_hashes: Mapping[str, str]) -> str:
 def role_env(names: Names, role: str, password: str) -> dict[str, str]:
     """The environment a connection of ``role`` needs (``REEL_NATS_*`` and ``REEL_NAMESPACE``)."""
     env = {"REEL_NATS_USER": role, "REEL_NATS_PASSWORD": password, "REEL_NAMESPACE": names.namespace}
-    if role == "client":
+    if role in CLIENT_ROLES:
         env["REEL_NATS_JS_API_PREFIX"] = client_js_api_prefix(names)
     else:
         env["REEL_NATS_INBOX_PREFIX"] = inbox_prefix(role)

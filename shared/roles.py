@@ -8,9 +8,11 @@ Two NATS accounts per namespace (``<NS>`` and ``<NS>_CLIENTS``):
 * the **Reel account** holds the JetStream data and the service roles — ``executor``,
   ``verifier``, ``mutators`` (rewind, cancel, recovery), ``crucible`` and ``operator``
   (everything) — each with an allow-list of subjects (:func:`grants`);
-* the **client account** holds ``client``. It has no JetStream of its own: it reaches
+* the **client account** holds ``client`` and ``viewer`` (``client``'s reads without its command
+  subjects and blob writes: ``reel ui``, dashboards). It has no JetStream of its own: it reaches
   the Reel account only through the service imports of :func:`client_imports` (its
-  command subjects, reads, its own ephemeral consumers, blob writes) and receives
+  command subjects, reads, its own ephemeral consumers — through the consumer gate, which admits
+  only ack-none ones delivering to the client's inbox: shared/core/consumergate.py — and blob writes) and receives
   replies through one stream import of ``_INBOX.>`` (and streamed tokens through one of
   ``<ns>.stream.>``: :func:`client_streams`). Every reply to a client's request
   is delivered in the client account, so a reply subject a client picks (``reel.ev.<run>``)
@@ -31,8 +33,11 @@ from dataclasses import dataclass
 from shared.core.subjects import Names, subject_matches
 from shared.crucible.names import CrucibleNames
 
-ROLES = ("client", "executor", "verifier", "mutators", "crucible", "operator")
+ROLES = ("client", "viewer", "executor", "verifier", "mutators", "crucible", "operator")
 """Every role of ``reel auth init``, in the order of docs/security.md's matrix."""
+
+CLIENT_ROLES = ("client", "viewer")
+"""The roles of the client account (they share its imports; :func:`account_grant`)."""
 
 SERVICE_ROLE = {"executor": "executor", "verifier": "verifier", "rewind": "mutators", "cancel": "mutators",
                 "recovery": "mutators", "crucible": "crucible"}
@@ -87,7 +92,7 @@ def client_js_api_prefix(names: Names) -> str:
 def inbox_prefix(role: str) -> str:
     """The inbox prefix a role's connections use: ``_INBOX`` for clients (any NATS library's default),
     ``_INBOX_<role>`` for the others, so no service's replies travel on the inboxes clients receive."""
-    return "_INBOX" if role == "client" else f"_INBOX_{role}"
+    return "_INBOX" if role in CLIENT_ROLES else f"_INBOX_{role}"
 
 
 def streams(names: Names) -> dict[str, str]:
@@ -142,6 +147,7 @@ def grants(names: Names) -> dict[str, Grant]:
 
     out = {
         "client": client_grant(names),
+        "viewer": account_grant(names, "viewer"),
         "executor": service("executor", [
             *_durable(s["commands"], n.consumer("executor")), f"{n.namespace}.ev.*", n.verify_all,
             *(x for p in range(n.partitions) for x in _durable(s["commands"], n.consumer(n.partition_consumer(p)))),
@@ -157,9 +163,10 @@ def grants(names: Names) -> dict[str, Grant]:
             *(x for svc in ("rewind", "cancel", "recovery") for x in _durable(s["commands"], n.consumer(svc))),
             f"{n.namespace}.ev.*", n.command("resume"), *([n.run_command("*", "resume")] if n.partitions else []),
             n.verify_all, n.control_all, *_read(s["events"]),
-            *_ordered(s["events"]),
+            *_ordered(s["events"]), f"{API}.CONSUMER.CREATE.{s['verdicts']}",  # and the consumer gate's forwards
             f"{API}.STREAM.MSG.GET.{s['commands']}",  # recovery: is a verification trigger queued?
-            *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies]),
+            *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies],
+            [n.consumer_gate_all]),  # clients' consumer-create requests (shared/nats/consumergate.py)
         "crucible": service("crucible", [
             *_durable(s["commands"], n.consumer(cru.consumer_service)), f"{cru.sessions_prefix}*",
             *_read(s["crucible"]), *blob_read, *blob_write, *replies]),
@@ -188,10 +195,8 @@ def client_imports(names: Names) -> list[Import]:
         out.append(Import(f"{API}.STREAM.MSG.GET.{x}", f"{p}.STREAM.MSG.GET.{x}"))
     out += [Import(f"{API}.STREAM.INFO.{x}", f"{p}.STREAM.INFO.{x}") for x in s.values()]
     out.append(Import(f"{API}.STREAM.NAMES", f"{p}.STREAM.NAMES"))
-    for x in (s["events"], s["verdicts"], s["blobs"]):  # its own ephemeral consumers (ordered reads)
-        out += [Import(f"{API}.CONSUMER.CREATE.{x}", f"{p}.CONSUMER.CREATE.{x}"),
-                Import(f"{API}.CONSUMER.CREATE.{x}.>", f"{p}.CONSUMER.CREATE.{x}.>"),
-                Import(f"$JS.FC.{x}.>", f"$JS.FC.{x}.>")]
+    for x in (s["events"], s["verdicts"], s["blobs"]):  # its own ephemeral consumers (ordered reads), vetted
+        out += [Import(n.consumer_gate(x), f"{p}.CONSUMER.CREATE.{x}"), Import(f"$JS.FC.{x}.>", f"$JS.FC.{x}.>")]
     out += [Import(f"$O.{n.blob_bucket}.C.*", f"$O.{n.blob_bucket}.C.*"),  # workflow refs (sha256 checked on read)
             Import(f"$O.{n.blob_bucket}.M.*", f"$O.{n.blob_bucket}.M.*")]
     out.append(Import(f"{SRV}.>", f"{SRV}.>", "stream"))  # discovery (`reel status`): one answer per instance
@@ -202,13 +207,28 @@ def client_imports(names: Names) -> list[Import]:
     return out
 
 
+def viewer_imports(names: Names) -> list[Import]:
+    """The imports a ``viewer`` may use: :func:`client_imports` without command subjects and blob writes."""
+    writes = (names.commands_all.removesuffix(">"), f"$O.{names.blob_bucket}.")
+    return [i for i in client_imports(names) if not i.subject.startswith(writes)]
+
+
+def account_grant(names: Names, role: str) -> Grant:
+    """A client-account user (``client`` or ``viewer``): its imports only; replies on ``_INBOX.>``.
+
+    Denied outright (whatever an import allows): a named or durable consumer — ``CONSUMER.CREATE.<stream>.>``
+    and ``CONSUMER.DURABLE.CREATE.>`` under its JetStream API prefix; a client creates consumers only on
+    ``CONSUMER.CREATE.<stream>`` itself, which the consumer gate vets.
+    """
+    p = client_js_api_prefix(names)
+    imports = client_imports(names) if role == "client" else viewer_imports(names)
+    deny = (f"{p}.CONSUMER.CREATE.*.>", f"{p}.CONSUMER.DURABLE.CREATE.>")
+    return Grant(publish=_unique(i.local for i in imports), subscribe=client_streams(names), deny_publish=deny)
+
+
 def client_grant(names: Names) -> Grant:
-    """The client user: its account's imports only, never a service's durable consumer; replies on ``_INBOX.>``."""
-    p, durables = client_js_api_prefix(names), [(names.events_stream, names.consumer("verifier"))]
-    deny = [x for stream, d in durables for x in (f"{p}.CONSUMER.CREATE.{stream}.{d}",
-                                                  f"{p}.CONSUMER.CREATE.{stream}.{d}.>")]
-    return Grant(publish=_unique(i.local for i in client_imports(names)), subscribe=client_streams(names),
-                 deny_publish=tuple(deny))
+    """The client user (:func:`account_grant`)."""
+    return account_grant(names, "client")
 
 
 def client_reply_stream() -> str:
@@ -237,7 +257,7 @@ def matrix(names: Names) -> list[tuple[str, dict[str, str]]]:
         rows.setdefault(pattern, {}).setdefault(role, set()).add(what)
 
     for role, grant in g.items():
-        if role in ("client", "operator"):
+        if role in (*CLIENT_ROLES, "operator"):
             continue
         for p in grant.publish:
             mark(p, role, "pub")
@@ -245,13 +265,15 @@ def matrix(names: Names) -> list[tuple[str, dict[str, str]]]:
             mark(p, role, "sub")
         if grant.responses:
             mark(RESPONSES, role, "pub")
-    for i in client_imports(names):
-        mark(i.subject, "client", "pub")
     p = client_js_api_prefix(names)
-    for d in g["client"].deny_publish:
-        mark(API + d[len(p):], "client", "deny")
-    for stream in client_streams(names):
-        mark(stream, "client", "sub")
+    for role in CLIENT_ROLES:
+        for i in client_imports(names):
+            if account_user_may_publish(names, role, i.subject):
+                mark(i.subject, role, "pub")
+        for d in g[role].deny_publish:
+            mark(API + d[len(p):], role, "deny")
+        for stream in client_streams(names):
+            mark(stream, role, "sub")
     mark(">", "operator", "pub")
     mark(">", "operator", "sub")
     order = ["pub", "sub", "deny"]
@@ -269,10 +291,21 @@ def render_matrix(names: Names) -> str:
 
 def client_may_publish(names: Names, subject: str) -> bool:
     """True if a client reaches the Reel-account ``subject`` through an import its user may publish on."""
-    grant, prefix = client_grant(names), client_js_api_prefix(names)
+    return account_user_may_publish(names, "client", subject)
+
+
+def account_user_may_publish(names: Names, role: str, subject: str) -> bool:
+    """True if client-account user ``role`` reaches the Reel-account ``subject`` through an import it may
+    publish on (an import's local subject: the same, or under the client's JetStream API prefix)."""
+    grant, prefix = account_grant(names, role), client_js_api_prefix(names)
     for i in client_imports(names):
         if subject_matches(i.subject, subject):
-            local = subject if i.local == i.subject else prefix + subject[len(API):]
+            if i.local == i.subject:
+                local = subject
+            elif i.subject.startswith(API):
+                local = prefix + subject[len(API):]
+            else:
+                local = i.local  # a literal mapping (the consumer gate)
             if may_publish(grant, local):
                 return True
     return False

@@ -35,6 +35,7 @@ from shared.core.fold import RunState
 from shared.core.ports import EventLog
 from shared.fenced import NoCommit, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
+from shared.nats.consumergate import consumer_gate
 from shared.nats.control import publish_control
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
@@ -86,4 +87,5 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     router = Router(infra)
     router.route(cfg.names.command("cancel"), CancelRun, service.cancel, rejected="cancel.rejected")
     respond.route(router, infra, cfg, service.log)
-    await CommandConsumer(infra, cfg, "cancel", router.subjects, router).run(stop)
+    async with consumer_gate(infra.nc, cfg.names):  # clients' consumers, vetted (docs/security.md)
+        await CommandConsumer(infra, cfg, "cancel", router.subjects, router).run(stop)

@@ -156,11 +156,14 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
 
 
 @contextlib.asynccontextmanager
-async def session(nats_url: str | None, namespace: str, *, services: tuple[str, ...] = ()
+async def session(nats_url: str | None, namespace: str, *, services: tuple[str, ...] = (), role: str = "client"
                   ) -> AsyncIterator[Session]:
     """Connect to ``nats_url``, or to a local ``reel up``, or start the embedded default.
 
-    Each of ``services`` that no process runs yet runs inside this process for the session.
+    Each of ``services`` that no process runs yet runs inside this process for the session. With a
+    ``reel auth init`` directory (``--auth``) and no other credentials the connection logs in as its
+    ``role`` (``client``; ``viewer`` for ``reel ui``: an older directory without one falls back to ``client``,
+    with a warning).
 
     Raises:
         CliError: the server does not answer.
@@ -170,7 +173,7 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
     auth = auth_dir_from_env()
     where = [url or "the embedded server"]  # the server's URL once chosen
     try:
-        async with _session(url, namespace, auth, services, where) as s:
+        async with _session(url, namespace, auth, services, where, role) as s:
             yield s
     except nats.errors.Error as exc:  # nats.js.errors.Error derives from it: a 503, a timeout, a JS API error
         raise nats_cli_error(exc, where[-1]) from None
@@ -178,7 +181,7 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
 
 @contextlib.asynccontextmanager
 async def _session(url: str | None, namespace: str, auth: AuthDir | None, services: tuple[str, ...],
-                   where: list[str]) -> AsyncIterator[Session]:
+                   where: list[str], role: str = "client") -> AsyncIterator[Session]:
     """:func:`session` without its error mapping (appends the server's URL to ``where`` once chosen)."""
     async with contextlib.AsyncExitStack() as stack:
         probed = url is None and await server_listening()
@@ -188,7 +191,7 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
             url, reel_home() / "js", config_file=str(auth.server_conf) if auth else None))
         where.append(server)
         base = Config.from_env(nats_url=server, names=Names(namespace))
-        cfg = auth.config("client", base) if auth and not base.auth.configured else base
+        cfg = _auth_config(auth, role, base) if auth and not base.auth.configured else base
         nc = await _connect(cfg, "reel-cli")
         stack.push_async_callback(nc.close)
         if probed:
@@ -211,6 +214,15 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
         origin = "embedded" if embedded else "reel up" if probed else "--nats-url"
         yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded, origin=origin)
+
+
+def _auth_config(auth: AuthDir, role: str, base: Config) -> Config:
+    """``base`` as ``role`` of ``auth`` (``client`` when the directory predates ``role``)."""
+    if role != "client" and not (auth.path / f"{role}.env").is_file():
+        err_console.print(f"[yellow]{auth.path} has no {role} role (written before it existed): connecting as "
+                          f"client; `reel auth init --force` writes it[/]")
+        role = "client"
+    return auth.config(role, base)
 
 
 def nats_cli_error(exc: nats.errors.Error, url: str) -> CliError:

@@ -22,13 +22,13 @@ def ui(
     namespace: str = Namespace,
 ) -> None:
     """Serve a read-only web UI of the runs: the runs page, each run's lineage, timeline, partitions, prompts,
-    outputs and verdicts, live while runs move. Connects like every command (as the client role with
-    credentials) and never sends a command. Ctrl-C stops it."""
+    outputs and verdicts, live while runs move. Connects like every command — with an auth directory as its
+    read-only viewer role, which may send no command — and never sends a command. Ctrl-C stops it."""
     from services.ui.app import create_app, serve  # the web stack is imported by `reel ui` only
     from services.ui.reader import RunReader
 
     async def body() -> int:
-        async with session(nats_url, namespace, services=()) as s:
+        async with session(nats_url, namespace, services=(), role="viewer") as s:
             app = create_app(RunReader(s.client), page_bytes=page_bytes, server=redact_url(s.cfg.nats_url))
             started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(serve(app, host, port, started=started))

@@ -55,6 +55,7 @@ from shared.core.ports import EventLog
 from shared.core.state import VERIFYING
 from shared.fenced import Committed, NoCommit, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
+from shared.nats.consumergate import consumer_gate
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import executor_alive
@@ -337,7 +338,7 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool =
     router.route(names.command("recover"), RecoverRuns, service.recover, rejected="recover.rejected")
     consumer = CommandConsumer(infra, cfg, "recovery", router.subjects, router)
     try:
-        async with asyncio.TaskGroup() as tg:
+        async with consumer_gate(infra.nc, names), asyncio.TaskGroup() as tg:  # clients' consumers, vetted
             tg.create_task(consumer.run(stop))
             if sweep:
                 tg.create_task(service.sweep_loop(stop, sweep_interval_s or max(0.5, cfg.lease_ttl_s / 2)))

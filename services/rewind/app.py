@@ -33,6 +33,7 @@ from shared.core.ids import branch_id_for_key
 from shared.core.ports import EventLog
 from shared.fenced import NoCommit, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
+from shared.nats.consumergate import consumer_gate
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 
@@ -114,4 +115,5 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     service = RewindService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names))
     router = Router(infra)
     router.route(cfg.names.command("rewind"), RewindRun, service.rewind, rejected="rewind.rejected")
-    await CommandConsumer(infra, cfg, "rewind", router.subjects, router).run(stop)
+    async with consumer_gate(infra.nc, cfg.names):  # clients' consumers, vetted (docs/security.md)
+        await CommandConsumer(infra, cfg, "rewind", router.subjects, router).run(stop)

@@ -153,6 +153,16 @@ class Names:
     @property
     def verify_all(self) -> str:
         return f"{self.namespace}.cmd.verify.*"
+
+    def consumer_gate(self, stream: str) -> str:
+        """Where a client's ``CONSUMER.CREATE.<stream>`` request arrives in the Reel account: the consumer gate
+        (shared/nats/consumergate.py) vets it and forwards it to JetStream (docs/security.md)."""
+        return f"{self.namespace}.gate.consumer.{stream}"
+
+    @property
+    def consumer_gate_all(self) -> str:
+        return f"{self.namespace}.gate.consumer.*"
+
     def control(self, run_id: str) -> str:
         """Core-NATS subject of signals to the executor driving ``run_id`` (:class:`~shared.core.live.RunControl`)."""
         return f"{self.namespace}.ctl.{run_id}"

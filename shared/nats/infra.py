@@ -10,7 +10,7 @@ create nothing, uses :func:`open_infra`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from nats.aio.client import Client
@@ -29,6 +29,12 @@ log = structlog.get_logger(__name__)
 
 DUPLICATE_WINDOW_S = 120.0
 COMMAND_MAX_AGE_S = 7 * 24 * 3600.0
+MAX_CONSUMERS = 1024
+"""``max_consumers`` of every stream and bucket but the commands stream: the services' consumers and every
+reader's ephemeral ones (a client's ordered reads, a UI's live feed) together; JetStream refuses one more with
+``maximum consumers limit reached`` (docs/security.md)."""
+MAX_COMMAND_CONSUMERS = 64
+"""``max_consumers`` of the commands stream, plus one per executor partition: only the services' durables."""
 
 
 @dataclass
@@ -100,7 +106,7 @@ def commands_stream_config(cfg: Config) -> jsapi.StreamConfig:
         name=n.commands_stream, subjects=subjects, subject_transform=transform,
         storage=storage_type(cfg), num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.WORK_QUEUE, max_age=COMMAND_MAX_AGE_S,
-        duplicate_window=DUPLICATE_WINDOW_S,
+        duplicate_window=DUPLICATE_WINDOW_S, max_consumers=MAX_COMMAND_CONSUMERS + n.partitions,
         description="Reel commands (start, cancel, rewind, resume, recover) and verification triggers",
     )
 
@@ -113,13 +119,14 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
     await ensure_stream(js, jsapi.StreamConfig(
         name=n.events_stream, subjects=[n.events_all], storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
+        max_consumers=MAX_CONSUMERS,
         description="Reel run events: one subject per run, one message per commit, LSN = stream sequence",
     ))
     await ensure_stream(js, commands_stream_config(cfg))
     await ensure_stream(js, jsapi.StreamConfig(
         name=n.verdicts_stream, subjects=[n.verdicts_all], storage=storage, num_replicas=cfg.replicas,
         retention=jsapi.RetentionPolicy.LIMITS, allow_direct=True, duplicate_window=DUPLICATE_WINDOW_S,
-        description="Reel verdicts, replayable by late consumers",
+        max_consumers=MAX_CONSUMERS, description="Reel verdicts, replayable by late consumers",
     ))
     blobs = await _object_store(js, cfg)
     leases = await _kv(js, jsapi.KeyValueConfig(
@@ -133,7 +140,25 @@ async def ensure_infra(nc: Client, cfg: Config) -> Infra:
         bucket=n.snapshot_bucket, storage=storage, replicas=cfg.replicas, history=1, direct=True,  # Direct Get reads
         description="Latest folded-state snapshot per run (a shortcut for reads, never a source of truth)",
     ))
+    for stream in (f"OBJ_{n.blob_bucket}", *(f"KV_{b}" for b in (n.lease_bucket, n.outcome_bucket,
+                                                                   n.snapshot_bucket))):
+        await cap_consumers(js, stream)
     return Infra(nc=nc, js=js, blobs=blobs, leases=leases, outcomes=outcomes, snapshots=snapshots)
+
+
+async def cap_consumers(js: JetStreamContext, stream: str, max_consumers: int = MAX_CONSUMERS) -> None:
+    """Set ``max_consumers`` on ``stream`` (a bucket's: nats-py creates them without one) if it differs.
+
+    A connection that may not update streams (a service role) keeps the stream as it is and logs
+    ``infra.config_kept``; the operator's next start caps it.
+    """
+    config = (await js.stream_info(stream)).config
+    if config.max_consumers == max_consumers:
+        return
+    try:
+        await js.update_stream(replace(config, max_consumers=max_consumers))
+    except PermissionDenied:
+        log.warning("infra.config_kept", stream=stream, reason="this NATS user may not update streams")
 
 
 async def open_infra(nc: Client, cfg: Config) -> Infra:

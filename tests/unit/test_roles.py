@@ -17,10 +17,11 @@ from shared.nats.access import connect_options, redact_url
 from shared.roles import (
     API,
     CLIENT_COMMANDS,
+    CLIENT_ROLES,
     ROLES,
+    account_user_may_publish,
     client_grant,
     client_imports,
-    client_may_publish,
     grants,
     may_publish,
     render_matrix,
@@ -33,8 +34,8 @@ N = Names("reel")
 
 def _writers(subject: str) -> set[str]:
     g = grants(N)
-    out = {r for r in ROLES if r != "client" and may_publish(g[r], subject)}
-    return out | ({"client"} if client_may_publish(N, subject) else set())
+    out = {r for r in ROLES if r not in CLIENT_ROLES and may_publish(g[r], subject)}
+    return out | {r for r in CLIENT_ROLES if account_user_may_publish(N, r, subject)}
 
 
 @pytest.mark.parametrize("subject, writers", [
@@ -67,8 +68,15 @@ def _writers(subject: str) -> set[str]:
     ("$JS.API.CONSUMER.DURABLE.CREATE.REEL_CMDS.reel_executor", {"executor", "operator"}),
     ("$JS.API.CONSUMER.MSG.NEXT.REEL_CMDS.reel_executor", {"executor", "operator"}),
     ("$JS.ACK.REEL_CMDS.reel_cancel.1.2.3.4.5", {"mutators", "operator"}),
-    ("$JS.API.CONSUMER.CREATE.REEL_VERDICTS", {"client", "operator"}),
-    ("$JS.API.DIRECT.GET.REEL_EVENTS", {"client", "executor", "verifier", "mutators", "operator"}),
+    ("$JS.API.CONSUMER.CREATE.REEL_VERDICTS", {"mutators", "operator"}),  # the consumer gate's forward
+    ("reel.gate.consumer.REEL_VERDICTS", {"client", "viewer", "operator"}),  # a client's request, to the gate
+    ("reel.gate.consumer.REEL_CMDS", {"operator"}),
+    ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.x", {"operator"}),
+    ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.x.reel.ev.r-1", {"operator"}),
+    ("$JS.API.CONSUMER.DURABLE.CREATE.REEL_EVENTS.x", {"operator"}),
+    ("$JS.API.DIRECT.GET.REEL_EVENTS", {"client", "viewer", "executor", "verifier", "mutators", "operator"}),
+    ("$SRV.PING", {"client", "viewer", "operator"}),  # discovery (the services answer it)
+    ("$SRV.INFO.reel-executor", {"client", "viewer", "operator"}),
 ])
 def test_who_may_publish_each_subject(subject: str, writers: set[str]) -> None:
     assert _writers(subject) == writers
@@ -130,3 +138,24 @@ def test_service_flags_set_their_variables(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("REEL_NATS_TLS_CA", "")
     apply_connection_flags(["--nats-user", "executor", "serve", "executor", "--nats-tls-ca=/ca.pem"])
     assert os.environ["REEL_NATS_USER"] == "executor" and os.environ["REEL_NATS_TLS_CA"] == "/ca.pem"
+
+
+def test_a_viewer_reads_what_a_client_reads_and_sends_no_command() -> None:
+    for name in (*CLIENT_COMMANDS, "recover", "resume"):
+        assert not account_user_may_publish(N, "viewer", N.command(name)), name
+    assert not account_user_may_publish(N, "viewer", "$O.reel_blobs.C.abc")
+    assert not account_user_may_publish(N, "viewer", "reel.cmd.run.r-1.start")
+    readable = [i.subject for i in client_imports(N) if not i.subject.startswith(("reel.cmd.", "$O."))]
+    assert readable and all(account_user_may_publish(N, "viewer", s) for s in readable)
+
+
+def test_clients_may_not_name_a_consumer_or_make_it_durable() -> None:
+    """Only the bare ``CONSUMER.CREATE.<stream>`` (to the gate) is a client's: a name, a filter in the subject
+    or the legacy durable subject is denied whatever an import would allow."""
+    p = "JS.REEL.API"
+    for role in CLIENT_ROLES:
+        g = grants(N)[role]
+        assert may_publish(g, f"{p}.CONSUMER.CREATE.REEL_EVENTS")
+        for subject in (f"{p}.CONSUMER.CREATE.REEL_EVENTS.x", f"{p}.CONSUMER.CREATE.REEL_EVENTS.x.reel.ev.r",
+                        f"{p}.CONSUMER.DURABLE.CREATE.REEL_EVENTS.x", f"{p}.CONSUMER.CREATE.REEL_CMDS"):
+            assert not may_publish(g, subject), (role, subject)
