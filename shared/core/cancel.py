@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.core.commands import CancelRun
-from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, RunCancelled
+from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, Commit, RunCancelled
 from shared.core.fold import LIVE, AttemptStatus, RunState
 from shared.core.state import CANCELLED
 
@@ -33,6 +33,11 @@ def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> RunCancelled | NoO
     if state.status in LIVE:
         return RunCancelled(reason=cmd.reason, at_ms=at_ms)
     return NoOp(reason=f"run is already {state.status}")
+
+
+def cancel_lsn(commits: Sequence[tuple[int, Commit]]) -> int | None:
+    """The LSN of the ``run_cancelled`` among ``commits`` (``(lsn, commit)`` pairs of one run), or ``None``."""
+    return next((lsn for lsn, c in commits for e in c.events if isinstance(e, RunCancelled)), None)
 
 
 def cancel_reason(state: RunState) -> str:

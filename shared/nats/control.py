@@ -2,13 +2,17 @@
 
 The executor learns of a cancel without reading the log per step: :class:`ControlHub` holds one
 core-NATS subscription on ``<ns>.ctl.*`` and an :class:`Interrupt` per run it drives
-(:meth:`ControlHub.watch`). A :class:`~shared.core.live.RunControl` for a watched run fires its
-interrupt (``cancelled``); :meth:`ControlHub.shutdown` fires every one (``shutdown``: the
-executor's drain deadline passed). Core NATS is at most once, so the log stays the source
-of truth: the watch is registered *before* the drive loads the run (a cancel committed
-earlier is in what it loads), and when the connection comes back after an outage every
-watched run is read from the log again (``is_cancelled``) — a signal published while the
-connection was down is not lost.
+(:meth:`ControlHub.watch`). A :class:`~shared.core.live.RunControl` is a **hint**, never an order: for a
+watched run it makes the hub read the run's log from the signal's LSN (``cancelled_since``), and only a
+``run_cancelled`` found there, at or after that LSN, fires the interrupt (``cancelled``). A signal the log
+does not bear out — forged, or aimed at the subject by anyone who may publish there — is logged
+``control.unconfirmed`` and changes nothing; one check per run is in flight at a time (signals arriving
+meanwhile are folded into one more check from the lowest LSN they named). :meth:`ControlHub.shutdown`
+fires every watch (``shutdown``: the executor's drain deadline passed). Core NATS is at most once, so
+the log stays the source of truth: the watch is registered *before* the drive loads the run (a cancel
+committed earlier is in what it loads), and when the connection comes back after an outage every
+watched run is read from the log again (from LSN 0) — a signal published while the connection was down
+is not lost.
 
 The reconnect hook chains nats-py's ``reconnected_cb`` (the client's one callback slot; the
 callback set at connect still runs first).
@@ -71,12 +75,15 @@ class ControlHub:
 
     Args:
         nc: the executor's connection; names: its namespace.
-        is_cancelled: reads one run from the log: ``True`` when it is cancelled (after a reconnect).
+        cancelled_since: ``(run_id, from_lsn)`` → ``True`` when the run's log holds its ``run_cancelled`` at an
+            LSN ≥ ``from_lsn`` (``0``: anywhere). A cancel is terminal (a cancelled run cannot be rewound), so
+            one found means the run is cancelled now.
     """
 
-    def __init__(self, nc: Client, names: Names, is_cancelled: Callable[[str], Awaitable[bool]]) -> None:
-        self.nc, self.names, self.is_cancelled = nc, names, is_cancelled
+    def __init__(self, nc: Client, names: Names, cancelled_since: Callable[[str, int], Awaitable[bool]]) -> None:
+        self.nc, self.names, self.cancelled_since = nc, names, cancelled_since
         self._watched: dict[str, list[Interrupt]] = {}
+        self._checking: dict[str, int | None] = {}  # run id → lowest LSN a signal asked for meanwhile (None: none)
         self._shutdown = False
         self._sub: Subscription | None = None
         self._started: asyncio.Lock | None = None
@@ -145,19 +152,41 @@ class ControlHub:
             return
         if signal.run_id in self._watched:
             log.info("control.received", run_id=signal.run_id, signal=signal.signal, lsn=signal.lsn)
-            self._fire(signal.run_id, "cancelled")
+            self.check(signal.run_id, int(signal.lsn), why="signal")
 
     def _recheck(self) -> None:
         """After a reconnect: read every watched run from the log (a signal may have been missed)."""
         for run_id in list(self._watched):
-            task = asyncio.create_task(self._check(run_id))
-            self._checks.add(task)
-            task.add_done_callback(self._checks.discard)
+            self.check(run_id, 0, why="reconnect")
 
-    async def _check(self, run_id: str) -> None:
-        try:
-            if await self.is_cancelled(run_id):
-                log.info("control.cancel_found_in_log", run_id=run_id)
-                self._fire(run_id, "cancelled")
-        except Exception as exc:  # the next fenced commit still finds it
-            log.warning("control.recheck_failed", run_id=run_id, error=str(exc))
+    def check(self, run_id: str, from_lsn: int, *, why: str) -> None:
+        """Read ``run_id``'s log from ``from_lsn`` in the background; fire its watches if it holds the cancel.
+
+        While a check of the run is in flight another is not started: the lowest ``from_lsn`` asked for
+        meanwhile is checked once it ends (so a forged signal never hides a real one).
+        """
+        if run_id in self._checking:
+            pending = self._checking[run_id]
+            self._checking[run_id] = from_lsn if pending is None else min(pending, from_lsn)
+            return
+        self._checking[run_id] = None
+        task = asyncio.create_task(self._check(run_id, from_lsn, why))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _check(self, run_id: str, from_lsn: int, why: str) -> None:
+        while True:
+            try:
+                if run_id in self._watched and await self.cancelled_since(run_id, from_lsn):
+                    log.info("control.cancel_found_in_log", run_id=run_id, why=why, from_lsn=from_lsn)
+                    self._fire(run_id, "cancelled")
+                elif why == "signal":
+                    log.warning("control.unconfirmed", run_id=run_id, from_lsn=from_lsn,
+                                reason="no run_cancelled in the run's log at or after the signal's LSN")
+            except Exception as exc:  # the next fenced commit still finds it
+                log.warning("control.recheck_failed", run_id=run_id, error=str(exc))
+            again = self._checking.get(run_id)
+            if again is None:
+                self._checking.pop(run_id, None)
+                return
+            self._checking[run_id], from_lsn, why = None, again, "signal"
