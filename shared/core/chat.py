@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.core import limits
 from shared.core.errors import ModelError, ToolCallInvalid
 from shared.core.modelspec import ModelSpec
 
@@ -43,10 +44,14 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
         """The arguments as a JSON object; blank text counts as ``{}``.
 
         Raises:
-            ToolCallInvalid: the text is not JSON, or not a JSON object (message names call and tool).
+            ToolCallInvalid: the text is not JSON, not a JSON object, or nested deeper than
+                :data:`~shared.core.limits.MAX_DEPTH` (message names call and tool).
         """
         if not self.arguments.strip():
             return {}
+        if limits.json_deeper_than(self.arguments):
+            raise ToolCallInvalid(f"arguments of tool call {self.id!r} ({self.name}) are {limits.too_deep()}",
+                                  call_id=self.id, name=self.name)
         try:
             value = msgspec.json.decode(self.arguments)
         except msgspec.DecodeError as exc:

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from shared.core import limits
 from shared.core.errors import InvalidCommand, ReelError
 from shared.core.events import BlobRef
 from shared.core.ids import LSN, BranchId, RunId, StepId
@@ -142,18 +143,26 @@ def error_reply(exc: ReelError, run_id: str | None = None) -> Reply:
 def decode_command(data: bytes, kind: type[_T]) -> _T:
     """Decode one command body.
 
+    The body's size and nesting are checked before it is decoded (:func:`shared.core.limits.check_json`:
+    at most :data:`~shared.core.limits.MAX_COMMAND_BYTES`, arrays and objects at most
+    :data:`~shared.core.limits.MAX_DEPTH` deep), so no decoder or later walk over it recurses without bound.
+
     Raises:
         InvalidCommand: not JSON, wrong field types, unknown fields; the message
-            names the field (e.g. ``Expected `str`, got `int` - at `$.run_id```).
+            names the field (e.g. ``Expected `str`, got `int` - at `$.run_id```);
+            ``nested deeper than 64 (…)``; over the size limit.
     """
     if not data.strip():
         raise InvalidCommand("empty command body (expected a JSON object)")
+    limits.check_json(data, what=f"{kind.__name__} body")
     try:
         return msgspec.json.decode(data, type=kind)
     except msgspec.ValidationError as exc:
         raise InvalidCommand(f"invalid {kind.__name__}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise InvalidCommand(f"{kind.__name__} is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # the depth check bounds this; kept so no shape of body can crash a handler
+        raise InvalidCommand(limits.too_deep(f" (in the {kind.__name__} body)")) from exc
 
 
 _enc = msgspec.json.Encoder()

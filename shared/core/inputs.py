@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 
+from shared.core import limits
 from shared.core.agentspec import AgentToolSpec, ApprovalPolicy
 from shared.core.chat import ToolCall
 from shared.core.events import DeclaredStep
@@ -45,7 +46,10 @@ def argument_error(schema: Mapping[str, Any], arguments: object, where: str = "$
 
 
 def parsed(arguments: str) -> object:
-    """The decoded JSON of a call's raw arguments (``{}`` for an empty string; ``None`` when not JSON)."""
+    """The decoded JSON of a call's raw arguments (``{}`` for an empty string; ``None`` when not JSON or nested
+    deeper than :data:`~shared.core.limits.MAX_DEPTH`)."""
+    if limits.json_deeper_than(arguments):
+        return None
     try:
         return json.loads(arguments) if arguments.strip() else {}
     except ValueError:

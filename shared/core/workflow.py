@@ -18,9 +18,9 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from shared.core import envvars
+from shared.core import envvars, limits
 from shared.core.agentspec import AgentToolSpec, ApprovalPolicy, check_agent, check_input
-from shared.core.errors import WorkflowInvalid
+from shared.core.errors import InvalidCommand, WorkflowInvalid
 from shared.core.events import StepDecl
 from shared.core.ids import StepId, is_token
 
@@ -225,18 +225,25 @@ def parse_workflow(
 ) -> WorkflowSpec:
     """Decode and validate a workflow from JSON/YAML text or an already-parsed mapping.
 
+    A document over :data:`~shared.core.limits.MAX_WORKFLOW_BYTES` or nested deeper than
+    :data:`~shared.core.limits.MAX_DEPTH` is refused before (JSON) or right after (YAML) it is decoded.
+
     Raises:
-        WorkflowInvalid: with the field path of the first problem found.
+        WorkflowInvalid: with the field path of the first problem found; ``nested deeper than 64``.
     """
     try:
         if isinstance(data, dict):
+            limits.check_value(data, what="workflow")
             spec = msgspec.convert(data, WorkflowSpec)
         else:
             text = data.decode() if isinstance(data, bytes) else data
             if fmt == "json" or (fmt == "auto" and text.lstrip().startswith("{")):
+                limits.check_json(text, max_bytes=limits.MAX_WORKFLOW_BYTES, what="workflow")
                 spec = msgspec.json.decode(text, type=WorkflowSpec)
             else:
-                spec = msgspec.convert(yaml.safe_load(text), WorkflowSpec)
+                spec = msgspec.convert(_yaml(text), WorkflowSpec)
+    except InvalidCommand as exc:
+        raise WorkflowInvalid(f"invalid workflow: {exc.message}") from exc
     except (msgspec.ValidationError, msgspec.DecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
         if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
             mark = exc.problem_mark
@@ -252,6 +259,28 @@ def parse_workflow(
             msg += " (a tool's type is one of `python`, `command`, `recorded` or `builtin`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
     return validate_workflow(spec)
+
+
+def _yaml(text: str) -> Any:
+    """The YAML document ``text``, bounded like JSON: its size; its flow collections' brackets (``[``/``{``
+    outside double quotes, counted as in JSON before parsing: PyYAML's scanner spends time quadratic in
+    their nesting); then, once composed, the depth of what it holds.
+
+    Raises:
+        InvalidCommand: over :data:`~shared.core.limits.MAX_WORKFLOW_BYTES` or nested deeper than
+            :data:`~shared.core.limits.MAX_DEPTH` (the composer's own recursion included).
+        yaml.YAMLError: not YAML.
+    """
+    if len(text) > limits.MAX_WORKFLOW_BYTES:
+        raise InvalidCommand(f"workflow is {len(text)} bytes, over the limit of {limits.MAX_WORKFLOW_BYTES}")
+    if limits.json_deeper_than(text):
+        raise InvalidCommand(limits.too_deep(" (flow collections in the workflow)"))
+    try:
+        doc = yaml.safe_load(text)
+    except RecursionError as exc:
+        raise InvalidCommand(limits.too_deep(" (arrays and objects in the workflow)")) from exc
+    limits.check_value(doc, what="workflow")
+    return doc
 
 
 def expand_env(data: Any, env: Mapping[str, str], where: str = "$") -> Any:
@@ -301,6 +330,9 @@ def load_workflow(path: str | Path, *, env: Mapping[str, str] | None = None) -> 
 def _decoded(text: str, fmt: Literal["json", "auto"]) -> Any:
     """The document, or ``None`` when it does not decode (then :func:`parse_workflow` says why)."""
     try:
-        return msgspec.json.decode(text) if fmt == "json" else yaml.safe_load(text)
-    except (msgspec.DecodeError, yaml.YAMLError):
+        if fmt == "json":
+            limits.check_json(text, max_bytes=limits.MAX_WORKFLOW_BYTES, what="workflow")
+            return msgspec.json.decode(text)
+        return _yaml(text)
+    except (msgspec.DecodeError, yaml.YAMLError, InvalidCommand):
         return None

@@ -150,7 +150,8 @@ class Router:
 
         Args:
             rejected: the warning logged for a refused command (``code``, ``reason``,
-                ``stream_seq``, after ``rejected_fields``); ``None``: no line.
+                ``stream_seq``, after ``rejected_fields``); ``None``: no line, except for a body that
+                does not decode (too big, nested too deep, not JSON, wrong schema): ``command.undecodable``.
             bind: log context bound for the whole command (before decoding).
             invalid_run_id: the refusal's message for a ``run_id`` that is not one subject token.
 
@@ -163,6 +164,7 @@ class Router:
 
         async def handle(delivery: Delivery) -> Ack:
             structlog.contextvars.bind_contextvars(**context)
+            cmd: _C | None = None
             try:
                 cmd = decode_command(delivery.data, kind)
                 run_id = _run_id_of(cmd)
@@ -174,8 +176,9 @@ class Router:
                 answer = await handler(cmd, delivery)
             except ReelError as exc:
                 note_refusal(exc.code, exc.message)
-                if rejected is not None:
-                    log.warning(rejected, **extra, code=exc.code, reason=exc.message, stream_seq=delivery.stream_seq)
+                line = rejected if rejected is not None else "command.undecodable" if cmd is None else None
+                if line is not None:
+                    log.warning(line, **extra, code=exc.code, reason=exc.message, stream_seq=delivery.stream_seq)
                 answer = error_reply(exc)
             await send_reply(self.infra, delivery, answer.reply if isinstance(answer, Then) else answer)
             return await answer.work() if isinstance(answer, Then) else Ack.ACK

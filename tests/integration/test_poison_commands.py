@@ -26,13 +26,14 @@ from shared.config import Config
 from shared.core.commands import VerifyRun
 from shared.core.events import RunStarted
 from shared.core.ids import LSN, BranchId, RunId
+from shared.core.limits import MAX_DEPTH
 from shared.crucible.names import CrucibleNames
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from tests.conftest import running
 from tests.integration.scenarios import commit_events, create_manual_run, wait_until
 from tests.logcapture import info_logs
-from tests.support.payloads import GARBAGE, ask
+from tests.support.payloads import DEEP, GARBAGE, ask
 
 WORKFLOW = {"name": "ok", "steps": [{"kind": "tool", "id": "a", "tool": {"type": "recorded", "output": "x"}}]}
 
@@ -97,14 +98,35 @@ async def test_poison_commands_are_refused_with_a_reason_and_never_redelivered(
         assert (service, info.delivered.consumer_seq, info.num_redelivered) == (service, n, 0)
 
 
+async def test_deep_json_on_every_command_subject_is_refused_at_once_without_a_traceback(
+        services: None, infra: Infra, cfg: Config, subtests: pytest.Subtests) -> None:
+    """10,000 levels of nesting — in a workflow's ``source``, a respond's ``arguments``, a session's ``config``,
+    a run id, or the whole body — get ``invalid_command: nested deeper than 64`` on every command subject, one
+    warning line each naming it, and no handler crash (a decoder's ``RecursionError`` was one, then 20
+    redeliveries and no reply)."""
+    with info_logs() as logs:
+        for subjects in ROUTES.values():
+            for suffix in subjects:
+                for body in DEEP:
+                    with subtests.test(f"{suffix}: {body[:30]!r}"):
+                        reply = await ask(infra, cfg.names.command(suffix), body, timeout_s=10)
+                        assert reply.error is not None, reply
+                        assert (reply.error.code, reply.error.message.split(" (")[0]) == (
+                            "invalid_command", f"nested deeper than {MAX_DEPTH}")
+    assert not [e for e in logs if e.get("exc_info") or "crash" in e["event"]]
+    refused = [e for e in logs if e["log_level"] == "warning" and "nested deeper than" in e.get("reason", "")]
+    assert len(refused) == len(DEEP) * sum(len(s) for s in ROUTES.values())
+
+
 async def test_poison_verification_triggers_are_terminated_not_redelivered(
         infra: Infra, cfg: Config, event_log: JetStreamEventLog) -> None:
     """The verifier's triggers (``<ns>.cmd.verify.<run>``) have no reply: a garbage one, one with the wrong
-    schema, and a forged one naming a commit that is no ``run_verifying`` are each logged and terminated."""
+    schema, one nested 10,000 deep, and a forged one naming a commit that is no ``run_verifying`` are each
+    logged and terminated."""
     created = await create_manual_run(event_log, "r-target", [("s", 1)])
     await commit_events(event_log, "r-target", RunStarted(executor_id="x-1", at_ms=1))
     forged = VerifyRun(run_id=RunId("r-target"), branch_id=BranchId("main"), snapshot_lsn=LSN(created))
-    bodies = [b"\x00 garbage", b'{"run_id": "r-target"}', msgspec.json.encode(forged)]
+    bodies = [b"\x00 garbage", b'{"run_id": "r-target"}', DEEP[0], msgspec.json.encode(forged)]
     with info_logs() as logs:
         async with running(verifier_serve, infra, cfg):
             for body in bodies:
@@ -118,8 +140,8 @@ async def test_poison_verification_triggers_are_terminated_not_redelivered(
                 return info if info.num_ack_pending == 0 and info.num_pending == 0 else None
 
             info = await wait_until(done, timeout_s=30, what="the verifier to settle its triggers")
-    assert (info.delivered.consumer_seq, info.num_redelivered) == (3, 0)
-    assert len([e for e in logs if e["event"] == "verification.trigger_undecodable"]) == 2
+    assert (info.delivered.consumer_seq, info.num_redelivered) == (4, 0)
+    assert len([e for e in logs if e["event"] == "verification.trigger_undecodable"]) == 3
     [unreadable] = [e for e in logs if e["event"] == "verification.unreadable_run"]
     assert unreadable["code"] == "not_a_trigger" and "is not a run_verifying of branch 'main'" in unreadable["reason"]
     assert (await event_log.load("r-target")).verdicts == ()

@@ -7,6 +7,7 @@ tried by both:
 
 * :data:`GARBAGE` — command bodies that do not decode or have the wrong schema: every command
   subject refuses each with ``invalid_command`` (and acks it: no redelivery);
+* :data:`DEEP` — well-formed bodies nested 10,000 deep: refused with ``invalid_command: nested deeper than 64``;
 * :func:`hostile` — :data:`GARBAGE` and worse (bodies naming live runs with wrong types,
   ~900 KB bodies, unicode: emoji, right-to-left text, NUL, lone surrogates, ids that are not one
   subject token): each is refused with some code;
@@ -43,6 +44,25 @@ GARBAGE: tuple[bytes, ...] = (
 )
 """Bodies that no command subject decodes into its command (``invalid_command`` everywhere)."""
 
+DEPTH = 10_000
+"""How deep the :data:`DEEP` bodies nest: ten times Python's recursion limit."""
+
+
+def _nest(inner: bytes, depth: int = DEPTH) -> bytes:
+    return b'{"a": ' * depth + inner + b"}" * depth
+
+
+DEEP: tuple[bytes, ...] = (
+    _nest(b"1"), b"[" * DEPTH + b"]" * DEPTH,
+    b'{"workflow": {"name": "w", "steps": [], "source": ' + _nest(b"1") + b"}}",
+    b'{"run_id": "r-1", "request_id": "q", "decision": "approve", "arguments": ' + _nest(b"[]") + b"}",
+    b'{"run_id": "r-1", "config": ' + _nest(b"{}") + b', "session_id": "cs-1"}',
+    b'{"run_id": ' + b"[" * DEPTH + b'"r-1"' + b"]" * DEPTH + b"}",
+)
+"""Well-formed JSON bodies nested :data:`DEPTH` deep, the deep part where a command takes any JSON (a
+workflow's ``source``, a respond's ``arguments``, a crucible session's ``config``) and where it takes
+none: every command subject refuses each with ``invalid_command: nested deeper than 64``, at once."""
+
 HUGE = 900 * 1024
 """Bytes of the largest hostile body: below the server's 1 MiB max payload."""
 
@@ -60,7 +80,7 @@ def naming(live: str) -> list[bytes]:
 
 def hostile(run_ids: list[str]) -> list[bytes]:
     """:data:`GARBAGE`, bodies naming the first of ``run_ids`` (:func:`naming`), huge and unicode ones."""
-    bodies = [*GARBAGE, *naming(run_ids[0]), b'{"workflow": "' + b"x" * HUGE + b'"}',
+    bodies = [*GARBAGE, *DEEP, *naming(run_ids[0]), b'{"workflow": "' + b"x" * HUGE + b'"}',
               b'{"workflow": {"name": "' + "名前".encode() * 1000 + b'", "steps": "none"}}',
               b'{"workflow": {"name": "w", "steps": [{"kind": "tool", "id": "\\u0000", "tool": {"type": "command",'
               b' "argv": []}}]}}', b'{"run_id": "\\ud800\\udfff\\ud800"}', "{\"run_id\": \"r-\u0000\"}".encode()]
