@@ -13,6 +13,8 @@ import sys
 import msgspec
 import structlog
 
+from shared import secrets
+
 
 def _dumps(obj: object, **_: object) -> str:
     """One JSON line (msgspec: ~5× cheaper than ``json.dumps``, same keys in the same order; anything msgspec
@@ -39,6 +41,7 @@ def setup_logging(service: str, level: str | None = None, *, cache: bool = False
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks if fmt == "json" else structlog.processors.format_exc_info,
+            secrets.log_processor,  # this process's secrets never reach a log line (shared/secrets.py)
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),

@@ -16,8 +16,10 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import structlog
 
+from shared import secrets
 from shared.core.verifiers.builtin import ContextRequires, OutputJsonSchema, OutputRegex, RecordedOutcome, outcome_label
 from shared.core.verifiers.context import (
     MAX_REASON_CHARS,
@@ -109,8 +111,15 @@ async def run_verifier(
     swallows the cancellation is abandoned (and logged), not awaited forever.
     The guard fires :data:`REPORT_SLACK_S` after the deadline, so a verifier that
     stops itself at the deadline (a command killed at its timeout) reports its own
-    reason rather than racing the guard.
+    reason rather than racing the guard. The reason is scrubbed of this process's secrets
+    (:func:`shared.secrets.scrub`): a python verifier runs in-process and could quote them.
     """
+    result = await _judged(verifier, ctx, cancel_grace_s)
+    reason = secrets.scrub(result.reason)
+    return result if reason == result.reason else msgspec.structs.replace(result, reason=reason)
+
+
+async def _judged(verifier: Verifier, ctx: VerifierCtx, cancel_grace_s: float) -> VerdictResult:
     task = asyncio.ensure_future(verifier.verify(ctx))
     try:
         done, _ = await asyncio.wait({task}, timeout=ctx.remaining_s() + REPORT_SLACK_S)

@@ -40,6 +40,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from shared import secrets
 from shared.clock import now_ms
 from shared.core import agentcommits as ac
 from shared.core import agentfold, inputfold
@@ -260,8 +261,8 @@ class AgentRun:
             exc = done.error or ModelError("no response", kind="empty_response")
             usage = Usage(input_tokens=done.prepared.packed_tokens, latency_ms=done.latency_ms, cost_usd=exc.cost_usd)
             failure = AttemptFailed(branch_id=a.branch_id, step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
-                                    message=exc.message[:MAX_ERROR_CHARS], retryable=exc.retryable, usage=usage,
-                                    at_ms=now_ms())
+                                    message=secrets.scrub(exc.message)[:MAX_ERROR_CHARS], retryable=exc.retryable,
+                                    usage=usage, at_ms=now_ms())
             if exc.retryable and exc.retry_after_s:
                 self._not_before[(a.branch_id, a.step_id)] = time.monotonic() + min(exc.retry_after_s,
                                                                                      MAX_RETRY_AFTER_S)
@@ -298,12 +299,13 @@ class AgentRun:
             if d.error is not None or d.text is None:
                 err = d.error or ToolError("no result", kind="tool_error")
                 outcomes.append(AttemptFailed(branch_id=bid, step_id=sid, attempt=attempt, error_kind=err.kind,
-                                              message=err.message[:MAX_ERROR_CHARS], retryable=err.retryable,
-                                              usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms()))
+                                              message=secrets.scrub(err.message)[:MAX_ERROR_CHARS],
+                                              retryable=err.retryable, usage=Usage(latency_ms=d.latency_ms),
+                                              at_ms=now_ms()))
                 log.info("attempt.failed", step_id=sid, attempt=attempt, error_kind=err.kind, retryable=err.retryable,
                          reason=err.message[:200])
                 continue
-            body = d.text.encode()
+            body = secrets.scrub(d.text).encode()  # a python tool could return what the executor holds
             ref = ref_for(body)
             self.bodies.keep(body, ref)
             bodies.append((body, ref.media_type))

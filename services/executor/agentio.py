@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from shared import secrets
 from shared.clock import now_ms
 from shared.core import agentcommits as ac
 from shared.core import agentfold
@@ -76,12 +77,16 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
     run_outputs = await attempts.outputs(state, action.branch_id,
                                          [c.from_step for c in agent.context if c.from_step is not None])
     ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes)
-    body = msgspec.json.encode(wire_request(ctx.request))
+    request = ctx.request
+    body = msgspec.json.encode(wire_request(request))
+    if secrets.scrub_bytes(body) != body:  # a secret in the context (a workflow's text): neither sent nor recorded
+        request = msgspec.convert(secrets.current().scrub_value(msgspec.to_builtins(request)), type(request))
+        body = msgspec.json.encode(wire_request(request))
     ref = ref_for(body, JSON)
     partition = ctx.packed.partition
     events = ac.turn_intent(state, action, executor_id=ExecutorId(attempts.executor_id), at_ms=now_ms(),
                             prompt_ref=ref, context=partition)
-    return PreparedTurn(action=action, events=events, body=body, prompt_ref=ref, request=ctx.request,
+    return PreparedTurn(action=action, events=events, body=body, prompt_ref=ref, request=request,
                         partition=partition, packed_tokens=ctx.packed.packed_tokens)
 
 

@@ -10,13 +10,15 @@ kind                retryable  when
 ==================  =========  ================================================================
 ``unknown_tool``    no         the model named a tool the step does not declare
 ``invalid_arguments`` no       the arguments are not a JSON object, or fail the tool's ``parameters``
-``tool_error``      yes        a Python tool raised, a command exited non-zero (its output kept),
-                               or a recorded error
+``tool_error``      yes        a Python tool raised, or a recorded error
 ``timeout``         yes        ``timeout_s`` passed (a command's group is killed; a sync Python
                                tool's thread cannot be, it is abandoned)
-``spawn_failed``    no         a command's program cannot be started
-``output_too_large`` yes       a command printed more than its ``max_output_bytes`` (``on_overflow: fail``)
 ==================  =========  ================================================================
+
+A command tool runs on the one command runner of every tool,
+:func:`shared.proc.tools.run_command`, and fails with its kinds: ``exit_<N>`` (it exited
+non-zero; the message ends with its output's last 4000 bytes), ``timeout``, ``spawn_failed``
+(not retryable), ``output_too_large`` (``on_overflow: fail``).
 
 A command's output is capped (``max_output_bytes``, default 1 MiB): past it, by default, the
 model is shown the head followed by :func:`~shared.core.toolspec.truncation_note` — never a
@@ -39,7 +41,6 @@ import asyncio
 import functools
 import inspect
 import json
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,13 +49,9 @@ import jsonschema
 from shared.core.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
 from shared.core.chat import ToolCall
 from shared.core.errors import ToolCallInvalid, ToolError
-from shared.core.toolenv import spec_env
-from shared.core.toolspec import OUTPUT_TOO_LARGE, output_limit, truncation_note
-from shared.core.workflow import AgentStep, WorkflowSpec
-from shared.proc.group import run_group
-
-ERROR_TAIL_CHARS = 4000
-"""A failing command's output kept in its error observation: the last 4000 characters."""
+from shared.core.toolspec import output_limit, truncation_note
+from shared.core.workflow import AgentStep, ModelStep, WorkflowSpec
+from shared.proc.tools import Command, run_command
 
 PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
 """``(agent step id, tool name)`` → the resolved callable (:func:`shared.tools_check.check_tool_imports`)."""
@@ -66,9 +63,10 @@ def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:
 
 
 def secret_env_names(spec: WorkflowSpec) -> frozenset[str]:
-    """The environment variables holding the API keys of ``spec``'s agent models (never passed to a tool)."""
+    """The environment variables holding the API keys of ``spec``'s models, agent and plain (no tool gets them
+    unless it names them in ``pass_env``; their values are scrubbed from what the executor records)."""
     return frozenset(s.model.api_key_env for s in spec.steps
-                     if isinstance(s, AgentStep) and isinstance(s.model.api_key_env, str))
+                     if isinstance(s, AgentStep | ModelStep) and isinstance(s.model.api_key_env, str))
 
 
 class CallContext:
@@ -143,28 +141,14 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
 
 async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContext) -> str:
     assert tool.command is not None
-    env = spec_env(os.environ, tool, {
+    cmd = Command(argv=tool.command, name=tool.name, timeout_s=tool.timeout_s, spec=tool, reel={
         "REEL_TOOL_ARGS": arguments_text, "REEL_IDEMPOTENCY_KEY": ctx.key, "REEL_ATTEMPT": str(ctx.attempt),
         "REEL_RUN_ID": ctx.run_id, "REEL_BRANCH_ID": ctx.branch_id, "REEL_STEP_ID": ctx.step_id,
-        "REEL_TOOL_NAME": tool.name})
-    limit = output_limit(tool, AGENT_TOOL_OUTPUT)
-    try:
-        done = await run_group(tool.command, timeout_s=tool.timeout_s, env=env, stdin=arguments_text.encode(),
-                               output_limit_bytes=limit.max_bytes, keep="head", merge_stderr=True)
-    except OSError as exc:
-        raise ToolError(f"cannot run {tool.command[0]!r}: {exc.strerror}", kind="spawn_failed",
-                        retryable=False) from None
-    text = done.text()
-    if done.timed_out:
-        raise ToolError(f"{tool.name} timed out after {tool.timeout_s:g} s; output: {text[-ERROR_TAIL_CHARS:]}",
-                        kind="timeout")
-    if done.returncode != 0:
-        raise ToolError(f"{tool.name} exited {done.returncode}: {text[-ERROR_TAIL_CHARS:]}", kind="tool_error")
-    if done.stdout_truncated and limit.on_overflow == "fail":
-        raise ToolError(f"{tool.name} printed more than its max_output_bytes ({limit.max_bytes})",
-                        kind=OUTPUT_TOO_LARGE)
-    ctx.truncated = done.stdout_truncated
-    return text + truncation_note(len(done.stdout)) if done.stdout_truncated else text
+        "REEL_TOOL_NAME": tool.name}, limit=output_limit(tool, AGENT_TOOL_OUTPUT))
+    with await run_command(cmd, stdin=arguments_text.encode()) as out:
+        text = out.read().decode("utf-8", errors="replace")
+        ctx.truncated = out.truncated
+        return text + truncation_note(out.size_bytes) if out.truncated else text
 
 
 def _run_recorded(tool: AgentToolSpec, call_id: str) -> str:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
+from shared import secrets
 from shared.clock import now_ms
 from shared.core import planning as plan
 from shared.core.errors import ModelError, ToolError
@@ -152,7 +153,7 @@ class PlainSteps:
                                   max_bytes=plan.read_bound(policy))
         items = plan.context_items(step, spec, outputs)
         packed = pack(plan.candidates(items, a.facts), policy)
-        prompt = plan.render_prompt(step, items, packed.partition.packed)
+        prompt = secrets.scrub(plan.render_prompt(step, items, packed.partition.packed))
         partition = packed.partition
         if outputs.trimmed:  # recorded beside the buckets: what was cut before packing (never silent)
             partition = msgspec.structs.replace(partition, trimmed=tuple(
@@ -260,8 +261,8 @@ class PlainSteps:
             if isinstance(p.step, ModelStep) and isinstance(exc, ModelError | Interrupted):
                 usage = Usage(input_tokens=p.prompt_tokens, latency_ms=usage.latency_ms, cost_usd=exc.cost_usd)
             return AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
-                                 error_kind=exc.kind, message=exc.message[:2000], retryable=exc.retryable,
-                                 usage=usage, at_ms=now_ms()), None
+                                 error_kind=exc.kind, message=secrets.scrub(exc.message)[:2000],
+                                 retryable=exc.retryable, usage=usage, at_ms=now_ms()), None
         body = text.encode()
         ref = ref_for(body, inline_max=self.inline_max)
         self.a.bodies.keep(body, ref)

@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 import openai
 
+from shared import secrets
 from shared.core.chat import ChatMessage, ChatRequest, ChatResponse, chat_request, response_from_wire, wire_request
 from shared.core.chatstream import StreamAssembler, broken
 from shared.core.errors import ModelError
@@ -120,6 +121,7 @@ class OpenAIAdapter:
         if not key:
             raise ModelError(f"the API key variable {env} is not set in the executor's environment", kind="auth",
                              retryable=False)
+        secrets.remember([(env, key)])  # from now on scrubbed from whatever this process records
         return key
 
     async def complete_chat(self, request: ChatRequest, on_delta: DeltaSink | None = None) -> ChatResponse:

@@ -20,6 +20,7 @@ from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from shared import secrets
 from shared.config import Config
 from shared.core.errors import ReelError
 from shared.core.subjects import COMMANDS, RUN_COMMANDS
@@ -65,6 +66,8 @@ async def connect(cfg: Config, name: str = "reel") -> Client:
         ConnectRefused: the server refused the credentials (or TLS failed).
         nats.errors.NoServersError: nothing answers at that address.
     """
+    secrets.remember_auth(cfg.auth)  # what this process knows of its identity is scrubbed from what it records
+    secrets.remember_env(secrets.MODEL_KEY_ENV)
     servers = [s.strip() for s in cfg.nats_url.split(",") if s.strip()]
     return await open_connection(
         servers, cfg.auth, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5,

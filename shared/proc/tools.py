@@ -1,4 +1,10 @@
-"""Tool runners for tool steps: recorded, scripted, and real commands.
+"""The one command runner of every tool — a tool step's ``command`` and an agent's command tool
+(:func:`run_command`) — and the tool step's recorded and scripted tools (:func:`run_tool`).
+
+One environment policy (:func:`shared.core.toolenv.spec_env`, applied in :func:`run_command`), one
+output-limit policy (the tool's ``max_output_bytes``/``on_overflow``, else its caller's default:
+8 MiB ``fail`` for a tool step, 1 MiB ``truncate`` for an agent tool, whose output goes into a
+prompt), one error vocabulary (:func:`run_command`'s ``Raises``).
 
 Each returns the tool's :class:`ToolOutput` or raises :class:`~shared.core.errors.ToolError`.
 A command runs on :func:`~shared.proc.group.run_group`: its own process group,
@@ -24,26 +30,33 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO
 
+from shared import secrets
 from shared.core.errors import BlobMissing, BlobTimeout, ToolError
-from shared.core.toolenv import spec_env
+from shared.core.redact import StreamScrubber
+from shared.core.toolenv import EnvDeclared, spec_env
 from shared.core.toolspec import OUTPUT_TOO_LARGE, OutputLimit
 from shared.core.workflow import ScriptedFailure, ToolSpec
 from shared.proc.group import Stdin, run_group
 from shared.proc.orphans import reap_orphans as reap_orphaned_tools
 
-__all__ = ["SPOOL_MEMORY_BYTES", "ToolOutput", "reap_orphaned_tools", "run_tool"]
+__all__ = ["SPOOL_MEMORY_BYTES", "Command", "ToolOutput", "reap_orphaned_tools", "run_command", "run_tool"]
 
 SPOOL_MEMORY_BYTES = 1024 * 1024
 """An output up to this many bytes stays in memory; a longer one rolls over to a temporary file."""
-TAIL_BYTES = 2000
+TAIL_BYTES = 4000
 """The last bytes seen (past the cap too), kept for a failing command's error message."""
 
 
 class ToolOutput:
-    """One attempt's tool output as kept (its head, when truncated), spooled as it arrives.
+    """One attempt's tool output as kept (its head, when truncated), spooled as it arrives — with a
+    ``scrubber``, the values of this process's secrets replaced by ``[redacted:NAME]`` first
+    (:class:`~shared.core.redact.StreamScrubber`; the cap counts the scrubbed bytes; call :meth:`finish`
+    at the end of the output).
 
     Attributes:
         size_bytes: bytes kept (at most the cap); seen_bytes: bytes the tool printed in all.
@@ -53,9 +66,11 @@ class ToolOutput:
     Use as a context manager (or :meth:`close`): a spool past :data:`SPOOL_MEMORY_BYTES` is a temp file.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, scrubber: StreamScrubber | None = None) -> None:
         self.limit = limit
         self.size_bytes = self.seen_bytes = 0
+        self._offered = 0  # bytes after scrubbing (what the cap applies to)
+        self._scrubber = scrubber
         self._spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
         self._hash = hashlib.sha256()
         self._tail = b""
@@ -68,8 +83,18 @@ class ToolOutput:
         return out
 
     def write(self, chunk: bytes) -> None:
-        """Take the next chunk the tool printed: spooled up to the cap, counted past it."""
+        """Take the next chunk the tool printed: scrubbed of this process's secrets (with a ``scrubber``; a value
+        split across chunks too), spooled up to the cap, counted past it."""
         self.seen_bytes += len(chunk)
+        self._keep(chunk if self._scrubber is None else self._scrubber.feed(chunk))
+
+    def finish(self) -> None:
+        """The tool's output ended: keep what the scrubber held back (a possible start of a secret)."""
+        if self._scrubber is not None:
+            self._keep(self._scrubber.end())
+
+    def _keep(self, chunk: bytes) -> None:
+        self._offered += len(chunk)
         self._tail = (self._tail + chunk)[-TAIL_BYTES:]
         room = self.limit - self.size_bytes
         if room > 0:
@@ -81,14 +106,14 @@ class ToolOutput:
     @property
     def truncated(self) -> bool:
         """True if the tool printed more than its cap."""
-        return self.seen_bytes > self.limit
+        return self._offered > self.limit
 
     @property
     def sha256(self) -> str:
         """sha256 hex of the kept bytes."""
         return self._hash.hexdigest()
 
-    def tail_text(self, chars: int = 500) -> str:
+    def tail_text(self, chars: int = TAIL_BYTES) -> str:
         """The last ``chars`` characters the tool printed (past the cap too), decoded with replacement."""
         return self._tail.decode("utf-8", errors="replace")[-chars:]
 
@@ -112,26 +137,41 @@ class ToolOutput:
         self.close()
 
 
+@dataclass(frozen=True)
+class Command:
+    """One command call of a tool — a tool step's (:class:`ToolSpec`) or an agent's command tool
+    (:class:`~shared.core.agentspec.AgentToolSpec`) — as :func:`run_command` runs it.
+
+    Attributes:
+        argv: the program and its arguments (no shell).
+        name: what messages call it (the tool's name, else ``argv[0]``).
+        timeout_s: deadline from the spawn (s).
+        spec: the tool's spec, whose ``env``/``pass_env`` :func:`~shared.core.toolenv.spec_env` applies.
+        reel: the variables Reel defines for the call (``REEL_RUN_ID``, ``REEL_ATTEMPT``…).
+        limit: the output cap and overflow policy (the tool's own, resolved by
+            :func:`shared.core.toolspec.output_limit` against its caller's default).
+    """
+
+    argv: tuple[str, ...]
+    name: str
+    timeout_s: float
+    spec: EnvDeclared
+    reel: Mapping[str, str] = field(default_factory=dict)
+    limit: OutputLimit = field(default_factory=OutputLimit)
+
+
 async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: dict[str, str] | None = None,
                    limit: OutputLimit | None = None) -> ToolOutput:
     """Run one attempt (1-based) of a tool step; returns its output (the caller closes it).
 
     ``stdin``: a command's standard input — bytes, or chunks as they come (``stdin_from``: the earlier
     output streamed from the blob store, checked against its sha256 as it goes; never held whole).
-    ``env``: the variables Reel defines for the call (the executor passes ``REEL_RUN_ID``, ``REEL_BRANCH_ID``,
-    ``REEL_STEP_ID``, ``REEL_ATTEMPT``); the command's environment is the allow-list of
-    :mod:`shared.core.toolenv` (this process's ``PATH``, ``HOME``…, the spec's ``pass_env`` and ``env``)
-    plus these — never this process's whole environment. ``limit``: the
-    command's output cap and overflow policy (the tool's own, resolved by
-    :func:`shared.core.toolspec.output_limit`; default 8 MiB, ``fail``).
+    ``env``: the variables Reel defines for the call (the executor passes ``REEL_RUN_ID``,
+    ``REEL_BRANCH_ID``, ``REEL_STEP_ID``, ``REEL_ATTEMPT``). ``limit``: the command's output cap and
+    overflow policy (default 8 MiB, ``fail``). A ``command`` runs on :func:`run_command`.
 
     Raises:
-        ToolError: scripted failure (its kind), ``exit_<code>`` for a command that exited non-zero,
-            ``timeout`` past ``spec.timeout_s``, ``spawn_failed``, ``output_too_large`` (retryable) for
-            a command that printed more than ``limit.max_bytes`` with ``on_overflow: fail``;
-            ``stdin_blob_corrupt`` / ``stdin_blob_missing`` (not retryable) or ``stdin_blob_timeout``
-            (retryable) when the ``stdin`` source could not be read whole and checked — the command is
-            killed then, even if it had exited 0 (it may have acted on bytes that were not the body).
+        ToolError: scripted failure (its kind), or one of :func:`run_command`'s.
     """
     if spec.type == "recorded":
         return ToolOutput.of((spec.output or "").encode())
@@ -140,33 +180,60 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: di
         if isinstance(entry, ScriptedFailure):
             raise ToolError(entry.message or entry.error, kind=entry.error, retryable=entry.retryable)
         return ToolOutput.of(entry.encode())
-    out = ToolOutput((limit or OutputLimit()).max_bytes)
+    return await run_command(Command(argv=spec.argv, name=spec.name or spec.argv[0], timeout_s=spec.timeout_s,
+                                     spec=spec, reel=env or {}, limit=limit or OutputLimit()), stdin=stdin)
+
+
+async def run_command(cmd: Command, *, stdin: Stdin = None) -> ToolOutput:
+    """Run ``cmd`` (stderr merged into stdout, streamed into the returned spool; the caller closes it) on
+    :func:`run_group`, with the environment of :func:`~shared.core.toolenv.spec_env` — the one place a
+    tool's command gets its environment.
+
+    Raises:
+        ToolError: one vocabulary for every command tool —
+
+            ======================  =========  ===================================================
+            kind                    retryable  when
+            ======================  =========  ===================================================
+            ``exit_<N>``            yes        it exited ``N`` ≠ 0 (or ``-S``: signal S); the message
+                                               ends with its output's last :data:`TAIL_BYTES`
+            ``timeout``             yes        ``timeout_s`` passed (its group was killed)
+            ``spawn_failed``        no         its program cannot be started
+            ``output_too_large``    yes        it printed more than ``limit.max_bytes``
+                                               (``on_overflow: fail``)
+            ``stdin_blob_corrupt``  no         its ``stdin`` source could not be read whole and
+            ``stdin_blob_missing``             checked (it was killed, even if it had exited 0: it
+            ``stdin_blob_timeout``  yes        may have acted on bytes that were not the body)
+            ======================  =========  ===================================================
+    """
+    out = ToolOutput(cmd.limit.max_bytes, secrets.stream())
     try:
-        await _run_command(spec, out, limit or OutputLimit(), stdin, env)
+        await _run(cmd, out, stdin)
     except BaseException:
         out.close()
         raise
     return out
 
 
-async def _run_command(spec: ToolSpec, out: ToolOutput, limit: OutputLimit, stdin: Stdin,
-                       env: dict[str, str] | None) -> None:
-    """Run ``spec.argv`` (stderr merged into stdout, streamed into ``out``) on :func:`run_group`."""
+async def _run(cmd: Command, out: ToolOutput, stdin: Stdin) -> None:
+    env = spec_env(os.environ, cmd.spec, cmd.reel)
     try:
-        done = await run_group(spec.argv, timeout_s=spec.timeout_s, env=spec_env(os.environ, spec, env or {}),
-                               stdin=stdin or b"", output_limit_bytes=limit.max_bytes, merge_stderr=True,
-                               stdout_sink=out.write)
+        done = await run_group(cmd.argv, timeout_s=cmd.timeout_s, env=env, stdin=stdin or b"",
+                               output_limit_bytes=cmd.limit.max_bytes, merge_stderr=True, stdout_sink=out.write)
     except OSError as exc:
-        raise ToolError(f"cannot run {spec.argv[0]!r}: {exc.strerror}", kind="spawn_failed", retryable=False) from exc
+        raise ToolError(f"cannot run {cmd.argv[0]!r}: {exc.strerror}", kind="spawn_failed", retryable=False) from exc
     except (BlobMissing, BlobTimeout) as exc:  # the stdin source (BlobCorrupt is a BlobMissing)
-        raise ToolError(f"{spec.argv[0]}: its stdin_from input could not be read and checked whole "
+        raise ToolError(f"{cmd.name}: its stdin_from input could not be read and checked whole "
                         f"(the command was killed): {exc.message}", kind=f"stdin_{exc.code}",
                         retryable=exc.retryable) from exc
+    out.finish()
     if done.timed_out:
-        raise ToolError(f"{spec.argv[0]} timed out after {spec.timeout_s}s", kind="timeout")
+        said = out.tail_text()
+        raise ToolError(f"{cmd.name} timed out after {cmd.timeout_s:g} s" + (f"; output: {said}" if said else ""),
+                        kind="timeout")
     if done.returncode != 0:
-        raise ToolError(f"{spec.argv[0]} exited {done.returncode}: {out.tail_text()}", kind=f"exit_{done.returncode}")
-    if out.truncated and limit.on_overflow == "fail":
-        raise ToolError(f"{spec.argv[0]} printed {out.seen_bytes} bytes, over its max_output_bytes "
-                        f"{limit.max_bytes} (on_overflow: fail; set on_overflow: truncate to keep the head)",
+        raise ToolError(f"{cmd.name} exited {done.returncode}: {out.tail_text()}", kind=f"exit_{done.returncode}")
+    if out.truncated and cmd.limit.on_overflow == "fail":
+        raise ToolError(f"{cmd.name} printed {out.seen_bytes} bytes, over its max_output_bytes "
+                        f"{cmd.limit.max_bytes} (on_overflow: fail; set on_overflow: truncate to keep the head)",
                         kind=OUTPUT_TOO_LARGE)

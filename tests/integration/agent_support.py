@@ -35,6 +35,7 @@ LOOKUP = {"name": "lookup", "description": "Look a key up.", "python": "tests.in
 def checks_tool(log_dir: Path, *, exit_code: int = 0, name: str = "run_checks") -> dict[str, Any]:
     return {"name": name, "description": "Run the checks.", "retry_safe": True, "timeout_s": 30,
             "command": [sys.executable, str(CMD), str(log_dir), str(exit_code)],
+            "pass_env": ["REEL_TEST_HOLD_DIR"],  # set only in a doomed executor's environment (agent_cmd.py)
             "parameters": {"type": "object",
                            "properties": {"suite": {"type": "string"}, "meet_in": {"type": "string"}}}}
 

@@ -72,7 +72,7 @@ async def test_readme_main_job_runs_the_agent_example(tmp_path: Path) -> None:
                          rf"dropped=1", out), out
     assert re.search(r"fix:t1:c0 tool call read_file\(\{\"path\":\"wordfreq/__init__.py\"\}\)  id call_t1_0\n"
                      r"\s+fix:t1:c1 tool call run_tests\(\{\}\)  id call_t1_1", out), out
-    assert "fix:t1:c1#1 failed: tool_error: run_tests exited 1" in out  # the failing test: an error observation
+    assert "fix:t1:c1#1 failed: exit_1: run_tests exited 1" in out  # the failing test: an error observation
     assert "fix:t2:c0 tool call write_file(" in out and "agent fix succeeded after 4 turns" in out
     assert "agent fix: succeeded, 4 turns, 4 tool calls (1 error observation)" in out
 

@@ -152,7 +152,7 @@ async def test_unknown_tool_bad_arguments_and_tool_errors_become_observations(
     state = await start_and_rest(client, spec)
     assert state.status == "verifying"
     kinds = [attempt_of(state, f"solve:t1:c{i}", 1).error_kind for i in range(5)]
-    assert kinds == ["unknown_tool", "invalid_arguments", "invalid_arguments", "tool_error", "tool_error"]
+    assert kinds == ["unknown_tool", "invalid_arguments", "invalid_arguments", "tool_error", "exit_3"]
     t2 = [attempt_of(state, "solve:t2", n) for n in (1, 2)]
     assert (t2[0].status, t2[0].error_kind, t2[1].status) == ("failed", "empty_response", "succeeded")
     tool_messages = [m for m in chat_server.requests[-1].body["messages"] if m["role"] == "tool"]
@@ -161,7 +161,7 @@ async def test_unknown_tool_bad_arguments_and_tool_errors_become_observations(
     assert texts[1].startswith("error (invalid_arguments):") and "not valid JSON" in texts[1]
     assert texts[2].startswith("error (invalid_arguments):") and "(at `$.key`)" in texts[2]
     assert texts[3] == "error (tool_error): explode raised ValueError: exploded: boom"
-    assert texts[4].startswith("error (tool_error): failing exited 3:") and "checks failed: 1 of 3" in texts[4]
+    assert texts[4].startswith("error (exit_3): failing exited 3:") and "checks failed: 1 of 3" in texts[4]
     assert len(chat_server.requests[-1].body["messages"]) == 2 + 1 + 5
     rec = state.branches["main"].agents["solve"]  # type: ignore[index]
     assert rec.finished is not None and rec.finished.status == "succeeded"

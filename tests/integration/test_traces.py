@@ -89,7 +89,7 @@ async def test_an_agent_run_exports_genai_spans(agent_run: str, event_log: JetSt
         assert s.parent is not None and by_id[s.parent.span_id] is agent
         assert s.attributes["gen_ai.tool.name"] == s.name.removeprefix("execute_tool ")
     failing = tools[1]  # the first run of the tests fails: an error observation, recorded as a failed attempt
-    assert failing.attributes["reel.attempt.status"] == "failed" and failing.attributes["error.type"] == "tool_error"
+    assert failing.attributes["reel.attempt.status"] == "failed" and failing.attributes["error.type"] == "exit_1"
     assert not failing.status.is_ok
     assert len(spans) == 1 + 1 + 4 + 4
 

@@ -62,7 +62,7 @@ async def test_agent_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs
             assert _dom_attempts(b) == [(a.step_id, a.attempt, a.status, a.dispatched_lsn, a.outcome_lsn)
                                         for a in view.attempts()]
             failed = b.find_element(By.CSS_SELECTOR, 'div.attempt[data-step="fix:t1:c1"][data-status="failed"]')
-            assert "tool_error: run_tests exited 1" in failed.find_element(By.CSS_SELECTOR, ".attempt-error").text
+            assert "exit_1: run_tests exited 1" in failed.find_element(By.CSS_SELECTOR, ".attempt-error").text
             assert "AttributeError: 'Counter' object has no attribute 'most_comon'" in failed.text  # never cut
             call = b.find_element(By.CSS_SELECTOR, 'article.step[data-step="fix:t1:c0"]')
             assert "tool read_file" in call.text and "call id call_t1_0" in call.text

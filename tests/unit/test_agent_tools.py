@@ -110,7 +110,7 @@ async def test_command_tools_get_arguments_on_stdin_and_env_but_never_a_models_k
             "REEL_STEP_ID", "REEL_TOOL_NAME"}
     assert names - {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "LC_CTYPE"} == reel | {"T_SET", "T_PASSED"}
     failed = await _fails(agent, "cmd", '{"n": 3}')
-    assert failed.kind == "tool_error" and failed.message.startswith("cmd exited 3: {")
+    assert failed.kind == "exit_3" and failed.message.startswith("cmd exited 3: {")
 
 
 async def test_recorded_tools_answer_by_call_id() -> None:
