@@ -192,14 +192,14 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
         where.append(server)
         base = Config.from_env(nats_url=server, names=Names(namespace))
         cfg = _auth_config(auth, role, base) if auth and not base.auth.configured else base
-        nc = await _connect(cfg, "reel-cli")
+        nc = await connect_cli(cfg, "reel-cli")
         stack.push_async_callback(nc.close)
         if probed:
             await _check_reel_server(nc, cfg)
         watcher: Infra | None = None  # a connection that may create streams and see which services run
         if auth is not None:
             op_cfg = auth.config("operator", base)
-            op = await _connect(op_cfg, "reel-cli-operator")
+            op = await connect_cli(op_cfg, "reel-cli-operator")
             stack.push_async_callback(op.close)
             watcher = await ensure_infra(op, op_cfg)
             infra = await open_infra(nc, cfg)
@@ -286,7 +286,7 @@ async def _all_refused(urls: str) -> bool:
     return True
 
 
-async def _connect(cfg: Config, name: str) -> Any:
+async def connect_cli(cfg: Config, name: str) -> Any:
     """:func:`connect`, any failure one line (no secret in it).
 
     Raises:

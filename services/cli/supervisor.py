@@ -1,7 +1,10 @@
 """``reel up``: the embedded nats-server (unless ``--nats-url``) and every service as supervised children.
 
 Each service instance is ``python -m services.<name>``; one that exits is
-restarted with exponential backoff (1 s, doubling, at most 30 s). SIGINT/SIGTERM
+restarted with exponential backoff (:class:`Backoff`: 1 s, doubling, at most 30 s; back to 1 s once an
+instance ran 60 s; after 8 crashes in a row, each within 60 s of its start, ``reel up`` says so, naming
+the instance and its last exit, stops everything and exits 1). A ``--nats-url`` where nothing answers is
+one error line naming the URL within seconds (``connect_cli``), not a silent wait. SIGINT/SIGTERM
 stops them all (SIGTERM, then SIGKILL after 15 s) and then the server.
 
 The embedded server is supervised too: when it exits unasked, one line says how
@@ -24,21 +27,21 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
 from services.cli.auth import AUTH_DIR_ENV, auth_dir_from_env
-from services.cli.common import CliError, Namespace, NatsUrl, console, err_console, reel_home, run_async
-from services.cli.embed import SERVICES, service_serve
+from services.cli.common import Namespace, NatsUrl, console, err_console, reel_home, run_async
+from services.cli.embed import SERVICES, connect_cli, service_serve
 from shared.authdir import AuthDir, init
 from shared.config import CONNECTION_FLAGS, Config
 from shared.core.subjects import Names
-from shared.nats.access import ConnectRefused
 from shared.nats.embedded import EmbeddedServer, embedded_server
-from shared.nats.infra import connect, ensure_infra
+from shared.nats.infra import ensure_infra
 from shared.roles import SERVICE_ROLE, accounts
 
 
@@ -73,10 +76,7 @@ def up(
             cfg = Config.from_env(nats_url=url, names=Names(namespace))
             if auth_dir is not None:
                 cfg = auth_dir.config("operator", cfg)
-            try:
-                nc = await connect(cfg, name="reel-up")
-            except ConnectRefused as exc:
-                raise CliError(exc.message) from None
+            nc = await connect_cli(cfg, "reel-up")  # a URL where nothing answers: one line within seconds
             await ensure_infra(nc, cfg)
             await nc.close()
             return await supervise(url, namespace, replicas, auth_dir, server=srv if nats_url is None else None)
@@ -112,6 +112,68 @@ def warn_other_accounts(store_dir: Path, names: Names, auth: bool) -> None:
         err_console.print(f"[yellow]warning:[/] the store {store_dir} also holds streams of NATS account(s) "
                           f"{', '.join(others)}; this `reel up` ({'with' if auth else 'without'} --auth) uses account "
                           f"{mine}, so `reel ls` does not show their runs (docs/security.md)")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a crashed child is restarted: after ``first_s``, doubling up to ``max_s`` per crash in a row; a child
+    that ran ``stable_s`` before it exited starts the count again (its next restart waits ``first_s``);
+    ``give_up_after`` crashes in a row, each sooner than ``stable_s`` after its start, and the supervisor gives up."""
+
+    first_s: float = 1.0
+    max_s: float = 30.0
+    stable_s: float = 60.0
+    give_up_after: int = 8
+
+    def delay_s(self, crashes: int) -> float:
+        """Seconds before the restart after ``crashes`` (>= 1) crashes in a row."""
+        return min(self.max_s, self.first_s * 2.0 ** (crashes - 1))
+
+
+SERVICE_BACKOFF = Backoff()
+"""The restart policy of ``reel up``'s services (1 s, 2 s, … 30 s; reset after 60 s up; 8 quick crashes: give up)."""
+
+
+async def keep_child(label: str, argv: list[str], env: Mapping[str, str], stop: asyncio.Event,
+                     backoff: Backoff = SERVICE_BACKOFF, say: Callable[[str], object] | None = None) -> str | None:
+    """Run ``argv`` and restart it whenever it exits, until ``stop`` (then SIGTERM it, SIGKILL after 15 s).
+
+    Each restart is one line through ``say`` (default: stderr): how the child exited, how long it ran, the delay.
+
+    Returns:
+        ``None`` once stopped, or why it gave up (``backoff.give_up_after`` quick crashes in a row, the
+        last exit named) — the caller stops the rest.
+    """
+    say = say or err_console.print
+    loop = asyncio.get_running_loop()
+    crashes = 0
+    while not stop.is_set():
+        started = loop.time()
+        proc = await asyncio.create_subprocess_exec(*argv, env=dict(env))
+        waiter = asyncio.create_task(proc.wait())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 15)
+                except TimeoutError:
+                    proc.kill()
+            return None
+        stopper.cancel()
+        ran_s = loop.time() - started
+        crashes = 1 if ran_s >= backoff.stable_s else crashes + 1
+        how = f"{label} exited with {_how(proc.returncode)} after {ran_s:.1f}s"
+        if crashes >= backoff.give_up_after:
+            return (f"{how}; gave up: {crashes} crashes in a row, each within {backoff.stable_s:g}s of its start "
+                    "(its log lines above say why)")
+        delay = backoff.delay_s(crashes)
+        say(f"[yellow]{how}; restarting in {delay:.1f}s ({crashes}/{backoff.give_up_after} in a row)[/]")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):  # unlike 3.11's wait_for, never swallows a cancel
+                await stop.wait()
+    return None
 
 
 def _how(code: int | None) -> str:
@@ -177,30 +239,17 @@ async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | Non
     console.print(table)
     console.print("[dim]Ctrl-C to stop[/]")
 
+    gave_up: list[str] = []
+
     async def keep(name: str, idx: int) -> None:
-        failures = 0
-        while not stop.is_set():
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", f"services.{name}",
-                                                        env=service_env(env, name, auth))
-            waiter = asyncio.create_task(proc.wait())
-            stopper = asyncio.create_task(stop.wait())
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if stop.is_set():
-                if proc.returncode is None:
-                    proc.terminate()
-                    try:
-                        await asyncio.wait_for(proc.wait(), 15)
-                    except TimeoutError:
-                        proc.kill()
-                return
-            stopper.cancel()
-            failures += 1
-            delay = min(30.0, 0.5 * 2 ** min(failures, 6))
-            err_console.print(f"[yellow]{name}#{idx} exited with {proc.returncode}; restarting in {delay:.1f}s[/]")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):  # unlike 3.11's wait_for, never swallows a cancel
-                    await stop.wait()
+        reason = await keep_child(f"{name}#{idx}", [sys.executable, "-m", f"services.{name}"],
+                                  service_env(env, name, auth), stop)
+        if reason is not None:
+            gave_up.append(reason)
+            err_console.print(f"[red]{reason}: stopping the services[/]")
+            stop.set()
 
     watcher = asyncio.create_task(watch_server(server, stop)) if server is not None else None
     await asyncio.gather(*(keep(n, i) for n in names for i in range(replicas)))
-    return await watcher if watcher is not None else 0
+    served = await watcher if watcher is not None else 0
+    return 1 if gave_up else served
