@@ -12,7 +12,13 @@ variable                 default                    meaning
 ``REEL_STORAGE``         ``file``                   ``file`` or ``memory``
 ``REEL_LEASE_TTL_S``     ``5``                      executor lease TTL, whole seconds (≥ 1)
 ``REEL_MAX_CONCURRENT_RUNS`` ``16``                commands one instance handles at once (runs, jobs)
-``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose service died
+``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose executor, verifier
+                                                    or crucible instance died (long handlers are kept
+                                                    alive by in-progress acks every third of it)
+``REEL_MUTATOR_ACK_WAIT_S`` ``5``                  the same for rewind, cancel and recovery: a command
+                                                    whose mutator died is handled again after it
+``REEL_CANCEL_CHECK_S``  ``1``                      how often an executor reads the log of each run it
+                                                    drives for a cancel (a lost signal's bound; 0: never)
 ``REEL_DRAIN_DEADLINE_S`` ``45``                   after SIGTERM, how long an executor lets attempts run
                                                     before it interrupts them (retried elsewhere)
 ``REEL_INLINE_MAX_BYTES`` ``2048``                bodies up to this size ride inline in their refs
@@ -123,6 +129,8 @@ class Config:
     lease_ttl_s: int = 5
     max_concurrent_runs: int = 16
     command_ack_wait_s: float = 30.0
+    mutator_ack_wait_s: float = 5.0
+    cancel_check_s: float = 1.0
     auth: NatsAuth = field(default_factory=NatsAuth)
     drain_deadline_s: float = 45.0
     inline_max_bytes: int = 2048
@@ -145,6 +153,8 @@ class Config:
             "lease_ttl_s": max(1, int(os.environ.get("REEL_LEASE_TTL_S", "5"))),
             "max_concurrent_runs": int(os.environ.get("REEL_MAX_CONCURRENT_RUNS", "16")),
             "command_ack_wait_s": float(os.environ.get("REEL_COMMAND_ACK_WAIT_S", "30")),
+            "mutator_ack_wait_s": float(os.environ.get("REEL_MUTATOR_ACK_WAIT_S", "5")),
+            "cancel_check_s": float(os.environ.get("REEL_CANCEL_CHECK_S", "1")),
             "auth": NatsAuth.from_env(),
             "drain_deadline_s": float(os.environ.get("REEL_DRAIN_DEADLINE_S", "45")),
             "inline_max_bytes": int(os.environ.get("REEL_INLINE_MAX_BYTES", "2048")),

@@ -13,7 +13,14 @@ Python tool's task cancelled, the model's HTTP request aborted — and records t
 ``attempt_cancelled`` (services/executor/interrupts.py); nothing further is dispatched (its
 next intent loses the fence, and the planner rests on a cancelled run). The log stays the
 source of truth: an executor that missed the signal still never records a success or a
-failure after the cancel (:func:`shared.core.cancel.after_cancel`). A verifier already
+failure after the cancel (:func:`shared.core.cancel.after_cancel`), and it reads the log of every run it
+drives each ``REEL_CANCEL_CHECK_S`` (1 s), so a lost signal delays the stop by at most that. A cancel
+command that finds the run **already cancelled** (its own redelivery after the service died between
+commit and signal, or a second cancel) re-sends the signal with the cancel's LSN — the signal is
+idempotent — so every acknowledged cancel is signalled at least once; its consumer's ack wait is
+``REEL_MUTATOR_ACK_WAIT_S`` (5 s), the delay before a dead instance's cancel is handled again.
+``REEL_CANCEL_CRASH_AT=after_commit`` (fault injection) exits the process (137) between the commit and
+the signal. A verifier already
 running is not interrupted: its verdict is still recorded and published.
 A held ``EpisodeView`` is untouched: the cancel is one more commit above it.
 """
@@ -21,6 +28,7 @@ A held ``EpisodeView`` is untouched: the cancel is one more commit above it.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,6 +53,8 @@ from . import respond
 log = structlog.get_logger("reel.cancel")
 
 WRITER = "cancel"
+CANCEL_CRASH_ENV = "REEL_CANCEL_CRASH_AT"
+"""Fault injection: ``after_commit`` — the process exits (137) after a cancel's commit, before its signal."""
 
 
 class CancelService:
@@ -53,6 +63,7 @@ class CancelService:
     def __init__(self, events: EventLog, signal: Callable[[str, int], Awaitable[None]] | None = None) -> None:
         self.log = events
         self.signal = signal
+        self._crash_at = os.environ.get(CANCEL_CRASH_ENV, "")
 
     async def cancel(self, req: CancelRun, _: Delivery) -> Reply:
         """Cancel ``req.run_id`` (fenced, re-decided on conflicts); the reply."""
@@ -70,12 +81,26 @@ class CancelService:
         if isinstance(result, NoCommit):
             log.info("cancel.noop", status=state.status, reason=result.reason, lsn=state.head_lsn)
             detail: dict[str, Any] = {"noop": True, "reason": result.reason}
+            if state.status == "cancelled":
+                await self._signal_again(state.run_id)
             return Reply(ok=True, run_id=state.run_id, status=state.status, detail=detail)
         log.info("cancel.committed", previous_status=previous[-1], lsn=result.lsn, reason=req.reason)
+        if self._crash_at == "after_commit":
+            log.error("cancel.crash_injected", point=self._crash_at, lsn=result.lsn)
+            os._exit(137)
         if self.signal is not None:
             await self.signal(state.run_id, result.lsn)
         return Reply(ok=True, run_id=state.run_id, status="cancelled", lsn=result.lsn,
                      detail={"previous_status": previous[-1]})
+
+    async def _signal_again(self, run_id: str) -> None:
+        """Re-send the signal of ``run_id``'s committed cancel (its LSN read from the log; idempotent)."""
+        if self.signal is None:
+            return
+        lsn = cancel.cancel_lsn(await self.log.read(run_id))
+        if lsn is not None:
+            log.info("cancel.signal_resent", lsn=lsn)
+            await self.signal(run_id, lsn)
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> None:
@@ -88,4 +113,5 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     router.route(cfg.names.command("cancel"), CancelRun, service.cancel, rejected="cancel.rejected")
     respond.route(router, infra, cfg, service.log)
     async with consumer_gate(infra.nc, cfg.names):  # clients' consumers, vetted (docs/security.md)
-        await CommandConsumer(infra, cfg, "cancel", router.subjects, router).run(stop)
+        await CommandConsumer(infra, cfg, "cancel", router.subjects, router,
+                              ack_wait_s=cfg.mutator_ack_wait_s).run(stop)

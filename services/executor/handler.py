@@ -68,7 +68,7 @@ class Executor:
         self.inline_max = cfg.inline_max_bytes
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
                             tool_output=cfg.tool_output)
-        self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since)
+        self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since, check_s=cfg.cancel_check_s)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes,
                              owner_alive=lambda owner: executor_alive(infra.leases, owner))
@@ -96,11 +96,14 @@ class Executor:
             raise InvalidCommand(f"the subject names run {keyed[1][:80]!r} but the command is about {run_id[:80]!r}"
                                  " (a keyed start's run id is that of its idempotency key, or of `cmd:<Nats-Msg-Id>`)")
 
-    async def _cancelled_since(self, run_id: str, from_lsn: int) -> bool:
-        """True when ``run_id``'s log holds its ``run_cancelled`` at an LSN ≥ ``from_lsn`` (0: the run's state)."""
+    async def _cancelled_since(self, run_id: str, from_lsn: int) -> tuple[bool, int]:
+        """Whether ``run_id``'s log holds its ``run_cancelled`` at an LSN ≥ ``from_lsn`` (0: the run's state), and
+        the last LSN read."""
         if from_lsn <= 0:
-            return (await self.log.load(run_id)).status == "cancelled"
-        return cancel.cancel_lsn(await self.log.read(run_id, from_lsn=from_lsn)) is not None
+            state = await self.log.load(run_id)
+            return state.status == "cancelled", state.head_lsn
+        commits = await self.log.read(run_id, from_lsn=from_lsn)
+        return cancel.cancel_lsn(commits) is not None, commits[-1][0] if commits else from_lsn - 1
 
     async def drive(self, run_id: str, state: RunState | None = None) -> RunState | None:
         """Drive ``run_id`` until it rests (see :meth:`Driver.drive`; ``state``: the run as just committed)."""

@@ -336,7 +336,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool =
                                    ordered_consumer=True, deliver_policy=jsapi.DeliverPolicy.ALL)
     router = Router(infra)
     router.route(names.command("recover"), RecoverRuns, service.recover, rejected="recover.rejected")
-    consumer = CommandConsumer(infra, cfg, "recovery", router.subjects, router)
+    consumer = CommandConsumer(infra, cfg, "recovery", router.subjects, router,
+                               ack_wait_s=cfg.mutator_ack_wait_s)
     try:
         async with consumer_gate(infra.nc, names), asyncio.TaskGroup() as tg:  # clients' consumers, vetted
             tg.create_task(consumer.run(stop))

@@ -116,4 +116,5 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     router = Router(infra)
     router.route(cfg.names.command("rewind"), RewindRun, service.rewind, rejected="rewind.rejected")
     async with consumer_gate(infra.nc, cfg.names):  # clients' consumers, vetted (docs/security.md)
-        await CommandConsumer(infra, cfg, "rewind", router.subjects, router).run(stop)
+        await CommandConsumer(infra, cfg, "rewind", router.subjects, router,
+                              ack_wait_s=cfg.mutator_ack_wait_s).run(stop)

@@ -10,9 +10,12 @@ does not bear out — forged, or aimed at the subject by anyone who may publish 
 meanwhile are folded into one more check from the lowest LSN they named). :meth:`ControlHub.shutdown`
 fires every watch (``shutdown``: the executor's drain deadline passed). Core NATS is at most once, so
 the log stays the source of truth: the watch is registered *before* the drive loads the run (a cancel
-committed earlier is in what it loads), and when the connection comes back after an outage every
+committed earlier is in what it loads), when the connection comes back after an outage every
 watched run is read from the log again (from LSN 0) — a signal published while the connection was down
-is not lost.
+is not lost — and every ``check_s`` seconds (``REEL_CANCEL_CHECK_S``, default 1) each watched run's log is
+read from where the last look ended: a signal lost on the way (the cancel service died between its commit
+and its signal, a dropped core-NATS message) delays a stop by at most ``check_s`` plus one read. The
+executor's own commits are fenced on the run's head, so each of them also finds a cancel committed since.
 
 The reconnect hook chains nats-py's ``reconnected_cb`` (the client's one callback slot; the
 callback set at connect still runs first).
@@ -75,14 +78,18 @@ class ControlHub:
 
     Args:
         nc: the executor's connection; names: its namespace.
-        cancelled_since: ``(run_id, from_lsn)`` → ``True`` when the run's log holds its ``run_cancelled`` at an
-            LSN ≥ ``from_lsn`` (``0``: anywhere). A cancel is terminal (a cancelled run cannot be rewound), so
-            one found means the run is cancelled now.
+        cancelled_since: ``(run_id, from_lsn)`` → ``(found, head_lsn)``: ``found`` when the run's log holds its
+            ``run_cancelled`` at an LSN ≥ ``from_lsn`` (``0``: anywhere), ``head_lsn`` the last LSN it read. A
+            cancel is terminal (a cancelled run cannot be rewound), so one found means the run is cancelled now.
+        check_s: how often each watched run's log is read (s); ``0``: only on signals and reconnects.
     """
 
-    def __init__(self, nc: Client, names: Names, cancelled_since: Callable[[str, int], Awaitable[bool]]) -> None:
-        self.nc, self.names, self.cancelled_since = nc, names, cancelled_since
+    def __init__(self, nc: Client, names: Names, cancelled_since: Callable[[str, int], Awaitable[tuple[bool, int]]],
+                 *, check_s: float = 1.0) -> None:
+        self.nc, self.names, self.cancelled_since, self.check_s = nc, names, cancelled_since, check_s
         self._watched: dict[str, list[Interrupt]] = {}
+        self._read_to: dict[str, int] = {}  # run id → the LSN the periodic look has read up to
+        self._poll: asyncio.Task[None] | None = None
         self._checking: dict[str, int | None] = {}  # run id → lowest LSN a signal asked for meanwhile (None: none)
         self._shutdown = False
         self._sub: Subscription | None = None
@@ -107,9 +114,14 @@ class ControlHub:
                 self._recheck()
 
             self.nc._reconnected_cb = reconnected
+            if self.check_s > 0:
+                self._poll = asyncio.create_task(self._look_periodically())
 
     async def stop(self) -> None:
         """Unsubscribe (watches already fired stay fired)."""
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
         for t in list(self._checks):
             t.cancel()
         if self._sub is not None:
@@ -132,6 +144,7 @@ class ControlHub:
                 watches.remove(interrupt)
             if not watches:
                 self._watched.pop(run_id, None)
+                self._read_to.pop(run_id, None)
 
     def shutdown(self) -> None:
         """The drain deadline passed: fire every watch (and every later one) with ``shutdown``."""
@@ -174,10 +187,24 @@ class ControlHub:
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
+    async def _look_periodically(self) -> None:
+        """Every ``check_s``: a check of each watched run not yet stopped, from where the last one read to."""
+        while True:
+            await asyncio.sleep(self.check_s)
+            for run_id, watches in list(self._watched.items()):
+                if any(w.cause is None for w in watches):
+                    read_to = self._read_to.get(run_id)
+                    self.check(run_id, 0 if read_to is None else read_to + 1, why="poll")
+
     async def _check(self, run_id: str, from_lsn: int, why: str) -> None:
         while True:
             try:
-                if run_id in self._watched and await self.cancelled_since(run_id, from_lsn):
+                found, head = (False, 0) if run_id not in self._watched else \
+                    await self.cancelled_since(run_id, from_lsn)
+                read_to = self._read_to.get(run_id)
+                if run_id in self._watched and (from_lsn <= (0 if read_to is None else read_to + 1)):
+                    self._read_to[run_id] = max(head, read_to or 0)  # read without a gap: the next look goes on
+                if found:
                     log.info("control.cancel_found_in_log", run_id=run_id, why=why, from_lsn=from_lsn)
                     self._fire(run_id, "cancelled")
                 elif why == "signal":

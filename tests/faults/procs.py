@@ -67,16 +67,19 @@ class ServiceProcs:
                "REEL_COMMAND_ACK_WAIT_S": str(c.command_ack_wait_s), "REEL_LOG_FORMAT": "json",
                "REEL_LOG_LEVEL": "INFO"}
         env.pop("REEL_EXECUTOR_CRASH_AT", None)
+        env.pop("REEL_CANCEL_CRASH_AT", None)
         if crash_at:
             env["REEL_EXECUTOR_CRASH_AT"] = crash_at
         return env
 
-    async def start(self, service: str, *, crash_at: str | None = None) -> Proc:
-        """Start ``python -m services.<service>``; returns at once (its commands queue until it consumes)."""
+    async def start(self, service: str, *, crash_at: str | None = None, env: dict[str, str] | None = None) -> Proc:
+        """Start ``python -m services.<service>`` (``env``: more variables, e.g. ``REEL_CANCEL_CRASH_AT``); returns at
+        once (its commands queue until it consumes)."""
         log_path = self.workdir / f"{service}-{len(self.procs)}.log"
         with log_path.open("wb") as log_file:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", f"services.{service}", cwd=REPO, env=self.env(crash_at=crash_at),
+                sys.executable, "-m", f"services.{service}", cwd=REPO,
+                env={**self.env(crash_at=crash_at), **(env or {})},
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
         proc = Proc(service, process, log_path)
         self.procs.append(proc)
