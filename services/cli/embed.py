@@ -39,6 +39,7 @@ from shared.core.workflow import WorkflowSpec, parse_workflow
 from shared.nats.access import ConnectRefused, redact_url
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
+from shared.nats.consumergate import consumer_gate
 from shared.nats.embedded import url_or_embedded
 from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
 
@@ -202,6 +203,7 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
             op = await connect_cli(op_cfg, "reel-cli-operator")
             stack.push_async_callback(op.close)
             watcher = await ensure_infra(op, op_cfg)
+            await stack.enter_async_context(consumer_gate(op, cfg.names))  # this command's own reads need no service
             infra = await open_infra(nc, cfg)
         elif cfg.auth.configured:
             infra = await open_infra(nc, cfg)

@@ -62,6 +62,10 @@ async def test_reel_with_auth_runs_an_embedded_auth_on_server(tmp_path: Path) ->
     code, out, err = await reel("--auth", str(tmp_path / "auth"), "run", "examples/hello.yaml", "-q", env=env)
     assert code == 0, (out, err)
     assert "completed" in out and "outcome passed" in out
+    run_id = out.split()[1]
+    # reads through an ordered consumer with no service running: the command's own consumer gate vets it
+    code, out, err = await reel("--auth", str(tmp_path / "auth"), "verdicts", run_id, env=env)
+    assert code == 0 and "greeting-printed" in out, (out, err)
 
 
 def _free_port() -> int:
