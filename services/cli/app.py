@@ -22,7 +22,7 @@ import os
 
 import typer
 
-from services.cli import auth, control, inputs, replay, runs, show, status, supervisor, trace, ui
+from services.cli import auth, chaos, control, inputs, replay, runs, show, status, supervisor, trace, ui
 from services.cli.common import ReelGroup, reel_home
 from services.cli.helptext import tidy
 from services.cli.serve import serve_app
@@ -46,6 +46,7 @@ app.command()(supervisor.up)
 app.command()(ui.ui)
 app.command()(trace.trace)
 app.command()(status.status)
+app.command()(chaos.chaos)
 app.add_typer(serve_app, name="serve")
 auth.install(app)  # connection options (reel --nats-user … CMD), reel auth init
 

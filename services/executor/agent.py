@@ -47,6 +47,7 @@ from shared.core import agentfold, inputfold
 from shared.core import planning as plan
 from shared.core.agentcontext import Outcome
 from shared.core.agentmemo import ContextMemo
+from shared.core.chaos import commit_points, point_name
 from shared.core.errors import ModelError, ToolError
 from shared.core.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSucceeded, Usage
 from shared.core.fold import DRIVABLE, RunState
@@ -185,12 +186,15 @@ class AgentRun:
         """One round trip: store ``bodies`` (and the prompt of ``turn``), publish the ``markers`` of successes,
         commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
         if the planned events were committed. NoCommit: nothing was recorded (the run moved)."""
+        points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/chaos.py)
+        self.attempts.crash_if(*points.before_intent)
         prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
-        sent = await self.attempts.send_with(state, events, bodies, markers)
+        sent = await self.attempts.send_with(state, events, bodies, markers, crash_point=points.after_output)
         prompt_result: Any = (await asyncio.gather(prompt, return_exceptions=True))[0] if prompt is not None else None
         done = await self.attempts.commit(state, planned_or_facts(state.head_lsn, events, outcomes), sent=sent)
         if isinstance(done, NoCommit):
             return done
+        self.attempts.crash_if(*commit_points(done.events).after_commit)
         if done.events != tuple(events):  # the run moved: only the outcomes went in; the driver plans again
             log.debug("agent.replanned", lsn=done.state.head_lsn, recorded=len(done.events))
             return done.state
@@ -241,6 +245,7 @@ class AgentRun:
                 log.info("agent.interrupted", cause=fired[0].result(), attempts=len(running))
                 await asyncio.wait(running)  # each returns its ``interrupted`` result once stopped
         finished = [(k, t.result()) for k, t in self.tasks.items() if t.done()]
+        self.attempts.crash_if(*(point_name(sid, n, "after_run") for (_, sid, n), _ in finished))  # fault injection
         first = finished[0][1]
         if isinstance(first, TurnDone):
             del self.tasks[finished[0][0]]

@@ -47,10 +47,12 @@ from typing import Any
 import jsonschema
 
 from shared.core.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
+from shared.core.chaos import SideEffect
 from shared.core.chat import ToolCall
 from shared.core.errors import ToolCallInvalid, ToolError
 from shared.core.toolspec import output_limit, truncation_note
 from shared.core.workflow import AgentStep, ModelStep, WorkflowSpec
+from shared.proc import ledger
 from shared.proc.tools import Command, run_command
 
 PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
@@ -121,6 +123,8 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
 async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: dict[str, Any],
                       ctx: CallContext) -> str:
     kwargs = dict(arguments)
+    ledger.record(SideEffect(kind="python", run_id=ctx.run_id, branch_id=ctx.branch_id, step_id=ctx.step_id,
+                             attempt=ctx.attempt, tool=tool.name))  # reel chaos counts calls (off by default)
     if _accepts(fn, "idempotency_key"):
         kwargs["idempotency_key"] = ctx.key
     if _accepts(fn, "attempt"):

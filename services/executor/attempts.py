@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import structlog
@@ -63,8 +64,11 @@ log = structlog.get_logger("reel.executor")
 
 BLOB_TIMEOUT_S = 30.0
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
-"""Fault injection: ``<step_id>:<attempt>:<point>`` (point: before_intent, after_intent, after_output,
-after_outcome; plain steps, services/executor/plain.py) or ``verifying:after_commit``; the process exits 137 there."""
+"""Fault injection: ``<step_id>:<attempt>:<point>`` (point: before_intent, after_intent, after_run, after_output,
+after_outcome; plain steps, services/executor/plain.py, and agent turns and tool calls, agent.py: the names of
+:mod:`shared.core.chaos`) or ``verifying:after_commit``; the process exits 137 there."""
+CRASH_SIGNAL_ENV = "REEL_EXECUTOR_CRASH_SIGNAL"
+"""``KILL``: at its crash point the process sends itself a real SIGKILL (``reel chaos``), not ``os._exit(137)``."""
 LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
 
 
@@ -109,6 +113,15 @@ def record_outcome(event: AttemptSucceeded | AttemptFailed) -> Decide:
     return decide
 
 
+def die(point: str) -> NoReturn:
+    """Fault injection: log ``executor.crash_injected`` and end the process at once, as kill -9 would: a real
+    SIGKILL with ``REEL_EXECUTOR_CRASH_SIGNAL=KILL`` (:data:`CRASH_SIGNAL_ENV`), else ``os._exit(137)``."""
+    log.error("executor.crash_injected", point=point)
+    if os.environ.get(CRASH_SIGNAL_ENV) == "KILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)
+
+
 class Attempts:
     """Performs attempts for one executor: its id, the event log, the blob store, the marker bucket.
 
@@ -133,11 +146,10 @@ class Attempts:
         self.bodies = Bodies(blobs)  # the executor's one cache of blob bodies (outputs, turns, results)
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
-    def crash_if(self, point: str) -> None:
-        """Fault injection (:data:`CRASH_ENV`): exit the process at once (137) if ``point`` is the one set."""
-        if self._crash_at and self._crash_at == point:
-            log.error("executor.crash_injected", point=point)
-            os._exit(137)
+    def crash_if(self, *points: str) -> None:
+        """Fault injection (:data:`CRASH_ENV`): die at once (:func:`die`) if the point set is one of ``points``."""
+        if self._crash_at and self._crash_at in points:
+            die(self._crash_at)
 
     # ---- commits -------------------------------------------------------------------------
     async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int] | None:
@@ -152,7 +164,7 @@ class Attempts:
         return await self.log.commit_async(state.run_id, kept, expected_lsn=state.head_lsn, writer=self.executor_id)
 
     async def send_with(self, state: RunState, events: Sequence[AnyEvent], bodies: Sequence[tuple[bytes, str]] = (),
-                        markers: Sequence[AttemptSucceeded] = (), *, crash_point: str = "",
+                        markers: Sequence[AttemptSucceeded] = (), *, crash_point: str | Sequence[str] = "",
                         ) -> asyncio.Future[int] | None:
         """One round trip before a commit: store ``bodies`` (``(body, media type)``), publish the recovery
         markers of the ``markers`` successes, then :meth:`send` ``events`` — all pipelined on one connection,
@@ -160,15 +172,15 @@ class Attempts:
         (:meth:`store_until_done`: the commit may name it) and a lost marker is logged (it only matters
         if the commit is lost too). Returns :meth:`send`'s future.
 
-        ``crash_point``: fault injection (``REEL_EXECUTOR_CRASH_AT``): if it is the one set, the process
-        exits (137) once the bodies and markers are stored, before the commit is sent.
+        ``crash_point``: fault injection (``REEL_EXECUTOR_CRASH_AT``): if the point set is it (or one of them),
+        the process dies (:func:`die`) once the bodies and markers are stored, before the commit is sent.
         """
         puts = [await self.blobs.put_async(b, media) for b, media in bodies]
         marks = [self.marker_async(state.run_id, o.branch_id, o.step_id, o.attempt, o.output_ref) for o in markers]
-        if crash_point and self._crash_at == crash_point:
+        armed = (crash_point,) if isinstance(crash_point, str) else crash_point
+        if self._crash_at and self._crash_at in armed:
             await asyncio.gather(*puts, *marks)
-            log.error("executor.crash_injected", point=self._crash_at)
-            os._exit(137)
+            die(self._crash_at)
         sent = await self.send(state, events)
         stored = await asyncio.gather(*puts, *marks, return_exceptions=True)
         for result, (body, media) in zip(stored, bodies, strict=False):
@@ -200,8 +212,7 @@ class Attempts:
         """Queue the verifier's trigger for the ``run_verifying`` commit at ``state.head_lsn`` (best effort:
         if it is lost, recovery's sweep re-triggers a run resting in Verifying with none queued)."""
         if self._crash_at == "verifying:after_commit":  # fault injection: die between the commit and the trigger
-            log.error("executor.crash_injected", point=self._crash_at)
-            os._exit(137)
+            die(self._crash_at)
         try:
             await publish_verify(self._nc.jetstream(), self._names, state.run_id, state.active_branch, state.head_lsn)
         except Exception as exc:

@@ -191,6 +191,7 @@ class PlainSteps:
         kind = {"tool": p.step.tool.type} if isinstance(p.step, ToolStep) else {"prompt_tokens": p.prompt_tokens}
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
         event, body = await self._side_effect(state, p, interrupt)
+        self.a.crash_if(f"{action.step_id}:{action.attempt}:after_run")
         return await self._commit_outcome(state, p, event, body, await self._next(state, spec, event, cursor))
 
     async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | NoCommit | Chained:

@@ -41,6 +41,10 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         env: variables set in a ``command``'s environment (``NAME: value``); pass_env: names passed through
             from the executor's environment. Nothing else of it reaches the command
             (:mod:`shared.core.toolenv`); a ``REEL_NATS_*`` name is refused at load.
+        retry_safe: running the command again has the same effect as running it once (it is idempotent,
+            e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``). A tool step runs at least once per attempt
+            either way (after an executor crash mid-command it runs again); ``reel chaos`` accepts the
+            repeats of a retry-safe tool and names any other tool that ran twice (docs/chaos.md).
     """
 
     type: Literal["recorded", "scripted", "command"]
@@ -55,6 +59,7 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
     env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
     pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    retry_safe: bool = False
 
 
 class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from shared.proc import orphans
+from shared.proc import ledger, orphans
 
 Keep = Literal["head", "tail"]
 Stdin = bytes | AsyncIterable[bytes] | BinaryIO | None
@@ -167,12 +167,13 @@ async def run_group(
     if records is not None:
         records.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    proc = await _started(_spawn(argv, cwd=cwd, env=env, stdin=stdin, merge_stderr=merge_stderr,
+    proc = await _started(_spawn(argv, cwd=cwd, env=ledger.child_env(env), stdin=stdin, merge_stderr=merge_stderr,
                                  capture=capture, records=records), records)
     out, err = _Kept(output_limit_bytes, keep, stdout_sink), _Kept(output_limit_bytes, keep)
     pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
         _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
     try:  # a failing pump (its stdin's source) ends the wait at once: the group is killed below
+        ledger.record_process(env, proc.pid)  # reel chaos counts side effects (off unless this process's env says)
         _, pending = await asyncio.wait(pumps, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
     finally:
         try:
