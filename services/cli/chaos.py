@@ -215,17 +215,17 @@ class Chaos:
         return core.crash_points(commits, core.side_effect_steps(view, self.tools))
 
 
-async def run_chaos(chaos: Chaos, *, runs: int, only: str | None) -> core.Report:
-    """Reference runs, then every crash point ``runs`` times (progress on stderr); the report."""
+async def run_chaos(chaos: Chaos, *, runs: int, only: str | None, references: int = 2) -> core.Report:
+    """``references`` unkilled runs, then every crash point ``runs`` times (progress on stderr); the report."""
     t0 = time.monotonic()
-    refs = [await chaos.run(""), await chaos.run("")]
+    refs = [await chaos.run("") for _ in range(references)]
     if not all(r.finished for r in refs):
         raise CliError(f"the workflow did not come to rest within {chaos.timeout_s:g} s without a crash "
                        f"(status of the reference run: {refs[0].state.get('status')})")
     points = [p for p in await chaos.points(refs[0]) if only is None or only in p]
     todo = [p for p in points for _ in range(runs)]
-    err_console.print(f"[dim]reference runs: 2 in {time.monotonic() - t0:.1f} s; {len(points)} crash points × "
-                      f"{runs} run(s)[/]")
+    err_console.print(f"[dim]reference runs: {references} in {time.monotonic() - t0:.1f} s; "
+                      f"{len(points)} crash points × {runs} run(s)[/]")
     killed = []
     for i, point in enumerate(todo, 1):
         started = time.monotonic()
@@ -315,6 +315,8 @@ def chaos(
     runs: int = typer.Option(1, "--runs", min=1, help="killed runs per crash point"),
     only: str | None = typer.Option(None, "--only", help="only the crash points whose name contains this text"),
     timeout: float = typer.Option(120.0, "--timeout", help="seconds each run may take to come to rest"),
+    references: int = typer.Option(2, "--references", min=2, help="unkilled runs: a field that differs between "
+                                   "them (a timing in an output) is not compared"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep the executors' logs and the side-effect "
                                         "ledger in this directory (default: a temporary one, removed)"),
     nats_url: str | None = NatsUrl,
@@ -332,7 +334,7 @@ def chaos(
             where = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reel-chaos-")))
             where.mkdir(parents=True, exist_ok=True)
             async with chaos_session(spec, nats_url, namespace, timeout, where) as ch:
-                rep = await run_chaos(ch, runs=runs, only=only)
+                rep = await run_chaos(ch, runs=runs, only=only, references=references)
         print_report(rep)
         return 0 if rep.ok else 1
 
