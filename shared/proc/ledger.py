@@ -47,14 +47,18 @@ def record(effect: SideEffect) -> None:
         os.close(fd)
 
 
+ATTEMPT_VARS = ("REEL_RUN_ID", "REEL_BRANCH_ID", "REEL_STEP_ID", "REEL_ATTEMPT", "REEL_TOOL_NAME")
+"""What the executor sets in a tool's environment to name its attempt (read back from that mapping here)."""
+
+
 def record_process(env: Mapping[str, str] | None, pid: int) -> None:
     """Record a started process (``pid``) whose environment ``env`` names an attempt; anything else is skipped."""
-    if not enabled() or env is None or not env.get("REEL_STEP_ID") or not env.get("REEL_RUN_ID"):
+    if not enabled() or env is None:
         return
-    attempt = env.get("REEL_ATTEMPT", "0")
-    record(SideEffect(kind="process", run_id=env["REEL_RUN_ID"], branch_id=env.get("REEL_BRANCH_ID", ""),
-                      step_id=env["REEL_STEP_ID"], attempt=int(attempt) if attempt.isdigit() else 0,
-                      tool=env.get("REEL_TOOL_NAME", ""), pid=pid))
+    run_id, branch_id, step_id, attempt, tool = (env.get(name, "") for name in ATTEMPT_VARS)
+    if run_id and step_id:
+        record(SideEffect(kind="process", run_id=run_id, branch_id=branch_id, step_id=step_id,
+                          attempt=int(attempt) if attempt.isdigit() else 0, tool=tool, pid=pid))
 
 
 def child_env(env: Mapping[str, str] | None) -> Mapping[str, str] | None:
