@@ -187,3 +187,28 @@ def test_confirmation_all_rule_and_the_incumbent_correction() -> None:
     assert broken.verdict is Fate.INVALID and broken.row.reason == "confirmation: nan"
     assert broken.row.readings == (2.0, 1.0, None)
     assert seg(1.0).promoted(1.5, WorldSha("k"), (1.4, 1.6)).best_readings == (1.4, 1.6)
+
+
+def test_a_proposer_and_park_probe_get_the_base_environment_and_their_pass_env_and_nats_names_are_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.crucible import proc
+    monkeypatch.setenv("REEL_NATS_PASSWORD", "pw-not-for-tools")
+    monkeypatch.setenv("PROPOSER_KEY", "k")
+    env = proc.base_env(("PROPOSER_KEY", "REEL_NATS_PASSWORD"))
+    assert env["PROPOSER_KEY"] == "k" and "REEL_NATS_PASSWORD" not in env
+    assert set(env) - {"PROPOSER_KEY"} <= {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT"}
+    base = {"world": {"repo": "/src"}, "judge": {"command": ["j"], "direction": "maximize"}}
+    cfg = parse_config({**base, "proposer": {"command": ["p"], "pass_env": ["PROPOSER_KEY"]},
+                        "gates": {"park": {"command": ["probe"], "pass_env": ["PROBE_TOKEN"]}}},
+                       config_dir="/c", cwd="/w", environ={})
+    assert cfg.proposer.pass_env == ("PROPOSER_KEY",) and cfg.gates.park is not None
+    assert cfg.gates.park.pass_env == ("PROBE_TOKEN",)
+    for bad, at in (({"proposer": {"command": ["p"], "pass_env": ["REEL_NATS_USER"]}}, "proposer.pass_env[0]"),
+                    ({"proposer": {"command": ["p"]}, "gates": {"park": {"command": ["x"],
+                                                                         "pass_env": ["REEL_NATS_CREDS"]}}},
+                     "gates.park.pass_env[0]"),
+                    ({"proposer": {"command": ["p"]}, "judge": {**base["judge"], "env": {"REEL_NATS_TOKEN": "t"}}},
+                     "regime main: judge.env.REEL_NATS_TOKEN")):
+        with pytest.raises(ConfigInvalid, match=r"NATS credentials") as exc:
+            parse_config({**base, **bad}, config_dir="/c", cwd="/w", environ={})
+        assert f"(at `{at}`)" in exc.value.message

@@ -127,7 +127,7 @@ async def test_canary_secrets_reach_no_stream_bucket_blob_or_log_line(
     secrets = as_reel_up(server, monkeypatch)
     canaries = {k: v for k, v in secrets.items() if k in ("REEL_NATS_PASSWORD", KEY_ENV)}
     monkeypatch.setenv("REEL_LOG_FORMAT", "json")
-    saved = structlog.get_config()
+    saved = {k: list(v) if isinstance(v, list) else v for k, v in structlog.get_config().items()}  # a copy
     setup_logging("executor", "INFO")  # the services' real chain, rendering to the captured stderr
     try:
         async with services_as_roles(server, "executor", "verifier"), client_of(server) as client:

@@ -52,13 +52,17 @@ def test_a_tool_output_is_scrubbed_as_it_spools_and_its_cap_counts_the_scrubbed_
         assert out.tail_text() == "[redacted:OPENAI_API_KEY]" * 3
 
 
-def test_the_process_remembers_its_credentials_and_every_log_line_is_scrubbed(tmp_path: object) -> None:
+def test_the_process_remembers_its_credentials_and_every_log_line_is_scrubbed() -> None:
     seed = "SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU"
     secrets.remember_auth(NatsAuth(user="executor", password=PW, nkey_seed=seed))
     assert secrets.scrub(f"{PW} {seed} executor") == \
         "[redacted:REEL_NATS_PASSWORD] [redacted:REEL_NATS_NKEY_SEED] executor"
+    saved = {k: list(v) if isinstance(v, list) else v for k, v in structlog.get_config().items()}
     setup_logging("test")
+    chain = list(structlog.get_config()["processors"])
+    structlog.configure(**saved)
+    assert chain[-2] is secrets.log_processor  # the last step before the renderer: tracebacks are scrubbed too
     with structlog.testing.capture_logs(processors=[secrets.log_processor]) as logs:
-        structlog.get_logger("t").info("tool.said", output=f"pw={PW}", nested={"k": [seed]})
+        structlog.get_logger("t").warning("tool.said", output=f"pw={PW}", nested={"k": [seed]})
     assert logs[0]["output"] == "pw=[redacted:REEL_NATS_PASSWORD]"
     assert logs[0]["nested"] == {"k": ["[redacted:REEL_NATS_NKEY_SEED]"]}
