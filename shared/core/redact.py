@@ -101,10 +101,12 @@ class StreamScrubber:
             pos, raw, mark = hit
             out += buf[i:pos] + mark
             i = pos + len(raw)
-        rest = buf[i:]
-        cut = max(0, len(rest) - self._hold)
-        self._pending = rest[cut:]
-        return bytes(out + rest[:cut])
+        cut = max(i, len(buf) - self._hold)
+        self._pending = buf[cut:]
+        if not out:  # the usual case: nothing to replace, one slice
+            return buf[i:cut]
+        out += buf[i:cut]
+        return bytes(out)
 
     def end(self) -> bytes:
         """The bytes held back (the stream ended: no value can complete them)."""
