@@ -9,7 +9,6 @@ refused request reaches a stream or a service's subscription.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -117,8 +116,10 @@ async def test_each_consumer_door_on_a_real_server(server: AuthServer) -> None:
                 assert msg.data == b"{}"
                 await sub.unsubscribe()
                 assert await discover(nc, "PING", name="reel-cancel", timeout_s=0.3, expected=1), role  # $SRV open
-        await op.nc.flush()
-        await asyncio.sleep(0.5)  # a delivery of a consumer that was created would have arrived by now
+    for stream in (n.events_stream, n.verdicts_stream, f"OBJ_{n.blob_bucket}"):  # none was created: none delivers
+        for info in await op.js.consumers_info(stream):
+            assert info.name != "mine" and info.config.durable_name is None, info
+            assert info.config.deliver_subject is None or info.config.deliver_subject.startswith("_INBOX."), info
     await watch.unsubscribe()
     assert aimed == []
     assert (await op.js.stream_info(n.commands_stream)).state.messages == commands_before
