@@ -3,9 +3,9 @@
 What is remembered: the NATS credentials a connection of this process uses (its password, nkey
 seed, the JWT and seed of its ``.creds`` file — remembered by :func:`shared.nats.infra.connect`);
 the ``REEL_NATS_*`` secrets of the environment (:data:`NATS_SECRET_ENV`); the API keys models name
-(``api_key_env``) and the usual ones (:data:`MODEL_KEY_ENV`), read from the environment by name
-(:func:`remember_env`). Values only ever grow: a secret once seen stays scrubbed for the life of
-the process.
+(``api_key_env``: :func:`remember_workflow`, called by the executor and the verifier on each workflow
+they load) and the usual ones (:data:`MODEL_KEY_ENV`), read from the environment by name. Values
+only ever grow: a secret once seen stays scrubbed for the life of the process.
 
 :func:`scrub` and :func:`scrub_bytes` are what the recording points call (tool outputs and errors,
 prompts: services/executor, shared/proc/tools.py); :func:`log_processor` is in the structlog
@@ -22,9 +22,10 @@ from typing import Any
 
 from shared.config import NatsAuth
 from shared.core.redact import Secrets, StreamScrubber, secrets_of
+from shared.core.workflow import WorkflowSpec
 
 __all__ = ["MODEL_KEY_ENV", "NATS_SECRET_ENV", "current", "log_processor", "remember", "remember_auth",
-           "remember_env", "scrub", "scrub_bytes", "stream"]
+           "remember_env", "remember_workflow", "scrub", "scrub_bytes", "stream"]
 
 NATS_SECRET_ENV = ("REEL_NATS_PASSWORD", "REEL_NATS_NKEY_SEED", "REEL_NATS_TOKEN")
 """The ``REEL_NATS_*`` variables whose values are secrets (a file a variable names: :func:`remember_auth`)."""
@@ -68,6 +69,12 @@ def remember_auth(auth: NatsAuth) -> None:
                   if line.strip() and not line.strip().startswith(("---", "***"))]
     remember(pairs)
     remember_env(NATS_SECRET_ENV)
+
+
+def remember_workflow(spec: WorkflowSpec) -> None:
+    """Remember the API keys ``spec``'s models name (:meth:`~shared.core.workflow.WorkflowSpec.model_key_names`),
+    read from this process's environment: a service calls it on each workflow it loads."""
+    remember_env(spec.model_key_names())
 
 
 def _read(path: str) -> str | None:

@@ -51,7 +51,7 @@ from shared.core.chaos import SideEffect
 from shared.core.chat import ToolCall
 from shared.core.errors import ToolCallInvalid, ToolError
 from shared.core.toolspec import output_limit, truncation_note
-from shared.core.workflow import AgentStep, ModelStep, WorkflowSpec
+from shared.core.workflow import AgentStep
 from shared.proc import ledger
 from shared.proc.tools import Command, run_command
 
@@ -62,13 +62,6 @@ PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
 def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:
     """The call's idempotency key: ``<run>/<branch>/<step>`` (the same for every attempt of the call)."""
     return f"{run_id}/{branch_id}/{step_id}"
-
-
-def secret_env_names(spec: WorkflowSpec) -> frozenset[str]:
-    """The environment variables holding the API keys of ``spec``'s models, agent and plain (no tool gets them
-    unless it names them in ``pass_env``; their values are scrubbed from what the executor records)."""
-    return frozenset(s.model.api_key_env for s in spec.steps
-                     if isinstance(s, AgentStep | ModelStep) and isinstance(s.model.api_key_env, str))
 
 
 class CallContext:

@@ -41,7 +41,7 @@ from shared.nats.control import ControlHub, Interrupt
 from shared.tools_check import check_tool_imports
 
 from .agent import AgentRun
-from .agenttools import PythonTools, secret_env_names
+from .agenttools import PythonTools
 from .attempts import Attempts, on_head
 from .plain import Chained, Cursor, PlainSteps, Prepared
 
@@ -78,7 +78,7 @@ class WorkflowSpecs:
             WorkflowInvalid: a python tool path does not resolve (the message names the field).
         """
         self._tools[sha256] = tools if tools is not None else check_tool_imports(spec)
-        secrets.remember_env(secret_env_names(spec))  # its models' keys: scrubbed from what its tools return
+        secrets.remember_workflow(spec)  # its models' keys: scrubbed from what its tools return
         self._specs[sha256] = spec
 
     def python_tools(self, sha256: str) -> PythonTools:

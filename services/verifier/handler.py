@@ -32,6 +32,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from shared import secrets
 from shared.clock import now_ms
 from shared.core import verification
 from shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInvalid
@@ -155,6 +156,7 @@ class VerificationHandler:
         spec = self._specs.get(ref.sha256)
         if spec is None:
             spec = parse_workflow(await self.blobs.get(ref), fmt="json")
+            secrets.remember_workflow(spec)  # its models' keys: scrubbed from verdict reasons and logs
             if len(self._specs) >= SPEC_CACHE:
                 self._specs.pop(next(iter(self._specs)))
             self._specs[ref.sha256] = spec

@@ -142,6 +142,13 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 return s
         raise KeyError(step_id)
 
+    def model_key_names(self) -> frozenset[str]:
+        """The environment variables holding the API keys of the workflow's models (``api_key_env``, agent and
+        plain steps): no tool gets them unless it names them in ``pass_env``; their values are scrubbed from
+        what a service records (shared/secrets.py)."""
+        return frozenset(s.model.api_key_env for s in self.steps
+                         if isinstance(s, ModelStep | AgentStep) and isinstance(s.model.api_key_env, str))
+
     def decls(self) -> tuple[StepDecl, ...]:
         """What the fold needs to know of the steps."""
         return tuple(

@@ -10,6 +10,8 @@ import os
 
 import structlog
 
+from shared.core.verifiers.context import VerdictResult, VerifierCtx, passed
+
 NAMES = ("REEL_NATS_USER", "REEL_NATS_PASSWORD", "REEL_TEST_MODEL_KEY")
 
 
@@ -28,3 +30,13 @@ def leak_log() -> str:
     structlog.get_logger("reel.tests.leak").warning("tool.leaking", key=os.environ.get("REEL_TEST_MODEL_KEY"),
                                                      nested={"pw": [os.environ.get("REEL_NATS_PASSWORD")]})
     return "logged"
+
+
+class LeakyVerifier:
+    """A python verifier (it runs inside the verifier service) whose reason quotes the model key."""
+
+    def __init__(self, spec: object) -> None:
+        self.spec = spec
+
+    async def verify(self, ctx: VerifierCtx) -> VerdictResult:
+        return passed(f"judged with {os.environ.get('REEL_TEST_MODEL_KEY')}")

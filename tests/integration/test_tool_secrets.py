@@ -103,7 +103,8 @@ def canary_workflow() -> dict[str, object]:
                    {"name": "leak_log", "python": python + "leak_log"},
                    {"name": "cmd", "command": leak_cmd, "pass_env": [KEY_ENV]}]},
         {"kind": "tool", "id": "fails", "tool": {"type": "command", "argv": fail_cmd, "pass_env": [KEY_ENV]}},
-    ], "verifiers": [{"type": "command", "argv": ENV_DUMP}]}
+    ], "verifiers": [{"type": "command", "argv": ENV_DUMP},
+                     {"type": "python", "name": "leaky", "path": python + "LeakyVerifier"}]}
 
 
 async def every_stored_byte(server: AuthServer) -> tuple[bytes, list[str]]:
@@ -135,7 +136,7 @@ async def test_canary_secrets_reach_no_stream_bucket_blob_or_log_line(
             assert started.ok and started.run_id, started
             state = await client.wait_for(started.run_id, ("completed",), timeout_s=90)
             out = await outputs(client, state)
-            await client.verdicts(started.run_id)
+            verdicts = {v.verifier: v for v in await client.verdicts(started.run_id)}
     finally:
         structlog.configure(**saved)
     logs = capsys.readouterr().err
@@ -153,6 +154,7 @@ async def test_canary_secrets_reach_no_stream_bucket_blob_or_log_line(
     assert "[redacted:REEL_NATS_PASSWORD]" in leaked and f"[redacted:{KEY_ENV}]" in leaked, leaked
     failed = attempt_of(state, "solve:t1:c1", 1)
     assert failed.error_message is not None and "[redacted:REEL_NATS_PASSWORD]" in failed.error_message
+    assert verdicts["leaky"].reason == f"judged with [redacted:{KEY_ENV}]", verdicts
     fails = attempt_of(state, "fails", 1)
     assert fails.error_kind == "exit_3" and f"[redacted:{KEY_ENV}]" in (fails.error_message or "")
     assert b"[redacted:REEL_NATS_PASSWORD]" in stored and f"[redacted:{KEY_ENV}]".encode() in stored

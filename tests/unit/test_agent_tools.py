@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.executor.agenttools import CallContext, encode_result, run_call, secret_env_names
+from services.executor.agenttools import CallContext, encode_result, run_call
 from shared.core.chat import ToolCall
 from shared.core.errors import ToolError, WorkflowInvalid
 from shared.core.toolspec import OUTPUT_TOO_LARGE, truncation_note
@@ -24,7 +24,7 @@ def _agent(tools: list[dict[str, Any]]) -> AgentStep:
         "kind": "agent", "id": "solve", "context": [{"id": "task", "kind": "task", "text": "x"}],
         "model": {"adapter": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "T_KEY"},
         "tools": tools}]})
-    assert secret_env_names(spec) == {"T_KEY"}
+    assert spec.model_key_names() == {"T_KEY"}
     step = spec.steps[0]
     assert isinstance(step, AgentStep)
     return step
