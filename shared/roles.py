@@ -165,8 +165,9 @@ def grants(names: Names) -> dict[str, Grant]:
             n.verify_all, n.control_all, *_read(s["events"]),
             *_ordered(s["events"]), f"{API}.CONSUMER.CREATE.{s['verdicts']}",  # and the consumer gate's forwards
             f"{API}.STREAM.MSG.GET.{s['commands']}",  # recovery: is a verification trigger queued?
-            *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]), *replies],
-            [n.consumer_gate_all]),  # clients' consumer-create requests (shared/nats/consumergate.py)
+            *blob_read, *_read(s["snapshots"]), *_read(s["leases"]), *_read(s["outcomes"]),
+            f"$KV.{n.outcome_bucket}.>",  # recovery claims a lost attempt's marker key before recording it lost
+            *replies], [n.consumer_gate_all]),  # clients' consumer-create requests (shared/nats/consumergate.py)
         "crucible": service("crucible", [
             *_durable(s["commands"], n.consumer(cru.consumer_service)), f"{cru.sessions_prefix}*",
             *_read(s["crucible"]), *blob_read, *blob_write, *replies]),

@@ -42,6 +42,7 @@ from shared.nats.client import ReelClient
 from shared.nats.consumergate import consumer_gate
 from shared.nats.embedded import url_or_embedded
 from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
+from shared.nats.micro import SERVICE_PREFIX, discover
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
@@ -87,13 +88,28 @@ async def server_listening(host: str = "127.0.0.1", port: int = 4222) -> bool:
         writer.close()
 
 
-async def service_active(infra: Infra, cfg: Config, name: str) -> bool:
-    """True if some instance of service ``name`` is consuming (its durable consumer has pull requests waiting)."""
-    try:
-        info = await infra.js.consumer_info(cfg.names.commands_stream, cfg.names.consumer(name))
-    except Exception:
-        return False
-    return bool(info.num_waiting)
+DISCOVERY_WAIT_S = 2.0
+"""How long a command asks NATS micro discovery (``$SRV.PING.reel-<service>``) for a service before it runs
+that service itself (s): a ``reel up`` whose services are still starting has this long to answer."""
+
+
+async def services_running(infra: Infra, cfg: Config, wanted: tuple[str, ...], *,
+                           wait_s: float = DISCOVERY_WAIT_S) -> set[str]:
+    """The services among ``wanted`` that some process serves on this server and namespace: each answers
+    ``$SRV.PING`` as ``reel-<name>`` (shared/nats/micro.py). Pings every 0.25 s until all answered or
+    ``wait_s`` has passed (a service that is still starting gets that long)."""
+    found: set[str] = set()
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        answers = await discover(infra.nc, "PING", namespace=cfg.names.namespace, timeout_s=0.25)
+        found |= {str(a.get("name", ""))[len(SERVICE_PREFIX):] for a in answers} & set(wanted)
+        if found >= set(wanted) or asyncio.get_running_loop().time() >= deadline:
+            return found
+
+
+async def service_active(infra: Infra, cfg: Config, name: str, *, wait_s: float = 0.5) -> bool:
+    """True if some process serves ``name`` here (:func:`services_running`, a shorter wait)."""
+    return name in await services_running(infra, cfg, (name,), wait_s=wait_s)
 
 
 def service_serve(name: str) -> Callable[..., Coroutine[Any, Any, None]] | None:
@@ -122,9 +138,14 @@ async def serve_as_role(name: str, serve: Callable[..., Coroutine[Any, Any, None
 
 
 @contextlib.asynccontextmanager
-async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...], *, auth: AuthDir | None = None
-                              ) -> AsyncIterator[list[str]]:
+async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...], *, auth: AuthDir | None = None,
+                              own_server: bool = False) -> AsyncIterator[list[str]]:
     """Run the ``wanted`` services that no process is running yet as tasks of this process.
+
+    Which run already is asked of NATS micro discovery (:func:`services_running`, a bounded wait), except on
+    an embedded server this command started itself (``own_server``: nothing else can serve it). Should a
+    ``reel up`` that was still starting come up beside them, two executors meet the same runs; each run
+    still has one writer (a run whose owner holds its lease is never claimed: docs/architecture.md).
 
     With ``auth`` each connects as its role (``infra`` then only tells which services run:
     an operator's). On a normal exit the services are stopped and in-flight work drains
@@ -134,9 +155,10 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     names: list[str] = []
+    running = set() if own_server else await services_running(infra, cfg, wanted)
     for name in wanted:
         serve = service_serve(name)
-        if serve is not None and not await service_active(infra, cfg, name):
+        if serve is not None and name not in running:
             work = serve(infra, cfg, stop) if auth is None else serve_as_role(name, serve, cfg, auth, stop)
             tasks.append(asyncio.create_task(work))
             names.append(name)
@@ -210,7 +232,8 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
         else:
             infra = watcher = await ensure_infra(nc, cfg)
         if services and watcher is not None:
-            started = await stack.enter_async_context(in_process_services(watcher, base, services, auth=auth))
+            started = await stack.enter_async_context(in_process_services(watcher, base, services, auth=auth,
+                                                                          own_server=embedded))
             if started:
                 err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)

@@ -5,8 +5,9 @@
 which drives runs (services/executor/driver.py) attempt by attempt
 (services/executor/attempts.py), consumes the start/resume command subjects (the shared durable,
 and with ``REEL_PARTITIONS`` its own and orphaned partitions: services/executor/partitions.py), and
-keeps this executor's lease alive (shared/nats/leases.py, naming its partitions) until the drain is over, and
-resolves its own attempts a drive that raised left open once they are settled (services/executor/orphans.py).
+keeps this executor's lease (shared/nats/leases.py, naming its partitions: written before the first command,
+renewed until the drain is over), and resolves its own attempts a drive that raised left open once they are
+settled (services/executor/orphans.py). The tasks run in one task group: one that raises stops the service.
 
 Shutdown (``stop`` set, e.g. SIGTERM): no new command is taken; the attempts in flight run on
 for ``cfg.drain_deadline_s`` (``REEL_DRAIN_DEADLINE_S``, default 45 s, inside the deployments'
@@ -17,19 +18,23 @@ the runs are handed back to another executor (services/executor/interrupts.py).
 from __future__ import annotations
 
 import asyncio
+import importlib
 from typing import Any
 
 import structlog
 
 from shared.config import Config
+from shared.core.errors import LeaseLost
+from shared.core.ids import new_executor_id
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
-from shared.nats.leases import heartbeat
+from shared.nats.leases import Lease
+from shared.proc.group import kill_groups, tracked_groups
 from shared.proc.tools import reap_orphaned_tools
 
 from .handler import Executor
-from .partitions import PartitionConsumers
+from .partitions import PartitionConsumers, own_partitions
 
 log = structlog.get_logger("reel.executor")
 
@@ -40,26 +45,79 @@ def ports(infra: Infra, cfg: Config) -> tuple[JetStreamEventLog, JetStreamBlobSt
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
-    """Run one executor instance until ``stop`` is set (``kwargs``: see :class:`Executor`)."""
-    ex = Executor(infra, cfg, *ports(infra, cfg), stopping=stop, **kwargs)
-    structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
-    reaped = await asyncio.to_thread(reap_orphaned_tools)
-    if reaped:
-        log.warning("executor.reaped_orphaned_tools", process_groups=reaped)
-    consumers = PartitionConsumers(infra, cfg, ex.executor_id, ex.router, ex.router.subjects)
-    lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
-    hb = asyncio.create_task(heartbeat(infra.leases, ex.executor_id, cfg.lease_ttl_s, lease_stop, consumers.own))
-    deadline = asyncio.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
-    orphans = asyncio.create_task(ex.orphans.tend_loop(lambda: ex.driving, stop, cfg.lease_ttl_s))
+    """Run one executor until ``stop`` is set (``kwargs``: see :class:`Executor`).
+
+    Each *incarnation* has its own executor id and lease (:class:`~shared.nats.leases.Lease`): the lease is
+    written and acknowledged before any command is taken. If the lease is lost (not renewed in time: a
+    freeze, a lost server), the tools the incarnation started are killed at once, it writes nothing more
+    (every commit, marker, trigger and snapshot checks the lease first), its consumers and drives stop, and
+    a new incarnation starts under a new executor id; the old id's runs are taken over once its lease has
+    expired on the server, and recovery resolves its open intents.
+    """
+    while True:
+        try:
+            await _incarnation(infra, cfg, stop, **kwargs)
+            return
+        except LeaseLost:
+            if stop.is_set():
+                return
+            kwargs = {k: v for k, v in kwargs.items() if k != "executor_id"}
+            log.warning("executor.new_incarnation", reason="lease lost")
+
+
+async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
+    """One executor id's life (see :func:`serve`).
+
+    Raises:
+        LeaseLost: its lease was lost.
+        Exception: what a consumer or a task of the incarnation raised (the others were stopped first).
+    """
+    executor_id = kwargs.pop("executor_id", None) or new_executor_id()
+    await asyncio.to_thread(importlib.import_module, "shared.models.openai")  # ≈1 s: never on the loop, mid-lease
+    with tracked_groups() as groups:  # every tool process group this incarnation starts
+        lease = Lease(infra.leases, executor_id, cfg.lease_ttl_s, partitions=own_partitions(cfg),
+                      on_lost=lambda: log.error("executor.lease_lost_tools_killed", process_groups=kill_groups(groups)))
+        ex = Executor(infra, cfg, *ports(infra, cfg), stopping=stop, executor_id=executor_id, lease=lease, **kwargs)
+        structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
+        if not await lease.acquire(stop):  # never a command before the lease is visible
+            return
+        reaped = await asyncio.to_thread(reap_orphaned_tools)
+        if reaped:
+            log.warning("executor.reaped_orphaned_tools", process_groups=reaped)
+        consumers = PartitionConsumers(infra, cfg, ex.executor_id, ex.router, ex.router.subjects)
+        lease_stop = asyncio.Event()  # the lease outlives the drain: in-flight attempts are still ours
+        try:
+            async with asyncio.TaskGroup() as tg:  # a task that raises stops the others, and the lease with them
+                tg.create_task(lease.keep(lease_stop))
+                tg.create_task(_fail_when_lost(lease, lease_stop))
+                deadline = tg.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
+                orphans = tg.create_task(ex.orphans.tend_loop(lambda: ex.driving, stop, cfg.lease_ttl_s))
+                await ex.control.start()
+                await consumers.run(stop)
+                deadline.cancel()
+                await orphans
+                lease_stop.set()
+        except BaseExceptionGroup as group:
+            lost = group.subgroup(LeaseLost)
+            if lost is not None:
+                raise lost.exceptions[0] from None
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+        finally:
+            await ex.control.stop()
+
+
+async def _fail_when_lost(lease: Lease, done: asyncio.Event) -> None:
+    """Raise :class:`LeaseLost` once ``lease`` is lost (before ``done``): the task group stops the incarnation."""
+    lost, ended = asyncio.ensure_future(lease.lost.wait()), asyncio.ensure_future(done.wait())
     try:
-        await ex.control.start()
-        await consumers.run(stop)
+        await asyncio.wait((lost, ended), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        deadline.cancel()
-        await orphans
-        lease_stop.set()
-        await hb
-        await ex.control.stop()
+        lost.cancel()
+        ended.cancel()
+    if lease.lost.is_set() and not done.is_set():
+        lease.check()
 
 
 async def _drain_deadline(ex: Executor, stop: asyncio.Event, deadline_s: float) -> None:

@@ -53,6 +53,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.toolspec import OutputLimit, truncation_note
 from shared.fenced import Committed, Decide, NoCommit, commit_decided
 from shared.nats.blobstore import ref_for
+from shared.nats.leases import Lease
 from shared.nats.publish import publish_pipelined, publish_verify
 from shared.proc.group import Stdin
 from shared.proc.tools import SPOOL_MEMORY_BYTES, ToolOutput
@@ -69,6 +70,9 @@ after_outcome; plain steps, services/executor/plain.py, and agent turns and tool
 :mod:`shared.core.chaos`) or ``verifying:after_commit``; the process exits 137 there."""
 CRASH_SIGNAL_ENV = "REEL_EXECUTOR_CRASH_SIGNAL"
 """``KILL``: at its crash point the process sends itself a real SIGKILL (``reel chaos``), not ``os._exit(137)``."""
+MARKER_CREATE = {"Nats-Expected-Last-Subject-Sequence": "0"}
+"""An outcome marker is only ever created, never overwritten: once recovery has claimed an attempt's key (its
+``lost`` tombstone, written before it records the attempt lost), a late marker of that attempt is refused."""
 LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
 
 
@@ -133,12 +137,16 @@ class Attempts:
         outcomes: the outcome-marker bucket, to read a dead executor's markers (:meth:`marker`).
         tool_output: the default output cap of a ``command`` tool step (``REEL_TOOL_MAX_OUTPUT_BYTES``,
             ``REEL_TOOL_ON_OVERFLOW``); a tool's own ``max_output_bytes``/``on_overflow`` win.
+        lease: this executor's lease (:class:`~shared.nats.leases.Lease`): checked right before every commit,
+            outcome marker, verification trigger and snapshot, so an executor that lost its lease writes
+            nothing (:class:`~shared.core.errors.LeaseLost` is raised instead); ``None``: not checked.
     """
 
     def __init__(self, log: EventLog, blobs: BlobStore, nc: Client, names: Names,
                  executor_id: ExecutorId, counter: TokenCounter, *, outcomes: KeyValue | None = None,
-                 tool_output: OutputLimit | None = None) -> None:
+                 tool_output: OutputLimit | None = None, lease: Lease | None = None) -> None:
         self.log, self.blobs, self._nc, self._names, self._outcomes = log, blobs, nc, names, outcomes
+        self.lease = lease
         self.tool_output = tool_output or OutputLimit()
         self.executor_id = executor_id
         self.counter = counter
@@ -151,6 +159,11 @@ class Attempts:
         if self._crash_at and self._crash_at in points:
             die(self._crash_at)
 
+    def check_lease(self) -> None:
+        """Raise :class:`~shared.core.errors.LeaseLost` unless this executor still holds its lease."""
+        if self.lease is not None:
+            self.lease.check()
+
     # ---- commits -------------------------------------------------------------------------
     async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int] | None:
         """Send the commit of ``events`` fenced on ``state.head_lsn`` now (to pipeline it); its LSN future.
@@ -161,6 +174,7 @@ class Attempts:
         kept = after_cancel(state, events)
         if not kept:
             return None
+        self.check_lease()
         return await self.log.commit_async(state.run_id, kept, expected_lsn=state.head_lsn, writer=self.executor_id)
 
     async def send_with(self, state: RunState, events: Sequence[AnyEvent], bodies: Sequence[tuple[bytes, str]] = (),
@@ -175,6 +189,7 @@ class Attempts:
         ``crash_point``: fault injection (``REEL_EXECUTOR_CRASH_AT``): if the point set is it (or one of them),
         the process dies (:func:`die`) once the bodies and markers are stored, before the commit is sent.
         """
+        self.check_lease()
         puts = [await self.blobs.put_async(b, media) for b, media in bodies]
         marks = [self.marker_async(state.run_id, o.branch_id, o.step_id, o.attempt, o.output_ref) for o in markers]
         armed = (crash_point,) if isinstance(crash_point, str) else crash_point
@@ -198,9 +213,19 @@ class Attempts:
 
         Raises:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
+            LeaseLost: this executor lost its lease (nothing is committed).
         """
-        return await commit_decided(self.log, state.run_id, settled(decide), writer=self.executor_id, state=state,
-                                    sent=sent, log_name=LOG_NAME)
+        return await commit_decided(self.log, state.run_id, self._leased(settled(decide)), writer=self.executor_id,
+                                    state=state, sent=sent, log_name=LOG_NAME)
+
+    def _leased(self, decide: Decide) -> Decide:
+        """``decide``, with the lease checked on every try (a try after a lost fence may come late)."""
+        def decided(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+            out = decide(state)
+            if not isinstance(out, NoCommit):
+                self.check_lease()
+            return out
+        return decided
 
     async def intent(self, state: RunState, events: Sequence[AnyEvent], *,
                      sent: asyncio.Future[int] | None = None) -> RunState | NoCommit:
@@ -213,6 +238,7 @@ class Attempts:
         if it is lost, recovery's sweep re-triggers a run resting in Verifying with none queued)."""
         if self._crash_at == "verifying:after_commit":  # fault injection: die between the commit and the trigger
             die(self._crash_at)
+        self.check_lease()
         try:
             await publish_verify(self._nc.jetstream(), self._names, state.run_id, state.active_branch, state.head_lsn)
         except Exception as exc:
@@ -312,9 +338,10 @@ class Attempts:
     def marker_async(self, run_id: str, branch_id: str, step_id: str, attempt: int,
                      ref: BlobRef) -> asyncio.Future[Any]:
         """Publish the recovery marker of a success (its output ``ref``) now; the future resolves once acked."""
+        self.check_lease()
         key = outcome_key(run_id, branch_id, step_id, attempt)
         fut: asyncio.Future[Any] = publish_pipelined(self._nc, self._names.outcome_marker(key),
-                                                        msgspec.json.encode(ref), None, BLOB_TIMEOUT_S)
+                                                        msgspec.json.encode(ref), MARKER_CREATE, BLOB_TIMEOUT_S)
         return fut
 
     async def store_until_done(self, body: bytes, media_type: str = "text/plain") -> None:

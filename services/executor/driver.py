@@ -53,9 +53,9 @@ class HandedBack(Exception):
 
 
 class OwnedElsewhere(Exception):
-    """Another executor owns the run, holds its lease and has an attempt in flight
-    (:func:`shared.core.planning.claim_defers`): this executor does not claim it; the command is nak'ed
-    (redelivered with backoff, until the run rests, its owner takes the command, or the owner's lease lapses)."""
+    """Another executor owns the run and holds its lease (:func:`shared.core.planning.claim_defers`): this
+    executor does not claim it; the command is nak'ed (redelivered with backoff, until its owner takes the
+    command or the owner's lease lapses)."""
 
     def __init__(self, run_id: str, owner: str) -> None:
         super().__init__(f"run {run_id} is driven by live executor {owner}")
@@ -135,7 +135,8 @@ class Driver:
 
         Raises:
             HandedBack: the executor is stopping (between two steps; the attempts in flight recorded first).
-            OwnedElsewhere: a live executor owns the run with an attempt in flight (nothing was committed).
+            OwnedElsewhere: a live executor owns the run (nothing was committed).
+            LeaseLost: this executor lost its lease (nothing more was written; its tools were killed).
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
@@ -201,7 +202,7 @@ class Driver:
                 return await agents.drain(state)
 
     async def _check_owner(self, state: RunState) -> None:
-        """Raise :class:`OwnedElsewhere` if ``state``'s owner is alive with an attempt in flight."""
+        """Raise :class:`OwnedElsewhere` if ``state``'s owner (another executor) holds its lease."""
         owner = state.executor_id
         if owner is None or owner == self.executor_id or self._owner_alive is None:
             return

@@ -21,7 +21,7 @@ from shared.clock import now_ms
 from shared.config import Config
 from shared.core import cancel
 from shared.core.commands import Reply, ResumeRun, StartRun
-from shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, RunNotFound
+from shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
 from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
@@ -34,7 +34,7 @@ from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.control import ControlHub
 from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive
+from shared.nats.leases import Lease, executor_alive
 from shared.tools_check import check_tool_imports
 
 from .attempts import LOG_NAME, Attempts
@@ -57,17 +57,20 @@ class Executor:
         log: the event log port (constructed once by ``serve()``).
         blobs: the blob store port (constructed once by ``serve()``).
         stopping: set on shutdown: finish the attempt in flight, then hand runs back.
+        lease: this executor's lease, checked before every write (``None``: not checked — tests that drive
+            an executor without one).
     """
 
     def __init__(self, infra: Infra, cfg: Config, log: EventLog, blobs: BlobStore, *,
                  executor_id: ExecutorId | None = None, counter: TokenCounter = DEFAULT_COUNTER,
-                 stopping: asyncio.Event | None = None) -> None:
+                 stopping: asyncio.Event | None = None, lease: Lease | None = None) -> None:
         self.infra, self.log, self.blobs = infra, log, blobs
         self.executor_id = executor_id or new_executor_id()
+        self.lease = lease
         self.specs = WorkflowSpecs(blobs)
         self.inline_max = cfg.inline_max_bytes
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
-                            tool_output=cfg.tool_output)
+                            tool_output=cfg.tool_output, lease=lease)
         self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since, check_s=cfg.cancel_check_s)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes,
@@ -140,6 +143,7 @@ class Executor:
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
         )
+        self.driver.attempts.check_lease()
         done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
         if stored is not None:
             await stored
@@ -190,7 +194,10 @@ class Executor:
                 self._driving[run_id] = False
         except HandedBack:
             return Ack.NAK  # redelivered at once to another instance, which takes over from the log
-        except OwnedElsewhere:  # a duplicate while its live owner drives it: back to the queue, with backoff
+        except OwnedElsewhere:  # a duplicate while its live owner holds it: back to the queue, with backoff
+            return Ack.NAK
+        except LeaseLost:  # this executor may no longer write: the run goes to one that holds its lease
+            log.warning("run.lease_lost", command=kind)
             return Ack.NAK
         except RunCorrupt as exc:  # no executor can drive it: never redeliver
             bad = exc.corruption

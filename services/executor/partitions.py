@@ -90,12 +90,13 @@ class PartitionConsumers:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume the shared durable, the own partitions and adopted ones until ``stop``; then drain all."""
-        tasks = [asyncio.create_task(self._consumer("executor", self.plain_subjects).run(stop))]
-        tasks += [asyncio.create_task(self._partition_consumer(p).run(stop)) for p in self.own]
-        if len(self.own) < self.cfg.names.partitions:
-            tasks.append(asyncio.create_task(self._watch(stop)))
         try:
-            await asyncio.gather(*tasks)
+            async with asyncio.TaskGroup() as tg:  # one consumer that raises stops the others (and the service)
+                tg.create_task(self._consumer("executor", self.plain_subjects).run(stop))
+                for p in self.own:
+                    tg.create_task(self._partition_consumer(p).run(stop))
+                if len(self.own) < self.cfg.names.partitions:
+                    tg.create_task(self._watch(stop))
         finally:
             for ev, _ in self.adopted.values():
                 ev.set()

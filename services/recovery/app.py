@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 import structlog
 from nats.js import api as jsapi
-from nats.js.errors import InvalidKeyError, KeyNotFoundError, NotFoundError
+from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from shared.clock import now_ms
 from shared.config import Config
@@ -98,10 +98,26 @@ class RecoveryService:
         return {e for e, alive in zip(ids, flags, strict=True) if alive}
 
     async def marker(self, key: str) -> BlobRef | None:
-        """The output ref an executor stored before dying, if it got that far."""
+        """The output ref an executor stored before dying, if it got that far; ``None`` if it did not — then
+        the key is claimed with :data:`~shared.core.recovery.LOST_MARKER` (created, so a marker that lands
+        meanwhile wins and is returned instead, and a later one is refused)."""
+        found = await self._read_marker(key)
+        if found is not None:
+            return found
+        try:
+            await self.infra.outcomes.create(key, recovery.LOST_MARKER)
+        except KeyWrongLastSequenceError:  # the executor's marker landed first: it is the outcome
+            return await self._read_marker(key)
+        except InvalidKeyError:
+            return None
+        return None
+
+    async def _read_marker(self, key: str) -> BlobRef | None:
         try:
             entry = await self.infra.outcomes.get(key)
         except (KeyNotFoundError, InvalidKeyError):
+            return None
+        if entry.value == recovery.LOST_MARKER:
             return None
         try:
             return msgspec.json.decode(entry.value or b"", type=BlobRef)

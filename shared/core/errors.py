@@ -39,6 +39,16 @@ class ConcurrencyConflict(ReelError):
         self.expected_lsn = expected_lsn
 
 
+class LeaseLost(ReelError):
+    """This executor's lease was not renewed in time (a freeze, a lost connection, a full store): it may no
+    longer hold its runs. It writes nothing more — no commit, no outcome marker — and stops as this
+    incarnation; its tools were killed first. Another executor (or this process under a new executor id)
+    takes the runs over once the lease has expired on the server."""
+
+    code = "lease_lost"
+    retryable = True
+
+
 class RunNotFound(ReelError):
     """No run with this id exists in the event log."""
 

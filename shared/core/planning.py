@@ -113,17 +113,16 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
 
 
 def claim_defers(state: RunState, executor_id: str, owner_alive: bool) -> bool:
-    """True when ``executor_id`` must not claim ``state``: another executor owns it, holds a lease
-    (``owner_alive``) and has an attempt of the run still ``dispatched`` — claiming would supersede a live
-    attempt and run its side effect twice (a duplicate start or resume delivered to a second
-    executor). With no attempt in flight a claim is safe (the owner's next commit loses the fence and it
-    yields), so a live owner whose drive ended without an attempt open does not strand the run. Pure.
-    See docs/architecture.md, Services.
+    """True when ``executor_id`` must not claim ``state``: another executor owns it and holds its lease
+    (``owner_alive``, as read from the leases bucket's leader). A run changes hands only when its owner is
+    provably gone: an executor writes its lease before it takes any command, and gives its runs up (kills its
+    tools, writes nothing more) before the server can let its lease expire (shared/nats/leases.py), so a
+    live owner's attempt — in flight, or about to be dispatched — is never superseded and no tool runs twice
+    on two healthy executors. A duplicate start or resume that reaches another executor is handed back to
+    the queue until the owner takes it or is gone (docs/architecture.md, "One writer per run"). Pure.
     """
     owner = state.executor_id
-    if owner is None or owner == executor_id or not owner_alive:
-        return False
-    return has_open_intent(state)
+    return owner is not None and owner != executor_id and owner_alive
 
 
 def has_open_intent(state: RunState) -> bool:

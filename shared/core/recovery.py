@@ -17,8 +17,9 @@ executor normally commits the outcome; recovery steps in only when it cannot:
 * Resolution of a lost intent: when the executor stored the outcome marker
   (``<run>.<branch>.<step>.<attempt>`` in the outcomes KV, written after the
   output blob and before the outcome commit) → ``attempt_succeeded`` with that
-  output ref; otherwise ``attempt_failed`` with ``error_kind="executor_lost"``.
-  Both carry ``recovered=True``.
+  output ref; otherwise (recovery first claims the marker's key, :data:`LOST_MARKER`)
+  ``attempt_failed`` with ``error_kind="executor_lost"`` and a message saying the outcome is
+  unknown. Both carry ``recovered=True``.
 * In a **cancelled** run an intent on the active branch (the one the cancel stopped)
   is resolved ``attempt_cancelled`` whatever the marker says (never succeeded or
   failed after ``run_cancelled``; :func:`shared.core.cancel.after_cancel`).
@@ -52,6 +53,13 @@ from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from shared.core.subjects import outcome_key
 
 EXECUTOR_LOST = "executor_lost"
+LOST_MESSAGE = ("executor {executor_id} was lost before committing an outcome and stored no output: the outcome "
+                "is unknown (its side effect may or may not have happened)")
+"""The ``attempt_failed`` message of a lost intent without a marker: what is known, and no more."""
+LOST_MARKER = b"lost"
+"""The body recovery *creates* under an attempt's outcome-marker key before recording the attempt lost. Markers
+are only ever created (never overwritten), so a late marker of that attempt — written by an executor that was
+frozen past its lease — is refused by the server, and marker and log never disagree."""
 
 WaitReason = Literal["executor_alive", "latest_attempt", "owner_alive"]
 
@@ -192,7 +200,7 @@ def triage(state: RunState, live_executors: Set[str]) -> Triage:
 
 def resolution_events(
     state: RunState, intents: Iterable[OpenIntent], markers: Mapping[str, BlobRef], *, at_ms: int,
-    lost_message: str = "executor {executor_id} died before committing an outcome; no output was stored",
+    lost_message: str = LOST_MESSAGE,
 ) -> tuple[AnyEvent, ...]:
     """The outcome events resolving ``intents`` (one commit), ``recovered=True``.
 

@@ -1,12 +1,12 @@
-"""Executor leases: the writer (:func:`heartbeat`) and the reader (:func:`executor_alive`).
+"""Executor leases: the holder (:class:`Lease`) and the reader (:func:`executor_alive`).
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
-executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it heartbeats. The
+executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it renews it. The
 bucket's max age is the lease TTL, so a dead executor's entry expires by itself; a
 stopping one deletes it. Recovery and rewind read it to tell a live owner from a dead one.
 
 On a replicated bucket (R3) a Direct Get can be answered by a follower that has not applied a
-fresh heartbeat yet, so "no entry" is asked again of the stream leader before an executor is
+fresh renewal yet, so "no entry" is asked again of the stream leader before an executor is
 declared gone: a live executor's attempt is never taken over on a lagging replica's word.
 """
 
@@ -16,33 +16,114 @@ import asyncio
 import contextlib
 import json
 import os
+import time
+from collections.abc import Callable, Sequence
 
 import structlog
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from shared.core.errors import LeaseLost
+
 log = structlog.get_logger(__name__)
 
 
-async def heartbeat(leases: KeyValue, executor_id: str, ttl_s: int, stop: asyncio.Event,
-                    partitions: tuple[int, ...] = ()) -> None:
-    """Keep ``executor_id``'s lease alive (one put every ``ttl_s / 3`` seconds) until ``stop``, then delete it.
+class Lease:
+    """This executor's lease: written (and acknowledged) before the executor takes any command, renewed every
+    ``ttl_s / 3`` seconds, and *held* only while renewals keep landing.
 
-    ``partitions``: the command partitions it owns, named in the body (``"partitions": [0, 2]``;
-    services/executor/partitions.py).
+    The bucket's max age is ``ttl_s``, so the server drops the entry ``ttl_s`` after the last renewal it
+    stored. Each renewal is timed from the moment it was *sent* (never later than the server stored it), and
+    the lease counts as held until that moment plus ``ttl_s - margin_s`` (:attr:`valid_until`, monotonic
+    seconds): this executor gives its runs up strictly before any other executor can see the entry gone.
+    Once that time has passed without an acknowledged renewal — the process was frozen (SIGSTOP, a VM
+    pause), the server did not answer — the lease is **lost for good**: :meth:`check` raises
+    :class:`~shared.core.errors.LeaseLost` from then on, :attr:`lost` is set, and ``on_lost`` has run (it
+    kills the tools this executor started). A lost lease is never renewed: the executor's writers cannot
+    slip a write between a late renewal and their own check.
 
-    Best effort: a put or delete the server refuses is skipped (the next beat tries
-    again; an undeleted lease expires after ``ttl_s``). Never raises.
+    Args:
+        leases: the leases KV bucket (``Names.lease_bucket``).
+        executor_id: the key; the body is ``{"executor_id", "pid", "partitions"}`` (JSON).
+        ttl_s: the bucket's max age (``REEL_LEASE_TTL_S``).
+        partitions: the command partitions it owns, named in the body (services/executor/partitions.py).
+        on_lost: called once, synchronously, the moment the lease is found lost.
     """
-    body = json.dumps({"executor_id": executor_id, "pid": os.getpid(), "partitions": list(partitions)}).encode()
-    while not stop.is_set():
-        with contextlib.suppress(Exception):
-            await leases.put(executor_id, body)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(ttl_s / 3):  # unlike 3.11's wait_for, never swallows a cancel
-                await stop.wait()
-    with contextlib.suppress(Exception):
-        await leases.delete(executor_id)
+
+    def __init__(self, leases: KeyValue, executor_id: str, ttl_s: float, *, partitions: Sequence[int] = (),
+                 on_lost: Callable[[], object] | None = None) -> None:
+        self.kv, self.executor_id, self.ttl_s = leases, executor_id, float(ttl_s)
+        self.margin_s = max(0.1, self.ttl_s / 10)
+        self.valid_until = 0.0
+        self.lost = asyncio.Event()
+        self._on_lost = on_lost
+        self._body = json.dumps({"executor_id": executor_id, "pid": os.getpid(),
+                                 "partitions": list(partitions)}).encode()
+
+    def held(self) -> bool:
+        """True while the last acknowledged renewal is recent enough (see the class doc); False once lost."""
+        if self.lost.is_set():
+            return False
+        if time.monotonic() >= self.valid_until:
+            self._lose("not renewed in time")
+            return False
+        return True
+
+    def check(self) -> None:
+        """Raise unless the lease is held — call it right before every write this executor makes.
+
+        Raises:
+            LeaseLost: the lease is (now found) lost.
+        """
+        if not self.held():
+            raise LeaseLost(f"executor {self.executor_id} lost its lease (not renewed within "
+                            f"{self.ttl_s - self.margin_s:.2f}s): it writes nothing more")
+
+    async def acquire(self, stop: asyncio.Event, *, retry_s: float = 0.5) -> bool:
+        """Write the lease, retrying until the server acknowledges it; False if ``stop`` came first."""
+        while not stop.is_set():
+            if await self._renew():
+                return True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(retry_s):
+                    await stop.wait()
+        return False
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Renew every ``ttl_s / 3`` seconds until ``stop`` (then delete the entry) or until the lease is lost
+        (then return; the entry expires by itself). A renewal the server refuses is tried again at the next
+        beat. Never raises."""
+        while not stop.is_set() and self.held():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.ttl_s / 3):  # unlike 3.11's wait_for, never swallows a cancel
+                    await stop.wait()
+            if stop.is_set() or not self.held():  # woken late (a freeze): lost before the renewal is sent
+                break
+            await self._renew()
+        if stop.is_set() and not self.lost.is_set():
+            with contextlib.suppress(Exception):
+                await self.kv.delete(self.executor_id)
+
+    async def _renew(self) -> bool:
+        sent = time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.05, self.ttl_s / 3)):
+                await self.kv.put(self.executor_id, self._body)
+        except Exception as exc:
+            log.warning("lease.renew_failed", executor_id=self.executor_id, error=str(exc)[:200])
+            return False
+        if not self.lost.is_set():
+            self.valid_until = max(self.valid_until, sent + self.ttl_s - self.margin_s)
+        return True
+
+    def _lose(self, why: str) -> None:
+        if self.lost.is_set():
+            return
+        self.lost.set()
+        log.error("lease.lost", executor_id=self.executor_id, reason=why,
+                  late_s=round(time.monotonic() - self.valid_until, 3))
+        if self._on_lost is not None:
+            self._on_lost()
 
 
 async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno
 import functools
 import os
 import signal as signals
 import subprocess
 import time
-from collections.abc import AsyncIterable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -123,6 +124,29 @@ class _Kept:
         return bytes(self._buf[max(0, len(self._buf) - self.limit):] if self.tail else self._buf)
 
 
+_GROUPS: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("reel_tool_groups", default=None)
+"""The process groups alive under the current :func:`tracked_groups` scope (inherited by the tasks it starts)."""
+
+
+@contextlib.contextmanager
+def tracked_groups() -> Iterator[set[int]]:
+    """A scope whose :func:`run_group` children are tracked: yields the live set of their pgids (a group is in it
+    from its spawn until it has been reaped), for :func:`kill_groups`. Tasks created inside inherit the scope."""
+    groups: set[int] = set()
+    token = _GROUPS.set(groups)
+    try:
+        yield groups
+    finally:
+        _GROUPS.reset(token)
+
+
+def kill_groups(groups: set[int]) -> int:
+    """SIGKILL every process group in ``groups`` now (synchronous; a group already gone is skipped); how many."""
+    for pgid in list(groups):
+        _signal_group(pgid, signals.SIGKILL)
+    return len(groups)
+
+
 async def run_group(
     argv: Sequence[str], *, timeout_s: float | None, cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None, stdin: Stdin = None,
@@ -169,6 +193,9 @@ async def run_group(
     started = time.monotonic()
     proc = await _started(_spawn(argv, cwd=cwd, env=ledger.child_env(env), stdin=stdin, merge_stderr=merge_stderr,
                                  capture=capture, records=records), records)
+    live = _GROUPS.get()
+    if live is not None:
+        live.add(proc.pid)
     out, err = _Kept(output_limit_bytes, keep, stdout_sink), _Kept(output_limit_bytes, keep)
     pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
         _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
@@ -180,6 +207,8 @@ async def run_group(
             await _end(proc, pumps, term_grace_s)
         finally:
             orphans.forget(records, proc.pid)
+            if live is not None:
+                live.discard(proc.pid)
     failure = next((e for p in pumps if p.done() and not p.cancelled() and (e := p.exception())), None)
     if failure is not None:
         raise failure

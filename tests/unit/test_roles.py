@@ -42,7 +42,7 @@ def _writers(subject: str) -> set[str]:
     ("reel.ev.r-1", {"executor", "verifier", "mutators", "operator"}),
     ("reel.verdict.r-1", {"verifier", "operator"}),
     ("$KV.reel_leases.e-1", {"executor", "operator"}),
-    ("$KV.reel_outcomes.r.main.s.1", {"executor", "operator"}),
+    ("$KV.reel_outcomes.r.main.s.1", {"executor", "mutators", "operator"}),  # recovery claims a lost attempt's key
     ("$KV.reel_snapshots.r-1", {"executor", "operator"}),
     ("reel.cmd.start", {"client", "operator"}),
     ("reel.cmd.cancel", {"client", "operator"}),
