@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from shared.config import Config
-LOST_MARKER = b"lost"  # shared.core.recovery.LOST_MARKER (spelled out: the test also runs on code without it)
 from shared.core.subjects import outcome_key
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
@@ -29,6 +28,8 @@ from tests.faults.scenario import fault_cfg
 from tests.integration.scenarios import wait_until
 
 pytestmark = pytest.mark.faults
+
+LOST_MARKER = b"lost"  # shared.core.recovery.LOST_MARKER (spelled out: the test also runs on code without it)
 
 SLOW_S = 60
 """How long attempt 1's tool would run (s): far longer than the test, so only a kill ends it early."""
