@@ -90,7 +90,7 @@ class ControlHub:
         self._watched: dict[str, list[Interrupt]] = {}
         self._read_to: dict[str, int] = {}  # run id → the LSN the periodic look has read up to
         self._poll: asyncio.Task[None] | None = None
-        self._checking: dict[str, int | None] = {}  # run id → lowest LSN a signal asked for meanwhile (None: none)
+        self._checking: dict[str, tuple[int, str] | None] = {}  # run id → (lowest LSN, why) asked for meanwhile
         self._shutdown = False
         self._sub: Subscription | None = None
         self._started: asyncio.Lock | None = None
@@ -180,7 +180,9 @@ class ControlHub:
         """
         if run_id in self._checking:
             pending = self._checking[run_id]
-            self._checking[run_id] = from_lsn if pending is None else min(pending, from_lsn)
+            if pending is not None:
+                from_lsn, why = min(pending[0], from_lsn), "signal" if "signal" in (why, pending[1]) else why
+            self._checking[run_id] = (from_lsn, why)
             return
         self._checking[run_id] = None
         task = asyncio.create_task(self._check(run_id, from_lsn, why))
@@ -197,23 +199,32 @@ class ControlHub:
                     self.check(run_id, 0 if read_to is None else read_to + 1, why="poll")
 
     async def _check(self, run_id: str, from_lsn: int, why: str) -> None:
-        while True:
-            try:
-                found, head = (False, 0) if run_id not in self._watched else \
-                    await self.cancelled_since(run_id, from_lsn)
-                read_to = self._read_to.get(run_id)
-                if run_id in self._watched and (from_lsn <= (0 if read_to is None else read_to + 1)):
-                    self._read_to[run_id] = max(head, read_to or 0)  # read without a gap: the next look goes on
-                if found:
-                    log.info("control.cancel_found_in_log", run_id=run_id, why=why, from_lsn=from_lsn)
-                    self._fire(run_id, "cancelled")
-                elif why == "signal":
-                    log.warning("control.unconfirmed", run_id=run_id, from_lsn=from_lsn,
-                                reason="no run_cancelled in the run's log at or after the signal's LSN")
-            except Exception as exc:  # the next fenced commit still finds it
-                log.warning("control.recheck_failed", run_id=run_id, error=str(exc))
-            again = self._checking.get(run_id)
-            if again is None:
-                self._checking.pop(run_id, None)
-                return
-            self._checking[run_id], from_lsn, why = None, again, "signal"
+        try:
+            while True:
+                await self._check_once(run_id, from_lsn, why)
+                again = self._checking.get(run_id)
+                if again is None:
+                    return
+                self._checking[run_id] = None
+                from_lsn, why = again
+        finally:
+            self._checking.pop(run_id, None)
+
+    async def _check_once(self, run_id: str, from_lsn: int, why: str) -> None:
+        """One read of ``run_id``'s log from ``from_lsn``: fire its watches if the cancel is there."""
+        if run_id not in self._watched:
+            return
+        try:
+            found, head = await self.cancelled_since(run_id, from_lsn)
+        except Exception as exc:  # the next look (or the next fenced commit) still finds it
+            log.warning("control.recheck_failed", run_id=run_id, error=str(exc))
+            return
+        read_to = self._read_to.get(run_id)
+        if run_id in self._watched and from_lsn <= (0 if read_to is None else read_to + 1):
+            self._read_to[run_id] = max(head, read_to or 0)  # read without a gap: the next look goes on from there
+        if found:
+            log.info("control.cancel_found_in_log", run_id=run_id, why=why, from_lsn=from_lsn)
+            self._fire(run_id, "cancelled")
+        elif why == "signal":
+            log.warning("control.unconfirmed", run_id=run_id, from_lsn=from_lsn,
+                        reason="no run_cancelled in the run's log at or after the signal's LSN")
