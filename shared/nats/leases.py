@@ -62,7 +62,7 @@ class Lease:
 
     def held(self) -> bool:
         """True while the last acknowledged renewal is recent enough (see the class doc); False once lost."""
-        if self.lost.is_set():
+        if self.lost.is_set() or self.valid_until == 0.0:  # lost, or not acquired yet
             return False
         if time.monotonic() >= self.valid_until:
             self._lose("not renewed in time")
