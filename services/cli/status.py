@@ -1,4 +1,5 @@
-"""``reel status``: the services and instances answering (NATS micro), their consumers' lag, the executor leases.
+"""``reel status``: the services and instances answering (NATS micro), their consumers' lag, the executor leases,
+JetStream's storage against its limits.
 
 Three reads, none of which changes anything (docs/operations.md "reel status"):
 
@@ -9,7 +10,9 @@ Three reads, none of which changes anything (docs/operations.md "reel status"):
   stream): ``num_pending`` (queued, not yet delivered), ``num_ack_pending`` (delivered, in flight),
   ``num_redelivered``, ``num_waiting`` (pull requests of idle instances);
 * the executor leases KV bucket: one key per live executor (its id, pid), with whether an
-  instance of that id answered discovery.
+  instance of that id answered discovery;
+* ``$JS.API.INFO`` (the account's JetStream usage and limits) and each Reel stream's bytes, with the
+  instances whose writes JetStream refuses for a full store (``store_full`` in their STATS metadata).
 """
 
 from __future__ import annotations
@@ -70,8 +73,64 @@ async def gather(infra: Infra, cfg: Config, *, timeout_s: float = 0.5, expected:
                           "num_pending": info.num_pending or 0, "num_ack_pending": info.num_ack_pending or 0,
                           "num_redelivered": info.num_redelivered or 0, "num_waiting": info.num_waiting or 0})
     answering = {str(s["instance_id"]) for s in services}
+    full = {}
+    for s in stats:
+        meta = s.get("metadata")
+        if isinstance(meta, dict) and meta.get("store_full"):
+            full[f"{str(s.get('name', '')).removeprefix('reel-')} {s.get('id')}"] = str(meta["store_full"])
     return {"namespace": names.namespace, "services": services, "consumers": consumers,
-            "leases": await _leases(infra, cfg, answering)}
+            "leases": await _leases(infra, cfg, answering), "jetstream": await _jetstream(infra, cfg, full)}
+
+
+async def _jetstream(infra: Infra, cfg: Config, full: dict[str, str]) -> dict[str, Any]:
+    """The account's JetStream usage against its limits (``$JS.API.INFO``), the bytes of each Reel stream, and the
+    instances whose writes are being refused for a full store (``full``: instance id → ``store_full: …``).
+
+    ``max_storage_bytes`` -1 means the account has no limit of its own: the server's ``max_file_store``
+    (default: the disk's free space) applies, which JetStream does not tell a client.
+    """
+    out: dict[str, Any] = {"store_full": full}
+    if getattr(infra.nc, "js_api_prefix", None):  # the client/viewer role: its own account's $JS.API.INFO is empty
+        out["error"] = "the Reel account's usage is not visible to this role (the operator's is)"
+        info = None
+    else:
+        try:
+            info = await infra.js.account_info()
+        except Exception as exc:  # no answer: the rest of the report stands
+            out["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            info = None
+    if info is not None:
+        out |= {"storage_bytes": info.storage, "memory_bytes": info.memory, "streams": info.streams,
+                "max_storage_bytes": info.limits.max_storage if info.limits else -1,
+                "max_memory_bytes": info.limits.max_memory if info.limits else -1}
+    n = cfg.names
+    sizes = {}
+    for stream in (n.events_stream, n.commands_stream, n.verdicts_stream, f"OBJ_{n.blob_bucket}",
+                   *(f"KV_{b}" for b in (n.lease_bucket, n.outcome_bucket, n.snapshot_bucket))):
+        try:
+            sizes[stream] = (await infra.js.stream_info(stream)).state.bytes
+        except Exception:  # not readable by this role, or gone
+            continue
+    out["stream_bytes"] = sizes
+    return out
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def jetstream_lines(js: dict[str, Any]) -> list[Text]:
+    """The JetStream part of the report: usage against the limits, and each instance refused for a full store."""
+    limit = js.get("max_storage_bytes", -1)
+    against = (f"of the account's {_mib(limit)}" if isinstance(limit, int) and limit >= 0 else
+               "(no account limit: the server's max_file_store applies; JetStream does not tell clients its value)")
+    used = f"JetStream storage: {_mib(js.get('storage_bytes'))} used {against}" if "error" not in js else \
+        f"JetStream storage: not readable ({js['error']})"
+    reel = sum(js.get("stream_bytes", {}).values())
+    lines = [Text(f"{used}; Reel's streams and buckets hold {_mib(reel)}")]
+    lines += [Text(f"{instance}: {why} — its writes wait until space is freed (docs/operations.md, \"A full store\")",
+                   style="red") for instance, why in sorted(js.get("store_full", {}).items())]
+    return lines
 
 
 async def _leases(infra: Infra, cfg: Config, answering: set[str]) -> list[dict[str, Any]]:
@@ -164,6 +223,8 @@ def status(
             console.print(server_line(report["server"]["url"], report["server"]["origin"], report["namespace"]))
             for table in render(report):
                 console.print(table)
+            for line in jetstream_lines(report["jetstream"]):
+                console.print(line)
         return 0
 
     run_async(body(), json_out=json_out)

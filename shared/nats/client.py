@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import structlog
 from nats.aio.client import Client
-from nats.js.errors import NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from shared.config import Config
 from shared.core.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
@@ -33,7 +33,7 @@ from shared.core.workflow import WorkflowSpec, encode_workflow
 from shared.nats.access import PermissionDenied
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.publish import is_transient, settle_retrying
+from shared.nats.publish import StoreFull, is_transient, settle_retrying, store_full
 
 INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
 
@@ -57,6 +57,14 @@ class CommandTimeout(ReelError, TimeoutError):
 
 class _NoStream(Exception):
     """The commands stream does not exist (not retried)."""
+
+
+class _Full(Exception):
+    """The server refused the command: its store is full (not retried: the caller is told at once)."""
+
+    def __init__(self, full: StoreFull) -> None:
+        super().__init__(full.message)
+        self.full = full
 
 
 class ReelClient:
@@ -118,19 +126,28 @@ class ReelClient:
         ``cfg.failover_s`` (``REEL_FAILOVER_S``).
 
         Raises:
+            StoreFull: the server's JetStream storage is used up (at once: nothing was queued).
             ReelError: the commands stream does not exist (no Reel service ever ran here), or no server
                 stored the command within the failover window.
         """
         stream = self.cfg.names.commands_stream
+        target = subject or self.cfg.names.command(name)
         try:
             async for attempt in settle_retrying(self.cfg.failover_s):
                 with attempt:
                     try:
-                        await self.js.publish(subject or self.cfg.names.command(name), body, headers=headers)
+                        await self.js.publish(target, body, headers=headers)
                     except NoStreamResponseError:
                         if await self._stream_missing(stream):
                             raise _NoStream(stream) from None
                         raise
+                    except APIError as exc:
+                        full = store_full(exc, target)
+                        if full is not None:
+                            raise _Full(full) from None
+                        raise
+        except _Full as exc:
+            raise exc.full from None
         except _NoStream as exc:
             raise ReelError(f"no {stream} stream at {self.cfg.nats_url}: "
                             "is `reel up` (or a Reel service) running?") from exc

@@ -38,6 +38,7 @@ from shared.core.ids import is_token
 from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.nats.infra import Infra
 from shared.nats.micro import Counters, begin_delivery, note_refusal, register, unregister
+from shared.nats.publish import StoreFull
 
 log = structlog.get_logger(__name__)
 
@@ -332,6 +333,9 @@ class CommandConsumer:
         keepalive = _KeepAlive(msg, self.ack_wait_s / 3)  # a timer, no task per delivery
         try:
             decision = await self.handler(cmd)
+        except StoreFull as exc:  # not a bug: the store stayed full past a write's retries; redelivered later
+            log.warning("command.store_full", subject=cmd.subject, stream_seq=cmd.stream_seq, reason=exc.message)
+            decision, outcome.error = Ack.NAK, "store_full"
         except Exception as exc:
             log.exception("command.handler_crashed", subject=cmd.subject, stream_seq=cmd.stream_seq)
             decision, outcome.error = Ack.NAK, f"crashed: {exc.__class__.__name__}"

@@ -24,6 +24,7 @@ from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from shared.core.errors import LeaseLost
+from shared.nats.publish import store_full
 
 log = structlog.get_logger(__name__)
 
@@ -109,8 +110,10 @@ class Lease:
         try:
             async with asyncio.timeout(max(0.05, self.ttl_s / 3)):
                 await self.kv.put(self.executor_id, self._body)
-        except Exception as exc:
-            log.warning("lease.renew_failed", executor_id=self.executor_id, error=str(exc)[:200])
+        except Exception as exc:  # a full store names itself: the lease bucket shares the server's storage
+            full = store_full(exc, f"lease {self.executor_id}")
+            log.warning("lease.renew_failed", executor_id=self.executor_id,
+                        error=full.message if full is not None else str(exc)[:200])
             return False
         if not self.lost.is_set():
             self.valid_until = max(self.valid_until, sent + self.ttl_s - self.margin_s)

@@ -39,6 +39,7 @@ from nats.micro.service import EndpointInfo, EndpointStats, Service, ServiceConf
 
 from shared.core.ids import is_token
 from shared.core.subjects import subject_matches
+from shared.nats.publish import STORE
 
 log = structlog.get_logger(__name__)
 
@@ -144,8 +145,12 @@ class ReelService(Service):
         return info
 
     def stats(self) -> ServiceStats:
-        """micro's STATS, with the consumed subjects' counts (processing times in ns)."""
+        """micro's STATS, with the consumed subjects' counts (processing times in ns) and, while this process's
+        writes are refused for a full store, ``store_full`` in the metadata (:data:`shared.nats.publish.STORE`)."""
         stats = super().stats()
+        full = STORE.report()
+        if full is not None:
+            stats.metadata = {**(stats.metadata or {}), "store_full": full}
         stats.endpoints = [*stats.endpoints, *(
             EndpointStats(name=endpoint_name(s), subject=s, queue_group=self.durable, num_requests=c.num_requests,
                           num_errors=c.num_errors, processing_time=c.processing_time_ns,

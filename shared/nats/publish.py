@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable
 
 import nats.errors
@@ -41,14 +42,80 @@ class StreamUnavailable(ReelError):
     retryable = True
 
 
+STORE_FULL_CODES: dict[int, str] = {
+    10023: "insufficient resources (the server's max_file_store / max_memory_store is used up)",
+    10047: "insufficient storage resources available (the account's JetStream storage limit)",
+    10028: "insufficient memory resources available (the account's JetStream memory limit)",
+}
+"""JetStream ``err_code``s of a write refused because the store is full (nats-server ``server/errors.json``)."""
+
+
+class StoreFull(ReelError):
+    """JetStream refused a write: its storage limit is reached (:data:`STORE_FULL_CODES`). Retryable: the same
+    write succeeds once space is freed (docs/operations.md, "A full store").
+
+    Attributes:
+        err_code: the server's JetStream error code (e.g. 10023); description: the server's words.
+    """
+
+    code = "store_full"
+    retryable = True
+
+    def __init__(self, err_code: int, description: str, subject: str = "") -> None:
+        where = f" to {subject}" if subject else ""
+        super().__init__(f"JetStream refused the write{where}: store full (err_code {err_code} {description!r}); "
+                         "free space or raise the limit (docs/operations.md, \"A full store\")")
+        self.err_code, self.description = err_code, description
+
+
+def store_full(exc: BaseException, subject: str = "") -> StoreFull | None:
+    """``exc`` as :class:`StoreFull` if it is a JetStream refusal for a full store (else ``None``)."""
+    if isinstance(exc, StoreFull):
+        return exc
+    if isinstance(exc, APIError) and exc.err_code in STORE_FULL_CODES:
+        return StoreFull(exc.err_code, exc.description or STORE_FULL_CODES[exc.err_code], subject)
+    return None
+
+
+class StoreHealth:
+    """What this process last saw of the store: the latest :class:`StoreFull` refusal, cleared by the next
+    write JetStream acked (:func:`request_ack` keeps it). NATS micro STATS report it (``store_full`` in the
+    metadata, shared/nats/micro.py), so ``reel status`` names a full store while the services wait on it."""
+
+    def __init__(self) -> None:
+        self.full: StoreFull | None = None
+        self.since_s: float | None = None
+
+    def note_full(self, full: StoreFull) -> None:
+        """A write was refused for a full store."""
+        if self.full is None:
+            self.since_s = time.time()
+        self.full = full
+
+    def note_ok(self) -> None:
+        """A write was acked: the store has room."""
+        self.full, self.since_s = None, None
+
+    def report(self) -> str | None:
+        """``store_full: err_code N '…' since <epoch s>`` while full, else ``None``."""
+        if self.full is None:
+            return None
+        return f"store_full: err_code {self.full.err_code} {self.full.description!r} since {self.since_s:.0f}"
+
+
+STORE = StoreHealth()
+"""This process's :class:`StoreHealth`."""
+
+
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError, TimeoutError,
               nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
-              nats.errors.OutboundBufferLimitError, StreamUnavailable)
+              nats.errors.OutboundBufferLimitError, StreamUnavailable, StoreFull)
 
 
 def is_transient(exc: BaseException) -> bool:
     """True for the errors an election, a failover or a server outage gives (timeout, no responders, 503,
-    reconnecting, the client's reconnect buffer full): the same request may be sent again. A closed
+    reconnecting, the client's reconnect buffer full) or a full store (:class:`StoreFull`, a 503 too: space
+    may be freed): the same request may be sent again. A closed
     connection (``ConnectionClosedError``) is not: it was closed on purpose and never comes back."""
     return isinstance(exc, _TRANSIENT) or (isinstance(exc, APIError) and exc.code == 503)
 
@@ -56,7 +123,11 @@ def is_transient(exc: BaseException) -> bool:
 def _log_retry(state: tenacity.RetryCallState) -> None:
     if state.attempt_number in (1, 5, 20) or state.attempt_number % 50 == 0:
         exc = state.outcome.exception() if state.outcome else None
-        log.warning("nats.retry", try_no=state.attempt_number, error=repr(exc)[:200])
+        full = store_full(exc) if exc is not None else None
+        if full is not None:
+            log.warning("store.full", try_no=state.attempt_number, err_code=full.err_code, reason=full.message)
+        else:
+            log.warning("nats.retry", try_no=state.attempt_number, error=repr(exc)[:200])
 
 
 def settle_retrying(settle_s: float = SETTLE_S) -> tenacity.AsyncRetrying:
@@ -74,13 +145,22 @@ async def request_ack(nc: Client, subject: str, body: bytes, headers: dict[str, 
     """Publish to a stream subject and wait for its PubAck (one request on the shared reply inbox).
 
     Raises:
+        StoreFull: the server's (or the account's) JetStream storage is used up (10023, 10047).
         nats.js.errors.APIError: the server refused the message (e.g. 10071).
         nats.errors.TimeoutError: no ack within ``timeout_s``.
     """
     resp = await nc.request(subject, body, timeout=timeout_s, headers=headers)
     data = json.loads(resp.data)
     if "error" in data:
-        APIError.from_error(data["error"])  # raises the typed subclass
+        try:
+            APIError.from_error(data["error"])  # raises the typed subclass
+        except APIError as exc:
+            full = store_full(exc, subject)
+            if full is not None:
+                STORE.note_full(full)
+                raise full from exc
+            raise
+    STORE.note_ok()
     return PubAck.from_response(data)
 
 
