@@ -16,6 +16,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from shared.core import limits
+
 CLIENT_INBOX = "_INBOX"
 """The inbox prefix of client connections: the Reel account exports ``_INBOX.>`` to the client account."""
 
@@ -64,6 +66,8 @@ def vet(stream: str, body: bytes, readable: Collection[str]) -> Vetted | Refused
         return Refused(f"clients may not create consumers on stream {stream!r}")
     if len(body) > MAX_REQUEST_BYTES:
         return Refused(f"consumer request of {len(body)} bytes (at most {MAX_REQUEST_BYTES})")
+    if limits.json_deeper_than(body):
+        return Refused(f"consumer request is not JSON within the limits: {limits.too_deep()}")
     try:
         req = json.loads(body)
     except (ValueError, RecursionError) as exc:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from shared.core.chat import ToolCall
 from shared.core.commands import RespondRun, StartRun, decode_command
+from shared.core.consumergate import Refused, vet
 from shared.core.errors import InvalidCommand, ToolCallInvalid, WorkflowInvalid
 from shared.core.inputs import parsed
 from shared.core.limits import MAX_COMMAND_BYTES, MAX_DEPTH, json_deeper_than, value_depth
@@ -94,3 +95,9 @@ def test_a_models_tool_call_arguments_nested_too_deep_are_an_invalid_call() -> N
         ToolCall(id="c1", name="t", arguments=deep).parsed_arguments()
     assert parsed(deep) is None
     assert parsed(json.dumps({"x": nested(10)})) == {"x": nested(10)}
+
+
+def test_a_consumer_request_nested_too_deep_is_refused_before_it_is_decoded() -> None:
+    body = b'{"stream_name": "S", "config": {"deliver_subject": "_INBOX.x", "x": ' + b"[" * 900 + b"]" * 900 + b"}}"
+    refused = vet("S", body, {"S"})
+    assert isinstance(refused, Refused) and "nested deeper than 64" in refused.reason, refused
