@@ -76,8 +76,11 @@ def _nesting(brackets: bytes, limit: int) -> int:
 
 def value_depth(value: Any, limit: int = MAX_DEPTH) -> int:
     """How deep lists, tuples and dicts nest in ``value`` (``{"a": [1]}`` is 2), counted up to ``limit + 1``;
-    without recursion, so it is safe on any value."""
+    without recursion, so it is safe on any value. A container met again no deeper than before is not walked
+    again, so a YAML document that repeats one node through aliases (or holds itself) costs what its distinct
+    nodes cost, not what their expansion would."""
     deepest, stack = 0, [(value, 1)]
+    seen: dict[int, int] = {}
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
@@ -86,6 +89,9 @@ def value_depth(value: Any, limit: int = MAX_DEPTH) -> int:
             children = item
         else:
             continue
+        if seen.get(id(item), 0) >= depth:
+            continue
+        seen[id(item)] = depth
         deepest = max(deepest, depth)
         if deepest > limit:
             break

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -101,3 +102,15 @@ def test_a_consumer_request_nested_too_deep_is_refused_before_it_is_decoded() ->
     body = b'{"stream_name": "S", "config": {"deliver_subject": "_INBOX.x", "x": ' + b"[" * 900 + b"]" * 900 + b"}}"
     refused = vet("S", body, {"S"})
     assert isinstance(refused, Refused) and "nested deeper than 64" in refused.reason, refused
+
+
+def test_a_yaml_alias_bomb_is_measured_by_its_distinct_nodes() -> None:
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    doc = yaml.safe_load("\n".join(lines))
+    started = time.perf_counter()
+    assert value_depth(doc) == 10  # 9**9 leaves expanded; 9 distinct lists here
+    assert time.perf_counter() - started < 1
+    selfish: list[Any] = []
+    selfish.append(selfish)
+    assert value_depth(selfish) == MAX_DEPTH + 1
