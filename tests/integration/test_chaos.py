@@ -93,3 +93,32 @@ async def test_the_agent_example_prints_its_per_tool_table(nats_url: str, tmp_pa
         out, "write_file (python)"), out  # killed after the write, before its result was stored: written again
     assert "7 killed runs" in out, out
     assert code in (0, 1) and (code == 0) == out.strip().splitlines()[-1].startswith("ok"), out
+
+
+NOT_RETRY_SAFE = """
+name: chaos-agent-poke
+steps:
+  - kind: agent
+    id: w
+    max_turns: 3
+    context: [{id: task, kind: task, text: "poke once"}]
+    model:
+      adapter: scripted
+      turns:
+        - {text: poking, tool_calls: [{name: poke, arguments: {}}]}
+        - {text: done}
+    tools:
+      - {name: poke, command: [sh, -c, "echo poked"], parameters: {type: object, properties: {}}}
+"""
+
+
+async def test_a_non_retry_safe_agent_tool_is_not_rerun_and_the_changed_end_state_is_reported(
+        nats_url: str, tmp_path: Path) -> None:
+    wf = tmp_path / "poke.yaml"
+    wf.write_text(NOT_RETRY_SAFE)
+    code, out, err = await reel("chaos", str(wf), "--only", "w:t1:c0:1:after_run", "--nats-url", nats_url,
+                                env=_env(tmp_path))
+    assert code == 1 and "point 1 of 1: w:t1:c0:1:after_run: killed" in err, out + err
+    poke = _row(out, "poke (command)")
+    assert "exactly once" in poke and "│ no " in poke, out  # recorded outcome_unknown, never run again
+    assert "end state differs after a kill at w:t1:c0:1:after_run" in out and "outcome_unknown" in out, out
