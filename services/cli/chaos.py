@@ -262,7 +262,7 @@ def print_report(rep: core.Report) -> None:
         console.print(f"[red]end state differs[/] after a kill at {point}: " + "; ".join(diffs[:4])
                       + (f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""))
     if rep.masked:
-        console.print(f"[dim]not compared (they differ between two unkilled runs): {', '.join(sorted(rep.masked))}[/]")
+        console.print(f"[dim]not compared (they differ between unkilled runs): {', '.join(sorted(rep.masked))}[/]")
     if rep.unreached:
         console.print(f"[yellow]crash points never reached[/]: {', '.join(rep.unreached)}")
     twice = [r.tool.label for r in rep.rows if not r.ok]
