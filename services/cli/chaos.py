@@ -54,8 +54,10 @@ from shared.proc.ledger import LEDGER_ENV
 from shared.proc.ledger import read as read_ledger
 from shared.tools_check import check_tool_imports
 
-LEASE_TTL_S = 1
-"""The executors' lease TTL (s): a killed one is known gone this soon."""
+LEASE_TTL_S = 3
+"""The executors' lease TTL (s): a killed one is known gone this soon (shorter, a loaded machine's heartbeats miss
+it: the executor then drops its lease and kills its tools as if killed, which is not a crash point's doing)."""
+START_TRIES = 5
 ACK_WAIT_S = 2.0
 """The command ack wait (s): a killed executor's start command comes back to the next one this soon."""
 REST = ("completed", "cancelled", "awaiting_input")
@@ -93,6 +95,10 @@ class Executor:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGKILL)
         await self.process.wait()
+
+    def lost_lease(self) -> bool:
+        """Whether its log says it lost its lease (``lease.lost``: it was not renewed in time)."""
+        return self.log_path.exists() and '"lease.lost"' in self.log_path.read_text(errors="replace")
 
     def tail(self, chars: int = 2000) -> str:
         """The end of its log."""
@@ -180,7 +186,7 @@ class Chaos:
         first = await self.executors.take(point)
         starting = asyncio.ensure_future(self.client.start(self.spec, idempotency_key=key, timeout_s=self.timeout_s))
         died = asyncio.ensure_future(first.process.wait())
-        resting = asyncio.ensure_future(self._started_then_rest(starting, run_id))
+        resting = asyncio.ensure_future(self._started_then_rest(starting, key))
         await asyncio.wait([resting, died], return_when=asyncio.FIRST_COMPLETED)
         reached = died.done() and not resting.done()
         if died.done() and first.process.returncode != -signal.SIGKILL:
@@ -192,16 +198,24 @@ class Chaos:
             if ex is not None:
                 await ex.stop()
         view = build_episode_view(await self.client.log.load(run_id))
+        lost = any(ex.lost_lease() for ex in (first, takeover) if ex is not None)
         return core.ChaosRun(point=point, run_id=run_id, reached=reached or not point, finished=finished,
-                             state=core.end_state(view))
+                             state=core.end_state(view), lease_lost=lost)
 
-    async def _started_then_rest(self, starting: asyncio.Future[Reply], run_id: str) -> bool:
-        """Once the start is answered, wait until ``run_id`` is at rest (:data:`REST`); False on timeout.
+    async def _started_then_rest(self, starting: asyncio.Future[Reply], key: str) -> bool:
+        """Once the start (idempotency key ``key``) is answered ok — a retryable refusal is sent again, up to
+        :data:`START_TRIES` in all — wait until its run is at rest (:data:`REST`); False on timeout.
 
         Raises:
             CliError: the start was refused.
         """
+        run_id = run_id_for_key(key)
         reply = await starting
+        for _ in range(START_TRIES - 1):  # e.g. lease_lost: the same keyed start is answered by the next incarnation
+            if reply.ok or reply.error is None or not reply.error.retryable:
+                break
+            reply = await self.client.start(self.spec, idempotency_key=key,
+                                            timeout_s=self.timeout_s)
         if not reply.ok or reply.run_id != run_id:
             raise CliError(f"start refused: {reply.error.code if reply.error else '?'}: "
                            f"{reply.error.message if reply.error else ''}")
@@ -263,6 +277,11 @@ def print_report(rep: core.Report) -> None:
                       + (f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""))
     if rep.masked:
         console.print(f"[dim]not compared (they differ between unkilled runs): {', '.join(sorted(rep.masked))}[/]")
+    if rep.lease_lost:
+        where = ", ".join(p or "a reference run" for p in rep.lease_lost)
+        console.print(f"[yellow]an executor lost its lease without a kill (its heartbeats came late: a loaded "
+                      f"machine?) in {len(rep.lease_lost)} run(s)[/]: {where} — a repeat there may be that loss's, "
+                      "not the crash point's")
     if rep.unreached:
         console.print(f"[yellow]crash points never reached[/]: {', '.join(rep.unreached)}")
     twice = [r.tool.label for r in rep.rows if not r.ok]

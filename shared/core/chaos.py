@@ -202,12 +202,15 @@ def label_of(effect: SideEffect, tools: Sequence[Tool]) -> str | None:
 
 class ChaosRun(msgspec.Struct, frozen=True, kw_only=True):
     """One run of the workflow: ``point`` (``""``: an unkilled reference run), ``reached`` (the executor died
-    there), ``finished`` (the run came to rest within the time allowed), its :func:`end_state`."""
+    there), ``finished`` (the run came to rest within the time allowed), its :func:`end_state`; ``lease_lost``:
+    an executor of the run lost its lease without being killed (its heartbeats came late: it killed its tools
+    and let the run go — a second kill, not the crash point's)."""
 
     point: str
     run_id: str
     reached: bool = False
     finished: bool = True
+    lease_lost: bool = False
     state: dict[str, str] = msgspec.field(default_factory=dict)
 
 
@@ -231,7 +234,8 @@ class ToolRow(msgspec.Struct, frozen=True, kw_only=True):
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
     """The outcome of one ``reel chaos``: per-tool rows, the killed runs whose end state differs from the
-    reference (point → differences), points never reached, runs that did not finish, the fields masked."""
+    reference (point → differences), points never reached, runs that did not finish, the fields masked, the
+    runs (their points; ``""``: a reference) in which an executor lost its lease on its own."""
 
     rows: tuple[ToolRow, ...]
     differing: dict[str, tuple[str, ...]]
@@ -239,6 +243,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     unfinished: tuple[str, ...]
     masked: frozenset[str]
     killed: int
+    lease_lost: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -280,4 +285,5 @@ def report(tools: Sequence[Tool], references: Sequence[ChaosRun], killed: Sequen
                             ok=not repeated or tool.safety != "no"))
     differing = {k.point: d for k in killed if k.finished and (d := differences(ref.state, k.state, masked))}
     return Report(rows=tuple(rows), differing=differing, unreached=tuple(k.point for k in killed if not k.reached),
-                  unfinished=tuple(k.point for k in killed if not k.finished), masked=masked, killed=len(killed))
+                  unfinished=tuple(k.point for k in killed if not k.finished), masked=masked, killed=len(killed),
+                  lease_lost=tuple(r.point for r in (*references, *killed) if r.lease_lost))
