@@ -2,8 +2,11 @@
 
 Every mutator of a run (executor, cancel, rewind, recovery, verifier) writes through
 :func:`commit_decided`; the creation of a run through :func:`commit_new`. The caller
-supplies only a pure ``decide(state) -> events | NoCommit`` (it may raise a
-:class:`~shared.core.errors.ReelError`: a domain refusal, propagated unchanged, no retry).
+supplies only a pure ``decide(state) -> Decision`` (:mod:`shared.core.decision`: the events of one
+commit, or ``Skip(reason)``; it may raise a :class:`~shared.core.errors.ReelError`: a domain refusal,
+propagated unchanged, no retry). It gets back a :class:`Decided`: the state decided on (``before``),
+the decision, and the commit (:class:`Committed`: LSN, state after, events), so a handler is
+load → decide → commit → reply with no side lists.
 
 This module owns:
 
@@ -17,7 +20,7 @@ This module owns:
 
 **Creating a run** is the same loop over an *absent* state: the first try commits the given
 events with expected LSN 0; if the run exists (the fence fails), the existing run is loaded and
-``if_exists(state)`` decides (by default :class:`NoCommit`: "run exists").
+``if_exists(state)`` decides (by default ``Skip("run exists")``).
 
 Typed against the ports (:mod:`shared.core.ports`) only; no NATS here (import contract).
 docs/architecture.md ("One fenced commit") and docs/mutators.md describe the policy.
@@ -35,6 +38,7 @@ import msgspec
 import structlog
 import tenacity
 
+from shared.core.decision import Decision, Skip
 from shared.core.errors import ConcurrencyConflict
 from shared.core.events import AnyEvent, Commit
 from shared.core.fold import RunState, apply_commit
@@ -42,13 +46,6 @@ from shared.core.ids import LSN, CommitId, RunId, new_commit_id
 from shared.core.ports import EventLog
 
 logger = structlog.get_logger("reel.fenced")
-
-
-class NoCommit(msgspec.Struct, frozen=True):
-    """``decide`` said there is nothing to write; ``state`` is the state it decided on."""
-
-    reason: str
-    state: RunState
 
 
 class Committed(msgspec.Struct, frozen=True):
@@ -60,8 +57,34 @@ class Committed(msgspec.Struct, frozen=True):
     commit_id: str = ""
 
 
-Decide = Callable[[RunState], Sequence[AnyEvent] | NoCommit]
-"""Pure: the events to commit on top of a state, or :class:`NoCommit`; may raise a ReelError."""
+class Decided(msgspec.Struct, frozen=True):
+    """What one fenced commit did, decided on the last try's state.
+
+    Attributes:
+        before: the state the (last) decision was made on: the caller's or loaded one, or the one refreshed
+            after a lost fence. States are persistent (:func:`~shared.core.fold.apply_commit`), so it is
+            the state as it was, not a view of the one after.
+        decision: what ``decide(before)`` returned: the events committed, or the :class:`Skip`.
+        commit: the commit (``None`` iff ``decision`` is a :class:`Skip`).
+    """
+
+    before: RunState
+    decision: Decision
+    commit: Committed | None = None
+
+    @property
+    def state(self) -> RunState:
+        """The run now: the state after the commit, else ``before``."""
+        return self.commit.state if self.commit is not None else self.before
+
+    @property
+    def reason(self) -> str:
+        """Why nothing was committed (the :class:`Skip`'s reason); ``""`` when something was."""
+        return self.decision.reason if isinstance(self.decision, Skip) else ""
+
+
+Decide = Callable[[RunState], Decision]
+"""Pure: the events to commit on top of a state, or :class:`Skip`; may raise a ReelError."""
 Refresh = Callable[[RunState], Awaitable[RunState]]
 """A state brought up to the run's head (default: ``log.refresh(state)[0]``)."""
 
@@ -104,7 +127,7 @@ DEFAULT_POLICY = RetryPolicy()
 async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: str,
                          state: RunState | None = None, policy: RetryPolicy = DEFAULT_POLICY,
                          sent: Awaitable[int] | None = None, refresh: Refresh | None = None,
-                         log_name: str | None = None) -> Committed | NoCommit:
+                         log_name: str | None = None) -> Decided:
     """Commit ``decide(state)`` to ``run_id``, fenced on ``state.head_lsn``; re-decide on conflicts.
 
     Args:
@@ -123,8 +146,7 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
         log_name: prefix of the ``<log_name>.conflict`` log line (default: ``writer``).
 
     Returns:
-        :class:`Committed` (the LSN and the state after the commit), or the :class:`NoCommit`
-        ``decide`` returned.
+        :class:`Decided`: the state decided on, the decision, and the commit (``None`` on a Skip).
 
     Raises:
         RunNotFound: no ``state`` given and the run has no commit.
@@ -137,7 +159,7 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
         raise ValueError("commit_decided(sent=...) needs the state the sent commit was decided on")
     start = state if state is not None else await log.load(run_id)
 
-    def on_state(s: RunState | None) -> Sequence[AnyEvent] | NoCommit:
+    def on_state(s: RunState | None) -> Decision:
         assert s is not None  # a run that exists never becomes absent: its log only grows
         return decide(s)
 
@@ -145,32 +167,39 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
                        log_name=log_name or writer)
 
 
-def _exists(state: RunState) -> NoCommit:
-    return NoCommit(reason="run exists", state=state)
+RUN_EXISTS = Skip("run exists")
+""":func:`commit_new`'s default decision on a run that exists already."""
+
+
+def _exists(_: RunState) -> Decision:
+    return RUN_EXISTS
 
 
 async def commit_new(log: EventLog, run_id: str, events: Sequence[AnyEvent], *, writer: str,
                      if_exists: Decide = _exists, policy: RetryPolicy = DEFAULT_POLICY,
-                     log_name: str | None = None) -> Committed | NoCommit:
+                     log_name: str | None = None) -> Decided:
     """Create ``run_id``: commit ``events`` (starting with ``run_created``) fenced on "no commit yet" (LSN 0).
 
     If the run exists already (its id comes from an idempotency key, or a racing creator won),
-    ``if_exists(existing state)`` decides instead — by default :class:`NoCommit` ``"run exists"``.
+    ``if_exists(existing state)`` decides instead — by default :data:`RUN_EXISTS`. The result's ``before``
+    is the existing run's state on a Skip (an "absent" run has no state: on a commit it is the state after).
 
     Raises:
         ReelError: whatever ``if_exists`` raised.
         ConcurrencyConflict: the fence failed on every try (only when ``if_exists`` commits).
     """
-    def decide(state: RunState | None) -> Sequence[AnyEvent] | NoCommit:
-        return events if state is None else if_exists(state)
+    created = tuple(events)
+
+    def decide(state: RunState | None) -> Decision:
+        return created if state is None else if_exists(state)
 
     return await _loop(log, run_id, decide, None, writer=writer, policy=policy, sent=None, refresh=None,
                        log_name=log_name or writer)
 
 
-async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], Sequence[AnyEvent] | NoCommit],
+async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], Decision],
                 state: RunState | None, *, writer: str, policy: RetryPolicy, sent: Awaitable[int] | None,
-                refresh: Refresh | None, log_name: str) -> Committed | NoCommit:
+                refresh: Refresh | None, log_name: str) -> Decided:
     """The one loop (see module doc). ``state`` ``None``: the run does not exist (yet)."""
     def exhausted(retry: tenacity.RetryCallState) -> NoReturn:
         raise ConcurrencyConflict(
@@ -178,7 +207,7 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
             expected_lsn=state.head_lsn if state is not None else 0,
         )
 
-    async def one_try(try_no: int) -> Committed | NoCommit:
+    async def one_try(try_no: int) -> Decided:
         nonlocal state
         if try_no > 1:
             if state is None:
@@ -186,9 +215,10 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
             else:
                 state = await refresh(state) if refresh is not None else (await log.refresh(state))[0]
         decision = decide(state)
-        if isinstance(decision, NoCommit):
-            return decision
-        events = tuple(decision)
+        if isinstance(decision, Skip):
+            assert state is not None  # an absent run is always created
+            return Decided(before=state, decision=decision)
+        events = decision
         expected = state.head_lsn if state is not None else 0
         cid: str = new_commit_id()
         try:
@@ -202,7 +232,8 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
             raise
         done = Commit(commit_id=CommitId(cid), run_id=RunId(run_id), writer=writer, events=events)
         after = apply_commit(state, lsn, done)
-        return Committed(lsn=LSN(lsn), state=after, events=events, commit_id=cid)
+        return Decided(before=state if state is not None else after, decision=events,
+                       commit=Committed(lsn=LSN(lsn), state=after, events=events, commit_id=cid))
 
     # the first try runs outside tenacity: it is the hot path (one per step) and building the
     # retrying machinery costs ~70 µs; only a lost fence pays for it

@@ -38,10 +38,8 @@ from shared.clock import now_ms
 from shared.config import Config
 from shared.core import cancel
 from shared.core.commands import CancelRun, Reply
-from shared.core.events import AnyEvent
-from shared.core.fold import RunState
 from shared.core.ports import EventLog
-from shared.fenced import NoCommit, commit_decided
+from shared.fenced import commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
 from shared.nats.control import publish_control
@@ -68,30 +66,27 @@ class CancelService:
     async def cancel(self, req: CancelRun, _: Delivery) -> Reply:
         """Cancel ``req.run_id`` (fenced, re-decided on conflicts); the reply."""
         at_ms = now_ms()
-        previous: list[str] = []  # the status each try decided on (the state is folded in place)
+        done = await commit_decided(self.log, req.run_id, lambda s: cancel.decide(s, req, at_ms=at_ms), writer=WRITER)
+        before, commit = done.before, done.commit
+        structlog.contextvars.bind_contextvars(branch_id=before.active_branch)
+        if commit is None:
+            log.info("cancel.noop", status=before.status, reason=done.reason, lsn=before.head_lsn)
+            if before.status == "cancelled":
+                await self._signal_again(before.run_id)
+            return Reply(ok=True, run_id=before.run_id, status=before.status,
+                         detail={"noop": True, "reason": done.reason})
+        log.info("cancel.committed", previous_status=before.status, lsn=commit.lsn, reason=req.reason)
+        await self._signal(before.run_id, commit.lsn)
+        return Reply(ok=True, run_id=before.run_id, status="cancelled", lsn=commit.lsn,
+                     detail={"previous_status": before.status})
 
-        def decide(state: RunState) -> list[AnyEvent] | NoCommit:
-            structlog.contextvars.bind_contextvars(branch_id=state.active_branch)
-            previous.append(state.status)
-            decision = cancel.decide(state, req, at_ms=at_ms)
-            return NoCommit(reason=decision.reason, state=state) if isinstance(decision, cancel.NoOp) else [decision]
-
-        result = await commit_decided(self.log, req.run_id, decide, writer=WRITER)
-        state = result.state
-        if isinstance(result, NoCommit):
-            log.info("cancel.noop", status=state.status, reason=result.reason, lsn=state.head_lsn)
-            detail: dict[str, Any] = {"noop": True, "reason": result.reason}
-            if state.status == "cancelled":
-                await self._signal_again(state.run_id)
-            return Reply(ok=True, run_id=state.run_id, status=state.status, detail=detail)
-        log.info("cancel.committed", previous_status=previous[-1], lsn=result.lsn, reason=req.reason)
+    async def _signal(self, run_id: str, lsn: int) -> None:
+        """Signal the cancel committed at ``lsn`` (``REEL_CANCEL_CRASH_AT=after_commit``: exit 137 first)."""
         if self._crash_at == "after_commit":
-            log.error("cancel.crash_injected", point=self._crash_at, lsn=result.lsn)
+            log.error("cancel.crash_injected", point=self._crash_at, lsn=lsn)
             os._exit(137)
         if self.signal is not None:
-            await self.signal(state.run_id, result.lsn)
-        return Reply(ok=True, run_id=state.run_id, status="cancelled", lsn=result.lsn,
-                     detail={"previous_status": previous[-1]})
+            await self.signal(run_id, lsn)
 
     async def _signal_again(self, run_id: str) -> None:
         """Re-send the signal of ``run_id``'s committed cancel (its LSN read from the log; idempotent)."""

@@ -21,11 +21,10 @@ from shared.clock import now_ms
 from shared.config import Config
 from shared.core import respond
 from shared.core.commands import Reply, RespondRun
-from shared.core.events import AnyEvent
 from shared.core.fold import RunState
 from shared.core.ports import BlobStore, EventLog
 from shared.core.workflow import WorkflowSpec, parse_workflow
-from shared.fenced import NoCommit, commit_decided
+from shared.fenced import commit_decided
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.consumer import Delivery, Router
 from shared.nats.infra import Infra
@@ -58,24 +57,19 @@ class RespondService:
         state = await self.log.load(req.run_id)
         spec = await self._spec(state)
         at_ms = now_ms()
-        before: list[RunState] = []  # the state each try decided on
-
-        def decide(s: RunState) -> list[AnyEvent] | NoCommit:
-            before.append(s)
-            decision = respond.decide(s, req, spec, at_ms=at_ms)
-            return NoCommit(reason=decision.reason, state=s) if isinstance(decision, respond.NoOp) else [decision]
-
-        result = await commit_decided(self.log, req.run_id, decide, writer=WRITER, state=state)
+        done = await commit_decided(self.log, req.run_id, lambda s: respond.decide(s, req, spec, at_ms=at_ms),
+                                    writer=WRITER, state=state)
+        before, commit = done.before, done.commit
         detail: dict[str, Any] = {"request_id": req.request_id, "decision": req.decision}
-        if isinstance(result, NoCommit):
-            log.info("respond.noop", status=result.state.status, reason=result.reason, lsn=result.state.head_lsn)
-            return Reply(ok=True, run_id=req.run_id, status=result.state.status,
-                         detail={**detail, "noop": True, "reason": result.reason})
-        resume = await self._maybe_resume(before[-1], result.lsn)
-        log.info("respond.committed", decision=req.decision, lsn=result.lsn, previous_status=before[-1].status,
+        if commit is None:
+            log.info("respond.noop", status=before.status, reason=done.reason, lsn=before.head_lsn)
+            return Reply(ok=True, run_id=req.run_id, status=before.status,
+                         detail={**detail, "noop": True, "reason": done.reason})
+        resume = await self._maybe_resume(before, commit.lsn)
+        log.info("respond.committed", decision=req.decision, lsn=commit.lsn, previous_status=before.status,
                  resume=resume)
-        return Reply(ok=True, run_id=req.run_id, status=result.state.status, lsn=result.lsn,
-                     detail={**detail, "previous_status": before[-1].status, "resume": resume})
+        return Reply(ok=True, run_id=req.run_id, status=commit.state.status, lsn=commit.lsn,
+                     detail={**detail, "previous_status": before.status, "resume": resume})
 
     async def _maybe_resume(self, state: RunState, lsn: int) -> str:
         """``ResumeRun`` (deduplicated by the answer's LSN) unless the live owner drives ``state`` (before it)."""

@@ -53,7 +53,7 @@ from shared.core.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSu
 from shared.core.fold import DRIVABLE, RunState
 from shared.core.ids import BranchId, ExecutorId, StepId
 from shared.core.workflow import WorkflowSpec
-from shared.fenced import Committed, NoCommit
+from shared.fenced import Committed, Decided
 from shared.nats.blobstore import ref_for
 from shared.nats.control import Interrupt
 
@@ -119,8 +119,9 @@ class AgentRun:
         return frozenset(self.tasks)
 
     # ---- the actions ---------------------------------------------------------------------------
-    async def perform(self, state: RunState, action: plan.Action) -> RunState | NoCommit:
-        """Perform one agent action planned on ``state``; the state after it, or NoCommit (the run moved)."""
+    async def perform(self, state: RunState, action: plan.Action) -> RunState | Decided:
+        """Perform one agent action planned on ``state``; the state after it, or the Decided that committed
+        nothing (the run moved)."""
         if isinstance(action, plan.Wait):
             return await self.collect(state)
         if isinstance(action, plan.DispatchTurn):
@@ -166,7 +167,7 @@ class AgentRun:
             state = await self.collect(state, more=False)
         return state
 
-    async def _dispatch_turn(self, state: RunState, action: plan.DispatchTurn) -> RunState | NoCommit:
+    async def _dispatch_turn(self, state: RunState, action: plan.DispatchTurn) -> RunState | Decided:
         due = self._not_before.get((action.branch_id, action.step_id))
         if due is not None and due > time.monotonic():
             log.info("agent.turn_delayed", step_id=action.step_id, attempt=action.attempt,
@@ -182,17 +183,17 @@ class AgentRun:
     async def _commit_starting(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome], *,
                                branch_id: BranchId, calls: Sequence[plan.CallAttempt] = (),
                                turn: PreparedTurn | None = None, bodies: Sequence[tuple[bytes, str]] = (),
-                               markers: Sequence[AttemptSucceeded] = ()) -> RunState | NoCommit:
+                               markers: Sequence[AttemptSucceeded] = ()) -> RunState | Decided:
         """One round trip: store ``bodies`` (and the prompt of ``turn``), publish the ``markers`` of successes,
         commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
-        if the planned events were committed. NoCommit: nothing was recorded (the run moved)."""
+        if the planned events were committed. A Decided: nothing was recorded (the run moved)."""
         points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/chaos.py)
         self.attempts.crash_if(*points.before_intent)
         prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
         sent = await self.attempts.send_with(state, events, bodies, markers, crash_point=points.after_output)
         prompt_result: Any = (await asyncio.gather(prompt, return_exceptions=True))[0] if prompt is not None else None
         done = await self.attempts.commit(state, planned_or_facts(state.head_lsn, events, outcomes), sent=sent)
-        if isinstance(done, NoCommit):
+        if isinstance(done, Decided):
             return done
         self.attempts.crash_if(*commit_points(done.events).after_commit)
         if done.events != tuple(events):  # the run moved: only the outcomes went in; the driver plans again
@@ -343,4 +344,4 @@ class AgentRun:
     async def _recorded(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome],
                         branch_id: BranchId, **starting: Any) -> RunState:
         done = await self._commit_starting(state, events, outcomes, branch_id=branch_id, **starting)
-        return done.state if isinstance(done, NoCommit) else done
+        return done.state if isinstance(done, Decided) else done

@@ -30,19 +30,20 @@ from shared.core import planning as plan
 from shared.core.agentcontext import Outcome
 from shared.core.agentmemo import ContextMemo
 from shared.core.chat import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
+from shared.core.decision import Decision
 from shared.core.errors import ModelError, ToolError
 from shared.core.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
 from shared.core.fold import RunState
 from shared.core.ids import AttemptNo, BranchId, ExecutorId, StepId
 from shared.core.tokens import TokenCounter
 from shared.core.workflow import WorkflowSpec
-from shared.fenced import Decide, NoCommit
+from shared.fenced import Decide
 from shared.models import make_chat_model
 from shared.nats.blobstore import ref_for
 from shared.nats.control import Interrupt
 
 from .agenttools import CallContext, PythonTools, run_call
-from .attempts import Attempts
+from .attempts import OUTCOME_RECORDED, RUN_MOVED, Attempts
 from .bodies import Bodies
 from .interrupts import Interrupted
 from .streaming import StreamOut, streamed
@@ -91,16 +92,16 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
 
 
 def planned_or_facts(planned_head: int, events: Sequence[AnyEvent], outcomes: Sequence[Outcome]) -> Decide:
-    """``events`` on ``planned_head``; elsewhere the ``outcomes`` not recorded yet (or NoCommit). Pure."""
+    """``events`` on ``planned_head``; elsewhere the ``outcomes`` not recorded yet (or a Skip). Pure."""
     planned = tuple(events)
 
-    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+    def decide(state: RunState) -> Decision:
         if state.head_lsn == planned_head:
             return planned
         pending = tuple(o for o in outcomes if not plan.outcome_recorded(state, o.branch_id, o.step_id, o.attempt))
         if pending:
             return pending
-        return NoCommit(reason="outcome already recorded" if outcomes else "run moved", state=state)
+        return OUTCOME_RECORDED if outcomes else RUN_MOVED
     return decide
 
 

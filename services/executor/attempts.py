@@ -13,7 +13,8 @@ the state the executor materialized (never a re-read of the run). Two decisions:
 
 * an intent (and the driver's claim and ``run_verifying``) was planned on one head
   and is committed only on that head (:func:`on_head`); if someone else committed
-  first, the result is :class:`~shared.fenced.NoCommit` with the run as it is now,
+  first, the result is the :class:`~shared.fenced.Decided` that committed nothing (a Skip), with the run
+  as it is now,
   and the driver plans again (services/executor/driver.py);
 * an outcome is a fact about an attempt whose side effect happened: it is recorded on
   top of whatever was committed meanwhile (a cancel, a rewind, recovery), unless the
@@ -42,6 +43,7 @@ from nats.js.kv import KeyValue
 
 from shared.core import planning as plan
 from shared.core.cancel import after_cancel
+from shared.core.decision import Decision, Skip, events_or_skip
 from shared.core.errors import ToolError
 from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import RunState
@@ -51,7 +53,7 @@ from shared.core.state import final_success
 from shared.core.subjects import Names, outcome_key
 from shared.core.tokens import TokenCounter
 from shared.core.toolspec import OutputLimit, truncation_note
-from shared.fenced import Committed, Decide, NoCommit, commit_decided
+from shared.fenced import Committed, Decide, Decided, commit_decided
 from shared.nats.blobstore import ref_for
 from shared.nats.leases import Lease
 from shared.nats.publish import publish_pipelined, publish_verify
@@ -90,29 +92,36 @@ class Outputs(dict[str, str]):
         self.trimmed: dict[str, int] = dict(trimmed or {})
 
 
+RUN_MOVED = Skip("run moved")
+"""An intent planned on one head, decided on another: never committed (the driver plans again)."""
+OUTCOME_RECORDED = Skip("outcome already recorded")
+"""An outcome whose attempt was resolved meanwhile (by recovery, or an earlier try)."""
+
+
 def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
     """Decide ``events`` only on the head they were planned on (``head_lsn``); else "run moved"."""
-    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
-        return events if state.head_lsn == head_lsn else NoCommit(reason="run moved", state=state)
+    planned = tuple(events)
+
+    def decide(state: RunState) -> Decision:
+        return planned if state.head_lsn == head_lsn else RUN_MOVED
     return decide
 
 
 def settled(decide: Decide) -> Decide:
-    """``decide``, its events filtered by :func:`shared.core.cancel.after_cancel` (nothing left: NoCommit)."""
-    def decided(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+    """``decide``, its events filtered by :func:`shared.core.cancel.after_cancel` (nothing left: a Skip)."""
+    def decided(state: RunState) -> Decision:
         out = decide(state)
-        if isinstance(out, NoCommit):
+        if isinstance(out, Skip):
             return out
-        kept = after_cancel(state, out)
-        return kept if kept else NoCommit(reason="run cancelled", state=state)
+        return events_or_skip(after_cancel(state, out), "run cancelled")
     return decided
 
 
 def record_outcome(event: AttemptSucceeded | AttemptFailed) -> Decide:
     """Decide ``event`` on any head, unless the attempt's outcome is recorded already (pure)."""
-    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+    def decide(state: RunState) -> Decision:
         if plan.outcome_recorded(state, event.branch_id, event.step_id, event.attempt):
-            return NoCommit(reason="outcome already recorded", state=state)
+            return OUTCOME_RECORDED
         return (event,)
     return decide
 
@@ -208,28 +217,31 @@ class Attempts:
         return sent
 
     async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
-                     ) -> Committed | NoCommit:
-        """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already).
+                     ) -> Committed | Decided:
+        """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already): the commit,
+        or the :class:`~shared.fenced.Decided` that committed nothing (its ``state``: the run as it is now).
 
         Raises:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
             LeaseLost: this executor lost its lease (nothing is committed).
         """
-        return await commit_decided(self.log, state.run_id, self._leased(settled(decide)), writer=self.executor_id,
+        done = await commit_decided(self.log, state.run_id, self._leased(settled(decide)), writer=self.executor_id,
                                     state=state, sent=sent, log_name=LOG_NAME)
+        return done.commit if done.commit is not None else done
 
     def _leased(self, decide: Decide) -> Decide:
         """``decide``, with the lease checked on every try (a try after a lost fence may come late)."""
-        def decided(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+        def decided(state: RunState) -> Decision:
             out = decide(state)
-            if not isinstance(out, NoCommit):
+            if not isinstance(out, Skip):
                 self.check_lease()
             return out
         return decided
 
     async def intent(self, state: RunState, events: Sequence[AnyEvent], *,
-                     sent: asyncio.Future[int] | None = None) -> RunState | NoCommit:
-        """Commit ``events`` planned on ``state``: the state after them, or NoCommit (the run moved)."""
+                     sent: asyncio.Future[int] | None = None) -> RunState | Decided:
+        """Commit ``events`` planned on ``state``: the state after them, or the Decided that committed nothing
+        (the run moved)."""
         done = await self.commit(state, on_head(state.head_lsn, events), sent=sent)
         return done.state if isinstance(done, Committed) else done
 

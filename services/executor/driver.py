@@ -6,7 +6,7 @@ its commit to the state it holds and asks again, until the run rests or another
 executor owns it. The state is loaded once per drive and then kept up to date
 commit by commit (:func:`shared.fenced.commit_decided` is handed it): the run is
 never re-read on the hot path. When a commit planned on that state loses the fence
-(another writer committed first), the result is a NoCommit carrying the state
+(another writer committed first), the result is the Decided that committed nothing, carrying the state
 refreshed to the run's head: the driver yields if another executor owns the run,
 else plans again.
 
@@ -36,7 +36,7 @@ from shared.core.events import BlobRef, RunVerifying
 from shared.core.fold import DRIVABLE, RunState
 from shared.core.ports import BlobStore, EventLog
 from shared.core.workflow import WorkflowSpec, parse_workflow
-from shared.fenced import NoCommit
+from shared.fenced import Decided
 from shared.nats.control import ControlHub, Interrupt
 from shared.tools_check import check_tool_imports
 
@@ -193,7 +193,7 @@ class Driver:
             if isinstance(done, Chained):
                 state, prepared = done.state, done.next
                 continue
-            if not isinstance(done, NoCommit):
+            if not isinstance(done, Decided):
                 state = done
                 continue
             state = done.state  # someone else committed first: the run as it is now
@@ -212,19 +212,19 @@ class Driver:
 
     async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action, agents: AgentRun,
                        interrupt: Interrupt | None, cursor: Cursor, prepared: Prepared | None = None,
-                       ) -> RunState | NoCommit | Chained:
+                       ) -> RunState | Decided | Chained:
         """Perform one action planned on ``state``: the state after it (:class:`Chained` when the next
-        attempt's intent rode its commit), or NoCommit if it lost the fence."""
+        attempt's intent rode its commit), or the Decided that committed nothing if it lost the fence."""
         if isinstance(action, plan.Claim):
             claim = await self.plain.claim(state, spec, cursor)
-            if not isinstance(claim, NoCommit):
+            if not isinstance(claim, Decided):
                 log.info("run.claimed", executor_id=self.executor_id,
                          lsn=(claim.state if isinstance(claim, Chained) else claim).head_lsn)
             return claim
         if isinstance(action, plan.EnterVerifying):
             events = [RunVerifying(branch_id=action.branch_id, at_ms=now_ms())]
             done = await self.attempts.commit(state, on_head(state.head_lsn, events))
-            if isinstance(done, NoCommit):
+            if isinstance(done, Decided):
                 return done
             log.info("run.verifying", branch_id=action.branch_id, lsn=done.state.head_lsn)
             # in one round trip: a verifier that gets the trigger before the snapshot reads the log instead

@@ -24,12 +24,12 @@ from shared.core.commands import Reply, ResumeRun, StartRun
 from shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
 from shared.core.events import BlobRef, RunCreated
 from shared.core.fold import RunState
-from shared.core.ids import LSN, ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
+from shared.core.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
 from shared.core.integrity import RunCorrupt
 from shared.core.ports import BlobStore, EventLog
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
-from shared.fenced import Committed, commit_new
+from shared.fenced import commit_new
 from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.control import ControlHub
@@ -147,9 +147,9 @@ class Executor:
         done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
         if stored is not None:
             await stored
-        if isinstance(done, Committed):
-            log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=done.lsn)
-            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=LSN(done.lsn))
+        if done.commit is not None:
+            log.info("run.created", workflow=spec.name, steps=len(spec.steps), lsn=done.commit.lsn)
+            reply = Reply(ok=True, run_id=run_id, status="pending", created=True, lsn=done.commit.lsn)
             fresh: RunState | None = done.state  # the drive starts from it: no re-read of the run
         else:  # the key's run exists (a repeated or redelivered start)
             existing = done.state.workflow_ref.sha256

@@ -23,10 +23,10 @@ import structlog
 
 from shared.clock import now_ms
 from shared.core import recovery
-from shared.core.events import AnyEvent, BlobRef
+from shared.core.events import BlobRef
 from shared.core.fold import RunState
 from shared.core.ports import EventLog
-from shared.fenced import Committed, NoCommit, commit_decided
+from shared.fenced import commit_decided
 
 from .attempts import LOG_NAME, Attempts
 
@@ -62,16 +62,13 @@ class Orphans:
             for i in intents}
         at_ms = now_ms()
 
-        def decide(s: RunState) -> tuple[AnyEvent, ...] | NoCommit:
-            return recovery.abandon(s, self.executor_id, markers, at_ms=at_ms) or NoCommit(
-                reason="nothing abandoned", state=s)
-
-        done = await commit_decided(self.log, state.run_id, decide, writer=self.executor_id, state=state,
-                                    log_name=LOG_NAME)
-        if isinstance(done, Committed):
-            for event in done.events:
-                log.info("attempt.abandoned", step_id=getattr(event, "step_id", None),
-                         attempt=getattr(event, "attempt", None), outcome=recovery.outcome_of(event), lsn=done.lsn)
+        done = await commit_decided(self.log, state.run_id,
+                                    lambda s: recovery.abandon(s, self.executor_id, markers, at_ms=at_ms),
+                                    writer=self.executor_id, state=state, log_name=LOG_NAME)
+        for event in done.commit.events if done.commit is not None else ():
+            log.info("attempt.abandoned", step_id=getattr(event, "step_id", None),
+                     attempt=getattr(event, "attempt", None), outcome=recovery.outcome_of(event),
+                     lsn=done.state.head_lsn)
         return done.state
 
     async def tend(self, run_id: str) -> bool:

@@ -37,6 +37,7 @@ import structlog
 from shared import secrets
 from shared.clock import now_ms
 from shared.core import planning as plan
+from shared.core.decision import Decision
 from shared.core.errors import ModelError, ToolError
 from shared.core.events import (
     AnyEvent,
@@ -53,7 +54,7 @@ from shared.core.ids import CommitId
 from shared.core.packer import pack
 from shared.core.toolspec import output_limit
 from shared.core.workflow import ModelStep, ToolStep, WorkflowSpec
-from shared.fenced import Committed, Decide, NoCommit
+from shared.fenced import Committed, Decide, Decided
 from shared.models import ModelRequest, make_adapter
 from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.control import Interrupt
@@ -115,7 +116,7 @@ def outcome_then(event: Outcome, head_lsn: int, nxt: Prepared | None) -> Decide:
     head the outcome alone, unless the attempt was resolved meanwhile (:func:`record_outcome`)."""
     alone = record_outcome(event)
 
-    def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
+    def decide(state: RunState) -> Decision:
         if nxt is not None and state.head_lsn == head_lsn:
             return (event, nxt.intent)
         return alone(state)
@@ -167,14 +168,14 @@ class PlainSteps:
 
     async def run(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch, cursor: Cursor,
                   prepared: Prepared | None = None, interrupt: Interrupt | None = None,
-                  ) -> RunState | NoCommit | Chained:
+                  ) -> RunState | Decided | Chained:
         """Perform one plain attempt; ``prepared``: its intent is committed already (it rode the last outcome);
         ``cursor``: the drive's planning cursor (the next action is planned from it); ``interrupt``: when it
         fires (a cancel, the drain deadline) the side effect is stopped and the attempt recorded at once
         (services/executor/interrupts.py).
 
         Returns the state after its outcome (:class:`Chained` if the next intent rode along), or
-        NoCommit if its own intent lost the fence (nothing was run).
+        a Decided that committed nothing if its own intent lost the fence (nothing was run).
 
         Raises:
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
@@ -194,9 +195,9 @@ class PlainSteps:
         self.a.crash_if(f"{action.step_id}:{action.attempt}:after_run")
         return await self._commit_outcome(state, p, event, body, await self._next(state, spec, event, cursor))
 
-    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | NoCommit | Chained:
+    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | Decided | Chained:
         """Commit ``run_started`` for this executor, with the first attempt's intent when that is a plain
-        attempt (one commit: :class:`Chained`); NoCommit if the run moved meanwhile."""
+        attempt (one commit: :class:`Chained`); a Decided (nothing committed) if the run moved meanwhile."""
         started = RunStarted(executor_id=self.a.executor_id, at_ms=now_ms())
         nxt = await self._next(state, spec, started, cursor)
         if nxt is None:
@@ -205,7 +206,7 @@ class PlainSteps:
         return Chained(done, nxt) if isinstance(done, RunState) else done
 
     async def _commit_intent(self, state: RunState, p: Prepared, before: Sequence[AnyEvent] = (),
-                             ) -> RunState | NoCommit:
+                             ) -> RunState | Decided:
         """The intent (after ``before``, planned on the same head), in one round trip with its prompt blob
         (unless inline); the side effect follows only once both are acked, so it never follows an intent
         whose prompt is missing (a prompt the store refused fails the attempt, retryable)."""
@@ -216,7 +217,7 @@ class PlainSteps:
         sent = await self.a.send(state, events)
         stored = (await asyncio.gather(blob, return_exceptions=True))[0] if blob is not None else None
         done = await self.a.intent(state, events, sent=sent)
-        if isinstance(done, NoCommit) or not isinstance(stored, BaseException):
+        if isinstance(done, Decided) or not isinstance(stored, BaseException):
             return done
         event = AttemptFailed(branch_id=p.action.branch_id, step_id=p.action.step_id, attempt=p.action.attempt,
                               error_kind="prompt_store_failed", message=str(stored)[:2000], retryable=True,
@@ -305,7 +306,7 @@ class PlainSteps:
         done = await a.commit(state, outcome_then(event, head, nxt), sent=sent)
         if isinstance(done, Committed):
             a.crash_if(f"{action.step_id}:{action.attempt}:after_outcome")
-        if isinstance(done, NoCommit):
+        if isinstance(done, Decided):
             log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
         elif any(isinstance(e, AttemptCancelled) for e in done.events):
             log.info("attempt.cancelled", lsn=done.lsn, step_id=event.step_id, attempt=event.attempt)

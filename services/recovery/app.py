@@ -47,13 +47,14 @@ from shared.config import Config
 from shared.core import recovery, respond
 from shared.core.commands import RecoverRuns, Reply
 from shared.core.errors import ReelError
-from shared.core.events import AnyEvent, BlobRef
+from shared.core.events import BlobRef
 from shared.core.fold import DRIVABLE, RunState
+from shared.core.ids import ExecutorId
 from shared.core.integrity import RunCorrupt
 from shared.core.planning import has_open_intent
 from shared.core.ports import EventLog
 from shared.core.state import VERIFYING
-from shared.fenced import Committed, NoCommit, commit_decided
+from shared.fenced import Decided, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
 from shared.nats.eventlog import JetStreamEventLog
@@ -149,33 +150,40 @@ class RecoveryService:
             if not intents:
                 self.index.offer(state)
                 return await self._deadlines(state, RunReport(run_id=state.run_id))
-            checked = recovery.executors_to_check(state, intents)
-            dead = checked - await self.live_set(checked)
-            markers = {i.marker_key: await self.marker(i.marker_key) for i in intents if i.executor_id in dead}
+            dead, markers = await self._look_up(state, intents)
             at_ms = now_ms()
-            passes: list[tuple[recovery.Pass, str, int]] = []  # (decision, status, head) per try
-
-            def decide(s: RunState) -> Sequence[AnyEvent] | NoCommit:
-                passes.append((recovery.decide(s, dead=dead, markers=markers, at_ms=at_ms), s.status, s.head_lsn))
-                return passes[-1][0].events or NoCommit(reason="nothing to resolve", state=s)
-
-            result = await commit_decided(self.log, run_id, decide, writer=WRITER, state=state, log_name="recovery")
-            decision, status, above_lsn = passes[-1]
-            plan = decision.triage
-            report = RunReport(run_id=run_id, waiting=[{**w.intent.describe(), "reason": w.reason}
-                                                       for w in plan.waiting])
-            if isinstance(result, Committed):
-                for intent, event in zip(plan.resolve, result.events, strict=True):
-                    outcome = recovery.outcome_of(event)
-                    report.resolved.append({**intent.describe(), "outcome": outcome, "lsn": result.lsn})
-                    log.info("recovery.resolved", branch_id=intent.branch_id, step_id=intent.step_id,
-                             attempt=intent.attempt, outcome=outcome, lsn=result.lsn, executor_id=intent.executor_id,
-                             inherited=intent.inherited, status=status, above_lsn=above_lsn)
+            done = await commit_decided(self.log, run_id,
+                                        lambda s: recovery.decide(s, dead=dead, markers=markers, at_ms=at_ms),
+                                        writer=WRITER, state=state, log_name="recovery")
+            plan = recovery.plan(done.before, dead=dead, markers=markers)
+            report = self._report(done, plan)
             if plan.resume:
-                await self._resume(result.state)
+                await self._resume(done.state)
                 report.resumed = True
-            self.index.offer(result.state)
-            return await self._deadlines(result.state, report)
+            self.index.offer(done.state)
+            return await self._deadlines(done.state, report)
+
+    async def _look_up(self, state: RunState, intents: Sequence[recovery.OpenIntent]
+                       ) -> tuple[set[ExecutorId], dict[str, BlobRef | None]]:
+        """The facts the log does not hold: which executors of ``intents`` are gone (no lease), and the
+        outcome markers of their intents (a missing one claimed, :meth:`marker`)."""
+        checked = recovery.executors_to_check(state, intents)
+        dead = checked - await self.live_set(checked)
+        return dead, {i.marker_key: await self.marker(i.marker_key) for i in intents if i.executor_id in dead}
+
+    def _report(self, done: Decided, plan: recovery.Triage) -> RunReport:
+        """What the pass ``done`` resolved (``plan``: its triage, on ``done.before``) and left waiting; logged."""
+        before, commit = done.before, done.commit
+        report = RunReport(run_id=before.run_id, waiting=[{**w.intent.describe(), "reason": w.reason}
+                                                          for w in plan.waiting])
+        for intent, event in zip(plan.resolve, commit.events if commit else (), strict=True):
+            assert commit is not None  # a plan that resolves nothing decides a Skip
+            outcome = recovery.outcome_of(event)
+            report.resolved.append({**intent.describe(), "outcome": outcome, "lsn": commit.lsn})
+            log.info("recovery.resolved", branch_id=intent.branch_id, step_id=intent.step_id,
+                     attempt=intent.attempt, outcome=outcome, lsn=commit.lsn, executor_id=intent.executor_id,
+                     inherited=intent.inherited, status=before.status, above_lsn=before.head_lsn)
+        return report
 
     async def _deadlines(self, state: RunState, report: RunReport) -> RunReport:
         """``report`` with the defaults committed for the requests of ``state``'s run due now."""

@@ -19,10 +19,10 @@ import structlog
 from services.resume import resume_unless_driven
 from shared.config import Config
 from shared.core import respond
-from shared.core.events import AnyEvent, InputAnswered
+from shared.core.events import InputAnswered
 from shared.core.fold import RunState
 from shared.core.ports import EventLog
-from shared.fenced import NoCommit, commit_decided
+from shared.fenced import commit_decided
 from shared.nats.infra import Infra
 
 log = structlog.get_logger("reel.recovery")
@@ -39,21 +39,15 @@ async def fire_due(infra: Infra, cfg: Config, events: EventLog, state: RunState,
         ConcurrencyConflict: the run kept moving for every try of the retry policy.
     """
     run_id = state.run_id
-    before: list[RunState] = []
-
-    def decide(s: RunState) -> tuple[AnyEvent, ...] | NoCommit:
-        before.append(s)
-        return respond.deadline_events(s, now_ms) or NoCommit(reason="no deadline due", state=s)
-
-    result = await commit_decided(events, run_id, decide, writer=writer, state=state, log_name="recovery")
-    if isinstance(result, NoCommit):
+    done = await commit_decided(events, run_id, lambda s: respond.deadline_events(s, now_ms), writer=writer,
+                                state=state, log_name="recovery")
+    if (commit := done.commit) is None:
         return []
-    fired = [{"run": run_id, "request_id": e.request_id, "step": e.step_id, "decision": e.decision, "lsn": result.lsn}
-             for e in result.events if isinstance(e, InputAnswered)]
-    state = before[-1]  # the state the default was decided on
-    resume = await resume_unless_driven(infra, cfg.names, state, result.lsn)
-    log.info("recovery.deadline_fired", run_id=run_id, requests=[f["request_id"] for f in fired], lsn=result.lsn,
-             previous_status=state.status, resume=resume)
+    fired = [{"run": run_id, "request_id": e.request_id, "step": e.step_id, "decision": e.decision, "lsn": commit.lsn}
+             for e in commit.events if isinstance(e, InputAnswered)]
+    resume = await resume_unless_driven(infra, cfg.names, done.before, commit.lsn)
+    log.info("recovery.deadline_fired", run_id=run_id, requests=[f["request_id"] for f in fired], lsn=commit.lsn,
+             previous_status=done.before.status, resume=resume)
     return fired
 
 

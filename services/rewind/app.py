@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import structlog
 
 from services.resume import resume_unless_driven
@@ -27,11 +26,11 @@ from shared.clock import now_ms
 from shared.config import Config
 from shared.core import rewind
 from shared.core.commands import Reply, RewindRun
-from shared.core.events import AnyEvent
+from shared.core.events import Commit
 from shared.core.fold import DRIVABLE, BranchState, RunState
 from shared.core.ids import branch_id_for_key
 from shared.core.ports import EventLog
-from shared.fenced import NoCommit, commit_decided
+from shared.fenced import Refresh, commit_decided
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
 from shared.nats.eventlog import JetStreamEventLog
@@ -59,38 +58,35 @@ class RewindService:
         key = req.idempotency_key or f"cmd:{cmd.identity}"
         branch_id = branch_id_for_key(req.run_id, key)
         structlog.contextvars.bind_contextvars(branch_id=branch_id)
-        state = await self.log.load(req.run_id)
-        # the lineage needs every commit of the run, kept in step with the state on a refresh
-        commits = await self.log.read(req.run_id, upto_lsn=state.head_lsn)
+        state, commits, refresh = await self._load(req.run_id)
+        at_ms = now_ms()
+        done = await commit_decided(self.log, req.run_id,
+                                    lambda s: rewind.decide(s, commits, req, branch_id=branch_id, at_ms=at_ms),
+                                    writer=WRITER, state=state, refresh=refresh)
+        if done.commit is None:  # the key's branch exists
+            return await self._existing(done.before, done.before.branches[branch_id])
+        lsn, fork = done.commit.lsn, done.commit.state.branches[branch_id]
+        log.info("rewind.forked", parent_branch_id=fork.parent_branch_id, fork_lsn=fork.fork_lsn,
+                 from_step=fork.from_step, lsn=lsn, previous_status=done.before.status)
+        resume = await self._maybe_resume(done.before, lsn)
+        return Reply(ok=True, run_id=req.run_id, status="running", created=True, branch_id=branch_id, lsn=lsn,
+                     detail=_detail(fork, resume=resume))
+
+    async def _load(self, run_id: str) -> tuple[RunState, list[tuple[int, Commit]], Refresh]:
+        """The run, every ``(lsn, commit)`` of it (the lineage needs them all), and a refresh that keeps the
+        commits in step with the state after a lost fence.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        state = await self.log.load(run_id)
+        commits = await self.log.read(run_id, upto_lsn=state.head_lsn)
 
         async def refresh(s: RunState) -> RunState:
             s, new = await self.log.refresh(s)
             commits.extend(new)
             return s
-
-        at_ms = now_ms()
-        seen: list[tuple[RunState, rewind.Decision]] = []  # (the state before, the decision) per try
-
-        def decide(s: RunState) -> list[AnyEvent] | NoCommit:
-            decision = rewind.decide(s, commits, req, branch_id=branch_id, at_ms=at_ms)
-            seen.append((msgspec.structs.replace(s), decision))  # a copy: the state is folded in place
-            if isinstance(decision, rewind.ExistingBranch):
-                return NoCommit(reason="branch exists", state=s)
-            return [decision.event]
-
-        result = await commit_decided(self.log, req.run_id, decide, writer=WRITER, state=state, refresh=refresh)
-        before, decision = seen[-1]
-        if isinstance(result, NoCommit):
-            assert isinstance(decision, rewind.ExistingBranch)
-            return await self._existing(result.state, decision.branch)
-        assert isinstance(decision, rewind.Fork)
-        event, lsn = decision.event, result.lsn
-        log.info("rewind.forked", parent_branch_id=event.parent_branch_id, fork_lsn=event.fork_lsn,
-                 from_step=event.from_step, lsn=lsn, previous_status=before.status)
-        resume = await self._maybe_resume(before, lsn)
-        return Reply(ok=True, run_id=req.run_id, status="running", created=True, branch_id=branch_id, lsn=lsn,
-                     detail={"parent_branch_id": event.parent_branch_id, "fork_lsn": event.fork_lsn,
-                             "from_step": event.from_step, "resume": resume})
+        return state, commits, refresh
 
     async def _existing(self, state: RunState, branch: BranchState) -> Reply:
         """A repeated rewind: same branch, no commit; re-send the (deduplicated) resume if still pending."""

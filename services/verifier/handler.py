@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -35,8 +34,9 @@ from nats.js import JetStreamContext
 from shared import secrets
 from shared.clock import now_ms
 from shared.core import verification
+from shared.core.decision import Decision
 from shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInvalid
-from shared.core.events import AnyEvent, Verdict
+from shared.core.events import Verdict
 from shared.core.fold import RunState, branch_failed
 from shared.core.ids import LSN, BranchId, RunId
 from shared.core.integrity import RunCorrupt
@@ -45,7 +45,7 @@ from shared.core.subjects import MSG_ID_HEADER, Names
 from shared.core.verifiers import Verifier, VerifierInvalid, errored, make_ctx
 from shared.core.views import EpisodeView, build_episode_view
 from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
-from shared.fenced import Committed, Decide, NoCommit, commit_decided
+from shared.fenced import Decide, Decided, commit_decided
 from shared.nats.subjectlog import SubjectLog
 from shared.verify import make_verifier, run_verifier
 
@@ -208,7 +208,7 @@ class VerificationHandler:
         log.info("verdict", verifier=name, status=recorded.status, score=recorded.score, reason=recorded.reason,
                  mine=recorded is verdict, duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
-    async def _commit_fenced(self, job: Job, decide: Decide) -> Committed | NoCommit:
+    async def _commit_fenced(self, job: Job, decide: Decide) -> Decided:
         """Commit ``decide(state)`` fenced on the job's state (one at a time per job; ``job.current`` follows).
 
         The job's own commits keep ``job.current`` at the head, so no read comes first: a commit by
@@ -227,11 +227,7 @@ class VerificationHandler:
 
     async def _record(self, job: Job, verdict: Verdict) -> Verdict:
         """Record ``verdict`` unless one for its (branch, snapshot, verifier) is in; returns the recorded one."""
-        def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
-            event = verification.record(state, verdict)
-            return [event] if event is not None else NoCommit(reason="verdict recorded", state=state)
-
-        await self._commit_fenced(job, decide)
+        await self._commit_fenced(job, lambda state: verification.record(state, verdict))
         return job.recorded()[verdict.verifier]
 
     async def _publish(self, verdict: Verdict) -> None:
@@ -271,15 +267,14 @@ class VerificationHandler:
         step_failed = branch_failed(job.pinned, job.branch_id)
         at_ms = now_ms()
 
-        def decide(state: RunState) -> Sequence[AnyEvent] | NoCommit:
-            event = verification.completion(state, branch_id=job.branch_id, snapshot_lsn=job.snapshot_lsn,
-                                            step_failed=step_failed, at_ms=at_ms)
-            return [event] if not isinstance(event, verification.NotCompleting) else NoCommit(event.reason, state)
+        def decide(state: RunState) -> Decision:
+            return verification.completion(state, branch_id=job.branch_id, snapshot_lsn=job.snapshot_lsn,
+                                           step_failed=step_failed, at_ms=at_ms)
 
         result = await self._commit_fenced(job, decide)
-        if isinstance(result, Committed):
-            log.info("run.completed", outcome=result.state.outcome, lsn=result.lsn)
-        elif result.reason == "moved":
+        if result.commit is not None:
+            log.info("run.completed", outcome=result.state.outcome, lsn=result.commit.lsn)
+        elif result.decision == verification.MOVED:
             state = result.state
             log.info("verification.not_completing", status=state.status, verifying_lsn=state.verifying_lsn,
                      active_branch=state.active_branch)

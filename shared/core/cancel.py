@@ -3,7 +3,7 @@ and what becomes of the outcomes of attempts the cancel caught in flight.
 
 Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying`` (:data:`~shared.core.fold.LIVE`;
 the fold closes a waiting run's open input requests with it);
-a run that already ended is left as it is (:class:`NoOp`: the caller's intent, "not running",
+a run that already ended is left as it is (a :class:`~shared.core.decision.Skip`: the caller's intent, "not running",
 holds already). After the ``run_cancelled`` commit, an attempt on the run's active branch is
 never recorded succeeded or failed: :func:`after_cancel` turns its outcome into
 ``attempt_cancelled`` (the executor decides every commit through it; recovery resolves a dead
@@ -14,25 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
-
 from shared.core.commands import CancelRun
+from shared.core.decision import Decision, Skip
 from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, Commit, RunCancelled
 from shared.core.fold import LIVE, AttemptStatus, RunState
 from shared.core.state import CANCELLED
 
 
-class NoOp(msgspec.Struct, frozen=True, kw_only=True):
-    """Nothing to commit: the run already ended."""
-
-    reason: str
-
-
-def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> RunCancelled | NoOp:
-    """Pure: the event cancelling ``state`` (at ``at_ms``, epoch ms), or why there is nothing to do."""
+def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> Decision:
+    """Pure: ``(run_cancelled,)`` cancelling ``state`` (at ``at_ms``, epoch ms), or ``Skip`` (the run ended)."""
     if state.status in LIVE:
-        return RunCancelled(reason=cmd.reason, at_ms=at_ms)
-    return NoOp(reason=f"run is already {state.status}")
+        return (RunCancelled(reason=cmd.reason, at_ms=at_ms),)
+    return Skip(f"run is already {state.status}")
 
 
 def cancel_lsn(commits: Sequence[tuple[int, Commit]]) -> int | None:

@@ -47,6 +47,7 @@ import msgspec
 
 from shared.core.agentfold import step_ids
 from shared.core.cancel import as_cancelled, caught
+from shared.core.decision import Decision, events_or_skip
 from shared.core.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.fold import RESTING, AttemptState, AttemptStatus, RunState
 from shared.core.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
@@ -257,10 +258,11 @@ def own_settled(state: RunState, executor_id: str) -> tuple[OpenIntent, ...]:
 
 
 def abandon(state: RunState, executor_id: str, markers: Mapping[str, BlobRef | None], *,
-            at_ms: int) -> tuple[AnyEvent, ...]:
-    """The events by which ``executor_id`` resolves its own settled open intents (:func:`own_settled`) when it
-    holds none of them in a drive — as recovery would once its lease is gone (:func:`resolution_events`,
-    ``recovered=True``): the stored output if its marker was found, else ``attempt_failed`` ``executor_lost``.
+            at_ms: int) -> Decision:
+    """The events (or ``Skip("nothing to abandon")``) by which ``executor_id`` resolves its own settled open
+    intents (:func:`own_settled`) when it holds none of them in a drive — as recovery would once its lease
+    is gone (:func:`resolution_events`, ``recovered=True``): the stored output if its marker was
+    found, else ``attempt_failed`` ``executor_lost``.
 
     Args:
         markers: the markers looked up, by :attr:`OpenIntent.marker_key` (``None``: none stored); an intent
@@ -269,7 +271,8 @@ def abandon(state: RunState, executor_id: str, markers: Mapping[str, BlobRef | N
     """
     intents = [i for i in own_settled(state, executor_id) if i.marker_key in markers]
     found = {key: ref for key, ref in markers.items() if ref is not None}
-    return resolution_events(state, intents, found, at_ms=at_ms, lost_message=ABANDONED)
+    return events_or_skip(resolution_events(state, intents, found, at_ms=at_ms, lost_message=ABANDONED),
+                          "nothing to abandon")
 
 
 def outcome_of(event: AnyEvent) -> AttemptStatus:
@@ -279,21 +282,13 @@ def outcome_of(event: AnyEvent) -> AttemptStatus:
     return AttemptStatus.SUCCEEDED if isinstance(event, AttemptSucceeded) else AttemptStatus.FAILED
 
 
-class Pass(msgspec.Struct, frozen=True, kw_only=True):
-    """One recovery decision on one folded state: the triage and the events resolving ``triage.resolve``."""
-
-    triage: Triage
-    events: tuple[AnyEvent, ...]
-
-
-def decide(state: RunState, *, dead: Set[ExecutorId], markers: Mapping[str, BlobRef | None], at_ms: int) -> Pass:
-    """What recovery does to ``state``, given what it looked up outside the log (pure).
+def plan(state: RunState, *, dead: Set[ExecutorId], markers: Mapping[str, BlobRef | None]) -> Triage:
+    """The triage of ``state`` given what recovery looked up outside the log (pure; :func:`decide`'s plan).
 
     Args:
         dead: executors looked up and found without a lease.
         markers: the outcome markers looked up (every open intent of a ``dead`` executor), by
             :attr:`OpenIntent.marker_key`; ``None``: the executor stored none.
-        at_ms: the resolution time (epoch ms).
 
     Every other executor is presumed live — one first seen in ``state`` (the state moved on
     since the look-ups), and a dead one with an intent whose marker was not looked up: recovery
@@ -302,6 +297,13 @@ def decide(state: RunState, *, dead: Set[ExecutorId], markers: Mapping[str, Blob
     intents = open_intents(state)
     unchecked = {i.executor_id for i in intents if i.executor_id in dead and i.marker_key not in markers}
     live = executors_to_check(state, intents) - (set(dead) - unchecked)
-    plan = triage(state, live)
+    return triage(state, live)
+
+
+def decide(state: RunState, *, dead: Set[ExecutorId], markers: Mapping[str, BlobRef | None], at_ms: int
+           ) -> Decision:
+    """What recovery commits on ``state``: the events resolving ``plan(...).resolve`` in its order (pure), or
+    ``Skip("nothing to resolve")``. ``at_ms``: the resolution time (epoch ms); the rest as :func:`plan`."""
     found = {key: ref for key, ref in markers.items() if ref is not None}
-    return Pass(triage=plan, events=resolution_events(state, plan.resolve, found, at_ms=at_ms))
+    resolve = plan(state, dead=dead, markers=markers).resolve
+    return events_or_skip(resolution_events(state, resolve, found, at_ms=at_ms), "nothing to resolve")

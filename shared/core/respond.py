@@ -2,7 +2,7 @@
 
 The respond command answers one input request (:mod:`shared.core.inputevents`) of the
 run's active branch. :func:`decide` gives the ``input_answered`` to commit, a
-:class:`NoOp` (nothing to write, the reason), or raises a refusal:
+:class:`~shared.core.decision.Skip` (nothing to write, the reason), or raises a refusal:
 
 ================================================  ==================================================
 case                                              answer
@@ -33,6 +33,7 @@ import msgspec
 
 from shared.core import agentfold, inputfold
 from shared.core.commands import RespondRun
+from shared.core.decision import Decision, Skip, events_or_skip
 from shared.core.errors import InvalidCommand
 from shared.core.inputevents import DECISIONS, InputAnswered
 from shared.core.inputs import argument_error
@@ -55,12 +56,6 @@ class RequestAnswered(InvalidCommand):
     """The request was answered already, otherwise."""
 
     code = "request_answered"
-
-
-class NoOp(msgspec.Struct, frozen=True, kw_only=True):
-    """Nothing to commit, and why (a duplicate or a late answer)."""
-
-    reason: str
 
 
 def _over(state: RunState, rec: InputRecord) -> str | None:
@@ -113,8 +108,8 @@ def _same(recorded: InputResponse, new: InputAnswered) -> bool:
         new.decision, new.arguments, new.note, new.text)
 
 
-def decide(state: RunState, cmd: RespondRun, spec: WorkflowSpec, *, at_ms: int) -> InputAnswered | NoOp:
-    """Pure: the answer ``cmd`` commits on ``state`` (at ``at_ms``, epoch ms), or why there is nothing to do.
+def decide(state: RunState, cmd: RespondRun, spec: WorkflowSpec, *, at_ms: int) -> Decision:
+    """Pure: ``(input_answered,)`` that ``cmd`` commits on ``state`` (at ``at_ms``, epoch ms), or ``Skip`` (why not).
 
     Raises:
         RequestNotFound, RequestAnswered, InvalidCommand: see the module docstring.
@@ -127,19 +122,19 @@ def decide(state: RunState, cmd: RespondRun, spec: WorkflowSpec, *, at_ms: int) 
             waiting = ", ".join(r.request_id for r in inputfold.open_requests(active)) or "none"
             raise RequestNotFound(f"run {state.run_id} has no input request {cmd.request_id!r} (open: {waiting})",
                                   run_id=state.run_id)
-        return NoOp(reason=f"request {cmd.request_id} is on branch {left}, which a rewind left (the run goes on on"
-                           f" {state.active_branch})")
+        return Skip(f"request {cmd.request_id} is on branch {left}, which a rewind left (the run goes on on"
+                    f" {state.active_branch})")
     done = rec.response
     if done is None:
         late = _over(state, rec)
-        return NoOp(reason=late) if late is not None else answer_of(state, cmd, spec, rec, at_ms=at_ms)
+        return Skip(late) if late is not None else (answer_of(state, cmd, spec, rec, at_ms=at_ms),)
     answer = answer_of(state, cmd, spec, rec, at_ms=at_ms)
     if _same(done, answer):
-        return NoOp(reason=f"duplicate: request {rec.request_id} was answered {done.decision} the same way at lsn"
-                           f" {done.lsn}")
+        return Skip(f"duplicate: request {rec.request_id} was answered {done.decision} the same way at lsn"
+                    f" {done.lsn}")
     if done.source == "deadline":
-        return NoOp(reason=f"late: request {rec.request_id}'s deadline passed; its default ({done.decision}) was"
-                           f" committed at lsn {done.lsn}")
+        return Skip(f"late: request {rec.request_id}'s deadline passed; its default ({done.decision}) was"
+                    f" committed at lsn {done.lsn}")
     raise RequestAnswered(f"request {rec.request_id} was already answered: {done.decision}"
                           f"{' by ' + done.by if done.by else ''} at lsn {done.lsn}", run_id=state.run_id)
 
@@ -160,8 +155,9 @@ def next_deadline(state: RunState) -> int | None:
     return min(times) if times and state.status in LIVE else None
 
 
-def deadline_events(state: RunState, now_ms: int) -> tuple[InputAnswered, ...]:
-    """The default answer of every request :func:`due` at ``now_ms`` (source ``deadline``; one commit)."""
+def deadline_events(state: RunState, now_ms: int) -> Decision:
+    """The default answer of every request :func:`due` at ``now_ms`` (source ``deadline``; one commit), or
+    ``Skip("no deadline due")``."""
     out = []
     for r in due(state, now_ms):
         decision = r.default or "reject"
@@ -169,4 +165,4 @@ def deadline_events(state: RunState, now_ms: int) -> tuple[InputAnswered, ...]:
                                  decision=decision, note=r.default_note if decision == "reject" else "",
                                  text=r.default_note if decision == "answer" else "", source="deadline",
                                  at_ms=now_ms))
-    return tuple(out)
+    return events_or_skip(out, "no deadline due")

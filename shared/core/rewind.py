@@ -29,18 +29,17 @@ owner is still driving it (:func:`needs_resume`).
 Idempotency: the new branch id is derived from the command's idempotency key
 (the service derives one from the command message when the client gave none),
 so a repeated rewind finds its branch already in the state and gets it back
-(:class:`ExistingBranch`) without a new commit. Reusing a key with different
-explicit parameters is refused.
+(:data:`BRANCH_EXISTS`: a Skip, the branch is ``state.branches[branch_id]``) without a new commit.
+Reusing a key with different explicit parameters is refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import msgspec
-
 from shared.core import agentfold
 from shared.core.commands import RewindRun
+from shared.core.decision import Decision, Skip
 from shared.core.errors import InvalidCommand, InvalidTransition
 from shared.core.events import BranchForked, Commit, RunCreated, VerdictRecorded
 from shared.core.fold import DRIVABLE, BranchState, RunState, RunStatus
@@ -72,19 +71,8 @@ class IdempotencyKeyReused(InvalidCommand):
     code = "idempotency_key_reused"
 
 
-class Fork(msgspec.Struct, frozen=True, kw_only=True):
-    """Commit ``event`` (a new branch), then ask an executor to resume the run."""
-
-    event: BranchForked
-
-
-class ExistingBranch(msgspec.Struct, frozen=True, kw_only=True):
-    """The idempotency key's branch exists already: answer with it, commit nothing."""
-
-    branch: BranchState
-
-
-Decision = Fork | ExistingBranch
+BRANCH_EXISTS = Skip("branch exists")
+"""The decision on a repeated rewind: the idempotency key's branch exists already (answer with it)."""
 
 
 def needs_resume(state: RunState, owner_alive: bool) -> bool:
@@ -153,7 +141,8 @@ def _lineage(state: RunState, owned: Sequence[tuple[int, frozenset[BranchId]]], 
 
 def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRun, *, branch_id: BranchId,
            at_ms: int) -> Decision:
-    """What a rewind command does to ``state``.
+    """What a rewind command does to ``state``: ``(branch_forked,)`` (commit it, then ask an executor to
+    resume the run), or :data:`BRANCH_EXISTS` (``branch_id`` is in ``state.branches``; commit nothing).
 
     Args:
         state: the run folded at its head (``state.head_lsn`` must be the last commit's LSN).
@@ -173,7 +162,7 @@ def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRu
     existing = state.branches.get(branch_id)
     if existing is not None:
         _check_same_request(state, existing, cmd)
-        return ExistingBranch(branch=existing)
+        return BRANCH_EXISTS
     if state.status == RunStatus.CANCELLED:
         raise InvalidTransition(f"run {state.run_id} is cancelled; a cancelled run cannot be rewound",
                                 run_id=state.run_id)
@@ -189,8 +178,8 @@ def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRu
     else:
         assert cmd.at_step is not None
         fork_lsn, from_step = _step_fork_lsn(state, lineage, parent, cmd.at_step), cmd.at_step
-    return Fork(event=BranchForked(branch_id=branch_id, parent_branch_id=parent, fork_lsn=fork_lsn,
-                                   from_step=from_step, at_ms=at_ms))
+    return (BranchForked(branch_id=branch_id, parent_branch_id=parent, fork_lsn=fork_lsn, from_step=from_step,
+                         at_ms=at_ms),)
 
 
 def _check_lsn(state: RunState, lineage: Sequence[int], owned: Sequence[tuple[int, frozenset[BranchId]]],

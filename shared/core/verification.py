@@ -19,10 +19,8 @@ no logging:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
-import msgspec
-
+from shared.core.decision import Decision, Skip
 from shared.core.events import RunCompleted, RunOutcome, Verdict, VerdictRecorded, VerdictStatus
 from shared.core.fold import RunState
 from shared.core.ids import LSN, BranchId, RunId
@@ -34,28 +32,26 @@ def recorded(state: RunState, branch_id: BranchId, snapshot_lsn: LSN) -> dict[st
     return {v.verifier: v for v in state.verdicts if v.snapshot_lsn == snapshot_lsn and v.branch_id == branch_id}
 
 
-def record(state: RunState, verdict: Verdict) -> VerdictRecorded | None:
-    """The event recording ``verdict``, or ``None`` if one for its (branch, snapshot, verifier) is in."""
+VERDICT_RECORDED = Skip("verdict recorded")
+"""The decision when a verdict for the (branch, snapshot, verifier) is recorded already."""
+MOVED = Skip("moved")
+"""No completion: the run no longer rests in ``verifying`` at the job's snapshot and branch (cancelled,
+rewound, completed)."""
+VERDICTS_MISSING = Skip("verdicts_missing")
+"""No completion yet: a configured verifier has no verdict (not after a finished job)."""
+
+
+def record(state: RunState, verdict: Verdict) -> Decision:
+    """``(verdict_recorded,)``, or :data:`VERDICT_RECORDED` if one for its (branch, snapshot, verifier) is in."""
     if verdict.verifier in recorded(state, verdict.branch_id, verdict.snapshot_lsn):
-        return None
-    return VerdictRecorded(verdict=verdict)
-
-
-class NotCompleting(msgspec.Struct, frozen=True, kw_only=True):
-    """Why a job does not complete the run.
-
-    Attributes:
-        reason: ``moved`` — the run no longer rests in ``verifying`` at the job's snapshot
-            and branch (cancelled, rewound, completed); ``verdicts_missing`` — a configured
-            verifier has no verdict yet (not after a finished job).
-    """
-
-    reason: Literal["moved", "verdicts_missing"]
+        return VERDICT_RECORDED
+    return (VerdictRecorded(verdict=verdict),)
 
 
 def completion(state: RunState, *, branch_id: BranchId, snapshot_lsn: LSN, step_failed: bool,
-               at_ms: int) -> RunCompleted | NotCompleting:
-    """Whether the job at (``branch_id``, ``snapshot_lsn``) completes ``state``, and with which outcome.
+               at_ms: int) -> Decision:
+    """``(run_completed,)`` if the job at (``branch_id``, ``snapshot_lsn``) completes ``state`` (with which
+    outcome), else :data:`MOVED` or :data:`VERDICTS_MISSING`.
 
     Args:
         step_failed: a step of the branch failed for good, as of the snapshot
@@ -63,12 +59,12 @@ def completion(state: RunState, *, branch_id: BranchId, snapshot_lsn: LSN, step_
         at_ms: the completion time (epoch ms).
     """
     if (state.status, state.verifying_lsn, state.verifying_branch) != ("verifying", snapshot_lsn, branch_id):
-        return NotCompleting(reason="moved")
+        return MOVED
     verdicts = recorded(state, branch_id, snapshot_lsn)
     if any(name not in verdicts for name in state.verifiers):
-        return NotCompleting(reason="verdicts_missing")
+        return VERDICTS_MISSING
     outcome = derive_outcome(step_failed=step_failed, statuses=[verdicts[n].status for n in state.verifiers])
-    return RunCompleted(branch_id=branch_id, outcome=outcome, snapshot_lsn=snapshot_lsn, at_ms=at_ms)
+    return (RunCompleted(branch_id=branch_id, outcome=outcome, snapshot_lsn=snapshot_lsn, at_ms=at_ms),)
 
 
 def derive_outcome(*, step_failed: bool, statuses: Sequence[VerdictStatus]) -> RunOutcome:

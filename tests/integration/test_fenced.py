@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from shared.core.decision import Decision, Skip
 from shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
 from shared.core.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
 from shared.core.fold import RunState
-from shared.fenced import DEFAULT_POLICY, Committed, NoCommit, RetryPolicy, commit_decided, commit_new
+from shared.fenced import DEFAULT_POLICY, RetryPolicy, commit_decided, commit_new
 from shared.nats.eventlog import JetStreamEventLog
 from tests.logcapture import info_logs
 from tests.refold import assert_refold_identical
@@ -54,15 +55,18 @@ async def test_decides_on_the_loaded_state_and_commits_fenced_on_its_head(event_
     base = await event_log.commit("r-1", [created("r-1")], expected_lsn=0)
     seen: list[int] = []
 
-    def decide(state: RunState) -> list[AnyEvent]:
+    def decide(state: RunState) -> Decision:
         seen.append(state.head_lsn)
-        return [RunCancelled(reason="x", at_ms=3)]
+        return (RunCancelled(reason="x", at_ms=3),)
 
     result = await commit_decided(event_log, "r-1", decide, writer="t")
-    assert isinstance(result, Committed) and seen == [base]
-    assert result.state.status == "cancelled" and result.state.head_lsn == result.lsn > base
+    done = result.commit
+    assert done is not None and seen == [base]
+    assert result.before.head_lsn == base and result.before.status == "pending"  # the state decided on, as it was
+    assert result.decision == done.events == (RunCancelled(reason="x", at_ms=3),)
+    assert result.state is done.state and done.state.status == "cancelled" and done.state.head_lsn == done.lsn > base
     commits = await event_log.read("r-1")
-    assert [(lsn, c.writer, c.commit_id) for lsn, c in commits[1:]] == [(result.lsn, "t", result.commit_id)]
+    assert [(lsn, c.writer, c.commit_id) for lsn, c in commits[1:]] == [(done.lsn, "t", done.commit_id)]
     await assert_refold_identical(event_log, result.state)
 
 
@@ -72,19 +76,22 @@ async def test_a_conflict_refreshes_and_decides_again(event_log: JetStreamEventL
     log = Interloper(event_log, n=2)
     decided_on: list[tuple[int, str | None]] = []
 
-    def decide(state: RunState) -> list[AnyEvent]:
+    def decide(state: RunState) -> Decision:
         decided_on.append((state.head_lsn, state.executor_id))
-        return [RunCancelled(reason=f"seen {state.executor_id}", at_ms=3)]
+        return (RunCancelled(reason=f"seen {state.executor_id}", at_ms=3),)
 
     with info_logs() as logs:
         result = await commit_decided(log, "r-2", decide, writer="t", state=stale, policy=FAST,  # type: ignore[arg-type]
                                       log_name="cancel")
-    assert isinstance(result, Committed)
+    assert result.commit is not None
     commits = await event_log.read("r-2")
     assert [c.writer for _, c in commits] == ["", "interloper", "interloper", "t"]
     # each try decided on the state the previous try lost to (the interloper's commit applied)
     assert decided_on == [(commits[0][0], None), (commits[1][0], "x-1"), (commits[2][0], "x-0")]
-    assert result.events == (RunCancelled(reason="seen x-0", at_ms=3),)
+    assert result.commit.events == result.decision == (RunCancelled(reason="seen x-0", at_ms=3),)
+    # the result names the state the last try decided on: no side list needed
+    before = result.before
+    assert (before.head_lsn, before.executor_id, before.status) == (commits[2][0], "x-0", "running")
     assert [(e["event"], e["try_no"], e["expected_lsn"]) for e in logs if e["event"] == "cancel.conflict"] == [
         ("cancel.conflict", 1, commits[0][0]), ("cancel.conflict", 2, commits[1][0])]
     await assert_refold_identical(event_log, result.state)
@@ -92,8 +99,9 @@ async def test_a_conflict_refreshes_and_decides_again(event_log: JetStreamEventL
 
 async def test_no_commit_writes_nothing(event_log: JetStreamEventLog) -> None:
     base = await event_log.commit("r-3", [created("r-3")], expected_lsn=0)
-    result = await commit_decided(event_log, "r-3", lambda s: NoCommit(reason=f"is {s.status}", state=s), writer="t")
-    assert isinstance(result, NoCommit) and result.reason == "is pending" and result.state.head_lsn == base
+    result = await commit_decided(event_log, "r-3", lambda s: Skip(f"is {s.status}"), writer="t")
+    assert result.commit is None and result.decision == Skip("is pending") and result.reason == "is pending"
+    assert result.state is result.before and result.before.head_lsn == base
     assert len(await event_log.read("r-3")) == 1
 
 
@@ -101,7 +109,7 @@ async def test_a_domain_error_propagates_untried_again(event_log: JetStreamEvent
     await event_log.commit("r-4", [created("r-4")], expected_lsn=0)
     calls = 0
 
-    def decide(state: RunState) -> list[AnyEvent]:
+    def decide(state: RunState) -> Decision:
         nonlocal calls
         calls += 1
         raise InvalidTransition("not now", run_id=state.run_id)
@@ -113,14 +121,14 @@ async def test_a_domain_error_propagates_untried_again(event_log: JetStreamEvent
 
 async def test_a_missing_run_is_run_not_found(event_log: JetStreamEventLog) -> None:
     with pytest.raises(RunNotFound):
-        await commit_decided(event_log, "r-none", lambda s: [RunCancelled(at_ms=1)], writer="t")
+        await commit_decided(event_log, "r-none", lambda s: (RunCancelled(at_ms=1),), writer="t")
 
 
 async def test_losing_every_try_raises_concurrency_conflict(event_log: JetStreamEventLog) -> None:
     await event_log.commit("r-5", [created("r-5")], expected_lsn=0)
     log = Interloper(event_log, n=FAST.tries)
     with pytest.raises(ConcurrencyConflict) as info:
-        await commit_decided(log, "r-5", lambda s: [RunCancelled(at_ms=3)], writer="t", policy=FAST)  # type: ignore[arg-type]
+        await commit_decided(log, "r-5", lambda s: (RunCancelled(at_ms=3),), writer="t", policy=FAST)  # type: ignore[arg-type]
     assert info.value.retryable and info.value.run_id == "r-5"
     assert f"after {FAST.tries} tries" in info.value.message
     assert log.commits == FAST.tries
@@ -133,8 +141,8 @@ async def test_an_in_flight_first_try_that_loses_is_decided_again(event_log: Jet
     other = await event_log.commit("r-6", [RunStarted(executor_id="x-9", at_ms=2)], expected_lsn=base)
     events: list[AnyEvent] = [RunCancelled(reason="mine", at_ms=3)]
     sent = await event_log.commit_async("r-6", events, expected_lsn=state.head_lsn, writer="t")
-    result = await commit_decided(event_log, "r-6", lambda s: events, writer="t", state=state, sent=sent)
-    assert isinstance(result, Committed) and result.lsn > other
+    result = await commit_decided(event_log, "r-6", lambda s: tuple(events), writer="t", state=state, sent=sent)
+    assert result.commit is not None and result.commit.lsn > other and result.before.head_lsn == other
     assert [c.writer for _, c in await event_log.read("r-6")] == ["", "", "t"]
 
 
@@ -143,33 +151,34 @@ async def test_an_in_flight_first_try_that_wins_is_the_result(event_log: JetStre
     state = await event_log.load("r-7")
     events: list[AnyEvent] = [RunCancelled(reason="mine", at_ms=3)]
     sent = await event_log.commit_async("r-7", events, expected_lsn=state.head_lsn, writer="t")
-    result = await commit_decided(event_log, "r-7", lambda s: events, writer="t", state=state, sent=sent)
-    assert isinstance(result, Committed) and result.state.status == "cancelled"
+    result = await commit_decided(event_log, "r-7", lambda s: tuple(events), writer="t", state=state, sent=sent)
+    assert result.commit is not None and result.state.status == "cancelled" and result.before is state
     assert len(await event_log.read("r-7")) == 2
 
 
 async def test_commit_new_creates_once(event_log: JetStreamEventLog) -> None:
     first = await commit_new(event_log, "r-8", [created("r-8")], writer="a")
-    assert isinstance(first, Committed) and first.state.status == "pending" and first.state.head_lsn == first.lsn
+    assert first.commit is not None and first.state.status == "pending" and first.state.head_lsn == first.commit.lsn
     again = await commit_new(event_log, "r-8", [created("r-8")], writer="b")
-    assert isinstance(again, NoCommit) and again.reason == "run exists" and again.state.head_lsn == first.lsn
+    assert again.commit is None and again.reason == "run exists" and again.before.head_lsn == first.commit.lsn
     assert [c.writer for _, c in await event_log.read("r-8")] == ["a"]
 
 
 async def test_racing_creators_one_wins_the_others_see_it(event_log: JetStreamEventLog) -> None:
     results = await asyncio.gather(*(commit_new(event_log, "r-9", [created("r-9")], writer=f"w{i}")
                                      for i in range(6)))
-    wins = [r for r in results if isinstance(r, Committed)]
+    wins = [r.commit for r in results if r.commit is not None]
     assert len(wins) == 1
-    assert all(isinstance(r, NoCommit) and r.state.head_lsn == wins[0].lsn for r in results if r is not wins[0])
+    assert sorted(r.state.head_lsn for r in results) == [wins[0].lsn] * 6
+    assert sum(r.reason == "run exists" for r in results) == 5
     assert len(await event_log.read("r-9")) == 1
 
 
 async def test_commit_new_on_an_existing_run_may_decide_on_it(event_log: JetStreamEventLog) -> None:
     await commit_new(event_log, "r-10", [created("r-10")], writer="a")
     result = await commit_new(event_log, "r-10", [created("r-10")], writer="b",
-                              if_exists=lambda s: [RunCancelled(reason="dup", at_ms=5)])
-    assert isinstance(result, Committed) and result.state.status == "cancelled"
+                              if_exists=lambda s: (RunCancelled(reason="dup", at_ms=5),))
+    assert result.commit is not None and result.state.status == "cancelled" and result.before.status == "pending"
 
 
 def test_the_default_policy_is_bounded_and_jittered() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shared.core import recovery
+from shared.core.decision import Skip
 from shared.core.events import (
     AttemptCancelled,
     AttemptFailed,
@@ -31,7 +32,7 @@ def test_only_its_own_settled_intents_are_abandoned() -> None:
 def test_the_latest_attempt_of_a_running_run_is_never_abandoned() -> None:
     state, _ = folded([RunStarted(executor_id="x-me", at_ms=1), dispatch("a", 1, "x-me")])
     assert recovery.own_settled(state, "x-me") == ()  # the next drive supersedes it (not a try of the step)
-    assert recovery.abandon(state, "x-me", {"r-1.main.a.1": None}, at_ms=9) == ()
+    assert recovery.abandon(state, "x-me", {"r-1.main.a.1": None}, at_ms=9) == Skip("nothing to abandon")
 
 
 def test_a_stored_marker_is_the_outcome_and_an_unlooked_marker_waits() -> None:

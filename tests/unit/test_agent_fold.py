@@ -209,10 +209,10 @@ def test_the_view_lists_turns_and_calls_after_their_agent() -> None:
 def test_rewind_at_a_turn_forks_at_the_commit_that_declared_it() -> None:
     state, lsns = run(*TWO_TURNS)
     decision = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="solve:t2"), branch_id="b-x", at_ms=5)
-    assert isinstance(decision, rewind.Fork)
-    assert (decision.event.fork_lsn, decision.event.from_step) == (22, "solve:t2")
+    assert isinstance(decision, tuple)
+    assert (decision[0].fork_lsn, decision[0].from_step) == (22, "solve:t2")
     at_agent = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="solve"), branch_id="b-y", at_ms=5)
-    assert isinstance(at_agent, rewind.Fork) and at_agent.event.fork_lsn == 14  # just before turn 1
+    assert isinstance(at_agent, tuple) and at_agent[0].fork_lsn == 14  # just before turn 1
     for missing in ("solve:t3", "solve:t1:c2", "prep:t1", "nope:t1"):
         with pytest.raises(rewind.StepNotFound):
             rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step=missing), branch_id="b-z", at_ms=5)

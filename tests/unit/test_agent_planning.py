@@ -168,8 +168,8 @@ def test_rewind_to_turn_2_calls_the_model_again_on_a_new_branch() -> None:
     old = build_episode_view(state, MAIN)
     decision = rewind.decide(state, sim.log, RewindRun(run_id=state.run_id, at_step="solve:t2"),
                              branch_id=BranchId("b-1"), at_ms=sim.tick())
-    assert isinstance(decision, rewind.Fork)
-    sim.commit([decision.event])
+    assert isinstance(decision, tuple)
+    sim.commit([decision[0]])
     requests_before = len(sim.requests)
     state = sim.run()
     assert state.status == "verifying" and state.active_branch == "b-1"

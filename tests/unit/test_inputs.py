@@ -13,6 +13,7 @@ import pytest
 from shared.core import inputfold, respond, rewind
 from shared.core import planning as plan
 from shared.core.commands import RespondRun, RewindRun
+from shared.core.decision import Skip
 from shared.core.errors import InvalidCommand, InvalidTransition, WorkflowInvalid
 from shared.core.events import (
     AttemptDispatched,
@@ -60,13 +61,16 @@ TWO_WRITES = [{"text": "", "tool_calls": [call("write_file", path="a.txt", text=
               {"text": "done"}]
 
 
-def answer(sim: Sim, request_id: str, decision: str, **kw: Any) -> InputAnswered | respond.NoOp:
+def answer(sim: Sim, request_id: str, decision: str, **kw: Any) -> InputAnswered | Skip:
     assert sim.state is not None
     out = respond.decide(sim.state, RespondRun(run_id=sim.run_id, request_id=request_id, decision=decision,  # type: ignore[arg-type]
                                                **kw), sim.spec, at_ms=sim.tick())
-    if isinstance(out, InputAnswered):
-        sim.commit([out])
-    return out
+    if isinstance(out, Skip):
+        return out
+    sim.commit(list(out))
+    [event] = out
+    assert isinstance(event, InputAnswered)
+    return event
 
 
 def requests(state: RunState) -> list[str]:
@@ -120,7 +124,7 @@ def test_duplicates_late_unknown_and_already_answered_are_told_apart() -> None:
     first, _ = requests(sim.run())
     assert isinstance(answer(sim, first, "approve"), InputAnswered)
     again = answer(sim, first, "approve")
-    assert isinstance(again, respond.NoOp) and again.reason.startswith("duplicate")
+    assert isinstance(again, Skip) and again.reason.startswith("duplicate")
     with pytest.raises(respond.RequestAnswered, match="already answered: approve"):
         answer(sim, first, "reject", note="changed my mind")
     with pytest.raises(respond.RequestNotFound, match="no input request 'q-nope'") as e:
@@ -153,13 +157,13 @@ def test_a_deadline_commits_its_default_once() -> None:
     state = sim.run()
     (rec,) = inputfold.open_requests(state.branches[MAIN])
     assert rec.deadline_ms is not None and respond.next_deadline(state) == rec.deadline_ms
-    assert respond.deadline_events(state, rec.deadline_ms - 1) == ()
+    assert respond.deadline_events(state, rec.deadline_ms - 1) == Skip("no deadline due")
     fired = respond.deadline_events(state, rec.deadline_ms)
     assert [(e.decision, e.note, e.source) for e in fired] == [("reject", "nobody was around", "deadline")]
     sim.commit(list(fired))
-    assert respond.deadline_events(sim.state, rec.deadline_ms + 10) == ()  # type: ignore[arg-type]
+    assert respond.deadline_events(sim.state, rec.deadline_ms + 10) == Skip("no deadline due")  # type: ignore[arg-type]
     late = answer(sim, rec.request_id, "approve")
-    assert isinstance(late, respond.NoOp) and late.reason.startswith("late")
+    assert isinstance(late, Skip) and late.reason.startswith("late")
     assert sim.run().status == "verifying"
     assert sim.requests[-1]["messages"][-1]["content"] == ("error (rejected): nobody answered before the deadline;"
                                                            " rejected by default: nobody was around")
@@ -174,7 +178,7 @@ def test_cancel_closes_the_open_requests_and_an_answer_after_it_is_a_no_op() -> 
     assert {r.request_id: (r.status, r.closed_lsn) for r in recs.values()} == {
         first: ("approved", None), second: ("closed", state.head_lsn)}
     late = answer(sim, second, "approve")
-    assert isinstance(late, respond.NoOp) and "cancelled" in late.reason
+    assert isinstance(late, Skip) and "cancelled" in late.reason
 
 
 def test_a_rewind_from_awaiting_input_keeps_the_open_request_and_drops_a_later_answer() -> None:
@@ -184,16 +188,16 @@ def test_a_rewind_from_awaiting_input_keeps_the_open_request_and_drops_a_later_a
     answer(sim, first, "reject", note="no")
     decision = rewind.decide(sim.state, sim.log, RewindRun(run_id=sim.run_id, at_lsn=waiting_lsn),  # type: ignore[arg-type]
                              branch_id=BranchId("b-1"), at_ms=sim.tick())
-    assert isinstance(decision, rewind.Fork)
-    state = sim.commit([decision.event])
+    assert isinstance(decision, tuple)
+    state = sim.commit([decision[0]])
     assert requests(state) == [first, second]  # inherited open: the answer came after the fork point
     assert isinstance(answer(sim, first, "approve"), InputAnswered)  # same id, on the active branch
     from_call = rewind.decide(sim.state, sim.log, RewindRun(run_id=sim.run_id, at_step="solve:t1:c0"),  # type: ignore[arg-type]
                               branch_id=BranchId("b-2"), at_ms=sim.tick())
-    assert isinstance(from_call, rewind.Fork)
-    sim.commit([from_call.event])
+    assert isinstance(from_call, tuple)
+    sim.commit([from_call[0]])
     moved = answer(sim, second, "approve")  # c2's request stayed on b-1, which the rewind left
-    assert isinstance(moved, respond.NoOp) and "which a rewind left" in moved.reason
+    assert isinstance(moved, Skip) and "which a rewind left" in moved.reason
     state = sim.run()  # the turn's calls are declared again on b-2, with new requests
     assert state.status == "awaiting_input" and set(requests(state)).isdisjoint({first, second})
 

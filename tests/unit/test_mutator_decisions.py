@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from shared.core import recovery, rewind
-from shared.core.cancel import NoOp, after_cancel
+from shared.core.cancel import after_cancel
 from shared.core.cancel import decide as decide_cancel
 from shared.core.commands import CancelRun, RewindRun
+from shared.core.decision import Skip
 from shared.core.errors import InvalidCommand, InvalidTransition
 from shared.core.events import (
     AnyEvent,
@@ -54,10 +55,10 @@ def ok(step: str, n: int, branch: str = "main", ref: BlobRef = REF) -> AttemptSu
 
 
 @pytest.mark.parametrize("events, expect", [
-    ([], RunCancelled),
-    ([[RunStarted(executor_id="x-1", at_ms=1)]], RunCancelled),
-    ([[RunVerifying(branch_id="main", at_ms=1)]], RunCancelled),
-    ([[RunCancelled(at_ms=1)]], NoOp),
+    ([], tuple),
+    ([[RunStarted(executor_id="x-1", at_ms=1)]], tuple),
+    ([[RunVerifying(branch_id="main", at_ms=1)]], tuple),
+    ([[RunCancelled(at_ms=1)]], Skip),
 ])
 def test_cancel_decision(events: list[list[AnyEvent]], expect: type) -> None:
     state, _ = folded(*events)
@@ -76,8 +77,8 @@ def ran_a_then_b() -> tuple[RunState, list[tuple[int, Commit]]]:
 def test_rewind_at_step_forks_just_before_its_first_attempt() -> None:
     state, lsns = ran_a_then_b()
     d = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b"), branch_id="b-new", at_ms=1)
-    assert isinstance(d, rewind.Fork)
-    assert (d.event.parent_branch_id, d.event.fork_lsn, d.event.from_step) == ("main", 16, "b")
+    assert isinstance(d, tuple)
+    assert (d[0].parent_branch_id, d[0].fork_lsn, d[0].from_step) == ("main", 16, "b")
 
 
 def test_rewind_lineage_of_a_fork_skips_the_gap_between_fork_point_and_creation() -> None:
@@ -113,23 +114,23 @@ def test_rewind_refuses_an_lsn_of_a_sibling_or_child_branch() -> None:
             rewind.decide(state, commits, RewindRun(run_id="r-1", branch=branch, at_lsn=lsn), branch_id="b-3",
                           at_ms=1)
     d = rewind.decide(state, commits, RewindRun(run_id="r-1", branch="b-1", at_lsn=20), branch_id="b-3", at_ms=1)
-    assert isinstance(d, rewind.Fork) and d.event.fork_lsn == 20
+    assert isinstance(d, tuple) and d[0].fork_lsn == 20
     # at a step that never ran on b-1: the branch's own last commit, not the run's head (a sibling's)
     d = rewind.decide(state, commits, RewindRun(run_id="r-1", branch="b-1", at_step="b"), branch_id="b-4", at_ms=1)
-    assert isinstance(d, rewind.Fork) and d.event.fork_lsn == 20
+    assert isinstance(d, tuple) and d[0].fork_lsn == 20
 
 
 def test_rewind_at_a_step_that_never_ran_forks_at_the_head() -> None:
     state, lsns = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)])
     d = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b"), branch_id="b-new", at_ms=1)
-    assert isinstance(d, rewind.Fork) and d.event.fork_lsn == state.head_lsn
+    assert isinstance(d, tuple) and d[0].fork_lsn == state.head_lsn
 
 
 def test_rewind_repeated_key_returns_the_branch_and_rejects_other_parameters() -> None:
     fork = BranchForked(branch_id="b-k", parent_branch_id="main", fork_lsn=16, from_step="b", at_ms=1)
     state, lsns = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)], [fork])
     again = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b"), branch_id="b-k", at_ms=2)
-    assert isinstance(again, rewind.ExistingBranch) and again.branch.branch_id == "b-k"
+    assert again == rewind.BRANCH_EXISTS and "b-k" in state.branches
     with pytest.raises(rewind.IdempotencyKeyReused):
         rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="a"), branch_id="b-k", at_ms=2)
 
