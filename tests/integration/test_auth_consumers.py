@@ -11,42 +11,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
 
 from shared.core.commands import CancelRun, encode
-from shared.nats.access import PermissionDenied, ReelConnection
+from shared.nats.access import PermissionDenied
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.infra import MAX_COMMAND_CONSUMERS, MAX_CONSUMERS, open_infra
 from shared.nats.micro import discover
 from shared.roles import CLIENT_ROLES, client_js_api_prefix
-from tests.integration.authserver import AuthServer, auth_server, connected, fails_fast, services_as_roles
-from tests.integration.scenarios import wait_until
+from tests.integration.authserver import (
+    AuthServer,
+    auth_server,
+    connected,
+    consumer_create,
+    fails_fast,
+    gate_up,
+    js_api,
+    services_as_roles,
+)
 
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AuthServer:  # type: ignore[misc]
     async with auth_server(tmp_path) as srv:
         yield srv
-
-
-async def _gate_up(server: AuthServer) -> None:
-    async def answered() -> bool:
-        return bool(await discover(server.operator.nc, "PING", name="reel-cancel", timeout_s=0.3, expected=1))
-
-    await wait_until(answered, timeout_s=30, what="the cancel service (and its consumer gate) answers")
-
-
-def _create(stream: str, **config: Any) -> bytes:
-    return json.dumps({"stream_name": stream, "config": config}).encode()
-
-
-async def _api(nc: ReelConnection, subject: str, body: bytes) -> dict[str, Any]:
-    reply = await nc.request(subject, body, timeout=5)
-    answer: dict[str, Any] = json.loads(reply.data)
-    return answer
 
 
 async def test_each_consumer_door_on_a_real_server(server: AuthServer) -> None:
@@ -61,7 +51,7 @@ async def test_each_consumer_door_on_a_real_server(server: AuthServer) -> None:
     commands_before = (await op.js.stream_info(n.commands_stream)).state.messages
     refused = 0
     async with services_as_roles(server, "cancel"):
-        await _gate_up(server)
+        await gate_up(server)
         for role in CLIENT_ROLES:
             async with connected(server, role) as nc:
                 js, p = nc.jetstream(prefix=client_js_api_prefix(n)), client_js_api_prefix(n)
@@ -77,36 +67,37 @@ async def test_each_consumer_door_on_a_real_server(server: AuthServer) -> None:
                     assert isinstance(await fails_fast(attempt), PermissionDenied), (role, what)
                     refused += 1
                 gated = {
-                    "aimed at the executor's control subject": _create(
+                    "aimed at the executor's control subject": consumer_create(
                         n.events_stream, deliver_subject=n.control("r-door"), ack_policy="none"),
-                    "aimed at the recover command": _create(
+                    "aimed at the recover command": consumer_create(
                         n.events_stream, deliver_subject=n.command("recover"), ack_policy="none"),
-                    "aimed at a lease": _create(
+                    "aimed at a lease": consumer_create(
                         f"OBJ_{n.blob_bucket}", deliver_subject=f"$KV.{n.lease_bucket}.x-1", ack_policy="none"),
-                    "aimed at a service's inbox": _create(
+                    "aimed at a service's inbox": consumer_create(
                         n.verdicts_stream, deliver_subject="_INBOX_executor.abc", ack_policy="none"),
-                    "aimed at a pending request's inbox": _create(
+                    "aimed at a pending request's inbox": consumer_create(
                         n.events_stream, deliver_subject="_INBOX.abc.def", ack_policy="none"),
-                    "a durable in the body": _create(
+                    "a durable in the body": consumer_create(
                         n.events_stream, durable_name="mine", deliver_subject=nc.new_inbox(), ack_policy="none"),
-                    "a name in the body": _create(
+                    "a name in the body": consumer_create(
                         n.events_stream, name="mine", deliver_subject=nc.new_inbox(), ack_policy="none"),
-                    "explicit acks": _create(n.events_stream, deliver_subject=nc.new_inbox(), ack_policy="explicit"),
-                    "a pull consumer": _create(n.events_stream, ack_policy="none"),
-                    "another stream in the body": _create(
+                    "explicit acks": consumer_create(
+                        n.events_stream, deliver_subject=nc.new_inbox(), ack_policy="explicit"),
+                    "a pull consumer": consumer_create(n.events_stream, ack_policy="none"),
+                    "another stream in the body": consumer_create(
                         n.commands_stream, deliver_subject=nc.new_inbox(), ack_policy="none"),
                 }
                 for what, body in gated.items():
                     stream = json.loads(body)["stream_name"]
                     if stream == n.commands_stream:
                         stream = n.events_stream  # the subject names the events stream, the body another
-                    answer = await _api(nc, f"{p}.CONSUMER.CREATE.{stream}", body)
+                    answer = await js_api(nc, f"{p}.CONSUMER.CREATE.{stream}", body)
                     assert answer.get("error", {}).get("code") == 403, (role, what, answer)
                     assert "consumer_refused" in answer["error"]["description"], (role, what)
                     refused += 1
                 for what, body in {"deep JSON": b'{"config":' * 5000 + b"{}" + b"}" * 5000,
                                    "a huge request": b" " * 20_000 + b"{}"}.items():
-                    answer = await _api(nc, f"{p}.CONSUMER.CREATE.{n.events_stream}", body)
+                    answer = await js_api(nc, f"{p}.CONSUMER.CREATE.{n.events_stream}", body)
                     assert answer.get("error", {}).get("code") == 403, (role, what, answer)
                     assert "consumer_refused" in answer["error"]["description"], (role, what)
                     refused += 1
@@ -131,7 +122,7 @@ async def test_a_client_reads_a_multi_chunk_blob_through_the_gate(server: AuthSe
     body = bytes(range(256)) * 5000  # 1.28 MB: three chunks
     ref = await JetStreamBlobStore(server.operator.nc, server.operator.blobs, server.base.names.blob_bucket).put(body)
     async with services_as_roles(server, "cancel"):
-        await _gate_up(server)
+        await gate_up(server)
         for role in CLIENT_ROLES:
             async with connected(server, role) as nc:
                 infra = await open_infra(nc, server.cfg(role))
