@@ -100,6 +100,8 @@ async def every_stored_byte(server: AuthServer) -> tuple[bytes, list[str]]:
     chunks, names = [], []
     for info in await js.streams_info():
         names.append(info.config.name or "")
+        if not info.state.messages:  # an empty stream: first_seq 0, which no get answers
+            continue
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             try:
                 msg = await js.get_msg(info.config.name or "", seq)

@@ -1,0 +1,71 @@
+"""Every subject a client-account user must not publish on, derived from the role grants (shared/roles.py).
+
+The universe is every publish pattern of every service role's grant, every subject the client account
+imports, every command and signal subject of :class:`~shared.core.subjects.Names` and every JetStream
+admin verb on every stream of the namespace; each wildcard token is made concrete. A subject that
+:func:`~shared.roles.account_user_may_publish` denies a role is a door that role must find shut — tried
+both as the Reel-account subject and, for JetStream API subjects, under the client's API prefix.
+"""
+
+from __future__ import annotations
+
+from shared.core.subjects import COMMANDS, Names
+from shared.crucible.names import CrucibleNames
+from shared.roles import API, account_grant, client_imports, client_js_api_prefix, grants, may_publish, streams
+
+ADMIN_VERBS = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.SNAPSHOT",
+               "STREAM.RESTORE", "STREAM.MSG.DELETE", "STREAM.LEADER.STEPDOWN", "STREAM.PEER.REMOVE",
+               "CONSUMER.NAMES", "CONSUMER.LIST", "CONSUMER.DURABLE.CREATE", "STREAM.INFO", "STREAM.MSG.GET")
+"""JetStream API verbs on a stream (``$JS.API.<verb>.<stream>``)."""
+CONSUMER_VERBS = ("CONSUMER.DELETE", "CONSUMER.INFO", "CONSUMER.MSG.NEXT", "CONSUMER.CREATE",
+                  "CONSUMER.DURABLE.CREATE", "CONSUMER.PAUSE", "CONSUMER.LEADER.STEPDOWN")
+"""JetStream API verbs on a stream's consumer (``$JS.API.<verb>.<stream>.<consumer>``)."""
+VICTIM = "r-victim"
+"""The run id the concrete subjects name."""
+
+
+def concrete(pattern: str) -> str:
+    """``pattern`` with each ``*`` a token and a ``>`` two (``a.*.>`` → ``a.x1.x2.x3``)."""
+    out, n = [], 0
+    for token in pattern.split("."):
+        if token == "*":
+            n += 1
+            out.append(f"x{n}")
+        elif token == ">":
+            out += [f"x{n + 1}", f"x{n + 2}"]
+            n += 2
+        else:
+            out.append(token)
+    return ".".join(out)
+
+
+def universe(names: Names) -> list[str]:
+    """Every concrete Reel-account subject some role publishes on, or the namespace names (see the module doc)."""
+    n, cru = names, CrucibleNames(names)
+    patterns: list[str] = []
+    for role, grant in grants(names).items():
+        if role not in ("client", "viewer", "operator"):  # the client account's are its imports; operator: ">"
+            patterns += grant.publish
+    patterns += [i.subject for i in client_imports(names)]
+    patterns += [n.events(VICTIM), n.verdict(VICTIM), n.verify(VICTIM), n.control(VICTIM), n.control_all,
+                 *(n.command(c) for c in COMMANDS), *(n.run_command(VICTIM, c) for c in ("start", "resume")),
+                 cru.command("run"), cru.command("resume"), cru.session("s-victim"), n.stream_all,
+                 f"$KV.{n.lease_bucket}.x-victim", f"$KV.{n.outcome_bucket}.{VICTIM}.main.work.1",
+                 f"$KV.{n.snapshot_bucket}.{VICTIM}", f"{API}.INFO", f"{API}.STREAM.LIST", f"{API}.STREAM.NAMES"]
+    for stream in streams(names).values():
+        patterns += [f"{API}.{verb}.{stream}" for verb in ADMIN_VERBS]
+        patterns += [f"{API}.{verb}.{stream}.{c}" for verb in CONSUMER_VERBS
+                     for c in ("mine", n.consumer("executor"), n.consumer("verifier"))]
+    return sorted({concrete(p) for p in patterns})
+
+
+def doors(names: Names, role: str) -> list[str]:
+    """The subjects client-account user ``role`` must not publish on, as it would send them: each subject of
+    :func:`universe` (a JetStream API one also under the client's API prefix) that its grant
+    (:func:`~shared.roles.account_grant`, what ``reel auth init`` writes for it) does not let it publish."""
+    grant, prefix = account_grant(names, role), client_js_api_prefix(names)
+    out = []
+    for subject in universe(names):
+        local = [subject, prefix + subject[len(API):]] if subject.startswith(API + ".") else [subject]
+        out += [s for s in local if not may_publish(grant, s)]
+    return sorted(set(out))
