@@ -6,8 +6,9 @@ recovery, crucible — with the executor's NATS credentials and a model key in t
 ``reel up`` gives them (tests/support/canary.py). Every service log line of the package goes, through the
 services' real structlog chain (secrets scrubbed), to one JSON-lines file (:class:`ServiceLogs`).
 
-Each attack is tried as the attacker would (the ``client`` role unless the test says otherwise) and, before
-its checks are asserted, recorded in the session's :class:`SecurityLedger`::
+Every module is marked ``security`` (``pytestmark``; ``pytest -m security``). Each attack is tried as the
+attacker would (the ``client`` role unless the test says otherwise) and, before its checks are asserted,
+recorded in the session's :class:`SecurityLedger`::
 
     security_ledger.record("forged run_created", refused=True, let_in=False, secrets_found=0)
 
@@ -37,14 +38,6 @@ _LEDGER = pytest.StashKey["SecurityLedger"]()
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery", "crucible")
 """The services the package runs, each as its role."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test of tests/security carries the ``security`` marker (``pytest -m security``)."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.security)
 
 
 @dataclass(frozen=True)

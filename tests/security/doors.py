@@ -2,12 +2,17 @@
 
 The universe is every publish pattern of every service role's grant, every subject the client account
 imports, every command and signal subject of :class:`~shared.core.subjects.Names` and every JetStream
-admin verb on every stream of the namespace; each wildcard token is made concrete. A subject that
-:func:`~shared.roles.account_user_may_publish` denies a role is a door that role must find shut — tried
-both as the Reel-account subject and, for JetStream API subjects, under the client's API prefix.
+admin verb on every stream of the namespace; each wildcard token is made concrete. Each such subject — as
+the Reel-account subject and, for a JetStream API one, under the client's API prefix — that a role's grant
+(:func:`~shared.roles.account_grant`) does not let it publish is a door that role must find shut.
+:class:`Tap` and :func:`counts` see whether anything got through anyway.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
 
 from shared.core.subjects import COMMANDS, Names
 from shared.crucible.names import CrucibleNames
@@ -20,6 +25,9 @@ ADMIN_VERBS = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE"
 CONSUMER_VERBS = ("CONSUMER.DELETE", "CONSUMER.INFO", "CONSUMER.MSG.NEXT", "CONSUMER.CREATE",
                   "CONSUMER.DURABLE.CREATE", "CONSUMER.PAUSE", "CONSUMER.LEADER.STEPDOWN")
 """JetStream API verbs on a stream's consumer (``$JS.API.<verb>.<stream>.<consumer>``)."""
+if TYPE_CHECKING:
+    from tests.security.conftest import Suite
+
 VICTIM = "r-victim"
 """The run id the concrete subjects name."""
 
@@ -69,3 +77,46 @@ def doors(names: Names, role: str) -> list[str]:
         local = [subject, prefix + subject[len(API):]] if subject.startswith(API + ".") else [subject]
         out += [s for s in local if not may_publish(grant, s)]
     return sorted(set(out))
+
+
+WATCHED = ("events", "verdicts", "outcomes", "snapshots", "blobs", "crucible")
+"""The streams whose message counts an attack must not change (leases change as executors renew them; commands
+are removed once consumed: :class:`Tap` watches those)."""
+
+
+class Tap:
+    """The operator's core subscriptions on subjects an attack must not reach: what arrived on each."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._subs: list[object] = []
+
+    async def on(self, suite: Suite, *subjects: str) -> Tap:
+        """Start watching ``subjects`` (wildcards allowed)."""
+        async def seen(msg: Msg) -> None:
+            self.seen.append(msg.subject)
+
+        for subject in subjects:
+            self._subs.append(await suite.server.operator.nc.subscribe(subject, cb=seen))
+        await suite.server.operator.nc.flush()
+        return self
+
+    async def close(self, suite: Suite) -> list[str]:
+        """Stop watching (after a flush: everything published before has arrived); what arrived."""
+        await suite.server.operator.nc.flush()
+        for sub in self._subs:
+            await sub.unsubscribe()  # type: ignore[attr-defined]
+        return self.seen
+
+
+def writable(suite: Suite) -> list[str]:
+    """Every subject pattern of the Reel account whose messages are commands, history or signals."""
+    n = suite.server.base.names
+    return [n.commands_all, n.events_all, n.verdicts_all, n.control_all, f"$KV.{n.outcome_bucket}.>",
+            f"$KV.{n.snapshot_bucket}.>", f"$O.{n.blob_bucket}.>", f"{CrucibleNames(n).sessions_prefix}>"]
+
+
+async def counts(suite: Suite) -> dict[str, int]:
+    """Messages in each watched stream."""
+    js, s = suite.server.operator.js, streams(suite.server.base.names)
+    return {k: (await js.stream_info(s[k])).state.messages for k in WATCHED}

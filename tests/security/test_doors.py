@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import asyncio
 
-from nats.aio.msg import Msg
+import pytest
 
 from shared.core.commands import CancelRun, encode
 from shared.core.subjects import REPLY_TO_HEADER
-from shared.crucible.names import CrucibleNames
 from shared.nats.access import PermissionDenied, ReelConnection
 from shared.nats.client import ReelClient
-from shared.roles import CLIENT_COMMANDS, CLIENT_ROLES, client_js_api_prefix, streams
+from shared.roles import CLIENT_COMMANDS, CLIENT_ROLES, client_js_api_prefix
 from tests.integration.authserver import connected
 from tests.security.conftest import SecurityLedger, Suite
-from tests.security.doors import VICTIM, doors
+from tests.security.doors import VICTIM, Tap, counts, doors, writable
+
+pytestmark = pytest.mark.security
 
 PROBE_TIMEOUT_S = 2.0
-WATCHED = ("events", "verdicts", "outcomes", "snapshots", "blobs", "crucible")
-"""The streams whose message counts an attack must not change (leases change as executors renew them; commands
-are removed once consumed: :class:`Tap` watches those)."""
-
-
 async def probe(nc: ReelConnection, subject: str) -> BaseException | None:
     """Publish a request on ``subject``; what came back (``PermissionDenied`` when refused, None for an answer)."""
     try:
@@ -38,44 +34,6 @@ async def probe(nc: ReelConnection, subject: str) -> BaseException | None:
     except Exception as exc:  # PermissionDenied, or no responders / a timeout: it went through
         return exc
     return None
-
-
-class Tap:
-    """The operator's core subscriptions on subjects an attack must not reach: what arrived on each."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self._subs: list[object] = []
-
-    async def on(self, suite: Suite, *subjects: str) -> Tap:
-        """Start watching ``subjects`` (wildcards allowed)."""
-        async def seen(msg: Msg) -> None:
-            self.seen.append(msg.subject)
-
-        for subject in subjects:
-            self._subs.append(await suite.server.operator.nc.subscribe(subject, cb=seen))
-        await suite.server.operator.nc.flush()
-        return self
-
-    async def close(self, suite: Suite) -> list[str]:
-        """Stop watching (after a flush: everything published before has arrived); what arrived."""
-        await suite.server.operator.nc.flush()
-        for sub in self._subs:
-            await sub.unsubscribe()  # type: ignore[attr-defined]
-        return self.seen
-
-
-def writable(suite: Suite) -> list[str]:
-    """Every subject pattern of the Reel account whose messages are commands, history or signals."""
-    n = suite.server.base.names
-    return [n.commands_all, n.events_all, n.verdicts_all, n.control_all, f"$KV.{n.outcome_bucket}.>",
-            f"$KV.{n.snapshot_bucket}.>", f"$O.{n.blob_bucket}.>", f"{CrucibleNames(n).sessions_prefix}>"]
-
-
-async def counts(suite: Suite) -> dict[str, int]:
-    """Messages in each watched stream."""
-    js, s = suite.server.operator.js, streams(suite.server.base.names)
-    return {k: (await js.stream_info(s[k])).state.messages for k in WATCHED}
 
 
 async def test_every_door_the_grants_deny_a_client_account_user_is_shut(

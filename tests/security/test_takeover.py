@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from nats.js.errors import NotFoundError
 
 from shared.core.workflow import parse_workflow
@@ -30,6 +31,8 @@ from tests.support.canary import (
     every_stored_byte,
     outputs,
 )
+
+pytestmark = pytest.mark.security
 
 
 def _found(secrets: dict[str, str], text: str | bytes) -> list[str]:
