@@ -67,6 +67,18 @@ def universe(names: Names) -> list[str]:
     return sorted({concrete(p) for p in patterns})
 
 
+def must_stay_shut(names: Names) -> list[str]:
+    """Doors no client-account user may ever find open, whatever a grant says: history, verdicts, triggers,
+    signals, the services' commands, leases/outcomes/snapshots, and stream or consumer administration."""
+    n, s, api = names, streams(names), f"{client_js_api_prefix(names)}"
+    return [n.events(VICTIM), n.verdict(VICTIM), n.verify(VICTIM), n.control(VICTIM), n.command("resume"),
+            n.command("recover"), f"$KV.{n.lease_bucket}.x1", f"$KV.{n.outcome_bucket}.{VICTIM}.main.work.1",
+            f"$KV.{n.snapshot_bucket}.x1",
+            *(f"{api}.{verb}.{x}" for x in s.values()
+              for verb in ("STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE")),
+            *(f"{api}.CONSUMER.DELETE.{x}.{n.consumer(c)}" for x in s.values() for c in ("executor", "verifier"))]
+
+
 def doors(names: Names, role: str) -> list[str]:
     """The subjects client-account user ``role`` must not publish on, as it would send them: each subject of
     :func:`universe` (a JetStream API one also under the client's API prefix) that its grant

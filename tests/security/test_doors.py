@@ -22,7 +22,7 @@ from shared.nats.client import ReelClient
 from shared.roles import CLIENT_COMMANDS, CLIENT_ROLES, client_js_api_prefix
 from tests.integration.authserver import connected
 from tests.security.conftest import SecurityLedger, Suite
-from tests.security.doors import VICTIM, Tap, counts, doors, writable
+from tests.security.doors import VICTIM, Tap, counts, doors, must_stay_shut, writable
 
 pytestmark = pytest.mark.security
 
@@ -44,6 +44,7 @@ async def test_every_door_the_grants_deny_a_client_account_user_is_shut(
     open_doors: list[str] = []
     for role in CLIENT_ROLES:
         tried = doors(n, role)
+        assert set(must_stay_shut(n)) <= set(tried), sorted(set(must_stay_shut(n)) - set(tried))  # a grant opened one
         if role == "viewer":  # the viewer may not send commands: each is among its doors
             assert {n.command(c) for c in CLIENT_COMMANDS} <= set(tried)
         async with connected(suite.server, role) as nc:
