@@ -10,9 +10,10 @@ Pure declarations, satisfied structurally by the adapters in ``shared/nats/``:
   in KV, a read shortcut only).
 
 Services get them constructed once in ``serve()`` and type their handlers against these
-Protocols, so another implementation (an in-memory twin for unit tests, another broker)
-plugs in without touching a handler. The behaviour every :class:`EventLog` must have is
-pinned by one contract suite: tests/integration/test_eventlog_contract.py.
+Protocols, so another implementation plugs in without touching a handler: the in-memory
+twin :class:`shared.memory.eventlog.MemoryEventLog` runs the unit tests of decisions. The
+behaviour every :class:`EventLog` must have is pinned by one contract suite, run against both:
+tests/integration/test_eventlog_contract.py.
 """
 
 from __future__ import annotations

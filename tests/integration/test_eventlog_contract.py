@@ -1,8 +1,9 @@
 """The contract of the :class:`~shared.core.ports.EventLog` port, run against every implementation.
 
-One suite, one parametrised fixture (:func:`harness`): today ``JetStreamEventLog`` on the
-real nats-server; another implementation (an in-memory twin, another broker) is one more
-``params`` entry and one more branch in the fixture, and must pass every test unchanged.
+One suite, one parametrised fixture (:func:`harness`): ``JetStreamEventLog`` on the real
+nats-server, and its in-memory twin ``MemoryEventLog`` (shared/memory/eventlog.py, which the
+fast unit tests of decisions use); both pass every test unchanged. Another implementation is one
+more ``params`` entry and one more branch in the fixture.
 
 What every event log must do: fence (a stale writer conflicts and never overwrites), dedup by
 commit id (a retried write lands once), read-your-writes at an LSN (``read``/``load`` up to an
@@ -12,7 +13,7 @@ from a snapshot equals a cold fold and fetches only the commits above the snapsh
 
 The harness measures what an implementation cannot fake: ``stored()`` asks the store how many
 commits it holds; ``fetched()`` counts what the metered ``reader`` received (for JetStream, the
-messages its own connection got).
+messages its own connection got; for the twin, the commits it returned).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from shared.core.events import (
 from shared.core.fold import fold
 from shared.core.ports import EventLog
 from shared.core.statecodec import STATE_ENCODER
+from shared.memory.eventlog import MemoryEventLog, MemoryStore
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect
 from shared.nats.subjectlog import DIRECT_GET_BATCH
@@ -73,9 +75,18 @@ class Harness:
         return self.fetched() - before
 
 
-@pytest.fixture(params=["jetstream"])
+@pytest.fixture(params=["jetstream", "memory"])
 async def harness(request: pytest.FixtureRequest, cfg: Config, infra: Infra) -> AsyncIterator[Harness]:
-    if request.param == "jetstream":
+    if request.param == "memory":  # the twin uses no server (the session's is there for the other param)
+        store = MemoryStore()
+        reader = MemoryEventLog(store)
+
+        async def stored_in_memory() -> int:
+            return store.stored
+
+        yield Harness(log=MemoryEventLog(store), reader=reader, fetched=lambda: reader.fetched,
+                      stored=stored_in_memory, batch=DIRECT_GET_BATCH)
+    elif request.param == "jetstream":
         reader_nc = await connect(cfg, name="reel-tests-reader")  # its own connection: its message count is ours
 
         async def stored() -> int:
