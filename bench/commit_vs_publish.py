@@ -58,7 +58,7 @@ from rich.table import Table
 
 from services.executor.app import ports
 from services.executor.attempts import Attempts
-from services.executor.driver import Driver, WorkflowSpecs
+from services.executor.driver import Driver
 from shared.core import planning as plan
 from shared.core.events import AnyEvent, AttemptDispatched, AttemptSucceeded, Commit, RunCreated, Usage, encode_commit
 from shared.core.fold import RunState
@@ -72,6 +72,7 @@ from shared.nats.blobstore import ref_for
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.publish import publish_pipelined
 from shared.nats.subjectlog import COMMIT_ID_HEADER
+from shared.workflows import WorkflowCache
 
 NS = "benchxyz"
 RAW_STREAM = "BENCHXYZ_RAW"
@@ -195,7 +196,7 @@ def timed_driver(b: Bench) -> TimedDriver:
     """A driver wired as the executor's ``serve()`` wires it (its own ports, a fresh executor id)."""
     log, blobs = ports(b.infra, b.cfg)
     attempts = Attempts(log, blobs, b.nc, b.cfg.names, new_executor_id(), DEFAULT_COUNTER)
-    return TimedDriver(log, WorkflowSpecs(blobs), attempts)
+    return TimedDriver(log, WorkflowCache(blobs), attempts)
 
 
 async def run_model_steps(b: Bench, spec: WorkflowSpec) -> tuple[float, list[float]]:

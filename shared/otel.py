@@ -22,9 +22,10 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from shared.core.errors import ReelError
 from shared.core.events import RunCreated
-from shared.core.ports import BlobStore, EventLog
+from shared.core.ports import EventLog
 from shared.core.traces import SpanRecord, run_spans
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.workflow import WorkflowSpec
+from shared.workflows import WorkflowCache
 
 SCOPE = InstrumentationScope("reel", "1")
 _KINDS = {"INTERNAL": SpanKind.INTERNAL, "CLIENT": SpanKind.CLIENT}
@@ -66,9 +67,9 @@ def otlp_exporter(endpoint: str | None = None, *, timeout_s: float = 10.0) -> Sp
     return OTLPSpanExporter(endpoint=url, timeout=timeout_s)
 
 
-async def run_trace(log: EventLog, blobs: BlobStore | None, run_id: str) -> list[SpanRecord]:
-    """The spans of ``run_id``: its whole log read through ``log``, its workflow from ``blobs`` (the model
-    names; without ``blobs``, or if the blob is missing or invalid, step ids stand in).
+async def run_trace(log: EventLog, workflows: WorkflowCache | None, run_id: str) -> list[SpanRecord]:
+    """The spans of ``run_id``: its whole log read through ``log``, its workflow from ``workflows`` (the model
+    names; without it, or if the blob is missing or invalid, step ids stand in).
 
     Raises:
         RunNotFound: no such run. RunCorrupt: a bad commit in its log.
@@ -76,9 +77,9 @@ async def run_trace(log: EventLog, blobs: BlobStore | None, run_id: str) -> list
     commits = await log.read(run_id)
     workflow: WorkflowSpec | None = None
     created = next((e for _, c in commits[:1] for e in c.events if isinstance(e, RunCreated)), None)
-    if blobs is not None and created is not None:
+    if workflows is not None and created is not None:
         try:
-            workflow = parse_workflow(await blobs.get(created.workflow_ref), fmt="json")
+            workflow = await workflows.load(created.workflow_ref)
         except ReelError:
             workflow = None
     return run_spans(commits, workflow)

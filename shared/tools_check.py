@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared.core.errors import WorkflowInvalid
@@ -33,6 +33,10 @@ def resolve_tool(path: str) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"{path} is a {type(fn).__name__}, not a callable")
     return fn  # type: ignore[no-any-return]
+
+
+PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
+"""``(agent step id, tool name)`` → the resolved callable (:func:`check_tool_imports`)."""
 
 
 def check_tool_imports(spec: WorkflowSpec) -> dict[tuple[str, str], Callable[..., Any]]:

@@ -23,11 +23,11 @@ from shared.core import respond
 from shared.core.commands import Reply, RespondRun
 from shared.core.fold import RunState
 from shared.core.ports import BlobStore, EventLog
-from shared.core.workflow import WorkflowSpec, parse_workflow
 from shared.fenced import commit_decided
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.consumer import Delivery, Router
 from shared.nats.infra import Infra
+from shared.workflows import WorkflowCache
 
 log = structlog.get_logger("reel.respond")
 
@@ -39,13 +39,7 @@ class RespondService:
 
     def __init__(self, infra: Infra, cfg: Config, events: EventLog, blobs: BlobStore) -> None:
         self.infra, self.cfg, self.log, self.blobs = infra, cfg, events, blobs
-        self._specs: dict[str, WorkflowSpec] = {}
-
-    async def _spec(self, state: RunState) -> WorkflowSpec:
-        ref = state.workflow_ref
-        if ref.sha256 not in self._specs:
-            self._specs[ref.sha256] = parse_workflow(await self.blobs.get(ref), fmt="json")
-        return self._specs[ref.sha256]
+        self.specs = WorkflowCache(blobs)
 
     async def respond(self, req: RespondRun, _: Delivery) -> Reply:
         """Answer ``req.request_id`` of ``req.run_id`` (fenced, re-decided on conflicts); the reply.
@@ -55,7 +49,7 @@ class RespondService:
         """
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
         state = await self.log.load(req.run_id)
-        spec = await self._spec(state)
+        spec = await self.specs.load(state.workflow_ref)
         at_ms = now_ms()
         done = await commit_decided(self.log, req.run_id, lambda s: respond.decide(s, req, spec, at_ms=at_ms),
                                     writer=WRITER, state=state)

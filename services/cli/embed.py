@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from shared.authdir import AuthDir
 from shared.config import Config
 from shared.core.fold import RunState
 from shared.core.subjects import Names
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.workflow import WorkflowSpec
 from shared.nats.access import ConnectRefused, redact_url
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
@@ -43,6 +44,7 @@ from shared.nats.consumergate import consumer_gate
 from shared.nats.embedded import url_or_embedded
 from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
 from shared.nats.micro import SERVICE_PREFIX, discover
+from shared.workflows import WorkflowCache
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
@@ -60,6 +62,12 @@ class Session:
     """How the server was chosen: ``--nats-url`` (or ``$NATS_URL``), ``reel up`` (found on 127.0.0.1:4222) or
     ``embedded`` (started for this command only)."""
 
+    @functools.cached_property
+    def workflows(self) -> WorkflowCache | None:
+        """The workflows of the runs this command reads (the one cache, over the client's blobs), if it has any."""
+        blobs = self.client.blobs
+        return WorkflowCache(blobs) if blobs is not None else None
+
     async def workflow(self, state: RunState) -> WorkflowSpec | None:
         """The run's workflow as stored at its start (``state.workflow_ref``), ``None`` if it cannot be read.
 
@@ -67,8 +75,7 @@ class Session:
         tool row reads the same everywhere (a ``command`` tool's argv is only in the spec).
         """
         try:
-            blobs = self.client.blobs
-            return parse_workflow(await blobs.get(state.workflow_ref), fmt="json") if blobs else None
+            return await self.workflows.load(state.workflow_ref) if self.workflows is not None else None
         except Exception:  # the timeline is still printed without what only the spec says
             return None
 

@@ -39,7 +39,7 @@ def trace(
         async with session(nats_url, namespace, services=()) as s:
             if await s.client.log.first_lsn(run_id) is None:  # a typo: say so, never an empty trace and exit 0
                 raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
-            records = await run_trace(s.client.log, s.client.blobs, run_id)
+            records = await run_trace(s.client.log, s.workflows, run_id)
         if json_out:
             for r in records:
                 sys.stdout.write(msgspec.json.encode(r).decode() + "\n")

@@ -41,7 +41,7 @@ import asyncio
 import functools
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -54,9 +54,7 @@ from shared.core.toolspec import output_limit, truncation_note
 from shared.core.workflow import AgentStep
 from shared.proc import ledger
 from shared.proc.tools import Command, run_command
-
-PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
-"""``(agent step id, tool name)`` → the resolved callable (:func:`shared.tools_check.check_tool_imports`)."""
+from shared.tools_check import PythonTools as PythonTools  # re-exported: the agent modules import it here
 
 
 def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:

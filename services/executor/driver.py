@@ -28,20 +28,18 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from shared import secrets
 from shared.clock import now_ms
 from shared.core import planning as plan
-from shared.core.errors import RunNotFound, WorkflowInvalid
-from shared.core.events import BlobRef, RunVerifying
+from shared.core.errors import RunNotFound
+from shared.core.events import RunVerifying
 from shared.core.fold import DRIVABLE, RunState
-from shared.core.ports import BlobStore, EventLog
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.ports import EventLog
+from shared.core.workflow import WorkflowSpec
 from shared.fenced import Decided
 from shared.nats.control import ControlHub, Interrupt
-from shared.tools_check import check_tool_imports
+from shared.workflows import WorkflowCache
 
 from .agent import AgentRun
-from .agenttools import PythonTools
 from .attempts import Attempts, on_head
 from .plain import Chained, Cursor, PlainSteps, Prepared
 
@@ -62,46 +60,6 @@ class OwnedElsewhere(Exception):
         self.run_id, self.owner = run_id, owner
 
 
-class WorkflowSpecs:
-    """The workflows this executor has loaded, by the sha256 of their blob (never evicted: specs are small),
-    with their ``python:`` tools resolved (:func:`shared.tools_check.check_tool_imports`)."""
-
-    def __init__(self, blobs: BlobStore) -> None:
-        self.blobs = blobs
-        self._specs: dict[str, WorkflowSpec] = {}
-        self._tools: dict[str, PythonTools] = {}
-
-    def remember(self, sha256: str, spec: WorkflowSpec, tools: PythonTools | None = None) -> None:
-        """Keep ``spec``, stored as the blob ``sha256`` (``tools``: its resolved python tools, else resolved here).
-
-        Raises:
-            WorkflowInvalid: a python tool path does not resolve (the message names the field).
-        """
-        self._tools[sha256] = tools if tools is not None else check_tool_imports(spec)
-        secrets.remember_workflow(spec)  # its models' keys: scrubbed from what its tools return
-        self._specs[sha256] = spec
-
-    def python_tools(self, sha256: str) -> PythonTools:
-        """The resolved python tools of the loaded workflow ``sha256``."""
-        return self._tools[sha256]
-
-    async def load(self, ref: BlobRef) -> WorkflowSpec:
-        """The workflow stored as ``ref`` (read and parsed once).
-
-        Raises:
-            BlobMissing: the blob store has no such (intact) blob.
-            WorkflowInvalid: the blob is not a valid workflow (or a python tool of it does not resolve).
-        """
-        spec = self._specs.get(ref.sha256)
-        if spec is None:
-            try:
-                spec = parse_workflow(await self.blobs.get(ref), fmt="json")
-                self.remember(ref.sha256, spec)
-            except WorkflowInvalid as exc:
-                raise WorkflowInvalid(f"workflow blob {ref.sha256[:12]}…: {exc.message}") from exc
-        return spec
-
-
 class Driver:
     """Drives runs for one executor (``attempts.executor_id``) until they rest.
 
@@ -114,7 +72,7 @@ class Driver:
             before claiming a run another executor owns; ``None``: every owner is taken for gone.
     """
 
-    def __init__(self, log: EventLog, specs: WorkflowSpecs, attempts: Attempts, *,
+    def __init__(self, log: EventLog, specs: WorkflowCache, attempts: Attempts, *,
                  stopping: asyncio.Event | None = None, control: ControlHub | None = None,
                  inline_max: int = 0, owner_alive: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.log, self.specs, self.attempts = log, specs, attempts
@@ -154,7 +112,7 @@ class Driver:
                 log.warning("run.not_found")
                 return None
         spec = await self.specs.load(state.workflow_ref)
-        agents = AgentRun(self.attempts, run_id, spec, self.specs.python_tools(state.workflow_ref.sha256),
+        agents = AgentRun(self.attempts, run_id, spec, await self.specs.python_tools(state.workflow_ref),
                           bodies=self.bodies, stopping=self.stopping, interrupt=interrupt)
         async with agents:  # structured: no attempt of this run outlives the drive
             return await self._loop(state, spec, agents, interrupt)

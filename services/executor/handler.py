@@ -36,9 +36,10 @@ from shared.nats.control import ControlHub
 from shared.nats.infra import Infra
 from shared.nats.leases import Lease, executor_alive
 from shared.tools_check import check_tool_imports
+from shared.workflows import WorkflowCache
 
 from .attempts import LOG_NAME, Attempts
-from .driver import Driver, HandedBack, OwnedElsewhere, WorkflowSpecs
+from .driver import Driver, HandedBack, OwnedElsewhere
 from .orphans import Orphans
 
 log = structlog.get_logger("reel.executor")
@@ -67,7 +68,7 @@ class Executor:
         self.infra, self.log, self.blobs = infra, log, blobs
         self.executor_id = executor_id or new_executor_id()
         self.lease = lease
-        self.specs = WorkflowSpecs(blobs)
+        self.specs = WorkflowCache(blobs)
         self.inline_max = cfg.inline_max_bytes
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
                             tool_output=cfg.tool_output, lease=lease)

@@ -31,7 +31,6 @@ import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from shared import secrets
 from shared.clock import now_ms
 from shared.core import verification
 from shared.core.decision import Decision
@@ -44,14 +43,13 @@ from shared.core.ports import BlobStore, EventLog
 from shared.core.subjects import MSG_ID_HEADER, Names
 from shared.core.verifiers import Verifier, VerifierInvalid, errored, make_ctx
 from shared.core.views import EpisodeView, build_episode_view
-from shared.core.workflow import VerifierSpec, WorkflowSpec, parse_workflow
+from shared.core.workflow import VerifierSpec, WorkflowSpec
 from shared.fenced import Decide, Decided, commit_decided
 from shared.nats.subjectlog import SubjectLog
 from shared.verify import make_verifier, run_verifier
+from shared.workflows import WorkflowCache
 
 log = structlog.get_logger("reel.verifier")
-
-SPEC_CACHE = 256
 
 
 def verdict_msg_id(run_id: str, snapshot_lsn: int, verifier: str) -> str:
@@ -102,7 +100,7 @@ class VerificationHandler:
         self.log = events
         self.js: JetStreamContext = nc.jetstream()
         self.published = SubjectLog(nc, names.verdicts_stream, names.verdict)
-        self._specs: dict[str, WorkflowSpec] = {}
+        self.specs = WorkflowCache(blobs)
 
     async def open_job(self, run_id: str, snapshot_lsn: int, branch_id: str) -> Job:
         """Fold the run at the head and at the snapshot LSN (each from the run's state snapshot, if any,
@@ -152,15 +150,7 @@ class VerificationHandler:
 
     # ---- configuration ---------------------------------------------------------------
     async def _spec(self, state: RunState) -> WorkflowSpec:
-        ref = state.workflow_ref
-        spec = self._specs.get(ref.sha256)
-        if spec is None:
-            spec = parse_workflow(await self.blobs.get(ref), fmt="json")
-            secrets.remember_workflow(spec)  # its models' keys: scrubbed from verdict reasons and logs
-            if len(self._specs) >= SPEC_CACHE:
-                self._specs.pop(next(iter(self._specs)))
-            self._specs[ref.sha256] = spec
-        return spec
+        return await self.specs.load(state.workflow_ref)  # its models' keys: scrubbed from verdicts and logs
 
     async def _todo(self, job: Job) -> list[tuple[str, Verifier | str, VerifierSpec | None]]:
         """(name, the verifier or why it cannot be built, spec) for each verdict still missing."""

@@ -26,6 +26,7 @@ from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.otel import export_spans, run_trace
+from shared.workflows import WorkflowCache
 from tests.conftest import REPO, running
 
 EXAMPLE = REPO / "examples" / "agent" / "fix_typo.yaml"
@@ -54,7 +55,7 @@ def _export(records: list) -> list[ReadableSpan]:  # type: ignore[type-arg]
 
 async def test_an_agent_run_exports_genai_spans(agent_run: str, event_log: JetStreamEventLog,
                                                 blobs: JetStreamBlobStore) -> None:
-    spans = _export(await run_trace(event_log, blobs, agent_run))
+    spans = _export(await run_trace(event_log, WorkflowCache(blobs), agent_run))
     by_id = {s.context.span_id: s for s in spans}
     assert {s.context.trace_id for s in spans} == {trace_id_of(agent_run)}
 
@@ -96,8 +97,8 @@ async def test_an_agent_run_exports_genai_spans(agent_run: str, event_log: JetSt
 
 async def test_a_second_export_has_the_same_ids(agent_run: str, event_log: JetStreamEventLog,
                                                 blobs: JetStreamBlobStore) -> None:
-    first = _export(await run_trace(event_log, blobs, agent_run))
-    again = _export(await run_trace(event_log, blobs, agent_run))
+    first = _export(await run_trace(event_log, WorkflowCache(blobs), agent_run))
+    again = _export(await run_trace(event_log, WorkflowCache(blobs), agent_run))
 
     def ids(spans: list[ReadableSpan]) -> list[tuple[int, int, int | None, str]]:
         return [(s.context.trace_id, s.context.span_id, s.parent.span_id if s.parent else None, s.name)
