@@ -64,15 +64,13 @@ REST = ("completed", "cancelled", "awaiting_input")
 MAX_REFERENCES = 6
 """While killed runs' end states differ, unkilled runs are added up to this many: a field that differs between
 them (a timing printed in an output) is not compared, one they all agree on is a difference."""
-CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
-CRASH_SIGNAL_ENV = "REEL_EXECUTOR_CRASH_SIGNAL"
 _WARM = (
     "import os, runpy, sys\n"
     "import services.executor.app  # the imports are most of a start: done before the crash point is known\n"
     "point = sys.stdin.readline().strip()\n"
     "if not point:\n"
     "    sys.exit(0)\n"
-    f"if point != '-':\n    os.environ[{CRASH_ENV!r}] = point\n"
+    f"if point != '-':\n    os.environ[{core.CRASH_ENV!r}] = point\n"
     "runpy.run_module('services.executor', run_name='__main__', alter_sys=True)\n"
 )
 
@@ -308,9 +306,9 @@ async def _drop_namespace(infra: Infra, names: Names) -> None:
 def executor_env(cfg: Config, ledger_path: Path) -> dict[str, str]:
     """The chaos executors' environment: this one's, the session's server, namespace and short timings, the
     ledger, crash points as real SIGKILLs (no crash point of the caller's environment is inherited)."""
-    env = {k: v for k, v in os.environ.items() if k not in (CRASH_ENV, LEDGER_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (core.CRASH_ENV, LEDGER_ENV)}
     env.update({"NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace, "REEL_LEASE_TTL_S": str(LEASE_TTL_S),
-                "REEL_COMMAND_ACK_WAIT_S": str(ACK_WAIT_S), LEDGER_ENV: str(ledger_path), CRASH_SIGNAL_ENV: "KILL",
+                "REEL_COMMAND_ACK_WAIT_S": str(ACK_WAIT_S), LEDGER_ENV: str(ledger_path), core.CRASH_SIGNAL_ENV: "KILL",
                 "REEL_LOG_FORMAT": "json", "REEL_LOG_LEVEL": "INFO"})
     return env
 

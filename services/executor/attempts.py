@@ -43,6 +43,7 @@ from nats.js.kv import KeyValue
 
 from shared.core import planning as plan
 from shared.core.cancel import after_cancel
+from shared.core.chaos import CRASH_ENV, CRASH_SIGNAL_ENV
 from shared.core.decision import Decision, Skip, events_or_skip
 from shared.core.errors import ToolError
 from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
@@ -66,12 +67,6 @@ from .streaming import StreamOut
 log = structlog.get_logger("reel.executor")
 
 BLOB_TIMEOUT_S = 30.0
-CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
-"""Fault injection: ``<step_id>:<attempt>:<point>`` (point: before_intent, after_intent, after_run, after_output,
-after_outcome; plain steps, services/executor/plain.py, and agent turns and tool calls, agent.py: the names of
-:mod:`shared.core.chaos`) or ``verifying:after_commit``; the process exits 137 there."""
-CRASH_SIGNAL_ENV = "REEL_EXECUTOR_CRASH_SIGNAL"
-"""``KILL``: at its crash point the process sends itself a real SIGKILL (``reel chaos``), not ``os._exit(137)``."""
 MARKER_CREATE = {"Nats-Expected-Last-Subject-Sequence": "0"}
 """An outcome marker is only ever created, never overwritten: once recovery has claimed an attempt's key (its
 ``lost`` tombstone, written before it records the attempt lost), a late marker of that attempt is refused."""

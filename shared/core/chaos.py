@@ -39,6 +39,11 @@ from shared.core.events import AnyEvent, AttemptDispatched, AttemptFailed, Attem
 from shared.core.views import EpisodeView
 from shared.core.workflow import AgentStep, ToolStep, WorkflowSpec
 
+CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
+"""The executor's crash point: ``<step_id>:<attempt>:<where>`` or :data:`VERIFYING_POINT`; the process dies there
+(``os._exit(137)``, or a real SIGKILL with :data:`CRASH_SIGNAL_ENV`)."""
+CRASH_SIGNAL_ENV = "REEL_EXECUTOR_CRASH_SIGNAL"
+"""``KILL``: at its crash point the executor sends itself a real SIGKILL (``reel chaos``), not ``os._exit(137)``."""
 Where = Literal["before_intent", "after_intent", "after_run", "after_output", "after_outcome"]
 WHERES: tuple[Where, ...] = ("before_intent", "after_intent", "after_run", "after_output", "after_outcome")
 VERIFYING_POINT = "verifying:after_commit"
