@@ -54,9 +54,10 @@ from shared.proc.ledger import LEDGER_ENV
 from shared.proc.ledger import read as read_ledger
 from shared.tools_check import check_tool_imports
 
-LEASE_TTL_S = 3
-"""The executors' lease TTL (s): a killed one is known gone this soon (shorter, a loaded machine's heartbeats miss
-it: the executor then drops its lease and kills its tools as if killed, which is not a crash point's doing)."""
+LEASE_TTL_S = 2
+"""The executors' default lease TTL (s, ``--lease-ttl``): a killed one is known gone after about two of them. At
+1 s a loaded machine's heartbeats came late: an executor then lets its runs go and kills its tools as if killed,
+which is not a crash point's doing (reported beside the table)."""
 START_TRIES = 5
 ACK_WAIT_S = 2.0
 """The command ack wait (s): a killed executor's start command comes back to the next one this soon."""
@@ -307,21 +308,22 @@ def executor_env(cfg: Config, ledger_path: Path) -> dict[str, str]:
     """The chaos executors' environment: this one's, the session's server, namespace and short timings, the
     ledger, crash points as real SIGKILLs (no crash point of the caller's environment is inherited)."""
     env = {k: v for k, v in os.environ.items() if k not in (core.CRASH_ENV, LEDGER_ENV)}
-    env.update({"NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace, "REEL_LEASE_TTL_S": str(LEASE_TTL_S),
-                "REEL_COMMAND_ACK_WAIT_S": str(ACK_WAIT_S), LEDGER_ENV: str(ledger_path), core.CRASH_SIGNAL_ENV: "KILL",
-                "REEL_LOG_FORMAT": "json", "REEL_LOG_LEVEL": "INFO"})
+    env.update({"NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace,
+                "REEL_LEASE_TTL_S": str(cfg.lease_ttl_s), "REEL_COMMAND_ACK_WAIT_S": str(ACK_WAIT_S),
+                LEDGER_ENV: str(ledger_path), core.CRASH_SIGNAL_ENV: "KILL", "REEL_LOG_FORMAT": "json",
+                "REEL_LOG_LEVEL": "INFO"})
     return env
 
 
 @contextlib.asynccontextmanager
 async def chaos_session(spec: WorkflowSpec, nats_url: str | None, namespace: str | None, timeout_s: float,
-                        workdir: Path) -> AsyncIterator[Chaos]:
+                        workdir: Path, *, lease_ttl_s: int = LEASE_TTL_S) -> AsyncIterator[Chaos]:
     """A server, a namespace, the verifier and recovery in this process, and the executors, for the block."""
     tools = core.tools_of(spec, keyed_tools(spec))
     async with contextlib.AsyncExitStack() as stack:
         url, embedded = await stack.enter_async_context(url_or_embedded(nats_url, workdir / "js"))
         names = Names(namespace or f"chaos-{secrets.token_hex(4)}")
-        cfg = Config.from_env(nats_url=url, names=names, lease_ttl_s=LEASE_TTL_S, command_ack_wait_s=ACK_WAIT_S)
+        cfg = Config.from_env(nats_url=url, names=names, lease_ttl_s=lease_ttl_s, command_ack_wait_s=ACK_WAIT_S)
         nc = await connect(cfg, name="reel-chaos")
         stack.push_async_callback(nc.close)
         infra = await ensure_infra(nc, cfg)
@@ -345,6 +347,8 @@ def chaos(
     references: int = typer.Option(2, "--references", min=2, max=MAX_REFERENCES, help="unkilled runs first (more "
                                    "follow while end states differ): a field that differs between them (a timing "
                                    "in an output) is not compared"),
+    lease_ttl: int = typer.Option(LEASE_TTL_S, "--lease-ttl", min=1, help="the executors' lease TTL (s): a killed "
+                                  "one is taken over after about two; raise it on a loaded machine"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep the executors' logs and the side-effect "
                                         "ledger in this directory (default: a temporary one, removed)"),
     nats_url: str | None = NatsUrl,
@@ -362,7 +366,7 @@ def chaos(
         with contextlib.ExitStack() as stack:
             where = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reel-chaos-")))
             where.mkdir(parents=True, exist_ok=True)
-            async with chaos_session(spec, nats_url, namespace, timeout, where) as ch:
+            async with chaos_session(spec, nats_url, namespace, timeout, where, lease_ttl_s=lease_ttl) as ch:
                 rep = await run_chaos(ch, runs=runs, only=only, references=references)
         print_report(rep)
         return 0 if rep.ok else 1
