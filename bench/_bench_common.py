@@ -20,18 +20,11 @@ from pathlib import Path
 from nats.aio.client import Client
 from rich.console import Console
 
-from shared.config import Config
-from shared.core.events import (
-    AttemptDispatched,
-    AttemptFailed,
-    AttemptSucceeded,
-    BlobRef,
-    ContextPartition,
-    Usage,
-)
-from shared.core.subjects import Names
+from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, BlobRef, ContextPartition, Usage
+from shared.core.wire.subjects import Names
 from shared.nats.embedded import EmbeddedServer, embedded_server
 from shared.nats.infra import Infra, connect, ensure_infra
+from shared.runtime.config import Config
 
 console = Console(width=max(150, Console().width))
 

@@ -28,10 +28,8 @@ from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
 from shared.core.errors import ReelError
-from shared.core.events import (
-    BlobRef,
-)
-from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.core.run.events import BlobRef
+from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
 from shared.nats.blobstore import CHUNK_BYTES, ref_for
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]  # subject, body, headers

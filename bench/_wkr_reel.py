@@ -26,12 +26,11 @@ from typing import BinaryIO
 from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
-from shared.config import Config
-from shared.core.agentspec import AgentToolSpec
-from shared.core.events import AttemptDispatched, decode_commit
-from shared.core.ids import run_id_for_key
-from shared.core.subjects import Names
-from shared.core.workflow import (
+from shared.core.run.events import AttemptDispatched, decode_commit
+from shared.core.run.ids import run_id_for_key
+from shared.core.wire.subjects import Names
+from shared.core.workflow.agentspec import AgentToolSpec
+from shared.core.workflow.spec import (
     AgentStep,
     ContextItemSpec,
     ModelSpec,
@@ -48,6 +47,7 @@ from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import EmbeddedServer, embedded_server
 from shared.nats.infra import Infra, connect, ensure_infra
+from shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120.0

@@ -39,12 +39,12 @@ from rich.table import Table  # noqa: E402
 
 from services.cancel.app import serve as cancel_serve  # noqa: E402
 from services.executor.app import serve as executor_serve  # noqa: E402
-from shared.config import Config  # noqa: E402
-from shared.core.workflow import parse_workflow  # noqa: E402
-from shared.logging import setup_logging  # noqa: E402
+from shared.core.workflow.spec import parse_workflow  # noqa: E402
 from shared.nats.client import ReelClient  # noqa: E402
 from shared.nats.eventlog import JetStreamEventLog  # noqa: E402
 from shared.nats.infra import Infra  # noqa: E402
+from shared.runtime.config import Config  # noqa: E402
+from shared.runtime.logging import setup_logging  # noqa: E402
 from tests.integration import cancel_support as cs  # noqa: E402
 from tests.support.chat_server import ChatServer, Hang, hang  # noqa: E402
 

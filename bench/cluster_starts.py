@@ -33,13 +33,13 @@ from rich.table import Table
 
 from bench._bench_common import console, machine_note, median, pct
 from services.executor.app import serve as executor_serve
-from shared.config import Config
-from shared.core.subjects import Names
-from shared.core.workflow import WorkflowSpec, parse_workflow
-from shared.logging import setup_logging
+from shared.core.wire.subjects import Names
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.infra import connect, ensure_infra
 from shared.nats.subjectlog import SubjectLog
+from shared.runtime.config import Config
+from shared.runtime.logging import setup_logging
 from tests.support.cluster import Cluster, cluster
 
 

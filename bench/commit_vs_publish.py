@@ -59,20 +59,28 @@ from rich.table import Table
 from services.executor.app import ports
 from services.executor.attempts import Attempts
 from services.executor.driver import Driver
-from shared.core import planning as plan
-from shared.core.events import AnyEvent, AttemptDispatched, AttemptSucceeded, Commit, RunCreated, Usage, encode_commit
-from shared.core.fold import RunState
-from shared.core.ids import new_commit_id, new_executor_id, new_run_id
-from shared.core.packer import pack
-from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
-from shared.core.tokens import DEFAULT_COUNTER
-from shared.core.workflow import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
-from shared.logging import setup_logging
+from shared.application.workflows import WorkflowCache
+from shared.core.pack.packer import pack
+from shared.core.pack.tokencount import DEFAULT_COUNTER
+from shared.core.run import planning as plan
+from shared.core.run.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptSucceeded,
+    Commit,
+    RunCreated,
+    Usage,
+    encode_commit,
+)
+from shared.core.run.ids import new_commit_id, new_executor_id, new_run_id
+from shared.core.run.state import RunState
+from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
+from shared.core.workflow.spec import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
 from shared.nats.blobstore import ref_for
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.publish import publish_pipelined
 from shared.nats.subjectlog import COMMIT_ID_HEADER
-from shared.workflows import WorkflowCache
+from shared.runtime.logging import setup_logging
 
 NS = "benchxyz"
 RAW_STREAM = "BENCHXYZ_RAW"

@@ -31,13 +31,13 @@ from rich.console import Console
 from rich.table import Table
 
 from services.crucible.session import backend, start_session
-from shared.config import Config
-from shared.core.subjects import Names
+from shared.core.wire.subjects import Names
 from shared.crucible.config import parse_config
 from shared.crucible.events import IterationClosed, MeasureFinished, ProposalMade, SegmentOpened
 from shared.crucible.state import Reading
-from shared.logging import setup_logging
 from shared.nats.embedded import embedded_server
+from shared.runtime.config import Config
+from shared.runtime.logging import setup_logging
 
 ONE_READING: dict[str, object] = {"confirm_repeats": 0, "remeasure_incumbent": False}
 SCENARIOS: dict[str, tuple[str, str, dict[str, object]]] = {

@@ -36,14 +36,9 @@ from functools import partial
 from _bench_common import console, dispatch_event, fake_ref, machine_note, outcome_event
 from rich.table import Table
 
-from shared.core import fold as folding
-from shared.core.events import (
-    AnyEvent,
-    Commit,
-    RunCreated,
-    RunStarted,
-    StepDecl,
-)
+from shared.core.run import fold as folding
+from shared.core.run.events import AnyEvent, Commit, RunCreated, RunStarted, StepDecl
+from shared.core.run.state import RunState
 
 EXECUTOR = "x-0123456789ab"
 T0 = 1_780_000_000_000
@@ -78,7 +73,7 @@ def run_commits(n_steps: int) -> tuple[list[tuple[int, Commit]], list[tuple[int,
     return head, as_commits([e for k in range(n_steps, n_steps + BURST) for e in events_of(k)], len(head) + 1)
 
 
-def cold_fold(commits: list[tuple[int, Commit]]) -> folding.RunState:
+def cold_fold(commits: list[tuple[int, Commit]]) -> RunState:
     gc.disable()
     try:
         state = folding.fold(commits)

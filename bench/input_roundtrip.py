@@ -34,11 +34,11 @@ from bench._bench_common import bench_server, console, machine_note, median, nam
 from services.cancel.app import serve as cancel_serve
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
-from shared.core import inputfold
-from shared.core.events import AttemptDispatched, InputAnswered, decode_commit
-from shared.core.workflow import WorkflowSpec, parse_workflow
-from shared.logging import setup_logging
+from shared.core.input import requestfold
+from shared.core.run.events import AttemptDispatched, InputAnswered, decode_commit
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient
+from shared.runtime.logging import setup_logging
 
 
 def workflow(i: int, deadline_s: float | None) -> WorkflowSpec:
@@ -66,7 +66,7 @@ async def main(runs: int) -> None:
                 assert started.run_id
                 run_id = started.run_id
                 state = await client.wait_for(run_id, ("awaiting_input",), timeout_s=30)
-                (request,) = inputfold.open_requests(state.branches[state.active_branch])
+                (request,) = requestfold.open_requests(state.branches[state.active_branch])
                 dispatched: asyncio.Future[float] = asyncio.get_running_loop().create_future()
                 at_ms: dict[str, int] = {}
 
@@ -94,7 +94,7 @@ async def main(runs: int) -> None:
                 started = await client.start(workflow(i, 0.2))
                 assert started.run_id
                 state = await client.wait_for(started.run_id, ("verifying",), timeout_s=30)
-                (rec,) = inputfold.requests_of(state.branches[state.active_branch]).values()
+                (rec,) = requestfold.requests_of(state.branches[state.active_branch]).values()
                 assert rec.response is not None and rec.deadline_ms is not None and rec.response.source == "deadline"
                 late.append(float(rec.response.at_ms - rec.deadline_ms))
         finally:

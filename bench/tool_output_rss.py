@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))  # the tests' printing tool
 from _bench_common import Bench, bench_server, console, machine_note, namespace  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from shared.core.fold import RunState  # noqa: E402
-from shared.core.workflow import parse_workflow  # noqa: E402
+from shared.core.run.state import RunState  # noqa: E402
+from shared.core.workflow.spec import parse_workflow  # noqa: E402
 from shared.nats.blobstore import JetStreamBlobStore  # noqa: E402
 from shared.nats.client import ReelClient  # noqa: E402
 from tests.support import print_bytes  # noqa: E402

@@ -58,8 +58,8 @@ from _bench_common import (
 from nats.js.api import PubAck
 from rich.table import Table
 
-from shared.core import fold as folding
-from shared.core.events import (
+from shared.core.run import fold as folding
+from shared.core.run.events import (
     AnyEvent,
     AttemptSucceeded,
     Commit,
@@ -71,9 +71,9 @@ from shared.core.events import (
     decode_commit,
     encode_commit,
 )
-from shared.core.ids import new_commit_id
-from shared.core.subjects import MSG_ID_HEADER
-from shared.core.views import build_episode_view
+from shared.core.run.ids import new_commit_id
+from shared.core.run.views import build_episode_view
+from shared.core.wire.subjects import MSG_ID_HEADER
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.subjectlog import COMMIT_ID_HEADER
 

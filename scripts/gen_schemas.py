@@ -21,10 +21,19 @@ from typing import Any
 
 import msgspec
 
-from shared.core.commands import CancelRun, RecoverRuns, Reply, RespondRun, ResumeRun, RewindRun, StartRun, VerifyRun
-from shared.core.events import Commit, Verdict
-from shared.core.live import RunControl, StreamChunk
-from shared.core.workflow import WorkflowSpec
+from shared.core.run.events import Commit, Verdict
+from shared.core.wire.commands import (
+    CancelRun,
+    RecoverRuns,
+    Reply,
+    RespondRun,
+    ResumeRun,
+    RewindRun,
+    StartRun,
+    VerifyRun,
+)
+from shared.core.wire.livemessages import RunControl, StreamChunk
+from shared.core.workflow.spec import WorkflowSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "schemas"

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import Config
-from shared.core.subjects import Names
-from shared.logging import setup_logging
+from shared.core.wire.subjects import Names
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import embedded_server
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect, ensure_infra
+from shared.runtime.config import Config
+from shared.runtime.logging import setup_logging
 
 pytest_plugins = ("tests.support.chat_server",)  # the `chat_server` fixture (loopback HTTP)
 

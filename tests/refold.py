@@ -6,8 +6,8 @@ must equal a cold re-fold of the log.
 
 from __future__ import annotations
 
-from shared.core.fold import RunState
-from shared.core.statecodec import STATE_ENCODER
+from shared.core.run.state import RunState
+from shared.core.run.statecodec import STATE_ENCODER
 from shared.nats.eventlog import JetStreamEventLog
 
 _enc = STATE_ENCODER

@@ -1,19 +1,19 @@
 """Cancel service: ``<ns>.cmd.cancel`` → ``run_cancelled`` (docs/mutators.md); it also answers
-input requests, ``<ns>.cmd.respond`` → ``input_answered`` (services/cancel/respond.py).
+input requests, ``<ns>.cmd.respond`` → ``input_answered`` (services/cancel/answers.py).
 
-Per command: :func:`shared.fenced.commit_decided` with :func:`shared.core.cancel.decide`
+Per command: :func:`shared.application.fenced.commit_decided` with :func:`shared.core.mutators.cancel.decide`
 (load the run, decide, commit fenced on its head; a concurrent commit — an executor
 mid-run — makes the fence fail, and the run is refreshed and decided again).
 Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying``; cancelling a
 ``completed`` or ``cancelled`` run is answered ``ok`` with the status unchanged and
 ``detail.noop = true``. After the commit the service publishes a
-:class:`~shared.core.live.RunControl` on ``<ns>.ctl.<run_id>`` (core NATS): the executor
+:class:`~shared.core.wire.livemessages.RunControl` on ``<ns>.ctl.<run_id>`` (core NATS): the executor
 driving the run stops what it has in flight at once — the tool's process group killed, the
 Python tool's task cancelled, the model's HTTP request aborted — and records those attempts
 ``attempt_cancelled`` (services/executor/interrupts.py); nothing further is dispatched (its
 next intent loses the fence, and the planner rests on a cancelled run). The log stays the
 source of truth: an executor that missed the signal still never records a success or a
-failure after the cancel (:func:`shared.core.cancel.after_cancel`), and it reads the log of every run it
+failure after the cancel (:func:`shared.core.mutators.cancel.after_cancel`), and it reads the log of every run it
 drives each ``REEL_CANCEL_CHECK_S`` (1 s), so a lost signal delays the stop by at most that. A cancel
 command that finds the run **already cancelled** (its own redelivery after the service died between
 commit and signal, or a second cancel) re-sends the signal with the cancel's LSN — the signal is
@@ -34,19 +34,19 @@ from typing import Any
 
 import structlog
 
-from shared.clock import now_ms
-from shared.config import Config
-from shared.core import cancel
-from shared.core.commands import CancelRun, Reply
+from shared.application.fenced import commit_decided
+from shared.core.mutators import cancel
 from shared.core.ports import EventLog
-from shared.fenced import commit_decided
+from shared.core.wire.commands import CancelRun, Reply
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
 from shared.nats.control import publish_control
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.clock import now_ms
+from shared.runtime.config import Config
 
-from . import respond
+from . import answers
 
 log = structlog.get_logger("reel.cancel")
 
@@ -106,7 +106,7 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     service = CancelService(JetStreamEventLog(infra.nc, cfg.names), signal)
     router = Router(infra)
     router.route(cfg.names.command("cancel"), CancelRun, service.cancel, rejected="cancel.rejected")
-    respond.route(router, infra, cfg, service.log)
+    answers.route(router, infra, cfg, service.log)
     async with consumer_gate(infra.nc, cfg.names):  # clients' consumers, vetted (docs/security.md)
         await CommandConsumer(infra, cfg, "cancel", router.subjects, router,
                               ack_wait_s=cfg.mutator_ack_wait_s).run(stop)

@@ -6,7 +6,7 @@ one, Reel uses the embedded default: a ``nats-server`` from the
 started for the duration of the command — or the one ``reel up`` is running on
 127.0.0.1:4222 (:mod:`services.cli.embed`). Errors print one line and exit non-zero.
 
-Exit codes: :mod:`services.cli.common` (and the README's table).
+Exit codes: :mod:`services.cli.console` (and the README's table).
 
 The commands live by job: :mod:`~services.cli.runs` (run, show, ls, verdicts),
 :mod:`~services.cli.replay`, :mod:`~services.cli.control` (cancel, rewind),
@@ -23,10 +23,10 @@ import os
 import typer
 
 from services.cli import auth, chaos, control, inputs, replay, runs, show, status, supervisor, trace, ui
-from services.cli.common import ReelGroup, reel_home
+from services.cli.console import ReelGroup, reel_home
 from services.cli.helptext import tidy
 from services.cli.serve import serve_app
-from shared.logging import setup_logging
+from shared.runtime.logging import setup_logging
 
 app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.", cls=ReelGroup,
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)

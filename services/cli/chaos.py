@@ -1,13 +1,13 @@
 """``reel chaos WORKFLOW``: run a workflow with its executor killed at every intent/outcome boundary in turn.
 
-The pure parts (the crash points, end states, the report) are :mod:`shared.core.chaos`; this module
+The pure parts (the crash points, end states, the report) are :mod:`shared.core.run.crashpoints`; this module
 starts the processes and prints the table (docs/chaos.md):
 
 1. a NATS server — ``--nats-url``, else an embedded one on a temporary store — and a namespace of
    its own (``chaos-<hex>``, unless ``--namespace``), so no other executor takes its runs; the
    verifier and recovery run in this process;
 2. two unkilled reference runs, each driven by a fresh ``python -m services.executor`` process;
-   the crash points are read off the first one's log (:func:`shared.core.chaos.crash_points`);
+   the crash points are read off the first one's log (:func:`shared.core.run.crashpoints.crash_points`);
 3. per crash point (``--runs`` times each): an executor process with ``REEL_EXECUTOR_CRASH_AT`` set
    to it starts a run and sends itself SIGKILL there; a fresh executor takes the run over (its
    start command comes back after the ack wait; recovery resolves what the dead one left) and
@@ -37,22 +37,22 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from services.cli.common import CliError, NatsUrl, console, err_console, run_async
+from services.cli.console import CliError, NatsUrl, console, err_console, run_async
 from services.cli.embed import in_process_services
-from shared.config import Config
-from shared.core import chaos as core
-from shared.core.commands import Reply
-from shared.core.ids import run_id_for_key
-from shared.core.subjects import Names
-from shared.core.views import build_episode_view
-from shared.core.workflow import WorkflowSpec, load_workflow
+from shared.application.toolimports import check_tool_imports
+from shared.core.run import crashpoints as core
+from shared.core.run.ids import run_id_for_key
+from shared.core.run.views import build_episode_view
+from shared.core.wire.commands import Reply
+from shared.core.wire.subjects import Names
+from shared.core.workflow.spec import WorkflowSpec, load_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import url_or_embedded
 from shared.nats.infra import Infra, connect, ensure_infra
 from shared.proc.ledger import LEDGER_ENV
 from shared.proc.ledger import read as read_ledger
-from shared.tools_check import check_tool_imports
+from shared.runtime.config import Config
 
 LEASE_TTL_S = 2
 """The executors' default lease TTL (s, ``--lease-ttl``): a killed one is known gone after about two of them. At

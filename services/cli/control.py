@@ -7,9 +7,9 @@ import sys
 import msgspec
 import typer
 
-from services.cli.common import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async, usage_error
+from services.cli.console import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async, usage_error
 from services.cli.embed import service_active, session
-from shared.core.commands import Reply
+from shared.core.wire.commands import Reply
 
 
 def _accepted(reply: Reply) -> Reply:

@@ -31,12 +31,12 @@ import nats
 import nats.js.errors
 
 from services.cli.auth import auth_dir_from_env
-from services.cli.common import CliError, err_console, reel_home
-from shared.authdir import AuthDir
-from shared.config import Config
-from shared.core.fold import RunState
-from shared.core.subjects import Names
-from shared.core.workflow import WorkflowSpec
+from services.cli.console import CliError, err_console, reel_home
+from shared.application.workflows import WorkflowCache
+from shared.auth.authdir import AuthDir
+from shared.core.run.state import RunState
+from shared.core.wire.subjects import Names
+from shared.core.workflow.spec import WorkflowSpec
 from shared.nats.access import ConnectRefused, redact_url
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
@@ -44,7 +44,7 @@ from shared.nats.consumergate import consumer_gate
 from shared.nats.embedded import url_or_embedded
 from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
 from shared.nats.micro import SERVICE_PREFIX, discover
-from shared.workflows import WorkflowCache
+from shared.runtime.config import Config
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"

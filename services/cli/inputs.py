@@ -17,11 +17,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from services.cli.common import EXIT, CliError, JsonOut, Namespace, NatsUrl, console, run_async
+from services.cli.console import EXIT, CliError, JsonOut, Namespace, NatsUrl, console, run_async
 from services.cli.embed import SERVICES, session, wait_states
 from services.cli.runs import exit_code, follow
-from services.timeline import open_requests, print_timeline, print_waiting
-from shared.clock import now_ms
+from services.timeline.render import open_requests, print_timeline, print_waiting
+from shared.runtime.clock import now_ms
 
 By = typer.Option("", "--by", help="who answers (recorded with the answer)")
 NoWait = typer.Option(False, "--no-wait", help="send the answer and exit; do not follow the run")

@@ -9,14 +9,14 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from services.cli.common import CliError, Namespace, NatsUrl, console, err_console, run_async
+from services.cli.console import CliError, Namespace, NatsUrl, console, err_console, run_async
 from services.cli.embed import SERVICES, Session, session, wait_states
 from services.cli.runs import exit_code, follow
-from services.timeline import print_timeline
+from services.timeline.render import print_timeline
 from shared.core.errors import TrajectoryFormatError
-from shared.core.fold import RunState
-from shared.core.outcomes import checks_summary, context_checks, final_verdicts, reported_outcome
-from shared.core.workflow import WorkflowSpec, encode_workflow
+from shared.core.run.state import RunState
+from shared.core.verify.reportedoutcome import checks_summary, context_checks, final_verdicts, reported_outcome
+from shared.core.workflow.spec import WorkflowSpec, encode_workflow
 
 
 def replay(

@@ -16,25 +16,16 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.common import (
-    EXIT,
-    CliError,
-    Namespace,
-    NatsUrl,
-    console,
-    err_console,
-    run_async,
-    said_interrupted,
-)
+from services.cli.console import EXIT, CliError, Namespace, NatsUrl, console, err_console, run_async, said_interrupted
 from services.cli.embed import SERVICES, Session, session, wait_states
 from services.cli.tokens import TokenPrinter
-from services.timeline import STATUS_STYLE, event_line, print_timeline, print_waiting, verdict_table
+from services.timeline.render import STATUS_STYLE, event_line, print_timeline, print_waiting, verdict_table
 from shared.core.errors import RunNotFound
-from shared.core.events import Verdict
-from shared.core.fold import RunState
-from shared.core.integrity import RunCorrupt
-from shared.core.outcomes import checks_summary, reported_outcome
-from shared.core.workflow import load_workflow
+from shared.core.run.events import Verdict
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.state import RunState
+from shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from shared.core.workflow.spec import load_workflow
 
 
 async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: float, quiet: bool = False,
@@ -70,7 +61,7 @@ async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: 
 
 
 def exit_code(state: RunState | None) -> int:
-    """The exit code of a finished (or timed-out, ``None``) run: see :data:`services.cli.common.EXIT`."""
+    """The exit code of a finished (or timed-out, ``None``) run: see :data:`services.cli.console.EXIT`."""
     if state is None:
         return EXIT["timeout"]
     if state.status in ("cancelled", "awaiting_input"):

@@ -27,13 +27,13 @@ from nats.js.errors import NotFoundError
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.common import Namespace, NatsUrl, console, run_async
+from services.cli.console import Namespace, NatsUrl, console, run_async
 from services.cli.embed import session
-from shared.config import Config
+from shared.auth.roles import SERVICE_ROLE
 from shared.nats.access import redact_url
 from shared.nats.infra import Infra
 from shared.nats.micro import discover
-from shared.roles import SERVICE_ROLE
+from shared.runtime.config import Config
 
 SERVICES = tuple(SERVICE_ROLE)
 """Every service whose durable consumer ``reel status`` reports (executor, verifier, … crucible)."""

@@ -35,14 +35,14 @@ import typer
 from rich.table import Table
 
 from services.cli.auth import AUTH_DIR_ENV, auth_dir_from_env
-from services.cli.common import Namespace, NatsUrl, console, err_console, reel_home, run_async
+from services.cli.console import Namespace, NatsUrl, console, err_console, reel_home, run_async
 from services.cli.embed import SERVICES, connect_cli, service_serve
-from shared.authdir import AuthDir, init
-from shared.config import CONNECTION_FLAGS, Config
-from shared.core.subjects import Names
+from shared.auth.authdir import AuthDir, init
+from shared.auth.roles import SERVICE_ROLE, accounts
+from shared.core.wire.subjects import Names
 from shared.nats.embedded import EmbeddedServer, embedded_server
 from shared.nats.infra import ensure_infra
-from shared.roles import SERVICE_ROLE, accounts
+from shared.runtime.config import CONNECTION_FLAGS, Config
 
 
 def up(

@@ -1,7 +1,7 @@
 """``reel trace RUN``: export a run as OpenTelemetry GenAI spans (docs/operations.md "Traces").
 
-The spans are a pure function of the run's log (shared/core/traces.py), exported with the
-OpenTelemetry SDK over OTLP/HTTP (shared/otel.py) to ``--otlp-endpoint`` or
+The spans are a pure function of the run's log (shared/core/run/traces.py), exported with the
+OpenTelemetry SDK over OTLP/HTTP (shared/runtime/otel.py) to ``--otlp-endpoint`` or
 ``$OTEL_EXPORTER_OTLP_ENDPOINT``; ``--json`` prints them instead (one JSON object per span).
 Exporting again sends the same trace and span ids.
 """
@@ -14,7 +14,7 @@ import sys
 import msgspec
 import typer
 
-from services.cli.common import CliError, Namespace, NatsUrl, console, run_async
+from services.cli.console import CliError, Namespace, NatsUrl, console, run_async
 from services.cli.embed import session
 from shared.core.errors import RunNotFound
 
@@ -28,7 +28,7 @@ def trace(
     namespace: str = Namespace,
 ) -> None:
     """Export a run's trace: invoke_agent per branch, chat per model attempt, execute_tool per tool attempt."""
-    from shared.otel import otlp_exporter, run_trace, sdk_spans
+    from shared.runtime.otel import otlp_exporter, run_trace, sdk_spans
 
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from services.cli.common import CliError, Namespace, NatsUrl, console, run_async
+from services.cli.console import CliError, Namespace, NatsUrl, console, run_async
 from services.cli.embed import session
 from services.ui.pages import MAX_PAGE_BYTES, PAGE_BYTES
 from shared.nats.access import redact_url

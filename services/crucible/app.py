@@ -27,16 +27,16 @@ import structlog
 
 from services.crucible.session import Backend, resume_session, start_session
 from services.crucible.sessionlog import SessionLog, ensure_session_stream
-from shared.config import Config
-from shared.core.commands import Reply
 from shared.core.errors import ReelError
-from shared.core.ids import RunId
+from shared.core.run.ids import RunId
+from shared.core.wire.commands import Reply
 from shared.crucible.config import SessionConfig, validate
 from shared.crucible.errors import ConfigInvalid, SessionExists
 from shared.crucible.names import CrucibleNames
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.consumer import Ack, CommandConsumer, Delivery, Router, Then
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 
 log = structlog.get_logger("reel.crucible")
 

@@ -37,14 +37,14 @@ from services.crucible.session import (
     resume_session,
     start_session,
 )
-from shared.config import Config
 from shared.core.errors import ReelError
-from shared.core.subjects import Names
+from shared.core.wire.subjects import Names
 from shared.crucible.fold import SessionState
 from shared.crucible.integrity import SessionCorrupt
-from shared.logging import setup_logging
 from shared.nats.embedded import NatsServerNotFound, url_or_embedded
-from shared.proc.orphans import REGISTRY_ENV
+from shared.proc.reaper import REGISTRY_ENV
+from shared.runtime.config import Config
+from shared.runtime.logging import setup_logging
 
 app = typer.Typer(
     help="Crucible, the autoresearch loop: a proposer edits a git world, a frozen judge scores it, "

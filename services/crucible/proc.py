@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shared.core.toolenv import BASE_ENV_KEYS, tool_env
+from shared.core.env.toolenv import BASE_ENV_KEYS, tool_env
 from shared.proc.group import Completed, run_group
 
 __all__ = ["BASE_ENV_KEYS", "EX_TEMPFAIL", "OUTPUT_LIMIT_BYTES", "Completed", "base_env", "resolve_argv", "run"]
@@ -44,5 +44,5 @@ async def run(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout
 
 def base_env(pass_env: Sequence[str] = ()) -> dict[str, str]:
     """The minimal inherited environment of a judge, proposer or probe, and the ``pass_env`` names it lists
-    (:func:`shared.core.toolenv.tool_env`: everything else must be declared; ``REEL_NATS_*`` never crosses)."""
+    (:func:`shared.core.env.toolenv.tool_env`: everything else must be declared; ``REEL_NATS_*`` never crosses)."""
     return tool_env(os.environ, pass_env=pass_env)

@@ -46,7 +46,7 @@ import msgspec
 from services.crucible import proc
 from services.crucible.world import GitWorld, git
 from shared.core.errors import ModelError
-from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.pack.tokencount import DEFAULT_COUNTER
 from shared.crucible.config import ProposerSpec, Regime
 from shared.crucible.errors import WorldError
 from shared.crucible.state import Row

@@ -5,7 +5,7 @@
 * :func:`resume_session` — fold the log. A session that
   ended with a final exit is left alone and its exit returned (resuming twice is
   idempotent: no new events). Otherwise every process group a dead driver left
-  (a proposer's background children) is killed (:func:`shared.proc.orphans.reap_orphans`,
+  (a proposer's background children) is killed (:func:`shared.proc.reaper.reap_orphans`,
   ``$REEL_TOOL_DIR``), the world is reset to the log's best snapshot, the iteration in
   flight is recorded as abandoned (``SessionResumed``), the judge's fingerprint is
   checked before anything is proposed (a moved judge stops the session again at no
@@ -33,9 +33,8 @@ from services.crucible.loop import run_loop
 from services.crucible.proposer import make_proposer
 from services.crucible.sessionlog import SessionLog, ensure_session_stream
 from services.crucible.world import GitWorld
-from shared.config import Config
-from shared.core.ids import is_token
 from shared.core.ports import BlobStore
+from shared.core.run.ids import is_token
 from shared.crucible.config import SessionConfig, parse_config
 from shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
 from shared.crucible.events import FingerprintChanged, SegmentOpened, SessionResumed, SessionStarted
@@ -44,7 +43,8 @@ from shared.crucible.iteration import interrupted_row
 from shared.crucible.state import LoopExit
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.infra import connect, ensure_infra
-from shared.proc.orphans import reap_orphans
+from shared.proc.reaper import reap_orphans
+from shared.runtime.config import Config
 
 log = structlog.get_logger("reel.crucible")
 

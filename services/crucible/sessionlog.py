@@ -16,8 +16,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
-from shared.config import Config
-from shared.core.ids import new_commit_id
+from shared.core.run.ids import new_commit_id
 from shared.crucible.errors import SessionBusy, SessionNotFound
 from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
 from shared.crucible.fold import SessionState
@@ -25,6 +24,7 @@ from shared.crucible.integrity import fold_checked
 from shared.crucible.names import CrucibleNames
 from shared.nats.infra import DUPLICATE_WINDOW_S, ensure_stream, storage_type
 from shared.nats.subjectlog import SubjectLog
+from shared.runtime.config import Config
 
 
 async def ensure_session_stream(js: JetStreamContext, cfg: Config) -> None:

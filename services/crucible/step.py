@@ -21,7 +21,7 @@ from services.crucible.decide import measure_and_decide
 from services.crucible.driver import Driver, now_ms
 from services.crucible.proposer import Proposal, ProposeContext
 from shared.core.errors import ReelError
-from shared.core.events import BlobRef
+from shared.core.run.events import BlobRef
 from shared.crucible import budget
 from shared.crucible.events import (
     ApplyFailed,

@@ -1,4 +1,4 @@
-"""Agent steps in the executor: the actions of :mod:`shared.core.agent`, performed for real.
+"""Agent steps in the executor: the actions of :mod:`shared.core.agent.loop`, performed for real.
 
 One :class:`AgentRun` per drive of a run holds the attempts it has in flight —
 model calls of turns and tool calls, as asyncio tasks that only perform the side
@@ -40,22 +40,23 @@ from typing import Any
 import msgspec
 import structlog
 
-from shared import secrets
-from shared.clock import now_ms
-from shared.core import agentcommits as ac
-from shared.core import agentfold, inputfold
-from shared.core import planning as plan
-from shared.core.agentcontext import Outcome
-from shared.core.agentmemo import ContextMemo
-from shared.core.chaos import commit_points, point_name
+from shared.application.fenced import Committed, Decided
+from shared.auth import secrets
+from shared.core.agent import commits as ac
+from shared.core.agent import turnfold
+from shared.core.agent.memo import ContextMemo
+from shared.core.agent.turncontext import Outcome
 from shared.core.errors import ModelError, ToolError
-from shared.core.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSucceeded, Usage
-from shared.core.fold import DRIVABLE, RunState
-from shared.core.ids import BranchId, ExecutorId, StepId
-from shared.core.workflow import WorkflowSpec
-from shared.fenced import Committed, Decided
+from shared.core.input import requestfold
+from shared.core.run import planning as plan
+from shared.core.run.crashpoints import commit_points, point_name
+from shared.core.run.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSucceeded, Usage
+from shared.core.run.ids import BranchId, ExecutorId, StepId
+from shared.core.run.state import DRIVABLE, RunState
+from shared.core.workflow.spec import WorkflowSpec
 from shared.nats.blobstore import ref_for
 from shared.nats.control import Interrupt
+from shared.runtime.clock import now_ms
 
 from .agentio import (
     JSON,
@@ -138,7 +139,7 @@ class AgentRun:
                                   outcome=None, executor_id=self.me, at_ms=now_ms(), approval=self.spec.approval)
             return await self._commit_starting(state, out.events, (), calls=out.started, branch_id=action.branch_id,
                                                bodies=[(b, JSON) for b in out.blobs])
-        if isinstance(action, plan.AwaitInput):  # only a human can move the run on: it rests (shared/core/inputfold.py)
+        if isinstance(action, plan.AwaitInput):  # only a human moves the run on: it rests (requestfold)
             log.info("agent.awaiting_input", agent=action.agent, requests=list(action.requests))
             return await self.attempts.intent(state, [action.event(now_ms())])
         assert isinstance(action, plan.FinishAgent), action
@@ -187,7 +188,7 @@ class AgentRun:
         """One round trip: store ``bodies`` (and the prompt of ``turn``), publish the ``markers`` of successes,
         commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
         if the planned events were committed. A Decided: nothing was recorded (the run moved)."""
-        points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/chaos.py)
+        points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/run/crashpoints.py)
         self.attempts.crash_if(*points.before_intent)
         prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
         sent = await self.attempts.send_with(state, events, bodies, markers, crash_point=points.after_output)
@@ -206,9 +207,9 @@ class AgentRun:
         state = done.state
         branch = state.branches[branch_id]
         for c in calls:
-            decl = agentfold.declared(branch, c.step_id)
+            decl = turnfold.declared(branch, c.step_id)
             assert decl is not None, c
-            decl = inputfold.effective_decl(branch, decl)  # an approval's edited arguments
+            decl = requestfold.effective_decl(branch, decl)  # an approval's edited arguments
             key = (branch_id, c.step_id, c.attempt)
             ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt)
             self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies,

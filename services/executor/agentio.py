@@ -1,9 +1,9 @@
 """What the agent loop reads, runs and decides around its commits (services/executor/agent.py uses it).
 
 * :func:`prepare_turn` — turn *t*'s candidates → partition → request
-  (:func:`shared.core.agentcontext.build_turn`'s result, built incrementally by
-  :class:`shared.core.agentmemo.ContextMemo`), the prompt body (the exact wire
-  request) and the intent events (:func:`shared.core.agentcommits.turn_intent`).
+  (:func:`shared.core.agent.turncontext.build_turn`'s result, built incrementally by
+  :class:`shared.core.agent.memo.ContextMemo`), the prompt body (the exact wire
+  request) and the intent events (:func:`shared.core.agent.commits.turn_intent`).
 * :func:`planned_or_facts` — the decision of every agent commit: the planned events on
   the head they were planned on; on any other head only the outcomes not yet recorded
   (facts about side effects that happened), never an intent — the driver plans again.
@@ -22,25 +22,25 @@ from typing import Any
 
 import msgspec
 
-from shared import secrets
-from shared.clock import now_ms
-from shared.core import agentcommits as ac
-from shared.core import agentfold
-from shared.core import planning as plan
-from shared.core.agentcontext import Outcome
-from shared.core.agentmemo import ContextMemo
-from shared.core.chat import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
+from shared.application.fenced import Decide
+from shared.auth import secrets
+from shared.core.agent import commits as ac
+from shared.core.agent import turnfold
+from shared.core.agent.memo import ContextMemo
+from shared.core.agent.turncontext import Outcome
+from shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
 from shared.core.decision import Decision
 from shared.core.errors import ModelError, ToolError
-from shared.core.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
-from shared.core.fold import RunState
-from shared.core.ids import AttemptNo, BranchId, ExecutorId, StepId
-from shared.core.tokens import TokenCounter
-from shared.core.workflow import WorkflowSpec
-from shared.fenced import Decide
+from shared.core.pack.tokencount import TokenCounter
+from shared.core.run import planning as plan
+from shared.core.run.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
+from shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
+from shared.core.run.state import RunState
+from shared.core.workflow.spec import WorkflowSpec
 from shared.models import make_chat_model
 from shared.nats.blobstore import ref_for
 from shared.nats.control import Interrupt
+from shared.runtime.clock import now_ms
 
 from .agenttools import CallContext, PythonTools, run_call
 from .attempts import OUTCOME_RECORDED, RUN_MOVED, Attempts
@@ -67,7 +67,7 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
                        bodies: Bodies, memo: ContextMemo, outcomes: Sequence[Outcome] = ()) -> PreparedTurn:
     """Build turn ``action.turn``'s request on ``state`` (``outcomes``: call results about to be committed
     with this intent) and the intent events. Only the earlier turns ``memo`` does not keep are read and
-    rebuilt (:mod:`shared.core.agentmemo`): the context is the one a full rebuild makes.
+    rebuilt (:mod:`shared.core.agent.memo`): the context is the one a full rebuild makes.
 
     Raises:
         BlobMissing, BlobTimeout: an earlier turn's blob cannot be read.
@@ -121,7 +121,7 @@ def calls_of_message(state: RunState, action: plan.AdoptTurn, body: bytes) -> li
         args = fn.get("arguments")
         text = args if isinstance(args, str) else "" if args is None else msgspec.json.encode(args).decode()
         calls.append(ToolCall(id=str(c.get("id") or ""), name=fn["name"], arguments=text))
-    rec = agentfold.record(state.branches[action.branch_id], StepId(action.agent))
+    rec = turnfold.record(state.branches[action.branch_id], StepId(action.agent))
     taken = {c.decl.call_id for t in (rec.turns[:action.turn - 1] if rec else []) for c in t.calls if c.decl.call_id}
     return list(assign_call_ids(calls, turn=action.turn, taken=taken))
 

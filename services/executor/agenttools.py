@@ -21,7 +21,7 @@ non-zero; the message ends with its output's last 4000 bytes), ``timeout``, ``sp
 (not retryable), ``output_too_large`` (``on_overflow: fail``).
 
 A command's output is capped (``max_output_bytes``, default 1 MiB): past it, by default, the
-model is shown the head followed by :func:`~shared.core.toolspec.truncation_note` — never a
+model is shown the head followed by :func:`~shared.core.workflow.toolspec.truncation_note` — never a
 silent cut.
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
@@ -29,7 +29,7 @@ call's attempts, so an outside service can dedupe a retry — and its attempt nu
 keywords ``idempotency_key=`` / ``attempt=`` for a Python tool that names them in its
 signature; ``REEL_IDEMPOTENCY_KEY`` / ``REEL_ATTEMPT`` in a command's environment
 (with ``REEL_TOOL_ARGS``, the arguments' JSON text, also sent on stdin; never a
-shell). A command's environment is an allow-list (:mod:`shared.core.toolenv`): the executor's
+shell). A command's environment is an allow-list (:mod:`shared.core.env.toolenv`): the executor's
 ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``, the tool's ``pass_env`` names and ``env``
 values, and the variables above — never the executor's NATS credentials or a model's key
 unless the tool names it.
@@ -46,15 +46,15 @@ from typing import Any
 
 import jsonschema
 
-from shared.core.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
-from shared.core.chaos import SideEffect
-from shared.core.chat import ToolCall
+from shared.application.toolimports import PythonTools as PythonTools  # re-exported: the agent modules import it here
+from shared.core.chat.messages import ToolCall
 from shared.core.errors import ToolCallInvalid, ToolError
-from shared.core.toolspec import output_limit, truncation_note
-from shared.core.workflow import AgentStep
+from shared.core.run.crashpoints import SideEffect
+from shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
+from shared.core.workflow.spec import AgentStep
+from shared.core.workflow.toolspec import output_limit, truncation_note
 from shared.proc import ledger
 from shared.proc.tools import Command, run_command
-from shared.tools_check import PythonTools as PythonTools  # re-exported: the agent modules import it here
 
 
 def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:
@@ -175,7 +175,7 @@ async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_to
     except ToolCallInvalid as exc:
         raise ToolError(exc.message, kind="invalid_arguments", retryable=False) from None
     _check_arguments(tool, arguments)
-    if tool.builtin is not None:  # ask_user is answered by a human (shared/core/inputs.py), never run
+    if tool.builtin is not None:  # ask_user is answered by a human (shared/core/input/requesting.py), never run
         raise ToolError(f"{tool.name} was not asked: its call has no input request", kind="tool_error", retryable=False)
     if tool.python is not None:
         fn = python_tools.get((agent.id, tool.name))

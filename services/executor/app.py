@@ -23,15 +23,15 @@ from typing import Any
 
 import structlog
 
-from shared.config import Config
 from shared.core.errors import LeaseLost
-from shared.core.ids import new_executor_id
+from shared.core.run.ids import new_executor_id
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import Lease
 from shared.proc.group import kill_groups, tracked_groups
 from shared.proc.tools import reap_orphaned_tools
+from shared.runtime.config import Config
 
 from .handler import Executor
 from .partitions import PartitionConsumers, own_partitions

@@ -8,20 +8,20 @@ output goes to the blob store (or inline in its ref) and, where recovery needs i
 by ``<run>.<branch>.<step>.<attempt>``, to the outcomes KV bucket (the recovery marker:
 if the outcome commit is lost with this process, recovery finds the output there).
 
-Every commit goes through :func:`shared.fenced.commit_decided`, fenced on the head of
+Every commit goes through :func:`shared.application.fenced.commit_decided`, fenced on the head of
 the state the executor materialized (never a re-read of the run). Two decisions:
 
 * an intent (and the driver's claim and ``run_verifying``) was planned on one head
   and is committed only on that head (:func:`on_head`); if someone else committed
-  first, the result is the :class:`~shared.fenced.Decided` that committed nothing (a Skip), with the run
+  first, the result is the :class:`~shared.application.fenced.Decided` that committed nothing (a Skip), with the run
   as it is now,
   and the driver plans again (services/executor/driver.py);
 * an outcome is a fact about an attempt whose side effect happened: it is recorded on
   top of whatever was committed meanwhile (a cancel, a rewind, recovery), unless the
-  attempt was resolved meanwhile (:func:`shared.core.planning.outcome_recorded`).
+  attempt was resolved meanwhile (:func:`shared.core.run.planning.outcome_recorded`).
 
 Every commit (and every pipelined first try) is filtered by
-:func:`shared.core.cancel.after_cancel` on the state it is decided on: on a cancelled run an
+:func:`shared.core.mutators.cancel.after_cancel` on the state it is decided on: on a cancelled run an
 outcome is recorded ``attempt_cancelled`` and nothing else goes in. The side effect of an
 attempt is stopped when the drive's interrupt fires (services/executor/interrupts.py).
 """
@@ -41,20 +41,19 @@ from nats.aio.client import Client
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from shared.core import planning as plan
-from shared.core.cancel import after_cancel
-from shared.core.chaos import CRASH_ENV, CRASH_SIGNAL_ENV
+from shared.application.fenced import Committed, Decide, Decided, commit_decided
 from shared.core.decision import Decision, Skip, events_or_skip
 from shared.core.errors import ToolError
-from shared.core.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.core.fold import RunState
-from shared.core.ids import BranchId, ExecutorId, StepId
+from shared.core.mutators.cancel import after_cancel
+from shared.core.pack.tokencount import TokenCounter
 from shared.core.ports import BlobStore, EventLog
-from shared.core.state import final_success
-from shared.core.subjects import Names, outcome_key
-from shared.core.tokens import TokenCounter
-from shared.core.toolspec import OutputLimit, truncation_note
-from shared.fenced import Committed, Decide, Decided, commit_decided
+from shared.core.run import planning as plan
+from shared.core.run.crashpoints import CRASH_ENV, CRASH_SIGNAL_ENV
+from shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
+from shared.core.run.ids import BranchId, ExecutorId, StepId
+from shared.core.run.state import RunState, final_success
+from shared.core.wire.subjects import Names, outcome_key
+from shared.core.workflow.toolspec import OutputLimit, truncation_note
 from shared.nats.blobstore import ref_for
 from shared.nats.leases import Lease
 from shared.nats.publish import publish_pipelined, publish_verify
@@ -70,12 +69,12 @@ BLOB_TIMEOUT_S = 30.0
 MARKER_CREATE = {"Nats-Expected-Last-Subject-Sequence": "0"}
 """An outcome marker is only ever created, never overwritten: once recovery has claimed an attempt's key (its
 ``lost`` tombstone, written before it records the attempt lost), a late marker of that attempt is refused."""
-LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/fenced.py)
+LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared/application/fenced.py)
 
 
 OUTPUT_READ_MAX_BYTES = 4 * 1024 * 1024
 """An earlier output longer than this is read as its head and tail only (bytes; a model step passes its own
-bound, :func:`shared.core.planning.read_bound`)."""
+bound, :func:`shared.core.run.planning.read_bound`)."""
 
 
 class Outputs(dict[str, str]):
@@ -103,7 +102,7 @@ def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
 
 
 def settled(decide: Decide) -> Decide:
-    """``decide``, its events filtered by :func:`shared.core.cancel.after_cancel` (nothing left: a Skip)."""
+    """``decide``, its events filtered by :func:`shared.core.mutators.cancel.after_cancel` (nothing left: a Skip)."""
     def decided(state: RunState) -> Decision:
         out = decide(state)
         if isinstance(out, Skip):
@@ -214,7 +213,7 @@ class Attempts:
     async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
                      ) -> Committed | Decided:
         """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already): the commit,
-        or the :class:`~shared.fenced.Decided` that committed nothing (its ``state``: the run as it is now).
+        or the :class:`~shared.application.fenced.Decided` that committed nothing (its ``state``: the run as it is now).
 
         Raises:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
@@ -293,11 +292,11 @@ class Attempts:
                       max_bytes: int = OUTPUT_READ_MAX_BYTES) -> Outputs:
         """Output texts of earlier steps that succeeded on ``branch_id`` (what a model is shown): step id →
         text (UTF-8, invalid bytes replaced); a tool output its cap truncated ends with
-        :func:`~shared.core.toolspec.truncation_note`. One of at most ``max_bytes`` comes from :attr:`bodies`
+        :func:`~shared.core.workflow.toolspec.truncation_note`. One of at most ``max_bytes`` comes from :attr:`bodies`
         (the ones it lacks read from the blob store concurrently); a longer one is never read whole: only
         its first and last ``max_bytes // 2`` (one streamed pass, checked against its sha256:
         :meth:`~shared.nats.blobread.BlobReads.head_tail`), marked where bytes were left out
-        (:func:`~shared.core.planning.trimmed_text`) and listed in :attr:`Outputs.trimmed`.
+        (:func:`~shared.core.run.planning.trimmed_text`) and listed in :attr:`Outputs.trimmed`.
 
         Raises:
             BlobMissing, BlobCorrupt, BlobTimeout: an output's blob cannot be read.

@@ -2,7 +2,7 @@
 
 The consumer shell's :class:`~shared.nats.consumer.Router` decodes and validates each
 command (a refusal is a ``command.rejected`` line and an error reply); the handlers here
-return a :class:`~shared.nats.consumer.Then`: the :class:`~shared.core.commands.Reply`
+return a :class:`~shared.nats.consumer.Then`: the :class:`~shared.core.wire.commands.Reply`
 now, then the run is driven until it rests (services/executor/driver.py) before the
 ack. The command message stays un-acked (kept alive with in-progress acks by the
 shell) until the run rests, so if this process dies JetStream redelivers the command
@@ -17,26 +17,26 @@ from collections.abc import Container
 
 import structlog
 
-from shared.clock import now_ms
-from shared.config import Config
-from shared.core import cancel
-from shared.core.commands import Reply, ResumeRun, StartRun
+from shared.application.fenced import commit_new
+from shared.application.toolimports import check_tool_imports
+from shared.application.workflows import WorkflowCache
 from shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
-from shared.core.events import BlobRef, RunCreated
-from shared.core.fold import RunState
-from shared.core.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
-from shared.core.integrity import RunCorrupt
+from shared.core.mutators import cancel
+from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from shared.core.ports import BlobStore, EventLog
-from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.core.workflow import WorkflowSpec, encode_workflow, validate_workflow
-from shared.fenced import commit_new
+from shared.core.run.events import BlobRef, RunCreated
+from shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.state import RunState
+from shared.core.wire.commands import Reply, ResumeRun, StartRun
+from shared.core.workflow.spec import WorkflowSpec, encode_workflow, validate_workflow
 from shared.nats.blobstore import is_inline, ref_for
 from shared.nats.consumer import Ack, Delivery, Router, Then
 from shared.nats.control import ControlHub
 from shared.nats.infra import Infra
 from shared.nats.leases import Lease, executor_alive
-from shared.tools_check import check_tool_imports
-from shared.workflows import WorkflowCache
+from shared.runtime.clock import now_ms
+from shared.runtime.config import Config
 
 from .attempts import LOG_NAME, Attempts
 from .driver import Driver, HandedBack, OwnedElsewhere

@@ -7,9 +7,9 @@ deadline passes (``REEL_DRAIN_DEADLINE_S`` after SIGTERM). Then every side effec
 has in flight is cancelled — the awaiting task, which for a command kills its process group
 (:func:`shared.proc.group.run_group`), for an async Python tool cancels the tool's coroutine,
 for a model call aborts its HTTP request — and each attempt gets an outcome at once:
-``attempt_failed`` with ``error_kind`` :data:`~shared.core.state.INTERRUPTED` (retryable, not a
+``attempt_failed`` with ``error_kind`` :data:`~shared.core.run.state.INTERRUPTED` (retryable, not a
 try of the step). On a cancelled run the commit records it ``attempt_cancelled`` instead
-(:func:`shared.core.cancel.after_cancel` decides every executor commit), so the kind only
+(:func:`shared.core.mutators.cancel.after_cancel` decides every executor commit), so the kind only
 stays when the executor was shutting down: another executor runs a new attempt.
 
 A **sync** Python tool runs in a worker thread, which Python cannot stop: its attempt is
@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from shared.core.state import INTERRUPTED
+from shared.core.run.state import INTERRUPTED
 from shared.nats.control import Cause, Interrupt
 
 T = TypeVar("T")

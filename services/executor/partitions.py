@@ -1,7 +1,7 @@
 """Which command partitions an executor consumes: its own, plus any no live executor owns (adopted).
 
 With ``REEL_PARTITIONS`` N ≥ 1 the commands stream stores a keyed start/resume of run R under
-partition ``p = partition(N, R)`` (shared/core/subjects.py), and partition p has one durable consumer,
+partition ``p = partition(N, R)`` (shared/core/wire/subjects.py), and partition p has one durable consumer,
 ``<ns>_executor_p<p>``. An executor consumes:
 
 * the shared durable ``<ns>_executor`` on the plain ``<ns>.cmd.start`` / ``<ns>.cmd.resume`` (any client
@@ -10,7 +10,7 @@ partition ``p = partition(N, R)`` (shared/core/subjects.py), and partition p has
 * the durable of any partition no live lease names for at least one lease TTL (its owner died or was
   never started): adopted, and released (drained: runs in flight finish) once a live lease names it again.
 
-Ownership is affinity, never correctness: every commit is fenced (shared/fenced.py), so two executors on
+Ownership is affinity, never correctness: every commit is fenced (shared/application/fenced.py), so two executors on
 one partition durable only share its messages. A dead owner's un-acked commands are redelivered after
 the ack wait to whoever binds the durable then (docs/architecture.md, "Executor partitions").
 """
@@ -27,9 +27,9 @@ import structlog
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
-from shared.config import Config
 from shared.nats.consumer import CommandConsumer, Handler
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 
 log = structlog.get_logger("reel.executor")
 

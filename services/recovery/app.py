@@ -1,8 +1,8 @@
 """Recovery service: resolves ``dispatched`` intents whose executor is gone (docs/mutators.md).
 
 Three ways in, one code path (:meth:`RecoveryService.recover_run`: load →
-liveness and marker look-ups → :func:`shared.core.recovery.decide` → one fenced
-commit of the resolutions (:func:`shared.fenced.commit_decided`), or a ``ResumeRun``):
+liveness and marker look-ups → :func:`shared.core.mutators.recovery.decide` → one fenced
+commit of the resolutions (:func:`shared.application.fenced.commit_decided`), or a ``ResumeRun``):
 
 * an ordered consumer on ``<ns>.ev.>`` keeps an :class:`IntentIndex` of runs
   with open intents (a hint; decisions are made on a fresh fold);
@@ -42,25 +42,25 @@ import structlog
 from nats.js import api as jsapi
 from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from shared.clock import now_ms
-from shared.config import Config
-from shared.core import recovery, respond
-from shared.core.commands import RecoverRuns, Reply
+from shared.application.fenced import Decided, commit_decided
 from shared.core.errors import ReelError
-from shared.core.events import BlobRef
-from shared.core.fold import DRIVABLE, RunState
-from shared.core.ids import ExecutorId
-from shared.core.integrity import RunCorrupt
-from shared.core.planning import has_open_intent
+from shared.core.input import respond
+from shared.core.mutators import recovery
 from shared.core.ports import EventLog
-from shared.core.state import VERIFYING
-from shared.fenced import Decided, commit_decided
+from shared.core.run.events import BlobRef
+from shared.core.run.ids import ExecutorId
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.planning import has_open_intent
+from shared.core.run.state import DRIVABLE, VERIFYING, RunState
+from shared.core.wire.commands import RecoverRuns, Reply
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.leases import executor_alive
 from shared.nats.publish import publish_resume, publish_verify
+from shared.runtime.clock import now_ms
+from shared.runtime.config import Config
 
 from .deadlines import fire_due, nap
 from .index import IntentIndex
@@ -100,7 +100,7 @@ class RecoveryService:
 
     async def marker(self, key: str) -> BlobRef | None:
         """The output ref an executor stored before dying, if it got that far; ``None`` if it did not — then
-        the key is claimed with :data:`~shared.core.recovery.LOST_MARKER` (created, so a marker that lands
+        the key is claimed with :data:`~shared.core.mutators.recovery.LOST_MARKER` (created, so a marker that lands
         meanwhile wins and is returned instead, and a later one is refused)."""
         found = await self._read_marker(key)
         if found is not None:
@@ -129,7 +129,8 @@ class RecoveryService:
     # ---- one run ---------------------------------------------------------------------------
     async def recover_run(self, run_id: str) -> RunReport:
         """Resolve what can be resolved in ``run_id`` now: load, look up leases and markers,
-        :func:`shared.core.recovery.decide`, one fenced commit (:func:`shared.fenced.commit_decided`);
+        :func:`shared.core.mutators.recovery.decide`, one fenced commit
+        (:func:`shared.application.fenced.commit_decided`);
         then the defaults of the input requests whose deadline has passed (:meth:`_deadlines`).
 
         Raises:

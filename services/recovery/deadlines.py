@@ -1,6 +1,6 @@
 """Input-request deadlines, fired by recovery (a clock outside the fold; docs/mutators.md, "respond").
 
-A request may carry a deadline and a declared default (:mod:`shared.core.inputevents`).
+A request may carry a deadline and a declared default (:mod:`shared.core.input.requestevents`).
 Recovery's sweep looks at the runs whose earliest open deadline has passed
 (:meth:`~services.recovery.index.IntentIndex.due`) and commits each due request's default
 as its ``input_answered`` (source ``deadline``), fenced on the head: an answer that came
@@ -16,14 +16,14 @@ from typing import Any
 
 import structlog
 
-from services.resume import resume_unless_driven
-from shared.config import Config
-from shared.core import respond
-from shared.core.events import InputAnswered
-from shared.core.fold import RunState
+from services.runtime.resume import resume_unless_driven
+from shared.application.fenced import commit_decided
+from shared.core.input import respond
 from shared.core.ports import EventLog
-from shared.fenced import commit_decided
+from shared.core.run.events import InputAnswered
+from shared.core.run.state import RunState
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 
 log = structlog.get_logger("reel.recovery")
 

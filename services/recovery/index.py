@@ -9,7 +9,7 @@ open input request with a deadline (:meth:`IntentIndex.due` finds those for the 
 apply — a run it forgot that is forked again, a run whose first commits aged out
 of the stream — marks the run *stale*: the next sweep loads it from the log. A
 bad commit (one that does not decode, names another run or is an illegal
-transition: :mod:`shared.core.integrity`), or a load that finds the run corrupt,
+transition: :mod:`shared.core.run.integrity`), or a load that finds the run corrupt,
 marks the run *corrupt*: logged once, never swept again.
 
 It also keeps the runs that rest in ``verifying`` (run id → the LSN of their
@@ -30,12 +30,18 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from shared.core import integrity
-from shared.core.events import AttemptDispatched, BranchForked, InputRequested, RunCancelled, RunCompleted, RunCreated
-from shared.core.fold import DRIVABLE, RESTING, RunState
-from shared.core.planning import has_open_intent
-from shared.core.respond import next_deadline
-from shared.core.state import VERIFYING
+from shared.core.input.respond import next_deadline
+from shared.core.run import integrity
+from shared.core.run.events import (
+    AttemptDispatched,
+    BranchForked,
+    InputRequested,
+    RunCancelled,
+    RunCompleted,
+    RunCreated,
+)
+from shared.core.run.planning import has_open_intent
+from shared.core.run.state import DRIVABLE, RESTING, VERIFYING, RunState
 
 log = structlog.get_logger("reel.recovery")
 

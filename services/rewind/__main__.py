@@ -1,6 +1,6 @@
-"""``python -m services.rewind``: run one rewind service instance (env: see shared/config.py)."""
+"""``python -m services.rewind``: run one rewind service instance (env: see shared/runtime/config.py)."""
 
-from services.runner import main_for
+from services.runtime.runner import main_for
 
 from .app import serve
 

@@ -33,14 +33,14 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from services.timeline import event_line
+from services.timeline.render import event_line
 from services.ui import pages
 from services.ui.reader import NotARunId, RunReader
 from services.ui.runview import run_page
 from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
-from shared.core.fold import RunState
-from shared.core.integrity import RunCorrupt
-from shared.core.outcomes import reported_outcome
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.state import RunState
+from shared.core.verify.reportedoutcome import reported_outcome
 
 HERE = Path(__file__).parent
 SHA256_HEX = frozenset("0123456789abcdef")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from shared.core import agentfold
-from shared.core.events import BlobRef
-from shared.core.fold import RunState
-from shared.core.integrity import Corruption
-from shared.core.outcomes import checks_summary, reported_outcome
+from shared.core.agent import turnfold
+from shared.core.run.events import BlobRef
+from shared.core.run.integrity import Corruption
+from shared.core.run.state import RunState
+from shared.core.verify.reportedoutcome import checks_summary, reported_outcome
 
 STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "cancelled", "corrupt")
 """The runs page's status filter choices (``corrupt``: a run with a bad commit)."""
@@ -31,7 +31,8 @@ class RunRow:
     """One run on the runs page.
 
     Attributes:
-        outcome: the outcome as Reel reports it (:func:`shared.core.outcomes.reported_outcome`: a replay with
+        outcome: the outcome as Reel reports it (:func:`shared.core.verify.reportedoutcome.reported_outcome`: a
+        replay with
             no outcome verifier is ``unlabelled``), ``""`` until it completes.
         checks: its context checks' verdicts (``task-in-final-context=pass``), beside the outcome.
         created_ms: when the run was created (Unix ms; its ``run_created`` commit), 0 if unknown.
@@ -104,13 +105,13 @@ def _refs(state: RunState) -> Iterator[BlobRef]:
                     yield a.prompt_ref
                 if a.output_ref is not None:
                     yield a.output_ref
-        for agent in agentfold.agents_of(branch):
-            rec = agentfold.record(branch, agent)
+        for agent in turnfold.agents_of(branch):
+            rec = turnfold.record(branch, agent)
             if rec is None:
                 continue
             if rec.finished is not None and rec.finished.output_ref is not None:
                 yield rec.finished.output_ref
-            for d in agentfold.declarations(branch, agent):
+            for d in turnfold.declarations(branch, agent):
                 if d.arguments_ref is not None:
                     yield d.arguments_ref
 

@@ -26,10 +26,10 @@ from nats.js import api as jsapi
 
 from services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_span, run_row
 from shared.core.errors import BlobMissing, RunNotFound
-from shared.core.events import BlobRef, Commit
-from shared.core.fold import RunState
-from shared.core.ids import is_token
-from shared.core.integrity import RunCorrupt
+from shared.core.run.events import BlobRef, Commit
+from shared.core.run.ids import is_token
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.state import RunState
 from shared.nats.blobread import ChunkIndex
 from shared.nats.client import ReelClient
 

@@ -3,7 +3,7 @@
 :func:`run_page` builds, for one branch, the timeline (each step and agent turn or tool
 call with every attempt — failed, superseded, cancelled — its LSNs, usage, partition,
 prompt/output refs, a call's arguments and input request) from
-:func:`~shared.core.views.build_episode_view`, and :func:`lineage`, the branch graph as
+:func:`~shared.core.run.views.build_episode_view`, and :func:`lineage`, the branch graph as
 lanes on an LSN axis (what the page draws as inline SVG).
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 
 import msgspec
 
-from shared.core import agentfold
-from shared.core.events import BlobRef, ContextPartition, Verdict
-from shared.core.fold import RunState
-from shared.core.ids import BranchId
-from shared.core.inputstate import InputRecord
-from shared.core.integrity import Corruption
-from shared.core.outcomes import context_checks, reported_outcome
-from shared.core.views import AttemptView, EpisodeView, StepView, build_episode_view
+from shared.core.agent import turnfold
+from shared.core.input.requeststate import InputRecord
+from shared.core.run.events import BlobRef, ContextPartition, Verdict
+from shared.core.run.ids import BranchId
+from shared.core.run.integrity import Corruption
+from shared.core.run.state import RunState
+from shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
+from shared.core.verify.reportedoutcome import context_checks, reported_outcome
 
 PARTITION_GROUPS = ("packed", "available", "dropped")
 LANE_H, LANE_PAD, AXIS_W, LABEL_W = 34, 22, 720, 200
@@ -114,7 +114,8 @@ class RunPage:
     """Everything the run page renders for ``branch_id``.
 
     Attributes:
-        outcome: the reported outcome (:func:`shared.core.outcomes.reported_outcome`), ``""`` until completed.
+        outcome: the reported outcome (:func:`shared.core.verify.reportedoutcome.reported_outcome`), ``""`` until
+        completed.
         checks: the names of the run's context checks (verifiers reported beside the outcome, not as it).
     """
 
@@ -202,7 +203,7 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
                 view=a, bar_left=round(100 * (a.dispatched_lsn - lo) / span, 2),
                 bar_width=round(max(0.6, 100 * (end - a.dispatched_lsn) / span), 2), usage=_usage(a.usage),
                 partition=partition(a.context) if a.context is not None else None))
-        decl = agentfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
+        decl = turnfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
         steps.append(StepEntry(
             view=s, depth=1 if isinstance(s.parent_step, str) else 0, label=_label(s), attempts=tuple(entries),
             arguments=decl.arguments if decl else None, arguments_ref=decl.arguments_ref if decl else None,

@@ -22,8 +22,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import IO, Protocol
 
-from shared.core.events import AnyEvent, BlobRef, Commit
-from shared.core.fold import RunState
+from shared.core.run.events import AnyEvent, BlobRef, Commit
+from shared.core.run.state import RunState
 
 
 class SnapshotStore(Protocol):
@@ -69,7 +69,7 @@ class EventLog(Protocol):
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
         """The run's last commit and its LSN, or ``None`` (also for an id that is not one token).
 
-        Raises RunCorrupt (:mod:`shared.core.integrity`): the last commit does not decode or names another run.
+        Raises RunCorrupt (:mod:`shared.core.run.integrity`): the last commit does not decode or names another run.
         """
         ...
 

@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.core import envvars
+from shared.core.env import interpolate
+from shared.core.env.toolenv import check_tool_env
 from shared.core.errors import WorkflowInvalid
-from shared.core.toolenv import check_tool_env
-from shared.core.workflow import ModelSpec
+from shared.core.workflow.spec import ModelSpec
 from shared.crucible.errors import ConfigInvalid
 
 Direction = Literal["maximize", "minimize"]
@@ -227,7 +227,7 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     Raises:
         ConfigInvalid: a variable without default is not set.
     """
-    return envvars.expand(text, env, lambda name: ConfigInvalid(f"${{{name}}} is not set and has no default"))
+    return interpolate.expand(text, env, lambda name: ConfigInvalid(f"${{{name}}} is not set and has no default"))
 
 
 def _abs(path: str, base: str) -> str:
@@ -316,7 +316,7 @@ def validate(cfg: SessionConfig) -> SessionConfig:
 
 def _check_process_envs(cfg: SessionConfig) -> None:
     """The judges' ``env``, the proposer's and the park probe's ``pass_env``: no ``REEL_NATS_*`` name
-    (:func:`shared.core.toolenv.check_tool_env`)."""
+    (:func:`shared.core.env.toolenv.check_tool_env`)."""
     try:
         for r in cfg.regimes:
             check_tool_env(r.judge.env, (), f"regime {r.name}: judge")

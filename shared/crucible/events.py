@@ -26,7 +26,7 @@ from typing import Any, Literal
 import msgspec
 
 from shared.core.errors import UnknownEventType
-from shared.core.events import BlobRef
+from shared.core.run.events import BlobRef
 from shared.crucible.config import SessionConfig
 from shared.crucible.state import LoopExit, Measurement, Reading, Row
 

@@ -1,4 +1,4 @@
-"""Poison isolation in a session log (mirrors :mod:`shared.core.integrity` for runs).
+"""Poison isolation in a session log (mirrors :mod:`shared.core.run.integrity` for runs).
 
 A commit on a session's subject is bad when its body does not decode, when it names
 another session (``SessionCommit.session_id`` or a ``session_started``'s id), or when

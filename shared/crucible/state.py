@@ -69,7 +69,7 @@ Measurement = Reading | InvalidReading
 class Fate(enum.StrEnum):
     """What became of one iteration (one row each; the row's ``verdict`` field on the wire).
 
-    Not a verifier's run-event ``Verdict`` (:class:`shared.core.events.Verdict`).
+    Not a verifier's run-event ``Verdict`` (:class:`shared.core.run.events.Verdict`).
     """
 
     KEEP = "keep"  # measured better by more than the margin: the new best snapshot

@@ -4,7 +4,7 @@
 stream's sequence is), each run's commits **encoded** as the JetStream log stores them, commit
 ids for dedup, and the runs' latest snapshots. :class:`MemoryEventLog` is one client of it —
 several on one store are several writers/readers of one log, each with its own :attr:`fetched`
-meter. Every read decodes and checks what it returns (:mod:`shared.core.integrity`), so a bad
+meter. Every read decodes and checks what it returns (:mod:`shared.core.run.integrity`), so a bad
 commit raises ``RunCorrupt`` as on the real log.
 
 It passes the same contract suite as :class:`~shared.nats.eventlog.JetStreamEventLog`
@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.core import integrity
 from shared.core.errors import ConcurrencyConflict, RunNotFound
-from shared.core.events import AnyEvent, Commit, encode_commit
-from shared.core.fold import RunState
-from shared.core.ids import CommitId, RunId, is_token, new_commit_id
 from shared.core.ports import EventLog
-from shared.core.statecodec import decode_state, encode_state
+from shared.core.run import integrity
+from shared.core.run.events import AnyEvent, Commit, encode_commit
+from shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
+from shared.core.run.state import RunState
+from shared.core.run.statecodec import decode_state, encode_state
 
 
 @dataclass

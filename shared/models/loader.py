@@ -1,4 +1,4 @@
-"""Which adapter a :class:`~shared.core.modelspec.ModelSpec` names: built-in, or ``module:factory``."""
+"""Which adapter a :class:`~shared.core.workflow.modelspec.ModelSpec` names: built-in, or ``module:factory``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import importlib
 from typing import Any
 
 from shared.core.errors import ModelError
-from shared.core.modelspec import ModelSpec
-from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from shared.core.workflow.modelspec import ModelSpec
 from shared.models.base import ChatModel, ModelAdapter, as_chat_model
 from shared.models.replay import ReplayAdapter
 from shared.models.scripted import ScriptedAdapter

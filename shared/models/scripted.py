@@ -15,10 +15,18 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.core.chat import ChatMessage, ChatRequest, ChatResponse, ToolCall, assign_call_ids, flatten, wire_call
+from shared.core.chat.messages import (
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    ToolCall,
+    assign_call_ids,
+    flatten,
+    wire_call,
+)
 from shared.core.errors import ModelError
-from shared.core.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
-from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from shared.core.workflow.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
 from shared.models.base import ModelRequest, ModelResponse
 
 

@@ -40,7 +40,7 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 from nats.js.object_store import ObjectStore
 
 from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout
-from shared.core.events import BlobRef
+from shared.core.run.events import BlobRef
 
 GET_TIMEOUT_S = 30.0
 _UNANSWERED = (nats_errors.NoRespondersError, ServiceUnavailableError, nats_errors.ConnectionClosedError,

@@ -1,7 +1,7 @@
 """Content-addressed blob store on the JetStream object store.
 
 Prompts, outputs, workflows and large tool results live here; commits carry only
-:class:`~shared.core.events.BlobRef` (sha256 + size). Objects are named by their sha256
+:class:`~shared.core.run.events.BlobRef` (sha256 + size). Objects are named by their sha256
 hex digest and never overwritten (an overwrite during a ``get`` can hang it).
 
 Bodies are written in the object store's own wire format (NATS ADR-20): 512 KiB
@@ -47,9 +47,9 @@ from nats.js.errors import APIError, NotFoundError
 from nats.js.object_store import ObjectStore
 
 from shared.core.errors import BlobCorrupt, BlobMissing
-from shared.core.events import BlobRef
 from shared.core.ports import BlobStore
-from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from shared.core.run.events import BlobRef
+from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
 from shared.nats.blobread import GET_TIMEOUT_S, BlobReads
 from shared.nats.blobread import is_inline as is_inline  # re-exported: writers and readers import it from here
 from shared.nats.publish import publish_pipelined

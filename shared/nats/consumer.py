@@ -30,15 +30,15 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as jsapi
 from nats.js.errors import FetchTimeoutError
 
-from shared import metrics
-from shared.config import Config
-from shared.core.commands import Reply, decode_command, encode, error_reply
 from shared.core.errors import InvalidCommand, ReelError
-from shared.core.ids import is_token
-from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from shared.core.run.ids import is_token
+from shared.core.wire.commands import Reply, decode_command, encode, error_reply
+from shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.nats.infra import Infra
 from shared.nats.micro import Counters, begin_delivery, note_refusal, register, unregister
 from shared.nats.publish import StoreFull
+from shared.runtime import metrics
+from shared.runtime.config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +157,7 @@ class Router:
             invalid_run_id: the refusal's message for a ``run_id`` that is not one subject token.
 
         The command's ``run_id`` (if it has a non-null one) must be one token
-        (:func:`~shared.core.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
+        (:func:`~shared.core.run.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
         So must a ``session_id`` (crucible's commands).
         """
         extra = dict(rejected_fields or {})
@@ -312,7 +312,7 @@ class CommandConsumer:
                 await psub.unsubscribe()  # type: ignore[attr-defined]
 
     async def _poll_depth(self, durable: str) -> None:
-        """Keep the queue-depth gauges of this durable fresh while idle (shared/metrics.py)."""
+        """Keep the queue-depth gauges of this durable fresh while idle (shared/runtime/metrics.py)."""
         while True:
             with contextlib.suppress(Exception):
                 info = await self.infra.js.consumer_info(self.stream, durable)

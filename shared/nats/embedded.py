@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from shared.deathsig import die_with_parent
+from shared.runtime.deathsig import die_with_parent
 
 _LISTEN = re.compile(rb"Listening for client connections on [^:\s]+:(\d+)")
 

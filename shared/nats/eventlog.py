@@ -1,8 +1,8 @@
 """The event log: one JetStream stream, one subject per run, LSN = stream sequence.
 
-:class:`JetStreamEventLog` keeps run commits (:class:`~shared.core.events.Commit`) on a
+:class:`JetStreamEventLog` keeps run commits (:class:`~shared.core.run.events.Commit`) on a
 :class:`~shared.nats.subjectlog.SubjectLog` (fenced appends, batched Direct Get reads of one
-run's subject). Every read is checked (:mod:`shared.core.integrity`): a commit that does not
+run's subject). Every read is checked (:mod:`shared.core.run.integrity`): a commit that does not
 decode, names another run or is an illegal transition makes the read raise ``RunCorrupt``
 for that run, with its state as of the last good commit.
 
@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 import structlog
 from nats.aio.client import Client
 
-from shared import metrics
-from shared.core import fold as folding
-from shared.core import integrity
 from shared.core.errors import RunNotFound
-from shared.core.events import AnyEvent, Commit, encode_commit
-from shared.core.ids import CommitId, RunId, is_token, new_commit_id
 from shared.core.ports import EventLog
-from shared.core.subjects import Names
+from shared.core.run import integrity
+from shared.core.run.events import AnyEvent, Commit, encode_commit
+from shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
+from shared.core.run.state import RunState
+from shared.core.wire.subjects import Names
 from shared.nats.snapshots import SnapshotStore
 from shared.nats.subjectlog import READ_TIMEOUT_S, SubjectLog, msg_seq
+from shared.runtime import metrics
 
 log = structlog.get_logger(__name__)
 
@@ -121,7 +121,7 @@ class JetStreamEventLog:
 
         Raises:
             RunCorrupt: a commit does not decode (an event this version does not know included)
-                or names another run (:mod:`shared.core.integrity`).
+                or names another run (:mod:`shared.core.run.integrity`).
         """
         if not is_token(run_id):
             return []
@@ -139,7 +139,7 @@ class JetStreamEventLog:
         state, _, earlier = _fold_raw(run_id, raw)
         return integrity.RunCorrupt(earlier or bad, state)
 
-    async def load(self, run_id: str, *, upto_lsn: int | None = None, cold: bool = False) -> folding.RunState:
+    async def load(self, run_id: str, *, upto_lsn: int | None = None, cold: bool = False) -> RunState:
         """The run's state folded up to ``upto_lsn`` (default: its head).
 
         Starts from the run's latest snapshot at or below ``upto_lsn`` when there is
@@ -151,7 +151,7 @@ class JetStreamEventLog:
         Raises:
             RunNotFound: the run has no commit at or below ``upto_lsn``.
             RunCorrupt: a commit at or below ``upto_lsn`` does not decode, names another run or
-                is an illegal transition (:mod:`shared.core.integrity`); it carries the run as
+                is an illegal transition (:mod:`shared.core.run.integrity`); it carries the run as
                 of its last good commit.
         """
         state = None if cold or not is_token(run_id) else await self._load_from_snapshot(run_id, upto_lsn)
@@ -164,7 +164,7 @@ class JetStreamEventLog:
             raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
         return state
 
-    async def _load_from_snapshot(self, run_id: str, upto_lsn: int | None) -> folding.RunState | None:
+    async def _load_from_snapshot(self, run_id: str, upto_lsn: int | None) -> RunState | None:
         store = await self.snapshots()
         ref = await store.latest(run_id) if store is not None else None
         if store is None or ref is None or (upto_lsn is not None and ref.lsn > upto_lsn):
@@ -183,7 +183,7 @@ class JetStreamEventLog:
             after, illegal = integrity.fold_checked(tail[1:], start=state)
         return None if illegal is not None else after
 
-    async def refresh(self, state: folding.RunState) -> tuple[folding.RunState, list[tuple[int, Commit]]]:
+    async def refresh(self, state: RunState) -> tuple[RunState, list[tuple[int, Commit]]]:
         """Bring a folded ``state`` up to the run's head by applying only the commits above it.
 
         Returns the state at the new head (``state`` itself when nothing is new; ``state`` is
@@ -204,8 +204,8 @@ class JetStreamEventLog:
 
 
 def _fold_raw(run_id: str, raw: list[tuple[int, bytes]], upto_lsn: int | None = None, *,
-              start: folding.RunState | None = None
-              ) -> tuple[folding.RunState | None, list[tuple[int, Commit]], integrity.Corruption | None]:
+              start: RunState | None = None
+              ) -> tuple[RunState | None, list[tuple[int, Commit]], integrity.Corruption | None]:
     """Decode and fold ``raw`` onto ``start``, checked: (the state as of the last good commit, the good
     commits decoded, the first bad commit's corruption or ``None``)."""
     with gc_paused():

@@ -20,11 +20,11 @@ from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from shared import secrets
-from shared.config import Config
+from shared.auth import secrets
 from shared.core.errors import ReelError
-from shared.core.subjects import COMMANDS, RUN_COMMANDS
+from shared.core.wire.subjects import COMMANDS, RUN_COMMANDS
 from shared.nats.access import PermissionDenied, open_connection, redact_url
+from shared.runtime.config import Config
 
 log = structlog.get_logger(__name__)
 

@@ -37,8 +37,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.service import EndpointInfo, EndpointStats, Service, ServiceConfig, ServiceInfo, ServiceStats
 
-from shared.core.ids import is_token
-from shared.core.subjects import subject_matches
+from shared.core.run.ids import is_token
+from shared.core.wire.subjects import subject_matches
 from shared.nats.publish import STORE
 
 log = structlog.get_logger(__name__)

@@ -39,8 +39,8 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError, NotFoundError
 
 from shared.core.errors import ConcurrencyConflict, ReelError
-from shared.core.ids import new_commit_id
-from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
+from shared.core.run.ids import new_commit_id
+from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
 from shared.nats.directget import direct_replies
 from shared.nats.publish import is_transient, request_ack, settle_retrying
 

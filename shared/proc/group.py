@@ -2,7 +2,7 @@
 
 :func:`run_group` starts ``argv`` as the leader of a new session (its pgid is its
 pid). The child dies with this process and is recorded for the reaper
-(:mod:`shared.proc.orphans`). Whatever ends the call, the whole group is
+(:mod:`shared.proc.reaper`). Whatever ends the call, the whole group is
 SIGKILLed before it returns or raises:
 
 * **normal exit** — the leader has exited and its output pipes are closed: the
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from shared.proc import ledger, orphans
+from shared.proc import ledger, reaper
 
 Keep = Literal["head", "tail"]
 Stdin = bytes | AsyncIterable[bytes] | BinaryIO | None
@@ -187,7 +187,7 @@ async def run_group(
     """
     if output_limit_bytes < 0 or keep not in ("head", "tail"):
         raise ValueError(f"bad output limit {output_limit_bytes!r} / keep {keep!r}")
-    records = orphans.registry()
+    records = reaper.registry()
     if records is not None:
         records.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -206,7 +206,7 @@ async def run_group(
         try:
             await _end(proc, pumps, term_grace_s)
         finally:
-            orphans.forget(records, proc.pid)
+            reaper.forget(records, proc.pid)
             if live is not None:
                 live.discard(proc.pid)
     failure = next((e for p in pumps if p.done() and not p.cancelled() and (e := p.exception())), None)
@@ -239,7 +239,7 @@ def _kill_spawned(records: Path | None, spawn: asyncio.Future[asyncio.subprocess
     if not spawn.cancelled() and spawn.exception() is None:
         pgid = spawn.result().pid
         _signal_group(pgid, signals.SIGKILL)
-        orphans.forget(records, pgid)
+        reaper.forget(records, pgid)
 
 
 async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[str, str] | None, stdin: Stdin,
@@ -252,10 +252,10 @@ async def _spawn(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[st
             else stdin,
             stdout=pipe if capture else None,
             stderr=(asyncio.subprocess.STDOUT if merge_stderr else pipe) if capture else None,
-            start_new_session=True, preexec_fn=functools.partial(orphans.child_setup, os.getpid(), records),
+            start_new_session=True, preexec_fn=functools.partial(reaper.child_setup, os.getpid(), records),
         )
     except subprocess.SubprocessError as exc:  # child_setup raised in the child (its record not writable)
-        raise OSError(errno.EIO, f"process setup failed ({orphans.REGISTRY_ENV}={records}): {exc}") from exc
+        raise OSError(errno.EIO, f"process setup failed ({reaper.REGISTRY_ENV}={records}): {exc}") from exc
 
 
 async def _write(pipe: asyncio.StreamWriter | None, data: Stdin) -> None:

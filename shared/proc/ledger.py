@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.core.chaos import SideEffect
+from shared.core.run.crashpoints import SideEffect
 
 LEDGER_ENV = "REEL_SIDE_EFFECT_LEDGER"
 _MAX_LINE_BYTES = 4000

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli.app import app
-from shared.authdir import AuthDir
+from shared.auth.authdir import AuthDir
 from tests.ui.support import REPO
 
 

@@ -15,13 +15,14 @@ import aiohttp
 import pytest
 
 from services.cancel.app import serve as cancel_serve
-from shared.config import Config
-from shared.core.fold import RunState, fold
-from shared.core.views import build_episode_view
-from shared.core.workflow import parse_workflow
+from shared.core.run.fold import fold
+from shared.core.run.state import RunState
+from shared.core.run.views import build_episode_view
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.golden.regen import logs, read_log
 from tests.integration import cancel_support as cs

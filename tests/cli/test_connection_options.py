@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.config import Config
+from shared.runtime.config import Config
 from tests.ui.support import REPO, env_for
 
 

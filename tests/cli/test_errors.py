@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from services.cli.app import app
-from shared.config import Config
+from shared.runtime.config import Config
 from tests.cli.test_help import commands
 from tests.ui.support import REPO, env_for, reel
 from tests.unit.test_trajectories_swe1 import _history, _write

@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from shared.config import Config
-from shared.core.ids import run_id_for_key
-from shared.core.workflow import parse_workflow
+from shared.core.run.ids import run_id_for_key
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
+from shared.runtime.config import Config
 from tests.integration.scenarios import wait_state
 from tests.ui.support import env_for, reel
 

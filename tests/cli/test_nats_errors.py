@@ -11,8 +11,8 @@ import nats.js.errors
 import pytest
 import typer
 
-from services.cli.common import run_async
-from shared.config import Config
+from services.cli.console import run_async
+from shared.runtime.config import Config
 from tests.ui.support import env_for, reel
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from services.crucible.session import backend, resume_session, start_session
-from shared.config import Config
 from shared.crucible.config import SessionConfig
 from shared.crucible.events import AnySessionEvent
 from shared.crucible.fold import SessionState
 from shared.crucible.state import LoopExit
+from shared.runtime.config import Config
 
 
 @dataclass

@@ -15,10 +15,10 @@ import pytest
 
 from services.crucible.session import backend
 from services.crucible.world import git
-from shared.config import Config
 from shared.crucible.config import SessionConfig, parse_config
 from shared.crucible.events import MeasureFinished, ProposalMade, SegmentOpened
 from shared.crucible.state import InvalidReading, LoopExit
+from shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import config_dict, make_config, make_repo, write
 

@@ -15,12 +15,12 @@ import pytest
 
 from services.crucible.session import backend
 from services.crucible.world import git
-from shared.config import Config
 from shared.crucible.events import MeasureStarted, SessionEnded, SessionResumed
 from shared.crucible.fold import fold
 from shared.crucible.names import CrucibleNames
 from shared.crucible.state import Fate, LoopExit
 from shared.nats.infra import connect
+from shared.runtime.config import Config
 from tests.crucible.fixtures import config_dict, make_repo, write
 
 REPO = Path(__file__).resolve().parents[2]

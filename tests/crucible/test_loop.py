@@ -11,7 +11,6 @@ import msgspec
 import pytest
 
 from services.crucible.world import git
-from shared.config import Config
 from shared.crucible.events import (
     CandidateApplied,
     CandidateDenied,
@@ -29,6 +28,7 @@ from shared.crucible.events import (
     normalized,
 )
 from shared.crucible.state import Fate, InvalidReading, LoopExit, Segment, WorldSha
+from shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import JUDGE, ONE_READING, make_config, make_repo, write
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from services.crucible.session import backend
-from shared.config import Config
 from shared.crucible.events import SessionCommit, SessionResumed, SessionStarted, encode_session_commit
 from shared.crucible.integrity import SessionCorrupt
 from shared.crucible.names import CrucibleNames
 from shared.crucible.state import LoopExit
 from shared.nats.infra import connect
+from shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import make_config, make_repo, write
 from tests.crucible.test_cli import argv, cli

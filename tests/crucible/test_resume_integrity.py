@@ -12,9 +12,9 @@ from pathlib import Path
 
 from services.crucible.session import backend
 from services.crucible.world import git
-from shared.config import Config
 from shared.crucible.events import FingerprintChanged, ProposalMade, SessionEnded
 from shared.crucible.state import LoopExit
+from shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import make_config, make_repo, write
 from tests.crucible.test_cli import argv, cli_env, config_file

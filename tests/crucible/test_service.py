@@ -6,12 +6,12 @@ import msgspec
 
 from services.crucible.app import ResumeSession, RunSession, serve
 from services.crucible.session import backend
-from shared.config import Config
-from shared.core.commands import Reply
-from shared.core.subjects import REPLY_TO_HEADER
+from shared.core.wire.commands import Reply
+from shared.core.wire.subjects import REPLY_TO_HEADER
 from shared.crucible.names import CrucibleNames
 from shared.crucible.state import LoopExit
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.crucible.fixtures import make_config, make_repo, write
 

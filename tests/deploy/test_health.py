@@ -1,4 +1,4 @@
-"""The services' health signal (services/health.py): the heartbeat, the liveness and the readiness checks."""
+"""The services' health signal (services/runtime/health.py): the heartbeat, the liveness and the readiness checks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services import health
-from shared.config import Config
+from services.runtime import health
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 
 
 def test_live_reads_the_age_of_the_heartbeat(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ image's numeric ``USER``, with the image's environment (absolute paths moved int
 the root) and working directory, against the session's real nats-server; a
 workflow with a ``command`` tool step (which writes into its working directory)
 must succeed, and the image's HEALTHCHECK and the readiness probe
-(``python -m services.health executor``) must pass.
+(``python -m services.runtime.health executor``) must pass.
 
 The old image (``USER reel``, ``WORKDIR /app``, no ``REEL_HOME``) fails here: the
 tool-process registry ``./.reel/tools`` under the root-owned ``/app`` is not
@@ -37,15 +37,15 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import Config
-from shared.core.planning import succeeded_output
-from shared.core.workflow import parse_workflow
+from shared.core.run.planning import succeeded_output
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
+from shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.deploy import dockerfile
 
 IMAGE = dockerfile.read()
-READY = ("python", "-m", "services.health")
+READY = ("python", "-m", "services.runtime.health")
 SITE_PACKAGES = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "nats").is_dir())
 
 

@@ -22,10 +22,10 @@ from typing import Any
 import yaml
 
 from services.cli.embed import SERVICES
-from shared.authdir import init
-from shared.core.subjects import Names
+from shared.auth.authdir import init
+from shared.auth.roles import SERVICE_ROLE
+from shared.core.wire.subjects import Names
 from shared.nats.embedded import find_binary
-from shared.roles import SERVICE_ROLE
 from tests.deploy import dockerfile
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -33,7 +33,7 @@ BIN = Path(sys.executable).parent
 IMAGE = dockerfile.read()
 K8S_FILES = sorted((DEPLOY / "k8s").rglob("*.yaml"))
 NATS_CONFIGS = sorted(DEPLOY.rglob("*.conf"))
-HEALTH = ["python", "-m", "services.health"]
+HEALTH = ["python", "-m", "services.runtime.health"]
 
 
 def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:

@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shared.core.errors import RunNotFound
-from shared.core.events import RunCompleted
-from shared.core.fold import RunState
-from shared.core.integrity import RunCorrupt
-from shared.core.state import CANCELLED, COMPLETED, DISPATCHED
+from shared.core.run.events import RunCompleted
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.state import CANCELLED, COMPLETED, DISPATCHED, RunState
 from shared.nats.eventlog import JetStreamEventLog
 from tests.integration.scenarios import wait_until
 from tests.refold import assert_refold_identical

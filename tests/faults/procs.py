@@ -10,7 +10,7 @@ Usage::
         await procs.start("executor")               # takes the run over
 
 Every child gets the test's namespace and its short timings through the environment
-(shared/config.py), logs JSON to its own file (quoted by :meth:`ServiceProcs.tail` when
+(shared/runtime/config.py), logs JSON to its own file (quoted by :meth:`ServiceProcs.tail` when
 a scenario fails) and is SIGKILLed when the block exits if it still runs.
 """
 
@@ -28,8 +28,8 @@ from types import TracebackType
 
 import nats
 
-from shared.config import Config
 from shared.nats.embedded import find_binary
+from shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.support.cluster import free_ports
 

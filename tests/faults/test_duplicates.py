@@ -24,12 +24,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.config import Config
-from shared.core.commands import Reply, ResumeRun, StartRun, encode
-from shared.core.ids import run_id_for_key
-from shared.core.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from shared.core.run.ids import run_id_for_key
+from shared.core.wire.commands import Reply, ResumeRun, StartRun, encode
+from shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
 from shared.nats.client import ReelClient
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.faults.checks import check_runs, read_side_effects
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs

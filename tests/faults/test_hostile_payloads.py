@@ -22,11 +22,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.config import Config
-from shared.core.commands import VerifyRun
-from shared.core.ids import LSN, BranchId, RunId
+from shared.core.run.ids import LSN, BranchId, RunId
+from shared.core.wire.commands import VerifyRun
 from shared.nats.client import ReelClient
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.faults.checks import check_runs
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import Config
-from shared.core.events import BlobRef, RunCreated
-from shared.core.ids import ROOT_BRANCH, RunId, run_id_for_key
-from shared.core.workflow import parse_workflow
-from shared.fenced import commit_new
+from shared.application.fenced import commit_new
+from shared.core.run.events import BlobRef, RunCreated
+from shared.core.run.ids import ROOT_BRANCH, RunId, run_id_for_key
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import connect, ensure_infra
+from shared.runtime.config import Config
 from tests.faults.procs import killable_server
 from tests.integration.scenarios import wait_until
 

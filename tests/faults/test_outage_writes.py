@@ -19,12 +19,12 @@ import nats.js.api
 import nats.js.errors
 import pytest
 
-from shared.config import Config
-from shared.core.events import BlobRef
-from shared.core.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, outcome_key
+from shared.core.run.events import BlobRef
+from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, outcome_key
 from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore
 from shared.nats.infra import connect, ensure_infra
 from shared.nats.publish import _settled, publish_pipelined
+from shared.runtime.config import Config
 from tests.faults.procs import killable_server
 from tests.integration.scenarios import wait_until
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from services.cli.embed import server_listening
-from shared.config import Config
-from shared.core.subjects import Names
+from shared.core.wire.subjects import Names
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import connect
+from shared.runtime.config import Config
 from tests.faults.checks import read_side_effects, side_effect_tool
 from tests.integration.scenarios import wait_until
 from tests.integration.test_auth_cli import _free_port, reel

@@ -27,15 +27,15 @@ from typing import Any
 
 from services.executor.app import serve
 from services.executor.attempts import CRASH_ENV
-from shared.config import Config
-from shared.core.commands import StartRun, encode
-from shared.core.subjects import Names
-from shared.core.workflow import parse_workflow
-from shared.logging import setup_logging
+from shared.core.wire.commands import StartRun, encode
+from shared.core.wire.subjects import Names
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.embedded import embedded_server
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import connect, ensure_infra
+from shared.runtime.config import Config
+from shared.runtime.logging import setup_logging
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 PREFIX = "recorded_1rt_"

@@ -12,13 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.config import Config
-from shared.core.events import Commit
-from shared.core.fold import RunState
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.run.events import Commit
+from shared.core.run.state import RunState
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.support.chat_server import ChatServer
 

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from services.cli.embed import serve_as_role, service_serve
-from shared.authdir import AuthDir, init
-from shared.config import Config
-from shared.core.subjects import Names
+from shared.auth.authdir import AuthDir, init
+from shared.core.wire.subjects import Names
 from shared.nats.access import ReelConnection
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.embedded import embedded_server
 from shared.nats.infra import Infra, connect, ensure_infra, open_infra
 from shared.nats.micro import discover
+from shared.runtime.config import Config
 
 
 @dataclass

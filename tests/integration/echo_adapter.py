@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shared.core.errors import ModelError
-from shared.core.tokens import TokenCounter
-from shared.core.workflow import ModelSpec
+from shared.core.pack.tokencount import TokenCounter
+from shared.core.workflow.spec import ModelSpec
 from shared.models import ModelRequest, ModelResponse
 
 

@@ -13,9 +13,9 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
-from shared.core.verifiers import VerdictResult, VerifierCtx
-from shared.core.views import serialize_view
-from shared.core.workflow import VerifierSpec
+from shared.core.run.views import serialize_view
+from shared.core.verify.verifiers import VerdictResult, VerifierCtx
+from shared.core.workflow.spec import VerifierSpec
 
 PARK_SUBJECT_ENV = "REEL_TEST_PARK_SUBJECT"
 

@@ -46,15 +46,15 @@ from typing import Any
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
-from shared.config import Config
-from shared.core.commands import ResumeRun, encode
-from shared.core.events import AnyEvent, BlobRef, RunCreated, StepDecl
-from shared.core.fold import AttemptState, RunState
-from shared.core.subjects import outcome_key
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.run.events import AnyEvent, BlobRef, RunCreated, StepDecl
+from shared.core.run.state import AttemptState, RunState
+from shared.core.wire.commands import ResumeRun, encode
+from shared.core.wire.subjects import outcome_key
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 STEP = "work"

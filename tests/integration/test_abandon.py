@@ -14,17 +14,17 @@ from services.executor.app import ports
 from services.executor.app import serve as executor_serve
 from services.executor.handler import Executor
 from services.recovery.app import serve as recovery_serve
-from shared.config import Config
 from shared.core.errors import BlobMissing
-from shared.core.events import AttemptDispatched, AttemptSucceeded, RunCreated, RunStarted, RunVerifying
-from shared.core.ids import ROOT_BRANCH
-from shared.core.recovery import EXECUTOR_LOST
-from shared.core.workflow import encode_workflow, parse_workflow
+from shared.core.mutators.recovery import EXECUTOR_LOST
+from shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunCreated, RunStarted, RunVerifying
+from shared.core.run.ids import ROOT_BRANCH
+from shared.core.workflow.spec import encode_workflow, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.publish import publish_resume
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import attempt_of, commit_events, create_manual_run, head_lsn, wait_state
 from tests.integration.test_recovery import heartbeating, recover

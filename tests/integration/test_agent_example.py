@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core.workflow import AgentStep, load_workflow
+from shared.core.workflow.spec import AgentStep, load_workflow
 from tests.support.chat_server import ChatServer, call, reply
 
 REPO = Path(__file__).resolve().parents[2]

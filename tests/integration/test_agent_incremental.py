@@ -1,4 +1,4 @@
-"""Incremental turn contexts in the real executor (shared/core/agentmemo.py): on a real nats-server,
+"""Incremental turn contexts in the real executor (shared/core/agent/memo.py): on a real nats-server,
 long agent runs whose later turns leave earlier ones out for want of budget, with tool errors, rewound after
 resting and while driven; every turn's recorded partition and prompt blob must be what a full rebuild of that
 turn makes (tests/support/turncheck.py), byte for byte."""
@@ -10,13 +10,13 @@ from typing import Any
 
 from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
-from shared.config import Config
-from shared.core.events import AnyEvent, BlobRef, Commit, StepsDeclared
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.run.events import AnyEvent, BlobRef, Commit, StepsDeclared
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.agent_support import LOOKUP, start_and_rest
 from tests.integration.agent_tools import arm

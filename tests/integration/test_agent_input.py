@@ -17,14 +17,14 @@ import pytest
 from services.cancel.app import serve as cancel_serve
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
-from shared.config import Config
-from shared.core import inputfold
-from shared.core.events import AttemptDispatched, InputAnswered, InputRequested
-from shared.core.fold import RunState
-from shared.core.views import build_episode_view
+from shared.core.input import requestfold
+from shared.core.run.events import AttemptDispatched, InputAnswered, InputRequested
+from shared.core.run.state import RunState
+from shared.core.run.views import build_episode_view
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.agent_support import agent_workflow, commits_of
 from tests.integration.scenarios import attempt_of, wait_state
@@ -50,7 +50,7 @@ async def services(infra: Infra, cfg: Config, **recovery: Any) -> AsyncIterator[
 
 
 def open_ids(state: RunState) -> list[str]:
-    return [r.request_id for r in inputfold.open_requests(state.branches[state.active_branch])]
+    return [r.request_id for r in requestfold.open_requests(state.branches[state.active_branch])]
 
 
 async def until(event_log: JetStreamEventLog, run_id: str, pred: Callable[[RunState], bool], what: str) -> RunState:
@@ -146,7 +146,7 @@ async def test_a_deadline_fires_its_default_once(
         assert started.run_id
         run_id = started.run_id
         state = await client.wait_for(run_id, ("verifying",), timeout_s=30)
-        (request,) = inputfold.requests_of(state.branches["main"]).values()
+        (request,) = requestfold.requests_of(state.branches["main"]).values()
         assert request.response is not None and request.deadline_ms is not None
         assert (request.response.decision, request.response.source) == ("reject", "deadline")
         assert request.response.at_ms >= request.deadline_ms
@@ -177,7 +177,7 @@ async def test_cancel_while_awaiting_input_closes_the_open_requests(
         late = await client.respond(run_id, request, "approve")
         assert late.ok and late.detail["noop"] and "cancelled" in late.detail["reason"]
     state = await event_log.load(run_id)
-    (rec,) = inputfold.requests_of(state.branches["main"]).values()
+    (rec,) = requestfold.requests_of(state.branches["main"]).values()
     assert (state.status, rec.status, rec.closed_lsn) == ("cancelled", "closed", state.head_lsn)
     assert not any(isinstance(e, AttemptDispatched) and e.step_id == "solve:t1:c0"
                    for c in await commits_of(event_log, run_id) for e in c.events)
@@ -203,4 +203,4 @@ async def test_a_rewind_from_awaiting_input_asks_again_on_the_new_branch(
         state = await until(event_log, run_id, lambda s: s.status == "awaiting_input" and s.active_branch != "main",
                             "the new branch to ask again")
     (new,) = open_ids(state)
-    assert new != old and inputfold.find(state.branches["main"], old) is not None
+    assert new != old and requestfold.find(state.branches["main"], old) is not None

@@ -13,13 +13,13 @@ import msgspec
 
 from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
-from shared.config import Config
-from shared.core.events import AttemptSucceeded, StepsDeclared
-from shared.core.statecodec import STATE_ENCODER
+from shared.core.run.events import AttemptSucceeded, StepsDeclared
+from shared.core.run.statecodec import STATE_ENCODER
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.agent_support import (
     LOOKUP,

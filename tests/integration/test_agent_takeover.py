@@ -15,16 +15,23 @@ import msgspec
 import pytest
 
 from services.executor.app import serve as executor_serve
-from shared.config import Config
-from shared.core.commands import ResumeRun, encode
-from shared.core.events import AttemptDispatched, AttemptSucceeded, DeclaredStep, RunCreated, RunStarted, StepsDeclared
-from shared.core.fold import RunState
-from shared.core.subjects import outcome_key
-from shared.core.workflow import encode_workflow, parse_workflow
+from shared.core.run.events import (
+    AttemptDispatched,
+    AttemptSucceeded,
+    DeclaredStep,
+    RunCreated,
+    RunStarted,
+    StepsDeclared,
+)
+from shared.core.run.state import RunState
+from shared.core.wire.commands import ResumeRun, encode
+from shared.core.wire.subjects import outcome_key
+from shared.core.workflow.spec import encode_workflow, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.integration.agent_support import LOOKUP, agent_workflow, checks_tool, runs_of
 from tests.integration.agent_tools import HOLD_ENV, arm

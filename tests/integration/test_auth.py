@@ -18,15 +18,15 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
-from shared.core.commands import CancelRun, RecoverRuns, ResumeRun, encode
-from shared.core.events import Verdict
-from shared.core.live import StreamChunk, decode_chunk
-from shared.core.subjects import REPLY_TO_HEADER
-from shared.core.workflow import parse_workflow
+from shared.auth.roles import client_js_api_prefix
+from shared.core.run.events import Verdict
+from shared.core.wire.commands import CancelRun, RecoverRuns, ResumeRun, encode
+from shared.core.wire.livemessages import StreamChunk, decode_chunk
+from shared.core.wire.subjects import REPLY_TO_HEADER
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.access import PermissionDenied
 from shared.nats.client import INLINE_WORKFLOW_MAX_BYTES, ReelClient
 from shared.nats.infra import open_infra
-from shared.roles import client_js_api_prefix
 from tests.integration.authserver import (
     AuthServer,
     auth_server,
@@ -227,7 +227,7 @@ async def test_the_crucible_service_as_its_role_runs_a_session_a_client_asks_for
 ) -> None:
     from services.crucible.app import RunSession
     from services.crucible.sessionlog import SessionLog
-    from shared.core.commands import Reply
+    from shared.core.wire.commands import Reply
     from shared.crucible.names import CrucibleNames
     from tests.crucible.fixtures import make_config, make_repo, write
 

@@ -10,11 +10,11 @@ import stat
 import sys
 from pathlib import Path
 
-from shared.authdir import AuthDir
-from shared.config import Config
-from shared.core.subjects import Names
+from shared.auth.authdir import AuthDir
+from shared.core.wire.subjects import Names
 from shared.nats.embedded import find_binary
 from shared.nats.infra import connect
+from shared.runtime.config import Config
 from tests.integration.scenarios import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ async def test_reel_up_with_auth_serves_clients_that_log_in(tmp_path: Path) -> N
         await op.close()
         for service, role in (("executor", "executor"), ("recovery", "mutators")):  # the readiness probe, as its role
             probe = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.health", service, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                sys.executable, "-m", "services.runtime.health", service, cwd=REPO, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env={**os.environ, **auth.env(role), "NATS_URL": url})
             said = (await asyncio.wait_for(probe.communicate(), 60))[0].decode()
             assert probe.returncode == 0 and "ok" in said, said

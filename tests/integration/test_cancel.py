@@ -7,12 +7,12 @@ from pathlib import Path
 
 from services.cancel.app import serve as cancel_serve
 from services.executor.app import serve as executor_serve
-from shared.config import Config
-from shared.core.events import RunCancelled, RunCompleted, RunVerifying
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import RunCancelled, RunCompleted, RunVerifying
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import attempt_of, commit_events, create_manual_run, head_lsn, wait_until
 from tests.refold import assert_refold_identical

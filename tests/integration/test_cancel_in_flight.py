@@ -22,14 +22,14 @@ import pytest
 
 from services.cancel.app import serve as cancel_serve
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.commands import Reply
-from shared.core.events import AttemptCancelled, VerdictRecorded
-from shared.core.fold import RunState
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import AttemptCancelled, VerdictRecorded
+from shared.core.run.state import RunState
+from shared.core.wire.commands import Reply
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration import parking

@@ -9,8 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from shared.config import Config
 from shared.nats.eventlog import JetStreamEventLog
+from shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 

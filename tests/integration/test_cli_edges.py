@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.common import CliError
+from services.cli.console import CliError
 from services.cli.embed import _check_reel_server
-from shared.config import Config
-from shared.core.subjects import Names
+from shared.core.wire.subjects import Names
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.test_cli import REPO, reel
 from tests.unit.test_trajectories_swe1 import _history, _write
@@ -123,7 +123,7 @@ async def test_replay_batch_reports_unreadable_files_and_honest_outcomes(cfg: Co
 async def test_verdicts_follow_ends_when_the_run_completes(cfg: Config, infra: Infra, client: ReelClient) -> None:
     from services.executor.app import serve as executor
     from services.verifier.app import serve as verifier
-    from shared.core.workflow import load_workflow
+    from shared.core.workflow.spec import load_workflow
 
     async with running(executor, infra, cfg), running(verifier, infra, cfg):
         reply = await client.start(load_workflow(REPO / "examples/hello.yaml"))

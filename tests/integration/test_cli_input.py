@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from shared.config import Config
-from shared.core import inputfold
+from shared.core.input import requestfold
 from shared.nats.eventlog import JetStreamEventLog
+from shared.runtime.config import Config
 from tests.integration.test_cli import reel
 
 
@@ -40,7 +40,7 @@ async def test_run_waits_for_input_then_answers_from_the_command_line_finish_it(
     assert out.startswith(f"approved request {deploy} of run {run_id} (lsn "), out  # a sentence, not raw JSON
     assert "outcome passed" in out
     state = await event_log.load(run_id)
-    answers = {r.tool_name: r.response for r in inputfold.requests_of(state.branches["main"]).values()}
+    answers = {r.tool_name: r.response for r in requestfold.requests_of(state.branches["main"]).values()}
     assert answers["ask_user"] is not None and (answers["ask_user"].text, answers["ask_user"].by) == ("v2", "ana")
     assert answers["deploy"] is not None and answers["deploy"].arguments == '{"env":"staging","version":"v2"}'
     code, out, err = await reel(cfg, "reject", run_id, deploy, "--note", "too late", "--no-wait")

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.cancel.app import serve as cancel_serve
-from shared.config import Config
-from shared.core.workflow import parse_workflow
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.control import publish_control
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration.scenarios import attempt_of, wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.core.errors import WorkflowInvalid
-from shared.core.workflow import parse_workflow
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 
 

@@ -12,8 +12,7 @@ import asyncio
 
 from nats.js import api as jsapi
 
-from shared.config import Config
-from shared.core.events import (
+from shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptSucceeded,
@@ -23,9 +22,10 @@ from shared.core.events import (
     StepDecl,
     decode_commit,
 )
-from shared.core.subjects import Names
+from shared.core.wire.subjects import Names
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, ensure_infra
+from shared.runtime.config import Config
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)
 

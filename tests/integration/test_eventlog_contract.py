@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from shared.config import Config
 from shared.core.errors import ConcurrencyConflict, RunNotFound
-from shared.core.events import (
+from shared.core.ports import EventLog
+from shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptSucceeded,
@@ -37,13 +37,13 @@ from shared.core.events import (
     RunStarted,
     StepDecl,
 )
-from shared.core.fold import fold
-from shared.core.ports import EventLog
-from shared.core.statecodec import STATE_ENCODER
+from shared.core.run.fold import fold
+from shared.core.run.statecodec import STATE_ENCODER
 from shared.memory.eventlog import MemoryEventLog, MemoryStore
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect
 from shared.nats.subjectlog import DIRECT_GET_BATCH
+from shared.runtime.config import Config
 from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)

@@ -24,9 +24,7 @@ import structlog.testing
 from services.executor.app import ports, serve
 from services.executor.attempts import CRASH_ENV
 from services.executor.handler import Executor
-from shared.config import Config
-from shared.core.commands import Reply, StartRun, encode
-from shared.core.events import (
+from shared.core.run.events import (
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -35,17 +33,19 @@ from shared.core.events import (
     RunStarted,
     decode_commit,
 )
-from shared.core.fold import RunState, branch_failed, step_status
-from shared.core.ids import run_id_for_key
-from shared.core.planning import succeeded_output
-from shared.core.subjects import REPLY_TO_HEADER
-from shared.core.views import build_episode_view
-from shared.core.workflow import encode_workflow, parse_workflow
+from shared.core.run.ids import run_id_for_key
+from shared.core.run.planning import succeeded_output
+from shared.core.run.state import RunState, branch_failed, step_status
+from shared.core.run.views import build_episode_view
+from shared.core.wire.commands import Reply, StartRun, encode
+from shared.core.wire.subjects import REPLY_TO_HEADER
+from shared.core.workflow.spec import encode_workflow, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import CommandTimeout, ReelClient
 from shared.nats.consumer import CommandConsumer
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.refold import assert_refold_identical
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from services.executor.app import serve as executor_serve
-from shared.config import Config
-from shared.core.events import RunStarted
-from shared.core.state import INTERRUPTED
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import RunStarted
+from shared.core.run.state import INTERRUPTED
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration.scenarios import wait_until

@@ -1,4 +1,4 @@
-"""The one fenced-commit mechanism (shared/fenced.py) on a real nats-server.
+"""The one fenced-commit mechanism (shared/application/fenced.py) on a real nats-server.
 
 Conflicts are real: another writer commits to the run on the server between the
 state a decision was made on and its commit (:class:`Interloper` does that before
@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from shared.application.fenced import DEFAULT_POLICY, RetryPolicy, commit_decided, commit_new
 from shared.core.decision import Decision, Skip
 from shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
-from shared.core.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
-from shared.core.fold import RunState
-from shared.fenced import DEFAULT_POLICY, RetryPolicy, commit_decided, commit_new
+from shared.core.run.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
+from shared.core.run.state import RunState
 from shared.nats.eventlog import JetStreamEventLog
 from tests.logcapture import info_logs
 from tests.refold import assert_refold_identical

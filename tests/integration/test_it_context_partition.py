@@ -7,9 +7,9 @@ real executor service.
 
 from __future__ import annotations
 
-from shared.core.tokens import DEFAULT_COUNTER
-from shared.core.views import build_episode_view
-from shared.core.workflow import parse_workflow
+from shared.core.pack.tokencount import DEFAULT_COUNTER
+from shared.core.run.views import build_episode_view
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from tests.refold import assert_refold_identical

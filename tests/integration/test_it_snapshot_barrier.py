@@ -32,15 +32,15 @@ from services.cancel.app import serve as cancel_serve
 from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.commands import RecoverRuns, encode
-from shared.core.events import RunCompleted, RunVerifying, Verdict
-from shared.core.fold import RunState
-from shared.core.views import EpisodeView, build_episode_view, serialize_view
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import RunCompleted, RunVerifying, Verdict
+from shared.core.run.state import RunState
+from shared.core.run.views import EpisodeView, build_episode_view, serialize_view
+from shared.core.wire.commands import RecoverRuns, encode
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import parking
 from tests.integration.scenarios import crashed_attempt_scenario

@@ -1,4 +1,5 @@
-"""Prometheus metrics (shared/metrics.py): real executor and verifier processes with ``REEL_METRICS_PORT`` set run
+"""Prometheus metrics (shared/runtime/metrics.py): real executor and verifier processes with ``REEL_METRICS_PORT``
+set run
 the shipped hello workflow; ``/metrics`` scraped over HTTP counts its commits, attempts by kind and outcome with
 their latency, the verdicts by status, and the consumer's queue depth. Off by default."""
 
@@ -16,9 +17,9 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.config import Config
-from shared.core.workflow import load_workflow
+from shared.core.workflow.spec import load_workflow
 from shared.nats.client import ReelClient
+from shared.runtime.config import Config
 from tests.conftest import REPO
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import nats
 
-from shared.config import Config
-from shared.core.commands import RecoverRuns, encode
+from shared.core.wire.commands import RecoverRuns, encode
 from shared.nats.client import ReelClient
 from shared.nats.micro import discover
+from shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery", "crucible")

@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core.chat import ChatMessage, ChatRequest, ChatResponse, ToolSchema, chat_request, wire_request
+from shared.core.chat.messages import ChatMessage, ChatRequest, ChatResponse, ToolSchema, chat_request, wire_request
 from shared.core.errors import ModelError, ToolCallInvalid
-from shared.core.modelspec import ModelSpec
+from shared.core.workflow.modelspec import ModelSpec
 from shared.models import ModelRequest, make_adapter, make_chat_model
 from shared.models.openai import PLACEHOLDER_KEY, retry_after_s
 from tests.support.chat_server import (

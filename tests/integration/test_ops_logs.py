@@ -14,11 +14,11 @@ import pytest
 import structlog
 
 from services.executor.app import serve as executor_serve
-from shared.config import Config
-from shared.core.workflow import load_workflow
+from shared.core.workflow.spec import load_workflow
 from shared.nats.client import ReelClient
 from shared.nats.embedded import embedded_server
 from shared.nats.infra import Infra, connect
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 

@@ -25,17 +25,17 @@ import msgspec
 
 from services.executor.app import serve
 from services.executor.attempts import CRASH_ENV
-from shared.config import Config
-from shared.core.commands import Reply, ResumeRun, StartRun, encode
-from shared.core.events import RunStarted
-from shared.core.fold import RunState
-from shared.core.ids import run_id_for_key
-from shared.core.subjects import REPLY_TO_HEADER, Names, partition_of
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import RunStarted
+from shared.core.run.ids import run_id_for_key
+from shared.core.run.state import RunState
+from shared.core.wire.commands import Reply, ResumeRun, StartRun, encode
+from shared.core.wire.subjects import REPLY_TO_HEADER, Names, partition_of
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra, connect, ensure_infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 N = 2

@@ -19,9 +19,9 @@ import jsonschema
 import pytest
 
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 CLIENT = REPO / "examples" / "plain_client.py"

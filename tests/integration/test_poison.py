@@ -30,16 +30,16 @@ from services.cancel.app import serve as cancel_serve
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.events import Verdict
-from shared.core.fold import RunState
-from shared.core.integrity import RunCorrupt
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import Verdict
+from shared.core.run.integrity import RunCorrupt
+from shared.core.run.state import RunState
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore, ref_for
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.subjectlog import SubjectLog
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import wait_state, wait_until
 from tests.integration.test_cli import reel
@@ -176,7 +176,7 @@ async def test_garbage_bytes_on_a_runs_subject(world: World) -> None:
 async def test_a_forged_run_completed_mid_run(world: World) -> None:
     """Schema-valid and on the right subject: is it detectable? Here, yes — only a verification job
     commits ``run_completed``, and only on a run ``verifying`` on that branch at that snapshot
-    (shared/core/lifecycle.py), so mid-run it is an illegal transition: the run reads corrupt at
+    (shared/core/run/lifecycle.py), so mid-run it is an illegal transition: the run reads corrupt at
     that LSN, **not** completed/passed with steps never run, and stays so (the fold never takes a
     later commit above it). One that fits those rules cannot be told from the verifier's own by
     reading the log: keeping outsiders off ``reel.ev.>`` is the permissions' job (worktree `auth`).

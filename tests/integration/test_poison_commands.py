@@ -22,14 +22,14 @@ from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.commands import VerifyRun
-from shared.core.events import RunStarted
-from shared.core.ids import LSN, BranchId, RunId
-from shared.core.limits import MAX_DEPTH
+from shared.core.run.events import RunStarted
+from shared.core.run.ids import LSN, BranchId, RunId
+from shared.core.wire.commands import VerifyRun
+from shared.core.wire.limits import MAX_DEPTH
 from shared.crucible.names import CrucibleNames
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import commit_events, create_manual_run, wait_until
 from tests.logcapture import info_logs

@@ -10,17 +10,17 @@ from collections.abc import AsyncIterator
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
 from services.rewind.app import serve as rewind_serve
-from shared.config import Config
-from shared.core.commands import RecoverRuns, encode
-from shared.core.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
-from shared.core.recovery import EXECUTOR_LOST
-from shared.core.subjects import outcome_key
-from shared.core.views import build_episode_view, serialize_view
-from shared.core.workflow import parse_workflow
+from shared.core.mutators.recovery import EXECUTOR_LOST
+from shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
+from shared.core.run.views import build_episode_view, serialize_view
+from shared.core.wire.commands import RecoverRuns, encode
+from shared.core.wire.subjects import outcome_key
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import (
     LOST_OUTPUT,

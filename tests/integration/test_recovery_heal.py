@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
-from shared.config import Config
-from shared.core.events import RunCreated, RunStarted
-from shared.core.ids import ROOT_BRANCH, ExecutorId, RunId
-from shared.core.workflow import encode_workflow, parse_workflow
+from shared.core.run.events import RunCreated, RunStarted
+from shared.core.run.ids import ROOT_BRANCH, ExecutorId, RunId
+from shared.core.workflow.spec import encode_workflow, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import wait_state
 from tests.integration.test_recovery import heartbeating

@@ -7,15 +7,15 @@ from pathlib import Path
 
 from services.executor.app import serve as executor_serve
 from services.rewind.app import serve as rewind_serve
-from shared.config import Config
-from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
-from shared.core.ids import branch_id_for_key
-from shared.core.statecodec import STATE_ENCODER
-from shared.core.views import build_episode_view, serialize_view
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.run.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
+from shared.core.run.ids import branch_id_for_key
+from shared.core.run.statecodec import STATE_ENCODER
+from shared.core.run.views import build_episode_view, serialize_view
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import (
     attempt_of,

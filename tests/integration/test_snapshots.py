@@ -10,9 +10,9 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from shared.core.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
-from shared.core.statecodec import STATE_ENCODER, state_decoder
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
+from shared.core.run.statecodec import STATE_ENCODER, state_decoder
+from shared.core.workflow.spec import parse_workflow
 from shared.nats import snapshots
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog

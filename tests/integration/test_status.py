@@ -10,10 +10,10 @@ import sys
 from services.cli.status import gather, render
 from services.executor.app import serve as executor_serve
 from services.recovery.app import serve as recovery_serve
-from shared.config import Config
-from shared.core.commands import RecoverRuns, encode
+from shared.core.wire.commands import RecoverRuns, encode
 from shared.nats.client import ReelClient
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 

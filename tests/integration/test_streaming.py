@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from shared.config import Config
-from shared.core.live import StreamChunk, decode_chunk
-from shared.core.workflow import parse_workflow
+from shared.core.wire.livemessages import StreamChunk, decode_chunk
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.integration.agent_support import LOOKUP, start_and_rest
 from tests.integration.scenarios import attempt_of

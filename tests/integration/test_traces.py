@@ -1,4 +1,5 @@
-"""OpenTelemetry GenAI traces of a real agent run (shared/core/traces.py, shared/otel.py): the shipped scripted
+"""OpenTelemetry GenAI traces of a real agent run (shared/core/run/traces.py, shared/runtime/otel.py): the shipped
+scripted
 agent example (examples/agent/fix_typo.yaml) run by an in-process executor and verifier, exported with the SDK's
 in-memory exporter — the spans, their parentage and ``gen_ai.*`` attributes, and the same ids on a re-export."""
 
@@ -18,15 +19,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from services.executor.app import serve as executor_serve
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.traces import run_spans, trace_id_of
-from shared.core.workflow import load_workflow
+from shared.application.workflows import WorkflowCache
+from shared.core.run.traces import run_spans, trace_id_of
+from shared.core.workflow.spec import load_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
-from shared.otel import export_spans, run_trace
-from shared.workflows import WorkflowCache
+from shared.runtime.config import Config
+from shared.runtime.otel import export_spans, run_trace
 from tests.conftest import REPO, running
 
 EXAMPLE = REPO / "examples" / "agent" / "fix_typo.yaml"

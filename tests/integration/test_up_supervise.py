@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from services.cli.supervisor import warn_other_accounts
-from shared.config import Config
-from shared.core.subjects import Names
+from shared.core.wire.subjects import Names
 from shared.nats.embedded import embedded_server
 from shared.nats.infra import connect, ensure_infra
+from shared.runtime.config import Config
 from tests.integration.scenarios import wait_until
 from tests.integration.test_auth_cli import _free_port, reel
 

@@ -17,8 +17,8 @@ import msgspec
 import pytest
 
 from services.verifier.app import serve
-from shared.config import Config
-from shared.core.events import (
+from shared.application.verifierrun import run_verifier
+from shared.core.run.events import (
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -29,16 +29,16 @@ from shared.core.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.core.verifiers import ContextRequires, OutputRegex, make_ctx
-from shared.core.views import build_episode_view
-from shared.core.workflow import VerifierSpec, parse_workflow
+from shared.core.run.views import build_episode_view
+from shared.core.verify.verifiers import ContextRequires, OutputRegex, make_ctx
+from shared.core.workflow.spec import VerifierSpec, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.nats.publish import publish_verify
 from shared.nats.subjectlog import SubjectLog
-from shared.verify import run_verifier
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.integration import parking
 

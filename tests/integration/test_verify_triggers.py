@@ -15,12 +15,12 @@ from services.executor.attempts import CRASH_ENV
 from services.recovery.app import serve as recovery_serve
 from services.recovery.index import IntentIndex
 from services.verifier.app import serve as verifier_serve
-from shared.config import Config
-from shared.core.events import Commit, RunCompleted, VerdictRecorded, encode_commit
-from shared.core.workflow import parse_workflow
+from shared.core.run.events import Commit, RunCompleted, VerdictRecorded, encode_commit
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.client import ReelClient
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
+from shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.integration.scenarios import wait_until
 

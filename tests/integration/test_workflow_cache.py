@@ -1,4 +1,5 @@
-"""The one workflow cache (shared/workflows.py) over the real blob store: parsed once, bounded LRU by sha256."""
+"""The one workflow cache (shared/application/workflows.py) over the real blob store: parsed once, bounded LRU by
+sha256."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 
 import pytest
 
+from shared.application.workflows import WorkflowCache
 from shared.core.errors import BlobMissing, WorkflowInvalid
-from shared.core.events import BlobRef
-from shared.core.workflow import encode_workflow, parse_workflow
+from shared.core.run.events import BlobRef
+from shared.core.workflow.spec import encode_workflow, parse_workflow
 from shared.nats.blobstore import JetStreamBlobStore
-from shared.workflows import WorkflowCache
 
 
 def body(name: str, python: str = "json:loads") -> bytes:

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import structlog
 
-from shared.logging import setup_logging
 from shared.nats.client import ReelClient
+from shared.runtime.logging import setup_logging
 from tests.integration.authserver import AuthServer, auth_server, client_of, gate_up, services_as_roles
 from tests.support.canary import as_reel_up
 
@@ -128,7 +128,7 @@ class ServiceLogs:
 
 @pytest.fixture(scope="package")
 def service_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceLogs]:
-    """Route every structlog line of the package through the services' chain (shared/logging.py) to one file."""
+    """Route every structlog line of the package through the services' chain (shared/runtime/logging.py) to one file."""
     path = tmp_path_factory.mktemp("security-logs") / "services.jsonl"
     saved = {k: list(v) if isinstance(v, list) else v for k, v in structlog.get_config().items()}  # a copy
     with pytest.MonkeyPatch.context() as mp, path.open("a", encoding="utf-8", buffering=1) as out:

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from shared.core.workflow import parse_workflow
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.access import PermissionDenied
 from shared.nats.client import ReelClient
 from shared.nats.control import publish_control

@@ -16,7 +16,7 @@ import uuid
 import pytest
 from nats.js.errors import NotFoundError
 
-from shared.core.workflow import parse_workflow
+from shared.core.workflow.spec import parse_workflow
 from shared.nats.access import PermissionDenied
 from shared.nats.client import ReelClient
 from tests.integration.authserver import fails_fast

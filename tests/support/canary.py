@@ -16,7 +16,7 @@ import uuid
 import pytest
 from nats.js.errors import NotFoundError
 
-from shared.core.fold import RunState
+from shared.core.run.state import RunState
 from shared.nats.client import ReelClient
 from tests.integration.authserver import AuthServer
 

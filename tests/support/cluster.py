@@ -7,7 +7,7 @@ them and returns once the meta leader is elected and JetStream answers on every
 node; :class:`Cluster` kills a node with SIGKILL, restarts it on the same ports and
 store, and finds a stream's leader (``$JS.API.STREAM.INFO.<stream>`` →
 ``cluster.leader``). Each server dies with the process that started it, kill -9 of that
-process included (Linux's parent-death signal, :func:`shared.deathsig.die_with_parent`, as
+process included (Linux's parent-death signal, :func:`shared.runtime.deathsig.die_with_parent`, as
 the embedded server and every tool process do): a killed test run leaves no server behind.
 
 Usage::
@@ -38,8 +38,8 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
-from shared.deathsig import die_with_parent
 from shared.nats.embedded import find_binary
+from shared.runtime.deathsig import die_with_parent
 
 CLUSTER_NAME = "reel-test"
 

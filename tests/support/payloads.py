@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared.core.commands import Reply
-from shared.core.events import (
+from shared.core.run.events import (
     AttemptSucceeded,
     BlobRef,
     Commit,
@@ -34,7 +33,8 @@ from shared.core.events import (
     VerdictRecorded,
     encode_commit,
 )
-from shared.core.subjects import REPLY_TO_HEADER
+from shared.core.wire.commands import Reply
+from shared.core.wire.subjects import REPLY_TO_HEADER
 from shared.nats.infra import Infra
 
 GARBAGE: tuple[bytes, ...] = (

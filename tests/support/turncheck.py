@@ -1,11 +1,11 @@
-"""Every agent turn of a log, rebuilt in full and incrementally, compared (shared/core/agentmemo.py).
+"""Every agent turn of a log, rebuilt in full and incrementally, compared (shared/core/agent/memo.py).
 
 :func:`check_turns` folds a log commit by commit. At each commit carrying a turn's intent
 (``attempt_dispatched`` of a ``<agent>:t<n>`` step, with its partition and prompt ref) it
 rebuilds that turn's context on the state before the commit, with the call outcomes the
 commit records before the intent (what the executor passed as ``outcomes``), twice: in
-full (:func:`shared.core.agentcontext.build_turn`) and with one
-:class:`~shared.core.agentmemo.ContextMemo` carried over the whole log (branch changes
+full (:func:`shared.core.agent.turncontext.build_turn`) and with one
+:class:`~shared.core.agent.memo.ContextMemo` carried over the whole log (branch changes
 included). Both must give the same partition and the same wire request, byte for byte —
 and, with ``recorded``, the partition and prompt the log holds.
 """
@@ -18,17 +18,18 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.core.agent import DispatchTurn
-from shared.core.agentcontext import Outcome, build_turn, needed_blobs
-from shared.core.agentmemo import ContextMemo
-from shared.core.chat import wire_request
-from shared.core.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, Commit
-from shared.core.fold import RunState, apply_commit
-from shared.core.ids import AttemptNo, StepId
-from shared.core.planning import TextFacts
-from shared.core.stepids import parse_step_id
-from shared.core.tokens import DEFAULT_COUNTER
-from shared.core.workflow import WorkflowSpec
+from shared.core.agent.loop import DispatchTurn
+from shared.core.agent.memo import ContextMemo
+from shared.core.agent.turncontext import Outcome, build_turn, needed_blobs
+from shared.core.chat.messages import wire_request
+from shared.core.pack.tokencount import DEFAULT_COUNTER
+from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, Commit
+from shared.core.run.fold import apply_commit
+from shared.core.run.ids import AttemptNo, StepId
+from shared.core.run.planning import TextFacts
+from shared.core.run.state import RunState
+from shared.core.run.stepids import parse_step_id
+from shared.core.workflow.spec import WorkflowSpec
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from shared.config import Config
+from shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

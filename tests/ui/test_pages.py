@@ -12,9 +12,9 @@ from services.ui.app import _env
 from services.ui.pages import MAX_PAGE_BYTES, RunRow, age, blob_page, blob_refs, matches, run_row
 from services.ui.reader import NotARunId, check_run_id
 from services.ui.runview import lineage, partition, run_page
-from shared.core.events import BlobRef, ContextPartition
-from shared.core.fold import fold
-from shared.core.ids import ContextItemId
+from shared.core.run.events import BlobRef, ContextPartition
+from shared.core.run.fold import fold
+from shared.core.run.ids import ContextItemId
 from tests.golden.regen import logs, read_log
 
 GOLDEN = {p.stem: fold(read_log(p)) for p in logs()}

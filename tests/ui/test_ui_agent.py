@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.views import build_episode_view
+from shared.core.run.views import build_episode_view
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, screenshot, until

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.timeline import open_requests
+from services.timeline.render import open_requests
 from shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import REPO, artifact, chromium, env_for, reel, reel_ui, screenshot, until
 

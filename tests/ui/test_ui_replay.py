@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.outcomes import checks_summary, context_checks, reported_outcome
-from shared.core.views import build_episode_view
+from shared.core.run.views import build_episode_view
+from shared.core.verify.reportedoutcome import checks_summary, context_checks, reported_outcome
 from shared.nats.blobstore import JetStreamBlobStore
 from shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, screenshot, until

@@ -1,9 +1,9 @@
 """A reference driver of the agent loop's pure core, in memory (no server, no clock): what the executor does.
 
-It follows the contract of :mod:`shared.core.agent` literally — ask ``next_action``
+It follows the contract of :mod:`shared.core.agent.loop` literally — ask ``next_action``
 with the attempts it has in flight, commit what the builders of
-:mod:`shared.core.agentcommits` return, build each turn with
-:mod:`shared.core.agentcontext` — with the ``scripted`` model (``play_turn``) and tools
+:mod:`shared.core.agent.commits` return, build each turn with
+:mod:`shared.core.agent.turncontext` — with the ``scripted`` model (``play_turn``) and tools
 given as plain functions (``recorded`` tools of the spec answer from their recording unless a function of the
 same name is given). Tool calls run "concurrently": they are started when their
 intents commit and finish one at a time, oldest first, whenever the core says ``Wait``.
@@ -16,14 +16,14 @@ from typing import Any
 
 import msgspec
 
-from shared.core import agentcommits as ac
-from shared.core import inputfold
-from shared.core import planning as plan
-from shared.core.agentcontext import build_turn, needed_blobs
-from shared.core.agentspec import RecordedToolSpec
-from shared.core.chat import ToolCall, wire_request
+from shared.core.agent import commits as ac
+from shared.core.agent.turncontext import build_turn, needed_blobs
+from shared.core.chat.messages import ToolCall, wire_request
 from shared.core.errors import ModelError
-from shared.core.events import (
+from shared.core.input import requestfold
+from shared.core.pack.tokencount import DEFAULT_COUNTER
+from shared.core.run import planning as plan
+from shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -34,11 +34,12 @@ from shared.core.events import (
     RunStarted,
     RunVerifying,
 )
-from shared.core.fold import RunState, apply_commit
-from shared.core.ids import AttemptNo, BranchId, ExecutorId, RunId, StepId
-from shared.core.planning import TextFacts
-from shared.core.tokens import DEFAULT_COUNTER
-from shared.core.workflow import WorkflowSpec
+from shared.core.run.fold import apply_commit
+from shared.core.run.ids import AttemptNo, BranchId, ExecutorId, RunId, StepId
+from shared.core.run.planning import TextFacts
+from shared.core.run.state import RunState
+from shared.core.workflow.agentspec import RecordedToolSpec
+from shared.core.workflow.spec import WorkflowSpec
 from shared.models.scripted import play_turn, scripted_turn
 
 X = ExecutorId("x-sim")
@@ -179,7 +180,7 @@ class Sim:
         assert self.state is not None and self.in_flight
         bid, sid, attempt = self.in_flight.pop(0)
         decl = self.state.branches[bid].agents[StepId(sid.split(":")[0])].turns[-1].calls  # type: ignore[union-attr]
-        d = inputfold.effective_decl(self.state.branches[bid], next(c.decl for c in decl if c.decl.step_id == sid))
+        d = requestfold.effective_decl(self.state.branches[bid], next(c.decl for c in decl if c.decl.step_id == sid))
         args = d.arguments if d.arguments is not None else self.blobs[d.arguments_ref.sha256].decode()  # type: ignore
         outcome: AttemptSucceeded | AttemptFailed
         try:

@@ -1,10 +1,11 @@
-"""shared.core.recovery.abandon: a live executor resolves its own settled intents no drive of it holds (pure)."""
+"""shared.core.mutators.recovery.abandon: a live executor resolves its own settled intents no drive of it holds
+(pure)."""
 
 from __future__ import annotations
 
-from shared.core import recovery
 from shared.core.decision import Skip
-from shared.core.events import (
+from shared.core.mutators import recovery
+from shared.core.run.events import (
     AttemptCancelled,
     AttemptFailed,
     AttemptSucceeded,

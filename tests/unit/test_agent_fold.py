@@ -8,10 +8,10 @@ import time
 import msgspec
 import pytest
 
-from shared.core import agentfold, recovery, rewind
-from shared.core.commands import RewindRun
+from shared.core.agent import turnfold
 from shared.core.errors import InvalidTransition
-from shared.core.events import (
+from shared.core.mutators import recovery, rewind
+from shared.core.run.events import (
     AgentFinished,
     AnyEvent,
     AttemptDispatched,
@@ -25,11 +25,13 @@ from shared.core.events import (
     StepDecl,
     StepsDeclared,
 )
-from shared.core.fold import RunState, apply_commit, fold, step_statuses
-from shared.core.statecodec import encode_state
-from shared.core.stepids import call_step_id, kv_safe, order_key, parse_step_id, turn_step_id
-from shared.core.subjects import outcome_key
-from shared.core.views import build_episode_view
+from shared.core.run.fold import apply_commit, fold
+from shared.core.run.state import RunState, step_statuses
+from shared.core.run.statecodec import encode_state
+from shared.core.run.stepids import call_step_id, kv_safe, order_key, parse_step_id, turn_step_id
+from shared.core.run.views import build_episode_view
+from shared.core.wire.commands import RewindRun
+from shared.core.wire.subjects import outcome_key
 from shared.nats.eventlog import gc_paused
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
@@ -115,11 +117,11 @@ def test_declarations_fold_in_order_and_set_the_agent_status() -> None:
     state, _ = run(*TWO_TURNS)
     assert step_statuses(state, "main") == ["succeeded", "succeeded", "pending"]
     branch = state.branches["main"]
-    assert [d.step_id for d in agentfold.declarations(branch, "solve")] == [
+    assert [d.step_id for d in turnfold.declarations(branch, "solve")] == [
         "solve:t1", "solve:t1:c0", "solve:t1:c1", "solve:t2"]
-    assert agentfold.declared(branch, "solve:t1:c1") == call(1, 1)
-    assert agentfold.declared(branch, "solve:t1:c2") is None and agentfold.declared(branch, "solve:t3") is None
-    rec = agentfold.record(branch, "solve")
+    assert turnfold.declared(branch, "solve:t1:c1") == call(1, 1)
+    assert turnfold.declared(branch, "solve:t1:c2") is None and turnfold.declared(branch, "solve:t3") is None
+    rec = turnfold.record(branch, "solve")
     assert rec is not None and rec.finished is not None
     assert (rec.finished.status, rec.finished.output_ref, rec.finished.turns, rec.finished.lsn) == (
         "succeeded", FINAL, 2, 24)
@@ -169,12 +171,12 @@ def test_a_fork_inherits_dynamic_steps_by_agent_turn_and_call(
         fork_lsn: int, from_step: str | None, steps: list[str], done: bool) -> None:
     state, _ = run(*TWO_TURNS, _fork(fork_lsn, from_step))
     child, parent = state.branches["b"], state.branches["main"]
-    assert [s for s in agentfold.step_ids(state.steps, child) if s in child.attempts] == steps
-    assert [d.step_id for d in agentfold.declarations(child, "solve")] == [s for s in steps if s.startswith("solve")]
-    rec = agentfold.record(child, "solve")
+    assert [s for s in turnfold.step_ids(state.steps, child) if s in child.attempts] == steps
+    assert [d.step_id for d in turnfold.declarations(child, "solve")] == [s for s in steps if s.startswith("solve")]
+    rec = turnfold.record(child, "solve")
     assert (rec is not None and rec.finished is not None) is done
     assert step_statuses(state, "b")[1] == ("succeeded" if done else "running" if rec else "pending")
-    assert len(list(agentfold.declarations(parent, "solve"))) == 4, "the parent's records never change"
+    assert len(list(turnfold.declarations(parent, "solve"))) == 4, "the parent's records never change"
     if fork_lsn == 18:  # c0/c1 were in flight at the fork: their outcomes (later) are not inherited
         assert [a.status for a in child.attempts["solve:t1:c0"]] == ["dispatched"]
 

@@ -7,12 +7,11 @@ from typing import Any
 
 import msgspec
 
-from shared.core import agentcommits as ac
-from shared.core import planning as plan
-from shared.core import rewind
-from shared.core.chat import ToolCall
-from shared.core.commands import RewindRun
-from shared.core.events import (
+from shared.core.agent import commits as ac
+from shared.core.chat.messages import ToolCall
+from shared.core.mutators import rewind
+from shared.core.run import planning as plan
+from shared.core.run.events import (
     ARGUMENTS_INLINE_MAX,
     AgentFinished,
     AttemptDispatched,
@@ -20,13 +19,14 @@ from shared.core.events import (
     AttemptSucceeded,
     StepsDeclared,
 )
-from shared.core.fold import fold, step_statuses
-from shared.core.ids import AttemptNo, BranchId, StepId
-from shared.core.state import INTERRUPTED
-from shared.core.statecodec import encode_state
-from shared.core.verifiers import make_ctx
-from shared.core.views import build_episode_view
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.run.fold import fold
+from shared.core.run.ids import AttemptNo, BranchId, StepId
+from shared.core.run.state import INTERRUPTED, step_statuses
+from shared.core.run.statecodec import encode_state
+from shared.core.run.views import build_episode_view
+from shared.core.verify.verifiers import make_ctx
+from shared.core.wire.commands import RewindRun
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim, X
 
 MAIN = BranchId("main")

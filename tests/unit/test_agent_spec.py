@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from shared.application.toolimports import check_tool_imports
 from shared.core.errors import WorkflowInvalid
-from shared.core.events import StepDecl
-from shared.core.workflow import AgentStep, parse_workflow
-from shared.tools_check import check_tool_imports
+from shared.core.run.events import StepDecl
+from shared.core.workflow.spec import AgentStep, parse_workflow
 
 
 def _agent(**kw: Any) -> dict[str, Any]:

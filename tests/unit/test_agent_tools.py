@@ -12,10 +12,10 @@ import msgspec
 import pytest
 
 from services.executor.agenttools import CallContext, encode_result, run_call
-from shared.core.chat import ToolCall
+from shared.core.chat.messages import ToolCall
 from shared.core.errors import ToolError, WorkflowInvalid
-from shared.core.toolspec import OUTPUT_TOO_LARGE, truncation_note
-from shared.core.workflow import AgentStep, parse_workflow
+from shared.core.workflow.spec import AgentStep, parse_workflow
+from shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, truncation_note
 from tests.support import print_bytes
 
 

@@ -1,19 +1,13 @@
-"""``reel chaos``'s pure core (shared/core/chaos.py): crash point names, the points of a reference log, end states,
+"""``reel chaos``'s pure core (shared/core/run/crashpoints.py): crash point names, the points of a reference log, end
+states,
 and the per-tool report that names a tool which ran twice without being retry-safe."""
 
 from __future__ import annotations
 
-from shared.core import chaos as core
-from shared.core.events import (
-    AttemptDispatched,
-    AttemptFailed,
-    AttemptSucceeded,
-    BlobRef,
-    RunStarted,
-    RunVerifying,
-)
-from shared.core.ids import BranchId, StepId
-from shared.core.workflow import parse_workflow
+from shared.core.run import crashpoints as core
+from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, BlobRef, RunStarted, RunVerifying
+from shared.core.run.ids import BranchId, StepId
+from shared.core.workflow.spec import parse_workflow
 from tests.golden.regen import GOLDEN_DIR, fold_log
 
 REF = BlobRef(sha256="0" * 64, size_bytes=1)

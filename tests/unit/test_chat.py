@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.core.chat import (
+from shared.core.chat.messages import (
     ChatMessage,
     ChatRequest,
     ToolCall,
@@ -17,8 +17,8 @@ from shared.core.chat import (
     wire_request,
 )
 from shared.core.errors import ModelError, ToolCallInvalid, WorkflowInvalid
-from shared.core.modelspec import ModelSpec, Price
-from shared.core.workflow import encode_workflow, parse_workflow
+from shared.core.workflow.modelspec import ModelSpec, Price
+from shared.core.workflow.spec import encode_workflow, parse_workflow
 from shared.models import LegacyChat, ModelRequest, ModelResponse, make_adapter, make_chat_model
 
 READ = ToolSchema(name="read_file", description="Read a file.",

@@ -4,7 +4,7 @@
 ``.get``/``.getenv``/``.setdefault``/``.pop`` (of ``os.environ`` or an alias of it), ``os.environ[…]``
 or typer's ``envvar=``,
 directly or through a module constant (``HEARTBEAT_ENV = "REEL_HEARTBEAT_FILE"``), and every ``REEL_…``
-string of shared/config.py's code (the configuration module: ``Config.from_env``, ``NatsAuth``,
+string of shared/runtime/config.py's code (the configuration module: ``Config.from_env``, ``NatsAuth``,
 ``CONNECTION_FLAGS``). Names Reel *sets* for the processes it starts (``REEL_RUN_ID`` … of a tool) are
 not read and need no row.
 """
@@ -58,7 +58,7 @@ def read_variables() -> dict[str, str]:
     found: dict[str, str] = {}
     for path, tree in trees.items():
         where = path.relative_to(REPO)
-        config_module = where == Path("shared/config.py")
+        config_module = where == Path("shared/runtime/config.py")
         for node in ast.walk(tree):
             names: list[str | None] = []
             if isinstance(node, ast.Call):
@@ -90,10 +90,10 @@ def test_every_variable_the_code_reads_is_documented() -> None:
 
 def test_the_scan_finds_reads_of_each_kind() -> None:
     read = read_variables()
-    assert read["REEL_HOME"].startswith("services/cli/common.py")  # os.environ.get("REEL_…")
+    assert read["REEL_HOME"].startswith("services/cli/console.py")  # os.environ.get("REEL_…")
     assert read["REEL_HEARTBEAT_FILE"].startswith("services/")  # through a module constant
     assert read["REEL_TOOL_DIR"].startswith("services/cli/app.py")  # os.environ.setdefault
-    assert "REEL_NATS_TLS_KEY" in read and "REEL_MAX_CONCURRENT_RUNS" in read  # shared/config.py
+    assert "REEL_NATS_TLS_KEY" in read and "REEL_MAX_CONCURRENT_RUNS" in read  # shared/runtime/config.py
     assert "REEL_NATS_" not in read and "REEL_RUN_ID" not in read  # an f-string's prefix; set for tools
 
 

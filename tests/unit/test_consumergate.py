@@ -1,4 +1,5 @@
-"""The consumer gate's rule (shared/core/consumergate.py): an ordered consumer into a client inbox, nothing else."""
+"""The consumer gate's rule (shared/core/wire/consumerrules.py): an ordered consumer into a client inbox, nothing
+else."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 from nats.js import api as jsapi
 
-from shared.core.consumergate import Refused, Vetted, is_client_inbox, vet
+from shared.core.wire.consumerrules import Refused, Vetted, is_client_inbox, vet
 
 READABLE = ("REEL_EVENTS", "REEL_VERDICTS", "OBJ_reel_blobs")
 

@@ -23,7 +23,7 @@ def _sources() -> list[Path]:
 
 def test_the_scan_sees_the_core() -> None:
     names = {p.relative_to(SHARED).as_posix() for p in _sources()}
-    assert {"core/fold.py", "core/verifiers/context.py", "crucible/iteration.py"} <= names
+    assert {"core/run/fold.py", "core/verify/verifiers/context.py", "crucible/iteration.py"} <= names
 
 
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: p.relative_to(SHARED).as_posix())

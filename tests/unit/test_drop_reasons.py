@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.core.events import ContextPartition
-from shared.core.ids import ContextItemId
-from shared.core.packer import Candidate, PackPolicy, drop_reasons, pack
+from shared.core.pack.packer import Candidate, PackPolicy, drop_reasons, pack
+from shared.core.run.events import ContextPartition
+from shared.core.run.ids import ContextItemId
 
 
 def _c(i: str, tokens: int = 10, **kw: object) -> Candidate:

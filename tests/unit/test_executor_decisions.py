@@ -1,10 +1,10 @@
-"""The executor's pure decisions (shared/core/planning.py), on hand-folded states — no server."""
+"""The executor's pure decisions (shared/core/run/planning.py), on hand-folded states — no server."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.core.events import (
+from shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -15,8 +15,9 @@ from shared.core.events import (
     RunStarted,
     StepDecl,
 )
-from shared.core.fold import RunState, fold
-from shared.core.planning import outcome_recorded
+from shared.core.run.fold import fold
+from shared.core.run.planning import outcome_recorded
+from shared.core.run.state import RunState
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 

@@ -16,7 +16,7 @@ from typing import get_args
 import msgspec
 import pytest
 
-from shared.core.events import (
+from shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -26,8 +26,9 @@ from shared.core.events import (
     InputRequested,
     RunCreated,
 )
-from shared.core.events import Commit as CommitT
-from shared.core.fold import RunState, apply_commit, fold
+from shared.core.run.events import Commit as CommitT
+from shared.core.run.fold import apply_commit, fold
+from shared.core.run.state import RunState
 from tests.golden.regen import GOLDEN_DIR, canonical, expectations, logs, read_log
 
 LOGS = logs()

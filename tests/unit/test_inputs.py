@@ -10,12 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core import inputfold, respond, rewind
-from shared.core import planning as plan
-from shared.core.commands import RespondRun, RewindRun
 from shared.core.decision import Skip
 from shared.core.errors import InvalidCommand, InvalidTransition, WorkflowInvalid
-from shared.core.events import (
+from shared.core.input import requestfold, respond
+from shared.core.mutators import rewind
+from shared.core.run import planning as plan
+from shared.core.run.events import (
     AttemptDispatched,
     Commit,
     InputAnswered,
@@ -24,12 +24,13 @@ from shared.core.events import (
     RunCancelled,
     StepsDeclared,
 )
-from shared.core.fold import apply_commit, fold
-from shared.core.ids import BranchId, RequestId, RunId, StepId, request_id_for
-from shared.core.state import RunState
-from shared.core.statecodec import encode_state
-from shared.core.views import build_episode_view
-from shared.core.workflow import WorkflowSpec, parse_workflow
+from shared.core.run.fold import apply_commit, fold
+from shared.core.run.ids import BranchId, RequestId, RunId, StepId, request_id_for
+from shared.core.run.state import RunState
+from shared.core.run.statecodec import encode_state
+from shared.core.run.views import build_episode_view
+from shared.core.wire.commands import RespondRun, RewindRun
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim
 
 MAIN = BranchId("main")
@@ -74,7 +75,7 @@ def answer(sim: Sim, request_id: str, decision: str, **kw: Any) -> InputAnswered
 
 
 def requests(state: RunState) -> list[str]:
-    return [r.request_id for r in inputfold.open_requests(state.branches[state.active_branch])]
+    return [r.request_id for r in requestfold.open_requests(state.branches[state.active_branch])]
 
 
 def test_two_calls_needing_approval_ask_while_the_third_runs_then_the_run_rests() -> None:
@@ -141,7 +142,7 @@ def test_duplicates_late_unknown_and_already_answered_are_told_apart() -> None:
 def test_ask_user_asks_a_question_and_the_answer_is_the_observation() -> None:
     sim = Sim(workflow([{"tool_calls": [call("ask_user", question="Which branch?")]}, {"text": "ok"}]), TOOLS)
     state = sim.run()
-    (rec,) = inputfold.open_requests(state.branches[MAIN])
+    (rec,) = requestfold.open_requests(state.branches[MAIN])
     assert (rec.kind, rec.question, rec.asked) == ("question", "Which branch?", "the requester")
     assert sim.requests[0]["tools"][2]["function"]["parameters"]["required"] == ["question"]
     with pytest.raises(InvalidCommand, match="takes answer or reject"):
@@ -155,7 +156,7 @@ def test_a_deadline_commits_its_default_once() -> None:
     tools = [{**WRITE, "input": {"ask": "ops", "timeout_s": 60, "default": "reject", "note": "nobody was around"}}]
     sim = Sim(workflow([{"tool_calls": [call("write_file", path="a")]}, {"text": "gave up"}], tools), TOOLS)
     state = sim.run()
-    (rec,) = inputfold.open_requests(state.branches[MAIN])
+    (rec,) = requestfold.open_requests(state.branches[MAIN])
     assert rec.deadline_ms is not None and respond.next_deadline(state) == rec.deadline_ms
     assert respond.deadline_events(state, rec.deadline_ms - 1) == Skip("no deadline due")
     fired = respond.deadline_events(state, rec.deadline_ms)
@@ -174,7 +175,7 @@ def test_cancel_closes_the_open_requests_and_an_answer_after_it_is_a_no_op() -> 
     first, second = requests(sim.run())
     answer(sim, first, "approve")
     state = sim.commit([RunCancelled(reason="stop", at_ms=sim.tick())])
-    recs = inputfold.requests_of(state.branches[MAIN])
+    recs = requestfold.requests_of(state.branches[MAIN])
     assert {r.request_id: (r.status, r.closed_lsn) for r in recs.values()} == {
         first: ("approved", None), second: ("closed", state.head_lsn)}
     late = answer(sim, second, "approve")
@@ -209,7 +210,7 @@ def test_the_workflow_policy_names_tools_by_pattern_and_invalid_arguments_ask_no
                     approval={"tools": ["deploy_*"], "ask": "release managers", "timeout_s": 5, "default": "approve"})
     sim = Sim(spec, {"deploy_prod": lambda a: "deployed", "read_file": lambda a: "x"})
     state = sim.run()
-    (rec,) = inputfold.open_requests(state.branches[MAIN])  # read_file's call lacks `path`: it runs (and fails)
+    (rec,) = requestfold.open_requests(state.branches[MAIN])  # read_file's call lacks `path`: it runs (and fails)
     assert (rec.step_id, rec.asked, rec.default) == ("solve:t1:c0", "release managers", "approve")
     assert state.branches[MAIN].attempts.get(StepId("solve:t1:c1"))
 

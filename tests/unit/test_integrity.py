@@ -1,4 +1,4 @@
-"""Poison isolation in the core (shared/core/integrity.py, shared/core/lifecycle.py): pure, no server.
+"""Poison isolation in the core (shared/core/run/integrity.py, shared/core/run/lifecycle.py): pure, no server.
 
 Good logs — every golden log — fold through the checked path exactly as through
 ``fold``; a bad commit (undecodable, naming another run, an illegal transition)
@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.core.events import (
+from shared.core.run.events import (
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -27,9 +27,9 @@ from shared.core.events import (
     VerdictRecorded,
     encode_commit,
 )
-from shared.core.fold import fold
-from shared.core.ids import LSN, BranchId, RunId
-from shared.core.integrity import (
+from shared.core.run.fold import fold
+from shared.core.run.ids import LSN, BranchId, RunId
+from shared.core.run.integrity import (
     Corruption,
     CorruptionKind,
     RunCorrupt,
@@ -38,8 +38,8 @@ from shared.core.integrity import (
     fold_checked,
     fold_or_raise,
 )
-from shared.core.statecodec import encode_state
-from shared.core.verification import corrupt_verdicts
+from shared.core.run.statecodec import encode_state
+from shared.core.verify.verification import corrupt_verdicts
 from tests.golden.regen import GoldenLine, logs
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)

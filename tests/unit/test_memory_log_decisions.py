@@ -2,7 +2,7 @@
 
 :class:`~shared.memory.eventlog.MemoryEventLog` passes the same contract suite as the JetStream log
 (tests/integration/test_eventlog_contract.py), so what is tested here is the decision and what the
-handler makes of :class:`~shared.fenced.Decided`: the fence, a lost try decided again on the
+handler makes of :class:`~shared.application.fenced.Decided`: the fence, a lost try decided again on the
 refreshed state, a Skip. Races between processes, redelivery and the server's failures stay in the
 integration and fault suites on a real nats-server.
 """
@@ -13,11 +13,11 @@ import pytest
 
 from services.cancel.app import CancelService
 from services.executor.attempts import OUTCOME_RECORDED, RUN_MOVED, on_head, record_outcome, settled
-from shared.core import recovery
-from shared.core.commands import CancelRun
+from shared.application.fenced import commit_decided
 from shared.core.decision import Skip
 from shared.core.errors import RunNotFound
-from shared.core.events import (
+from shared.core.mutators import recovery
+from shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
@@ -29,8 +29,8 @@ from shared.core.events import (
     RunStarted,
     StepDecl,
 )
-from shared.core.fold import RunState
-from shared.fenced import commit_decided
+from shared.core.run.state import RunState
+from shared.core.wire.commands import CancelRun
 from shared.memory.eventlog import MemoryEventLog
 from shared.nats.consumer import Delivery
 

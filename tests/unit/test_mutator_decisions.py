@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core import recovery, rewind
-from shared.core.cancel import after_cancel
-from shared.core.cancel import decide as decide_cancel
-from shared.core.commands import CancelRun, RewindRun
 from shared.core.decision import Skip
 from shared.core.errors import InvalidCommand, InvalidTransition
-from shared.core.events import (
+from shared.core.mutators import recovery, rewind
+from shared.core.mutators.cancel import after_cancel
+from shared.core.mutators.cancel import decide as decide_cancel
+from shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
@@ -25,7 +24,9 @@ from shared.core.events import (
     RunVerifying,
     StepDecl,
 )
-from shared.core.fold import RunState, fold
+from shared.core.run.fold import fold
+from shared.core.run.state import RunState
+from shared.core.wire.commands import CancelRun, RewindRun
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 OTHER_REF = BlobRef(sha256="b" * 64, size_bytes=5)

@@ -5,11 +5,17 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.core.events import Verdict, VerdictStatus
-from shared.core.fold import RunState
-from shared.core.ids import LSN, BranchId, RunId
-from shared.core.outcomes import UNLABELLED, check_verdicts, checks_summary, context_checks, reported_outcome
-from shared.core.persistent import FrozenMap
+from shared.core.run.events import Verdict, VerdictStatus
+from shared.core.run.ids import LSN, BranchId, RunId
+from shared.core.run.persistent import FrozenMap
+from shared.core.run.state import RunState
+from shared.core.verify.reportedoutcome import (
+    UNLABELLED,
+    check_verdicts,
+    checks_summary,
+    context_checks,
+    reported_outcome,
+)
 from tests.golden.regen import GOLDEN_DIR, fold_log
 
 CHECK = "task-in-final-context"

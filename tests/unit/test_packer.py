@@ -1,6 +1,6 @@
 """The packer's three buckets, checked against their written definitions.
 
-From shared/core/packer.py: ``dropped`` = excluded by policy whatever the budget (excluded
+From shared/core/pack/packer.py: ``dropped`` = excluded by policy whatever the budget (excluded
 kind, stale, duplicate of an earlier *eligible* item, over the per-item cap, larger
 than the whole budget); ``available`` = eligible but left out because the budget
 ran out at its turn, in rank order; ``packed`` = what went in, in candidate order.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.packer import Candidate, Packed, PackPolicy, drop_reasons, pack
+from shared.core.pack.packer import Candidate, Packed, PackPolicy, drop_reasons, pack
 
 
 def c(id: str, tokens: int, **kw: object) -> Candidate:

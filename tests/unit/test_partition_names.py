@@ -1,10 +1,10 @@
-"""Partition names and permissions (shared/core/subjects.py, shared/roles.py; docs/architecture.md,
+"""Partition names and permissions (shared/core/wire/subjects.py, shared/auth/roles.py; docs/architecture.md,
 "Executor partitions")."""
 
 from __future__ import annotations
 
-from shared.core.subjects import Names, partition_of
-from shared.roles import client_may_publish, grants, may_publish
+from shared.auth.roles import client_may_publish, grants, may_publish
+from shared.core.wire.subjects import Names, partition_of
 
 
 def test_partition_of_is_the_servers_fnv1a_mapping() -> None:

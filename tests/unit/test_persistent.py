@@ -1,4 +1,4 @@
-"""FrozenMap: an immutable, insertion-ordered mapping whose versions share structure (shared/core/persistent.py)."""
+"""FrozenMap: an immutable, insertion-ordered mapping whose versions share structure (shared/core/run/persistent.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.persistent import CHUNK, FrozenMap, MapBuilder, enc_hook, from_builtins
+from shared.core.run.persistent import CHUNK, FrozenMap, MapBuilder, enc_hook, from_builtins
 
 
 def test_reads_like_a_dict_in_insertion_order() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.core import planning as plan
-from shared.core.fold import apply_commit
-from shared.core.state import StepStatus, step_statuses
+from shared.core.run import planning as plan
+from shared.core.run.fold import apply_commit
+from shared.core.run.state import StepStatus, step_statuses
 from tests.golden.regen import logs, read_log
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from shared.proc.group import run_group
-from shared.proc.orphans import REGISTRY_ENV, reap_orphans
+from shared.proc.reaper import REGISTRY_ENV, reap_orphans
 
 ROOT = Path(__file__).parents[2]
 PY = sys.executable

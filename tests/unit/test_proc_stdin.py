@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shared.core.errors import BlobCorrupt, ToolError
-from shared.core.workflow import ToolSpec
+from shared.core.workflow.spec import ToolSpec
 from shared.proc.group import run_group
 from shared.proc.tools import run_tool
 

@@ -1,4 +1,5 @@
-"""Scrubbing secrets out of what a service records (shared/core/redact.py; the process's set: shared/secrets.py)."""
+"""Scrubbing secrets out of what a service records (shared/core/env/redact.py; the process's set:
+shared/auth/secrets.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import random
 
 import structlog
 
-from shared import secrets
-from shared.config import NatsAuth
-from shared.core.redact import MIN_SECRET_CHARS, StreamScrubber, secrets_of
-from shared.logging import setup_logging
+from shared.auth import secrets
+from shared.core.env.redact import MIN_SECRET_CHARS, StreamScrubber, secrets_of
 from shared.proc.tools import ToolOutput
+from shared.runtime.config import NatsAuth
+from shared.runtime.logging import setup_logging
 
 PW = "pw-0123456789abcdefghijklmnopqrstuv"
 KEY = "sk-abcdefghijklmnop"

@@ -1,4 +1,5 @@
-"""The permission matrix (shared/roles.py): what no client may touch, who writes what, and docs/security.md shows it.
+"""The permission matrix (shared/auth/roles.py): what no client may touch, who writes what, and docs/security.md
+shows it.
 
 The live proof — the same grants on a real server — is tests/integration/test_auth.py.
 """
@@ -10,11 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.authdir import render_auth_conf
-from shared.config import NatsAuth
-from shared.core.subjects import COMMANDS, Names
-from shared.nats.access import connect_options, redact_url
-from shared.roles import (
+from shared.auth.authdir import render_auth_conf
+from shared.auth.roles import (
     API,
     CLIENT_COMMANDS,
     CLIENT_ROLES,
@@ -27,6 +25,9 @@ from shared.roles import (
     render_matrix,
     streams,
 )
+from shared.core.wire.subjects import COMMANDS, Names
+from shared.nats.access import connect_options, redact_url
+from shared.runtime.config import NatsAuth
 
 REPO = Path(__file__).resolve().parents[2]
 N = Names("reel")
@@ -132,7 +133,7 @@ def test_connect_options_and_redaction_keep_secrets_out_of_reprs_and_urls(tmp_pa
 
 
 def test_service_flags_set_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.runner import apply_connection_flags
+    from services.runtime.runner import apply_connection_flags
 
     monkeypatch.setenv("REEL_NATS_USER", "")  # restored (removed) after the test
     monkeypatch.setenv("REEL_NATS_TLS_CA", "")

@@ -1,10 +1,10 @@
-"""What ``reel run`` / ``reel show`` print for agent runs (services/timeline.py), on the golden agent log."""
+"""What ``reel run`` / ``reel show`` print for agent runs (services/timeline/render.py), on the golden agent log."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from services.timeline import event_line, timeline
+from services.timeline.render import event_line, timeline
 from tests.golden.regen import GOLDEN_DIR, fold_log, read_log
 
 

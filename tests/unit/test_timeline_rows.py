@@ -1,14 +1,14 @@
-"""The derived cells of ``reel show`` (services/timeline_rows.py): exit codes, commands, latency, drop notes."""
+"""The derived cells of ``reel show`` (services/timeline/rows.py): exit codes, commands, latency, drop notes."""
 
 from __future__ import annotations
 
 import msgspec
 
-from services.timeline_rows import call_cells, drop_summary, exit_code_cell, fmt_ms, latency_cell
-from shared.core.events import ContextPartition, Usage
-from shared.core.ids import LSN, AttemptNo, ExecutorId, StepId
-from shared.core.views import AttemptView, StepView
-from shared.core.workflow import parse_workflow
+from services.timeline.rows import call_cells, drop_summary, exit_code_cell, fmt_ms, latency_cell
+from shared.core.run.events import ContextPartition, Usage
+from shared.core.run.ids import LSN, AttemptNo, ExecutorId, StepId
+from shared.core.run.views import AttemptView, StepView
+from shared.core.workflow.spec import parse_workflow
 from tests.golden.regen import GOLDEN_DIR, fold_log
 
 
@@ -58,7 +58,7 @@ def test_timeline_cells_print_brackets_as_written() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from services.timeline import _plain
+    from services.timeline.render import _plain
 
     table = Table()
     table.add_column("args")

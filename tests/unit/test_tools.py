@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from shared.core.errors import ToolError
-from shared.core.toolspec import OUTPUT_TOO_LARGE, OutputLimit
-from shared.core.workflow import ToolSpec
+from shared.core.workflow.spec import ToolSpec
+from shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
 from shared.proc.tools import SPOOL_MEMORY_BYTES, reap_orphaned_tools, run_tool
 from tests.support import print_bytes
 
@@ -141,7 +141,7 @@ async def test_tool_groups_left_by_a_killed_executor_are_reaped(tmp_path: Path,
     executor = (
         "import asyncio\n"
         "from shared.proc.tools import reap_orphaned_tools, run_tool\n"
-        "from shared.core.workflow import ToolSpec\n"
+        "from shared.core.workflow.spec import ToolSpec\n"
         f"spec = ToolSpec(type='command', argv=('sh', '-c', 'sleep 60 & echo $! > {pidfile}; wait'))\n"
         "asyncio.run(run_tool(spec, attempt=1, env={'REEL_RUN_ID': 'r-x', 'REEL_ATTEMPT': '1'}))\n"
     )

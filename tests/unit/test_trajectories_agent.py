@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from shared.core.agentspec import AgentToolSpec
-from shared.core.events import ContextPartition
-from shared.core.packer import pack
-from shared.core.planning import candidates, context_items, policy_for
-from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.pack.packer import pack
+from shared.core.pack.tokencount import DEFAULT_COUNTER
+from shared.core.run.events import ContextPartition
+from shared.core.run.planning import candidates, context_items, policy_for
 from shared.core.trajectories import load_trajectories
 from shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT, RESPOND
 from shared.core.trajectories.loader import PARSERS, _read, detect_format
 from shared.core.trajectories.recording import Lit, Obs, Recording, Turn
-from shared.core.workflow import AgentStep, ModelStep, ToolStep, WorkflowSpec
+from shared.core.workflow.agentspec import AgentToolSpec
+from shared.core.workflow.spec import AgentStep, ModelStep, ToolStep, WorkflowSpec
 from tests.unit.agent_sim import Sim
 from tests.unit.test_trajectories import FILES, MINI_FAIL, MINI_OK, MODEL_TURNS, OH, SWE, TAU, TOOL_STEPS, _mini, _raw
 

@@ -20,7 +20,7 @@ from shared.core.errors import TrajectoryFormatError
 from shared.core.trajectories import detect_format, load_trajectories
 from shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT
 from shared.core.trajectories.swe_agent import listish
-from shared.core.workflow import AgentStep, WorkflowSpec
+from shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 ISSUE = "Fix the off-by-one in pager.py"
 

@@ -1,4 +1,5 @@
-"""Pure parts of the verifiers (shared/core/verifiers/, shared/verify.py): outcome, deadline guard, ctx defaults."""
+"""Pure parts of the verifiers (shared/core/verify/verifiers/, shared/application/verifierrun.py): outcome, deadline
+guard, ctx defaults."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import time
 
 import pytest
 
-from shared.core.events import BlobRef, ContextPartition, VerdictStatus
-from shared.core.verification import derive_outcome
-from shared.core.verifiers import ContextRequires, VerdictResult, VerifierCtx, VerifierInvalid, make_ctx
-from shared.core.views import AttemptView, EpisodeView, StepView
-from shared.core.workflow import VerifierSpec
-from shared.verify import make_verifier, run_verifier
+from shared.application.verifierrun import make_verifier, run_verifier
+from shared.core.run.events import BlobRef, ContextPartition, VerdictStatus
+from shared.core.run.views import AttemptView, EpisodeView, StepView
+from shared.core.verify.verification import derive_outcome
+from shared.core.verify.verifiers import ContextRequires, VerdictResult, VerifierCtx, VerifierInvalid, make_ctx
+from shared.core.workflow.spec import VerifierSpec
 
 
 @pytest.mark.parametrize(("step_failed", "statuses", "outcome"), [

@@ -1,4 +1,4 @@
-"""How much of an output a verifier reads (shared/core/verifiers/context.py, shared/proc/verifier.py).
+"""How much of an output a verifier reads (shared/core/verify/verifiers/context.py, shared/proc/verifier.py).
 
 In-memory verifiers (``output_regex``, ``output_json_schema``, ``ctx.output()`` in a python one) read
 at most :data:`VERIFIER_READ_MAX_BYTES` whole — a longer output is an ``error`` verdict and is never
@@ -15,11 +15,11 @@ from typing import IO
 
 import pytest
 
-from shared.core.events import BlobRef
-from shared.core.verifiers import VERIFIER_READ_MAX_BYTES, OutputTooLarge, make_ctx
-from shared.core.views import AttemptView, EpisodeView, StepView
-from shared.core.workflow import VerifierSpec
-from shared.verify import make_verifier, run_verifier
+from shared.application.verifierrun import make_verifier, run_verifier
+from shared.core.run.events import BlobRef
+from shared.core.run.views import AttemptView, EpisodeView, StepView
+from shared.core.verify.verifiers import VERIFIER_READ_MAX_BYTES, OutputTooLarge, make_ctx
+from shared.core.workflow.spec import VerifierSpec
 
 MIB = 1 << 20
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shared.core.errors import WorkflowInvalid
-from shared.core.workflow import expand_env, load_workflow
+from shared.core.workflow.spec import expand_env, load_workflow
 
 DOC = """
 name: ${NAME:-env-demo}

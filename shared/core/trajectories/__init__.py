@@ -1,7 +1,7 @@
 """Recorded agent trajectories → replayable Reel workflows (see docs/trajectories.md).
 
 :func:`load_trajectories` reads one trajectory file, detects its format
-(:func:`detect_format`) and returns one :class:`~shared.core.workflow.WorkflowSpec` per
+(:func:`detect_format`) and returns one :class:`~shared.core.workflow.spec.WorkflowSpec` per
 recorded run in it. Pure: no NATS, no clock; the only I/O is reading the file and,
 for mini-swe-agent, its companion SWE-bench ``report.json`` (the outcome label).
 

@@ -17,17 +17,17 @@ crucible worked example's judge (``examples/crucible/judge.py``) scores its poli
 
 Verifiers: ``recorded_outcome`` when the recording has a label, and
 ``task-in-final-context`` (``context_requires`` the task item at the last model step), a context check
-(the ``context_checks`` label, :mod:`shared.core.outcomes`).
+(the ``context_checks`` label, :mod:`shared.core.verify.reportedoutcome`).
 """
 
 from __future__ import annotations
 
 from shared.core.errors import TrajectoryFormatError
-from shared.core.outcomes import CONTEXT_CHECKS_LABEL
-from shared.core.tokens import TokenCounter
+from shared.core.pack.tokencount import TokenCounter
 from shared.core.trajectories.builder import PRIORITY, checked, checks_label, policy
 from shared.core.trajectories.recording import Obs, Recording, Turn
-from shared.core.workflow import (
+from shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
+from shared.core.workflow.spec import (
     ContextItemSpec,
     ModelSpec,
     ModelStep,

@@ -17,12 +17,12 @@ from typing import Any, Literal
 import msgspec
 
 from shared.core.errors import TrajectoryFormatError
-from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.pack.tokencount import DEFAULT_COUNTER
 from shared.core.trajectories import mini_swe_agent, openhands, swe_agent, tau_bench
 from shared.core.trajectories.builder import build
 from shared.core.trajectories.linear import build_linear
 from shared.core.trajectories.recording import Parser
-from shared.core.workflow import WorkflowSpec
+from shared.core.workflow.spec import WorkflowSpec
 
 TrajectoryFormat = Literal["mini-swe-agent", "swe-agent", "tau-bench", "openhands"]
 WorkflowForm = Literal["agent", "linear"]

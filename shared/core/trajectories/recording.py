@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from shared.core.errors import TrajectoryFormatError
-from shared.core.workflow import RecordedUsage
+from shared.core.workflow.spec import RecordedUsage
 
 _T = TypeVar("_T")
 

@@ -1,0 +1,1 @@
+"""What every service process shares: the entry runner, the health probe, resuming an executor."""

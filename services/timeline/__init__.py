@@ -1,0 +1,1 @@
+"""Human-readable renderings of runs for the CLI: timelines, the attempt table and its cells."""

@@ -1,0 +1,92 @@
+"""The one workflow cache: a run's workflow read from its blob and parsed once, by sha256.
+
+A run names its workflow by content (``RunCreated.workflow_ref``), so a parsed spec never goes
+stale: the cache only bounds memory. :class:`WorkflowCache` is a least-recently-used map of at
+most ``max_entries`` (default :data:`MAX_WORKFLOWS`) specs by sha256; every reader of a run's
+workflow goes through it (the executor, the verifier, the respond handler, the CLI's timelines
+and ``reel trace``). Each spec parsed is passed to :func:`shared.auth.secrets.remember_workflow` (its
+models' key names, scrubbed from what this process stores). The executor also keeps a
+workflow's resolved ``python:`` tools with it (:meth:`WorkflowCache.python_tools`).
+
+Typed against the :class:`~shared.core.ports.BlobStore` port; no NATS here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from shared.application.toolimports import PythonTools, check_tool_imports
+from shared.auth import secrets
+from shared.core.errors import WorkflowInvalid
+from shared.core.ports import BlobStore
+from shared.core.run.events import BlobRef
+from shared.core.workflow.spec import WorkflowSpec, parse_workflow
+
+MAX_WORKFLOWS = 256
+"""Specs kept per process (a spec is a few KiB: ~1 MiB at most for typical workflows)."""
+
+
+@dataclass
+class _Entry:
+    spec: WorkflowSpec
+    tools: PythonTools | None = None
+
+
+class WorkflowCache:
+    """Parsed workflows by the sha256 of their blob, least recently used evicted past ``max_entries``.
+
+    Args:
+        blobs: where workflow blobs are read from (JSON, as the executor stores them).
+        max_entries: how many specs to keep (≥ 1).
+    """
+
+    def __init__(self, blobs: BlobStore, *, max_entries: int = MAX_WORKFLOWS) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        self.blobs, self.max_entries = blobs, max_entries
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def remember(self, sha256: str, spec: WorkflowSpec, tools: PythonTools | None = None) -> None:
+        """Keep ``spec``, stored as the blob ``sha256`` (``tools``: its python tools, if resolved already)."""
+        secrets.remember_workflow(spec)  # its models' keys: scrubbed from what this process stores
+        self._entries[sha256] = _Entry(spec, tools)
+        self._entries.move_to_end(sha256)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    async def _entry(self, ref: BlobRef) -> _Entry:
+        entry = self._entries.get(ref.sha256)
+        if entry is not None:
+            self._entries.move_to_end(ref.sha256)
+            return entry
+        try:
+            spec = parse_workflow(await self.blobs.get(ref), fmt="json")
+        except WorkflowInvalid as exc:
+            raise WorkflowInvalid(f"workflow blob {ref.sha256[:12]}…: {exc.message}") from exc
+        self.remember(ref.sha256, spec)
+        return self._entries[ref.sha256]
+
+    async def load(self, ref: BlobRef) -> WorkflowSpec:
+        """The workflow stored as ``ref`` (read and parsed on its first use, or again once evicted).
+
+        Raises:
+            BlobMissing: the blob store has no such (intact) blob.
+            WorkflowInvalid: the blob is not a valid workflow (the message names the blob).
+        """
+        return (await self._entry(ref)).spec
+
+    async def python_tools(self, ref: BlobRef) -> PythonTools:
+        """The resolved ``python:`` tools of the workflow ``ref`` (resolved once, kept with its spec).
+
+        Raises:
+            BlobMissing, WorkflowInvalid: as :meth:`load`; WorkflowInvalid also when a tool path does not
+                resolve (the message names the field).
+        """
+        entry = await self._entry(ref)
+        if entry.tools is None:
+            entry.tools = check_tool_imports(entry.spec)
+        return entry.tools

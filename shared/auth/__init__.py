@@ -1,0 +1,1 @@
+"""Who may do what: NATS roles, the ``reel auth init`` directory, this process's secrets."""

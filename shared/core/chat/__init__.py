@@ -1,0 +1,1 @@
+"""The chat types of the model port and the chat-completions wire format, streamed or not (pure)."""

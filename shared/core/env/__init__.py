@@ -1,0 +1,1 @@
+"""Environments and secrets, pure: ``${NAME}`` interpolation, a tool's allow-listed environment, redaction."""

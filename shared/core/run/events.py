@@ -1,0 +1,285 @@
+"""The event model: what one commit on a run's subject can say.
+
+A *commit* is one JetStream message on ``reel.ev.<run_id>``; its body is the JSON
+encoding of :class:`Commit`, which carries one or more tagged events. The commit's
+LSN is the stream sequence the server assigns to that message, so it is never
+part of the body. Events are frozen, tagged ``msgspec.Struct``s; every time is a
+field (``*_ms``, Unix epoch milliseconds) so the fold never reads a clock.
+
+Schema evolution (msgspec's rules): new fields get defaults, a field never changes
+type; a breaking change bumps :data:`SCHEMA_VERSION` and adds a decoder case.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.core.errors import UnknownEventType
+from shared.core.input.requestevents import (
+    InputAnswered as InputAnswered,  # human input: shared/core/input/requestevents.py
+)
+from shared.core.input.requestevents import InputRequested as InputRequested
+from shared.core.input.requestevents import RunAwaitingInput as RunAwaitingInput
+from shared.core.run.eventbase import Event as Event
+from shared.core.run.eventfields import BlobRef as BlobRef  # value types: shared/core/run/eventfields.py
+from shared.core.run.eventfields import ContextPartition as ContextPartition
+from shared.core.run.eventfields import StepDecl as StepDecl
+from shared.core.run.eventfields import StepKind as StepKind
+from shared.core.run.eventfields import Usage as Usage
+from shared.core.run.eventfields import Verdict as Verdict
+from shared.core.run.eventfields import VerdictStatus as VerdictStatus
+from shared.core.run.ids import LSN, AttemptNo, BranchId, CommitId, ExecutorId, RunId, StepId
+
+SCHEMA_VERSION = 1
+
+DeclaredKind = Literal["turn", "tool_call"]
+AgentStatus = Literal["succeeded", "failed"]
+ARGUMENTS_INLINE_MAX = 2048  # bytes of a tool call's raw JSON arguments carried inline (larger: a blob)
+RunOutcome = Literal["passed", "failed", "error", "succeeded"]
+
+
+class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
+    """A run exists and is ``Pending``. The workflow body is in the blob store."""
+
+    run_id: RunId
+    branch_id: BranchId
+    workflow_name: str
+    workflow_ref: BlobRef
+    steps: tuple[StepDecl, ...]
+    verifiers: tuple[str, ...] = ()
+    idempotency_key: str | None = None
+    created_ms: int
+    labels: dict[str, str] = {}
+
+
+class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
+    """An executor claimed the run: ``Pending``/``Running`` → ``Running``."""
+
+    executor_id: ExecutorId
+    at_ms: int
+
+
+class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=True):
+    """The intent, committed *before* the side effect.
+
+    For model steps ``prompt_ref`` and ``context`` are set, in this same commit
+    (the partition is known only at pack time). A new attempt of a step supersedes any earlier attempt of
+    that step that is still ``dispatched`` (its executor died).
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    executor_id: ExecutorId
+    at_ms: int
+    prompt_ref: BlobRef | None = None
+    context: ContextPartition | None = None
+
+
+class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True):
+    """The outcome of a dispatched attempt: success, with its output blob.
+
+    ``truncated``: the tool printed more than its ``max_output_bytes`` and ``on_overflow: truncate`` kept
+    the head (``output_ref`` is that head); unset (not encoded) otherwise, so older logs read the same.
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    output_ref: BlobRef
+    usage: Usage = Usage()
+    at_ms: int
+    recovered: bool = False
+    truncated: bool | msgspec.UnsetType = msgspec.UNSET
+
+
+class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
+    """The outcome of a dispatched attempt: failure, kept in the log forever."""
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    error_kind: str
+    message: str
+    retryable: bool = True
+    usage: Usage = Usage()
+    at_ms: int
+    recovered: bool = False
+
+
+class AttemptCancelled(Event, tag="attempt_cancelled", kw_only=True, frozen=True):
+    """The outcome of a dispatched attempt the run's cancel stopped: terminal, not a failure.
+
+    Recorded by the executor that interrupted the side effect (its process group killed,
+    its task cancelled, its HTTP call aborted), or by recovery when that executor is
+    dead (``recovered``). Any outcome of an attempt on the active branch of a cancelled
+    run is recorded as this, never as a success or a failure (docs/mutators.md).
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    reason: str = ""
+    usage: Usage = Usage()
+    at_ms: int
+    recovered: bool = False
+
+
+class RunVerifying(Event, tag="run_verifying", kw_only=True, frozen=True):
+    """Every step of the branch is terminal; the run rests in ``Verifying``."""
+
+    branch_id: BranchId
+    at_ms: int
+
+
+class VerdictRecorded(Event, tag="verdict_recorded", kw_only=True, frozen=True):
+    """A verdict (also published on the verdict subject) recorded in the run's log."""
+
+    verdict: Verdict
+
+
+class RunCompleted(Event, tag="run_completed", kw_only=True, frozen=True):
+    """Terminal: every expected verdict for the snapshot is in (or none was configured)."""
+
+    branch_id: BranchId
+    outcome: RunOutcome
+    snapshot_lsn: LSN = LSN(0)
+    at_ms: int
+
+
+class RunCancelled(Event, tag="run_cancelled", kw_only=True, frozen=True):
+    """Terminal: cancelled from ``Pending``, ``Running`` or ``Verifying``."""
+
+    reason: str = ""
+    at_ms: int
+
+
+class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
+    """A rewind: a new branch forked from ``parent_branch_id``.
+
+    The new branch inherits the parent's records up to ``fork_lsn`` and, when
+    ``from_step`` is set, only the steps before ``from_step``. The parent's
+    records never change. The run goes back to ``Running`` on the new branch.
+    """
+
+    branch_id: BranchId
+    parent_branch_id: BranchId
+    fork_lsn: LSN
+    from_step: StepId | None = None
+    at_ms: int
+
+
+class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One dynamic step of an agent: a turn, or one tool call of a turn.
+
+    Attributes:
+        step_id: ``<agent>:t<turn>`` or ``<agent>:t<turn>:c<i>`` (:mod:`shared.core.run.stepids`).
+        kind: ``turn`` or ``tool_call``.
+        turn: the turn (1-based) the step is, or belongs to.
+        max_attempts: attempts of this step.
+        call_id: the tool-call id echoed back to the model as ``tool_call_id`` (the
+            provider's, or one Reel assigned when it was empty or a duplicate).
+        tool_name: the tool called; ``arguments`` its raw JSON arguments when at most
+            :data:`ARGUMENTS_INLINE_MAX` bytes, else ``arguments_ref`` (a blob).
+        retry_safe: the tool may be re-run after an executor crash; otherwise an
+            in-flight attempt left by a dead executor is recorded ``outcome_unknown``.
+        fatal: the tool's failure (after its attempts) fails the agent step.
+    """
+
+    step_id: StepId
+    kind: DeclaredKind
+    turn: int
+    max_attempts: int = 1
+    call_id: str | None = None
+    tool_name: str | None = None
+    arguments: str | None = None
+    arguments_ref: BlobRef | None = None
+    retry_safe: bool = False
+    fatal: bool = False
+
+
+class StepsDeclared(Event, tag="steps_declared", kw_only=True, frozen=True):
+    """Dynamic steps of the agent step ``parent_step`` on ``branch_id``, in order.
+
+    Turn 1 is declared with its first intent; the calls of turn *t* in the commit of
+    turn *t*'s outcome (with their intents); turn *t+1* with the last result of turn *t*.
+    """
+
+    branch_id: BranchId
+    parent_step: StepId
+    steps: tuple[DeclaredStep, ...]
+
+
+class AgentFinished(Event, tag="agent_finished", kw_only=True, frozen=True):
+    """The agent loop of ``step_id`` ended, in the commit of the outcome that ended it.
+
+    Attributes:
+        status: ``succeeded`` (a turn made no tool call) or ``failed``.
+        output_ref: the final turn's output (the step's output), when succeeded.
+        turns: how many turns the loop ran.
+        error_kind: ``max_turns``, ``turn_failed`` or ``fatal_tool`` when failed.
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    status: AgentStatus
+    output_ref: BlobRef | None = None
+    turns: int
+    error_kind: str | None = None
+    message: str = ""
+    at_ms: int
+
+
+AnyEvent = (
+    RunCreated | RunStarted | AttemptDispatched | AttemptSucceeded | AttemptFailed | AttemptCancelled | RunVerifying
+    | VerdictRecorded | RunCompleted | RunCancelled | BranchForked | StepsDeclared | AgentFinished
+    | InputRequested | InputAnswered | RunAwaitingInput
+)
+
+
+class Commit(msgspec.Struct, frozen=True, kw_only=True):
+    """One atomic state transition of one run: the body of one JetStream message.
+
+    Attributes:
+        v: schema version (:data:`SCHEMA_VERSION`).
+        commit_id: unique id, also sent as ``Nats-Msg-Id`` (publish dedup).
+        run_id: the run; equals the subject's last token.
+        writer: who wrote it (executor id, ``cancel``, ``recovery``…).
+        events: one or more events, applied in order.
+    """
+
+    v: int = SCHEMA_VERSION
+    commit_id: CommitId
+    run_id: RunId
+    writer: str = ""
+    events: tuple[AnyEvent, ...]
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Commit)
+
+
+def encode_commit(commit: Commit) -> bytes:
+    """Commit → JSON bytes (the message body)."""
+    return _encoder.encode(commit)
+
+
+def decode_commit(data: bytes) -> Commit:
+    """JSON bytes → Commit.
+
+    Raises:
+        UnknownEventType: the body holds an event tag this version does not know,
+            or a schema version newer than :data:`SCHEMA_VERSION`.
+        msgspec.ValidationError / msgspec.DecodeError: any other malformed body.
+    """
+    try:
+        commit = _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        if "Invalid value" in str(exc) and "type" in str(exc):
+            raise UnknownEventType(f"cannot decode commit: {exc}") from exc
+        raise
+    if commit.v > SCHEMA_VERSION:
+        raise UnknownEventType(f"commit schema v{commit.v} is newer than supported v{SCHEMA_VERSION}")
+    return commit

@@ -1,0 +1,1 @@
+"""What crosses NATS besides the log: commands and replies, subjects, input limits, live messages (pure)."""

@@ -1,0 +1,1 @@
+"""Workflow specs and their load-time checks: steps, models, tools, agent tools (pure)."""

@@ -1,0 +1,216 @@
+"""The tools of an agent step and their load-time checks (docs/workflow.md; the step's: workflow/spec.py).
+
+An agent step (:class:`shared.core.workflow.spec.AgentStep`) declares ``tools:``, each a
+:class:`AgentToolSpec` of exactly one type:
+
+* ``python: "module:function"`` — called as ``fn(**arguments)`` by the executor;
+* ``command: [argv…]`` — run without a shell, arguments as JSON on stdin;
+* ``recorded: {…}`` — returns recorded results (replay);
+* ``builtin: ask_user`` — the model asks a question; a human's answer is the result
+  (:mod:`shared.core.input.requestevents`).
+
+A tool with ``needs_approval: true`` (or named by the workflow's ``approval`` policy,
+:class:`ApprovalPolicy`) runs only once a human approves the call; ``input:`` says who is
+asked and what a deadline decides (:class:`InputSpec`).
+
+Everything here is pure: whether a ``python`` path *imports* is checked outside the
+core, when the executor loads the workflow (:func:`shared.application.toolimports.check_tool_imports`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any, Literal
+
+import jsonschema
+import msgspec
+
+from shared.core.env.toolenv import check_process_env
+from shared.core.errors import WorkflowInvalid
+from shared.core.input.requestevents import DECISIONS, Decision, RequestKind
+from shared.core.workflow.toolspec import OnOverflow, OutputLimit
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""What chat-completions endpoints accept as a function name."""
+PYTHON_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+RESERVED_ITEM_IDS = frozenset({"instructions"})
+ToolType = Literal["python", "command", "recorded", "builtin"]
+ASK_USER_PARAMETERS: dict[str, Any] = {
+    "type": "object", "required": ["question"],
+    "properties": {"question": {"type": "string", "description": "The question, in full."}}}
+AGENT_TOOL_OUTPUT = OutputLimit(max_bytes=1024 * 1024, on_overflow="truncate")
+"""An agent ``command`` tool's default output cap: its first MiB goes to the model, marked truncated."""
+ASK_USER_DESCRIPTION = "Ask the user a question and wait for the answer; the answer is this call's result."
+
+
+def _empty_object_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": {}}
+
+
+class RecordedToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a ``recorded`` tool returns: by tool-call id, else ``output``.
+
+    Attributes:
+        output: the result of a call not listed below.
+        by_call_id: tool-call id → the recorded result text.
+        errors: tool-call id → the recorded error text (the model sees an ``is_error`` observation).
+    """
+
+    output: str | None = None
+    by_call_id: dict[str, str] = {}
+    errors: dict[str, str] = {}
+
+
+class InputSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """How a human is asked about a call (an approval, or an ``ask_user`` question).
+
+    Attributes:
+        ask: who or what is asked (free text shown with the request, e.g. ``ops on-call``).
+        timeout_s: the request's deadline after it is committed (s); unset: it waits for ever.
+        default: what the deadline commits: ``reject`` (default) or ``approve`` for an approval,
+            ``reject`` or ``answer`` for a question.
+        note: the default's note (a reject: what the model is told) or text (an answer).
+    """
+
+    ask: str = ""
+    timeout_s: float | None = None
+    default: Decision = "reject"
+    note: str = ""
+
+
+class ApprovalPolicy(InputSpec, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The workflow's approval policy: the tools named in ``tools`` (names or ``fnmatch`` patterns, in every
+    agent step) need approval, asked as this policy says unless the tool has an ``input:`` of its own."""
+
+    tools: tuple[str, ...] = ()
+
+    def names(self, tool_name: str) -> bool:
+        """Whether the policy covers the tool ``tool_name``."""
+        return any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.tools)
+
+
+class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One tool the model of an agent step may call.
+
+    Attributes:
+        name: the function name the model sees (``[A-Za-z0-9_-]{1,64}``, unique in the step).
+        description: shown to the model.
+        parameters: JSON Schema of the arguments object (checked as a schema at load).
+        python, command, recorded, builtin: the implementation — exactly one (``builtin``: ``ask_user``).
+        retry_safe: may be re-run after an executor crash (default false: the in-flight
+            attempt is recorded ``outcome_unknown`` and the model told).
+        fatal: a failure of this tool (after its attempts) fails the agent step; otherwise
+            it is an ``is_error`` observation for the next turn.
+        max_attempts: attempts of one call (a retryable failure is retried).
+        timeout_s: deadline of one attempt (s).
+        needs_approval: each call waits for a human's approval before it runs.
+        input: how the human is asked (an approval, or ``ask_user``'s question).
+        max_output_bytes: cap on a ``command``'s output (bytes; unset: 1 MiB, :data:`AGENT_TOOL_OUTPUT`).
+        on_overflow: past it, ``truncate`` (unset: the model sees the head, then
+            :func:`~shared.core.workflow.toolspec.truncation_note`) or ``fail`` (an ``output_too_large`` error
+            observation).
+        env, pass_env: a ``command``'s own variables, and the names passed through from the executor's
+            environment (:mod:`shared.core.env.toolenv`; a ``REEL_NATS_*`` name is refused at load).
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=_empty_object_schema)
+    python: str | None = None
+    command: tuple[str, ...] | None = None
+    recorded: RecordedToolSpec | None = None
+    retry_safe: bool = False
+    fatal: bool = False
+    max_attempts: int = 1
+    timeout_s: float = 60.0
+    builtin: Literal["ask_user"] | None = None
+    needs_approval: bool = False
+    input: InputSpec | None = None
+    max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
+    on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
+    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def type(self) -> ToolType:
+        """Which implementation the tool has (valid after :func:`check_tool`)."""
+        if self.python is not None:
+            return "python"
+        if self.builtin is not None:
+            return "builtin"
+        return "command" if self.command is not None else "recorded"
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the arguments the model sees (``ask_user``'s own for the builtin)."""
+        return ASK_USER_PARAMETERS if self.builtin == "ask_user" else self.parameters
+
+    @property
+    def about(self) -> str:
+        """The description the model sees."""
+        return self.description or (ASK_USER_DESCRIPTION if self.builtin == "ask_user" else "")
+
+    def asks(self, policy: ApprovalPolicy | None = None) -> tuple[RequestKind, InputSpec] | None:
+        """Whether a call of this tool asks a human first, and how: ``("question", …)`` for ``ask_user``,
+        ``("approval", …)`` when it needs approval (its own flag, or ``policy`` names it), else ``None``."""
+        covered = policy is not None and policy.names(self.name)
+        if self.builtin == "ask_user":
+            return "question", self.input or InputSpec()
+        if self.needs_approval or covered:
+            return "approval", self.input or (policy if covered and policy is not None else InputSpec())
+        return None
+
+
+def check_tool(tool: AgentToolSpec, at: str) -> None:
+    """The checks of one agent tool at field path ``at`` (``$.steps[0].tools[2]``).
+
+    Raises:
+        WorkflowInvalid: naming the field path of the first problem.
+    """
+    if not TOOL_NAME.match(tool.name):
+        raise WorkflowInvalid(f"tool name {tool.name!r} must match [A-Za-z0-9_-]{{1,64}} (at `{at}.name`)")
+    kinds = [k for k in ("python", "command", "recorded", "builtin") if getattr(tool, k) is not None]
+    if len(kinds) != 1:
+        got = f"got {', '.join(kinds)}" if kinds else "got none"
+        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command`, `recorded` or `builtin`, {got}"
+                              f" (at `{at}`)")
+    if tool.builtin is not None and (tool.needs_approval or tool.parameters != _empty_object_schema()):
+        raise WorkflowInvalid(f"builtin {tool.builtin} takes no `needs_approval` or `parameters` (it always asks;"
+                              f" its parameters are {{question}}) (at `{at}`)")
+    if tool.input is not None:
+        check_input(tool.input, "question" if tool.builtin else "approval", f"{at}.input")
+    if tool.python is not None and not PYTHON_PATH.match(tool.python):
+        raise WorkflowInvalid(f"python tool path {tool.python!r} must be `module:function` (at `{at}.python`)")
+    if tool.command is not None and not tool.command:
+        raise WorkflowInvalid(f"command tool needs a non-empty argv (at `{at}.command`)")
+    rec = tool.recorded
+    if rec is not None and rec.output is None and not rec.by_call_id and not rec.errors:
+        raise WorkflowInvalid(f"recorded tool needs `output`, `by_call_id` or `errors` (at `{at}.recorded`)")
+    try:
+        jsonschema.validators.validator_for(tool.parameters).check_schema(tool.parameters)
+    except jsonschema.exceptions.SchemaError as exc:
+        raise WorkflowInvalid(f"parameters are not a JSON Schema: {exc.message} (at `{at}.parameters`)") from exc
+    if tool.parameters.get("type", "object") != "object":
+        raise WorkflowInvalid(f"parameters must describe an object (the call's keyword arguments), got type"
+                              f" {tool.parameters.get('type')!r} (at `{at}.parameters.type`)")
+    if tool.max_attempts < 1:
+        raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{at}.max_attempts`)")
+    if tool.timeout_s <= 0:
+        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
+    if isinstance(tool.max_output_bytes, int) and tool.max_output_bytes < 1:
+        raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{at}.max_output_bytes`)")
+    check_process_env(tool, tool.command is not None, at)
+
+
+def check_input(spec: InputSpec, kind: RequestKind, at: str) -> None:
+    """The checks of an ``input:`` (or the approval policy) asking for ``kind``.
+
+    Raises:
+        WorkflowInvalid: a deadline that is not > 0, or a default the kind does not take.
+    """
+    if spec.timeout_s is not None and spec.timeout_s <= 0:
+        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
+    if spec.default not in DECISIONS[kind]:
+        raise WorkflowInvalid(f"an {'ask_user question' if kind == 'question' else 'approval'}'s default must be "
+                              f"{' or '.join(DECISIONS[kind])}, got {spec.default!r} (at `{at}.default`)")

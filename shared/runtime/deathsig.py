@@ -1,0 +1,30 @@
+"""A child that dies with its parent: Linux's parent-death signal, armed between fork and exec.
+
+Below both :mod:`shared.proc` (every command a tool or verifier runs,
+:func:`shared.proc.reaper.child_setup`) and :mod:`shared.nats` (the embedded nats-server,
+:mod:`shared.nats.embedded`), which may not import each other. Only ``os``/``ctypes``: it
+runs in the forked child, where nothing else is safe to use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int, owner: int) -> None:  # pragma: no cover - runs in the child, before exec
+    """In a freshly forked child: get signal ``sig`` when the parent dies (kill -9 included); exit
+    now (status 1) if the parent ``owner`` (its pid, taken before the fork) died before the signal
+    was armed. Elsewhere than Linux: nothing (there is no such signal).
+
+    Args:
+        sig: the signal number delivered on the parent's death (e.g. ``signal.SIGKILL``).
+        owner: the parent's pid (``os.getpid()`` in the parent, before the spawn).
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != owner:
+            os._exit(1)
