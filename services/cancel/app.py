@@ -38,9 +38,9 @@ from shared.application.fenced import commit_decided
 from shared.core.mutators import cancel
 from shared.core.ports import EventLog
 from shared.core.wire.commands import CancelRun, Reply
+from shared.nats.commandbus import JetStreamCommandBus
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
-from shared.nats.control import publish_control
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
 from shared.runtime.clock import now_ms
@@ -100,10 +100,7 @@ class CancelService:
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> None:
     """Run one cancel service instance until ``stop`` is set."""
-    async def signal(run_id: str, lsn: int) -> None:
-        await publish_control(infra.nc, cfg.names, run_id, lsn)
-
-    service = CancelService(JetStreamEventLog(infra.nc, cfg.names), signal)
+    service = CancelService(JetStreamEventLog(infra.nc, cfg.names), JetStreamCommandBus(infra.nc, cfg.names).control)
     router = Router(infra)
     router.route(cfg.names.command("cancel"), CancelRun, service.cancel, rejected="cancel.rejected")
     answers.route(router, infra, cfg, service.log)

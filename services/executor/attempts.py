@@ -38,7 +38,6 @@ import msgspec
 import structlog
 import tenacity
 from nats.aio.client import Client
-from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from shared.application.fenced import Committed, Decide, Decided, commit_decided
@@ -56,6 +55,7 @@ from shared.core.wire.subjects import Names, outcome_key
 from shared.core.workflow.toolspec import OutputLimit, truncation_note
 from shared.nats.blobstore import ref_for
 from shared.nats.leases import Lease
+from shared.nats.markers import KvOutcomeMarkers
 from shared.nats.publish import publish_pipelined, publish_verify
 from shared.proc.group import Stdin
 from shared.proc.tools import SPOOL_MEMORY_BYTES, ToolOutput
@@ -148,7 +148,8 @@ class Attempts:
     def __init__(self, log: EventLog, blobs: BlobStore, nc: Client, names: Names,
                  executor_id: ExecutorId, counter: TokenCounter, *, outcomes: KeyValue | None = None,
                  tool_output: OutputLimit | None = None, lease: Lease | None = None) -> None:
-        self.log, self.blobs, self._nc, self._names, self._outcomes = log, blobs, nc, names, outcomes
+        self.log, self.blobs, self._nc, self._names = log, blobs, nc, names
+        self._markers = KvOutcomeMarkers(outcomes) if outcomes is not None else None
         self.lease = lease
         self.tool_output = tool_output or OutputLimit()
         self.executor_id = executor_id
@@ -329,13 +330,9 @@ class Attempts:
     # ---- outcomes ------------------------------------------------------------------------
     async def marker(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> BlobRef | None:
         """The output ref a (dead) executor stored for this attempt before its outcome commit, if any."""
-        if self._outcomes is None:
+        if self._markers is None:
             return None
-        try:
-            entry = await self._outcomes.get(outcome_key(run_id, branch_id, step_id, attempt))
-            return msgspec.json.decode(entry.value or b"", type=BlobRef)
-        except (KeyNotFoundError, InvalidKeyError, msgspec.ValidationError, msgspec.DecodeError):
-            return None
+        return await self._markers.read(outcome_key(run_id, branch_id, step_id, attempt))
 
     def stream_out(self, run_id: str, branch_id: str, step_id: str, attempt: int, streams: bool) -> StreamOut | None:
         """Where attempt ``attempt`` of a model call streams its response if its model spec streams, else ``None``."""

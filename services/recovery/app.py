@@ -40,25 +40,26 @@ from typing import Any
 import msgspec
 import structlog
 from nats.js import api as jsapi
-from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from shared.application.fenced import Decided, commit_decided
 from shared.core.errors import ReelError
 from shared.core.input import respond
 from shared.core.mutators import recovery
-from shared.core.ports import EventLog
+from shared.core.ports import CommandBus, EventLog, Liveness, OutcomeMarkers
 from shared.core.run.events import BlobRef
 from shared.core.run.ids import ExecutorId
 from shared.core.run.integrity import RunCorrupt
 from shared.core.run.planning import has_open_intent
 from shared.core.run.state import DRIVABLE, VERIFYING, RunState
 from shared.core.wire.commands import RecoverRuns, Reply
+from shared.nats.commandbus import JetStreamCommandBus
 from shared.nats.consumer import CommandConsumer, Delivery, Router
 from shared.nats.consumergate import consumer_gate
 from shared.nats.eventlog import JetStreamEventLog
 from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive
-from shared.nats.publish import publish_resume, publish_verify
+from shared.nats.leases import KvLiveness
+from shared.nats.markers import KvOutcomeMarkers
 from shared.runtime.clock import now_ms
 from shared.runtime.config import Config
 
@@ -84,9 +85,10 @@ class RunReport(msgspec.Struct, kw_only=True):
 class RecoveryService:
     """The recovery logic over one NATS connection."""
 
-    def __init__(self, infra: Infra, cfg: Config, events: EventLog) -> None:
+    def __init__(self, infra: Infra, cfg: Config, events: EventLog, *, liveness: Liveness, markers: OutcomeMarkers,
+                 bus: CommandBus) -> None:
         self.infra, self.cfg = infra, cfg
-        self.log = events
+        self.log, self.liveness, self.markers, self.bus = events, liveness, markers, bus
         self.index = IntentIndex(cfg.names.events(""))
         self._verifying_seen: set[tuple[str, int]] = set()  # (run, verifying LSN) the previous retrigger saw
         self._idle_seen: set[tuple[str, int]] = set()  # (run, head LSN) of the idle drivable runs the last pass saw
@@ -95,36 +97,14 @@ class RecoveryService:
     async def live_set(self, executor_ids: Iterable[str]) -> set[str]:
         """The executors among ``executor_ids`` that hold a lease now."""
         ids = sorted(set(executor_ids))
-        flags = await asyncio.gather(*(executor_alive(self.infra.leases, e) for e in ids))
+        flags = await asyncio.gather(*(self.liveness.alive(e) for e in ids))
         return {e for e, alive in zip(ids, flags, strict=True) if alive}
 
     async def marker(self, key: str) -> BlobRef | None:
         """The output ref an executor stored before dying, if it got that far; ``None`` if it did not — then
-        the key is claimed with :data:`~shared.core.mutators.recovery.LOST_MARKER` (created, so a marker that lands
-        meanwhile wins and is returned instead, and a later one is refused)."""
-        found = await self._read_marker(key)
-        if found is not None:
-            return found
-        try:
-            await self.infra.outcomes.create(key, recovery.LOST_MARKER)
-        except KeyWrongLastSequenceError:  # the executor's marker landed first: it is the outcome
-            return await self._read_marker(key)
-        except InvalidKeyError:
-            return None
-        return None
-
-    async def _read_marker(self, key: str) -> BlobRef | None:
-        try:
-            entry = await self.infra.outcomes.get(key)
-        except (KeyNotFoundError, InvalidKeyError):
-            return None
-        if entry.value == recovery.LOST_MARKER:
-            return None
-        try:
-            return msgspec.json.decode(entry.value or b"", type=BlobRef)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            log.error("recovery.marker_unreadable", key=key, error=str(exc))
-            return None
+        the key is claimed with :data:`~shared.core.mutators.recovery.LOST_MARKER` (:meth:`OutcomeMarkers.claim_lost
+        <shared.core.ports.OutcomeMarkers.claim_lost>`: a marker that lands meanwhile wins, a later one is refused)."""
+        return await self.markers.claim_lost(key)
 
     # ---- one run ---------------------------------------------------------------------------
     async def recover_run(self, run_id: str) -> RunReport:
@@ -194,7 +174,7 @@ class RecoveryService:
         return report
 
     async def _resume(self, state: RunState) -> None:
-        await publish_resume(self.infra.js, self.cfg.names, state.run_id, state.head_lsn)
+        await self.bus.resume(state.run_id, state.head_lsn)
         log.info("recovery.resume_published", branch_id=state.active_branch, lsn=state.head_lsn)
 
     # ---- sweeps ----------------------------------------------------------------------------
@@ -270,7 +250,6 @@ class RecoveryService:
         """
         now = set(self.index.verifying.items())
         due, self._verifying_seen = sorted(now & self._verifying_seen), now
-        names = self.cfg.names
         out: list[str] = []
         for run_id, _ in due:
             try:
@@ -280,7 +259,7 @@ class RecoveryService:
                 self.index.offer(state)
                 if state.status != VERIFYING or state.verifying_lsn is None:
                     continue
-                await publish_verify(self.infra.js, names, run_id, state.active_branch, state.verifying_lsn)
+                await self.bus.verify(run_id, state.active_branch, state.verifying_lsn)
             except RunCorrupt as exc:  # never verified: the index stops tracking it
                 self.index.mark_corrupt(exc.corruption)
                 continue
@@ -355,7 +334,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool =
         sweep: run the periodic sweep (tests turn it off to drive recovery by command only).
         sweep_interval_s: default ``lease_ttl_s / 2``.
     """
-    service = RecoveryService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names))
+    service = RecoveryService(infra, cfg, JetStreamEventLog(infra.nc, cfg.names), liveness=KvLiveness(infra.leases),
+                              markers=KvOutcomeMarkers(infra.outcomes), bus=JetStreamCommandBus(infra.nc, cfg.names))
     names = cfg.names
     sub = await infra.js.subscribe(names.events_all, stream=names.events_stream, cb=service.index.on_msg,
                                    ordered_consumer=True, deliver_policy=jsapi.DeliverPolicy.ALL)

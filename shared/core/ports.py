@@ -7,7 +7,12 @@ Pure declarations, satisfied structurally by the adapters in ``shared/nats/``:
 * :class:`BlobStore` — :class:`shared.nats.blobstore.JetStreamBlobStore` (content-addressed
   bodies on the object store);
 * :class:`SnapshotStore` — :class:`shared.nats.snapshots.SnapshotStore` (run-state snapshots
-  in KV, a read shortcut only).
+  in KV, a read shortcut only);
+* :class:`Liveness` — :class:`shared.nats.leases.KvLiveness` (which executors hold a lease);
+* :class:`OutcomeMarkers` — :class:`shared.nats.markers.KvOutcomeMarkers` (the create-only outcome
+  markers of attempts, and recovery's claim of a lost one);
+* :class:`CommandBus` — :class:`shared.nats.publish.JetStreamCommandBus` (the commands services send
+  each other: resume a run, verify a run, the control signal of a committed cancel).
 
 Services get them constructed once in ``serve()`` and type their handlers against these
 Protocols, so another implementation plugs in without touching a handler: the in-memory
@@ -107,6 +112,45 @@ class EventLog(Protocol):
 
     async def snapshots(self) -> SnapshotStore | None:
         """The snapshot store beside the log, or ``None`` if there is none."""
+        ...
+
+
+class Liveness(Protocol):
+    """Port: whether an executor is alive — it holds a lease now (the read side of the leases)."""
+
+    async def alive(self, executor_id: str | None) -> bool:
+        """True while ``executor_id`` holds a lease. ``None`` or an id that cannot be a key: False. A lease
+        that cannot be read: True (a caller never takes over a run on a guess)."""
+        ...
+
+
+class OutcomeMarkers(Protocol):
+    """Port: outcome markers — attempt key (``<run>.<branch>.<step>.<attempt>``) → the output ref an executor
+    stored before its outcome commit. Markers are only ever created, never overwritten."""
+
+    async def read(self, key: str) -> BlobRef | None:
+        """The marker's output ref; ``None``: no marker, recovery's lost claim, or an unreadable body."""
+        ...
+
+    async def claim_lost(self, key: str) -> BlobRef | None:
+        """:meth:`read`; when there is no marker, create recovery's lost claim under ``key`` first (so a late
+        marker of that attempt is refused) — a marker that lands meanwhile wins and is returned."""
+        ...
+
+
+class CommandBus(Protocol):
+    """Port: the commands services send each other (deduplicated per run and LSN) and the cancel signal."""
+
+    async def resume(self, run_id: str, at_lsn: int) -> None:
+        """Queue ``ResumeRun`` for an executor (deduplicated per (run, the LSN that made it needed))."""
+        ...
+
+    async def verify(self, run_id: str, branch_id: str, snapshot_lsn: int) -> None:
+        """Queue the verification trigger of the run's ``run_verifying`` at ``snapshot_lsn`` (deduplicated)."""
+        ...
+
+    async def control(self, run_id: str, lsn: int) -> None:
+        """Tell the executor driving ``run_id`` that its cancel is committed at ``lsn`` (best effort)."""
         ...
 
 

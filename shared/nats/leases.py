@@ -1,4 +1,5 @@
-"""Executor leases: the holder (:class:`Lease`) and the reader (:func:`executor_alive`).
+"""Executor leases: the holder (:class:`Lease`) and the reader (:func:`executor_alive`; as the
+:class:`~shared.core.ports.Liveness` port, :class:`KvLiveness`).
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
 executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it renews it. The
@@ -18,12 +19,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from shared.core.errors import LeaseLost
+from shared.core.ports import Liveness
 from shared.nats.publish import store_full
 
 log = structlog.get_logger(__name__)
@@ -152,6 +155,21 @@ async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
     return False
 
 
+class KvLiveness:
+    """The :class:`~shared.core.ports.Liveness` port over the leases bucket (:func:`executor_alive`)."""
+
+    def __init__(self, leases: KeyValue) -> None:
+        self.leases = leases
+
+    async def alive(self, executor_id: str | None) -> bool:
+        """See :func:`executor_alive`."""
+        return await executor_alive(self.leases, executor_id)
+
+
 def _from_leader(kv: KeyValue) -> KeyValue:
     """The same bucket read with ``$JS.API.STREAM.MSG.GET`` (answered by the stream leader only)."""
     return KeyValue(kv._name, kv._stream, kv._pre, kv._js, direct=False)
+
+
+if TYPE_CHECKING:
+    _port: type[Liveness] = KvLiveness  # the adapter satisfies its port (mypy checks it)
