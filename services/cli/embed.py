@@ -243,7 +243,7 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
                                                                           own_server=embedded))
             if started:
                 err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
-        blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)
+        blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket, purge=not cfg.auth.configured)
         origin = "embedded" if embedded else "reel up" if probed else "--nats-url"
         yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded, origin=origin)
 

@@ -65,7 +65,8 @@ class Worker:
     def __init__(self, infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
         self.infra, self.cfg, self.stop = infra, cfg, stop
         self.backend = Backend(nc=infra.nc, cfg=cfg, log=SessionLog(infra.nc, cfg, writer="crucible-service"),
-                               blobs=JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket))
+                               blobs=JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket,
+                                                                        purge=not cfg.auth.configured))
 
     async def run(self, start: RunSession, cmd: Delivery) -> Then:
         """Reply, then start the session (or resume it: a redelivered ``run``) and drive it to its end."""

@@ -107,7 +107,7 @@ async def backend(cfg: Config, *, writer: str) -> AsyncIterator[Backend]:
         infra = await ensure_infra(nc, cfg)
         await ensure_session_stream(infra.js, cfg)
         yield Backend(nc=nc, cfg=cfg, log=SessionLog(nc, cfg, writer=writer),
-                      blobs=JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket))
+                      blobs=JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket, purge=not cfg.auth.configured))
     finally:
         await nc.close()
 

@@ -41,7 +41,8 @@ log = structlog.get_logger("reel.executor")
 
 def ports(infra: Infra, cfg: Config) -> tuple[JetStreamEventLog, JetStreamBlobStore]:
     """The executor's ports on ``infra``: the event log and the blob store."""
-    return JetStreamEventLog(infra.nc, cfg.names), JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket)
+    return JetStreamEventLog(infra.nc, cfg.names), JetStreamBlobStore(infra.nc, infra.blobs, cfg.names.blob_bucket,
+                                                                             purge=not cfg.auth.configured)
 
 
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:

@@ -134,7 +134,7 @@ def grants(names: Names) -> dict[str, Grant]:
     setup = [f"{API}.INFO", f"{API}.STREAM.NAMES", *(f"{API}.STREAM.INFO.{x}" for x in s.values()),
              *(f"{API}.STREAM.CREATE.{x}" for x in s.values())]  # create what is missing, never update or delete
     blob_read = [*_read(s["blobs"]), *_ordered(s["blobs"])]
-    blob_write = [f"$O.{blobs}.C.*", f"$O.{blobs}.M.*", f"{API}.STREAM.PURGE.{s['blobs']}"]  # purge: own duplicates
+    blob_write = [f"$O.{blobs}.C.*", f"$O.{blobs}.M.*"]  # never purge: a purge's filter is in its body, unseen
     replies = ["_INBOX.>", f"{inbox_prefix('operator')}.>"]  # answers on a command's Reel-Reply-To, and to $SRV
 
     def service(role: str, publish: Iterable[str], subscribe: Iterable[str] = ()) -> Grant:

@@ -77,8 +77,10 @@ class JetStreamBlobStore(BlobReads):
     """The :class:`~shared.core.ports.BlobStore` port on a JetStream object store bucket (the reads:
     :class:`~shared.nats.blobread.BlobReads`)."""
 
-    def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S) -> None:
+    def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S,
+                 purge: bool = True) -> None:
         self._nc = nc
+        self._purges = purge
         self._obs = obs
         self._js = obs._js  # the store's own context (a client's carries its account's API prefix)
         self._bucket = bucket
@@ -231,6 +233,12 @@ class JetStreamBlobStore(BlobReads):
         return None
 
     async def _purge(self, subject: str) -> None:
+        """Drop this writer's own chunks of an object it did not seal (best effort); with ``purge=False`` (a role
+        the server does not let purge: a purge's filter is in its body, which permissions cannot see, so no role
+        but the operator may purge at all) they are left, unreferenced, for the operator to collect."""
+        if not self._purges:
+            log.debug("blob.chunks_left", subject=subject)
+            return
         try:
             await self._nc.jetstream().purge_stream(f"OBJ_{self._bucket}", subject=subject)
         except Exception as exc:  # cleanup is best effort; the object itself is consistent

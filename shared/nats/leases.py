@@ -57,7 +57,7 @@ class Lease:
     def __init__(self, leases: KeyValue, executor_id: str, ttl_s: float, *, partitions: Sequence[int] = (),
                  on_lost: Callable[[], object] | None = None) -> None:
         self.kv, self.executor_id, self.ttl_s = leases, executor_id, float(ttl_s)
-        self.margin_s = max(0.1, self.ttl_s / 10)
+        self.margin_s = min(0.25, self.ttl_s / 10)
         self.valid_until = 0.0
         self.lost = asyncio.Event()
         self._on_lost = on_lost

@@ -1,11 +1,10 @@
-"""The executor role may purge only its own blob chunks, not any blob by filter.
-
-Skipped while the executor's grant holds the stream's plain purge subject: a NATS permission names the
-subject ``$JS.API.STREAM.PURGE.<stream>``, never the filter in the request's body, so with that subject
-the executor may purge any chunk of the blob stream (the blob store purges the duplicates of a body it
-lost a race for: shared/nats/blobstore.py). When the purge is limited (a gate, or per-writer chunk
-subjects), this attack runs: the executor's purge of a chunk another writer stored is refused and the
+"""The executor role may not purge blob chunks: a purge of a chunk another writer stored is refused and the
 blob still reads back whole.
+
+A NATS permission names the subject ``$JS.API.STREAM.PURGE.<stream>``, never the filter in the request's body,
+so a role holding that subject could purge any chunk of the blob stream. No service role holds it: a blob
+store on a role connection leaves the chunks of a body it lost a race for unreferenced instead of purging
+them (shared/nats/blobstore.py). Skipped (naming why) should a grant hold it again.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def _writers(subject: str) -> set[str]:
     ("$JS.API.STREAM.DELETE.REEL_EVENTS", {"operator"}),
     ("$JS.API.STREAM.PURGE.REEL_EVENTS", {"operator"}),
     ("$JS.API.STREAM.MSG.DELETE.REEL_EVENTS", {"operator"}),
-    ("$JS.API.STREAM.PURGE.OBJ_reel_blobs", {"executor", "crucible", "operator"}),  # their duplicate chunks
+    ("$JS.API.STREAM.PURGE.OBJ_reel_blobs", {"operator"}),  # a purge's filter is in its body: no service may
     ("$JS.API.CONSUMER.DELETE.REEL_EVENTS.reel_verifier", {"verifier", "operator"}),  # its old durable
     ("$JS.API.CONSUMER.DELETE.REEL_CMDS.reel_executor", {"operator"}),
     ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.reel_verifier", {"operator"}),
