@@ -39,9 +39,9 @@ from nats.aio.msg import Msg
 
 from shared.core.agent.loop import DispatchTurn
 from shared.core.agent.memo import ContextMemo
-from shared.core.agent.turncontext import Outcome, build_turn, needed_blobs
+from shared.core.agent.turncontext import build_turn, needed_blobs
 from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, decode_commit
+from shared.core.run.events import AttemptDispatched, AttemptEnd, AttemptFailed, AttemptSucceeded, decode_commit
 from shared.core.run.fold import apply_commit
 from shared.core.run.ids import AttemptNo, StepId
 from shared.core.run.planning import TextFacts
@@ -112,11 +112,11 @@ async def log_of(stack: Stack, run_id: str) -> tuple[list[tuple[int, Any]], dict
 def packing_costs(log: list[tuple[int, Any]], blobs: dict[str, bytes], spec: WorkflowSpec, turns: list[int]
                   ) -> dict[int, tuple[float, float]]:
     """Median µs of one turn's context build, full vs warm memo, at each of ``turns`` (replayed from ``log``)."""
-    at: dict[int, tuple[RunState, AttemptDispatched, list[Outcome]]] = {}
+    at: dict[int, tuple[RunState, AttemptDispatched, list[AttemptEnd]]] = {}
     state: RunState | None = None
     for lsn, commit in log:
         before, state = state, apply_commit(state, lsn, commit)
-        pending: list[Outcome] = []
+        pending: list[AttemptEnd] = []
         for e in commit.events:
             if isinstance(e, AttemptSucceeded | AttemptFailed):
                 pending.append(e)
@@ -126,7 +126,7 @@ def packing_costs(log: list[tuple[int, Any]], blobs: dict[str, bytes], spec: Wor
     return {t: _time_turn(*at[t], t, spec, blobs) for t in turns}
 
 
-def _time_turn(before: RunState, e: AttemptDispatched, pending: list[Outcome], t: int, spec: WorkflowSpec,
+def _time_turn(before: RunState, e: AttemptDispatched, pending: list[AttemptEnd], t: int, spec: WorkflowSpec,
                blobs: dict[str, bytes]) -> tuple[float, float]:
     agent = spec.agent(StepId("a"))
     action = DispatchTurn(branch_id=e.branch_id, agent=StepId("a"), step_id=e.step_id, turn=t,

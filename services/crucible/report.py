@@ -79,7 +79,7 @@ def to_tsv(rows: Sequence[Row]) -> str:
 
 
 def to_json(state: SessionState) -> bytes:
-    """The session as JSON: id, config, rows, the ``Run`` and (if ended) its ``Outcome``."""
+    """The session as JSON: id, config, rows, the ``Run`` and (if ended) its ``SessionOutcome``."""
     run = state.run
     doc = {
         "session_id": state.session_id, "lsn": state.lsn, "config": state.started.config,

@@ -45,12 +45,11 @@ from shared.auth import secrets
 from shared.core.agent import commits as ac
 from shared.core.agent import turnfold
 from shared.core.agent.memo import ContextMemo
-from shared.core.agent.turncontext import Outcome
 from shared.core.errors import ModelError, ToolError
 from shared.core.input import requestfold
 from shared.core.run import planning as plan
 from shared.core.run.crashpoints import commit_points, point_name
-from shared.core.run.events import AgentFinished, AnyEvent, AttemptFailed, AttemptSucceeded, Usage
+from shared.core.run.events import AgentFinished, AnyEvent, AttemptEnd, AttemptFailed, AttemptSucceeded, Usage
 from shared.core.run.ids import BranchId, ExecutorId, StepId
 from shared.core.run.state import DRIVABLE, RunState
 from shared.core.workflow.spec import WorkflowSpec
@@ -181,7 +180,7 @@ class AgentRun:
         return await self._commit_starting(state, prepared.events, (), turn=prepared, branch_id=action.branch_id)
 
     # ---- commits -------------------------------------------------------------------------------
-    async def _commit_starting(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome], *,
+    async def _commit_starting(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd], *,
                                branch_id: BranchId, calls: Sequence[plan.CallAttempt] = (),
                                turn: PreparedTurn | None = None, bodies: Sequence[tuple[bytes, str]] = (),
                                markers: Sequence[AttemptSucceeded] = ()) -> RunState | Decided:
@@ -299,7 +298,7 @@ class AgentRun:
                                     markers=[outcome])
 
     async def _record_calls(self, state: RunState, batch: Sequence[CallDone], *, more: bool) -> RunState:
-        outcomes: list[Outcome] = []
+        outcomes: list[AttemptEnd] = []
         bodies: list[tuple[bytes, str]] = []
         for d in batch:
             bid, sid, attempt = d.key
@@ -342,7 +341,7 @@ class AgentRun:
         return await self._recorded(state, events, outcomes, bid, calls=follow.calls if follow else (), turn=nxt,
                                     bodies=bodies, markers=[o for o in outcomes if isinstance(o, AttemptSucceeded)])
 
-    async def _recorded(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[Outcome],
+    async def _recorded(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd],
                         branch_id: BranchId, **starting: Any) -> RunState:
         done = await self._commit_starting(state, events, outcomes, branch_id=branch_id, **starting)
         return done.state if isinstance(done, Decided) else done

@@ -27,13 +27,12 @@ from shared.auth import secrets
 from shared.core.agent import commits as ac
 from shared.core.agent import turnfold
 from shared.core.agent.memo import ContextMemo
-from shared.core.agent.turncontext import Outcome
 from shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
 from shared.core.decision import Decision
 from shared.core.errors import ModelError, ToolError
 from shared.core.pack.tokencount import TokenCounter
 from shared.core.run import planning as plan
-from shared.core.run.events import AnyEvent, BlobRef, ContextPartition, DeclaredStep
+from shared.core.run.events import AnyEvent, AttemptEnd, BlobRef, ContextPartition, DeclaredStep
 from shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
 from shared.core.run.state import RunState
 from shared.core.workflow.spec import WorkflowSpec
@@ -64,7 +63,7 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.DispatchTurn, *, attempts: Attempts,
-                       bodies: Bodies, memo: ContextMemo, outcomes: Sequence[Outcome] = ()) -> PreparedTurn:
+                       bodies: Bodies, memo: ContextMemo, outcomes: Sequence[AttemptEnd] = ()) -> PreparedTurn:
     """Build turn ``action.turn``'s request on ``state`` (``outcomes``: call results about to be committed
     with this intent) and the intent events. Only the earlier turns ``memo`` does not keep are read and
     rebuilt (:mod:`shared.core.agent.memo`): the context is the one a full rebuild makes.
@@ -91,7 +90,7 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
                         partition=partition, packed_tokens=ctx.packed.packed_tokens)
 
 
-def planned_or_facts(planned_head: int, events: Sequence[AnyEvent], outcomes: Sequence[Outcome]) -> Decide:
+def planned_or_facts(planned_head: int, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd]) -> Decide:
     """``events`` on ``planned_head``; elsewhere the ``outcomes`` not recorded yet (or a Skip). Pure."""
     planned = tuple(events)
 

@@ -44,6 +44,7 @@ from shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
+    AttemptEnd,
     AttemptFailed,
     AttemptSucceeded,
     Commit,
@@ -87,7 +88,6 @@ class Chained:
     next: Prepared
 
 
-Outcome = AttemptSucceeded | AttemptFailed
 
 
 class Cursor:
@@ -112,7 +112,7 @@ class Cursor:
         return plan.succeeded_prefix(state, state.active_branch, n)
 
 
-def outcome_then(event: Outcome, head_lsn: int, nxt: Prepared | None) -> Decide:
+def outcome_then(event: AttemptEnd, head_lsn: int, nxt: Prepared | None) -> Decide:
     """The outcome, and the next intent if it was planned on this head (``head_lsn``); on any other
     head the outcome alone, unless the attempt was resolved meanwhile (:func:`record_outcome`)."""
     alone = record_outcome(event)
@@ -227,7 +227,7 @@ class PlainSteps:
         return failed if isinstance(failed, RunState) else failed.state
 
     async def _side_effect(self, state: RunState, p: Prepared, interrupt: Interrupt | None,
-                           ) -> tuple[Outcome, bytes | None]:
+                           ) -> tuple[AttemptEnd, bytes | None]:
         """Run the tool or call the model (stopped if ``interrupt`` fires: a command's process group is
         killed, a model's request aborted; recorded and scripted ones are instant): the outcome event,
         and a success's output body (``None`` for a tool output too large to hold: stored already, streamed;
@@ -272,7 +272,7 @@ class PlainSteps:
         return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                 output_ref=ref, usage=usage, at_ms=now_ms()), body
 
-    async def _next(self, state: RunState, spec: WorkflowSpec, event: Outcome | RunStarted,
+    async def _next(self, state: RunState, spec: WorkflowSpec, event: AttemptEnd | RunStarted,
                     cursor: Cursor) -> Prepared | None:
         """The next attempt's intent if, with ``event`` applied, the next action is a plain attempt (pure
         planning on a preview of the state; nothing is chained while the executor is stopping)."""
@@ -285,7 +285,7 @@ class PlainSteps:
             return None
         return await self.prepare(preview, spec, action)
 
-    async def _commit_outcome(self, state: RunState, p: Prepared, event: Outcome, body: bytes | None,
+    async def _commit_outcome(self, state: RunState, p: Prepared, event: AttemptEnd, body: bytes | None,
                               nxt: Prepared | None) -> RunState | Chained:
         """One round trip (:meth:`Attempts.send_with`): the output blob, the marker, the next prompt blob
         (each if needed), then the commit of the outcome (and ``nxt``'s intent). A blob refused while the

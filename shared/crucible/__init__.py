@@ -14,11 +14,11 @@ from shared.crucible.state import (
     InvalidReading,
     LoopExit,
     Measurement,
-    Outcome,
     Reading,
     Row,
     Run,
     Segment,
+    SessionOutcome,
     WorldSha,
 )
 
@@ -34,7 +34,6 @@ __all__ = [
     "LoopExit",
     "Measured",
     "Measurement",
-    "Outcome",
     "Proposed",
     "Reading",
     "Row",
@@ -42,6 +41,7 @@ __all__ = [
     "Segment",
     "SessionCommit",
     "SessionConfig",
+    "SessionOutcome",
     "SessionState",
     "WorldSha",
     "fold",

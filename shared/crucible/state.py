@@ -8,7 +8,7 @@ cold re-fold of the session log are the same thing by construction.
   regime and judge fingerprint). Opening a segment is one call, :meth:`Segment.baseline`, which owns
   the fingerprint; a rescope is one assignment of its result.
 * :class:`LoopExit` — the one place that enumerates how a run ends, mapped to an
-  :class:`Outcome` and to the process exit code. ``ESCALATED`` is a
+  :class:`SessionOutcome` and to the process exit code. ``ESCALATED`` is a
   unit variant: the escalation is reported and the world rolled back at the break
   site (Implementation notes).
 """
@@ -238,7 +238,7 @@ EXIT_CODES: dict[LoopExit, int] = {
 """0 only when the goal was met; 1 and 2 stay the generic error / usage codes."""
 
 
-class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+class SessionOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What a finished session reports (``show --json``, the service's reply)."""
 
     exit: LoopExit
@@ -295,8 +295,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         """Wall time minus parked time (ms): what the time budget counts."""
         return self.spent.wall_ms - int(self.parked_total / timedelta(milliseconds=1))
 
-    def outcome(self) -> Outcome:
-        """The :class:`Outcome` of an ended run.
+    def outcome(self) -> SessionOutcome:
+        """The :class:`SessionOutcome` of an ended run.
 
         Raises:
             ValueError: the run has not ended.
@@ -304,7 +304,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         if self.exit is None:
             raise ValueError("the run has not ended")
         seg = self.segment
-        return Outcome(
+        return SessionOutcome(
             exit=self.exit, exit_code=self.exit.exit_code, reason=self.exit_reason,
             escalated=self.exit is LoopExit.ESCALATED, solved=self.solved_any, regime=seg.regime,
             best_score=seg.best_score, baseline_score=seg.baseline_score, best_snap=seg.best_snap,

@@ -91,18 +91,18 @@ class Counters:
 
 
 @dataclass
-class Outcome:
+class DeliveryReport:
     """What the handler of one delivery reported besides its ack decision (a refusal's ``code: message``)."""
 
     error: str | None = None
 
 
-_outcome: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar("reel_delivery_outcome", default=None)
+_outcome: contextvars.ContextVar[DeliveryReport | None] = contextvars.ContextVar("reel_delivery_outcome", default=None)
 
 
-def begin_delivery() -> Outcome:
+def begin_delivery() -> DeliveryReport:
     """Start collecting the outcome of the delivery handled in this task (the consumer shell calls it)."""
-    out = Outcome()
+    out = DeliveryReport()
     _outcome.set(out)
     return out
 

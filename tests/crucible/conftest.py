@@ -17,7 +17,7 @@ from shared.runtime.config import Config
 
 
 @dataclass
-class Outcome:
+class SessionResult:
     """What a test inspects after a session: id, exit, folded state, every event."""
 
     session_id: str
@@ -37,23 +37,23 @@ class Crucible:
         self.cfg = cfg
 
     async def run(self, config: SessionConfig, *, session_id: str | None = None,
-                  stop: asyncio.Event | None = None) -> Outcome:
+                  stop: asyncio.Event | None = None) -> SessionResult:
         async with backend(self.cfg, writer="test") as b:
             res = await start_session(b, config, stop=stop or asyncio.Event(), session_id=session_id)
             sid = res.session_id
-            return Outcome(sid, res.exit, await b.log.load(sid), await b.log.events(sid), res.state)
+            return SessionResult(sid, res.exit, await b.log.load(sid), await b.log.events(sid), res.state)
 
-    async def resume(self, session_id: str) -> Outcome:
+    async def resume(self, session_id: str) -> SessionResult:
         async with backend(self.cfg, writer="test") as b:
             res = await resume_session(b, session_id, stop=asyncio.Event())
-            return Outcome(session_id, res.exit, await b.log.load(session_id), await b.log.events(session_id),
+            return SessionResult(session_id, res.exit, await b.log.load(session_id), await b.log.events(session_id),
                            res.state)
 
-    async def load(self, session_id: str) -> Outcome:
+    async def load(self, session_id: str) -> SessionResult:
         async with backend(self.cfg, writer="test") as b:
             state = await b.log.load(session_id)
             assert state.ended is not None
-            return Outcome(session_id, state.ended.exit, state, await b.log.events(session_id))
+            return SessionResult(session_id, state.ended.exit, state, await b.log.events(session_id))
 
 
 @pytest.fixture

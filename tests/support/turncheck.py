@@ -20,10 +20,10 @@ import msgspec
 
 from shared.core.agent.loop import DispatchTurn
 from shared.core.agent.memo import ContextMemo
-from shared.core.agent.turncontext import Outcome, build_turn, needed_blobs
+from shared.core.agent.turncontext import build_turn, needed_blobs
 from shared.core.chat.messages import wire_request
 from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, Commit
+from shared.core.run.events import AttemptDispatched, AttemptEnd, AttemptFailed, AttemptSucceeded, Commit
 from shared.core.run.fold import apply_commit
 from shared.core.run.ids import AttemptNo, StepId
 from shared.core.run.planning import TextFacts
@@ -58,7 +58,7 @@ def check_turns(log: Sequence[tuple[int, Commit]], spec: WorkflowSpec, blobs: Ma
     for lsn, commit in log:
         before = state
         state = apply_commit(state, lsn, commit)
-        pending: list[Outcome] = []
+        pending: list[AttemptEnd] = []
         for e in commit.events:
             if isinstance(e, AttemptSucceeded | AttemptFailed):
                 pending.append(e)

@@ -93,3 +93,14 @@ def test_run_state_has_one_address() -> None:
                         if isinstance(node, ast.ImportFrom) and any(a.name == "RunState" for a in node.names)
                         and node.module != "shared.core.run.state"})
     assert elsewhere == []
+
+
+def test_no_bare_outcome_name() -> None:
+    """Each outcome type says whose it is (``AttemptEnd``, ``RunOutcome``, ``SessionOutcome``, ``DeliveryReport`` …)."""
+    bare = []
+    for path in (p for d in ("shared", "services") for p in (REPO / d).rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = [node.name] if isinstance(node, ast.ClassDef) else [
+                t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            bare += [f"{path.relative_to(REPO).as_posix()}: {n}" for n in targets if n == "Outcome"]
+    assert bare == []

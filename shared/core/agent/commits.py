@@ -24,6 +24,7 @@ from shared.core.run.events import (
     AgentFinished,
     AnyEvent,
     AttemptDispatched,
+    AttemptEnd,
     AttemptFailed,
     AttemptSucceeded,
     BlobRef,
@@ -38,7 +39,6 @@ from shared.core.workflow.agentspec import AgentToolSpec, ApprovalPolicy
 from shared.core.workflow.spec import AgentStep
 
 OUTCOME_UNKNOWN = "outcome_unknown"
-Outcome = AttemptSucceeded | AttemptFailed
 
 
 class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,7 +146,7 @@ def turn_outcome(state: RunState, branch_id: BranchId, agent: AgentStep, turn: i
     return TurnOutcome(events=tuple(events), started=started, blobs=blobs)
 
 
-def _status_after(attempts: Sequence[AttemptState], max_attempts: int, outcome: Outcome) -> StepStatus:
+def _status_after(attempts: Sequence[AttemptState], max_attempts: int, outcome: AttemptEnd) -> StepStatus:
     """The step's status once ``outcome`` is applied to its attempt (O(attempts of the step))."""
     done = AttemptStatus.SUCCEEDED if isinstance(outcome, AttemptSucceeded) else AttemptStatus.FAILED
     after = [msgspec.structs.replace(a, status=done, retryable=getattr(outcome, "retryable", True),
@@ -177,7 +177,7 @@ def call_intents(action: DispatchCalls, *, executor_id: ExecutorId, at_ms: int) 
                                    executor_id=executor_id, at_ms=at_ms) for c in action.calls)
 
 
-def _fatal_end(state: RunState, outcomes: Sequence[Outcome], at_ms: int) -> AgentFinished | None:
+def _fatal_end(state: RunState, outcomes: Sequence[AttemptEnd], at_ms: int) -> AgentFinished | None:
     """``agent_finished`` (``fatal_tool``) when one of ``outcomes`` fails a fatal tool for good."""
     for o in outcomes:
         parsed = parse_step_id(o.step_id)
@@ -194,7 +194,7 @@ def _fatal_end(state: RunState, outcomes: Sequence[Outcome], at_ms: int) -> Agen
     return None
 
 
-def call_outcome(state: RunState, outcome: Outcome, *, at_ms: int) -> tuple[AnyEvent, ...]:
+def call_outcome(state: RunState, outcome: AttemptEnd, *, at_ms: int) -> tuple[AnyEvent, ...]:
     """``[outcome]``, plus ``agent_finished`` (``fatal_tool``) when a fatal tool failed with no attempt left."""
     end = _fatal_end(state, (outcome,), at_ms)
     return (outcome,) if end is None else (outcome, end)
@@ -218,10 +218,10 @@ class _OpenTurn(NamedTuple):
     branch: BranchState
     agent: StepId
     calls: tuple[Declared, ...]
-    outcomes: dict[StepId, Outcome]
+    outcomes: dict[StepId, AttemptEnd]
 
 
-def _open_turn(state: RunState, outcomes: Sequence[Outcome]) -> _OpenTurn | None:
+def _open_turn(state: RunState, outcomes: Sequence[AttemptEnd]) -> _OpenTurn | None:
     """The turn of ``outcomes`` (calls of one turn; the first names it) when it is its agent's latest, the agent
     has not finished and none of ``outcomes`` fails a fatal tool for good; else ``None``."""
     if not outcomes or _fatal_end(state, outcomes, 0) is not None:
@@ -235,14 +235,14 @@ def _open_turn(state: RunState, outcomes: Sequence[Outcome]) -> _OpenTurn | None
     return _OpenTurn(first.branch_id, branch, parsed[0], rec.turns[-1].calls, {o.step_id: o for o in outcomes})
 
 
-def _status_with(attempts: Sequence[AttemptState], max_attempts: int, outcome: Outcome | None) -> StepStatus:
+def _status_with(attempts: Sequence[AttemptState], max_attempts: int, outcome: AttemptEnd | None) -> StepStatus:
     """The step's status with ``outcome`` (if any) applied to its attempts."""
     if outcome is None:
         return attempts_status(attempts, max_attempts)
     return _status_after(attempts, max_attempts, outcome)
 
 
-def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
+def completes_turn(state: RunState, outcomes: Sequence[AttemptEnd]) -> bool:
     """True when, with ``outcomes`` (calls of one turn) applied, every call of that turn is terminal and none
     is a fatal failure: the commit may then carry the next turn's intent (:func:`next_turn`)."""
     turn = _open_turn(state, outcomes)
@@ -261,7 +261,7 @@ def completes_turn(state: RunState, outcomes: Sequence[Outcome]) -> bool:
     return True
 
 
-def follow_up_calls(state: RunState, outcomes: Sequence[Outcome], in_flight: InFlight) -> DispatchCalls | None:
+def follow_up_calls(state: RunState, outcomes: Sequence[AttemptEnd], in_flight: InFlight) -> DispatchCalls | None:
     """The calls of the same turn that the commit of ``outcomes`` should start too (their intents ride
     in that commit, then they run): fresh calls and retries, up to the slots the outcomes free.
 

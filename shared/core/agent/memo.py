@@ -41,7 +41,6 @@ from shared.core.agent import turnfold
 from shared.core.agent.loop import DispatchTurn
 from shared.core.agent.turncontext import (
     EarlierTurn,
-    Outcome,
     TurnContext,
     TurnItem,
     earlier_turn,
@@ -56,7 +55,7 @@ from shared.core.agent.turncontext import (
 from shared.core.agent.turnstate import TurnRecord
 from shared.core.chat.messages import ChatMessage, chat_request
 from shared.core.pack.packer import Candidate, GroupFacts, PackPolicy, group_facts, pack_groups
-from shared.core.run.events import BlobRef
+from shared.core.run.events import AttemptEnd, BlobRef
 from shared.core.run.ids import BranchId, StepId
 from shared.core.run.planning import TextFacts, policy_for
 from shared.core.run.state import BranchState, RunState
@@ -106,7 +105,7 @@ class TurnPlan:
     refs: tuple[BlobRef, ...]
 
 
-def signature(branch: BranchState, t: TurnRecord, by_step: Mapping[str, Outcome]) -> Signature:
+def signature(branch: BranchState, t: TurnRecord, by_step: Mapping[str, AttemptEnd]) -> Signature:
     """The signature of the earlier turn ``t`` on ``branch`` (``by_step``: outcomes pending, by step id)."""
     steps = (t.decl.step_id, *(c.decl.step_id for c in t.calls))
     return Signature(t, steps, tuple(map(branch.attempts.get, steps)), _asked(branch, steps), _pending(by_step, steps))
@@ -119,14 +118,14 @@ def _asked(branch: BranchState, steps: tuple[StepId, ...]) -> tuple[object, ...]
     return None if asked.count(None) == len(asked) else asked
 
 
-def _pending(by_step: Mapping[str, Outcome], steps: tuple[StepId, ...]) -> tuple[object, ...] | None:
+def _pending(by_step: Mapping[str, AttemptEnd], steps: tuple[StepId, ...]) -> tuple[object, ...] | None:
     if not by_step:
         return None
     pending = tuple(map(by_step.get, steps))
     return None if pending.count(None) == len(pending) else pending
 
 
-def unchanged(kept: Signature, branch: BranchState, t: TurnRecord, by_step: Mapping[str, Outcome]) -> bool:
+def unchanged(kept: Signature, branch: BranchState, t: TurnRecord, by_step: Mapping[str, AttemptEnd]) -> bool:
     """The earlier turn ``t`` on ``branch`` has the signature ``kept``: the same objects, or equal ones (tuples
     compare by identity first). A few look-ups, no text."""
     steps = kept.steps
@@ -149,11 +148,11 @@ class ContextMemo:
         self.rebuilt = 0  # earlier turns rebuilt so far (for tests and benchmarks)
 
     def plan(self, state: RunState, branch_id: BranchId, agent: StepId, turn: int,
-             outcomes: Sequence[Outcome] = ()) -> TurnPlan:
+             outcomes: Sequence[AttemptEnd] = ()) -> TurnPlan:
         """Which earlier turns of turn ``turn`` are kept and which to rebuild (``outcomes``: call outcomes about
         to be committed with the turn's intent). O(earlier turns) look-ups, no text."""
         branch = state.branches[branch_id]
-        by_step: dict[str, Outcome] = {o.step_id: o for o in outcomes}
+        by_step: dict[str, AttemptEnd] = {o.step_id: o for o in outcomes}
         rec = turnfold.record(branch, agent)
         kept = self._kept.get(agent, [])
         groups: list[TurnGroup | None] = []
@@ -173,7 +172,7 @@ class ContextMemo:
 
     def build(self, plan: TurnPlan, state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *,
               run_outputs: Mapping[str, str], blobs: Mapping[str, bytes],
-              outcomes: Sequence[Outcome] = ()) -> TurnContext:
+              outcomes: Sequence[AttemptEnd] = ()) -> TurnContext:
         """The context :func:`~shared.core.agent.turncontext.build_turn` makes for ``action`` (same arguments; ``blobs``
         needs only ``plan.refs``), from the kept groups and the stale ones rebuilt (then kept).
 
@@ -181,7 +180,7 @@ class ContextMemo:
             KeyError: a blob of ``plan.refs`` is missing from ``blobs``.
         """
         branch = state.branches[plan.branch_id]
-        by_step: dict[str, Outcome] = {o.step_id: o for o in outcomes}
+        by_step: dict[str, AttemptEnd] = {o.step_id: o for o in outcomes}
         groups = list(plan.groups)
         for i, earlier, sig in plan.stale:
             made = tuple(group_items(branch, earlier, blobs=blobs, by_step=by_step))

@@ -36,7 +36,7 @@ from shared.core.agent.turnstate import Declared, TurnRecord
 from shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
 from shared.core.input import requestfold
 from shared.core.pack.packer import Candidate, Packed, pack
-from shared.core.run.events import AttemptFailed, AttemptSucceeded, BlobRef
+from shared.core.run.events import AttemptEnd, AttemptFailed, AttemptSucceeded, BlobRef
 from shared.core.run.ids import BranchId, ContextItemId, StepId
 from shared.core.run.planning import TextFacts, policy_for
 from shared.core.run.state import AttemptStatus, BranchState, RunState, final_success
@@ -44,7 +44,6 @@ from shared.core.run.stepids import message_item_id, observation_item_id
 from shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 INSTRUCTIONS = ContextItemId("instructions")
-Outcome = AttemptSucceeded | AttemptFailed
 
 
 class TurnItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,7 +77,8 @@ class TurnContext(msgspec.Struct, frozen=True, kw_only=True):
     request: ChatRequest
 
 
-def _observation(branch: BranchState, call: Declared, outcomes: Mapping[str, Outcome]) -> Outcome | BlobRef | None:
+def _observation(branch: BranchState, call: Declared,
+                 outcomes: Mapping[str, AttemptEnd]) -> AttemptEnd | BlobRef | None:
     """A call's result: an outcome not yet folded, else its final success's output ref, else its last failure."""
     if call.decl.step_id in outcomes:
         return outcomes[call.decl.step_id]
@@ -110,7 +110,7 @@ def _earlier_turns(state: RunState, branch_id: BranchId, agent: StepId, turn: in
     return [earlier_turn(branch, t) for t in (rec.turns[:turn - 1] if rec is not None else [])]
 
 
-def turn_refs(branch: BranchState, earlier: EarlierTurn, by_step: Mapping[str, Outcome]) -> list[BlobRef]:
+def turn_refs(branch: BranchState, earlier: EarlierTurn, by_step: Mapping[str, AttemptEnd]) -> list[BlobRef]:
     """The blobs :func:`group_items` reads for one earlier turn: its answer, its calls' large arguments and results."""
     _, answer, calls = earlier
     refs: list[BlobRef] = [answer] if answer is not None else []
@@ -126,10 +126,10 @@ def turn_refs(branch: BranchState, earlier: EarlierTurn, by_step: Mapping[str, O
 
 
 def needed_blobs(state: RunState, branch_id: BranchId, agent: StepId, turn: int,
-                 outcomes: Sequence[Outcome] = ()) -> list[BlobRef]:
+                 outcomes: Sequence[AttemptEnd] = ()) -> list[BlobRef]:
     """Every blob :func:`build_turn` reads for turn ``turn``: earlier answers, results and large arguments."""
     branch = state.branches[branch_id]
-    by_step: dict[str, Outcome] = {o.step_id: o for o in outcomes}
+    by_step: dict[str, AttemptEnd] = {o.step_id: o for o in outcomes}
     refs = [r for t in _earlier_turns(state, branch_id, agent, turn) for r in turn_refs(branch, t, by_step)]
     return list({r.sha256: r for r in refs}.values())
 
@@ -161,7 +161,7 @@ def head_items(agent: AgentStep, outputs: Mapping[str, str]) -> list[TurnItem]:
 
 
 def group_items(branch: BranchState, earlier: EarlierTurn, *, blobs: Mapping[str, bytes],
-                by_step: Mapping[str, Outcome]) -> list[TurnItem]:
+                by_step: Mapping[str, AttemptEnd]) -> list[TurnItem]:
     """One earlier turn's items, in order: its assistant message, then one tool item per call (group: the turn).
 
     A pure function of the turn's record, the attempts and input requests of the turn and its calls,
@@ -194,7 +194,7 @@ def group_items(branch: BranchState, earlier: EarlierTurn, *, blobs: Mapping[str
 
 
 def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int, *, outputs: Mapping[str, str],
-               blobs: Mapping[str, bytes], outcomes: Sequence[Outcome] = ()) -> list[TurnItem]:
+               blobs: Mapping[str, bytes], outcomes: Sequence[AttemptEnd] = ()) -> list[TurnItem]:
     """The candidate items of turn ``turn``, in candidate order (see the module docstring):
     :func:`head_items`, then :func:`group_items` of each earlier turn.
 
@@ -207,7 +207,7 @@ def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int
         KeyError: a blob of :func:`needed_blobs` is missing from ``blobs``.
     """
     branch = state.branches[branch_id]
-    by_step: dict[str, Outcome] = {o.step_id: o for o in outcomes}
+    by_step: dict[str, AttemptEnd] = {o.step_id: o for o in outcomes}
     items = head_items(agent, outputs)
     for earlier in _earlier_turns(state, branch_id, StepId(agent.id), turn):
         items += group_items(branch, earlier, blobs=blobs, by_step=by_step)
@@ -258,7 +258,7 @@ def tool_schemas(agent: AgentStep) -> tuple[ToolSchema, ...]:
 
 
 def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *, run_outputs: Mapping[
-        str, str], blobs: Mapping[str, bytes], facts: TextFacts, outcomes: Sequence[Outcome] = ()) -> TurnContext:
+        str, str], blobs: Mapping[str, bytes], facts: TextFacts, outcomes: Sequence[AttemptEnd] = ()) -> TurnContext:
     """Candidates → partition → request of ``action``'s turn (the intent's ``context``; ``wire_request(request)``
     is the prompt blob).
 

@@ -232,6 +232,9 @@ class AgentFinished(Event, tag="agent_finished", kw_only=True, frozen=True):
     at_ms: int
 
 
+AttemptEnd = AttemptSucceeded | AttemptFailed
+"""How an attempt ended, as its outcome event says (``AttemptCancelled`` is a cancel's, not the executor's)."""
+
 AnyEvent = (
     RunCreated | RunStarted | AttemptDispatched | AttemptSucceeded | AttemptFailed | AttemptCancelled | RunVerifying
     | VerdictRecorded | RunCompleted | RunCancelled | BranchForked | StepsDeclared | AgentFinished
