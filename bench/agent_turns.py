@@ -37,7 +37,7 @@ from _bench_common import machine_note
 from _wkr_reel import REPO, TURN, WORKFLOWS, Stack, proc_cpu_s, reel_stack
 from nats.aio.msg import Msg
 
-from shared.core.agent.loop import DispatchTurn
+from shared.core.agent.actions import DispatchTurn
 from shared.core.agent.memo import ContextMemo
 from shared.core.agent.turncontext import build_turn, needed_blobs
 from shared.core.pack.tokencount import DEFAULT_COUNTER

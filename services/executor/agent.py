@@ -1,4 +1,4 @@
-"""Agent steps in the executor: the actions of :mod:`shared.core.agent.loop`, performed for real.
+"""Agent steps in the executor: the actions of :mod:`shared.core.agent.actions`, performed for real.
 
 One :class:`AgentRun` per drive of a run holds the attempts it has in flight —
 model calls of turns and tool calls, as asyncio tasks that only perform the side

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.core.agent.loop import DispatchTurn
+from shared.core.agent.actions import DispatchTurn
 from shared.core.agent.memo import ContextMemo
 from shared.core.agent.turncontext import build_turn, needed_blobs
 from shared.core.chat.messages import wire_request

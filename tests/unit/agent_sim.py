@@ -1,6 +1,6 @@
 """A reference driver of the agent loop's pure core, in memory (no server, no clock): what the executor does.
 
-It follows the contract of :mod:`shared.core.agent.loop` literally — ask ``next_action``
+It follows the contract of :mod:`shared.core.agent.actions` literally — ask ``next_action``
 with the attempts it has in flight, commit what the builders of
 :mod:`shared.core.agent.commits` return, build each turn with
 :mod:`shared.core.agent.turncontext` — with the ``scripted`` model (``play_turn``) and tools

@@ -2,7 +2,7 @@
 
 Each builder reads the folded state at the head the commit will be fenced on, so a
 commit never says something the fold refuses (calls declared twice, a second
-``agent_finished``…). The actions they serve are in :mod:`shared.core.agent.loop`, whose
+``agent_finished``…). The actions they serve are in :mod:`shared.core.agent.actions`, whose
 docstring is the executor's contract.
 """
 
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import msgspec
 
 from shared.core.agent import turnfold
-from shared.core.agent.loop import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
+from shared.core.agent.actions import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
 from shared.core.agent.turnstate import Declared
 from shared.core.chat.messages import ToolCall, assign_call_ids
 from shared.core.input import requestfold, requesting

@@ -38,7 +38,7 @@ from itertools import chain
 import msgspec
 
 from shared.core.agent import turnfold
-from shared.core.agent.loop import DispatchTurn
+from shared.core.agent.actions import DispatchTurn
 from shared.core.agent.turncontext import (
     EarlierTurn,
     TurnContext,

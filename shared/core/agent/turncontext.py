@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from shared.core.agent import turnfold
-from shared.core.agent.loop import DispatchTurn
+from shared.core.agent.actions import DispatchTurn
 from shared.core.agent.turnstate import Declared, TurnRecord
 from shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
 from shared.core.input import requestfold

@@ -3,9 +3,9 @@
 :func:`next_action` decides from the folded state alone; the executor service
 (services/executor) performs the action, commits, applies the commit to its
 state and asks again. No I/O, clock or randomness here. Inside an agent step the
-decision is :func:`shared.core.agent.loop.agent_action`'s; its actions (``Wait``,
+decision is :func:`shared.core.agent.actions.agent_action`'s; its actions (``Wait``,
 ``DispatchTurn``, ``DispatchCalls``, …) and what each commit carries are
-described in :mod:`shared.core.agent.loop`.
+described in :mod:`shared.core.agent.actions`.
 
 Attempt numbering: attempts are numbered 1, 2, … per step and branch. A step
 fails when ``max_attempts`` attempts have *failed* (or one failed non-retryably).
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.core.agent import turnfold
-from shared.core.agent.loop import (
+from shared.core.agent.actions import (
     AdoptTurn,
     AgentAction,
     AwaitInput,
@@ -89,7 +89,7 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
     Args:
         in_flight: ``(branch, step, attempt)`` of the attempts this executor is running (its tasks); any
             other attempt still ``dispatched`` is an orphan and is superseded. Empty (the sequential
-            executor): nothing is waited for. See :mod:`shared.core.agent.loop` for the agent actions.
+            executor): nothing is waited for. See :mod:`shared.core.agent.actions` for the agent actions.
         start: the steps before this position are known to have succeeded on the active branch (a
             cursor the caller keeps with :func:`succeeded_prefix`): only the rest is looked at, so a
             step's planning costs O(1) whatever the run's length. 0 looks at every step.
