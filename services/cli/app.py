@@ -26,6 +26,7 @@ from services.cli import auth, chaos, control, inputs, replay, runs, show, statu
 from services.cli.console import ReelGroup, reel_home
 from services.cli.helptext import tidy
 from services.cli.serve import serve_app
+from shared.runtime.deathsig import keep_environment_private
 from shared.runtime.logging import setup_logging
 
 app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.", cls=ReelGroup,
@@ -60,6 +61,7 @@ tidy(app)  # every command's --help in whole sentences at any width (services/cl
 
 def main() -> None:
     """Console-script entry point."""
+    keep_environment_private()  # services it runs in-process start tools: none reads our environment back
     os.environ.setdefault("REEL_TOOL_DIR", str((reel_home() / "tools").resolve()))  # services reap orphans
     setup_logging("cli", level=os.environ.get("REEL_LOG_LEVEL", "ERROR"))
     app()

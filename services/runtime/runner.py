@@ -23,6 +23,7 @@ from services.runtime.health import HEARTBEAT_ENV, heartbeat
 from shared.nats.access import redact_url
 from shared.nats.infra import Infra, connect, ensure_infra_retrying
 from shared.runtime.config import CONNECTION_FLAGS, Config
+from shared.runtime.deathsig import keep_environment_private
 from shared.runtime.logging import setup_logging
 from shared.runtime.metrics import serve_from_env as serve_metrics
 
@@ -81,5 +82,6 @@ def apply_connection_flags(argv: list[str]) -> None:
 def main_for(name: str, serve: Serve) -> None:
     """``python -m services.<name>`` entry point (connection flags: ``--nats-url``, ``--nats-user``, …)."""
     apply_connection_flags(sys.argv[1:])
+    keep_environment_private()  # its tools cannot read its credentials back from /proc/$PPID/environ
     setup_logging(name, cache=True)  # a service never re-configures: loggers resolve once
     asyncio.run(run_service(name, serve, Config.from_env()))
