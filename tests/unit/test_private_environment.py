@@ -15,11 +15,11 @@ from tests.conftest import REPO
 
 PARENT = """
 import ctypes, os, subprocess, sys
+from shared.runtime.deathsig import keep_environment_private  # imported first: nobody may not read the repo
 if os.getuid() == 0:
     os.setgid(65534); os.setuid(65534)  # nobody: an unprivileged parent and child of one user
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again, as a process started as that user is
 if sys.argv[1] == "private":
-    from shared.runtime.deathsig import keep_environment_private
     assert keep_environment_private()
 done = subprocess.run(["cat", f"/proc/{os.getpid()}/environ"], capture_output=True)
 print("read" if b"REEL_CANARY=canary-secret-0001" in done.stdout else "refused")
