@@ -20,11 +20,18 @@ from pathlib import Path
 from nats.aio.client import Client
 from rich.console import Console
 
-from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, BlobRef, ContextPartition, Usage
-from shared.core.wire.subjects import Names
-from shared.nats.embedded import EmbeddedServer, embedded_server
-from shared.nats.infra import Infra, connect, ensure_infra
-from shared.runtime.config import Config
+from reel.shared.core.run.events import (
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    ContextPartition,
+    Usage,
+)
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.embedded import EmbeddedServer, embedded_server
+from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.runtime.config import Config
 
 console = Console(width=max(150, Console().width))
 

@@ -27,10 +27,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
-from shared.core.errors import ReelError
-from shared.core.run.events import BlobRef
-from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
-from shared.nats.blobstore import CHUNK_BYTES, ref_for
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from reel.shared.nats.blobstore import CHUNK_BYTES, ref_for
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]  # subject, body, headers
 

@@ -26,11 +26,11 @@ from typing import BinaryIO
 from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
-from shared.core.run.events import AttemptDispatched, decode_commit
-from shared.core.run.ids import run_id_for_key
-from shared.core.wire.subjects import Names
-from shared.core.workflow.agentspec import AgentToolSpec
-from shared.core.workflow.spec import (
+from reel.shared.core.run.events import AttemptDispatched, decode_commit
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.agentspec import AgentToolSpec
+from reel.shared.core.workflow.spec import (
     AgentStep,
     ContextItemSpec,
     ModelSpec,
@@ -43,11 +43,11 @@ from shared.core.workflow.spec import (
     VerifierSpec,
     WorkflowSpec,
 )
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.embedded import EmbeddedServer, embedded_server
-from shared.nats.infra import Infra, connect, ensure_infra
-from shared.runtime.config import Config
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import EmbeddedServer, embedded_server
+from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120.0
@@ -234,7 +234,7 @@ async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int =
                 prof = os.environ.get(PROFILE_ENV)  # cProfile each service into <dir>/<role>-<sync>-<n>.prof
                 wrap = [str(REPO / "bench" / "_cprof.py"), f"{prof}/{role}-{tag}.prof"] if prof else ["-m"]
                 stack.procs[role] = await asyncio.create_subprocess_exec(
-                    sys.executable, *wrap, f"services.{name}", env={**env, **own}, cwd=str(repo),
+                    sys.executable, *wrap, f"reel.services.{name}", env={**env, **own}, cwd=str(repo),
                     stdout=asyncio.subprocess.DEVNULL, stderr=log)
             yield stack
         finally:

@@ -10,7 +10,7 @@ executor's CPU (``/proc/<pid>/task/*/schedstat``) is read when the commit carryi
 arrives on a core subscription; a turn's cost is the difference to the next one's.
 
 It also replays this tree's last run in process and times one turn's context build in full
-(:func:`shared.core.agent.turncontext.build_turn`) vs from a warm :class:`shared.core.agent.memo.ContextMemo`
+(:func:`reel.shared.core.agent.turncontext.build_turn`) vs from a warm :class:`reel.shared.core.agent.memo.ContextMemo`
 (medians of 30), at turn 20 and at the last turn — the packing cost alone.
 
 Usage: ``python bench/agent_turns.py [--turns 200] [--rounds 3] [--baseline 9490710]``; last line:
@@ -37,17 +37,17 @@ from _bench_common import machine_note
 from _wkr_reel import REPO, TURN, WORKFLOWS, Stack, proc_cpu_s, reel_stack
 from nats.aio.msg import Msg
 
-from shared.core.agent.actions import DispatchTurn
-from shared.core.agent.memo import ContextMemo
-from shared.core.agent.turncontext import build_turn, needed_blobs
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import AttemptDispatched, AttemptEnd, AttemptFailed, AttemptSucceeded, decode_commit
-from shared.core.run.fold import apply_commit
-from shared.core.run.ids import AttemptNo, StepId
-from shared.core.run.planning import TextFacts
-from shared.core.run.state import RunState
-from shared.core.run.stepids import parse_step_id
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.agent.actions import DispatchTurn
+from reel.shared.core.agent.memo import ContextMemo
+from reel.shared.core.agent.turncontext import build_turn, needed_blobs
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run.events import AttemptDispatched, AttemptEnd, AttemptFailed, AttemptSucceeded, decode_commit
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.ids import AttemptNo, StepId
+from reel.shared.core.run.planning import TextFacts
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.stepids import parse_step_id
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 BASELINE = "9490710"  # main before incremental packing (shared/core/agent/memo.py)
 

@@ -37,14 +37,14 @@ sys.path.insert(0, str(REPO))  # the tests' tools and loopback server
 from _bench_common import bench_server, console, machine_note, median, namespace, pct  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from services.cancel.app import serve as cancel_serve  # noqa: E402
-from services.executor.app import serve as executor_serve  # noqa: E402
-from shared.core.workflow.spec import parse_workflow  # noqa: E402
-from shared.nats.client import ReelClient  # noqa: E402
-from shared.nats.eventlog import JetStreamEventLog  # noqa: E402
-from shared.nats.infra import Infra  # noqa: E402
-from shared.runtime.config import Config  # noqa: E402
-from shared.runtime.logging import setup_logging  # noqa: E402
+from reel.services.cancel.app import serve as cancel_serve  # noqa: E402
+from reel.services.executor.app import serve as executor_serve  # noqa: E402
+from reel.shared.core.workflow.spec import parse_workflow  # noqa: E402
+from reel.shared.nats.client import ReelClient  # noqa: E402
+from reel.shared.nats.eventlog import JetStreamEventLog  # noqa: E402
+from reel.shared.nats.infra import Infra  # noqa: E402
+from reel.shared.runtime.config import Config  # noqa: E402
+from reel.shared.runtime.logging import setup_logging  # noqa: E402
 from tests.integration import cancel_support as cs  # noqa: E402
 from tests.support.chat_server import ChatServer, Hang, hang  # noqa: E402
 

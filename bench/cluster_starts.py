@@ -32,14 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.table import Table
 
 from bench._bench_common import console, machine_note, median, pct
-from services.executor.app import serve as executor_serve
-from shared.core.wire.subjects import Names
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.infra import connect, ensure_infra
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.config import Config
-from shared.runtime.logging import setup_logging
+from reel.services.executor.app import serve as executor_serve
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.config import Config
+from reel.shared.runtime.logging import setup_logging
 from tests.support.cluster import Cluster, cluster
 
 

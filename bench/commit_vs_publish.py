@@ -9,7 +9,7 @@ Against one embedded nats-server (file storage, R1), in one process:
    same duplicate window), one subject per run like Reel. A third row publishes
    the raw bytes *with* Reel's headers through ``js.publish``, which separates the
    server's dedupe/fence cost from Reel's client-side overhead. Target: commit / raw ≤ 1.3.
-2. **model step** — the real :class:`services.executor.driver.Driver` drives a
+2. **model step** — the real :class:`reel.services.executor.driver.Driver` drives a
    workflow of N replay model steps (N = 10, 100, 200 by default; each step has 10
    candidate context items — the task and the last 9 messages — under a budget
    that packs 6, a distinct prompt and a distinct recorded output). Per step it
@@ -56,14 +56,14 @@ from _bench_common import (
 )
 from rich.table import Table
 
-from services.executor.app import ports
-from services.executor.attempts import Attempts
-from services.executor.driver import Driver
-from shared.application.workflows import WorkflowCache
-from shared.core.pack.packer import pack
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run import planning as plan
-from shared.core.run.events import (
+from reel.services.executor.app import ports
+from reel.services.executor.attempts import Attempts
+from reel.services.executor.driver import Driver
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.pack.packer import pack
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptSucceeded,
@@ -72,15 +72,15 @@ from shared.core.run.events import (
     Usage,
     encode_commit,
 )
-from shared.core.run.ids import new_commit_id, new_executor_id, new_run_id
-from shared.core.run.state import RunState
-from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
-from shared.core.workflow.spec import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
-from shared.nats.blobstore import ref_for
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.publish import publish_pipelined
-from shared.nats.subjectlog import COMMIT_ID_HEADER
-from shared.runtime.logging import setup_logging
+from reel.shared.core.run.ids import new_commit_id, new_executor_id, new_run_id
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
+from reel.shared.core.workflow.spec import ModelStep, WorkflowSpec, encode_workflow, parse_workflow
+from reel.shared.nats.blobstore import ref_for
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.publish import publish_pipelined
+from reel.shared.nats.subjectlog import COMMIT_ID_HEADER
+from reel.shared.runtime.logging import setup_logging
 
 NS = "benchxyz"
 RAW_STREAM = "BENCHXYZ_RAW"

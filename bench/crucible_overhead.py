@@ -30,14 +30,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from services.crucible.session import backend, start_session
-from shared.core.wire.subjects import Names
-from shared.crucible.config import parse_config
-from shared.crucible.events import IterationClosed, MeasureFinished, ProposalMade, SegmentOpened
-from shared.crucible.state import Reading
-from shared.nats.embedded import embedded_server
-from shared.runtime.config import Config
-from shared.runtime.logging import setup_logging
+from reel.services.crucible.session import backend, start_session
+from reel.shared.core.wire.subjects import Names
+from reel.shared.crucible.config import parse_config
+from reel.shared.crucible.events import IterationClosed, MeasureFinished, ProposalMade, SegmentOpened
+from reel.shared.crucible.state import Reading
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.runtime.config import Config
+from reel.shared.runtime.logging import setup_logging
 
 ONE_READING: dict[str, object] = {"confirm_repeats": 0, "remeasure_incumbent": False}
 SCENARIOS: dict[str, tuple[str, str, dict[str, object]]] = {

@@ -36,9 +36,9 @@ from functools import partial
 from _bench_common import console, dispatch_event, fake_ref, machine_note, outcome_event
 from rich.table import Table
 
-from shared.core.run import fold as folding
-from shared.core.run.events import AnyEvent, Commit, RunCreated, RunStarted, StepDecl
-from shared.core.run.state import RunState
+from reel.shared.core.run import fold as folding
+from reel.shared.core.run.events import AnyEvent, Commit, RunCreated, RunStarted, StepDecl
+from reel.shared.core.run.state import RunState
 
 EXECUTOR = "x-0123456789ab"
 T0 = 1_780_000_000_000

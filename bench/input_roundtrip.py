@@ -31,14 +31,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._bench_common import bench_server, console, machine_note, median, namespace, pct
-from services.cancel.app import serve as cancel_serve
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from shared.core.input import requestfold
-from shared.core.run.events import AttemptDispatched, InputAnswered, decode_commit
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.client import ReelClient
-from shared.runtime.logging import setup_logging
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.shared.core.input import requestfold
+from reel.shared.core.run.events import AttemptDispatched, InputAnswered, decode_commit
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.logging import setup_logging
 
 
 def workflow(i: int, deadline_s: float | None) -> WorkflowSpec:

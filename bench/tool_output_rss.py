@@ -1,7 +1,7 @@
 """Benchmark: the executor's peak RSS while a tool prints N bytes and the next step reads them.
 
 One embedded nats-server (file storage, R1). Per output size, a fresh executor **process**
-(``python -m services.executor``, its cap raised to 256 MiB so every size is stored whole) is
+(``python -m reel.services.executor``, its cap raised to 256 MiB so every size is stored whole) is
 started and warmed by one small run; its RSS then is the **idle** baseline. Then one run is started
 and awaited (Verifying): its command tool (tests/support/print_bytes.py) prints N bytes, and a second
 command step (``stdin_from`` the first) reads them all from its stdin and prints their length and
@@ -42,10 +42,10 @@ sys.path.insert(0, str(REPO))  # the tests' printing tool
 from _bench_common import Bench, bench_server, console, machine_note, namespace  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from shared.core.run.state import RunState  # noqa: E402
-from shared.core.workflow.spec import parse_workflow  # noqa: E402
-from shared.nats.blobstore import JetStreamBlobStore  # noqa: E402
-from shared.nats.client import ReelClient  # noqa: E402
+from reel.shared.core.run.state import RunState  # noqa: E402
+from reel.shared.core.workflow.spec import parse_workflow  # noqa: E402
+from reel.shared.nats.blobstore import JetStreamBlobStore  # noqa: E402
+from reel.shared.nats.client import ReelClient  # noqa: E402
 from tests.support import print_bytes  # noqa: E402
 
 PRINTER = REPO / "tests" / "support" / "print_bytes.py"
@@ -70,7 +70,7 @@ async def executor_process(b: Bench, repo: Path, log: IO[bytes]) -> AsyncIterato
     env = {**os.environ, "NATS_URL": b.cfg.nats_url, "REEL_NAMESPACE": b.cfg.names.namespace,
            "REEL_TOOL_MAX_OUTPUT_BYTES": str(CAP), "REEL_LOG_FORMAT": "json", "PYTHONPATH": str(repo),
            "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", cwd=repo, env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", cwd=repo, env=env,
                                                 stdout=log, stderr=log)
     try:
         yield proc

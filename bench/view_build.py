@@ -58,8 +58,8 @@ from _bench_common import (
 from nats.js.api import PubAck
 from rich.table import Table
 
-from shared.core.run import fold as folding
-from shared.core.run.events import (
+from reel.shared.core.run import fold as folding
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptSucceeded,
     Commit,
@@ -71,11 +71,11 @@ from shared.core.run.events import (
     decode_commit,
     encode_commit,
 )
-from shared.core.run.ids import new_commit_id
-from shared.core.run.views import build_episode_view
-from shared.core.wire.subjects import MSG_ID_HEADER
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.subjectlog import COMMIT_ID_HEADER
+from reel.shared.core.run.ids import new_commit_id
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.wire.subjects import MSG_ID_HEADER
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.subjectlog import COMMIT_ID_HEADER
 
 EXECUTOR = "x-0123456789ab"
 

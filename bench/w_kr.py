@@ -6,8 +6,8 @@ interval between successive step starts (µs) and wall/K; (b) R=50, K=20: steps/
 start to the last finish.
 
 Reel is driven as a user drives it: an embedded nats-server (file storage, R1) started here, the
-executor and the verifier as separate processes (``python -m services.executor`` /
-``services.verifier``), every run started by a ``StartRun`` on ``reel.cmd.start`` with one
+executor and the verifier as separate processes (``python -m reel.services.executor`` /
+``reel.services.verifier``), every run started by a ``StartRun`` on ``reel.cmd.start`` with one
 ``output_regex`` verifier, finished when the verifier commits ``run_completed``. Variants:
 
 * ``tool``: K tool steps of type ``recorded`` (plain tool steps have no in-process Python kind;

@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from shared.core.run.events import Commit, Verdict
-from shared.core.wire.commands import (
+from reel.shared.core.run.events import Commit, Verdict
+from reel.shared.core.wire.commands import (
     CancelRun,
     RecoverRuns,
     Reply,
@@ -32,8 +32,8 @@ from shared.core.wire.commands import (
     StartRun,
     VerifyRun,
 )
-from shared.core.wire.livemessages import RunControl, StreamChunk
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.wire.livemessages import RunControl, StreamChunk
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "schemas"

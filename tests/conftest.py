@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.wire.subjects import Names
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.embedded import embedded_server
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect, ensure_infra
-from shared.runtime.config import Config
-from shared.runtime.logging import setup_logging
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.runtime.config import Config
+from reel.shared.runtime.logging import setup_logging
 
 pytest_plugins = ("tests.support.chat_server",)  # the `chat_server` fixture (loopback HTTP)
 
@@ -123,7 +123,7 @@ async def running(serve, infra: Infra, cfg: Config, **kwargs: object) -> AsyncIt
 @pytest.fixture
 async def executor(infra: Infra, cfg: Config) -> AsyncIterator[None]:
     """An executor service instance running in-process against the real server."""
-    from services.executor.app import serve
+    from reel.services.executor.app import serve
 
     async with running(serve, infra, cfg):
         yield

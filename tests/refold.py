@@ -6,9 +6,9 @@ must equal a cold re-fold of the log.
 
 from __future__ import annotations
 
-from shared.core.run.state import RunState
-from shared.core.run.statecodec import STATE_ENCODER
-from shared.nats.eventlog import JetStreamEventLog
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.statecodec import STATE_ENCODER
+from reel.shared.nats.eventlog import JetStreamEventLog
 
 _enc = STATE_ENCODER
 

@@ -1,10 +1,10 @@
 """Judge of the worked example: how small can Reel's packed context get without losing the evidence?
 
-Runs *this world's* context packing (``shared.core.run.planning`` + ``shared.core.pack.packer``, imported
+Runs *this world's* context packing (``reel.shared.core.run.planning`` + ``reel.shared.core.pack.packer``, imported
 from the world the judge runs in, under the policy in ``examples/crucible/policy.json``)
 over every model step of the recorded runs whose verdict is a pass — tau-bench
 airline episodes with reward 1 and the SWE-bench-resolved mini-swe-agent run in
-$REEL_DATA_DIR — loaded with ``shared.core.trajectories.load_trajectories`` in its linear
+$REEL_DATA_DIR — loaded with ``reel.shared.core.trajectories.load_trajectories`` in its linear
 form (``form="linear"``: one model step per recorded turn, each packed as a model step's
 context; ``reel replay`` runs the agent form).
 
@@ -32,11 +32,11 @@ from typing import Any
 WORLD = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(WORLD))  # measure the packer of this world, not the installed one
 
-from shared.core.pack.packer import Candidate, PackPolicy, pack  # noqa: E402
-from shared.core.pack.tokencount import DEFAULT_COUNTER  # noqa: E402
-from shared.core.run.planning import candidates, context_items  # noqa: E402
-from shared.core.trajectories import load_trajectories  # noqa: E402
-from shared.core.workflow.spec import ModelStep, ToolStep  # noqa: E402
+from reel.shared.core.pack.packer import Candidate, PackPolicy, pack  # noqa: E402
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER  # noqa: E402
+from reel.shared.core.run.planning import candidates, context_items  # noqa: E402
+from reel.shared.core.trajectories import load_trajectories  # noqa: E402
+from reel.shared.core.workflow.spec import ModelStep, ToolStep  # noqa: E402
 
 RUNS = ("taubench_gpt-4o-airline.json", "minisweagent_gemini3pro_django__django-11163.traj.json")
 RECALL_FLOOR = 0.99

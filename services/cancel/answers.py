@@ -2,10 +2,10 @@
 
 Both commands are a person's word on a run that an executor does not own: stop it, or
 answer what it asked. Per command: load the run and its workflow (for the tool's
-``parameters``, to validate edited arguments), :func:`shared.core.input.respond.decide`, commit
-fenced on the head (:func:`shared.application.fenced.commit_decided`: refreshed and decided again on a
+``parameters``, to validate edited arguments), :func:`reel.shared.core.input.respond.decide`, commit
+fenced on the head (:func:`reel.shared.application.fenced.commit_decided`: refreshed and decided again on a
 conflict). Then an executor is asked to go on (``ResumeRun``, deduplicated by the answer's
-LSN) unless the run's live owner is driving it (:func:`shared.core.mutators.rewind.needs_resume`: a
+LSN) unless the run's live owner is driving it (:func:`reel.shared.core.mutators.rewind.needs_resume`: a
 run that was ``awaiting_input`` always gets one; one still ``running`` — other calls of the
 turn in flight — is picked up by its owner's next fenced commit).
 """
@@ -16,18 +16,18 @@ from typing import Any
 
 import structlog
 
-from services.runtime.resume import resume_unless_driven
-from shared.application.fenced import commit_decided
-from shared.application.workflows import WorkflowCache
-from shared.core.input import respond
-from shared.core.ports import BlobStore, EventLog
-from shared.core.run.state import RunState
-from shared.core.wire.commands import Reply, RespondRun
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import Delivery, Router
-from shared.nats.infra import Infra
-from shared.runtime.clock import now_ms
-from shared.runtime.config import Config
+from reel.services.runtime.resume import resume_unless_driven
+from reel.shared.application.fenced import commit_decided
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.input import respond
+from reel.shared.core.ports import BlobStore, EventLog
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import Reply, RespondRun
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.consumer import Delivery, Router
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.clock import now_ms
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.respond")
 

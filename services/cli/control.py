@@ -7,9 +7,18 @@ import sys
 import msgspec
 import typer
 
-from services.cli.console import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async, usage_error
-from services.cli.embed import service_active, session
-from shared.core.wire.commands import Reply
+from reel.services.cli.console import (
+    CliError,
+    JsonOut,
+    Namespace,
+    NatsUrl,
+    console,
+    err_console,
+    run_async,
+    usage_error,
+)
+from reel.services.cli.embed import service_active, session
+from reel.shared.core.wire.commands import Reply
 
 
 def _accepted(reply: Reply) -> Reply:

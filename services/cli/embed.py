@@ -30,21 +30,21 @@ from urllib.parse import urlsplit
 import nats
 import nats.js.errors
 
-from services.cli.auth import auth_dir_from_env
-from services.cli.console import CliError, err_console, reel_home
-from shared.application.workflows import WorkflowCache
-from shared.auth.authdir import AuthDir
-from shared.core.run.state import RunState
-from shared.core.wire.subjects import Names
-from shared.core.workflow.spec import WorkflowSpec
-from shared.nats.access import ConnectRefused, redact_url
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.consumergate import consumer_gate
-from shared.nats.embedded import url_or_embedded
-from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
-from shared.nats.micro import SERVICE_PREFIX, discover
-from shared.runtime.config import Config
+from reel.services.cli.auth import auth_dir_from_env
+from reel.services.cli.console import CliError, err_console, reel_home
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.auth.authdir import AuthDir
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.nats.access import ConnectRefused, redact_url
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.consumergate import consumer_gate
+from reel.shared.nats.embedded import url_or_embedded
+from reel.shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying, open_infra
+from reel.shared.nats.micro import SERVICE_PREFIX, discover
+from reel.shared.runtime.config import Config
 
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery")
 DEFAULT_LOCAL_URL = "nats://127.0.0.1:4222"
@@ -122,7 +122,7 @@ async def service_active(infra: Infra, cfg: Config, name: str, *, wait_s: float 
 def service_serve(name: str) -> Callable[..., Coroutine[Any, Any, None]] | None:
     """The ``serve`` coroutine function of a service module, if that service is installed."""
     try:
-        return getattr(importlib.import_module(f"services.{name}.app"), "serve", None)
+        return getattr(importlib.import_module(f"reel.services.{name}.app"), "serve", None)
     except ImportError:
         return None
 

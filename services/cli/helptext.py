@@ -17,7 +17,7 @@ import re
 import typer
 from rich.markup import escape
 
-_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`shared.core.run.fold` → shared.core.run.fold
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`reel.shared.core.run.fold` → reel.shared.core.run.fold
 _LITERAL = re.compile(r"``([^`]+)``")  # ``--follow`` → `--follow`
 
 

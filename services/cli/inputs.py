@@ -17,11 +17,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from services.cli.console import EXIT, CliError, JsonOut, Namespace, NatsUrl, console, run_async
-from services.cli.embed import SERVICES, session, wait_states
-from services.cli.runs import exit_code, follow
-from services.timeline.render import open_requests, print_timeline, print_waiting
-from shared.runtime.clock import now_ms
+from reel.services.cli.console import EXIT, CliError, JsonOut, Namespace, NatsUrl, console, run_async
+from reel.services.cli.embed import SERVICES, session, wait_states
+from reel.services.cli.runs import exit_code, follow
+from reel.services.timeline.render import open_requests, print_timeline, print_waiting
+from reel.shared.runtime.clock import now_ms
 
 By = typer.Option("", "--by", help="who answers (recorded with the answer)")
 NoWait = typer.Option(False, "--no-wait", help="send the answer and exit; do not follow the run")
@@ -71,7 +71,7 @@ def _respond(nats_url: str | None, namespace: str, run_id: str, request_id: str,
     ``detail``), and after following also ``run_status``, ``exit`` and ``requests`` (the open ones).
 
     Raises:
-        typer.Exit: the run's exit code (:func:`services.cli.runs.exit_code`; 0 without ``wait``), 1 if the
+        typer.Exit: the run's exit code (:func:`reel.services.cli.runs.exit_code`; 0 without ``wait``), 1 if the
             answer is refused, 4 if the run is cancelled (nothing to answer), 5 if the run does not rest within
             ``timeout_s`` seconds.
     """

@@ -9,14 +9,14 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from services.cli.console import CliError, Namespace, NatsUrl, console, err_console, run_async
-from services.cli.embed import SERVICES, Session, session, wait_states
-from services.cli.runs import exit_code, follow
-from services.timeline.render import print_timeline
-from shared.core.errors import TrajectoryFormatError
-from shared.core.run.state import RunState
-from shared.core.verify.reportedoutcome import checks_summary, context_checks, final_verdicts, reported_outcome
-from shared.core.workflow.spec import WorkflowSpec, encode_workflow
+from reel.services.cli.console import CliError, Namespace, NatsUrl, console, err_console, run_async
+from reel.services.cli.embed import SERVICES, Session, session, wait_states
+from reel.services.cli.runs import exit_code, follow
+from reel.services.timeline.render import print_timeline
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.run.state import RunState
+from reel.shared.core.verify.reportedoutcome import checks_summary, context_checks, final_verdicts, reported_outcome
+from reel.shared.core.workflow.spec import WorkflowSpec, encode_workflow
 
 
 def replay(
@@ -38,7 +38,7 @@ def replay(
     verifier (``recorded_outcome`` where the recording has a label), ``unlabelled``
     without one; the context check (``task-in-final-context``) has its own column.
     """
-    from shared.core.trajectories import load_trajectories
+    from reel.shared.core.trajectories import load_trajectories
 
     async def body() -> int:
         specs: list[tuple[Path, WorkflowSpec]] = []

@@ -16,16 +16,25 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.console import EXIT, CliError, Namespace, NatsUrl, console, err_console, run_async, said_interrupted
-from services.cli.embed import SERVICES, Session, session, wait_states
-from services.cli.tokens import TokenPrinter
-from services.timeline.render import STATUS_STYLE, event_line, print_timeline, print_waiting, verdict_table
-from shared.core.errors import RunNotFound
-from shared.core.run.events import Verdict
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState
-from shared.core.verify.reportedoutcome import checks_summary, reported_outcome
-from shared.core.workflow.spec import load_workflow
+from reel.services.cli.console import (
+    EXIT,
+    CliError,
+    Namespace,
+    NatsUrl,
+    console,
+    err_console,
+    run_async,
+    said_interrupted,
+)
+from reel.services.cli.embed import SERVICES, Session, session, wait_states
+from reel.services.cli.tokens import TokenPrinter
+from reel.services.timeline.render import STATUS_STYLE, event_line, print_timeline, print_waiting, verdict_table
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.run.events import Verdict
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState
+from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from reel.shared.core.workflow.spec import load_workflow
 
 
 async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: float, quiet: bool = False,
@@ -61,7 +70,7 @@ async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: 
 
 
 def exit_code(state: RunState | None) -> int:
-    """The exit code of a finished (or timed-out, ``None``) run: see :data:`services.cli.console.EXIT`."""
+    """The exit code of a finished (or timed-out, ``None``) run: see :data:`reel.services.cli.console.EXIT`."""
     if state is None:
         return EXIT["timeout"]
     if state.status in ("cancelled", "awaiting_input"):

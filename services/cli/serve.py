@@ -6,8 +6,8 @@ import os
 
 import typer
 
-from services.cli.console import Namespace, err_console
-from services.cli.embed import SERVICES, service_serve
+from reel.services.cli.console import Namespace, err_console
+from reel.services.cli.embed import SERVICES, service_serve
 
 ServeUrl = typer.Option(None, "--nats-url", envvar="NATS_URL", help="NATS server URL (default nats://127.0.0.1:4222)")
 
@@ -16,14 +16,14 @@ serve_app = typer.Typer(help="Run one instance of a Reel service (scale by runni
 
 def _service_command(name: str) -> None:
     def cmd(nats_url: str | None = ServeUrl, namespace: str = Namespace) -> None:
-        if nats_url is not None:  # the service reads its connection from the environment (shared.runtime.config)
+        if nats_url is not None:  # the service reads its connection from the environment (reel.shared.runtime.config)
             os.environ["NATS_URL"] = nats_url
         os.environ["REEL_NAMESPACE"] = namespace
         serve = service_serve(name)
         if serve is None:
             err_console.print(f"[red]error:[/] service {name} is not installed")
             raise typer.Exit(1)
-        from services.runtime.runner import main_for
+        from reel.services.runtime.runner import main_for
 
         main_for(name, serve)
 

@@ -8,13 +8,13 @@ import sys
 import msgspec
 import typer
 
-from services.cli.console import EXIT, CliError, Namespace, NatsUrl, console, run_async, usage_error
-from services.cli.embed import Session, session
-from services.cli.runs import follow
-from services.timeline.render import print_timeline
-from shared.core.run.ids import BranchId
-from shared.core.run.state import RunState
-from shared.core.verify.reportedoutcome import check_verdicts, reported_outcome
+from reel.services.cli.console import EXIT, CliError, Namespace, NatsUrl, console, run_async, usage_error
+from reel.services.cli.embed import Session, session
+from reel.services.cli.runs import follow
+from reel.services.timeline.render import print_timeline
+from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.state import RunState
+from reel.shared.core.verify.reportedoutcome import check_verdicts, reported_outcome
 
 REST = ("verifying", "completed", "cancelled", "awaiting_input")
 """``reel show --follow`` stops at these statuses: done, cancelled, waiting for its verifiers or for a human."""
@@ -67,7 +67,7 @@ def show(
 
 
 def _print_json(state: RunState, branch: str | None) -> None:
-    from shared.core.run.views import build_episode_view, serialize_view
+    from reel.shared.core.run.views import build_episode_view, serialize_view
 
     view = build_episode_view(state, BranchId(branch) if branch else None)
     outcome = reported_outcome(state)

@@ -27,13 +27,13 @@ from nats.js.errors import NotFoundError
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.console import Namespace, NatsUrl, console, run_async
-from services.cli.embed import session
-from shared.auth.roles import SERVICE_ROLE
-from shared.nats.access import redact_url
-from shared.nats.infra import Infra
-from shared.nats.micro import discover
-from shared.runtime.config import Config
+from reel.services.cli.console import Namespace, NatsUrl, console, run_async
+from reel.services.cli.embed import session
+from reel.shared.auth.roles import SERVICE_ROLE
+from reel.shared.nats.access import redact_url
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.micro import discover
+from reel.shared.runtime.config import Config
 
 SERVICES = tuple(SERVICE_ROLE)
 """Every service whose durable consumer ``reel status`` reports (executor, verifier, … crucible)."""
@@ -158,7 +158,7 @@ async def _leases(infra: Infra, cfg: Config, answering: set[str]) -> list[dict[s
 
 
 def server_line(url: str, origin: str, namespace: str) -> Text:
-    """Which server the report is of (``origin``: see :attr:`services.cli.embed.Session.origin`)."""
+    """Which server the report is of (``origin``: see :attr:`reel.services.cli.embed.Session.origin`)."""
     how = {"embedded": "an embedded server started for this command only: nothing else runs on it (start "
                        "`reel up`, or pass --nats-url)",
            "reel up": "the `reel up` server on 127.0.0.1:4222"}.get(origin, "from --nats-url / $NATS_URL")

@@ -1,6 +1,6 @@
 """``reel up``: the embedded nats-server (unless ``--nats-url``) and every service as supervised children.
 
-Each service instance is ``python -m services.<name>``; one that exits is
+Each service instance is ``python -P -m reel.services.<name>``; one that exits is
 restarted with exponential backoff (:class:`Backoff`: 1 s, doubling, at most 30 s; back to 1 s once an
 instance ran 60 s; after 8 crashes in a row, each within 60 s of its start, ``reel up`` says so, naming
 the instance and its last exit, stops everything and exits 1). A ``--nats-url`` where nothing answers is
@@ -34,15 +34,15 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from services.cli.auth import AUTH_DIR_ENV, auth_dir_from_env
-from services.cli.console import Namespace, NatsUrl, console, err_console, reel_home, run_async
-from services.cli.embed import SERVICES, connect_cli, service_serve
-from shared.auth.authdir import AuthDir, init
-from shared.auth.roles import SERVICE_ROLE, accounts
-from shared.core.wire.subjects import Names
-from shared.nats.embedded import EmbeddedServer, embedded_server
-from shared.nats.infra import ensure_infra
-from shared.runtime.config import CONNECTION_FLAGS, Config
+from reel.services.cli.auth import AUTH_DIR_ENV, auth_dir_from_env
+from reel.services.cli.console import Namespace, NatsUrl, console, err_console, reel_home, run_async
+from reel.services.cli.embed import SERVICES, connect_cli, service_serve
+from reel.shared.auth.authdir import AuthDir, init
+from reel.shared.auth.roles import SERVICE_ROLE, accounts
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.embedded import EmbeddedServer, embedded_server
+from reel.shared.nats.infra import ensure_infra
+from reel.shared.runtime.config import CONNECTION_FLAGS, Config
 
 
 def up(
@@ -222,7 +222,7 @@ async def watch_server(srv: EmbeddedServer, stop: asyncio.Event) -> int:
 
 async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | None = None,
                     server: EmbeddedServer | None = None) -> int:
-    """Run ``python -m services.<name>`` children (each as its role of ``auth``), restarting crashed
+    """Run ``python -P -m reel.services.<name>`` children (each as its role of ``auth``), restarting crashed
     ones with backoff, until SIGINT/SIGTERM; restart ``server`` (the embedded one) as :func:`watch_server`.
     Returns the exit code: 0, or 1 if the server could not be kept running."""
     stop = asyncio.Event()
@@ -242,7 +242,7 @@ async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | Non
     gave_up: list[str] = []
 
     async def keep(name: str, idx: int) -> None:
-        reason = await keep_child(f"{name}#{idx}", [sys.executable, "-m", f"services.{name}"],
+        reason = await keep_child(f"{name}#{idx}", [sys.executable, "-P", "-m", f"reel.services.{name}"],
                                   service_env(env, name, auth), stop)
         if reason is not None:
             gave_up.append(reason)

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from rich.console import Console
 from rich.text import Text
 
-from shared.core.wire.livemessages import decode_chunk
+from reel.shared.core.wire.livemessages import decode_chunk
 
 
 class TokenPrinter:

@@ -14,9 +14,9 @@ import sys
 import msgspec
 import typer
 
-from services.cli.console import CliError, Namespace, NatsUrl, console, run_async
-from services.cli.embed import session
-from shared.core.errors import RunNotFound
+from reel.services.cli.console import CliError, Namespace, NatsUrl, console, run_async
+from reel.services.cli.embed import session
+from reel.shared.core.errors import RunNotFound
 
 
 def trace(
@@ -28,7 +28,7 @@ def trace(
     namespace: str = Namespace,
 ) -> None:
     """Export a run's trace: invoke_agent per branch, chat per model attempt, execute_tool per tool attempt."""
-    from shared.runtime.otel import otlp_exporter, run_trace, sdk_spans
+    from reel.shared.runtime.otel import otlp_exporter, run_trace, sdk_spans
 
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 

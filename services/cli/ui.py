@@ -7,10 +7,10 @@ from typing import Any
 
 import typer
 
-from services.cli.console import CliError, Namespace, NatsUrl, console, run_async
-from services.cli.embed import session
-from services.ui.pages import MAX_PAGE_BYTES, PAGE_BYTES
-from shared.nats.access import redact_url
+from reel.services.cli.console import CliError, Namespace, NatsUrl, console, run_async
+from reel.services.cli.embed import session
+from reel.services.ui.pages import MAX_PAGE_BYTES, PAGE_BYTES
+from reel.shared.nats.access import redact_url
 
 
 def ui(
@@ -24,8 +24,8 @@ def ui(
     """Serve a read-only web UI of the runs: the runs page, each run's lineage, timeline, partitions, prompts,
     outputs and verdicts, live while runs move. Connects like every command — with an auth directory as its
     read-only viewer role, which may send no command — and never sends a command. Ctrl-C stops it."""
-    from services.ui.app import create_app, serve  # the web stack is imported by `reel ui` only
-    from services.ui.reader import RunReader
+    from reel.services.ui.app import create_app, serve  # the web stack is imported by `reel ui` only
+    from reel.services.ui.reader import RunReader
 
     async def body() -> int:
         async with session(nats_url, namespace, services=(), role="viewer") as s:

@@ -1,6 +1,6 @@
-"""``python -m services.crucible``: run one Crucible worker (env: see shared/runtime/config.py)."""
+"""``python -m reel.services.crucible``: run one Crucible worker (env: see shared/runtime/config.py)."""
 
-from services.runtime.runner import main_for
+from reel.services.runtime.runner import main_for
 
 from .app import serve
 

@@ -3,7 +3,7 @@
 Commands (JSON, on Reel's commands stream, so none is lost while no worker runs):
 
 * ``<ns>.cmd.crucible.run``    — :class:`RunSession` ``{config, session_id?}``; ``config`` is a
-  resolved :class:`~shared.crucible.config.SessionConfig` (absolute paths: ``reel crucible run``
+  resolved :class:`~reel.shared.crucible.config.SessionConfig` (absolute paths: ``reel crucible run``
   resolves files, a service has no config directory to be relative to).
 * ``<ns>.cmd.crucible.resume`` — :class:`ResumeSession` ``{session_id}``.
 
@@ -25,18 +25,18 @@ import hashlib
 import msgspec
 import structlog
 
-from services.crucible.session import Backend, resume_session, start_session
-from services.crucible.sessionlog import SessionLog, ensure_session_stream
-from shared.core.errors import ReelError
-from shared.core.run.ids import RunId
-from shared.core.wire.commands import Reply
-from shared.crucible.config import SessionConfig, validate
-from shared.crucible.errors import ConfigInvalid, SessionExists
-from shared.crucible.names import CrucibleNames
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import Ack, CommandConsumer, Delivery, Router, Then
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.crucible.session import Backend, resume_session, start_session
+from reel.services.crucible.sessionlog import SessionLog, ensure_session_stream
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.ids import RunId
+from reel.shared.core.wire.commands import Reply
+from reel.shared.crucible.config import SessionConfig, validate
+from reel.shared.crucible.errors import ConfigInvalid, SessionExists
+from reel.shared.crucible.names import CrucibleNames
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.consumer import Ack, CommandConsumer, Delivery, Router, Then
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.crucible")
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import structlog
 
-from services.crucible import gates
-from services.crucible.driver import Driver, ms_since, now_ms
-from services.crucible.judge import Judge, Unavailable
-from shared.crucible.config import Regime
-from shared.crucible.events import Escalated, SegmentOpened, SegmentReason
-from shared.crucible.noise import goal_met
-from shared.crucible.state import InvalidReading, LoopExit, Measurement
+from reel.services.crucible import gates
+from reel.services.crucible.driver import Driver, ms_since, now_ms
+from reel.services.crucible.judge import Judge, Unavailable
+from reel.shared.crucible.config import Regime
+from reel.shared.crucible.events import Escalated, SegmentOpened, SegmentReason
+from reel.shared.crucible.noise import goal_met
+from reel.shared.crucible.state import InvalidReading, LoopExit, Measurement
 
 log = structlog.get_logger("reel.crucible")
 

@@ -1,7 +1,7 @@
 """``reel crucible …``: run, resume and show autoresearch sessions (docs/crucible.md).
 
 Mounted by the ``reel`` CLI as ``reel crucible``; also runnable alone as
-``python -m services.crucible.cli``.
+``python -m reel.services.crucible.cli``.
 
 NATS: ``--nats-url`` / ``$NATS_URL`` if given; otherwise an embedded nats-server
 is started for the duration of the command with a persistent JetStream store
@@ -28,8 +28,8 @@ import typer
 from nats.errors import NoServersError
 from rich.console import Console
 
-from services.crucible import report
-from services.crucible.session import (
+from reel.services.crucible import report
+from reel.services.crucible.session import (
     Backend,
     SessionResult,
     backend,
@@ -37,14 +37,14 @@ from services.crucible.session import (
     resume_session,
     start_session,
 )
-from shared.core.errors import ReelError
-from shared.core.wire.subjects import Names
-from shared.crucible.fold import SessionState
-from shared.crucible.integrity import SessionCorrupt
-from shared.nats.embedded import NatsServerNotFound, url_or_embedded
-from shared.proc.reaper import REGISTRY_ENV
-from shared.runtime.config import Config
-from shared.runtime.logging import setup_logging
+from reel.shared.core.errors import ReelError
+from reel.shared.core.wire.subjects import Names
+from reel.shared.crucible.fold import SessionState
+from reel.shared.crucible.integrity import SessionCorrupt
+from reel.shared.nats.embedded import NatsServerNotFound, url_or_embedded
+from reel.shared.proc.reaper import REGISTRY_ENV
+from reel.shared.runtime.config import Config
+from reel.shared.runtime.logging import setup_logging
 
 app = typer.Typer(
     help="Crucible, the autoresearch loop: a proposer edits a git world, a frozen judge scores it, "
@@ -221,7 +221,7 @@ def list_sessions(nats_url: str | None = NatsUrl, namespace: str | None = Namesp
 
 
 def main() -> None:
-    """Entry point of ``python -m services.crucible.cli``."""
+    """Entry point of ``python -m reel.services.crucible.cli``."""
     app()
 
 

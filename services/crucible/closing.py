@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.crucible import gates
-from services.crucible.driver import Driver, ms_since, now_ms
-from shared.crucible.events import AnySessionEvent, Escalated, IterationClosed, ProvisioningCleared
-from shared.crucible.iteration import gate_row
-from shared.crucible.state import Fate, LoopExit, Row
+from reel.services.crucible import gates
+from reel.services.crucible.driver import Driver, ms_since, now_ms
+from reel.shared.crucible.events import AnySessionEvent, Escalated, IterationClosed, ProvisioningCleared
+from reel.shared.crucible.iteration import gate_row
+from reel.shared.crucible.state import Fate, LoopExit, Row
 
 log = structlog.get_logger("reel.crucible")
 

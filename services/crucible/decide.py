@@ -17,10 +17,10 @@ from pathlib import Path
 import structlog
 from msgspec.structs import replace
 
-from services.crucible.closing import Tally, cleared, close, wait_block
-from services.crucible.driver import Driver, now_ms
-from services.crucible.judge import Unavailable
-from shared.crucible.events import (
+from reel.services.crucible.closing import Tally, cleared, close, wait_block
+from reel.services.crucible.driver import Driver, now_ms
+from reel.services.crucible.judge import Unavailable
+from reel.shared.crucible.events import (
     FingerprintChanged,
     IterationClosed,
     MeasureFinished,
@@ -28,8 +28,8 @@ from shared.crucible.events import (
     MeasureTarget,
     ProvisioningBlocked,
 )
-from shared.crucible.iteration import Applied, Iteration, combined
-from shared.crucible.state import Fate, InvalidReading, LoopExit, Measurement, Reading, WorldSha
+from reel.shared.crucible.iteration import Applied, Iteration, combined
+from reel.shared.crucible.state import Fate, InvalidReading, LoopExit, Measurement, Reading, WorldSha
 
 log = structlog.get_logger("reel.crucible")
 

@@ -2,7 +2,7 @@
 
 The loop never assigns to ``Run``: :meth:`Driver.commit` appends events to the
 session log (one writer, guarded, LSN = stream sequence) and folds them with the
-same pure :func:`shared.crucible.fold.apply_commit` that ``resume`` uses, so the
+same pure :func:`reel.shared.crucible.fold.apply_commit` that ``resume`` uses, so the
 live state *is* a re-fold of the log.
 """
 
@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.crucible.judge import Judge
-from services.crucible.proposer import Proposer
-from services.crucible.sessionlog import SessionLog
-from services.crucible.world import GitWorld
-from shared.core.ports import BlobStore
-from shared.crucible.config import Regime, SessionConfig
-from shared.crucible.events import AnySessionEvent, SessionEnded
-from shared.crucible.fold import SessionState, apply_commit
-from shared.crucible.state import LoopExit, Run, WorldSha
+from reel.services.crucible.judge import Judge
+from reel.services.crucible.proposer import Proposer
+from reel.services.crucible.sessionlog import SessionLog
+from reel.services.crucible.world import GitWorld
+from reel.shared.core.ports import BlobStore
+from reel.shared.crucible.config import Regime, SessionConfig
+from reel.shared.crucible.events import AnySessionEvent, SessionEnded
+from reel.shared.crucible.fold import SessionState, apply_commit
+from reel.shared.crucible.state import LoopExit, Run, WorldSha
 
 log = structlog.get_logger("reel.crucible")
 

@@ -6,7 +6,7 @@ every iteration (inline until they get unwieldy):
 1. stop      — a stop was requested (signal): ``LoopExit.STOPPED``.
 2. rescope   — the regime was solved and another follows, or the proposer asked:
                a new baseline, one ``Segment`` assignment.
-3. budget    — :func:`shared.crucible.budget.exhausted`.
+3. budget    — :func:`reel.shared.crucible.budget.exhausted`.
 4. park      — :func:`probe`: the configured probe says wait (exit 75); the loop
                re-probes every ``poll_s``; parked time is excluded from the time budget.
 5. provisioning — while the proposer or judge reports a missing resource (exit 75)
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.crucible import proc
-from shared.crucible.config import ParkSpec, SessionConfig
+from reel.services.crucible import proc
+from reel.shared.crucible.config import ParkSpec, SessionConfig
 
 
 def _inside(path: Path, root: Path) -> str | None:

@@ -13,11 +13,11 @@ bare number, or a line containing ``score: <number>`` / ``score=<number>``. A re
 output printed until the kill is read).
 
 Where it runs — in the session's measure tree, a clean checkout of the measured sha
-(:meth:`services.crucible.world.GitWorld.measure_tree`), never in the world; ``reads``
+(:meth:`reel.services.crucible.world.GitWorld.measure_tree`), never in the world; ``reads``
 are hashed there too, so the fingerprint covers exactly what the judge runs.
 
 Readings — exit 0 with a finite value is a valid repeat. A non-zero exit (crash),
-a timeout, NaN/±inf or no value is an :class:`~shared.crucible.state.InvalidReading`
+a timeout, NaN/±inf or no value is an :class:`~reel.shared.crucible.state.InvalidReading`
 (never a score, never a keep); the measurement stops at the first invalid repeat.
 Exit 75 (EX_TEMPFAIL) means "a resource I need is unavailable": an
 :class:`Unavailable`, which parks the iteration instead of discarding it.
@@ -33,10 +33,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.crucible import proc
-from shared.crucible.config import JudgeSpec
-from shared.crucible.noise import aggregate
-from shared.crucible.state import InvalidReading, Measurement, Reading
+from reel.services.crucible import proc
+from reel.shared.crucible.config import JudgeSpec
+from reel.shared.crucible.noise import aggregate
+from reel.shared.crucible.state import InvalidReading, Measurement, Reading
 
 _SCORE_RE = re.compile(r"score\s*[:=]\s*([^\s,;]+)", re.IGNORECASE)
 _READ_CHUNK = 1 << 20

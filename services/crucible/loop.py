@@ -1,24 +1,24 @@
 """``run_loop``: drive the gates, run a typed iteration, fold the result into ``Run``.
 
-The loop never assigns to ``Run``: :meth:`~services.crucible.driver.Driver.commit`
+The loop never assigns to ``Run``: :meth:`~reel.services.crucible.driver.Driver.commit`
 appends events to the session log (one writer, guarded, LSN = stream sequence)
-and folds them with the same pure :func:`shared.crucible.fold.apply` that
+and folds them with the same pure :func:`reel.shared.crucible.fold.apply` that
 ``resume`` uses, so the live state *is* a re-fold of the log. Every transition,
-gate decision, reading and row is an event (see :mod:`shared.crucible.events`).
+gate decision, reading and row is an event (see :mod:`reel.shared.crucible.events`).
 
 Per iteration: the gates here (rescope, goal, budget, park; probes in
-:mod:`services.crucible.gates`), then :func:`services.crucible.step.iterate`: the
+:mod:`reel.services.crucible.gates`), then :func:`reel.services.crucible.step.iterate`: the
 proposer edits the world, then ``Iteration[Proposed] → apply → Iteration[Applied]
-→ measure → Iteration[Measured] → decide → Decided`` (:mod:`services.crucible.decide`);
+→ measure → Iteration[Measured] → decide → Decided`` (:mod:`reel.services.crucible.decide`);
 a keep leaves the world at the new best, anything else rolls it back to the best
 snapshot. Every break site that ends the run commits its ``SessionEnded`` in the
 same commit as its cause.
 
-The modules, by job: :mod:`~services.crucible.driver` (the threaded state and its
-commit), :mod:`~services.crucible.baseline` (opening a segment),
-:mod:`~services.crucible.step` (propose, gate the candidate, apply),
-:mod:`~services.crucible.decide` (measure, keep or discard),
-:mod:`~services.crucible.closing` (rows, closing an iteration, ending the run).
+The modules, by job: :mod:`~reel.services.crucible.driver` (the threaded state and its
+commit), :mod:`~reel.services.crucible.baseline` (opening a segment),
+:mod:`~reel.services.crucible.step` (propose, gate the candidate, apply),
+:mod:`~reel.services.crucible.decide` (measure, keep or discard),
+:mod:`~reel.services.crucible.closing` (rows, closing an iteration, ending the run).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import time
 
 import structlog
 
-from services.crucible import gates
-from services.crucible.baseline import open_segment
-from services.crucible.driver import Driver, ms_since, now_ms
-from services.crucible.step import iterate
-from shared.crucible import budget
-from shared.crucible.events import Escalated, ParkEnded, ParkStarted
-from shared.crucible.noise import goal_met
-from shared.crucible.state import LoopExit
+from reel.services.crucible import gates
+from reel.services.crucible.baseline import open_segment
+from reel.services.crucible.driver import Driver, ms_since, now_ms
+from reel.services.crucible.step import iterate
+from reel.shared.crucible import budget
+from reel.shared.crucible.events import Escalated, ParkEnded, ParkStarted
+from reel.shared.crucible.noise import goal_met
+from reel.shared.crucible.state import LoopExit
 
 log = structlog.get_logger("reel.crucible")
 

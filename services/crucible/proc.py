@@ -1,4 +1,4 @@
-"""Crucible's processes (judge, proposer, park probe, git) on the one runner, :func:`shared.proc.group.run_group`.
+"""Crucible's processes (judge, proposer, park probe, git) on the one runner, :func:`reel.shared.proc.group.run_group`.
 
 Each runs in its own process group, which dies with the driver and is killed
 whole when the command exits (a judge that forks a worker cannot outlive its
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shared.core.env.toolenv import BASE_ENV_KEYS, tool_env
-from shared.proc.group import Completed, run_group
+from reel.shared.core.env.toolenv import BASE_ENV_KEYS, tool_env
+from reel.shared.proc.group import Completed, run_group
 
 __all__ = ["BASE_ENV_KEYS", "EX_TEMPFAIL", "OUTPUT_LIMIT_BYTES", "Completed", "base_env", "resolve_argv", "run"]
 
@@ -44,5 +44,5 @@ async def run(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout
 
 def base_env(pass_env: Sequence[str] = ()) -> dict[str, str]:
     """The minimal inherited environment of a judge, proposer or probe, and the ``pass_env`` names it lists
-    (:func:`shared.core.env.toolenv.tool_env`: everything else must be declared; ``REEL_NATS_*`` never crosses)."""
+    (:func:`reel.shared.core.env.toolenv.tool_env`: everything else must be declared; ``REEL_NATS_*`` never crosses)."""
     return tool_env(os.environ, pass_env=pass_env)

@@ -28,7 +28,7 @@ timeout: the iteration fails (rolled back, the loop goes on).
 endpoints later) asked with a prompt (instructions, goal, recent rows, files); it
 answers a unified diff in a fenced block (applied with ``git apply``), or
 ``DONE``, ``ESCALATE: <reason>``, ``RESCOPE: <regime>``. A line ``NOTE: …`` sets
-the note. A retryable :class:`~shared.core.errors.ModelError` parks (provisioning), a
+the note. A retryable :class:`~reel.shared.core.errors.ModelError` parks (provisioning), a
 non-retryable one fails the iteration.
 """
 
@@ -43,14 +43,14 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from services.crucible import proc
-from services.crucible.world import GitWorld, git
-from shared.core.errors import ModelError
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.crucible.config import ProposerSpec, Regime
-from shared.crucible.errors import WorldError
-from shared.crucible.state import Row
-from shared.models import ModelRequest, make_adapter
+from reel.services.crucible import proc
+from reel.services.crucible.world import GitWorld, git
+from reel.shared.core.errors import ModelError
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.crucible.config import ProposerSpec, Regime
+from reel.shared.crucible.errors import WorldError
+from reel.shared.crucible.state import Row
+from reel.shared.models import ModelRequest, make_adapter
 
 ProposalKind = Literal["edited", "failed", "escalate", "done", "rescope", "blocked"]
 _FENCE = re.compile(r"```(?:diff|patch)?[ \t]*\n(.*?)```", re.DOTALL)

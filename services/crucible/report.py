@@ -11,8 +11,8 @@ import msgspec
 from rich.markup import escape
 from rich.table import Table
 
-from shared.crucible.fold import SessionState
-from shared.crucible.state import Fate, Row
+from reel.shared.crucible.fold import SessionState
+from reel.shared.crucible.state import Fate, Row
 
 TSV_COLUMNS = ("it", "regime", "verdict", "readings", "score", "delta", "best", "sha", "kept_sha", "cost_usd",
                "wall_ms", "note", "reason")

@@ -1,11 +1,11 @@
-"""Starting and resuming sessions: the shell around :func:`services.crucible.loop.run_loop`.
+"""Starting and resuming sessions: the shell around :func:`reel.services.crucible.loop.run_loop`.
 
 * :func:`start_session` — clone the world, commit ``SessionStarted`` (fenced on
   "subject empty", so a session id is created once), baseline, loop.
 * :func:`resume_session` — fold the log. A session that
   ended with a final exit is left alone and its exit returned (resuming twice is
   idempotent: no new events). Otherwise every process group a dead driver left
-  (a proposer's background children) is killed (:func:`shared.proc.reaper.reap_orphans`,
+  (a proposer's background children) is killed (:func:`reel.shared.proc.reaper.reap_orphans`,
   ``$REEL_TOOL_DIR``), the world is reset to the log's best snapshot, the iteration in
   flight is recorded as abandoned (``SessionResumed``), the judge's fingerprint is
   checked before anything is proposed (a moved judge stops the session again at no
@@ -26,25 +26,25 @@ from pathlib import Path
 import structlog
 from nats.aio.client import Client
 
-from services.crucible.baseline import open_segment
-from services.crucible.driver import Driver, now_ms
-from services.crucible.gates import protected_paths
-from services.crucible.loop import run_loop
-from services.crucible.proposer import make_proposer
-from services.crucible.sessionlog import SessionLog, ensure_session_stream
-from services.crucible.world import GitWorld
-from shared.core.ports import BlobStore
-from shared.core.run.ids import is_token
-from shared.crucible.config import SessionConfig, parse_config
-from shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
-from shared.crucible.events import FingerprintChanged, SegmentOpened, SessionResumed, SessionStarted
-from shared.crucible.fold import SessionState
-from shared.crucible.iteration import interrupted_row
-from shared.crucible.state import LoopExit
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.infra import connect, ensure_infra
-from shared.proc.reaper import reap_orphans
-from shared.runtime.config import Config
+from reel.services.crucible.baseline import open_segment
+from reel.services.crucible.driver import Driver, now_ms
+from reel.services.crucible.gates import protected_paths
+from reel.services.crucible.loop import run_loop
+from reel.services.crucible.proposer import make_proposer
+from reel.services.crucible.sessionlog import SessionLog, ensure_session_stream
+from reel.services.crucible.world import GitWorld
+from reel.shared.core.ports import BlobStore
+from reel.shared.core.run.ids import is_token
+from reel.shared.crucible.config import SessionConfig, parse_config
+from reel.shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
+from reel.shared.crucible.events import FingerprintChanged, SegmentOpened, SessionResumed, SessionStarted
+from reel.shared.crucible.fold import SessionState
+from reel.shared.crucible.iteration import interrupted_row
+from reel.shared.crucible.state import LoopExit
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.proc.reaper import reap_orphans
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.crucible")
 

@@ -4,7 +4,7 @@ Same commit discipline as run events: one writer per session, every
 commit one message fenced with ``Nats-Expected-Last-Subject-Sequence`` (the LSN
 the writer last saw) and carrying its commit id as ``Nats-Msg-Id``; LSN = stream
 sequence; reads are batched Direct Gets of the session's own subject
-(:class:`shared.nats.subjectlog.SubjectLog`). A lost fence is never retried: one process
+(:class:`reel.shared.nats.subjectlog.SubjectLog`). A lost fence is never retried: one process
 drives a session (world lock), so it means another one does (:class:`SessionBusy`).
 """
 
@@ -16,15 +16,15 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 
-from shared.core.run.ids import new_commit_id
-from shared.crucible.errors import SessionBusy, SessionNotFound
-from shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
-from shared.crucible.fold import SessionState
-from shared.crucible.integrity import fold_checked
-from shared.crucible.names import CrucibleNames
-from shared.nats.infra import DUPLICATE_WINDOW_S, ensure_stream, storage_type
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.config import Config
+from reel.shared.core.run.ids import new_commit_id
+from reel.shared.crucible.errors import SessionBusy, SessionNotFound
+from reel.shared.crucible.events import AnySessionEvent, SessionCommit, decode_session_commit, encode_session_commit
+from reel.shared.crucible.fold import SessionState
+from reel.shared.crucible.integrity import fold_checked
+from reel.shared.crucible.names import CrucibleNames
+from reel.shared.nats.infra import DUPLICATE_WINDOW_S, ensure_stream, storage_type
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.config import Config
 
 
 async def ensure_session_stream(js: JetStreamContext, cfg: Config) -> None:
@@ -73,7 +73,7 @@ class SessionLog:
         return [e for _, c in await self.read(session_id) for e in c.events]
 
     async def load(self, session_id: str) -> SessionState:
-        """Cold re-fold of the session, every commit checked (:func:`shared.crucible.integrity.fold_checked`).
+        """Cold re-fold of the session, every commit checked (:func:`reel.shared.crucible.integrity.fold_checked`).
 
         Raises:
             SessionNotFound: no log for ``session_id``.

@@ -1,7 +1,7 @@
 """One iteration: propose (waiting out a blocked proposer), gate the candidate, apply it, then measure and decide.
 
 ``Iteration[Proposed] → apply → Iteration[Applied]`` here, the rest in
-:mod:`services.crucible.decide`. The candidate is the best snapshot vs the world
+:mod:`reel.services.crucible.decide`. The candidate is the best snapshot vs the world
 after the proposer — commits it made itself included (:meth:`GitWorld.settle` takes
 them off the branch, keeps them under the iteration's proposer ref, and leaves their
 change in the working tree). A proposal that is not an edit (failed, escalate, done,
@@ -15,15 +15,15 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from services.crucible import gates
-from services.crucible.closing import Tally, cleared, close, close_and_end, row, wait_block
-from services.crucible.decide import measure_and_decide
-from services.crucible.driver import Driver, now_ms
-from services.crucible.proposer import Proposal, ProposeContext
-from shared.core.errors import ReelError
-from shared.core.run.events import BlobRef
-from shared.crucible import budget
-from shared.crucible.events import (
+from reel.services.crucible import gates
+from reel.services.crucible.closing import Tally, cleared, close, close_and_end, row, wait_block
+from reel.services.crucible.decide import measure_and_decide
+from reel.services.crucible.driver import Driver, now_ms
+from reel.services.crucible.proposer import Proposal, ProposeContext
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.events import BlobRef
+from reel.shared.crucible import budget
+from reel.shared.crucible.events import (
     ApplyFailed,
     CandidateApplied,
     CandidateDenied,
@@ -33,8 +33,8 @@ from shared.crucible.events import (
     ProposalOutcome,
     ProvisioningBlocked,
 )
-from shared.crucible.iteration import CandidateChange, Iteration
-from shared.crucible.state import Fate, LoopExit
+from reel.shared.crucible.iteration import CandidateChange, Iteration
+from reel.shared.crucible.state import Fate, LoopExit
 
 
 async def iterate(d: Driver) -> LoopExit | None:

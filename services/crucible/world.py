@@ -35,10 +35,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.crucible import proc
-from shared.crucible.config import WorldSpec
-from shared.crucible.errors import SessionBusy, WorldError
-from shared.crucible.state import WorldSha
+from reel.services.crucible import proc
+from reel.shared.crucible.config import WorldSpec
+from reel.shared.crucible.errors import SessionBusy, WorldError
+from reel.shared.crucible.state import WorldSha
 
 COMMIT_EPOCH_S = 1_700_000_000
 GIT_TIMEOUT_S = 120.0

@@ -1,6 +1,6 @@
-"""``python -m services.executor``: run one executor instance (env: see shared/runtime/config.py)."""
+"""``python -m reel.services.executor``: run one executor instance (env: see shared/runtime/config.py)."""
 
-from services.runtime.runner import main_for
+from reel.services.runtime.runner import main_for
 
 from .app import serve
 

@@ -1,4 +1,4 @@
-"""Agent steps in the executor: the actions of :mod:`shared.core.agent.actions`, performed for real.
+"""Agent steps in the executor: the actions of :mod:`reel.shared.core.agent.actions`, performed for real.
 
 One :class:`AgentRun` per drive of a run holds the attempts it has in flight —
 model calls of turns and tool calls, as asyncio tasks that only perform the side
@@ -9,7 +9,7 @@ tasks live inside the ``async with`` of the drive, and none outlives it (they ar
 drained at rest and before a hand-back, cancelled if the drive fails).
 
 Commits, each one fenced round trip with its blobs and recovery markers pipelined
-on the same connection (decided by :func:`~services.executor.agentio.planned_or_facts`):
+on the same connection (decided by :func:`~reel.services.executor.agentio.planned_or_facts`):
 
 ==============================  ===================================================================
 when                            one commit
@@ -40,22 +40,22 @@ from typing import Any
 import msgspec
 import structlog
 
-from shared.application.fenced import Committed, Decided
-from shared.auth import secrets
-from shared.core.agent import commits as ac
-from shared.core.agent import turnfold
-from shared.core.agent.memo import ContextMemo
-from shared.core.errors import ModelError, ToolError
-from shared.core.input import requestfold
-from shared.core.run import planning as plan
-from shared.core.run.crashpoints import commit_points, point_name
-from shared.core.run.events import AgentFinished, AnyEvent, AttemptEnd, AttemptFailed, AttemptSucceeded, Usage
-from shared.core.run.ids import BranchId, ExecutorId, StepId
-from shared.core.run.state import DRIVABLE, RunState
-from shared.core.workflow.spec import WorkflowSpec
-from shared.nats.blobstore import ref_for
-from shared.nats.control import Interrupt
-from shared.runtime.clock import now_ms
+from reel.shared.application.fenced import Committed, Decided
+from reel.shared.auth import secrets
+from reel.shared.core.agent import commits as ac
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.memo import ContextMemo
+from reel.shared.core.errors import ModelError, ToolError
+from reel.shared.core.input import requestfold
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.crashpoints import commit_points, point_name
+from reel.shared.core.run.events import AgentFinished, AnyEvent, AttemptEnd, AttemptFailed, AttemptSucceeded, Usage
+from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
+from reel.shared.core.run.state import DRIVABLE, RunState
+from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.nats.blobstore import ref_for
+from reel.shared.nats.control import Interrupt
+from reel.shared.runtime.clock import now_ms
 
 from .agentio import (
     JSON,

@@ -1,9 +1,9 @@
 """What the agent loop reads, runs and decides around its commits (services/executor/agent.py uses it).
 
 * :func:`prepare_turn` — turn *t*'s candidates → partition → request
-  (:func:`shared.core.agent.turncontext.build_turn`'s result, built incrementally by
-  :class:`shared.core.agent.memo.ContextMemo`), the prompt body (the exact wire
-  request) and the intent events (:func:`shared.core.agent.commits.turn_intent`).
+  (:func:`reel.shared.core.agent.turncontext.build_turn`'s result, built incrementally by
+  :class:`reel.shared.core.agent.memo.ContextMemo`), the prompt body (the exact wire
+  request) and the intent events (:func:`reel.shared.core.agent.commits.turn_intent`).
 * :func:`planned_or_facts` — the decision of every agent commit: the planned events on
   the head they were planned on; on any other head only the outcomes not yet recorded
   (facts about side effects that happened), never an intent — the driver plans again.
@@ -22,24 +22,24 @@ from typing import Any
 
 import msgspec
 
-from shared.application.fenced import Decide
-from shared.auth import secrets
-from shared.core.agent import commits as ac
-from shared.core.agent import turnfold
-from shared.core.agent.memo import ContextMemo
-from shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
-from shared.core.decision import Decision
-from shared.core.errors import ModelError, ToolError
-from shared.core.pack.tokencount import TokenCounter
-from shared.core.run import planning as plan
-from shared.core.run.events import AnyEvent, AttemptEnd, BlobRef, ContextPartition, DeclaredStep
-from shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
-from shared.core.run.state import RunState
-from shared.core.workflow.spec import WorkflowSpec
-from shared.models import make_chat_model
-from shared.nats.blobstore import ref_for
-from shared.nats.control import Interrupt
-from shared.runtime.clock import now_ms
+from reel.shared.application.fenced import Decide
+from reel.shared.auth import secrets
+from reel.shared.core.agent import commits as ac
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.memo import ContextMemo
+from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
+from reel.shared.core.decision import Decision
+from reel.shared.core.errors import ModelError, ToolError
+from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import AnyEvent, AttemptEnd, BlobRef, ContextPartition, DeclaredStep
+from reel.shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
+from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.models import make_chat_model
+from reel.shared.nats.blobstore import ref_for
+from reel.shared.nats.control import Interrupt
+from reel.shared.runtime.clock import now_ms
 
 from .agenttools import CallContext, PythonTools, run_call
 from .attempts import OUTCOME_RECORDED, RUN_MOVED, Attempts
@@ -66,7 +66,7 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
                        bodies: Bodies, memo: ContextMemo, outcomes: Sequence[AttemptEnd] = ()) -> PreparedTurn:
     """Build turn ``action.turn``'s request on ``state`` (``outcomes``: call results about to be committed
     with this intent) and the intent events. Only the earlier turns ``memo`` does not keep are read and
-    rebuilt (:mod:`shared.core.agent.memo`): the context is the one a full rebuild makes.
+    rebuilt (:mod:`reel.shared.core.agent.memo`): the context is the one a full rebuild makes.
 
     Raises:
         BlobMissing, BlobTimeout: an earlier turn's blob cannot be read.
@@ -187,7 +187,7 @@ async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenC
 
 async def call_tool(spec: WorkflowSpec, key: Key, decl: DeclaredStep, ctx: CallContext, python_tools: PythonTools,
                     bodies: Bodies, interrupt: Interrupt | None = None) -> CallDone:
-    """One attempt of the declared tool call ``decl`` (:func:`~services.executor.agenttools.run_call`); being
+    """One attempt of the declared tool call ``decl`` (:func:`~reel.services.executor.agenttools.run_call`); being
     cancelled is a result too (``interrupted``: a command's group is killed, a Python tool's task cancelled,
     a sync Python tool's thread abandoned — its late result is discarded)."""
     started = time.perf_counter()

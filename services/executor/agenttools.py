@@ -2,7 +2,7 @@
 
 :func:`run_call` is the side effect only: it never commits and never raises for
 anything a model or a tool did — the result is the output text, or a
-:class:`~shared.core.errors.ToolError` whose ``kind`` and message become the
+:class:`~reel.shared.core.errors.ToolError` whose ``kind`` and message become the
 call's ``attempt_failed`` and the ``is_error`` observation the next turn sees:
 
 ==================  =========  ================================================================
@@ -16,12 +16,12 @@ kind                retryable  when
 ==================  =========  ================================================================
 
 A command tool runs on the one command runner of every tool,
-:func:`shared.proc.tools.run_command`, and fails with its kinds: ``exit_<N>`` (it exited
+:func:`reel.shared.proc.tools.run_command`, and fails with its kinds: ``exit_<N>`` (it exited
 non-zero; the message ends with its output's last 4000 bytes), ``timeout``, ``spawn_failed``
 (not retryable), ``output_too_large`` (``on_overflow: fail``).
 
 A command's output is capped (``max_output_bytes``, default 1 MiB): past it, by default, the
-model is shown the head followed by :func:`~shared.core.workflow.toolspec.truncation_note` — never a
+model is shown the head followed by :func:`~reel.shared.core.workflow.toolspec.truncation_note` — never a
 silent cut.
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
@@ -29,7 +29,7 @@ call's attempts, so an outside service can dedupe a retry — and its attempt nu
 keywords ``idempotency_key=`` / ``attempt=`` for a Python tool that names them in its
 signature; ``REEL_IDEMPOTENCY_KEY`` / ``REEL_ATTEMPT`` in a command's environment
 (with ``REEL_TOOL_ARGS``, the arguments' JSON text, also sent on stdin; never a
-shell). A command's environment is an allow-list (:mod:`shared.core.env.toolenv`): the executor's
+shell). A command's environment is an allow-list (:mod:`reel.shared.core.env.toolenv`): the executor's
 ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``, the tool's ``pass_env`` names and ``env``
 values, and the variables above — never the executor's NATS credentials or a model's key
 unless the tool names it.
@@ -46,15 +46,17 @@ from typing import Any
 
 import jsonschema
 
-from shared.application.toolimports import PythonTools as PythonTools  # re-exported: the agent modules import it here
-from shared.core.chat.messages import ToolCall
-from shared.core.errors import ToolCallInvalid, ToolError
-from shared.core.run.crashpoints import SideEffect
-from shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
-from shared.core.workflow.spec import AgentStep
-from shared.core.workflow.toolspec import output_limit, truncation_note
-from shared.proc import ledger
-from shared.proc.tools import Command, run_command
+from reel.shared.application.toolimports import (
+    PythonTools as PythonTools,  # re-exported: the agent modules import it here
+)
+from reel.shared.core.chat.messages import ToolCall
+from reel.shared.core.errors import ToolCallInvalid, ToolError
+from reel.shared.core.run.crashpoints import SideEffect
+from reel.shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
+from reel.shared.core.workflow.spec import AgentStep
+from reel.shared.core.workflow.toolspec import output_limit, truncation_note
+from reel.shared.proc import ledger
+from reel.shared.proc.tools import Command, run_command
 
 
 def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:

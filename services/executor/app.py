@@ -1,7 +1,7 @@
 """Executor service wiring: turns start/resume commands into runs and drives them to ``Verifying``.
 
 ``serve()`` constructs the ports (event log, blob store) once, hands them to the
-:class:`~services.executor.handler.Executor` (commands, services/executor/handler.py),
+:class:`~reel.services.executor.handler.Executor` (commands, services/executor/handler.py),
 which drives runs (services/executor/driver.py) attempt by attempt
 (services/executor/attempts.py), consumes the start/resume command subjects (the shared durable,
 and with ``REEL_PARTITIONS`` its own and orphaned partitions: services/executor/partitions.py), and
@@ -23,15 +23,15 @@ from typing import Any
 
 import structlog
 
-from shared.core.errors import LeaseLost
-from shared.core.run.ids import new_executor_id
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.nats.leases import Lease
-from shared.proc.group import kill_groups, tracked_groups
-from shared.proc.tools import reap_orphaned_tools
-from shared.runtime.config import Config
+from reel.shared.core.errors import LeaseLost
+from reel.shared.core.run.ids import new_executor_id
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.leases import Lease
+from reel.shared.proc.group import kill_groups, tracked_groups
+from reel.shared.proc.tools import reap_orphaned_tools
+from reel.shared.runtime.config import Config
 
 from .handler import Executor
 from .partitions import PartitionConsumers, own_partitions
@@ -48,7 +48,7 @@ def ports(infra: Infra, cfg: Config) -> tuple[JetStreamEventLog, JetStreamBlobSt
 async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
     """Run one executor until ``stop`` is set (``kwargs``: see :class:`Executor`).
 
-    Each *incarnation* has its own executor id and lease (:class:`~shared.nats.leases.Lease`): the lease is
+    Each *incarnation* has its own executor id and lease (:class:`~reel.shared.nats.leases.Lease`): the lease is
     written and acknowledged before any command is taken. If the lease is lost (not renewed in time: a
     freeze, a lost server), the tools the incarnation started are killed at once, it writes nothing more
     (every commit, marker, trigger and snapshot checks the lease first), its consumers and drives stop, and
@@ -74,7 +74,7 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
         Exception: what a consumer or a task of the incarnation raised (the others were stopped first).
     """
     executor_id = kwargs.pop("executor_id", None) or new_executor_id()
-    await asyncio.to_thread(importlib.import_module, "shared.models.openai")  # ≈1 s: never on the loop, mid-lease
+    await asyncio.to_thread(importlib.import_module, "reel.shared.models.openai")  # ≈1 s: never on the loop, mid-lease
     with tracked_groups() as groups:  # every tool process group this incarnation starts
         lease = Lease(infra.leases, executor_id, cfg.lease_ttl_s, partitions=own_partitions(cfg),
                       on_lost=lambda: log.error("executor.lease_lost_tools_killed", process_groups=kill_groups(groups)))

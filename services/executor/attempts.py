@@ -8,20 +8,21 @@ output goes to the blob store (or inline in its ref) and, where recovery needs i
 by ``<run>.<branch>.<step>.<attempt>``, to the outcomes KV bucket (the recovery marker:
 if the outcome commit is lost with this process, recovery finds the output there).
 
-Every commit goes through :func:`shared.application.fenced.commit_decided`, fenced on the head of
+Every commit goes through :func:`reel.shared.application.fenced.commit_decided`, fenced on the head of
 the state the executor materialized (never a re-read of the run). Two decisions:
 
 * an intent (and the driver's claim and ``run_verifying``) was planned on one head
   and is committed only on that head (:func:`on_head`); if someone else committed
-  first, the result is the :class:`~shared.application.fenced.Decided` that committed nothing (a Skip), with the run
+  first, the result is the :class:`~reel.shared.application.fenced.Decided` that committed nothing (a Skip), with the
+  run
   as it is now,
   and the driver plans again (services/executor/driver.py);
 * an outcome is a fact about an attempt whose side effect happened: it is recorded on
   top of whatever was committed meanwhile (a cancel, a rewind, recovery), unless the
-  attempt was resolved meanwhile (:func:`shared.core.run.planning.outcome_recorded`).
+  attempt was resolved meanwhile (:func:`reel.shared.core.run.planning.outcome_recorded`).
 
 Every commit (and every pipelined first try) is filtered by
-:func:`shared.core.mutators.cancel.after_cancel` on the state it is decided on: on a cancelled run an
+:func:`reel.shared.core.mutators.cancel.after_cancel` on the state it is decided on: on a cancelled run an
 outcome is recorded ``attempt_cancelled`` and nothing else goes in. The side effect of an
 attempt is stopped when the drive's interrupt fires (services/executor/interrupts.py).
 """
@@ -40,25 +41,25 @@ import tenacity
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from shared.application.fenced import Committed, Decide, Decided, commit_decided
-from shared.core.decision import Decision, Skip, events_or_skip
-from shared.core.errors import ToolError
-from shared.core.mutators.cancel import after_cancel
-from shared.core.pack.tokencount import TokenCounter
-from shared.core.ports import BlobStore, EventLog
-from shared.core.run import planning as plan
-from shared.core.run.crashpoints import CRASH_ENV, CRASH_SIGNAL_ENV
-from shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.core.run.ids import BranchId, ExecutorId, StepId
-from shared.core.run.state import RunState, final_success
-from shared.core.wire.subjects import Names, outcome_key
-from shared.core.workflow.toolspec import OutputLimit, truncation_note
-from shared.nats.blobstore import ref_for
-from shared.nats.leases import Lease
-from shared.nats.markers import KvOutcomeMarkers
-from shared.nats.publish import publish_pipelined, publish_verify
-from shared.proc.group import Stdin
-from shared.proc.tools import SPOOL_MEMORY_BYTES, ToolOutput
+from reel.shared.application.fenced import Committed, Decide, Decided, commit_decided
+from reel.shared.core.decision import Decision, Skip, events_or_skip
+from reel.shared.core.errors import ToolError
+from reel.shared.core.mutators.cancel import after_cancel
+from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.ports import BlobStore, EventLog
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.crashpoints import CRASH_ENV, CRASH_SIGNAL_ENV
+from reel.shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
+from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
+from reel.shared.core.run.state import RunState, final_success
+from reel.shared.core.wire.subjects import Names, outcome_key
+from reel.shared.core.workflow.toolspec import OutputLimit, truncation_note
+from reel.shared.nats.blobstore import ref_for
+from reel.shared.nats.leases import Lease
+from reel.shared.nats.markers import KvOutcomeMarkers
+from reel.shared.nats.publish import publish_pipelined, publish_verify
+from reel.shared.proc.group import Stdin
+from reel.shared.proc.tools import SPOOL_MEMORY_BYTES, ToolOutput
 
 from .bodies import Bodies
 from .streaming import StreamOut
@@ -74,7 +75,7 @@ LOG_NAME = "executor"  # lost fences are logged as ``executor.conflict`` (shared
 
 OUTPUT_READ_MAX_BYTES = 4 * 1024 * 1024
 """An earlier output longer than this is read as its head and tail only (bytes; a model step passes its own
-bound, :func:`shared.core.run.planning.read_bound`)."""
+bound, :func:`reel.shared.core.run.planning.read_bound`)."""
 
 
 class Outputs(dict[str, str]):
@@ -102,7 +103,8 @@ def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
 
 
 def settled(decide: Decide) -> Decide:
-    """``decide``, its events filtered by :func:`shared.core.mutators.cancel.after_cancel` (nothing left: a Skip)."""
+    """``decide``, its events filtered by :func:`reel.shared.core.mutators.cancel.after_cancel` (nothing left: a
+        Skip)."""
     def decided(state: RunState) -> Decision:
         out = decide(state)
         if isinstance(out, Skip):
@@ -140,9 +142,9 @@ class Attempts:
         outcomes: the outcome-marker bucket, to read a dead executor's markers (:meth:`marker`).
         tool_output: the default output cap of a ``command`` tool step (``REEL_TOOL_MAX_OUTPUT_BYTES``,
             ``REEL_TOOL_ON_OVERFLOW``); a tool's own ``max_output_bytes``/``on_overflow`` win.
-        lease: this executor's lease (:class:`~shared.nats.leases.Lease`): checked right before every commit,
+        lease: this executor's lease (:class:`~reel.shared.nats.leases.Lease`): checked right before every commit,
             outcome marker, verification trigger and snapshot, so an executor that lost its lease writes
-            nothing (:class:`~shared.core.errors.LeaseLost` is raised instead); ``None``: not checked.
+            nothing (:class:`~reel.shared.core.errors.LeaseLost` is raised instead); ``None``: not checked.
     """
 
     def __init__(self, log: EventLog, blobs: BlobStore, nc: Client, names: Names,
@@ -164,7 +166,7 @@ class Attempts:
             die(self._crash_at)
 
     def check_lease(self) -> None:
-        """Raise :class:`~shared.core.errors.LeaseLost` unless this executor still holds its lease."""
+        """Raise :class:`~reel.shared.core.errors.LeaseLost` unless this executor still holds its lease."""
         if self.lease is not None:
             self.lease.check()
 
@@ -214,7 +216,8 @@ class Attempts:
     async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
                      ) -> Committed | Decided:
         """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already): the commit,
-        or the :class:`~shared.application.fenced.Decided` that committed nothing (its ``state``: the run as it is now).
+        or the :class:`~reel.shared.application.fenced.Decided` that committed nothing (its ``state``: the run as it is
+        now).
 
         Raises:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
@@ -254,7 +257,8 @@ class Attempts:
     # ---- outputs -------------------------------------------------------------------------
     async def tool_body(self, out: ToolOutput, inline_max: int) -> tuple[BlobRef, bytes | None]:
         """A tool output's ref, and its body if it is small (read into memory, kept in :attr:`bodies`, inline
-        in its ref if at most ``inline_max`` bytes); a large one (over :data:`~shared.proc.tools.SPOOL_MEMORY_BYTES`)
+        in its ref if at most ``inline_max`` bytes); a large one (over
+        :data:`~reel.shared.proc.tools.SPOOL_MEMORY_BYTES`)
         is streamed from its spool into the blob store now (``put_file``, three tries) and its body is ``None``:
         it is never held whole. The spool is closed.
 
@@ -281,7 +285,7 @@ class Attempts:
     def stdin_of(self, state: RunState, branch_id: BranchId, step_id: str) -> Stdin:
         """A command's stdin (``stdin_from``): the output of ``step_id``'s final success on ``branch_id``, the
         bytes as stored — a body in :attr:`bodies` as it is, any other streamed from the blob store chunk by
-        chunk (checked against its sha256 as it goes: :meth:`~shared.nats.blobread.BlobReads.chunks`; never
+        chunk (checked against its sha256 as it goes: :meth:`~reel.shared.nats.blobread.BlobReads.chunks`; never
         held whole); ``b""`` if the step has no output."""
         ref = plan.succeeded_output(state, branch_id, StepId(step_id))
         if ref is None:
@@ -293,11 +297,12 @@ class Attempts:
                       max_bytes: int = OUTPUT_READ_MAX_BYTES) -> Outputs:
         """Output texts of earlier steps that succeeded on ``branch_id`` (what a model is shown): step id →
         text (UTF-8, invalid bytes replaced); a tool output its cap truncated ends with
-        :func:`~shared.core.workflow.toolspec.truncation_note`. One of at most ``max_bytes`` comes from :attr:`bodies`
+        :func:`~reel.shared.core.workflow.toolspec.truncation_note`. One of at most ``max_bytes`` comes from
+        :attr:`bodies`
         (the ones it lacks read from the blob store concurrently); a longer one is never read whole: only
         its first and last ``max_bytes // 2`` (one streamed pass, checked against its sha256:
-        :meth:`~shared.nats.blobread.BlobReads.head_tail`), marked where bytes were left out
-        (:func:`~shared.core.run.planning.trimmed_text`) and listed in :attr:`Outputs.trimmed`.
+        :meth:`~reel.shared.nats.blobread.BlobReads.head_tail`), marked where bytes were left out
+        (:func:`~reel.shared.core.run.planning.trimmed_text`) and listed in :attr:`Outputs.trimmed`.
 
         Raises:
             BlobMissing, BlobCorrupt, BlobTimeout: an output's blob cannot be read.
@@ -321,7 +326,7 @@ class Attempts:
 
     async def _ends(self, ref: BlobRef, head: int, tail: int) -> tuple[bytes, bytes, int]:
         """The head and tail of a body (bytes) and its size: sliced from :attr:`bodies` if it is there, else
-        streamed from the store (:meth:`~shared.nats.blobread.BlobReads.head_tail`)."""
+        streamed from the store (:meth:`~reel.shared.nats.blobread.BlobReads.head_tail`)."""
         body = self.bodies.peek(ref)
         if body is None:
             return await self.blobs.head_tail(ref, head, tail)

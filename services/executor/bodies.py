@@ -11,8 +11,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from shared.core.ports import BlobStore
-from shared.core.run.events import BlobRef
+from reel.shared.core.ports import BlobStore
+from reel.shared.core.run.events import BlobRef
 
 BODY_CACHE_BYTES = 64 * 1024 * 1024
 

@@ -1,22 +1,22 @@
 """Driving one run: plan → perform → commit, on the state the executor materialized.
 
-:func:`shared.core.run.planning.next_action` decides from the folded state; the
+:func:`reel.shared.core.run.planning.next_action` decides from the folded state; the
 :class:`Driver` performs the action (claim, an attempt, entering Verifying), applies
 its commit to the state it holds and asks again, until the run rests or another
 executor owns it. The state is loaded once per drive and then kept up to date
-commit by commit (:func:`shared.application.fenced.commit_decided` is handed it): the run is
+commit by commit (:func:`reel.shared.application.fenced.commit_decided` is handed it): the run is
 never re-read on the hot path. When a commit planned on that state loses the fence
 (another writer committed first), the result is the Decided that committed nothing, carrying the state
 refreshed to the run's head: the driver yields if another executor owns the run,
 else plans again.
 
 Inside an agent step several attempts run at once (a turn's tool calls): the
-actions are :class:`~services.executor.agent.AgentRun`'s, which keeps them as tasks
+actions are :class:`~reel.services.executor.agent.AgentRun`'s, which keeps them as tasks
 of this drive; ``next_action`` is told which are in flight, and ``Wait`` records
 what finished. Before the drive returns or hands the run back, every attempt in
 flight is recorded (never abandoned with its intent open).
 
-Each drive watches its run (:meth:`~shared.nats.control.ControlHub.watch`, registered before
+Each drive watches its run (:meth:`~reel.shared.nats.control.ControlHub.watch`, registered before
 the run is loaded): a cancel, or the executor's drain deadline, stops the attempts in flight
 at once (services/executor/interrupts.py).
 """
@@ -28,16 +28,16 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from shared.application.fenced import Decided
-from shared.application.workflows import WorkflowCache
-from shared.core.errors import RunNotFound
-from shared.core.ports import EventLog
-from shared.core.run import planning as plan
-from shared.core.run.events import RunVerifying
-from shared.core.run.state import DRIVABLE, RunState
-from shared.core.workflow.spec import WorkflowSpec
-from shared.nats.control import ControlHub, Interrupt
-from shared.runtime.clock import now_ms
+from reel.shared.application.fenced import Decided
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import RunVerifying
+from reel.shared.core.run.state import DRIVABLE, RunState
+from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.nats.control import ControlHub, Interrupt
+from reel.shared.runtime.clock import now_ms
 
 from .agent import AgentRun
 from .attempts import Attempts, on_head
@@ -51,7 +51,7 @@ class HandedBack(Exception):
 
 
 class OwnedElsewhere(Exception):
-    """Another executor owns the run and holds its lease (:func:`shared.core.run.planning.claim_defers`): this
+    """Another executor owns the run and holds its lease (:func:`reel.shared.core.run.planning.claim_defers`): this
     executor does not claim it; the command is nak'ed (redelivered with backoff, until its owner takes the
     command or the owner's lease lapses)."""
 

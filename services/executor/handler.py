@@ -1,8 +1,8 @@
 """The executor's commands: ``start`` (create a run) and ``resume`` (drive an existing one).
 
-The consumer shell's :class:`~shared.nats.consumer.Router` decodes and validates each
+The consumer shell's :class:`~reel.shared.nats.consumer.Router` decodes and validates each
 command (a refusal is a ``command.rejected`` line and an error reply); the handlers here
-return a :class:`~shared.nats.consumer.Then`: the :class:`~shared.core.wire.commands.Reply`
+return a :class:`~reel.shared.nats.consumer.Then`: the :class:`~reel.shared.core.wire.commands.Reply`
 now, then the run is driven until it rests (services/executor/driver.py) before the
 ack. The command message stays un-acked (kept alive with in-progress acks by the
 shell) until the run rests, so if this process dies JetStream redelivers the command
@@ -17,26 +17,26 @@ from collections.abc import Container
 
 import structlog
 
-from shared.application.fenced import commit_new
-from shared.application.toolimports import check_tool_imports
-from shared.application.workflows import WorkflowCache
-from shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
-from shared.core.mutators import cancel
-from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
-from shared.core.ports import BlobStore, EventLog
-from shared.core.run.events import BlobRef, RunCreated
-from shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState
-from shared.core.wire.commands import Reply, ResumeRun, StartRun
-from shared.core.workflow.spec import WorkflowSpec, encode_workflow, validate_workflow
-from shared.nats.blobstore import is_inline, ref_for
-from shared.nats.consumer import Ack, Delivery, Router, Then
-from shared.nats.control import ControlHub
-from shared.nats.infra import Infra
-from shared.nats.leases import Lease, executor_alive
-from shared.runtime.clock import now_ms
-from shared.runtime.config import Config
+from reel.shared.application.fenced import commit_new
+from reel.shared.application.toolimports import check_tool_imports
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
+from reel.shared.core.mutators import cancel
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.ports import BlobStore, EventLog
+from reel.shared.core.run.events import BlobRef, RunCreated
+from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun
+from reel.shared.core.workflow.spec import WorkflowSpec, encode_workflow, validate_workflow
+from reel.shared.nats.blobstore import is_inline, ref_for
+from reel.shared.nats.consumer import Ack, Delivery, Router, Then
+from reel.shared.nats.control import ControlHub
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.leases import Lease, executor_alive
+from reel.shared.runtime.clock import now_ms
+from reel.shared.runtime.config import Config
 
 from .attempts import LOG_NAME, Attempts
 from .driver import Driver, HandedBack, OwnedElsewhere

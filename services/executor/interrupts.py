@@ -1,15 +1,15 @@
 """Stopping the side effects in flight: a run's cancel, or the executor's drain deadline (docs/mutators.md).
 
-Each drive watches its run (:class:`~shared.nats.control.ControlHub`): its
-:class:`~shared.nats.control.Interrupt` fires with ``cancelled`` when the cancel service
+Each drive watches its run (:class:`~reel.shared.nats.control.ControlHub`): its
+:class:`~reel.shared.nats.control.Interrupt` fires with ``cancelled`` when the cancel service
 signals the run's ``run_cancelled`` commit, and with ``shutdown`` when the executor's drain
 deadline passes (``REEL_DRAIN_DEADLINE_S`` after SIGTERM). Then every side effect the drive
 has in flight is cancelled — the awaiting task, which for a command kills its process group
-(:func:`shared.proc.group.run_group`), for an async Python tool cancels the tool's coroutine,
+(:func:`reel.shared.proc.group.run_group`), for an async Python tool cancels the tool's coroutine,
 for a model call aborts its HTTP request — and each attempt gets an outcome at once:
-``attempt_failed`` with ``error_kind`` :data:`~shared.core.run.state.INTERRUPTED` (retryable, not a
+``attempt_failed`` with ``error_kind`` :data:`~reel.shared.core.run.state.INTERRUPTED` (retryable, not a
 try of the step). On a cancelled run the commit records it ``attempt_cancelled`` instead
-(:func:`shared.core.mutators.cancel.after_cancel` decides every executor commit), so the kind only
+(:func:`reel.shared.core.mutators.cancel.after_cancel` decides every executor commit), so the kind only
 stays when the executor was shutting down: another executor runs a new attempt.
 
 A **sync** Python tool runs in a worker thread, which Python cannot stop: its attempt is
@@ -22,8 +22,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from shared.core.run.state import INTERRUPTED
-from shared.nats.control import Cause, Interrupt
+from reel.shared.core.run.state import INTERRUPTED
+from reel.shared.nats.control import Cause, Interrupt
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ next drive supersedes it (by this executor, or by another that took the run over
 answer ``waiting: executor_alive`` about it for as long as this executor lives. So:
 
 * at the end of every drive — its attempts in flight all recorded (services/executor/driver.py) — the
-  executor resolves its own settled open intents of that run (:func:`shared.core.mutators.recovery.abandon`,
+  executor resolves its own settled open intents of that run (:func:`reel.shared.core.mutators.recovery.abandon`,
   one fenced commit, the stored output when its marker is found, else ``executor_lost``);
 * a run whose drive raised is remembered, and looked at again every lease TTL while no drive of it runs
   here, until none of its intents of this executor is open (another executor may own the run by now).
@@ -21,12 +21,12 @@ from collections.abc import Callable, Container
 
 import structlog
 
-from shared.application.fenced import commit_decided
-from shared.core.mutators import recovery
-from shared.core.ports import EventLog
-from shared.core.run.events import BlobRef
-from shared.core.run.state import RunState
-from shared.runtime.clock import now_ms
+from reel.shared.application.fenced import commit_decided
+from reel.shared.core.mutators import recovery
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.state import RunState
+from reel.shared.runtime.clock import now_ms
 
 from .attempts import LOG_NAME, Attempts
 

@@ -27,9 +27,9 @@ import structlog
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
-from shared.nats.consumer import CommandConsumer, Handler
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.nats.consumer import CommandConsumer, Handler
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.executor")
 

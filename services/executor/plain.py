@@ -34,13 +34,13 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
-from shared.application.fenced import Committed, Decide, Decided
-from shared.auth import secrets
-from shared.core.decision import Decision
-from shared.core.errors import ModelError, ToolError
-from shared.core.pack.packer import pack
-from shared.core.run import planning as plan
-from shared.core.run.events import (
+from reel.shared.application.fenced import Committed, Decide, Decided
+from reel.shared.auth import secrets
+from reel.shared.core.decision import Decision
+from reel.shared.core.errors import ModelError, ToolError
+from reel.shared.core.pack.packer import pack
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
@@ -51,16 +51,16 @@ from shared.core.run.events import (
     RunStarted,
     Usage,
 )
-from shared.core.run.fold import apply_commit
-from shared.core.run.ids import CommitId
-from shared.core.run.state import RunState
-from shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
-from shared.core.workflow.toolspec import output_limit
-from shared.models import ModelRequest, make_adapter
-from shared.nats.blobstore import is_inline, ref_for
-from shared.nats.control import Interrupt
-from shared.proc.tools import run_tool
-from shared.runtime.clock import now_ms
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.ids import CommitId
+from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
+from reel.shared.core.workflow.toolspec import output_limit
+from reel.shared.models import ModelRequest, make_adapter
+from reel.shared.nats.blobstore import is_inline, ref_for
+from reel.shared.nats.control import Interrupt
+from reel.shared.proc.tools import run_tool
+from reel.shared.runtime.clock import now_ms
 
 from .attempts import Attempts, record_outcome
 from .interrupts import Interrupted, guarded
@@ -92,7 +92,7 @@ class Chained:
 
 class Cursor:
     """One drive's planning cursor: how many leading steps of the active branch have succeeded
-    (:func:`shared.core.run.planning.succeeded_prefix`), advanced on the states the log gave, so that
+    (:func:`reel.shared.core.run.planning.succeeded_prefix`), advanced on the states the log gave, so that
     planning a step costs O(1) whatever the run's length. A new active branch starts it over."""
 
     def __init__(self) -> None:

@@ -2,7 +2,7 @@
 
 The adapter hands every fragment of the response to a :class:`StreamOut` (its ``on_delta``),
 which publishes it on the attempt's subject ``<ns>.stream.<run>.<branch>.<step>.<attempt>``
-(:meth:`shared.core.wire.subjects.Names.stream`) numbered 0, 1, …; when the call ends,
+(:meth:`reel.shared.core.wire.subjects.Names.stream`) numbered 0, 1, …; when the call ends,
 :func:`streamed` publishes the last message (``done``, with the finish reason, or the error
 kind: a broken stream, a failed call, an interrupted attempt — a retry streams on its own
 subject). Nothing here is stored: the log keeps the consolidated response (the output blob),
@@ -20,8 +20,8 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
-from shared.core.errors import ModelError
-from shared.core.wire.livemessages import StreamChunk, encode_live
+from reel.shared.core.errors import ModelError
+from reel.shared.core.wire.livemessages import StreamChunk, encode_live
 
 from .interrupts import Interrupted
 

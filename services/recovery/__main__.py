@@ -1,6 +1,6 @@
-"""``python -m services.recovery``: run one recovery service instance (env: see shared/runtime/config.py)."""
+"""``python -m reel.services.recovery``: run one recovery service instance (env: see shared/runtime/config.py)."""
 
-from services.runtime.runner import main_for
+from reel.services.runtime.runner import main_for
 
 from .app import serve
 

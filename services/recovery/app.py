@@ -1,8 +1,8 @@
 """Recovery service: resolves ``dispatched`` intents whose executor is gone (docs/mutators.md).
 
 Three ways in, one code path (:meth:`RecoveryService.recover_run`: load →
-liveness and marker look-ups → :func:`shared.core.mutators.recovery.decide` → one fenced
-commit of the resolutions (:func:`shared.application.fenced.commit_decided`), or a ``ResumeRun``):
+liveness and marker look-ups → :func:`reel.shared.core.mutators.recovery.decide` → one fenced
+commit of the resolutions (:func:`reel.shared.application.fenced.commit_decided`), or a ``ResumeRun``):
 
 * an ordered consumer on ``<ns>.ev.>`` keeps an :class:`IntentIndex` of runs
   with open intents (a hint; decisions are made on a fresh fold);
@@ -42,26 +42,26 @@ import structlog
 from nats.js import api as jsapi
 from nats.js.errors import NotFoundError
 
-from shared.application.fenced import Decided, commit_decided
-from shared.core.errors import ReelError
-from shared.core.input import respond
-from shared.core.mutators import recovery
-from shared.core.ports import CommandBus, EventLog, Liveness, OutcomeMarkers
-from shared.core.run.events import BlobRef
-from shared.core.run.ids import ExecutorId
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.planning import has_open_intent
-from shared.core.run.state import DRIVABLE, VERIFYING, RunState
-from shared.core.wire.commands import RecoverRuns, Reply
-from shared.nats.commandbus import JetStreamCommandBus
-from shared.nats.consumer import CommandConsumer, Delivery, Router
-from shared.nats.consumergate import consumer_gate
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.nats.leases import KvLiveness
-from shared.nats.markers import KvOutcomeMarkers
-from shared.runtime.clock import now_ms
-from shared.runtime.config import Config
+from reel.shared.application.fenced import Decided, commit_decided
+from reel.shared.core.errors import ReelError
+from reel.shared.core.input import respond
+from reel.shared.core.mutators import recovery
+from reel.shared.core.ports import CommandBus, EventLog, Liveness, OutcomeMarkers
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.ids import ExecutorId
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.planning import has_open_intent
+from reel.shared.core.run.state import DRIVABLE, VERIFYING, RunState
+from reel.shared.core.wire.commands import RecoverRuns, Reply
+from reel.shared.nats.commandbus import JetStreamCommandBus
+from reel.shared.nats.consumer import CommandConsumer, Delivery, Router
+from reel.shared.nats.consumergate import consumer_gate
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.leases import KvLiveness
+from reel.shared.nats.markers import KvOutcomeMarkers
+from reel.shared.runtime.clock import now_ms
+from reel.shared.runtime.config import Config
 
 from .deadlines import fire_due, nap
 from .index import IntentIndex
@@ -102,15 +102,17 @@ class RecoveryService:
 
     async def marker(self, key: str) -> BlobRef | None:
         """The output ref an executor stored before dying, if it got that far; ``None`` if it did not — then
-        the key is claimed with :data:`~shared.core.mutators.recovery.LOST_MARKER` (:meth:`OutcomeMarkers.claim_lost
-        <shared.core.ports.OutcomeMarkers.claim_lost>`: a marker that lands meanwhile wins, a later one is refused)."""
+        the key is claimed with :data:`~reel.shared.core.mutators.recovery.LOST_MARKER`
+        (:meth:`OutcomeMarkers.claim_lost
+        <reel.shared.core.ports.OutcomeMarkers.claim_lost>`: a marker that lands meanwhile wins, a later one is
+        refused)."""
         return await self.markers.claim_lost(key)
 
     # ---- one run ---------------------------------------------------------------------------
     async def recover_run(self, run_id: str) -> RunReport:
         """Resolve what can be resolved in ``run_id`` now: load, look up leases and markers,
-        :func:`shared.core.mutators.recovery.decide`, one fenced commit
-        (:func:`shared.application.fenced.commit_decided`);
+        :func:`reel.shared.core.mutators.recovery.decide`, one fenced commit
+        (:func:`reel.shared.application.fenced.commit_decided`);
         then the defaults of the input requests whose deadline has passed (:meth:`_deadlines`).
 
         Raises:

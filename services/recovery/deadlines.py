@@ -1,8 +1,8 @@
 """Input-request deadlines, fired by recovery (a clock outside the fold; docs/mutators.md, "respond").
 
-A request may carry a deadline and a declared default (:mod:`shared.core.input.requestevents`).
+A request may carry a deadline and a declared default (:mod:`reel.shared.core.input.requestevents`).
 Recovery's sweep looks at the runs whose earliest open deadline has passed
-(:meth:`~services.recovery.index.IntentIndex.due`) and commits each due request's default
+(:meth:`~reel.services.recovery.index.IntentIndex.due`) and commits each due request's default
 as its ``input_answered`` (source ``deadline``), fenced on the head: an answer that came
 first makes the request no longer due, so a default fires once. Like an answer by command,
 it then asks an executor to go on unless the run's live owner drives it.
@@ -16,14 +16,14 @@ from typing import Any
 
 import structlog
 
-from services.runtime.resume import resume_unless_driven
-from shared.application.fenced import commit_decided
-from shared.core.input import respond
-from shared.core.ports import EventLog
-from shared.core.run.events import InputAnswered
-from shared.core.run.state import RunState
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.runtime.resume import resume_unless_driven
+from reel.shared.application.fenced import commit_decided
+from reel.shared.core.input import respond
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run.events import InputAnswered
+from reel.shared.core.run.state import RunState
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.recovery")
 

@@ -9,7 +9,7 @@ open input request with a deadline (:meth:`IntentIndex.due` finds those for the 
 apply — a run it forgot that is forked again, a run whose first commits aged out
 of the stream — marks the run *stale*: the next sweep loads it from the log. A
 bad commit (one that does not decode, names another run or is an illegal
-transition: :mod:`shared.core.run.integrity`), or a load that finds the run corrupt,
+transition: :mod:`reel.shared.core.run.integrity`), or a load that finds the run corrupt,
 marks the run *corrupt*: logged once, never swept again.
 
 It also keeps the runs that rest in ``verifying`` (run id → the LSN of their
@@ -30,9 +30,9 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from shared.core.input.respond import next_deadline
-from shared.core.run import integrity
-from shared.core.run.events import (
+from reel.shared.core.input.respond import next_deadline
+from reel.shared.core.run import integrity
+from reel.shared.core.run.events import (
     AttemptDispatched,
     BranchForked,
     InputRequested,
@@ -40,8 +40,8 @@ from shared.core.run.events import (
     RunCompleted,
     RunCreated,
 )
-from shared.core.run.planning import has_open_intent
-from shared.core.run.state import DRIVABLE, RESTING, VERIFYING, RunState
+from reel.shared.core.run.planning import has_open_intent
+from reel.shared.core.run.state import DRIVABLE, RESTING, VERIFYING, RunState
 
 log = structlog.get_logger("reel.recovery")
 

@@ -1,6 +1,6 @@
-"""``python -m services.rewind``: run one rewind service instance (env: see shared/runtime/config.py)."""
+"""``python -m reel.services.rewind``: run one rewind service instance (env: see shared/runtime/config.py)."""
 
-from services.runtime.runner import main_for
+from reel.services.runtime.runner import main_for
 
 from .app import serve
 

@@ -1,11 +1,11 @@
 """Rewind service: ``<ns>.cmd.rewind`` → ``branch_forked`` + ``ResumeRun`` (docs/mutators.md).
 
-Per command: load the run and its commits, :func:`shared.core.mutators.rewind.decide`,
-commit the fork fenced on the head (:func:`shared.application.fenced.commit_decided`: refreshed
+Per command: load the run and its commits, :func:`reel.shared.core.mutators.rewind.decide`,
+commit the fork fenced on the head (:func:`reel.shared.application.fenced.commit_decided`: refreshed
 and decided again on a conflict), then publish ``ResumeRun`` on ``<ns>.cmd.resume`` with a
 ``Nats-Msg-Id`` derived from the fork's LSN, so an executor continues the run on
 the new branch and a repeated publish is deduplicated — unless the run's live
-owner is driving it (:func:`shared.core.mutators.rewind.needs_resume`): that executor's next
+owner is driving it (:func:`reel.shared.core.mutators.rewind.needs_resume`): that executor's next
 fenced commit conflicts with the fork and it continues on the new branch itself. The parent branch's
 records are never changed; a verifier holding a view of it keeps it.
 
@@ -21,20 +21,20 @@ from typing import Any
 
 import structlog
 
-from services.runtime.resume import resume_unless_driven
-from shared.application.fenced import Refresh, commit_decided
-from shared.core.mutators import rewind
-from shared.core.ports import EventLog
-from shared.core.run.events import Commit
-from shared.core.run.ids import branch_id_for_key
-from shared.core.run.state import DRIVABLE, BranchState, RunState
-from shared.core.wire.commands import Reply, RewindRun
-from shared.nats.consumer import CommandConsumer, Delivery, Router
-from shared.nats.consumergate import consumer_gate
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.clock import now_ms
-from shared.runtime.config import Config
+from reel.services.runtime.resume import resume_unless_driven
+from reel.shared.application.fenced import Refresh, commit_decided
+from reel.shared.core.mutators import rewind
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run.events import Commit
+from reel.shared.core.run.ids import branch_id_for_key
+from reel.shared.core.run.state import DRIVABLE, BranchState, RunState
+from reel.shared.core.wire.commands import Reply, RewindRun
+from reel.shared.nats.consumer import CommandConsumer, Delivery, Router
+from reel.shared.nats.consumergate import consumer_gate
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.clock import now_ms
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.rewind")
 

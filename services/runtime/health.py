@@ -1,6 +1,6 @@
-"""The health signal of a service process, and its probe: ``python -m services.runtime.health [SERVICE] [--live]``.
+"""The health signal of a service process, and its probe: ``python -m reel.services.runtime.health [SERVICE] [--live]``.
 
-A service started by :func:`services.runtime.runner.run_service` with ``$REEL_HEARTBEAT_FILE``
+A service started by :func:`reel.services.runtime.runner.run_service` with ``$REEL_HEARTBEAT_FILE``
 set (the image sets it) touches that file every :data:`HEARTBEAT_EVERY_S` seconds
 from its event loop while it serves (:func:`heartbeat`). The probe answers one of
 two questions, exit code 0 (yes) or 1 (no), with one line saying why:
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shared.runtime.config import Config
+    from reel.shared.runtime.config import Config
 
 HEARTBEAT_ENV = "REEL_HEARTBEAT_FILE"
 """The environment variable naming the heartbeat file (no heartbeat when unset)."""
@@ -78,7 +78,7 @@ async def ready(cfg: Config, service: str | None) -> str:
     Raises:
         Unhealthy: NATS does not answer, JetStream is unavailable, or the consumer does not exist.
     """
-    from shared.nats.infra import connect
+    from reel.shared.nats.infra import connect
 
     try:
         nc = await connect(cfg, name="reel-health")
@@ -118,7 +118,7 @@ def probe(args: argparse.Namespace) -> str:
     import asyncio
     import logging
 
-    from shared.runtime.config import Config
+    from reel.shared.runtime.config import Config
 
     cfg = Config.from_env()
     logging.getLogger("nats.aio.client").setLevel(logging.CRITICAL)  # its reconnect tracebacks: one line is ours
@@ -129,8 +129,9 @@ def probe(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.runtime.health``: print one line; 0 healthy, 1 not, 2 bad arguments."""
-    parser = argparse.ArgumentParser(prog="python -m services.runtime.health", description=__doc__.split("\n\n")[0])
+    """``python -m reel.services.runtime.health``: print one line; 0 healthy, 1 not, 2 bad arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m reel.services.runtime.health", description=__doc__.split("\n\n")[0])
     parser.add_argument("service", nargs="?", help="check this service's consumer too (executor, verifier, …)")
     parser.add_argument("--live", action="store_true", help="liveness only: the heartbeat file is fresh (no NATS)")
     parser.add_argument("--max-age-s", type=float, default=30.0, help="--live: the oldest heartbeat that is alive")

@@ -1,14 +1,14 @@
 """Asking an executor to go on with a run another writer moved: a fork (rewind), an answer (respond), a
-deadline's default (recovery) — one rule, :func:`shared.core.mutators.rewind.needs_resume`, and one publish."""
+deadline's default (recovery) — one rule, :func:`reel.shared.core.mutators.rewind.needs_resume`, and one publish."""
 
 from __future__ import annotations
 
-from shared.core.mutators import rewind
-from shared.core.run.state import RunState
-from shared.core.wire.subjects import Names
-from shared.nats.infra import Infra
-from shared.nats.leases import executor_alive
-from shared.nats.publish import publish_resume
+from reel.shared.core.mutators import rewind
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.leases import executor_alive
+from reel.shared.nats.publish import publish_resume
 
 
 async def resume_unless_driven(infra: Infra, names: Names, before: RunState, lsn: int) -> bool:

@@ -1,8 +1,8 @@
 """Process entry for every service: logging, signals, connect, ensure infra, serve, drain.
 
 With ``$REEL_HEARTBEAT_FILE`` set (the image sets it), a service touches that file
-from its event loop while it serves: the liveness signal ``python -m services.runtime.health --live``
-checks (:mod:`services.runtime.health`).
+from its event loop while it serves: the liveness signal ``python -m reel.services.runtime.health --live``
+checks (:mod:`reel.services.runtime.health`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 import nats.errors
 import structlog
 
-from services.runtime.health import HEARTBEAT_ENV, heartbeat
-from shared.nats.access import redact_url
-from shared.nats.infra import Infra, connect, ensure_infra_retrying
-from shared.runtime.config import CONNECTION_FLAGS, Config
-from shared.runtime.deathsig import keep_environment_private
-from shared.runtime.logging import setup_logging
-from shared.runtime.metrics import serve_from_env as serve_metrics
+from reel.services.runtime.health import HEARTBEAT_ENV, heartbeat
+from reel.shared.nats.access import redact_url
+from reel.shared.nats.infra import Infra, connect, ensure_infra_retrying
+from reel.shared.runtime.config import CONNECTION_FLAGS, Config
+from reel.shared.runtime.deathsig import keep_environment_private
+from reel.shared.runtime.logging import setup_logging
+from reel.shared.runtime.metrics import serve_from_env as serve_metrics
 
 Serve = Callable[[Infra, Config, asyncio.Event], Awaitable[None]]
 
@@ -66,7 +66,7 @@ async def run_service(name: str, serve: Serve, cfg: Config) -> None:
 
 
 def apply_connection_flags(argv: list[str]) -> None:
-    """Set the environment variable of each connection flag in ``argv`` (shared.runtime.config.CONNECTION_FLAGS;
+    """Set the environment variable of each connection flag in ``argv`` (reel.shared.runtime.config.CONNECTION_FLAGS;
     ``--nats-url`` sets ``NATS_URL``, ``--metrics-port`` ``REEL_METRICS_PORT``); other arguments are left alone."""
     parser = argparse.ArgumentParser(add_help=False)
     flags = {"--nats-url": ("NATS_URL", ""), "--metrics-port": ("REEL_METRICS_PORT", ""), **CONNECTION_FLAGS}
@@ -80,7 +80,7 @@ def apply_connection_flags(argv: list[str]) -> None:
 
 
 def main_for(name: str, serve: Serve) -> None:
-    """``python -m services.<name>`` entry point (connection flags: ``--nats-url``, ``--nats-user``, …)."""
+    """``python -P -m reel.services.<name>`` entry point (connection flags: ``--nats-url``, ``--nats-user``, …)."""
     apply_connection_flags(sys.argv[1:])
     keep_environment_private()  # its tools cannot read its credentials back from /proc/$PPID/environ
     setup_logging(name, cache=True)  # a service never re-configures: loggers resolve once

@@ -8,12 +8,12 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from services.timeline import rows
-from services.timeline.table import AttemptTable
-from shared.core.agent import turnfold
-from shared.core.input import requestfold
-from shared.core.input.requeststate import InputRecord
-from shared.core.run.events import (
+from reel.services.timeline import rows
+from reel.services.timeline.table import AttemptTable
+from reel.shared.core.agent import turnfold
+from reel.shared.core.input import requestfold
+from reel.shared.core.input.requeststate import InputRecord
+from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
     AttemptCancelled,
@@ -33,11 +33,11 @@ from shared.core.run.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.core.run.ids import BranchId
-from shared.core.run.state import LIVE, BranchState, RunState
-from shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
-from shared.core.verify.reportedoutcome import checks_summary, reported_outcome
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.state import LIVE, BranchState, RunState
+from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
+from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
                 "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",
@@ -185,7 +185,7 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
 
 
 def _header(state: RunState) -> Text:
-    """Run, workflow, status, the reported outcome (:mod:`shared.core.verify.reportedoutcome`) and context checks,
+    """Run, workflow, status, the reported outcome (:mod:`reel.shared.core.verify.reportedoutcome`) and context checks,
     head, commits."""
     header = Text()
     header.append(f"run {state.run_id}", style="bold")

@@ -22,11 +22,11 @@ import shlex
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.run.events import ContextPartition
-from shared.core.run.state import AttemptState, BranchState
-from shared.core.run.views import AttemptView, StepView
-from shared.core.workflow.spec import ToolStep, WorkflowSpec
+from reel.shared.core.agent import turnfold
+from reel.shared.core.run.events import ContextPartition
+from reel.shared.core.run.state import AttemptState, BranchState
+from reel.shared.core.run.views import AttemptView, StepView
+from reel.shared.core.workflow.spec import ToolStep, WorkflowSpec
 
 _EXITED = re.compile(r"\bexited (-?\d+)\b")
 

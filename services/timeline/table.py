@@ -14,7 +14,7 @@ from rich.text import Text
 
 COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "pack/avail/drop", "packed tok",
            "tok in/out", "ms call/wall", "lsn", "error")
-"""The attempt table's columns (``reel show``): see :mod:`services.timeline.rows` for the derived ones."""
+"""The attempt table's columns (``reel show``): see :mod:`reel.services.timeline.rows` for the derived ones."""
 
 FOLD_MAX = {"step": 32, "kind": 32, "command": 48, "error": 44}  # kind: "tool <name>" whole for usual tool names
 """Free-text columns: folded (never cut) within this many characters each."""

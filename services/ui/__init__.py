@@ -1,7 +1,7 @@
 """``reel ui``: a read-only web app over a namespace's runs (docs/ui.md).
 
-:mod:`~services.ui.reader` reads (event log, blobs, live commits; never a command),
-:mod:`~services.ui.pages` and :mod:`~services.ui.runview` shape what the pages show (pure),
-:mod:`~services.ui.app` is the Starlette app (Jinja2 templates, server-sent events) and its
+:mod:`~reel.services.ui.reader` reads (event log, blobs, live commits; never a command),
+:mod:`~reel.services.ui.pages` and :mod:`~reel.services.ui.runview` shape what the pages show (pure),
+:mod:`~reel.services.ui.app` is the Starlette app (Jinja2 templates, server-sent events) and its
 uvicorn server; ``templates/`` and ``static/`` are its pages and their small script.
 """

@@ -1,4 +1,4 @@
-"""The ``reel ui`` web app: Starlette routes over a :class:`~services.ui.reader.RunReader` (read-only).
+"""The ``reel ui`` web app: Starlette routes over a :class:`~reel.services.ui.reader.RunReader` (read-only).
 
 Pages are rendered on the server (Jinja2, autoescaped: a tool output holding ``<script>``
 is text) and work without JavaScript; ``static/ui.js`` enhances them with live updates
@@ -12,7 +12,7 @@ over server-sent events (sse-starlette). Routes:
 * ``GET /runs/{run_id}/events?after=LSN`` — SSE: ``commits`` (``{head_lsn, status, outcome,
   commits: [{lsn, lines}]}``, from :meth:`ReelClient.watch_commits`) and ``corrupt``;
 * ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
-  run references (bytes ``offset``..; default :data:`~services.ui.pages.PAGE_BYTES`).
+  run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from services.timeline.render import event_line
-from services.ui import pages
-from services.ui.reader import NotARunId, RunReader
-from services.ui.runview import run_page
-from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState
-from shared.core.verify.reportedoutcome import reported_outcome
+from reel.services.timeline.render import event_line
+from reel.services.ui import pages
+from reel.services.ui.reader import NotARunId, RunReader
+from reel.services.ui.runview import run_page
+from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState
+from reel.shared.core.verify.reportedoutcome import reported_outcome
 
 HERE = Path(__file__).parent
 SHA256_HEX = frozenset("0123456789abcdef")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from shared.core.agent import turnfold
-from shared.core.run.events import BlobRef
-from shared.core.run.integrity import Corruption
-from shared.core.run.state import RunState
-from shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from reel.shared.core.agent import turnfold
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.integrity import Corruption
+from reel.shared.core.run.state import RunState
+from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
 
 STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "cancelled", "corrupt")
 """The runs page's status filter choices (``corrupt``: a run with a bad commit)."""
@@ -31,7 +31,7 @@ class RunRow:
     """One run on the runs page.
 
     Attributes:
-        outcome: the outcome as Reel reports it (:func:`shared.core.verify.reportedoutcome.reported_outcome`: a
+        outcome: the outcome as Reel reports it (:func:`reel.shared.core.verify.reportedoutcome.reported_outcome`: a
         replay with
             no outcome verifier is ``unlabelled``), ``""`` until it completes.
         checks: its context checks' verdicts (``task-in-final-context=pass``), beside the outcome.

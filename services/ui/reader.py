@@ -1,7 +1,7 @@
 """The UI's read side: runs, their states, blob pages and live commits — reads only, never a command.
 
-A :class:`RunReader` wraps the pieces of :class:`~shared.nats.client.ReelClient` the UI
-needs (its event log, its blob store, :meth:`~shared.nats.client.ReelClient.watch_commits`)
+A :class:`RunReader` wraps the pieces of :class:`~reel.shared.nats.client.ReelClient` the UI
+needs (its event log, its blob store, :meth:`~reel.shared.nats.client.ReelClient.watch_commits`)
 and exposes nothing that publishes: no ``command``, ``start``, ``cancel``, ``rewind`` or
 ``respond``. With credentials it runs as the ``client`` role (docs/security.md), whose
 reads are Direct Gets on the events, snapshots and blobs streams and its own ordered
@@ -24,14 +24,14 @@ from typing import Any
 
 from nats.js import api as jsapi
 
-from services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_span, run_row
-from shared.core.errors import BlobMissing, RunNotFound
-from shared.core.run.events import BlobRef, Commit
-from shared.core.run.ids import is_token
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState
-from shared.nats.blobread import ChunkIndex
-from shared.nats.client import ReelClient
+from reel.services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_span, run_row
+from reel.shared.core.errors import BlobMissing, RunNotFound
+from reel.shared.core.run.events import BlobRef, Commit
+from reel.shared.core.run.ids import is_token
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState
+from reel.shared.nats.blobread import ChunkIndex
+from reel.shared.nats.client import ReelClient
 
 STATE_CACHE = 64
 """Runs whose folded state is kept between page loads."""
@@ -40,7 +40,7 @@ BLOB_CACHE_BYTES = 64 * 1024 * 1024
 WHOLE_MAX_BYTES = 4 * 1024 * 1024
 """A body up to this size is read whole (and cached) to page it; a larger one is paged by byte range (bytes)."""
 INDEX_CACHE = 64
-"""Chunk indexes of large bodies kept (:meth:`~shared.nats.blobread.BlobReads.index`: a few ints per chunk)."""
+"""Chunk indexes of large bodies kept (:meth:`~reel.shared.nats.blobread.BlobReads.index`: a few ints per chunk)."""
 POLL_S = 0.25
 """How often a watched run's head is polled (seconds; :meth:`ReelClient.watch_commits`)."""
 

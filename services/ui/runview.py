@@ -3,7 +3,7 @@
 :func:`run_page` builds, for one branch, the timeline (each step and agent turn or tool
 call with every attempt — failed, superseded, cancelled — its LSNs, usage, partition,
 prompt/output refs, a call's arguments and input request) from
-:func:`~shared.core.run.views.build_episode_view`, and :func:`lineage`, the branch graph as
+:func:`~reel.shared.core.run.views.build_episode_view`, and :func:`lineage`, the branch graph as
 lanes on an LSN axis (what the page draws as inline SVG).
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.input.requeststate import InputRecord
-from shared.core.run.events import BlobRef, ContextPartition, Verdict
-from shared.core.run.ids import BranchId
-from shared.core.run.integrity import Corruption
-from shared.core.run.state import RunState
-from shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
-from shared.core.verify.reportedoutcome import context_checks, reported_outcome
+from reel.shared.core.agent import turnfold
+from reel.shared.core.input.requeststate import InputRecord
+from reel.shared.core.run.events import BlobRef, ContextPartition, Verdict
+from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.integrity import Corruption
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
+from reel.shared.core.verify.reportedoutcome import context_checks, reported_outcome
 
 PARTITION_GROUPS = ("packed", "available", "dropped")
 LANE_H, LANE_PAD, AXIS_W, LABEL_W = 34, 22, 720, 200
@@ -114,7 +114,7 @@ class RunPage:
     """Everything the run page renders for ``branch_id``.
 
     Attributes:
-        outcome: the reported outcome (:func:`shared.core.verify.reportedoutcome.reported_outcome`), ``""`` until
+        outcome: the reported outcome (:func:`reel.shared.core.verify.reportedoutcome.reported_outcome`), ``""`` until
         completed.
         checks: the names of the run's context checks (verifiers reported beside the outcome, not as it).
     """

@@ -10,7 +10,7 @@ one instance, which runs the verification job (services/verifier/handler.py) and
 only when it is done, so an instance that dies mid-job has its trigger redelivered
 (after ``ack_wait_s``) to another one, which resumes from the verdicts already recorded
 in the run's log. A trigger naming no ``run_verifying`` commit of its run (a forged one)
-is logged and terminated; a run found corrupt (:mod:`shared.core.run.integrity`) gets an
+is logged and terminated; a run found corrupt (:mod:`reel.shared.core.run.integrity`) gets an
 ``error`` verdict from each verifier not yet recorded (published, not recorded) and its
 trigger is terminated.
 """
@@ -23,16 +23,16 @@ import uuid
 
 import structlog
 
-from shared.core.errors import InvalidCommand, InvalidTransition, ReelError, RunNotFound, UnknownEventType
-from shared.core.ports import BlobStore, EventLog
-from shared.core.run.ids import is_token
-from shared.core.run.integrity import RunCorrupt
-from shared.core.wire.commands import VerifyRun, decode_command
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.consumer import Ack, CommandConsumer, Delivery
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.errors import InvalidCommand, InvalidTransition, ReelError, RunNotFound, UnknownEventType
+from reel.shared.core.ports import BlobStore, EventLog
+from reel.shared.core.run.ids import is_token
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.wire.commands import VerifyRun, decode_command
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.consumer import Ack, CommandConsumer, Delivery
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 from .handler import NotATrigger, SnapshotNotVisible, VerificationHandler
 

@@ -5,16 +5,17 @@ commit at LSN P and its branch. It:
 
 1. folds the run up to P (the pinned view) and to the head (what is already
    recorded) — each from the run's state snapshot plus the commits above it, or cold;
-2. builds the frozen :class:`~shared.core.run.views.EpisodeView` of the verifying branch at P;
+2. builds the frozen :class:`~reel.shared.core.run.views.EpisodeView` of the verifying branch at P;
 3. runs every configured verifier whose verdict for (branch, P) is not yet in the
    log — a restarted job resumes, it never judges twice;
 4. records each verdict in the run's log (``verdict_recorded``, a fenced commit
-   through :func:`shared.application.fenced.commit_decided` deciding :func:`shared.core.verify.verification.record`:
+   through :func:`reel.shared.application.fenced.commit_decided` deciding
+   :func:`reel.shared.core.verify.verification.record`:
    on a conflict it refreshes and decides again, dropping its own if a verdict for
    the same (branch, P, verifier) landed meanwhile) and then publishes the recorded
    verdict on ``<ns>.verdict.<run_id>`` with ``Nats-Msg-Id = run:P:verifier``;
 5. commits ``run_completed`` only if the run still rests in ``Verifying`` at P
-   (:func:`shared.core.verify.verification.completion`). A run cancelled or rewound
+   (:func:`reel.shared.core.verify.verification.completion`). A run cancelled or rewound
    meanwhile keeps its verdicts (they name the old branch and P) but is not completed by them.
 
 The log is the source of truth: what is published is always what was recorded.
@@ -31,23 +32,23 @@ import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from shared.application.fenced import Decide, Decided, commit_decided
-from shared.application.verifierrun import make_verifier, run_verifier
-from shared.application.workflows import WorkflowCache
-from shared.core.decision import Decision
-from shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInvalid
-from shared.core.ports import BlobStore, EventLog
-from shared.core.run.events import Verdict
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState, branch_failed
-from shared.core.run.views import EpisodeView, build_episode_view
-from shared.core.verify import verification
-from shared.core.verify.verifiers import Verifier, VerifierInvalid, errored, make_ctx
-from shared.core.wire.subjects import MSG_ID_HEADER, Names
-from shared.core.workflow.spec import VerifierSpec, WorkflowSpec
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.clock import now_ms
+from reel.shared.application.fenced import Decide, Decided, commit_decided
+from reel.shared.application.verifierrun import make_verifier, run_verifier
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.decision import Decision
+from reel.shared.core.errors import BlobMissing, ReelError, RunNotFound, WorkflowInvalid
+from reel.shared.core.ports import BlobStore, EventLog
+from reel.shared.core.run.events import Verdict
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState, branch_failed
+from reel.shared.core.run.views import EpisodeView, build_episode_view
+from reel.shared.core.verify import verification
+from reel.shared.core.verify.verifiers import Verifier, VerifierInvalid, errored, make_ctx
+from reel.shared.core.wire.subjects import MSG_ID_HEADER, Names
+from reel.shared.core.workflow.spec import VerifierSpec, WorkflowSpec
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.clock import now_ms
 
 log = structlog.get_logger("reel.verifier")
 
@@ -203,7 +204,7 @@ class VerificationHandler:
 
         The job's own commits keep ``job.current`` at the head, so no read comes first: a commit by
         anyone else (a cancel, a fork, another instance) makes the fence fail, and
-        :func:`~shared.application.fenced.commit_decided` refreshes the state and decides again.
+        :func:`~reel.shared.application.fenced.commit_decided` refreshes the state and decides again.
 
         Raises:
             RunCorrupt: the refresh after a lost fence found the run corrupt.

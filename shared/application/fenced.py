@@ -2,8 +2,8 @@
 
 Every mutator of a run (executor, cancel, rewind, recovery, verifier) writes through
 :func:`commit_decided`; the creation of a run through :func:`commit_new`. The caller
-supplies only a pure ``decide(state) -> Decision`` (:mod:`shared.core.decision`: the events of one
-commit, or ``Skip(reason)``; it may raise a :class:`~shared.core.errors.ReelError`: a domain refusal,
+supplies only a pure ``decide(state) -> Decision`` (:mod:`reel.shared.core.decision`: the events of one
+commit, or ``Skip(reason)``; it may raise a :class:`~reel.shared.core.errors.ReelError`: a domain refusal,
 propagated unchanged, no retry). It gets back a :class:`Decided`: the state decided on (``before``),
 the decision, and the commit (:class:`Committed`: LSN, state after, events), so a handler is
 load → decide → commit → reply with no side lists.
@@ -16,13 +16,13 @@ This module owns:
   commits above the head → ``decide`` again on the refreshed state;
 * one retry policy (:data:`DEFAULT_POLICY`, tenacity: bounded tries, small jittered exponential
   backoff); each conflict is logged as ``<log_name>.conflict`` with ``expected_lsn`` and ``try_no``;
-  after the last try it raises :class:`~shared.core.errors.ConcurrencyConflict` (retryable).
+  after the last try it raises :class:`~reel.shared.core.errors.ConcurrencyConflict` (retryable).
 
 **Creating a run** is the same loop over an *absent* state: the first try commits the given
 events with expected LSN 0; if the run exists (the fence fails), the existing run is loaded and
 ``if_exists(state)`` decides (by default ``Skip("run exists")``).
 
-Typed against the ports (:mod:`shared.core.ports`) only; no NATS here (import contract).
+Typed against the ports (:mod:`reel.shared.core.ports`) only; no NATS here (import contract).
 docs/architecture.md ("One fenced commit") and docs/mutators.md describe the policy.
 """
 
@@ -38,13 +38,13 @@ import msgspec
 import structlog
 import tenacity
 
-from shared.core.decision import Decision, Skip
-from shared.core.errors import ConcurrencyConflict
-from shared.core.ports import EventLog
-from shared.core.run.events import AnyEvent, Commit
-from shared.core.run.fold import apply_commit
-from shared.core.run.ids import LSN, CommitId, RunId, new_commit_id
-from shared.core.run.state import RunState
+from reel.shared.core.decision import Decision, Skip
+from reel.shared.core.errors import ConcurrencyConflict
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run.events import AnyEvent, Commit
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.ids import LSN, CommitId, RunId, new_commit_id
+from reel.shared.core.run.state import RunState
 
 logger = structlog.get_logger("reel.fenced")
 
@@ -63,7 +63,7 @@ class Decided(msgspec.Struct, frozen=True):
 
     Attributes:
         before: the state the (last) decision was made on: the caller's or loaded one, or the one refreshed
-            after a lost fence. States are persistent (:func:`~shared.core.run.fold.apply_commit`), so it is
+            after a lost fence. States are persistent (:func:`~reel.shared.core.run.fold.apply_commit`), so it is
             the state as it was, not a view of the one after.
         decision: what ``decide(before)`` returned: the events committed, or the :class:`Skip`.
         commit: the commit (``None`` iff ``decision`` is a :class:`Skip`).
@@ -151,7 +151,7 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
 
     Raises:
         RunNotFound: no ``state`` given and the run has no commit.
-        RunCorrupt: the run is corrupt (:mod:`shared.core.run.integrity`), found by the load or by a
+        RunCorrupt: the run is corrupt (:mod:`reel.shared.core.run.integrity`), found by the load or by a
             refresh after a lost fence: nothing is ever committed on top of a bad commit.
         ReelError: whatever ``decide`` raised (not retried).
         ConcurrencyConflict: the fence failed on every one of ``policy.tries`` tries.

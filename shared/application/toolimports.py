@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shared.core.errors import WorkflowInvalid
-from shared.core.workflow.spec import AgentStep, WorkflowSpec
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 
 def resolve_tool(path: str) -> Callable[..., Any]:

@@ -1,12 +1,12 @@
 """Verifiers at work: built from their spec, run under their deadline (docs/verifiers.md).
 
-:func:`make_verifier` builds what a :class:`~shared.core.workflow.spec.VerifierSpec`
-configures — a built-in (:mod:`shared.core.verify.verifiers.builtin`), the ``command``
-verifier (:mod:`shared.proc.verifier`) or a ``python`` one loaded by import path
+:func:`make_verifier` builds what a :class:`~reel.shared.core.workflow.spec.VerifierSpec`
+configures — a built-in (:mod:`reel.shared.core.verify.verifiers.builtin`), the ``command``
+verifier (:mod:`reel.shared.proc.verifier`) or a ``python`` one loaded by import path
 (``module:callable``: a Verifier, or a factory taking the VerifierSpec).
 :func:`run_verifier` turns a raise, a malformed answer or a passed deadline into
 an ``error`` result, never a hang. Outside the core: it imports user code and
-runs asyncio tasks; the types and the pure verifiers are :mod:`shared.core.verify.verifiers`.
+runs asyncio tasks; the types and the pure verifiers are :mod:`reel.shared.core.verify.verifiers`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any
 import msgspec
 import structlog
 
-from shared.auth import secrets
-from shared.core.verify.verifiers.builtin import (
+from reel.shared.auth import secrets
+from reel.shared.core.verify.verifiers.builtin import (
     ContextRequires,
     OutputJsonSchema,
     OutputRegex,
     RecordedOutcome,
     outcome_label,
 )
-from shared.core.verify.verifiers.context import (
+from reel.shared.core.verify.verifiers.context import (
     MAX_REASON_CHARS,
     VerdictResult,
     Verifier,
@@ -36,8 +36,8 @@ from shared.core.verify.verifiers.context import (
     checked,
     errored,
 )
-from shared.core.workflow.spec import VerifierSpec
-from shared.proc.verifier import CommandVerifier
+from reel.shared.core.workflow.spec import VerifierSpec
+from reel.shared.proc.verifier import CommandVerifier
 
 log = structlog.get_logger(__name__)
 
@@ -118,7 +118,7 @@ async def run_verifier(
     The guard fires :data:`REPORT_SLACK_S` after the deadline, so a verifier that
     stops itself at the deadline (a command killed at its timeout) reports its own
     reason rather than racing the guard. The reason is scrubbed of this process's secrets
-    (:func:`shared.auth.secrets.scrub`): a python verifier runs in-process and could quote them.
+    (:func:`reel.shared.auth.secrets.scrub`): a python verifier runs in-process and could quote them.
     """
     result = await _judged(verifier, ctx, cancel_grace_s)
     reason = secrets.scrub(result.reason)

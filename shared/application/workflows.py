@@ -4,11 +4,11 @@ A run names its workflow by content (``RunCreated.workflow_ref``), so a parsed s
 stale: the cache only bounds memory. :class:`WorkflowCache` is a least-recently-used map of at
 most ``max_entries`` (default :data:`MAX_WORKFLOWS`) specs by sha256; every reader of a run's
 workflow goes through it (the executor, the verifier, the respond handler, the CLI's timelines
-and ``reel trace``). Each spec parsed is passed to :func:`shared.auth.secrets.remember_workflow` (its
+and ``reel trace``). Each spec parsed is passed to :func:`reel.shared.auth.secrets.remember_workflow` (its
 models' key names, scrubbed from what this process stores). The executor also keeps a
 workflow's resolved ``python:`` tools with it (:meth:`WorkflowCache.python_tools`).
 
-Typed against the :class:`~shared.core.ports.BlobStore` port; no NATS here.
+Typed against the :class:`~reel.shared.core.ports.BlobStore` port; no NATS here.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from shared.application.toolimports import PythonTools, check_tool_imports
-from shared.auth import secrets
-from shared.core.errors import WorkflowInvalid
-from shared.core.ports import BlobStore
-from shared.core.run.events import BlobRef
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.application.toolimports import PythonTools, check_tool_imports
+from reel.shared.auth import secrets
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.ports import BlobStore
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 
 MAX_WORKFLOWS = 256
 """Specs kept per process (a spec is a few KiB: ~1 MiB at most for typical workflows)."""

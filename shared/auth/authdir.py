@@ -2,7 +2,7 @@
 
 The directory holds, all files mode 0600:
 
-* ``auth.conf`` — the two NATS accounts of :mod:`shared.auth.roles` with one user per role
+* ``auth.conf`` — the two NATS accounts of :mod:`reel.shared.auth.roles` with one user per role
   (passwords bcrypt-hashed: the file holds no usable secret), its permissions, the
   Reel account's exports and the client account's imports; ``include`` it from a server config;
 * ``server.conf`` — a minimal server config including it (JetStream on; the listen
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import bcrypt
 
-from shared.auth.roles import (
+from reel.shared.auth.roles import (
     CLIENT_ROLES,
     ROLES,
     SERVICE_ROLE,
@@ -39,8 +39,8 @@ from shared.auth.roles import (
     grants,
     inbox_prefix,
 )
-from shared.core.wire.subjects import Names
-from shared.runtime.config import Config, NatsAuth
+from reel.shared.core.wire.subjects import Names
+from reel.shared.runtime.config import Config, NatsAuth
 
 AUTH_CONF = "auth.conf"
 SERVER_CONF = "server.conf"
@@ -204,5 +204,5 @@ class AuthDir:
         return replace(base, auth=self.auth(role))
 
     def service_config(self, service: str, base: Config) -> Config:
-        """``base`` connecting as the role of ``service`` (:data:`shared.auth.roles.SERVICE_ROLE`)."""
+        """``base`` connecting as the role of ``service`` (:data:`reel.shared.auth.roles.SERVICE_ROLE`)."""
         return self.config(SERVICE_ROLE[service], base)

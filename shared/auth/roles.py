@@ -1,6 +1,6 @@
 """Reel's NATS roles and the subjects each may publish and subscribe (docs/security.md).
 
-Pure: every subject comes from :class:`shared.core.wire.subjects.Names` (and crucible's
+Pure: every subject comes from :class:`reel.shared.core.wire.subjects.Names` (and crucible's
 names), so a new subject gets a permission here or no role may use it.
 
 Two NATS accounts per namespace (``<NS>`` and ``<NS>_CLIENTS``):
@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared.core.wire.subjects import Names, subject_matches
-from shared.crucible.names import CrucibleNames
+from reel.shared.core.wire.subjects import Names, subject_matches
+from reel.shared.crucible.names import CrucibleNames
 
 ROLES = ("client", "viewer", "executor", "verifier", "mutators", "crucible", "operator")
 """Every role of ``reel auth init``, in the order of docs/security.md's matrix."""

@@ -1,7 +1,7 @@
 """The secrets of this process, which nothing it records may hold (the scrubbing: shared/core/env/redact.py).
 
 What is remembered: the NATS credentials a connection of this process uses (its password, nkey
-seed, the JWT and seed of its ``.creds`` file — remembered by :func:`shared.nats.infra.connect`);
+seed, the JWT and seed of its ``.creds`` file — remembered by :func:`reel.shared.nats.infra.connect`);
 the ``REEL_NATS_*`` secrets of the environment (:data:`NATS_SECRET_ENV`); the API keys models name
 (``api_key_env``: :func:`remember_workflow`, called by the executor and the verifier on each workflow
 they load) and the usual ones (:data:`MODEL_KEY_ENV`), read from the environment by name. Values
@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from shared.core.env.redact import Secrets, StreamScrubber, secrets_of
-from shared.core.workflow.spec import WorkflowSpec
-from shared.runtime.config import NatsAuth
+from reel.shared.core.env.redact import Secrets, StreamScrubber, secrets_of
+from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.runtime.config import NatsAuth
 
 __all__ = ["MODEL_KEY_ENV", "NATS_SECRET_ENV", "current", "log_processor", "remember", "remember_auth",
            "remember_env", "remember_workflow", "scrub", "scrub_bytes", "stream"]
@@ -73,7 +73,8 @@ def remember_auth(auth: NatsAuth) -> None:
 
 
 def remember_workflow(spec: WorkflowSpec) -> None:
-    """Remember the API keys ``spec``'s models name (:meth:`~shared.core.workflow.spec.WorkflowSpec.model_key_names`),
+    """Remember the API keys ``spec``'s models name
+        (:meth:`~reel.shared.core.workflow.spec.WorkflowSpec.model_key_names`),
     read from this process's environment: a service calls it on each workflow it loads."""
     remember_env(spec.model_key_names())
 

@@ -7,7 +7,7 @@ A pure decide function (``cancel.decide``, ``rewind.decide``, ``respond.decide``
 * :class:`Skip` — commit nothing; ``reason`` says why (logged, and put in replies).
 
 An empty tuple is never a decision: :func:`events_or_skip` turns "no events" into a ``Skip``.
-:func:`shared.application.fenced.commit_decided` takes a ``decide(state) -> Decision`` and hands back the state
+:func:`reel.shared.application.fenced.commit_decided` takes a ``decide(state) -> Decision`` and hands back the state
 decided on, the decision and the commit (docs/mutators.md).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from shared.core.run.events import AnyEvent
+from reel.shared.core.run.events import AnyEvent
 
 
 class Skip(msgspec.Struct, frozen=True):

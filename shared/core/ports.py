@@ -2,21 +2,21 @@
 
 Pure declarations, satisfied structurally by the adapters in ``shared/nats/``:
 
-* :class:`EventLog` — :class:`shared.nats.eventlog.JetStreamEventLog` (one JetStream stream,
+* :class:`EventLog` — :class:`reel.shared.nats.eventlog.JetStreamEventLog` (one JetStream stream,
   one subject per run, LSN = stream sequence);
-* :class:`BlobStore` — :class:`shared.nats.blobstore.JetStreamBlobStore` (content-addressed
+* :class:`BlobStore` — :class:`reel.shared.nats.blobstore.JetStreamBlobStore` (content-addressed
   bodies on the object store);
-* :class:`SnapshotStore` — :class:`shared.nats.snapshots.SnapshotStore` (run-state snapshots
+* :class:`SnapshotStore` — :class:`reel.shared.nats.snapshots.SnapshotStore` (run-state snapshots
   in KV, a read shortcut only);
-* :class:`Liveness` — :class:`shared.nats.leases.KvLiveness` (which executors hold a lease);
-* :class:`OutcomeMarkers` — :class:`shared.nats.markers.KvOutcomeMarkers` (the create-only outcome
+* :class:`Liveness` — :class:`reel.shared.nats.leases.KvLiveness` (which executors hold a lease);
+* :class:`OutcomeMarkers` — :class:`reel.shared.nats.markers.KvOutcomeMarkers` (the create-only outcome
   markers of attempts, and recovery's claim of a lost one);
-* :class:`CommandBus` — :class:`shared.nats.publish.JetStreamCommandBus` (the commands services send
+* :class:`CommandBus` — :class:`reel.shared.nats.publish.JetStreamCommandBus` (the commands services send
   each other: resume a run, verify a run, the control signal of a committed cancel).
 
 Services get them constructed once in ``serve()`` and type their handlers against these
 Protocols, so another implementation plugs in without touching a handler: the in-memory
-twin :class:`shared.memory.eventlog.MemoryEventLog` runs the unit tests of decisions. The
+twin :class:`reel.shared.memory.eventlog.MemoryEventLog` runs the unit tests of decisions. The
 behaviour every :class:`EventLog` must have is pinned by one contract suite, run against both:
 tests/integration/test_eventlog_contract.py.
 """
@@ -27,8 +27,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import IO, Protocol
 
-from shared.core.run.events import AnyEvent, BlobRef, Commit
-from shared.core.run.state import RunState
+from reel.shared.core.run.events import AnyEvent, BlobRef, Commit
+from reel.shared.core.run.state import RunState
 
 
 class SnapshotStore(Protocol):
@@ -74,7 +74,7 @@ class EventLog(Protocol):
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
         """The run's last commit and its LSN, or ``None`` (also for an id that is not one token).
 
-        Raises RunCorrupt (:mod:`shared.core.run.integrity`): the last commit does not decode or names another run.
+        Raises RunCorrupt (:mod:`reel.shared.core.run.integrity`): the last commit does not decode or names another run.
         """
         ...
 

@@ -4,11 +4,11 @@ No I/O here: the shell (services/crucible) runs the world, the judge and the
 proposer, commits events to the session log and folds them with :func:`fold.apply`.
 """
 
-from shared.crucible.config import SessionConfig, parse_config
-from shared.crucible.events import AnySessionEvent, SessionCommit
-from shared.crucible.fold import SessionState, fold
-from shared.crucible.iteration import Applied, CandidateChange, Decided, Iteration, Measured, Proposed
-from shared.crucible.state import (
+from reel.shared.crucible.config import SessionConfig, parse_config
+from reel.shared.crucible.events import AnySessionEvent, SessionCommit
+from reel.shared.crucible.fold import SessionState, fold
+from reel.shared.crucible.iteration import Applied, CandidateChange, Decided, Iteration, Measured, Proposed
+from reel.shared.crucible.state import (
     EXIT_CODES,
     Fate,
     InvalidReading,

@@ -11,8 +11,8 @@ left is told to a command proposer (:func:`left`, ``CRUCIBLE_BUDGET_*``).
 
 from __future__ import annotations
 
-from shared.crucible.config import BudgetSpec
-from shared.crucible.state import LoopExit, Run
+from reel.shared.crucible.config import BudgetSpec
+from reel.shared.crucible.state import LoopExit, Run
 
 
 def next_cost_usd(run: Run, spec: BudgetSpec, call_cap_usd: float | None = None) -> float:

@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.core.env import interpolate
-from shared.core.env.toolenv import check_tool_env
-from shared.core.errors import WorkflowInvalid
-from shared.core.workflow.spec import ModelSpec
-from shared.crucible.errors import ConfigInvalid
+from reel.shared.core.env import interpolate
+from reel.shared.core.env.toolenv import check_tool_env
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.spec import ModelSpec
+from reel.shared.crucible.errors import ConfigInvalid
 
 Direction = Literal["maximize", "minimize"]
 OnDeny = Literal["escalate", "skip"]
@@ -316,7 +316,7 @@ def validate(cfg: SessionConfig) -> SessionConfig:
 
 def _check_process_envs(cfg: SessionConfig) -> None:
     """The judges' ``env``, the proposer's and the park probe's ``pass_env``: no ``REEL_NATS_*`` name
-    (:func:`shared.core.env.toolenv.check_tool_env`)."""
+    (:func:`reel.shared.core.env.toolenv.check_tool_env`)."""
     try:
         for r in cfg.regimes:
             check_tool_env(r.judge.env, (), f"regime {r.name}: judge")

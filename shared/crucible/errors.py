@@ -1,8 +1,8 @@
-"""Crucible's exceptions: one base under :class:`~shared.core.errors.ReelError`, shaped by how callers react."""
+"""Crucible's exceptions: one base under :class:`~reel.shared.core.errors.ReelError`, shaped by how callers react."""
 
 from __future__ import annotations
 
-from shared.core.errors import ReelError
+from reel.shared.core.errors import ReelError
 
 
 class CrucibleError(ReelError):

@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.core.errors import UnknownEventType
-from shared.core.run.events import BlobRef
-from shared.crucible.config import SessionConfig
-from shared.crucible.state import LoopExit, Measurement, Reading, Row
+from reel.shared.core.errors import UnknownEventType
+from reel.shared.core.run.events import BlobRef
+from reel.shared.crucible.config import SessionConfig
+from reel.shared.crucible.state import LoopExit, Measurement, Reading, Row
 
 SCHEMA_VERSION = 1
 

@@ -2,7 +2,7 @@
 
 ``fold(commits)`` turns a session's ordered ``(lsn, SessionCommit)`` pairs into a
 :class:`SessionState`: the frozen config (from ``SessionStarted``) and the
-:class:`~shared.crucible.state.Run` (from the first ``SegmentOpened`` on). The loop
+:class:`~reel.shared.crucible.state.Run` (from the first ``SegmentOpened`` on). The loop
 folds each event it commits with the same :func:`apply`, so a live ``Run`` and a
 cold re-fold of the log are equal — which is what makes ``resume`` exact.
 
@@ -21,8 +21,8 @@ from datetime import timedelta
 import msgspec
 from msgspec.structs import replace
 
-from shared.core.errors import InvalidTransition
-from shared.crucible.events import (
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.crucible.events import (
     AnySessionEvent,
     ApplyFailed,
     CandidateApplied,
@@ -43,7 +43,7 @@ from shared.crucible.events import (
     SessionResumed,
     SessionStarted,
 )
-from shared.crucible.state import (
+from reel.shared.crucible.state import (
     Fate,
     OpenIteration,
     PendingProvisioning,

@@ -1,4 +1,4 @@
-"""Poison isolation in a session log (mirrors :mod:`shared.core.run.integrity` for runs).
+"""Poison isolation in a session log (mirrors :mod:`reel.shared.core.run.integrity` for runs).
 
 A commit on a session's subject is bad when its body does not decode, when it names
 another session (``SessionCommit.session_id`` or a ``session_started``'s id), or when
@@ -19,10 +19,10 @@ from collections.abc import Iterable
 
 import msgspec
 
-from shared.core.errors import InvalidTransition, UnknownEventType
-from shared.crucible.errors import CrucibleError
-from shared.crucible.events import SessionStarted, decode_session_commit
-from shared.crucible.fold import SessionState, apply_commit
+from reel.shared.core.errors import InvalidTransition, UnknownEventType
+from reel.shared.crucible.errors import CrucibleError
+from reel.shared.crucible.events import SessionStarted, decode_session_commit
+from reel.shared.crucible.fold import SessionState, apply_commit
 
 MAX_REASON_CHARS = 300
 """A reason longer than this is cut (a decode error can quote a large body)."""

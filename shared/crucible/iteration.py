@@ -25,9 +25,9 @@ from typing import Generic, TypeVar, final
 import msgspec
 from msgspec.structs import replace
 
-from shared.crucible.config import Direction, NoiseSpec
-from shared.crucible.noise import goal_met, improvement, margin
-from shared.crucible.state import Fate, InvalidReading, Measurement, Reading, Row, Run, Segment, WorldSha
+from reel.shared.crucible.config import Direction, NoiseSpec
+from reel.shared.crucible.noise import goal_met, improvement, margin
+from reel.shared.crucible.state import Fate, InvalidReading, Measurement, Reading, Row, Run, Segment, WorldSha
 
 
 class CandidateChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,7 +207,7 @@ def keep_test(values: Sequence[float], ref: Sequence[float], *, segment: Segment
         ``gain``: under ``noise.confirm_rule`` ``all``, the candidate's worst value's improvement
         over the best snapshot's best value; under ``mean``, the improvement of the candidate's
         mean over the best snapshot's mean (positive = better, in ``direction``);
-        ``need``: the noise margin it must exceed (:func:`shared.crucible.noise.margin`).
+        ``need``: the noise margin it must exceed (:func:`reel.shared.crucible.noise.margin`).
     """
     ref_mean = math.fsum(ref) / len(ref)
     if noise.confirm_rule == "all":

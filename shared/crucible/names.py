@@ -1,4 +1,4 @@
-"""Crucible's JetStream names, derived from Reel's namespace (:class:`shared.core.wire.subjects.Names`).
+"""Crucible's JetStream names, derived from Reel's namespace (:class:`reel.shared.core.wire.subjects.Names`).
 
 =============================  ===================================  ======================================
 what                           subject / name (namespace ``reel``)  notes
@@ -10,7 +10,7 @@ resume a session (service)     ``reel.cmd.crucible.resume``         ″
 service durable consumer       ``reel_crucible``
 =============================  ===================================  ======================================
 
-They derive from :class:`shared.core.wire.subjects.Names`, so they hang off the same
+They derive from :class:`reel.shared.core.wire.subjects.Names`, so they hang off the same
 namespace and several deployments can share a server.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.core.wire.subjects import Names
+from reel.shared.core.wire.subjects import Names
 
 
 @dataclass(frozen=True)

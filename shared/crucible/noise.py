@@ -15,7 +15,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from shared.crucible.config import Direction, NoiseSpec
+from reel.shared.crucible.config import Direction, NoiseSpec
 
 
 def aggregate(values: Sequence[float]) -> float:

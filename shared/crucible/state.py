@@ -1,7 +1,7 @@
 """The loop's state model: ``Run`` with its ``Segment``, readings, rows, ``LoopExit``.
 
 Pure values: every struct is frozen. The loop never mutates a ``Run``; it commits
-events and folds them (:mod:`shared.crucible.fold`), so the live state and a
+events and folds them (:mod:`reel.shared.crucible.fold`), so the live state and a
 cold re-fold of the session log are the same thing by construction.
 
 * :class:`Segment` — everything a re-scope replaces at once (scores are compared only within one
@@ -25,7 +25,7 @@ import msgspec
 WorldSha = NewType("WorldSha", str)
 """The world's opaque snapshot handle (a git commit sha).
 
-Not a run-state snapshot (:mod:`shared.nats.snapshots`): this names a state of the crucible's world.
+Not a run-state snapshot (:mod:`reel.shared.nats.snapshots`): this names a state of the crucible's world.
 """
 
 
@@ -69,7 +69,7 @@ Measurement = Reading | InvalidReading
 class Fate(enum.StrEnum):
     """What became of one iteration (one row each; the row's ``verdict`` field on the wire).
 
-    Not a verifier's run-event ``Verdict`` (:class:`shared.core.run.events.Verdict`).
+    Not a verifier's run-event ``Verdict`` (:class:`reel.shared.core.run.events.Verdict`).
     """
 
     KEEP = "keep"  # measured better by more than the margin: the new best snapshot

@@ -1,13 +1,13 @@
-"""An in-memory :class:`~shared.core.ports.EventLog`: the JetStream log's twin for fast tests of decisions.
+"""An in-memory :class:`~reel.shared.core.ports.EventLog`: the JetStream log's twin for fast tests of decisions.
 
 :class:`MemoryStore` is the store (one process, no I/O): one LSN sequence over all runs (as a
 stream's sequence is), each run's commits **encoded** as the JetStream log stores them, commit
 ids for dedup, and the runs' latest snapshots. :class:`MemoryEventLog` is one client of it —
 several on one store are several writers/readers of one log, each with its own :attr:`fetched`
-meter. Every read decodes and checks what it returns (:mod:`shared.core.run.integrity`), so a bad
+meter. Every read decodes and checks what it returns (:mod:`reel.shared.core.run.integrity`), so a bad
 commit raises ``RunCorrupt`` as on the real log.
 
-It passes the same contract suite as :class:`~shared.nats.eventlog.JetStreamEventLog`
+It passes the same contract suite as :class:`~reel.shared.nats.eventlog.JetStreamEventLog`
 (tests/integration/test_eventlog_contract.py): the fence (expected LSN = the run's head, 0 for a
 new run), dedup by commit id (a retry whose commit is the head gets its LSN back), reads at an LSN,
 refresh, snapshots. Every call is one suspension point (``await asyncio.sleep(0)``), so writers
@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.core.errors import ConcurrencyConflict, RunNotFound
-from shared.core.ports import EventLog
-from shared.core.run import integrity
-from shared.core.run.events import AnyEvent, Commit, encode_commit
-from shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
-from shared.core.run.state import RunState
-from shared.core.run.statecodec import decode_state, encode_state
+from reel.shared.core.errors import ConcurrencyConflict, RunNotFound
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run import integrity
+from reel.shared.core.run.events import AnyEvent, Commit, encode_commit
+from reel.shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.statecodec import decode_state, encode_state
 
 
 @dataclass
@@ -71,7 +71,7 @@ class MemoryStore:
 
 
 class MemorySnapshots:
-    """The :class:`~shared.core.ports.SnapshotStore` of a :class:`MemoryStore` (states kept encoded)."""
+    """The :class:`~reel.shared.core.ports.SnapshotStore` of a :class:`MemoryStore` (states kept encoded)."""
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
@@ -96,7 +96,7 @@ class MemoryEventLog:
 
     async def commit(self, run_id: str, events: Sequence[AnyEvent], *, expected_lsn: int, writer: str = "",
                      commit_id: str | None = None) -> int:
-        """See :meth:`shared.core.ports.EventLog.commit`."""
+        """See :meth:`reel.shared.core.ports.EventLog.commit`."""
         return await (await self.commit_async(run_id, events, expected_lsn=expected_lsn, writer=writer,
                                               commit_id=commit_id))
 
@@ -123,7 +123,7 @@ class MemoryEventLog:
         return out
 
     async def head(self, run_id: str) -> tuple[int, Commit] | None:
-        """See :meth:`shared.core.ports.EventLog.head`."""
+        """See :meth:`reel.shared.core.ports.EventLog.head`."""
         await asyncio.sleep(0)
         commits = self.store.runs.get(run_id) if is_token(run_id) else None
         if not commits:
@@ -136,7 +136,7 @@ class MemoryEventLog:
         return lsn, commit
 
     async def first_lsn(self, run_id: str) -> int | None:
-        """See :meth:`shared.core.ports.EventLog.first_lsn`."""
+        """See :meth:`reel.shared.core.ports.EventLog.first_lsn`."""
         await asyncio.sleep(0)
         commits = self.store.runs.get(run_id) if is_token(run_id) else None
         if not commits:
@@ -145,7 +145,7 @@ class MemoryEventLog:
         return commits[0][0]
 
     async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
-        """See :meth:`shared.core.ports.EventLog.read`."""
+        """See :meth:`reel.shared.core.ports.EventLog.read`."""
         commits, bad = integrity.decode_log(run_id, await self._raw(run_id, upto_lsn, from_lsn))
         if bad is not None:
             raise await self._corrupt(run_id, bad)
@@ -157,7 +157,7 @@ class MemoryEventLog:
         return integrity.RunCorrupt(earlier or bad, state)
 
     async def load(self, run_id: str, *, upto_lsn: int | None = None, cold: bool = False) -> RunState:
-        """See :meth:`shared.core.ports.EventLog.load` (from the run's snapshot unless ``cold``)."""
+        """See :meth:`reel.shared.core.ports.EventLog.load` (from the run's snapshot unless ``cold``)."""
         state = None if cold else await self._from_snapshot(run_id, upto_lsn)
         if state is None:
             state, _ = _fold(run_id, await self._raw(run_id, upto_lsn), upto_lsn)
@@ -178,12 +178,12 @@ class MemoryEventLog:
         return None if illegal is not None else after
 
     async def refresh(self, state: RunState) -> tuple[RunState, list[tuple[int, Commit]]]:
-        """See :meth:`shared.core.ports.EventLog.refresh` (``state`` is never changed)."""
+        """See :meth:`reel.shared.core.ports.EventLog.refresh` (``state`` is never changed)."""
         after, commits = _fold(state.run_id, await self._raw(state.run_id, from_lsn=state.head_lsn + 1), start=state)
         return (state if after is None else after), commits
 
     async def list_runs(self) -> list[str]:
-        """See :meth:`shared.core.ports.EventLog.list_runs`."""
+        """See :meth:`reel.shared.core.ports.EventLog.list_runs`."""
         await asyncio.sleep(0)
         return sorted(r for r, commits in self.store.runs.items() if commits)
 

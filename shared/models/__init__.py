@@ -7,13 +7,13 @@ endpoint); or your own by ``module:factory``.
 
 from __future__ import annotations
 
-from shared.models.base import ChatModel as ChatModel
-from shared.models.base import LegacyChat as LegacyChat
-from shared.models.base import ModelAdapter as ModelAdapter
-from shared.models.base import ModelRequest as ModelRequest
-from shared.models.base import ModelResponse as ModelResponse
-from shared.models.base import as_chat_model as as_chat_model
-from shared.models.loader import make_adapter as make_adapter
-from shared.models.loader import make_chat_model as make_chat_model
-from shared.models.replay import ReplayAdapter as ReplayAdapter
-from shared.models.scripted import ScriptedAdapter as ScriptedAdapter
+from reel.shared.models.base import ChatModel as ChatModel
+from reel.shared.models.base import LegacyChat as LegacyChat
+from reel.shared.models.base import ModelAdapter as ModelAdapter
+from reel.shared.models.base import ModelRequest as ModelRequest
+from reel.shared.models.base import ModelResponse as ModelResponse
+from reel.shared.models.base import as_chat_model as as_chat_model
+from reel.shared.models.loader import make_adapter as make_adapter
+from reel.shared.models.loader import make_chat_model as make_chat_model
+from reel.shared.models.replay import ReplayAdapter as ReplayAdapter
+from reel.shared.models.scripted import ScriptedAdapter as ScriptedAdapter

@@ -10,12 +10,12 @@ Two protocols (docs/models.md):
   working, and :class:`LegacyChat` lets one serve chat requests too (messages flattened
   to a prompt, never any tool call).
 
-Both raise :class:`~shared.core.errors.ModelError`, whose ``kind``, ``retryable`` and
+Both raise :class:`~reel.shared.core.errors.ModelError`, whose ``kind``, ``retryable`` and
 ``retry_after_s`` decide whether and when the attempt is retried.
 
 **Streaming**: when the model spec sets ``stream: true`` (and only then) the executor calls
 ``complete_chat(request, on_delta=sink)`` / ``complete(request, on_delta=sink)``: the adapter
-awaits ``sink(chunk)`` with each fragment (:class:`~shared.core.wire.livemessages.StreamChunk`, ``seq`` is
+awaits ``sink(chunk)`` with each fragment (:class:`~reel.shared.core.wire.livemessages.StreamChunk`, ``seq`` is
 renumbered by the sink) as it arrives and still returns the whole response. Adapters must not
 read the clock for anything that is committed; the executor measures latency.
 """
@@ -27,9 +27,9 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from shared.core.chat.messages import ChatRequest, ChatResponse, flatten
-from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
-from shared.core.wire.livemessages import StreamChunk
+from reel.shared.core.chat.messages import ChatRequest, ChatResponse, flatten
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.wire.livemessages import StreamChunk
 
 DeltaSink = Callable[[StreamChunk], Awaitable[None]]
 """Where a streaming adapter sends each fragment of a response (the executor publishes it on core NATS)."""
@@ -79,7 +79,7 @@ class ChatModel(Protocol):
         """Answer one attempt of one turn.
 
         The response's ``tool_calls`` have unique non-empty ids (provider ids kept, others
-        assigned by :func:`shared.core.chat.messages.assign_call_ids`); ``message`` is the response
+        assigned by :func:`reel.shared.core.chat.messages.assign_call_ids`); ``message`` is the response
         message as the provider sent it.
 
         Raises:

@@ -1,16 +1,16 @@
-"""Which adapter a :class:`~shared.core.workflow.modelspec.ModelSpec` names: built-in, or ``module:factory``."""
+"""Which adapter a :class:`~reel.shared.core.workflow.modelspec.ModelSpec` names: built-in, or ``module:factory``."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from shared.core.errors import ModelError
-from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
-from shared.core.workflow.modelspec import ModelSpec
-from shared.models.base import ChatModel, ModelAdapter, as_chat_model
-from shared.models.replay import ReplayAdapter
-from shared.models.scripted import ScriptedAdapter
+from reel.shared.core.errors import ModelError
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.workflow.modelspec import ModelSpec
+from reel.shared.models.base import ChatModel, ModelAdapter, as_chat_model
+from reel.shared.models.replay import ReplayAdapter
+from reel.shared.models.scripted import ScriptedAdapter
 
 
 def _load(spec: ModelSpec, counter: TokenCounter) -> Any:
@@ -19,7 +19,7 @@ def _load(spec: ModelSpec, counter: TokenCounter) -> Any:
     if spec.adapter == "scripted":
         return ScriptedAdapter(spec, counter)
     if spec.adapter == "openai":
-        from shared.models.openai import OpenAIAdapter  # imports the openai package (≈1 s) only when used
+        from reel.shared.models.openai import OpenAIAdapter  # imports the openai package (≈1 s) only when used
 
         return OpenAIAdapter(spec, counter)
     if ":" in spec.adapter:
@@ -39,7 +39,7 @@ def make_adapter(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> Mo
     A ``module:factory`` adapter is your own model endpoint: ``factory(spec, counter)``
     must return an object with ``name`` and ``async complete(ModelRequest) -> ModelResponse``
     (and, for agent steps, ``async complete_chat(ChatRequest) -> ChatResponse``) that raises
-    :class:`~shared.core.errors.ModelError` on failure.
+    :class:`~reel.shared.core.errors.ModelError` on failure.
 
     Raises:
         ModelError: a ``module:factory`` that cannot be imported (non-retryable, kind ``adapter_unavailable``).

@@ -3,7 +3,7 @@
 vLLM, llama.cpp's server, Ollama, LiteLLM and most hosted providers serve this wire
 format. Each attempt is one HTTP call (the client's own retries are off, so every try
 is an attempt in the log) on a client opened and closed for it. The body sent is
-exactly :func:`shared.core.chat.messages.wire_request` of the request — what the executor
+exactly :func:`reel.shared.core.chat.messages.wire_request` of the request — what the executor
 stored as the prompt blob — and the response message is returned exactly as sent.
 
 The API key is read from the environment variable ``api_key_env`` names, at each call,
@@ -21,7 +21,7 @@ or broke before its ``finish_reason``).
 
 **Streaming** (the spec's ``stream: true``): the request body carries ``stream: true`` and
 ``stream_options: {include_usage: true}`` (it is still exactly the prompt blob); the chunks
-are assembled as they arrive (:class:`shared.core.chat.chunks.StreamAssembler`, tool-call
+are assembled as they arrive (:class:`reel.shared.core.chat.chunks.StreamAssembler`, tool-call
 fragments included), each fragment handed to ``on_delta``, and the response returned is
 the assembled one — its ``message`` the output blob, as without streaming.
 Source: OpenAI API reference, "Error codes", "Streaming"; the ``openai`` package's exception classes.
@@ -39,9 +39,9 @@ from typing import Any
 import msgspec
 import openai
 
-from shared.auth import secrets
-from shared.core.chat.chunks import StreamAssembler, broken
-from shared.core.chat.messages import (
+from reel.shared.auth import secrets
+from reel.shared.core.chat.chunks import StreamAssembler, broken
+from reel.shared.core.chat.messages import (
     ChatMessage,
     ChatRequest,
     ChatResponse,
@@ -49,10 +49,10 @@ from shared.core.chat.messages import (
     response_from_wire,
     wire_request,
 )
-from shared.core.errors import ModelError
-from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
-from shared.core.workflow.modelspec import ModelSpec
-from shared.models.base import DeltaSink, ModelRequest, ModelResponse
+from reel.shared.core.errors import ModelError
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.workflow.modelspec import ModelSpec
+from reel.shared.models.base import DeltaSink, ModelRequest, ModelResponse
 
 PLACEHOLDER_KEY = "reel-no-key"  # sent when no api_key_env is given (local servers ignore it)
 _MAX_MESSAGE = 500

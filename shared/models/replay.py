@@ -7,11 +7,11 @@ an agent step turn by turn, exactly as the scripted adapter plays them.
 
 from __future__ import annotations
 
-from shared.core.chat.messages import ChatRequest, ChatResponse
-from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
-from shared.core.workflow.modelspec import ModelSpec, ScriptedTurn
-from shared.models.base import ModelRequest, ModelResponse
-from shared.models.scripted import play_turn, scripted_turn
+from reel.shared.core.chat.messages import ChatRequest, ChatResponse
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.workflow.modelspec import ModelSpec, ScriptedTurn
+from reel.shared.models.base import ModelRequest, ModelResponse
+from reel.shared.models.scripted import play_turn, scripted_turn
 
 
 class ReplayAdapter:

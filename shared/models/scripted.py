@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.core.chat.messages import (
+from reel.shared.core.chat.messages import (
     ChatMessage,
     ChatRequest,
     ChatResponse,
@@ -24,10 +24,10 @@ from shared.core.chat.messages import (
     flatten,
     wire_call,
 )
-from shared.core.errors import ModelError
-from shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
-from shared.core.workflow.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
-from shared.models.base import ModelRequest, ModelResponse
+from reel.shared.core.errors import ModelError
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.workflow.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
+from reel.shared.models.base import ModelRequest, ModelResponse
 
 
 def _fail(entry: ScriptedFailure) -> ModelError:

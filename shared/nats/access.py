@@ -1,7 +1,7 @@
 """A NATS connection with credentials and TLS, whose permission violations are errors, not hangs.
 
 :func:`open_connection` connects a :class:`ReelConnection` (a ``nats.aio.client.Client``)
-with the options of :class:`shared.runtime.config.NatsAuth` — user/password, an nkey seed or a
+with the options of :class:`reel.shared.runtime.config.NatsAuth` — user/password, an nkey seed or a
 ``.creds`` file, TLS (CA, client certificate and key), the JetStream API prefix of the
 client account and the connection's inbox prefix (docs/security.md).
 
@@ -29,8 +29,8 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared.core.errors import ReelError
-from shared.runtime.config import NatsAuth
+from reel.shared.core.errors import ReelError
+from reel.shared.runtime.config import NatsAuth
 
 log = structlog.get_logger(__name__)
 

@@ -1,8 +1,8 @@
 """The reading side of the blob store (NATS ADR-20): bodies checked against their sha256.
 
-:class:`BlobReads` is the half of :class:`~shared.nats.blobstore.JetStreamBlobStore` that reads.
+:class:`BlobReads` is the half of :class:`~reel.shared.nats.blobstore.JetStreamBlobStore` that reads.
 Every read checks what it read against the ref's sha256 (and size): an object that does not hold
-the body its name says is :class:`~shared.core.errors.BlobCorrupt`, with what it holds instead.
+the body its name says is :class:`~reel.shared.core.errors.BlobCorrupt`, with what it holds instead.
 
 * :meth:`~BlobReads.get` — a body whole (small bodies: prompts, workflows, the common output). One
   chunk, the common case, costs two requests (the meta record, the chunk), no consumer.
@@ -39,8 +39,8 @@ from nats.js import client as jsclient
 from nats.js.errors import NotFoundError, ServiceUnavailableError
 from nats.js.object_store import ObjectStore
 
-from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout
-from shared.core.run.events import BlobRef
+from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout
+from reel.shared.core.run.events import BlobRef
 
 GET_TIMEOUT_S = 30.0
 _UNANSWERED = (nats_errors.NoRespondersError, ServiceUnavailableError, nats_errors.ConnectionClosedError,

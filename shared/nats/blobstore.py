@@ -1,7 +1,7 @@
 """Content-addressed blob store on the JetStream object store.
 
 Prompts, outputs, workflows and large tool results live here; commits carry only
-:class:`~shared.core.run.events.BlobRef` (sha256 + size). Objects are named by their sha256
+:class:`~reel.shared.core.run.events.BlobRef` (sha256 + size). Objects are named by their sha256
 hex digest and never overwritten (an overwrite during a ``get`` can hang it).
 
 Bodies are written in the object store's own wire format (NATS ADR-20): 512 KiB
@@ -9,9 +9,9 @@ chunks, then the meta record fenced with ``Nats-Expected-Last-Subject-Sequence: 
 on the meta subject, so an existing object is never replaced (racing writers of
 one body: one wins, the others purge their chunks). A single-chunk body and its
 meta record go out pipelined in one round trip. Reads (whole, chunk by chunk, into a
-file, head and tail) are :mod:`shared.nats.blobread`'s, each checked against the ref's
+file, head and tail) are :mod:`reel.shared.nats.blobread`'s, each checked against the ref's
 sha256: an object that does not hold the body its name says (written under the wrong
-sha256 by another client, or overwritten) is :class:`~shared.core.errors.BlobCorrupt`,
+sha256 by another client, or overwritten) is :class:`~reel.shared.core.errors.BlobCorrupt`,
 with what it holds instead. A body of at
 most the inline threshold may instead ride in its ref (:func:`ref_for` with
 ``inline_max``): :meth:`JetStreamBlobStore.get` answers it from the ref,
@@ -46,13 +46,13 @@ from nats.js import api as jsapi
 from nats.js.errors import APIError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from shared.core.errors import BlobCorrupt, BlobMissing
-from shared.core.ports import BlobStore
-from shared.core.run.events import BlobRef
-from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
-from shared.nats.blobread import GET_TIMEOUT_S, BlobReads
-from shared.nats.blobread import is_inline as is_inline  # re-exported: writers and readers import it from here
-from shared.nats.publish import publish_pipelined
+from reel.shared.core.errors import BlobCorrupt, BlobMissing
+from reel.shared.core.ports import BlobStore
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER
+from reel.shared.nats.blobread import GET_TIMEOUT_S, BlobReads
+from reel.shared.nats.blobread import is_inline as is_inline  # re-exported: writers and readers import it from here
+from reel.shared.nats.publish import publish_pipelined
 
 log = structlog.get_logger(__name__)
 
@@ -74,8 +74,8 @@ def ref_for(data: bytes, media_type: str = "text/plain", *, inline_max: int = 0)
 
 
 class JetStreamBlobStore(BlobReads):
-    """The :class:`~shared.core.ports.BlobStore` port on a JetStream object store bucket (the reads:
-    :class:`~shared.nats.blobread.BlobReads`)."""
+    """The :class:`~reel.shared.core.ports.BlobStore` port on a JetStream object store bucket (the reads:
+    :class:`~reel.shared.nats.blobread.BlobReads`)."""
 
     def __init__(self, nc: Client, obs: ObjectStore, bucket: str, *, timeout_s: float = GET_TIMEOUT_S,
                  purge: bool = True) -> None:

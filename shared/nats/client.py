@@ -2,7 +2,7 @@
 
 It publishes a command to the commands stream with ``Reel-Reply-To`` set to a
 fresh inbox, waits for JetStream's PubAck (the command is durably queued) and
-then for the service's :class:`~shared.core.wire.commands.Reply`. Through a failover (no server answers,
+then for the service's :class:`~reel.shared.core.wire.commands.Reply`. Through a failover (no server answers,
 a stream leader being elected) the publish is re-sent with the same ``Nats-Msg-Id`` for up to
 ``REEL_FAILOVER_S`` (default 30 s) before a clear error; a missing commands stream is an error at once.
 """
@@ -21,19 +21,19 @@ import structlog
 from nats.aio.client import Client
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from shared.core.errors import ReelError, RunNotFound
-from shared.core.run.events import Commit, Verdict
-from shared.core.run.ids import LSN, BranchId, RunId, StepId, run_id_for_key
-from shared.core.run.integrity import fold_or_raise
-from shared.core.run.state import RunState
-from shared.core.wire.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
-from shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
-from shared.core.workflow.spec import WorkflowSpec, encode_workflow
-from shared.nats.access import PermissionDenied
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.publish import StoreFull, is_transient, settle_retrying, store_full
-from shared.runtime.config import Config
+from reel.shared.core.errors import ReelError, RunNotFound
+from reel.shared.core.run.events import Commit, Verdict
+from reel.shared.core.run.ids import LSN, BranchId, RunId, StepId, run_id_for_key
+from reel.shared.core.run.integrity import fold_or_raise
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
+from reel.shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from reel.shared.core.workflow.spec import WorkflowSpec, encode_workflow
+from reel.shared.nats.access import PermissionDenied
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.publish import StoreFull, is_transient, settle_retrying, store_full
+from reel.shared.runtime.config import Config
 
 INLINE_WORKFLOW_MAX_BYTES = 256 * 1024
 
@@ -247,7 +247,7 @@ class ReelClient:
         The yielded state is the same object, refreshed in place.
 
         Raises:
-            RunCorrupt: the run is, or becomes, corrupt (:mod:`shared.core.run.integrity`).
+            RunCorrupt: the run is, or becomes, corrupt (:mod:`reel.shared.core.run.integrity`).
         """
         state: RunState | None = None
         first: list[tuple[int, Commit]] = []

@@ -1,8 +1,8 @@
-"""The commands services send each other, as the :class:`~shared.core.ports.CommandBus` port.
+"""The commands services send each other, as the :class:`~reel.shared.core.ports.CommandBus` port.
 
 ``resume`` and ``verify`` go to the commands stream deduplicated per (run, LSN)
-(:func:`shared.nats.publish.publish_resume`, :func:`~shared.nats.publish.publish_verify`); ``control``
-is the core-NATS signal of a committed cancel (:func:`shared.nats.control.publish_control`).
+(:func:`reel.shared.nats.publish.publish_resume`, :func:`~reel.shared.nats.publish.publish_verify`); ``control``
+is the core-NATS signal of a committed cancel (:func:`reel.shared.nats.control.publish_control`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from nats.aio.client import Client
 
-from shared.core.ports import CommandBus
-from shared.core.wire.subjects import Names
-from shared.nats.control import publish_control
-from shared.nats.publish import publish_resume, publish_verify
+from reel.shared.core.ports import CommandBus
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.control import publish_control
+from reel.shared.nats.publish import publish_resume, publish_verify
 
 
 class JetStreamCommandBus:
@@ -25,15 +25,15 @@ class JetStreamCommandBus:
         self.js = nc.jetstream()
 
     async def resume(self, run_id: str, at_lsn: int) -> None:
-        """See :func:`shared.nats.publish.publish_resume`."""
+        """See :func:`reel.shared.nats.publish.publish_resume`."""
         await publish_resume(self.js, self.names, run_id, at_lsn)
 
     async def verify(self, run_id: str, branch_id: str, snapshot_lsn: int) -> None:
-        """See :func:`shared.nats.publish.publish_verify` (raises as it does: the trigger was not stored)."""
+        """See :func:`reel.shared.nats.publish.publish_verify` (raises as it does: the trigger was not stored)."""
         await publish_verify(self.js, self.names, run_id, branch_id, snapshot_lsn)
 
     async def control(self, run_id: str, lsn: int) -> None:
-        """See :func:`shared.nats.control.publish_control` (best effort: never raises)."""
+        """See :func:`reel.shared.nats.control.publish_control` (best effort: never raises)."""
         await publish_control(self.nc, self.names, run_id, lsn)
 
 

@@ -10,7 +10,7 @@ Command services do not write that handler: a :class:`Router` is one. Per comman
 subject it decodes the body into the command struct, checks its run id, binds the
 log context, calls the service's handler (which returns the :class:`Reply`, or
 :class:`Then`: a reply now and more work before the ack), turns a refusal
-(:class:`~shared.core.errors.ReelError`) into an error reply with a
+(:class:`~reel.shared.core.errors.ReelError`) into an error reply with a
 ``<service>.rejected`` log line, answers on ``Reel-Reply-To`` and acks.
 """
 
@@ -30,15 +30,15 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as jsapi
 from nats.js.errors import FetchTimeoutError
 
-from shared.core.errors import InvalidCommand, ReelError
-from shared.core.run.ids import is_token
-from shared.core.wire.commands import Reply, decode_command, encode, error_reply
-from shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
-from shared.nats.infra import Infra
-from shared.nats.micro import Counters, begin_delivery, note_refusal, register, unregister
-from shared.nats.publish import StoreFull
-from shared.runtime import metrics
-from shared.runtime.config import Config
+from reel.shared.core.errors import InvalidCommand, ReelError
+from reel.shared.core.run.ids import is_token
+from reel.shared.core.wire.commands import Reply, decode_command, encode, error_reply
+from reel.shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.micro import Counters, begin_delivery, note_refusal, register, unregister
+from reel.shared.nats.publish import StoreFull
+from reel.shared.runtime import metrics
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +157,7 @@ class Router:
             invalid_run_id: the refusal's message for a ``run_id`` that is not one subject token.
 
         The command's ``run_id`` (if it has a non-null one) must be one token
-        (:func:`~shared.core.run.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
+        (:func:`~reel.shared.core.run.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
         So must a ``session_id`` (crucible's commands).
         """
         extra = dict(rejected_fields or {})
@@ -228,7 +228,7 @@ class CommandConsumer:
             are kept alive with in-progress acks every ``ack_wait_s / 3``.
         instance_id: this instance's id (an executor's ``x-…``): its NATS micro instance id.
 
-    While it runs it is the NATS micro service ``reel-<service>`` (:mod:`shared.nats.micro`):
+    While it runs it is the NATS micro service ``reel-<service>`` (:mod:`reel.shared.nats.micro`):
     ``counters`` holds what ``$SRV.STATS`` reports per subject. Each delivery's log context
     starts from the one ``run`` was called in (an executor's ``executor_id``, …), plus ``service``.
     """

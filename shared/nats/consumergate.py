@@ -1,9 +1,9 @@
 """The consumer gate: a client's consumer-create requests, vetted, forwarded to JetStream (docs/security.md).
 
 The client account imports ``JS.<NS>.API.CONSUMER.CREATE.<stream>`` (a client's JetStream API prefix)
-as the Reel-account subject :meth:`~shared.core.wire.subjects.Names.consumer_gate` (shared/auth/roles.py), where
+as the Reel-account subject :meth:`~reel.shared.core.wire.subjects.Names.consumer_gate` (shared/auth/roles.py), where
 every mutator service (rewind, cancel, recovery) answers it in one queue group. Each request is vetted
-(:func:`shared.core.wire.consumerrules.vet`): an admissible one is forwarded, re-encoded, to
+(:func:`reel.shared.core.wire.consumerrules.vet`): an admissible one is forwarded, re-encoded, to
 ``$JS.API.CONSUMER.CREATE.<stream>`` and JetStream's answer relayed; any other gets a JetStream API error
 (code 403, ``consumer_refused: …``) — what nats-py raises as ``APIError`` — and ``consumer_gate.refused`` is
 logged. Nothing of the request is stored or acted on.
@@ -20,8 +20,8 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared.core.wire.consumerrules import Refused, vet
-from shared.core.wire.subjects import Names
+from reel.shared.core.wire.consumerrules import Refused, vet
+from reel.shared.core.wire.subjects import Names
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,8 @@
 
 The executor learns of a cancel without reading the log per step: :class:`ControlHub` holds one
 core-NATS subscription on ``<ns>.ctl.*`` and an :class:`Interrupt` per run it drives
-(:meth:`ControlHub.watch`). A :class:`~shared.core.wire.livemessages.RunControl` is a **hint**, never an order: for a
+(:meth:`ControlHub.watch`). A :class:`~reel.shared.core.wire.livemessages.RunControl` is a **hint**, never an order:
+for a
 watched run it makes the hub read the run's log from the signal's LSN (``cancelled_since``), and only a
 ``run_cancelled`` found there, at or after that LSN, fires the interrupt (``cancelled``). A signal the log
 does not bear out — forged, or aimed at the subject by anyone who may publish there — is logged
@@ -34,9 +35,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.core.run.ids import LSN, RunId
-from shared.core.wire.livemessages import RunControl, decode_control, encode_live
-from shared.core.wire.subjects import Names
+from reel.shared.core.run.ids import LSN, RunId
+from reel.shared.core.wire.livemessages import RunControl, decode_control, encode_live
+from reel.shared.core.wire.subjects import Names
 
 log = structlog.get_logger("reel.control")
 

@@ -21,9 +21,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.core.errors import ReelError
-from shared.nats.access import fail_if_denied
-from shared.nats.publish import StreamUnavailable
+from reel.shared.core.errors import ReelError
+from reel.shared.nats.access import fail_if_denied
+from reel.shared.nats.publish import StreamUnavailable
 
 END_OF_BATCH = ("404", "204", "408")
 

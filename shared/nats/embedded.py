@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from shared.runtime.deathsig import die_with_parent
+from reel.shared.runtime.deathsig import die_with_parent
 
 _LISTEN = re.compile(rb"Listening for client connections on [^:\s]+:(\d+)")
 

@@ -1,14 +1,14 @@
 """The event log: one JetStream stream, one subject per run, LSN = stream sequence.
 
-:class:`JetStreamEventLog` keeps run commits (:class:`~shared.core.run.events.Commit`) on a
-:class:`~shared.nats.subjectlog.SubjectLog` (fenced appends, batched Direct Get reads of one
-run's subject). Every read is checked (:mod:`shared.core.run.integrity`): a commit that does not
+:class:`JetStreamEventLog` keeps run commits (:class:`~reel.shared.core.run.events.Commit`) on a
+:class:`~reel.shared.nats.subjectlog.SubjectLog` (fenced appends, batched Direct Get reads of one
+run's subject). Every read is checked (:mod:`reel.shared.core.run.integrity`): a commit that does not
 decode, names another run or is an illegal transition makes the read raise ``RunCorrupt``
 for that run, with its state as of the last good commit.
 
 Reads see what must be seen on a replicated stream (R3): this log's own commits, the commits it
 read before, the LSN a snapshot was taken at and a pinned ``upto_lsn`` — a lagging follower's
-answer is completed from the stream leader (:class:`~shared.nats.subjectlog.SubjectLog`).
+answer is completed from the stream leader (:class:`~reel.shared.nats.subjectlog.SubjectLog`).
 """
 
 from __future__ import annotations
@@ -22,22 +22,22 @@ from typing import TYPE_CHECKING
 import structlog
 from nats.aio.client import Client
 
-from shared.core.errors import RunNotFound
-from shared.core.ports import EventLog
-from shared.core.run import integrity
-from shared.core.run.events import AnyEvent, Commit, encode_commit
-from shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
-from shared.core.run.state import RunState
-from shared.core.wire.subjects import Names
-from shared.nats.snapshots import SnapshotStore
-from shared.nats.subjectlog import READ_TIMEOUT_S, SubjectLog, msg_seq
-from shared.runtime import metrics
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run import integrity
+from reel.shared.core.run.events import AnyEvent, Commit, encode_commit
+from reel.shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.snapshots import SnapshotStore
+from reel.shared.nats.subjectlog import READ_TIMEOUT_S, SubjectLog, msg_seq
+from reel.shared.runtime import metrics
 
 log = structlog.get_logger(__name__)
 
 
 class JetStreamEventLog:
-    """The :class:`~shared.core.ports.EventLog` port: run commits on ``Names.events_stream``."""
+    """The :class:`~reel.shared.core.ports.EventLog` port: run commits on ``Names.events_stream``."""
 
     def __init__(self, nc: Client, names: Names, *, timeout_s: float = READ_TIMEOUT_S) -> None:
         self.names = names
@@ -121,7 +121,7 @@ class JetStreamEventLog:
 
         Raises:
             RunCorrupt: a commit does not decode (an event this version does not know included)
-                or names another run (:mod:`shared.core.run.integrity`).
+                or names another run (:mod:`reel.shared.core.run.integrity`).
         """
         if not is_token(run_id):
             return []
@@ -151,7 +151,7 @@ class JetStreamEventLog:
         Raises:
             RunNotFound: the run has no commit at or below ``upto_lsn``.
             RunCorrupt: a commit at or below ``upto_lsn`` does not decode, names another run or
-                is an illegal transition (:mod:`shared.core.run.integrity`); it carries the run as
+                is an illegal transition (:mod:`reel.shared.core.run.integrity`); it carries the run as
                 of its last good commit.
         """
         state = None if cold or not is_token(run_id) else await self._load_from_snapshot(run_id, upto_lsn)

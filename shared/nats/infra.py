@@ -20,11 +20,11 @@ from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from shared.auth import secrets
-from shared.core.errors import ReelError
-from shared.core.wire.subjects import COMMANDS, RUN_COMMANDS
-from shared.nats.access import PermissionDenied, open_connection, redact_url
-from shared.runtime.config import Config
+from reel.shared.auth import secrets
+from reel.shared.core.errors import ReelError
+from reel.shared.core.wire.subjects import COMMANDS, RUN_COMMANDS
+from reel.shared.nats.access import PermissionDenied, open_connection, redact_url
+from reel.shared.runtime.config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -59,8 +59,8 @@ class InfraMissing(ReelError):
 async def connect(cfg: Config, name: str = "reel") -> Client:
     """Connect to ``cfg.nats_url`` (comma-separated list allowed) with ``cfg.auth``'s credentials and TLS.
 
-    The connection is a :class:`~shared.nats.access.ReelConnection`: a request the
-    user may not make raises :class:`~shared.nats.access.PermissionDenied` at once.
+    The connection is a :class:`~reel.shared.nats.access.ReelConnection`: a request the
+    user may not make raises :class:`~reel.shared.nats.access.PermissionDenied` at once.
 
     Raises:
         ConnectRefused: the server refused the credentials (or TLS failed).
@@ -214,7 +214,7 @@ peers for placement (a **400**: too few servers up for the replicas asked), 1000
 def setup_retryable(exc: BaseException) -> bool:
     """True for an error :func:`ensure_infra_retrying` waits out: transient (timeout, no responders, 503), any
     5xx answer, or a :data:`CLUSTER_UNAVAILABLE` code whatever its HTTP-like code."""
-    from shared.nats.publish import is_transient
+    from reel.shared.nats.publish import is_transient
 
     return is_transient(exc) or (isinstance(exc, APIError) and (
         (exc.code or 0) >= 500 or (exc.err_code or 0) in CLUSTER_UNAVAILABLE))

@@ -1,5 +1,5 @@
 """Executor leases: the holder (:class:`Lease`) and the reader (:func:`executor_alive`; as the
-:class:`~shared.core.ports.Liveness` port, :class:`KvLiveness`).
+:class:`~reel.shared.core.ports.Liveness` port, :class:`KvLiveness`).
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
 executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it renews it. The
@@ -25,9 +25,9 @@ import structlog
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from shared.core.errors import LeaseLost
-from shared.core.ports import Liveness
-from shared.nats.publish import store_full
+from reel.shared.core.errors import LeaseLost
+from reel.shared.core.ports import Liveness
+from reel.shared.nats.publish import store_full
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +42,7 @@ class Lease:
     seconds): this executor gives its runs up strictly before any other executor can see the entry gone.
     Once that time has passed without an acknowledged renewal — the process was frozen (SIGSTOP, a VM
     pause), the server did not answer — the lease is **lost for good**: :meth:`check` raises
-    :class:`~shared.core.errors.LeaseLost` from then on, :attr:`lost` is set, and ``on_lost`` has run (it
+    :class:`~reel.shared.core.errors.LeaseLost` from then on, :attr:`lost` is set, and ``on_lost`` has run (it
     kills the tools this executor started). A lost lease is never renewed: the executor's writers cannot
     slip a write between a late renewal and their own check.
 
@@ -156,7 +156,7 @@ async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
 
 
 class KvLiveness:
-    """The :class:`~shared.core.ports.Liveness` port over the leases bucket (:func:`executor_alive`)."""
+    """The :class:`~reel.shared.core.ports.Liveness` port over the leases bucket (:func:`executor_alive`)."""
 
     def __init__(self, leases: KeyValue) -> None:
         self.leases = leases

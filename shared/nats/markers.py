@@ -1,9 +1,9 @@
-"""Outcome markers on the outcomes KV bucket: the :class:`~shared.core.ports.OutcomeMarkers` port.
+"""Outcome markers on the outcomes KV bucket: the :class:`~reel.shared.core.ports.OutcomeMarkers` port.
 
 An executor *creates* ``<run>.<branch>.<step>.<attempt>`` → its output :class:`BlobRef` (JSON) after the
 output blob and before the outcome commit (services/executor/attempts.py publishes it pipelined, with a
 create-only header). Recovery reads it for an attempt whose executor is gone; finding none, it first
-creates :data:`~shared.core.mutators.recovery.LOST_MARKER` under the key (:meth:`KvOutcomeMarkers.claim_lost`),
+creates :data:`~reel.shared.core.mutators.recovery.LOST_MARKER` under the key (:meth:`KvOutcomeMarkers.claim_lost`),
 so a marker that comes later — from an executor frozen past its lease — is refused by the server, and
 marker and log never disagree.
 """
@@ -17,9 +17,9 @@ import structlog
 from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from shared.core.mutators.recovery import LOST_MARKER
-from shared.core.ports import OutcomeMarkers
-from shared.core.run.events import BlobRef
+from reel.shared.core.mutators.recovery import LOST_MARKER
+from reel.shared.core.ports import OutcomeMarkers
+from reel.shared.core.run.events import BlobRef
 
 log = structlog.get_logger(__name__)
 

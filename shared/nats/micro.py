@@ -2,7 +2,7 @@
 
 A service instance registers under its own name (``reel-executor``, ``reel-verifier``,
 ``reel-rewind``, ``reel-cancel``, ``reel-recovery``, ``reel-crucible``) with nats-py's
-``nats.micro``, on the connection it consumes with, when its :class:`~shared.nats.consumer.CommandConsumer`
+``nats.micro``, on the connection it consumes with, when its :class:`~reel.shared.nats.consumer.CommandConsumer`
 starts (:func:`register`); it answers discovery until the consumer stops.
 
 Reel's commands arrive through a JetStream durable pull consumer, not as core-NATS
@@ -37,9 +37,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.service import EndpointInfo, EndpointStats, Service, ServiceConfig, ServiceInfo, ServiceStats
 
-from shared.core.run.ids import is_token
-from shared.core.wire.subjects import subject_matches
-from shared.nats.publish import STORE
+from reel.shared.core.run.ids import is_token
+from reel.shared.core.wire.subjects import subject_matches
+from reel.shared.nats.publish import STORE
 
 log = structlog.get_logger(__name__)
 
@@ -146,7 +146,7 @@ class ReelService(Service):
 
     def stats(self) -> ServiceStats:
         """micro's STATS, with the consumed subjects' counts (processing times in ns) and, while this process's
-        writes are refused for a full store, ``store_full`` in the metadata (:data:`shared.nats.publish.STORE`)."""
+        writes are refused for a full store, ``store_full`` in the metadata (:data:`reel.shared.nats.publish.STORE`)."""
         stats = super().stats()
         full = STORE.report()
         if full is not None:

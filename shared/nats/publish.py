@@ -22,10 +22,10 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from shared.core.errors import ReelError
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.wire.commands import ResumeRun, VerifyRun, encode
-from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names, verify_msg_id
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.wire.commands import ResumeRun, VerifyRun, encode
+from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names, verify_msg_id
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Snapshots of a run's folded state, so a read need not replay the whole log.
 
-A snapshot is the :class:`~shared.core.run.state.RunState` of one run at one LSN, as JSON
+A snapshot is the :class:`~reel.shared.core.run.state.RunState` of one run at one LSN, as JSON
 in the KV bucket ``<ns>_snapshots`` (key = run id, the latest snapshot only) —
 inline when small, else in the blob store with the KV entry pointing at it. The executor writes one when a run
 enters ``Verifying`` — the LSN every verifier of that run pins — so a verifier
@@ -11,7 +11,7 @@ A snapshot is only a shortcut, never a source of truth:
 
 * it carries the commit id of the commit at its LSN; a reader re-reads the log
   *from* that LSN and uses the snapshot only if that commit is there with that id;
-* it carries :data:`shared.core.run.fold.FOLD_VERSION`; one written by another fold is ignored;
+* it carries :data:`reel.shared.core.run.fold.FOLD_VERSION`; one written by another fold is ignored;
 * anything wrong (missing blob, undecodable, mismatch) falls back to a cold fold.
 
 Tests check that a snapshot-based load equals a cold re-fold byte for byte.
@@ -25,13 +25,13 @@ from nats.aio.client import Client
 from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from shared.core.errors import ReelError
-from shared.core.run.events import BlobRef
-from shared.core.run.fold import FOLD_VERSION
-from shared.core.run.state import RunState
-from shared.core.run.statecodec import STATE_ENCODER, state_decoder
-from shared.core.wire.subjects import Names
-from shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.fold import FOLD_VERSION
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.statecodec import STATE_ENCODER, state_decoder
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.blobstore import JetStreamBlobStore
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +44,7 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
         commit_id: the id of the commit at ``lsn`` (checked against the log on read).
         state: the RunState itself when its JSON is at most :data:`INLINE_MAX_BYTES`, else
         state_ref: the blob holding the JSON-encoded RunState.
-        fold_version: :data:`shared.core.run.fold.FOLD_VERSION` of the writer.
+        fold_version: :data:`reel.shared.core.run.fold.FOLD_VERSION` of the writer.
     """
 
     run_id: str

@@ -5,7 +5,7 @@
 new key) and carry a commit id as ``Nats-Msg-Id`` (a retried publish is deduplicated).
 Reads use batched Direct Get on the key's own subject, starting at its first sequence,
 so replaying one key costs O(its messages), not O(stream). The run event log
-(:mod:`shared.nats.eventlog`), crucible's session log and the verdict stream's readers use it.
+(:mod:`reel.shared.nats.eventlog`), crucible's session log and the verdict stream's readers use it.
 
 **On a replicated stream (R3)** a Direct Get may be answered by a follower that has
 not applied the latest writes yet, and a publish in flight during a leader election times out
@@ -38,11 +38,11 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NotFoundError
 
-from shared.core.errors import ConcurrencyConflict, ReelError
-from shared.core.run.ids import new_commit_id
-from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
-from shared.nats.directget import direct_replies
-from shared.nats.publish import is_transient, request_ack, settle_retrying
+from reel.shared.core.errors import ConcurrencyConflict, ReelError
+from reel.shared.core.run.ids import new_commit_id
+from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
+from reel.shared.nats.directget import direct_replies
+from reel.shared.nats.publish import is_transient, request_ack, settle_retrying
 
 WRONG_LAST_SEQUENCE = 10071
 RACING_WRITE = 10164  # clustered: a write racing an in-flight one on the same subject
@@ -217,7 +217,7 @@ class SubjectLog:
         """Raw (batched) Direct Get; the messages before the end-of-batch status.
 
         Replies arrive on the connection's one Direct Get reply subscription
-        (:mod:`shared.nats.directget`: no subscription per read, no ``next_msg`` task per message).
+        (:mod:`reel.shared.nats.directget`: no subscription per read, no ``next_msg`` task per message).
         """
         return await direct_replies(self._nc).get(
             f"$JS.API.DIRECT.GET.{self.stream}{subject_suffix}", json.dumps(payload).encode() if payload else b"",

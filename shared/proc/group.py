@@ -2,7 +2,7 @@
 
 :func:`run_group` starts ``argv`` as the leader of a new session (its pgid is its
 pid). The child dies with this process and is recorded for the reaper
-(:mod:`shared.proc.reaper`). Whatever ends the call, the whole group is
+(:mod:`reel.shared.proc.reaper`). Whatever ends the call, the whole group is
 SIGKILLed before it returns or raises:
 
 * **normal exit** — the leader has exited and its output pipes are closed: the
@@ -16,10 +16,10 @@ service draining its work) before the SIGKILL. Output is read as it comes:
 each captured stream keeps at most ``output_limit_bytes`` (the first or the
 last, ``keep``), so a chatty child never grows this process beyond the limit;
 with ``stdout_sink`` every stdout chunk is handed to it as read instead (a tool's
-spool: :mod:`shared.proc.tools`) and none is kept here.
+spool: :mod:`reel.shared.proc.tools`) and none is kept here.
 
 Callers map :class:`Completed` to their own results: tools
-(:mod:`shared.proc.tools`), the command verifier (:mod:`shared.proc.verifier`),
+(:mod:`reel.shared.proc.tools`), the command verifier (:mod:`reel.shared.proc.verifier`),
 Crucible's judge, proposer, probes and git (``services/crucible/proc.py``).
 """
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from shared.proc import ledger, reaper
+from reel.shared.proc import ledger, reaper
 
 Keep = Literal["head", "tail"]
 Stdin = bytes | AsyncIterable[bytes] | BinaryIO | None

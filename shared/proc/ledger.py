@@ -3,7 +3,7 @@
 Off unless ``$REEL_SIDE_EFFECT_LEDGER`` names a file in the executor's own environment (``reel chaos``
 sets it for the executors it starts, and only for them). Then:
 
-* :func:`~shared.proc.group.run_group` appends ``{"kind": "process", "pid": …}`` once a command's process
+* :func:`~reel.shared.proc.group.run_group` appends ``{"kind": "process", "pid": …}`` once a command's process
   has started (``exec`` succeeded) whose environment names an attempt (``REEL_RUN_ID``, ``REEL_STEP_ID``,
   ``REEL_ATTEMPT``: a tool step's or an agent tool call's command; a verifier's has none);
 * an agent's Python tool appends ``{"kind": "python"}`` as it is called (it has no process of its own).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.core.run.crashpoints import SideEffect
+from reel.shared.core.run.crashpoints import SideEffect
 
 LEDGER_ENV = "REEL_SIDE_EFFECT_LEDGER"
 _MAX_LINE_BYTES = 4000

@@ -1,6 +1,6 @@
 """Process groups that outlive their owner: the child's own setup, the registry, the reaper.
 
-:func:`~shared.proc.group.run_group` starts every child through :func:`child_setup`
+:func:`~reel.shared.proc.group.run_group` starts every child through :func:`child_setup`
 (between fork and exec, in the child). It makes the child die with its owner
 (Linux's parent-death signal, kill -9 of the owner included) and, when
 ``$REEL_TOOL_DIR`` names a directory, writes the record ``<owner pid>.<pgid>``
@@ -21,7 +21,7 @@ import os
 import signal
 from pathlib import Path
 
-from shared.runtime.deathsig import die_with_parent
+from reel.shared.runtime.deathsig import die_with_parent
 
 REGISTRY_ENV = "REEL_TOOL_DIR"
 """The environment variable naming the registry directory (no registry when unset)."""

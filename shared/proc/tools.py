@@ -1,28 +1,28 @@
 """The one command runner of every tool — a tool step's ``command`` and an agent's command tool
 (:func:`run_command`) — and the tool step's recorded and scripted tools (:func:`run_tool`).
 
-One environment policy (:func:`shared.core.env.toolenv.spec_env`, applied in :func:`run_command`), one
+One environment policy (:func:`reel.shared.core.env.toolenv.spec_env`, applied in :func:`run_command`), one
 output-limit policy (the tool's ``max_output_bytes``/``on_overflow``, else its caller's default:
 8 MiB ``fail`` for a tool step, 1 MiB ``truncate`` for an agent tool, whose output goes into a
 prompt), one error vocabulary (:func:`run_command`'s ``Raises``).
 
-Each returns the tool's :class:`ToolOutput` or raises :class:`~shared.core.errors.ToolError`.
-A command runs on :func:`~shared.proc.group.run_group`: its own process group,
+Each returns the tool's :class:`ToolOutput` or raises :class:`~reel.shared.core.errors.ToolError`.
+A command runs on :func:`~reel.shared.proc.group.run_group`: its own process group,
 killed as a whole when it exits (background children included), on timeout or
 when the attempt is cancelled. If the executor process dies (kill -9), Linux's
 parent-death signal kills the tool's direct child, and the next executor started
 on the host kills the rest of the group (:func:`reap_orphaned_tools`, i.e.
-:func:`shared.proc.reaper.reap_orphans`).
+:func:`reel.shared.proc.reaper.reap_orphans`).
 Tool steps run at least once per attempt: a step that must not repeat a side
 effect should be idempotent (e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``).
 
 A command's output (stdout and stderr merged) is never held whole: it streams into a
 spool (:class:`ToolOutput`: memory up to :data:`SPOOL_MEMORY_BYTES`, then a temporary
 file), hashed (sha256) as it comes, up to the tool's cap
-(:func:`shared.core.workflow.toolspec.output_limit`; ``REEL_TOOL_MAX_OUTPUT_BYTES``); past the
+(:func:`reel.shared.core.workflow.toolspec.output_limit`; ``REEL_TOOL_MAX_OUTPUT_BYTES``); past the
 cap the rest is read and dropped, and the attempt fails ``output_too_large`` or, with
 ``on_overflow: truncate``, returns the head marked ``truncated``. The executor stores
-a spool as a blob chunk by chunk (:meth:`shared.nats.blobstore.JetStreamBlobStore.put_file`).
+a spool as a blob chunk by chunk (:meth:`reel.shared.nats.blobstore.JetStreamBlobStore.put_file`).
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO
 
-from shared.auth import secrets
-from shared.core.env.redact import StreamScrubber
-from shared.core.env.toolenv import EnvDeclared, spec_env
-from shared.core.errors import BlobMissing, BlobTimeout, ToolError
-from shared.core.workflow.spec import ScriptedFailure, ToolSpec
-from shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
-from shared.proc.group import Stdin, run_group
-from shared.proc.reaper import reap_orphans as reap_orphaned_tools
+from reel.shared.auth import secrets
+from reel.shared.core.env.redact import StreamScrubber
+from reel.shared.core.env.toolenv import EnvDeclared, spec_env
+from reel.shared.core.errors import BlobMissing, BlobTimeout, ToolError
+from reel.shared.core.workflow.spec import ScriptedFailure, ToolSpec
+from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
+from reel.shared.proc.group import Stdin, run_group
+from reel.shared.proc.reaper import reap_orphans as reap_orphaned_tools
 
 __all__ = ["SPOOL_MEMORY_BYTES", "Command", "ToolOutput", "reap_orphaned_tools", "run_command", "run_tool"]
 
@@ -55,7 +55,7 @@ TAIL_BYTES = 4000
 class ToolOutput:
     """One attempt's tool output as kept (its head, when truncated), spooled as it arrives — with a
     ``scrubber``, the values of this process's secrets replaced by ``[redacted:NAME]`` first
-    (:class:`~shared.core.env.redact.StreamScrubber`; the cap counts the scrubbed bytes; call :meth:`finish`
+    (:class:`~reel.shared.core.env.redact.StreamScrubber`; the cap counts the scrubbed bytes; call :meth:`finish`
     at the end of the output).
 
     Attributes:
@@ -140,16 +140,16 @@ class ToolOutput:
 @dataclass(frozen=True)
 class Command:
     """One command call of a tool — a tool step's (:class:`ToolSpec`) or an agent's command tool
-    (:class:`~shared.core.workflow.agentspec.AgentToolSpec`) — as :func:`run_command` runs it.
+    (:class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`) — as :func:`run_command` runs it.
 
     Attributes:
         argv: the program and its arguments (no shell).
         name: what messages call it (the tool's name, else ``argv[0]``).
         timeout_s: deadline from the spawn (s).
-        spec: the tool's spec, whose ``env``/``pass_env`` :func:`~shared.core.env.toolenv.spec_env` applies.
+        spec: the tool's spec, whose ``env``/``pass_env`` :func:`~reel.shared.core.env.toolenv.spec_env` applies.
         reel: the variables Reel defines for the call (``REEL_RUN_ID``, ``REEL_ATTEMPT``…).
         limit: the output cap and overflow policy (the tool's own, resolved by
-            :func:`shared.core.workflow.toolspec.output_limit` against its caller's default).
+            :func:`reel.shared.core.workflow.toolspec.output_limit` against its caller's default).
     """
 
     argv: tuple[str, ...]
@@ -186,7 +186,7 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: di
 
 async def run_command(cmd: Command, *, stdin: Stdin = None) -> ToolOutput:
     """Run ``cmd`` (stderr merged into stdout, streamed into the returned spool; the caller closes it) on
-    :func:`run_group`, with the environment of :func:`~shared.core.env.toolenv.spec_env` — the one place a
+    :func:`run_group`, with the environment of :func:`~reel.shared.core.env.toolenv.spec_env` — the one place a
     tool's command gets its environment.
 
     Raises:

@@ -1,12 +1,12 @@
 """The ``command`` verifier: argv with the judged output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes.
 
 The output is streamed from the blob store into a temporary file chunk by chunk (checked against its
-sha256; :meth:`~shared.core.verify.verifiers.context.VerifierCtx.output_to`), and that file is the
+sha256; :meth:`~reel.shared.core.verify.verifiers.context.VerifierCtx.output_to`), and that file is the
 command's stdin too: the verifier service never holds an output whole, whatever its size.
 
-It runs on :func:`~shared.proc.group.run_group`: its own process group, which dies
+It runs on :func:`~reel.shared.proc.group.run_group`: its own process group, which dies
 with the verifier service and is killed whole when the command exits, at its
-timeout, or when :func:`~shared.application.verifierrun.run_verifier` cancels it at the ctx deadline.
+timeout, or when :func:`~reel.shared.application.verifierrun.run_verifier` cancels it at the ctx deadline.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from shared.core.env.toolenv import spec_env
-from shared.core.verify.verifiers.builtin import no_output
-from shared.core.verify.verifiers.context import VerdictResult, VerifierCtx, errored, failed, passed
-from shared.core.workflow.spec import VerifierSpec
-from shared.proc.group import run_group
+from reel.shared.core.env.toolenv import spec_env
+from reel.shared.core.verify.verifiers.builtin import no_output
+from reel.shared.core.verify.verifiers.context import VerdictResult, VerifierCtx, errored, failed, passed
+from reel.shared.core.workflow.spec import VerifierSpec
+from reel.shared.proc.group import run_group
 
 KILL_MARGIN_S = 0.25  # a command verifier is killed this long before its deadline
 OUTPUT_FILE_ENV = "REEL_OUTPUT_FILE"
@@ -31,7 +31,7 @@ OUTPUT_TAIL_BYTES = 1 << 20  # of the command's output, the last MiB is kept (it
 class CommandVerifier:
     """Runs ``argv`` with the output on stdin and in ``$REEL_OUTPUT_FILE``; exit 0 passes.
 
-    Its environment is the allow-list of :mod:`shared.core.env.toolenv` (the service's ``PATH``, ``HOME``…,
+    Its environment is the allow-list of :mod:`reel.shared.core.env.toolenv` (the service's ``PATH``, ``HOME``…,
     the spec's ``pass_env`` and ``env``) plus ``REEL_OUTPUT_FILE``, ``REEL_RUN_ID``, ``REEL_BRANCH_ID``,
     ``REEL_STEP_ID``, ``REEL_ATTEMPT`` and ``REEL_SNAPSHOT_LSN`` — never the service's NATS credentials.
     It runs in its own process group, killed whole at ``timeout_s`` (or the ctx deadline, whichever is

@@ -61,8 +61,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.core.wire.subjects import Names
-from shared.core.workflow.toolspec import DEFAULT_MAX_OUTPUT_BYTES, ON_OVERFLOW, OutputLimit
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.toolspec import DEFAULT_MAX_OUTPUT_BYTES, ON_OVERFLOW, OutputLimit
 
 CONNECTION_FLAGS = {
     "--nats-user": ("REEL_NATS_USER", "NATS user (a role of `reel auth init`)"),

@@ -1,9 +1,9 @@
 """A child that dies with its parent: Linux's parent-death signal, armed between fork and exec; and a process
 whose environment its children cannot read back (:func:`keep_environment_private`).
 
-Below both :mod:`shared.proc` (every command a tool or verifier runs,
-:func:`shared.proc.reaper.child_setup`) and :mod:`shared.nats` (the embedded nats-server,
-:mod:`shared.nats.embedded`), which may not import each other. Only ``os``/``ctypes``: it
+Below both :mod:`reel.shared.proc` (every command a tool or verifier runs,
+:func:`reel.shared.proc.reaper.child_setup`) and :mod:`reel.shared.nats` (the embedded nats-server,
+:mod:`reel.shared.nats.embedded`), which may not import each other. Only ``os``/``ctypes``: it
 runs in the forked child, where nothing else is safe to use.
 """
 

@@ -13,7 +13,7 @@ import sys
 import msgspec
 import structlog
 
-from shared.auth import secrets
+from reel.shared.auth import secrets
 
 
 def _dumps(obj: object, **_: object) -> str:

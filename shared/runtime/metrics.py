@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,

@@ -1,6 +1,6 @@
 """Export a run's spans (shared/core/run/traces.py) with the OpenTelemetry SDK: OTLP over HTTP, or any SpanExporter.
 
-:func:`sdk_spans` turns :class:`~shared.core.run.traces.SpanRecord` values into the SDK's
+:func:`sdk_spans` turns :class:`~reel.shared.core.run.traces.SpanRecord` values into the SDK's
 ``ReadableSpan`` with the records' own ids (no tracer: nothing random, so a re-export of the
 same log carries the same trace and span ids, and a collector sees the same spans again);
 :func:`export_spans` hands them to an exporter. :func:`trace_run` reads a run's log and
@@ -20,12 +20,12 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from shared.application.workflows import WorkflowCache
-from shared.core.errors import ReelError
-from shared.core.ports import EventLog
-from shared.core.run.events import RunCreated
-from shared.core.run.traces import SpanRecord, run_spans
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.errors import ReelError
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run.events import RunCreated
+from reel.shared.core.run.traces import SpanRecord, run_spans
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 SCOPE = InstrumentationScope("reel", "1")
 _KINDS = {"INTERNAL": SpanKind.INTERNAL, "CLIENT": SpanKind.CLIENT}

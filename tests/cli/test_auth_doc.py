@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.cli.app import app
-from shared.auth.authdir import AuthDir
+from reel.services.cli.app import app
+from reel.shared.auth.authdir import AuthDir
 from tests.ui.support import REPO
 
 

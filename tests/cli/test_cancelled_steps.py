@@ -14,15 +14,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from services.cancel.app import serve as cancel_serve
-from shared.core.run.fold import fold
-from shared.core.run.state import RunState
-from shared.core.run.views import build_episode_view
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.golden.regen import logs, read_log
 from tests.integration import cancel_support as cs

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.runtime.config import Config
+from reel.shared.runtime.config import Config
 from tests.ui.support import REPO, env_for
 
 
@@ -22,7 +22,7 @@ def _closed_port() -> int:
 
 async def _reel(*args: str, env: dict[str, str]) -> tuple[int, str, str, float]:
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", *args, cwd=REPO, env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", *args, cwd=REPO, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None

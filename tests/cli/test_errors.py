@@ -13,8 +13,8 @@ from typing import Any
 
 import typer
 
-from services.cli.app import app
-from shared.runtime.config import Config
+from reel.services.cli.app import app
+from reel.shared.runtime.config import Config
 from tests.cli.test_help import commands
 from tests.ui.support import REPO, env_for, reel
 from tests.unit.test_trajectories_swe1 import _history, _write
@@ -61,7 +61,7 @@ async def test_every_json_command_prints_one_json_error(cfg: Config, tmp_path: P
 
     async def unreachable(path: str) -> tuple[str, int, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.cli", path, "--json", "--nats-url",
+            sys.executable, "-m", "reel.services.cli", path, "--json", "--nats-url",
             "nats://127.0.0.1:1", cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, _err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode is not None

@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from services.cli.app import app
+from reel.services.cli.app import app
 
 WIDTH = 80
 

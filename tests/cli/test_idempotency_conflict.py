@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from shared.core.run.ids import run_id_for_key
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.runtime.config import Config
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 from tests.integration.scenarios import wait_state
 from tests.ui.support import env_for, reel
 

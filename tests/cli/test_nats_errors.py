@@ -11,8 +11,8 @@ import nats.js.errors
 import pytest
 import typer
 
-from services.cli.console import run_async
-from shared.runtime.config import Config
+from reel.services.cli.console import run_async
+from reel.shared.runtime.config import Config
 from tests.ui.support import env_for, reel
 
 

@@ -8,10 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.runtime.config import Config
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 from tests.integration.scenarios import wait_state
 from tests.ui.support import env_for, reel
 from tests.unit.test_trajectories_swe1 import _history, _write

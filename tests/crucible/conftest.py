@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from services.crucible.session import backend, resume_session, start_session
-from shared.crucible.config import SessionConfig
-from shared.crucible.events import AnySessionEvent
-from shared.crucible.fold import SessionState
-from shared.crucible.state import LoopExit
-from shared.runtime.config import Config
+from reel.services.crucible.session import backend, resume_session, start_session
+from reel.shared.crucible.config import SessionConfig
+from reel.shared.crucible.events import AnySessionEvent
+from reel.shared.crucible.fold import SessionState
+from reel.shared.crucible.state import LoopExit
+from reel.shared.runtime.config import Config
 
 
 @dataclass

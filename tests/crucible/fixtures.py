@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.crucible.world import git
-from shared.crucible.config import SessionConfig, parse_config
+from reel.services.crucible.world import git
+from reel.shared.crucible.config import SessionConfig, parse_config
 
 JUDGE = textwrap.dedent('''
     import json, os, random, sys, time

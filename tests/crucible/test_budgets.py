@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from services.crucible.session import backend
-from services.crucible.world import git
-from shared.crucible.config import SessionConfig, parse_config
-from shared.crucible.events import MeasureFinished, ProposalMade, SegmentOpened
-from shared.crucible.state import InvalidReading, LoopExit
-from shared.runtime.config import Config
+from reel.services.crucible.session import backend
+from reel.services.crucible.world import git
+from reel.shared.crucible.config import SessionConfig, parse_config
+from reel.shared.crucible.events import MeasureFinished, ProposalMade, SegmentOpened
+from reel.shared.crucible.state import InvalidReading, LoopExit
+from reel.shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import config_dict, make_config, make_repo, write
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from services.crucible.session import backend
-from services.crucible.world import git
-from shared.crucible.events import MeasureStarted, SessionEnded, SessionResumed
-from shared.crucible.fold import fold
-from shared.crucible.names import CrucibleNames
-from shared.crucible.state import Fate, LoopExit
-from shared.nats.infra import connect
-from shared.runtime.config import Config
+from reel.services.crucible.session import backend
+from reel.services.crucible.world import git
+from reel.shared.crucible.events import MeasureStarted, SessionEnded, SessionResumed
+from reel.shared.crucible.fold import fold
+from reel.shared.crucible.names import CrucibleNames
+from reel.shared.crucible.state import Fate, LoopExit
+from reel.shared.nats.infra import connect
+from reel.shared.runtime.config import Config
 from tests.crucible.fixtures import config_dict, make_repo, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def cli_env() -> dict[str, str]:
 
 def argv(cmd: str, *args: str, cfg: Config | None = None) -> list[str]:
     nats = ["--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace] if cfg else []
-    return [sys.executable, "-m", "services.crucible.cli", cmd, *args, *nats]
+    return [sys.executable, "-m", "reel.services.crucible.cli", cmd, *args, *nats]
 
 
 async def start(args: Sequence[str], cwd: Path) -> asyncio.subprocess.Process:

@@ -6,11 +6,11 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from shared.core.errors import UnknownEventType
-from shared.crucible import budget
-from shared.crucible.config import BudgetSpec, NoiseSpec, SessionConfig, parse_config
-from shared.crucible.errors import ConfigInvalid
-from shared.crucible.events import (
+from reel.shared.core.errors import UnknownEventType
+from reel.shared.crucible import budget
+from reel.shared.crucible.config import BudgetSpec, NoiseSpec, SessionConfig, parse_config
+from reel.shared.crucible.errors import ConfigInvalid
+from reel.shared.crucible.events import (
     IterationClosed,
     ProposalMade,
     SegmentOpened,
@@ -21,9 +21,9 @@ from shared.crucible.events import (
     encode_session_commit,
     normalized,
 )
-from shared.crucible.fold import fold
-from shared.crucible.iteration import CandidateChange, Iteration
-from shared.crucible.state import (
+from reel.shared.crucible.fold import fold
+from reel.shared.crucible.iteration import CandidateChange, Iteration
+from reel.shared.crucible.state import (
     EXIT_CODES,
     Fate,
     InvalidReading,
@@ -191,7 +191,7 @@ def test_confirmation_all_rule_and_the_incumbent_correction() -> None:
 
 def test_a_proposer_and_park_probe_get_the_base_environment_and_their_pass_env_and_nats_names_are_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.crucible import proc
+    from reel.services.crucible import proc
     monkeypatch.setenv("REEL_NATS_PASSWORD", "pw-not-for-tools")
     monkeypatch.setenv("PROPOSER_KEY", "k")
     env = proc.base_env(("PROPOSER_KEY", "REEL_NATS_PASSWORD"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from services.crucible.world import git
-from shared.crucible.events import MeasureFinished, ProposalMade
-from shared.crucible.state import Fate, LoopExit
+from reel.services.crucible.world import git
+from reel.shared.crucible.events import MeasureFinished, ProposalMade
+from reel.shared.crucible.state import Fate, LoopExit
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import JUDGE, make_config, make_repo, write
 

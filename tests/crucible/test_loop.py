@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.crucible.world import git
-from shared.crucible.events import (
+from reel.services.crucible.world import git
+from reel.shared.crucible.events import (
     CandidateApplied,
     CandidateDenied,
     Escalated,
@@ -27,8 +27,8 @@ from shared.crucible.events import (
     SessionEnded,
     normalized,
 )
-from shared.crucible.state import Fate, InvalidReading, LoopExit, Segment, WorldSha
-from shared.runtime.config import Config
+from reel.shared.crucible.state import Fate, InvalidReading, LoopExit, Segment, WorldSha
+from reel.shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import JUDGE, ONE_READING, make_config, make_repo, write
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from services.crucible.session import backend
-from shared.crucible.events import SessionCommit, SessionResumed, SessionStarted, encode_session_commit
-from shared.crucible.integrity import SessionCorrupt
-from shared.crucible.names import CrucibleNames
-from shared.crucible.state import LoopExit
-from shared.nats.infra import connect
-from shared.runtime.config import Config
+from reel.services.crucible.session import backend
+from reel.shared.crucible.events import SessionCommit, SessionResumed, SessionStarted, encode_session_commit
+from reel.shared.crucible.integrity import SessionCorrupt
+from reel.shared.crucible.names import CrucibleNames
+from reel.shared.crucible.state import LoopExit
+from reel.shared.nats.infra import connect
+from reel.shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import make_config, make_repo, write
 from tests.crucible.test_cli import argv, cli

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from services.crucible.report import plot_png, score_figure
-from shared.crucible.events import IterationClosed, SegmentOpened, SessionStarted
-from shared.crucible.fold import SessionState, apply
-from shared.crucible.state import Fate, Reading, Row
+from reel.services.crucible.report import plot_png, score_figure
+from reel.shared.crucible.events import IterationClosed, SegmentOpened, SessionStarted
+from reel.shared.crucible.fold import SessionState, apply
+from reel.shared.crucible.state import Fate, Reading, Row
 from tests.crucible.fixtures import make_config
 
 

@@ -10,11 +10,11 @@ import os
 import signal
 from pathlib import Path
 
-from services.crucible.session import backend
-from services.crucible.world import git
-from shared.crucible.events import FingerprintChanged, ProposalMade, SessionEnded
-from shared.crucible.state import LoopExit
-from shared.runtime.config import Config
+from reel.services.crucible.session import backend
+from reel.services.crucible.world import git
+from reel.shared.crucible.events import FingerprintChanged, ProposalMade, SessionEnded
+from reel.shared.crucible.state import LoopExit
+from reel.shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
 from tests.crucible.fixtures import make_config, make_repo, write
 from tests.crucible.test_cli import argv, cli_env, config_file

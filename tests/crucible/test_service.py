@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import msgspec
 
-from services.crucible.app import ResumeSession, RunSession, serve
-from services.crucible.session import backend
-from shared.core.wire.commands import Reply
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.crucible.names import CrucibleNames
-from shared.crucible.state import LoopExit
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.crucible.app import ResumeSession, RunSession, serve
+from reel.services.crucible.session import backend
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.crucible.names import CrucibleNames
+from reel.shared.crucible.state import LoopExit
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.crucible.fixtures import make_config, make_repo, write
 

@@ -18,9 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 PRELUDE = textwrap.dedent("""\
-    from shared.crucible.config import NoiseSpec
-    from shared.crucible.iteration import CandidateChange, Decided, Iteration, Measured
-    from shared.crucible.state import Reading, Segment, WorldSha, Fate
+    from reel.shared.crucible.config import NoiseSpec
+    from reel.shared.crucible.iteration import CandidateChange, Decided, Iteration, Measured
+    from reel.shared.crucible.state import Reading, Segment, WorldSha, Fate
 
     CAND = CandidateChange(note="n", paths=("value.txt",))
     READING = Reading(values=(1.0,), score=1.0)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.runtime import health
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.runtime import health
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 
 def test_live_reads_the_age_of_the_heartbeat(tmp_path: Path) -> None:

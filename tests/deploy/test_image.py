@@ -8,7 +8,7 @@ image's numeric ``USER``, with the image's environment (absolute paths moved int
 the root) and working directory, against the session's real nats-server; a
 workflow with a ``command`` tool step (which writes into its working directory)
 must succeed, and the image's HEALTHCHECK and the readiness probe
-(``python -m services.runtime.health executor``) must pass.
+(``python -m reel.services.runtime.health executor``) must pass.
 
 The old image (``USER reel``, ``WORKDIR /app``, no ``REEL_HOME``) fails here: the
 tool-process registry ``./.reel/tools`` under the root-owned ``/app`` is not
@@ -37,15 +37,15 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.run.planning import succeeded_output
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.runtime.config import Config
+from reel.shared.core.run.planning import succeeded_output
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.deploy import dockerfile
 
 IMAGE = dockerfile.read()
-READY = ("python", "-m", "services.runtime.health")
+READY = ("python", "-m", "reel.services.runtime.health")
 SITE_PACKAGES = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "nats").is_dir())
 
 
@@ -156,9 +156,9 @@ def layout() -> Iterator[Layout]:
         deps = SITE_PACKAGES if _readable_by(Path(SITE_PACKAGES), uid, gid) else _linked_deps(site)
         (site / "reel-image.pth").write_text(f"{root / 'app'}\nimport site; site.addsitedir({deps!r})\n")
         reel = lay.bin / "reel"
-        reel.write_text(f"#!{lay.bin / 'python'}\nimport sys\nfrom services.cli import main\nsys.exit(main())\n")
+        reel.write_text(f"#!{lay.bin / 'python'}\nimport sys\nfrom reel.services.cli import main\nsys.exit(main())\n")
         reel.chmod(0o755)
-        probe = subprocess.run([str(lay.bin / "python"), "-c", "import services.cli"], user=uid, group=gid,
+        probe = subprocess.run([str(lay.bin / "python"), "-c", "import reel.services.cli"], user=uid, group=gid,
                                extra_groups=[], capture_output=True, text=True, cwd=root)
         if probe.returncode != 0:
             pytest.skip(f"uid {uid} cannot import this checkout ({SITE_PACKAGES}): {probe.stderr.strip()[-300:]}")

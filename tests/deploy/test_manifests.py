@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from services.cli.embed import SERVICES
-from shared.auth.authdir import init
-from shared.auth.roles import SERVICE_ROLE
-from shared.core.wire.subjects import Names
-from shared.nats.embedded import find_binary
+from reel.services.cli.embed import SERVICES
+from reel.shared.auth.authdir import init
+from reel.shared.auth.roles import SERVICE_ROLE
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.embedded import find_binary
 from tests.deploy import dockerfile
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -33,7 +33,7 @@ BIN = Path(sys.executable).parent
 IMAGE = dockerfile.read()
 K8S_FILES = sorted((DEPLOY / "k8s").rglob("*.yaml"))
 NATS_CONFIGS = sorted(DEPLOY.rglob("*.conf"))
-HEALTH = ["python", "-m", "services.runtime.health"]
+HEALTH = ["python", "-m", "reel.services.runtime.health"]
 
 
 def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from shared.core.errors import RunNotFound
-from shared.core.run.events import RunCompleted
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import CANCELLED, COMPLETED, DISPATCHED, RunState
-from shared.nats.eventlog import JetStreamEventLog
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.run.events import RunCompleted
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import CANCELLED, COMPLETED, DISPATCHED, RunState
+from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.integration.scenarios import wait_until
 from tests.refold import assert_refold_identical
 

@@ -28,8 +28,8 @@ from types import TracebackType
 
 import nats
 
-from shared.nats.embedded import find_binary
-from shared.runtime.config import Config
+from reel.shared.nats.embedded import find_binary
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.support.cluster import free_ports
 
@@ -78,7 +78,7 @@ class ServiceProcs:
         log_path = self.workdir / f"{service}-{len(self.procs)}.log"
         with log_path.open("wb") as log_file:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", f"services.{service}", cwd=REPO,
+                sys.executable, "-m", f"reel.services.{service}", cwd=REPO,
                 env={**self.env(crash_at=crash_at), **(env or {})},
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
         proc = Proc(service, process, log_path)

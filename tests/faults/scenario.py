@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.core.wire.commands import Reply
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.client import ReelClient
-from shared.runtime.config import Config
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.config import Config
 from tests.faults.checks import FaultCounts, side_effect_tool
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import Proc, ServiceProcs

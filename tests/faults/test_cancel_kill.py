@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.run.events import RunCancelled
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.runtime.config import Config
+from reel.shared.core.run.events import RunCancelled
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.config import Config
 from tests.faults.procs import EXIT_KILLED, ServiceProcs
 from tests.integration import cancel_support as cs
 from tests.integration.scenarios import attempt_of, wait_until

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCompleted, RunStarted, RunVerifying
-from shared.core.run.ids import run_id_for_key
-from shared.nats.eventlog import JetStreamEventLog
+from reel.shared.core.run.events import (
+    AttemptDispatched,
+    AttemptSucceeded,
+    BlobRef,
+    RunCompleted,
+    RunStarted,
+    RunVerifying,
+)
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.faults.checks import check_runs
 from tests.integration.scenarios import commit_events, create_manual_run
 

@@ -25,17 +25,17 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.errors import ReelError
-from shared.core.run.events import BlobRef, RunCreated
-from shared.core.run.ids import ROOT_BRANCH, RunId
-from shared.core.wire.commands import RecoverRuns, encode
-from shared.core.wire.subjects import Names
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import CommandTimeout, ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.config import Config
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.events import BlobRef, RunCreated
+from reel.shared.core.run.ids import ROOT_BRANCH, RunId
+from reel.shared.core.wire.commands import RecoverRuns, encode
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import CommandTimeout, ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra, connect, ensure_infra, ensure_infra_retrying
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.config import Config
 from tests.faults.checks import check_runs
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs

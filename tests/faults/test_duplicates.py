@@ -24,12 +24,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.core.run.ids import run_id_for_key
-from shared.core.wire.commands import Reply, ResumeRun, StartRun, encode
-from shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
-from shared.nats.client import ReelClient
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun, encode
+from reel.shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.faults.checks import check_runs, read_side_effects
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs

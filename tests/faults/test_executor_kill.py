@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.nats.client import ReelClient
-from shared.runtime.config import Config
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.config import Config
 from tests.faults.checks import check_runs, read_side_effects
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import EXIT_KILLED, ServiceProcs

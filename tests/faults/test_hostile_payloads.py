@@ -22,11 +22,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.wire.commands import VerifyRun
-from shared.nats.client import ReelClient
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.wire.commands import VerifyRun
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.faults.checks import check_runs
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs

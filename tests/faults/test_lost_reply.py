@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.application.fenced import commit_new
-from shared.core.run.events import BlobRef, RunCreated
-from shared.core.run.ids import ROOT_BRANCH, RunId, run_id_for_key
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import connect, ensure_infra
-from shared.runtime.config import Config
+from reel.shared.application.fenced import commit_new
+from reel.shared.core.run.events import BlobRef, RunCreated
+from reel.shared.core.run.ids import ROOT_BRANCH, RunId, run_id_for_key
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.runtime.config import Config
 from tests.faults.procs import killable_server
 from tests.integration.scenarios import wait_until
 

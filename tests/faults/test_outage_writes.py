@@ -19,12 +19,12 @@ import nats.js.api
 import nats.js.errors
 import pytest
 
-from shared.core.run.events import BlobRef
-from shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, outcome_key
-from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore
-from shared.nats.infra import connect, ensure_infra
-from shared.nats.publish import _settled, publish_pipelined
-from shared.runtime.config import Config
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, outcome_key
+from reel.shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.nats.publish import _settled, publish_pipelined
+from reel.shared.runtime.config import Config
 from tests.faults.procs import killable_server
 from tests.integration.scenarios import wait_until
 

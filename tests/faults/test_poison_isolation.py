@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core.run.events import Verdict, VerdictRecorded
-from shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.events import Verdict, VerdictRecorded
+from reel.shared.core.run.integrity import RunCorrupt
 from tests.faults.checks import check_runs
 from tests.faults.conftest import FaultsLedger
 from tests.faults.scenario import effects_spec, record

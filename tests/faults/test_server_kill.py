@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.infra import connect, ensure_infra
-from shared.runtime.config import Config
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.runtime.config import Config
 from tests.faults.checks import check_runs, read_side_effects
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs, killable_server

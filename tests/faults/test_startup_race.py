@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.embed import server_listening
-from shared.core.wire.subjects import Names
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import connect
-from shared.runtime.config import Config
+from reel.services.cli.embed import server_listening
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import connect
+from reel.shared.runtime.config import Config
 from tests.faults.checks import read_side_effects, side_effect_tool
 from tests.integration.scenarios import wait_until
 from tests.integration.test_auth_cli import _free_port, reel
@@ -68,7 +68,7 @@ async def test_reel_up_and_reel_run_started_together_run_each_tool_once(tmp_path
         port = _free_port()
         url = f"nats://127.0.0.1:{port}"
         up = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.cli", "up", "--port", str(port), cwd=REPO,
+            sys.executable, "-m", "reel.services.cli", "up", "--port", str(port), cwd=REPO,
             env={**os.environ, **env}, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
             await wait_until(lambda p=port: server_listening(port=p), timeout_s=60, what="reel up's nats-server")

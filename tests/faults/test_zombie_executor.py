@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.wire.subjects import outcome_key
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.wire.subjects import outcome_key
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.faults.checks import read_side_effects
 from tests.faults.conftest import FaultsLedger
 from tests.faults.procs import ServiceProcs
@@ -29,7 +29,7 @@ from tests.integration.scenarios import wait_until
 
 pytestmark = pytest.mark.faults
 
-LOST_MARKER = b"lost"  # shared.core.mutators.recovery.LOST_MARKER (spelled out: the test also runs on code without it)
+LOST_MARKER = b"lost"  # mutators.recovery.LOST_MARKER (spelled out: the test also runs on code without it)
 
 SLOW_S = 60
 """How long attempt 1's tool would run (s): far longer than the test, so only a kill ends it early."""

@@ -25,17 +25,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.executor.app import serve
-from services.executor.attempts import CRASH_ENV
-from shared.core.wire.commands import StartRun, encode
-from shared.core.wire.subjects import Names
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.embedded import embedded_server
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import connect, ensure_infra
-from shared.runtime.config import Config
-from shared.runtime.logging import setup_logging
+from reel.services.executor.app import serve
+from reel.services.executor.attempts import CRASH_ENV
+from reel.shared.core.wire.commands import StartRun, encode
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.runtime.config import Config
+from reel.shared.runtime.logging import setup_logging
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 PREFIX = "recorded_1rt_"
@@ -102,7 +102,7 @@ async def _record(url: str) -> None:
 
     env = {**os.environ, "NATS_URL": url, "REEL_NAMESPACE": cfg.names.namespace, "REEL_COMMAND_ACK_WAIT_S": "2",
            CRASH_ENV: "b:1:after_output", "REEL_LOG_LEVEL": "WARNING"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", env=env, cwd=REPO)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", env=env, cwd=REPO)
     reply = await client.command("start", _start_body("takeover"), timeout_s=30)
     assert reply.ok and reply.run_id, reply
     runs["takeover"] = reply.run_id

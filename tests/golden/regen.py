@@ -4,8 +4,8 @@ Each ``tests/golden/<name>.jsonl`` is one run's event log, one commit per line a
 sat in the stream: ``{"lsn": N, "commit": {...}}``. Next to it the test keeps what
 folding that log must give, as canonical msgspec JSON (indented, for readable diffs):
 
-* ``<name>.state.json`` — the :class:`~shared.core.run.state.RunState` after the last commit;
-* ``<name>.views.json`` — the :class:`~shared.core.run.views.EpisodeView` of every branch.
+* ``<name>.state.json`` — the :class:`~reel.shared.core.run.state.RunState` after the last commit;
+* ``<name>.views.json`` — the :class:`~reel.shared.core.run.views.EpisodeView` of every branch.
 
 ``tests/unit/test_golden_logs.py`` replays every log and compares byte for byte, so
 any change to the events, the codec, the fold or the views that alters what an
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import msgspec
 
-from shared.core.run.events import Commit, decode_commit
-from shared.core.run.fold import fold
-from shared.core.run.state import RunState
-from shared.core.run.statecodec import encode_state
-from shared.core.run.views import EpisodeView, build_episode_view
+from reel.shared.core.run.events import Commit, decode_commit
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.statecodec import encode_state
+from reel.shared.core.run.views import EpisodeView, build_episode_view
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 

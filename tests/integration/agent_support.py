@@ -12,13 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.core.run.events import Commit
-from shared.core.run.state import RunState
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.run.events import Commit
+from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.support.chat_server import ChatServer
 

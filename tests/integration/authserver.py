@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.cli.embed import serve_as_role, service_serve
-from shared.auth.authdir import AuthDir, init
-from shared.core.wire.subjects import Names
-from shared.nats.access import ReelConnection
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.embedded import embedded_server
-from shared.nats.infra import Infra, connect, ensure_infra, open_infra
-from shared.nats.micro import discover
-from shared.runtime.config import Config
+from reel.services.cli.embed import serve_as_role, service_serve
+from reel.shared.auth.authdir import AuthDir, init
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.access import ReelConnection
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.nats.infra import Infra, connect, ensure_infra, open_infra
+from reel.shared.nats.micro import discover
+from reel.shared.runtime.config import Config
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shared.core.errors import ModelError
-from shared.core.pack.tokencount import TokenCounter
-from shared.core.workflow.spec import ModelSpec
-from shared.models import ModelRequest, ModelResponse
+from reel.shared.core.errors import ModelError
+from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.workflow.spec import ModelSpec
+from reel.shared.models import ModelRequest, ModelResponse
 
 
 class EchoModel:

@@ -13,9 +13,9 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
-from shared.core.run.views import serialize_view
-from shared.core.verify.verifiers import VerdictResult, VerifierCtx
-from shared.core.workflow.spec import VerifierSpec
+from reel.shared.core.run.views import serialize_view
+from reel.shared.core.verify.verifiers import VerdictResult, VerifierCtx
+from reel.shared.core.workflow.spec import VerifierSpec
 
 PARK_SUBJECT_ENV = "REEL_TEST_PARK_SUBJECT"
 

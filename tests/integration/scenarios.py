@@ -3,7 +3,7 @@
 The main one is :func:`crashed_attempt_scenario`, the realistic recovery case (an
 executor killed after its side effect, before committing the outcome), built with real processes on the real server:
 
-1. a real executor **subprocess** (``python -m services.executor``) started with
+1. a real executor **subprocess** (``python -m reel.services.executor``) started with
    ``REEL_EXECUTOR_CRASH_AT=work:2:after_output`` runs the workflow of
    :func:`crashed_attempt_workflow`: step ``prepare`` succeeds, step ``work``
    attempt 1 fails (scripted, retryable), attempt 2 is dispatched, its output is
@@ -46,15 +46,15 @@ from typing import Any
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
-from shared.core.run.events import AnyEvent, BlobRef, RunCreated, StepDecl
-from shared.core.run.state import AttemptState, RunState
-from shared.core.wire.commands import ResumeRun, encode
-from shared.core.wire.subjects import outcome_key
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.run.events import AnyEvent, BlobRef, RunCreated, StepDecl
+from reel.shared.core.run.state import AttemptState, RunState
+from reel.shared.core.wire.commands import ResumeRun, encode
+from reel.shared.core.wire.subjects import outcome_key
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 STEP = "work"
@@ -207,7 +207,7 @@ async def crash_executor_mid_attempt(
            "REEL_EXECUTOR_CRASH_AT": f"{STEP}:{crash_attempt}:after_output", "REEL_LOG_FORMAT": "json",
            "REEL_COMMAND_ACK_WAIT_S": "120"}  # the dead process's start command must not come back mid-test
     with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", cwd=REPO, env=env,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", cwd=REPO, env=env,
                                                     stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
     try:
         reply = await client.start(crashed_attempt_workflow(verifiers), timeout_s=timeout_s)
@@ -246,7 +246,7 @@ async def crashed_attempt_scenario(
     Raises:
         AssertionError: a phase did not happen as scripted (the message says which).
     """
-    from services.executor.app import serve as executor_serve
+    from reel.services.executor.app import serve as executor_serve
 
     run_id, dead = await crash_executor_mid_attempt(infra, cfg, client, verifiers=verifiers, timeout_s=timeout_s)
     async with running(executor_serve, infra, cfg):

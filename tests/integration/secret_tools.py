@@ -10,7 +10,7 @@ import os
 
 import structlog
 
-from shared.core.verify.verifiers.context import VerdictResult, VerifierCtx, passed
+from reel.shared.core.verify.verifiers.context import VerdictResult, VerifierCtx, passed
 
 NAMES = ("REEL_NATS_USER", "REEL_NATS_PASSWORD", "REEL_TEST_MODEL_KEY")
 

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import asyncio
 
-from services.executor.app import ports
-from services.executor.app import serve as executor_serve
-from services.executor.handler import Executor
-from services.recovery.app import serve as recovery_serve
-from shared.core.errors import BlobMissing
-from shared.core.mutators.recovery import EXECUTOR_LOST
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunCreated, RunStarted, RunVerifying
-from shared.core.run.ids import ROOT_BRANCH
-from shared.core.workflow.spec import encode_workflow, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.nats.publish import publish_resume
-from shared.runtime.config import Config
+from reel.services.executor.app import ports
+from reel.services.executor.app import serve as executor_serve
+from reel.services.executor.handler import Executor
+from reel.services.recovery.app import serve as recovery_serve
+from reel.shared.core.errors import BlobMissing
+from reel.shared.core.mutators.recovery import EXECUTOR_LOST
+from reel.shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunCreated, RunStarted, RunVerifying
+from reel.shared.core.run.ids import ROOT_BRANCH
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.publish import publish_resume
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import attempt_of, commit_events, create_manual_run, head_lsn, wait_state
 from tests.integration.test_recovery import heartbeating, recover

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core.workflow.spec import AgentStep, load_workflow
+from reel.shared.core.workflow.spec import AgentStep, load_workflow
 from tests.support.chat_server import ChatServer, call, reply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ SHIPPED = (EXAMPLE / "project" / "wordfreq" / "__init__.py").read_text()
 
 
 async def reel(*args: str, env: dict[str, str], timeout_s: float = 120) -> tuple[int, str, str]:
-    """``python -m services.cli ARGS`` from the repository root (as ``.venv/bin/reel`` there)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", *args, cwd=REPO, env=env,
+    """``python -m reel.services.cli ARGS`` from the repository root (as ``.venv/bin/reel`` there)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", *args, cwd=REPO, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     assert proc.returncode is not None

@@ -8,15 +8,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.executor.app import serve as executor_serve
-from services.rewind.app import serve as rewind_serve
-from shared.core.run.events import AnyEvent, BlobRef, Commit, StepsDeclared
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.services.rewind.app import serve as rewind_serve
+from reel.shared.core.run.events import AnyEvent, BlobRef, Commit, StepsDeclared
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.agent_support import LOOKUP, start_and_rest
 from tests.integration.agent_tools import arm

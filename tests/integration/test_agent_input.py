@@ -14,17 +14,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.cancel.app import serve as cancel_serve
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from shared.core.input import requestfold
-from shared.core.run.events import AttemptDispatched, InputAnswered, InputRequested
-from shared.core.run.state import RunState
-from shared.core.run.views import build_episode_view
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.shared.core.input import requestfold
+from reel.shared.core.run.events import AttemptDispatched, InputAnswered, InputRequested
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.agent_support import agent_workflow, commits_of
 from tests.integration.scenarios import attempt_of, wait_state
@@ -189,7 +189,7 @@ async def test_a_rewind_from_awaiting_input_asks_again_on_the_new_branch(
     infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog, chat_server: ChatServer,
     tmp_path: Path,
 ) -> None:
-    from services.rewind.app import serve as rewind_serve
+    from reel.services.rewind.app import serve as rewind_serve
 
     chat_server.script(reply(None, [call("write_file", {"path": str(tmp_path / "x")}, id="w")]),
                        reply(None, [call("write_file", {"path": str(tmp_path / "y")}, id="w")]))

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import msgspec
 
-from services.executor.app import serve as executor_serve
-from services.rewind.app import serve as rewind_serve
-from shared.core.run.events import AttemptSucceeded, StepsDeclared
-from shared.core.run.statecodec import STATE_ENCODER
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.services.rewind.app import serve as rewind_serve
+from reel.shared.core.run.events import AttemptSucceeded, StepsDeclared
+from reel.shared.core.run.statecodec import STATE_ENCODER
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.agent_support import (
     LOOKUP,

@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.executor.app import serve as executor_serve
-from shared.core.run.events import (
+from reel.services.executor.app import serve as executor_serve
+from reel.shared.core.run.events import (
     AttemptDispatched,
     AttemptSucceeded,
     DeclaredStep,
@@ -23,15 +23,15 @@ from shared.core.run.events import (
     RunStarted,
     StepsDeclared,
 )
-from shared.core.run.state import RunState
-from shared.core.wire.commands import ResumeRun, encode
-from shared.core.wire.subjects import outcome_key
-from shared.core.workflow.spec import encode_workflow, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import ResumeRun, encode
+from reel.shared.core.wire.subjects import outcome_key
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.integration.agent_support import LOOKUP, agent_workflow, checks_tool, runs_of
 from tests.integration.agent_tools import HOLD_ENV, arm
@@ -51,7 +51,7 @@ async def doomed_executor(cfg: Config, tmp_path: Path, api_key: str) -> AsyncIte
            "REEL_LEASE_TTL_S": str(cfg.lease_ttl_s), "REEL_LOG_FORMAT": "json", "REEL_COMMAND_ACK_WAIT_S": "120"}
     log_path = tmp_path / "doomed-executor.log"
     with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", cwd=REPO, env=env,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", cwd=REPO, env=env,
                                                     stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
     try:
         yield proc, hold

@@ -18,15 +18,15 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
-from shared.auth.roles import client_js_api_prefix
-from shared.core.run.events import Verdict
-from shared.core.wire.commands import CancelRun, RecoverRuns, ResumeRun, encode
-from shared.core.wire.livemessages import StreamChunk, decode_chunk
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.access import PermissionDenied
-from shared.nats.client import INLINE_WORKFLOW_MAX_BYTES, ReelClient
-from shared.nats.infra import open_infra
+from reel.shared.auth.roles import client_js_api_prefix
+from reel.shared.core.run.events import Verdict
+from reel.shared.core.wire.commands import CancelRun, RecoverRuns, ResumeRun, encode
+from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.access import PermissionDenied
+from reel.shared.nats.client import INLINE_WORKFLOW_MAX_BYTES, ReelClient
+from reel.shared.nats.infra import open_infra
 from tests.integration.authserver import (
     AuthServer,
     auth_server,
@@ -225,10 +225,10 @@ async def test_recovery_as_mutators_resolves_the_attempt_of_an_executor_that_die
 async def test_the_crucible_service_as_its_role_runs_a_session_a_client_asks_for(
     server: AuthServer, tmp_path: Path
 ) -> None:
-    from services.crucible.app import RunSession
-    from services.crucible.sessionlog import SessionLog
-    from shared.core.wire.commands import Reply
-    from shared.crucible.names import CrucibleNames
+    from reel.services.crucible.app import RunSession
+    from reel.services.crucible.sessionlog import SessionLog
+    from reel.shared.core.wire.commands import Reply
+    from reel.shared.crucible.names import CrucibleNames
     from tests.crucible.fixtures import make_config, make_repo, write
 
     names = CrucibleNames(server.base.names)

@@ -10,11 +10,11 @@ import stat
 import sys
 from pathlib import Path
 
-from shared.auth.authdir import AuthDir
-from shared.core.wire.subjects import Names
-from shared.nats.embedded import find_binary
-from shared.nats.infra import connect
-from shared.runtime.config import Config
+from reel.shared.auth.authdir import AuthDir
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.embedded import find_binary
+from reel.shared.nats.infra import connect
+from reel.shared.runtime.config import Config
 from tests.integration.scenarios import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 async def reel(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> tuple[int, str, str]:
     """Run ``reel ARGS``; returns (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", *args, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "reel.services.cli", *args, cwd=REPO, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200", **(env or {})})
     out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     assert proc.returncode is not None
@@ -79,7 +79,7 @@ async def test_reel_up_with_auth_serves_clients_that_log_in(tmp_path: Path) -> N
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"
     up = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "up", "--auth", "--port", str(port), cwd=REPO,
+        sys.executable, "-m", "reel.services.cli", "up", "--auth", "--port", str(port), cwd=REPO,
         env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     auth = AuthDir(tmp_path / "home" / "auth")
     try:
@@ -102,7 +102,7 @@ async def test_reel_up_with_auth_serves_clients_that_log_in(tmp_path: Path) -> N
         await op.close()
         for service, role in (("executor", "executor"), ("recovery", "mutators")):  # the readiness probe, as its role
             probe = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.runtime.health", service, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                sys.executable, "-m", "reel.services.runtime.health", service, cwd=REPO, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env={**os.environ, **auth.env(role), "NATS_URL": url})
             said = (await asyncio.wait_for(probe.communicate(), 60))[0].decode()
             assert probe.returncode == 0 and "ok" in said, said

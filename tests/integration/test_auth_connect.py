@@ -11,10 +11,10 @@ import pytest
 import trustme
 from nats.aio.msg import Msg
 
-from shared.nats.access import ConnectRefused
-from shared.nats.embedded import embedded_server
-from shared.nats.infra import connect
-from shared.runtime.config import Config, NatsAuth
+from reel.shared.nats.access import ConnectRefused
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.nats.infra import connect
+from reel.shared.runtime.config import Config, NatsAuth
 from tests.integration.authserver import fails_fast
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from shared.auth.roles import CLIENT_ROLES, client_js_api_prefix
-from shared.core.wire.commands import CancelRun, encode
-from shared.nats.access import PermissionDenied
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.infra import MAX_COMMAND_CONSUMERS, MAX_CONSUMERS, open_infra
-from shared.nats.micro import discover
+from reel.shared.auth.roles import CLIENT_ROLES, client_js_api_prefix
+from reel.shared.core.wire.commands import CancelRun, encode
+from reel.shared.nats.access import PermissionDenied
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.infra import MAX_COMMAND_CONSUMERS, MAX_CONSUMERS, open_infra
+from reel.shared.nats.micro import discover
 from tests.integration.authserver import (
     AuthServer,
     auth_server,

@@ -19,14 +19,14 @@ import structlog
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from services.executor.app import serve
-from shared.core.wire.commands import Reply
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 VALID_WORKFLOW = {"name": "ok", "steps": [{"kind": "tool", "id": "a", "tool": {"type": "recorded", "output": "x"}}]}
 KNOWN_CODES = {"invalid_command", "workflow_invalid", "blob_missing", "run_not_found"}

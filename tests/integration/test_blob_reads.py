@@ -17,19 +17,19 @@ from pathlib import Path
 import pytest
 from nats.js.object_store import ObjectStore
 
-from services.ui.pages import MAX_PAGE_BYTES, blob_page
-from services.ui.reader import WHOLE_MAX_BYTES, RunReader
-from shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, ToolError
-from shared.core.pack.packer import PackPolicy
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunCreated, StepDecl
-from shared.core.run.planning import read_bound
-from shared.core.workflow.spec import ToolSpec, parse_workflow
-from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.proc.tools import run_tool
-from shared.runtime.config import Config
+from reel.services.ui.pages import MAX_PAGE_BYTES, blob_page
+from reel.services.ui.reader import WHOLE_MAX_BYTES, RunReader
+from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, ToolError
+from reel.shared.core.pack.packer import PackPolicy
+from reel.shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunCreated, StepDecl
+from reel.shared.core.run.planning import read_bound
+from reel.shared.core.workflow.spec import ToolSpec, parse_workflow
+from reel.shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.proc.tools import run_tool
+from reel.shared.runtime.config import Config
 from tests.integration.test_cli import reel
 from tests.refold import assert_refold_identical
 from tests.support import print_bytes

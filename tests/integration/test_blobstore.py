@@ -17,13 +17,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api as jsapi
 
-from shared.core.errors import BlobCorrupt, BlobMissing
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, ContextPartition, RunCreated, StepDecl
-from shared.core.run.views import build_episode_view
-from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect
-from shared.runtime.config import Config
+from reel.shared.core.errors import BlobCorrupt, BlobMissing
+from reel.shared.core.run.events import AttemptDispatched, AttemptSucceeded, ContextPartition, RunCreated, StepDecl
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra, connect
+from reel.shared.runtime.config import Config
 from tests.logcapture import info_logs
 
 

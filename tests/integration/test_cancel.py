@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.cancel.app import serve as cancel_serve
-from services.executor.app import serve as executor_serve
-from shared.core.run.events import RunCancelled, RunCompleted, RunVerifying
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.executor.app import serve as executor_serve
+from reel.shared.core.run.events import RunCancelled, RunCompleted, RunVerifying
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import attempt_of, commit_events, create_manual_run, head_lsn, wait_until
 from tests.refold import assert_refold_identical

@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from services.cancel.app import serve as cancel_serve
-from services.verifier.app import serve as verifier_serve
-from shared.core.run.events import AttemptCancelled, VerdictRecorded
-from shared.core.run.state import RunState
-from shared.core.wire.commands import Reply
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.core.run.events import AttemptCancelled, VerdictRecorded
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration import parking

@@ -19,7 +19,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from shared.proc.ledger import read as read_ledger
+from reel.shared.proc.ledger import read as read_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 async def reel(*args: str, env: dict[str, str], timeout_s: float = 280) -> tuple[int, str, str]:
-    """``python -m services.cli ARGS`` from the repository root; (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", *args, cwd=REPO, env=env,
+    """``python -m reel.services.cli ARGS`` from the repository root; (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", *args, cwd=REPO, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)

@@ -9,8 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from shared.nats.eventlog import JetStreamEventLog
-from shared.runtime.config import Config
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 async def reel(cfg: Config, *args: str, timeout_s: float = 120) -> tuple[int, str, str]:
     """Run ``reel ARGS --nats-url … --namespace …``; returns (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", *args, "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace,
+        sys.executable, "-m", "reel.services.cli", *args,
+        "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace,
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "COLUMNS": "200"},
     )

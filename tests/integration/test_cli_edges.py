@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.console import CliError
-from services.cli.embed import _check_reel_server
-from shared.core.wire.subjects import Names
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cli.console import CliError
+from reel.services.cli.embed import _check_reel_server
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.test_cli import REPO, reel
 from tests.unit.test_trajectories_swe1 import _history, _write
@@ -121,9 +121,9 @@ async def test_replay_batch_reports_unreadable_files_and_honest_outcomes(cfg: Co
 
 
 async def test_verdicts_follow_ends_when_the_run_completes(cfg: Config, infra: Infra, client: ReelClient) -> None:
-    from services.executor.app import serve as executor
-    from services.verifier.app import serve as verifier
-    from shared.core.workflow.spec import load_workflow
+    from reel.services.executor.app import serve as executor
+    from reel.services.verifier.app import serve as verifier
+    from reel.shared.core.workflow.spec import load_workflow
 
     async with running(executor, infra, cfg), running(verifier, infra, cfg):
         reply = await client.start(load_workflow(REPO / "examples/hello.yaml"))
@@ -141,11 +141,11 @@ async def test_the_local_probe_refuses_a_server_without_this_namespaces_streams(
 
 
 async def test_serve_takes_nats_url_and_namespace(cfg: Config, infra: Infra) -> None:
-    from services.cli.embed import service_active
+    from reel.services.cli.embed import service_active
 
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REEL_NAMESPACE")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "serve", "cancel", "--nats-url", cfg.nats_url,
+        sys.executable, "-m", "reel.services.cli", "serve", "cancel", "--nats-url", cfg.nats_url,
         "--namespace", cfg.names.namespace, cwd=REPO, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from shared.core.input import requestfold
-from shared.nats.eventlog import JetStreamEventLog
-from shared.runtime.config import Config
+from reel.shared.core.input import requestfold
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 from tests.integration.test_cli import reel
 
 

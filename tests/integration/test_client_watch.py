@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from shared.core.errors import RunNotFound
-from shared.core.run.events import AttemptDispatched, BlobRef, Commit, RunCreated, RunStarted, StepDecl
-from shared.core.run.ids import new_run_id
-from shared.core.run.state import RunState
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.run.events import AttemptDispatched, BlobRef, Commit, RunCreated, RunStarted, StepDecl
+from reel.shared.core.run.ids import new_run_id
+from reel.shared.core.run.state import RunState
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)

@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.cancel.app import serve as cancel_serve
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.control import publish_control
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.control import publish_control
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration.scenarios import attempt_of, wait_until

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core.errors import WorkflowInvalid
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
 
 
 async def test_a_user_adapter_is_loaded_by_import_path(executor: None, client: ReelClient) -> None:

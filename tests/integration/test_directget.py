@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from shared.nats.directget import direct_replies
-from shared.nats.infra import Infra
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.config import Config
+from reel.shared.nats.directget import direct_replies
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.config import Config
 
 
 async def test_concurrent_reads_each_get_their_own_messages(infra: Infra, cfg: Config) -> None:

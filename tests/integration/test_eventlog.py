@@ -12,7 +12,7 @@ import asyncio
 
 from nats.js import api as jsapi
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptSucceeded,
@@ -22,10 +22,10 @@ from shared.core.run.events import (
     StepDecl,
     decode_commit,
 )
-from shared.core.wire.subjects import Names
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, ensure_infra
-from shared.runtime.config import Config
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra, ensure_infra
+from reel.shared.runtime.config import Config
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)
 

@@ -1,4 +1,4 @@
-"""The contract of the :class:`~shared.core.ports.EventLog` port, run against every implementation.
+"""The contract of the :class:`~reel.shared.core.ports.EventLog` port, run against every implementation.
 
 One suite, one parametrised fixture (:func:`harness`): ``JetStreamEventLog`` on the real
 nats-server, and its in-memory twin ``MemoryEventLog`` (shared/memory/eventlog.py, which the
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from shared.core.errors import ConcurrencyConflict, RunNotFound
-from shared.core.ports import EventLog
-from shared.core.run.events import (
+from reel.shared.core.errors import ConcurrencyConflict, RunNotFound
+from reel.shared.core.ports import EventLog
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptSucceeded,
@@ -37,13 +37,13 @@ from shared.core.run.events import (
     RunStarted,
     StepDecl,
 )
-from shared.core.run.fold import fold
-from shared.core.run.statecodec import STATE_ENCODER
-from shared.memory.eventlog import MemoryEventLog, MemoryStore
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect
-from shared.nats.subjectlog import DIRECT_GET_BATCH
-from shared.runtime.config import Config
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.statecodec import STATE_ENCODER
+from reel.shared.memory.eventlog import MemoryEventLog, MemoryStore
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra, connect
+from reel.shared.nats.subjectlog import DIRECT_GET_BATCH
+from reel.shared.runtime.config import Config
 from tests.refold import assert_refold_identical
 
 REF = BlobRef(sha256="f" * 64, size_bytes=1)

@@ -21,10 +21,10 @@ import pytest
 import structlog
 import structlog.testing
 
-from services.executor.app import ports, serve
-from services.executor.attempts import CRASH_ENV
-from services.executor.handler import Executor
-from shared.core.run.events import (
+from reel.services.executor.app import ports, serve
+from reel.services.executor.attempts import CRASH_ENV
+from reel.services.executor.handler import Executor
+from reel.shared.core.run.events import (
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
@@ -33,19 +33,19 @@ from shared.core.run.events import (
     RunStarted,
     decode_commit,
 )
-from shared.core.run.ids import run_id_for_key
-from shared.core.run.planning import succeeded_output
-from shared.core.run.state import RunState, branch_failed, step_status
-from shared.core.run.views import build_episode_view
-from shared.core.wire.commands import Reply, StartRun, encode
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.core.workflow.spec import encode_workflow, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import CommandTimeout, ReelClient
-from shared.nats.consumer import CommandConsumer
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.core.run.planning import succeeded_output
+from reel.shared.core.run.state import RunState, branch_failed, step_status
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.wire.commands import Reply, StartRun, encode
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import CommandTimeout, ReelClient
+from reel.shared.nats.consumer import CommandConsumer
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.refold import assert_refold_identical
 
@@ -338,7 +338,7 @@ async def test_crashed_executor_is_taken_over_via_redelivery(
            "REEL_LOG_FORMAT": "json", "REEL_LOG_LEVEL": "INFO"}
     log_path = tmp_path / "executor.log"
     with log_path.open("wb") as stderr:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", env=env, cwd=REPO,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", env=env, cwd=REPO,
                                                     stderr=stderr)
         try:
             reply = await start(client, workflow, "crash-me")

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from services.executor.app import serve as executor_serve
-from shared.core.run.events import RunStarted
-from shared.core.run.state import INTERRUPTED
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.shared.core.run.events import RunStarted
+from reel.shared.core.run.state import INTERRUPTED
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import cancel_support as cs
 from tests.integration.scenarios import wait_until

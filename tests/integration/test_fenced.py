@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from shared.application.fenced import DEFAULT_POLICY, RetryPolicy, commit_decided, commit_new
-from shared.core.decision import Decision, Skip
-from shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
-from shared.core.run.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
-from shared.core.run.state import RunState
-from shared.nats.eventlog import JetStreamEventLog
+from reel.shared.application.fenced import DEFAULT_POLICY, RetryPolicy, commit_decided, commit_new
+from reel.shared.core.decision import Decision, Skip
+from reel.shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
+from reel.shared.core.run.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
+from reel.shared.core.run.state import RunState
+from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.logcapture import info_logs
 from tests.refold import assert_refold_identical
 

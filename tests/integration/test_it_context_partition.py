@@ -7,11 +7,11 @@ real executor service.
 
 from __future__ import annotations
 
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.views import build_episode_view
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.refold import assert_refold_identical
 
 WORDS = ["alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike"]

@@ -28,19 +28,19 @@ import msgspec
 import pytest
 from nats.js import JetStreamContext
 
-from services.cancel.app import serve as cancel_serve
-from services.recovery.app import serve as recovery_serve
-from services.rewind.app import serve as rewind_serve
-from services.verifier.app import serve as verifier_serve
-from shared.core.run.events import RunCompleted, RunVerifying, Verdict
-from shared.core.run.state import RunState
-from shared.core.run.views import EpisodeView, build_episode_view, serialize_view
-from shared.core.wire.commands import RecoverRuns, encode
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.services.rewind.app import serve as rewind_serve
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.core.run.events import RunCompleted, RunVerifying, Verdict
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.views import EpisodeView, build_episode_view, serialize_view
+from reel.shared.core.wire.commands import RecoverRuns, encode
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration import parking
 from tests.integration.scenarios import crashed_attempt_scenario

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from shared.core.errors import LeaseLost
-from shared.nats.infra import Infra
-from shared.nats.leases import Lease, executor_alive
+from reel.shared.core.errors import LeaseLost
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.leases import Lease, executor_alive
 from tests.integration.scenarios import wait_until
 
 

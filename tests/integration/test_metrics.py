@@ -17,9 +17,9 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.core.workflow.spec import load_workflow
-from shared.nats.client import ReelClient
-from shared.runtime.config import Config
+from reel.shared.core.workflow.spec import load_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO
 
 
@@ -36,7 +36,7 @@ async def service(cfg: Config, tmp_path: Path, name: str, port: int | None) -> A
     env.pop("REEL_METRICS_PORT", None)
     args = ["--metrics-port", str(port)] if port is not None else []
     with (tmp_path / f"{name}.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", f"services.{name}", *args, cwd=REPO,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", f"reel.services.{name}", *args, cwd=REPO,
                                                     env=env, stdout=log, stderr=log)
     try:
         yield

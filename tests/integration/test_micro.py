@@ -15,10 +15,10 @@ from pathlib import Path
 
 import nats
 
-from shared.core.wire.commands import RecoverRuns, encode
-from shared.nats.client import ReelClient
-from shared.nats.micro import discover
-from shared.runtime.config import Config
+from reel.shared.core.wire.commands import RecoverRuns, encode
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.micro import discover
+from reel.shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("executor", "verifier", "rewind", "cancel", "recovery", "crucible")
@@ -32,7 +32,7 @@ async def processes(cfg: Config, tmp_path: Path, names: tuple[str, ...]) -> Asyn
     procs = []
     for name in names:
         log = (tmp_path / f"{name}.log").open("wb")
-        procs.append(await asyncio.create_subprocess_exec(sys.executable, "-m", f"services.{name}", cwd=REPO,
+        procs.append(await asyncio.create_subprocess_exec(sys.executable, "-m", f"reel.services.{name}", cwd=REPO,
                                                           env=env, stdout=log, stderr=log))
     try:
         yield

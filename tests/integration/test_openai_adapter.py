@@ -15,11 +15,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core.chat.messages import ChatMessage, ChatRequest, ChatResponse, ToolSchema, chat_request, wire_request
-from shared.core.errors import ModelError, ToolCallInvalid
-from shared.core.workflow.modelspec import ModelSpec
-from shared.models import ModelRequest, make_adapter, make_chat_model
-from shared.models.openai import PLACEHOLDER_KEY, retry_after_s
+from reel.shared.core.chat.messages import (
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    ToolSchema,
+    chat_request,
+    wire_request,
+)
+from reel.shared.core.errors import ModelError, ToolCallInvalid
+from reel.shared.core.workflow.modelspec import ModelSpec
+from reel.shared.models import ModelRequest, make_adapter, make_chat_model
+from reel.shared.models.openai import PLACEHOLDER_KEY, retry_after_s
 from tests.support.chat_server import (
     Behaviour,
     ChatServer,

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import structlog
 
-from services.executor.app import serve as executor_serve
-from shared.core.workflow.spec import load_workflow
-from shared.nats.client import ReelClient
-from shared.nats.embedded import embedded_server
-from shared.nats.infra import Infra, connect
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.shared.core.workflow.spec import load_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.nats.infra import Infra, connect
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 
@@ -81,7 +81,7 @@ async def test_a_dropped_server_is_logged_as_structured_lines(cfg: Config, tmp_p
 
 
 def test_nats_py_own_logger_lines_become_one_structured_line(capfd: pytest.CaptureFixture[str]) -> None:
-    from shared.nats.access import bridge_client_logger
+    from reel.shared.nats.access import bridge_client_logger
 
     bridge_client_logger()
     bridge_client_logger()  # idempotent: one handler

@@ -1,4 +1,4 @@
-"""The :class:`~shared.core.ports.OutcomeMarkers` adapter (shared/nats/markers.py) on the real outcomes bucket.
+"""The :class:`~reel.shared.core.ports.OutcomeMarkers` adapter (shared/nats/markers.py) on the real outcomes bucket.
 
 Markers are only ever created: recovery's lost claim on an attempt with no marker makes a marker that
 comes later (an executor frozen past its lease) fail on the server, and a marker that landed first is
@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from nats.js.errors import KeyWrongLastSequenceError
 
-from shared.core.mutators.recovery import LOST_MARKER
-from shared.core.run.events import BlobRef
-from shared.nats.infra import Infra
-from shared.nats.markers import KvOutcomeMarkers
+from reel.shared.core.mutators.recovery import LOST_MARKER
+from reel.shared.core.run.events import BlobRef
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.markers import KvOutcomeMarkers
 
 REF = BlobRef(sha256="c" * 64, size_bytes=7)
 

@@ -20,17 +20,17 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from services.timeline.render import print_timeline
-from shared.core.errors import BlobCorrupt
-from shared.core.run.events import AttemptSucceeded, BlobRef
-from shared.core.run.views import build_episode_view
-from shared.core.workflow.spec import parse_workflow
-from shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, truncation_note
-from shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.timeline.render import print_timeline
+from reel.shared.core.errors import BlobCorrupt
+from reel.shared.core.run.events import AttemptSucceeded, BlobRef
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, truncation_note
+from reel.shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.refold import assert_refold_identical
 from tests.support import print_bytes
 from tests.support.chat_server import ChatServer, call, reply

@@ -23,19 +23,19 @@ from typing import Any
 
 import msgspec
 
-from services.executor.app import serve
-from services.executor.attempts import CRASH_ENV
-from shared.core.run.events import RunStarted
-from shared.core.run.ids import run_id_for_key
-from shared.core.run.state import RunState
-from shared.core.wire.commands import Reply, ResumeRun, StartRun, encode
-from shared.core.wire.subjects import REPLY_TO_HEADER, Names, partition_of
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra, connect, ensure_infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve
+from reel.services.executor.attempts import CRASH_ENV
+from reel.shared.core.run.events import RunStarted
+from reel.shared.core.run.ids import run_id_for_key
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun, encode
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER, Names, partition_of
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 N = 2
@@ -156,7 +156,7 @@ async def test_a_killed_owners_partition_is_adopted_and_its_run_taken_over(nats_
         key = keys_in(1, 1, uuid.uuid4().hex[:6])[0]
         run_id = run_id_for_key(key)
         with log_path.open("wb") as stderr:
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", env=env,
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", env=env,
                                                         cwd=REPO, stderr=stderr)
             try:
                 await lease_naming(infra, 1)  # the owner is up: the survivor will not adopt partition 1

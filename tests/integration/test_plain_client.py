@@ -18,10 +18,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from services.verifier.app import serve as verifier_serve
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 CLIENT = REPO / "examples" / "plain_client.py"

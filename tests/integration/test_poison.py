@@ -26,20 +26,20 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.cancel.app import serve as cancel_serve
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from services.verifier.app import serve as verifier_serve
-from shared.core.run.events import Verdict
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore, ref_for
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.core.run.events import Verdict
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore, ref_for
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import wait_state, wait_until
 from tests.integration.test_cli import reel

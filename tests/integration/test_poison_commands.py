@@ -16,20 +16,20 @@ import msgspec
 import pytest
 from nats.js.errors import NotFoundError
 
-from services.cancel.app import serve as cancel_serve
-from services.crucible.app import serve as crucible_serve
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from services.rewind.app import serve as rewind_serve
-from services.verifier.app import serve as verifier_serve
-from shared.core.run.events import RunStarted
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.wire.commands import VerifyRun
-from shared.core.wire.limits import MAX_DEPTH
-from shared.crucible.names import CrucibleNames
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cancel.app import serve as cancel_serve
+from reel.services.crucible.app import serve as crucible_serve
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.services.rewind.app import serve as rewind_serve
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.core.run.events import RunStarted
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.wire.commands import VerifyRun
+from reel.shared.core.wire.limits import MAX_DEPTH
+from reel.shared.crucible.names import CrucibleNames
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import commit_events, create_manual_run, wait_until
 from tests.logcapture import info_logs

@@ -7,20 +7,20 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from services.rewind.app import serve as rewind_serve
-from shared.core.mutators.recovery import EXECUTOR_LOST
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
-from shared.core.run.views import build_episode_view, serialize_view
-from shared.core.wire.commands import RecoverRuns, encode
-from shared.core.wire.subjects import outcome_key
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.services.rewind.app import serve as rewind_serve
+from reel.shared.core.mutators.recovery import EXECUTOR_LOST
+from reel.shared.core.run.events import AttemptDispatched, AttemptSucceeded, RunStarted, RunVerifying
+from reel.shared.core.run.views import build_episode_view, serialize_view
+from reel.shared.core.wire.commands import RecoverRuns, encode
+from reel.shared.core.wire.subjects import outcome_key
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import (
     LOST_OUTPUT,

@@ -7,15 +7,15 @@ sweep, and an executor drives it to rest. A run whose owner holds a lease is lef
 
 from __future__ import annotations
 
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from shared.core.run.events import RunCreated, RunStarted
-from shared.core.run.ids import ROOT_BRANCH, ExecutorId, RunId
-from shared.core.workflow.spec import encode_workflow, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.shared.core.run.events import RunCreated, RunStarted
+from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, RunId
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import wait_state
 from tests.integration.test_recovery import heartbeating

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.trajectories import load_trajectories
-from shared.nats.eventlog import JetStreamEventLog
-from shared.runtime.config import Config
+from reel.shared.core.trajectories import load_trajectories
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 from tests.integration.test_cli import reel
 from tests.refold import assert_refold_identical
 

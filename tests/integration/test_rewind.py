@@ -5,17 +5,24 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.executor.app import serve as executor_serve
-from services.rewind.app import serve as rewind_serve
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, BlobRef, BranchForked, RunCancelled, RunStarted
-from shared.core.run.ids import branch_id_for_key
-from shared.core.run.statecodec import STATE_ENCODER
-from shared.core.run.views import build_episode_view, serialize_view
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.app import serve as executor_serve
+from reel.services.rewind.app import serve as rewind_serve
+from reel.shared.core.run.events import (
+    AttemptDispatched,
+    AttemptSucceeded,
+    BlobRef,
+    BranchForked,
+    RunCancelled,
+    RunStarted,
+)
+from reel.shared.core.run.ids import branch_id_for_key
+from reel.shared.core.run.statecodec import STATE_ENCODER
+from reel.shared.core.run.views import build_episode_view, serialize_view
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import (
     attempt_of,

@@ -14,12 +14,12 @@ import msgspec
 import pytest
 import structlog
 
-from shared.core.errors import RunNotFound
-from shared.core.wire.commands import CancelRun, RecoverRuns, Reply
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.nats.consumer import Ack, CommandConsumer, Delivery, Router, Then
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.wire.commands import CancelRun, RecoverRuns, Reply
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.nats.consumer import Ack, CommandConsumer, Delivery, Router, Then
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.logcapture import info_logs
 
 

@@ -10,14 +10,14 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from shared.core.run.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
-from shared.core.run.statecodec import STATE_ENCODER, state_decoder
-from shared.core.workflow.spec import parse_workflow
-from shared.nats import snapshots
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.nats.snapshots import SnapshotRef
+from reel.shared.core.run.events import AttemptDispatched, AttemptSucceeded, BlobRef, RunCancelled
+from reel.shared.core.run.statecodec import STATE_ENCODER, state_decoder
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats import snapshots
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.snapshots import SnapshotRef
 from tests.integration.scenarios import commit_events, create_manual_run, wait_until
 
 _enc = STATE_ENCODER

@@ -7,13 +7,13 @@ import json
 import os
 import sys
 
-from services.cli.status import gather, render
-from services.executor.app import serve as executor_serve
-from services.recovery.app import serve as recovery_serve
-from shared.core.wire.commands import RecoverRuns, encode
-from shared.nats.client import ReelClient
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.cli.status import gather, render
+from reel.services.executor.app import serve as executor_serve
+from reel.services.recovery.app import serve as recovery_serve
+from reel.shared.core.wire.commands import RecoverRuns, encode
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 
 
@@ -42,7 +42,7 @@ async def test_status_lists_instances_lag_and_leases(infra: Infra, cfg: Config, 
 
         env = {**os.environ, "NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace, "COLUMNS": "200"}
         for args in (["--json"], []):
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", "status", *args,
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", "status", *args,
                                                         cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -69,7 +69,7 @@ async def _until(ok, infra: Infra, cfg: Config, within_s: float = 30, expected: 
 
 
 async def test_status_as_the_client_role(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from shared.nats.infra import open_infra
+    from reel.shared.nats.infra import open_infra
     from tests.integration.authserver import auth_server, connected, services_as_roles
 
     async with auth_server(tmp_path) as server, services_as_roles(server, "executor", "cancel"), \

@@ -19,16 +19,16 @@ import pytest
 from nats.js import api as jsapi
 from nats.js.errors import APIError
 
-from services.cli.status import gather, jetstream_lines
-from services.executor.app import serve as executor_serve
-from shared.core.wire.subjects import Names
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.embedded import EmbeddedServer, embedded_server
-from shared.nats.infra import Infra, connect, ensure_infra
-from shared.nats.publish import StoreFull
-from shared.runtime.config import Config
+from reel.services.cli.status import gather, jetstream_lines
+from reel.services.executor.app import serve as executor_serve
+from reel.shared.core.wire.subjects import Names
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.embedded import EmbeddedServer, embedded_server
+from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.nats.publish import StoreFull
+from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import wait_until
 from tests.integration.test_auth_cli import reel

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from shared.core.wire.livemessages import StreamChunk, decode_chunk
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO
 from tests.integration.agent_support import LOOKUP, start_and_rest
 from tests.integration.scenarios import attempt_of
@@ -172,7 +172,8 @@ async def test_a_streamed_model_step_publishes_its_tokens(
 # ---- the command line: tokens as they arrive -------------------------------------------------------------
 async def _reel(cfg: Config, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", *args, "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace,
+        sys.executable, "-m", "reel.services.cli", *args,
+        "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace,
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
 
 

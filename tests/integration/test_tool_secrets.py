@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from shared.core.workflow.spec import parse_workflow
-from shared.runtime.logging import setup_logging
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.runtime.logging import setup_logging
 from tests.integration.authserver import AuthServer, auth_server, client_of, services_as_roles
 from tests.integration.scenarios import attempt_of
 from tests.support.canary import (

@@ -17,17 +17,17 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.executor.app import serve as executor_serve
-from services.verifier.app import serve as verifier_serve
-from shared.application.workflows import WorkflowCache
-from shared.core.run.traces import run_spans, trace_id_of
-from shared.core.workflow.spec import load_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
-from shared.runtime.otel import export_spans, run_trace
+from reel.services.executor.app import serve as executor_serve
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.run.traces import run_spans, trace_id_of
+from reel.shared.core.workflow.spec import load_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
+from reel.shared.runtime.otel import export_spans, run_trace
 from tests.conftest import REPO, running
 
 EXAMPLE = REPO / "examples" / "agent" / "fix_typo.yaml"
@@ -116,7 +116,7 @@ async def test_a_second_export_has_the_same_ids(agent_run: str, event_log: JetSt
 
 async def test_reel_trace_prints_the_spans(agent_run: str, cfg: Config, tmp_path: Path) -> None:
     env = {**os.environ, "NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", "trace", agent_run, "--json",
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", "trace", agent_run, "--json",
                                                 cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -124,7 +124,7 @@ async def test_reel_trace_prints_the_spans(agent_run: str, cfg: Config, tmp_path
     lines = [json.loads(x) for x in out.decode().splitlines()]
     assert [x["name"] for x in lines][:2] == ["invoke_agent fix-typo", "invoke_agent fix"]
     assert len(lines) == 10 and {x["trace_id"] for x in lines} == {trace_id_of(agent_run)}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", "trace", agent_run, cwd=REPO,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", "trace", agent_run, cwd=REPO,
                                                 env={k: v for k, v in env.items()
                                                      if k != "OTEL_EXPORTER_OTLP_ENDPOINT"},
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -155,7 +155,7 @@ async def test_reel_trace_exports_over_otlp_http(agent_run: str, cfg: Config) ->
         env = {**os.environ, "NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace}
         for _ in range(2):  # exported twice: the collector gets the same ids again
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.cli", "trace", agent_run, "--otlp-endpoint", f"http://127.0.0.1:{port}",
+                sys.executable, "-m", "reel.services.cli", "trace", agent_run, "--otlp-endpoint", f"http://127.0.0.1:{port}",
                 cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), 60)
             assert proc.returncode == 0, err.decode()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.supervisor import Backoff, keep_child
+from reel.services.cli.supervisor import Backoff, keep_child
 from tests.integration.test_auth_cli import _free_port, reel
 
 CRASHER = """n=$(cat {count} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {count}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.supervisor import warn_other_accounts
-from shared.core.wire.subjects import Names
-from shared.nats.embedded import embedded_server
-from shared.nats.infra import connect, ensure_infra
-from shared.runtime.config import Config
+from reel.services.cli.supervisor import warn_other_accounts
+from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.embedded import embedded_server
+from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.runtime.config import Config
 from tests.integration.scenarios import wait_until
 from tests.integration.test_auth_cli import _free_port, reel
 
@@ -57,7 +57,7 @@ async def test_reel_up_restarts_its_killed_server_and_stops_quietly(tmp_path: Pa
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"
     up = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "up", "--port", str(port), cwd=REPO,
+        sys.executable, "-m", "reel.services.cli", "up", "--port", str(port), cwd=REPO,
         env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         await wait_until(lambda: _consuming(url), timeout_s=90, what="reel up's services to consume")

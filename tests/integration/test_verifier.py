@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.verifier.app import serve
-from shared.application.verifierrun import run_verifier
-from shared.core.run.events import (
+from reel.services.verifier.app import serve
+from reel.shared.application.verifierrun import run_verifier
+from reel.shared.core.run.events import (
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -29,16 +29,16 @@ from shared.core.run.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.core.run.views import build_episode_view
-from shared.core.verify.verifiers import ContextRequires, OutputRegex, make_ctx
-from shared.core.workflow.spec import VerifierSpec, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.nats.publish import publish_verify
-from shared.nats.subjectlog import SubjectLog
-from shared.runtime.config import Config
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.verify.verifiers import ContextRequires, OutputRegex, make_ctx
+from reel.shared.core.workflow.spec import VerifierSpec, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.nats.publish import publish_verify
+from reel.shared.nats.subjectlog import SubjectLog
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.integration import parking
 
@@ -218,7 +218,7 @@ async def test_restart_mid_verification_resumes(executor: None, client: ReelClie
     env = {**os.environ, "NATS_URL": cfg.nats_url, "REEL_NAMESPACE": cfg.names.namespace,
            "REEL_COMMAND_ACK_WAIT_S": "1", "REEL_LOG_FORMAT": "json", parking.PARK_SUBJECT_ENV: park_subject,
            "PYTHONPATH": str(REPO)}
-    proc = await asyncio.create_subprocess_exec(PY, "-m", "services.verifier", cwd=REPO, env=env,
+    proc = await asyncio.create_subprocess_exec(PY, "-m", "reel.services.verifier", cwd=REPO, env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         wf = _workflow([{"type": "python", "name": "quick", "path": f"{P}:Counting"},

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from nats.js.errors import NotFoundError
 
-from services.executor.attempts import CRASH_ENV
-from services.recovery.app import serve as recovery_serve
-from services.recovery.index import IntentIndex
-from services.verifier.app import serve as verifier_serve
-from shared.core.run.events import Commit, RunCompleted, VerdictRecorded, encode_commit
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
-from shared.runtime.config import Config
+from reel.services.executor.attempts import CRASH_ENV
+from reel.services.recovery.app import serve as recovery_serve
+from reel.services.recovery.index import IntentIndex
+from reel.services.verifier.app import serve as verifier_serve
+from reel.shared.core.run.events import Commit, RunCompleted, VerdictRecorded, encode_commit
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 from tests.conftest import REPO, running
 from tests.integration.scenarios import wait_until
 
@@ -60,7 +60,7 @@ async def test_no_verdict_lost_when_the_executor_dies_before_the_trigger(
            "REEL_COMMAND_ACK_WAIT_S": "120"}  # the dead executor's start command must not come back mid-test
     log_path = tmp_path / "executor.log"
     with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.executor", cwd=REPO, env=env,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", cwd=REPO, env=env,
                                                     stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
     try:
         reply = await client.start(parse_workflow(_workflow("crash-before-trigger")))

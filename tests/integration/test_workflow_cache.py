@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from shared.application.workflows import WorkflowCache
-from shared.core.errors import BlobMissing, WorkflowInvalid
-from shared.core.run.events import BlobRef
-from shared.core.workflow.spec import encode_workflow, parse_workflow
-from shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.application.workflows import WorkflowCache
+from reel.shared.core.errors import BlobMissing, WorkflowInvalid
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.nats.blobstore import JetStreamBlobStore
 
 
 def body(name: str, python: str = "json:loads") -> bytes:

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import structlog
 
-from shared.nats.client import ReelClient
-from shared.runtime.logging import setup_logging
+from reel.shared.nats.client import ReelClient
+from reel.shared.runtime.logging import setup_logging
 from tests.integration.authserver import AuthServer, auth_server, client_of, gate_up, services_as_roles
 from tests.support.canary import as_reel_up
 

@@ -1,10 +1,10 @@
 """Every subject a client-account user must not publish on, derived from the role grants (shared/auth/roles.py).
 
 The universe is every publish pattern of every service role's grant, every subject the client account
-imports, every command and signal subject of :class:`~shared.core.wire.subjects.Names` and every JetStream
+imports, every command and signal subject of :class:`~reel.shared.core.wire.subjects.Names` and every JetStream
 admin verb on every stream of the namespace; each wildcard token is made concrete. Each such subject — as
 the Reel-account subject and, for a JetStream API one, under the client's API prefix — that a role's grant
-(:func:`~shared.auth.roles.account_grant`) does not let it publish is a door that role must find shut.
+(:func:`~reel.shared.auth.roles.account_grant`) does not let it publish is a door that role must find shut.
 :class:`Tap` and :func:`counts` see whether anything got through anyway.
 """
 
@@ -14,9 +14,17 @@ from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
 
-from shared.auth.roles import API, account_grant, client_imports, client_js_api_prefix, grants, may_publish, streams
-from shared.core.wire.subjects import COMMANDS, Names
-from shared.crucible.names import CrucibleNames
+from reel.shared.auth.roles import (
+    API,
+    account_grant,
+    client_imports,
+    client_js_api_prefix,
+    grants,
+    may_publish,
+    streams,
+)
+from reel.shared.core.wire.subjects import COMMANDS, Names
+from reel.shared.crucible.names import CrucibleNames
 
 ADMIN_VERBS = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.SNAPSHOT",
                "STREAM.RESTORE", "STREAM.MSG.DELETE", "STREAM.LEADER.STEPDOWN", "STREAM.PEER.REMOVE",
@@ -82,7 +90,7 @@ def must_stay_shut(names: Names) -> list[str]:
 def doors(names: Names, role: str) -> list[str]:
     """The subjects client-account user ``role`` must not publish on, as it would send them: each subject of
     :func:`universe` (a JetStream API one also under the client's API prefix) that its grant
-    (:func:`~shared.auth.roles.account_grant`, what ``reel auth init`` writes for it) does not let it publish."""
+    (:func:`~reel.shared.auth.roles.account_grant`, what ``reel auth init`` writes for it) does not let it publish."""
     grant, prefix = account_grant(names, role), client_js_api_prefix(names)
     out = []
     for subject in universe(names):

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from shared.auth.roles import CLIENT_ROLES, client_js_api_prefix
-from shared.nats.access import PermissionDenied
+from reel.shared.auth.roles import CLIENT_ROLES, client_js_api_prefix
+from reel.shared.nats.access import PermissionDenied
 from tests.integration.authserver import connected, consumer_create, fails_fast, js_api
 from tests.security.conftest import SecurityLedger, Suite
 from tests.security.doors import VICTIM, Tap

@@ -13,10 +13,10 @@ import asyncio
 
 import pytest
 
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.access import PermissionDenied
-from shared.nats.client import ReelClient
-from shared.nats.control import publish_control
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.access import PermissionDenied
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.control import publish_control
 from tests.integration.authserver import fails_fast
 from tests.integration.scenarios import attempt_of, wait_until
 from tests.security import gated

@@ -15,11 +15,11 @@ import asyncio
 
 import pytest
 
-from shared.auth.roles import CLIENT_COMMANDS, CLIENT_ROLES, client_js_api_prefix
-from shared.core.wire.commands import CancelRun, encode
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.nats.access import PermissionDenied, ReelConnection
-from shared.nats.client import ReelClient
+from reel.shared.auth.roles import CLIENT_COMMANDS, CLIENT_ROLES, client_js_api_prefix
+from reel.shared.core.wire.commands import CancelRun, encode
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.nats.access import PermissionDenied, ReelConnection
+from reel.shared.nats.client import ReelClient
 from tests.integration.authserver import connected
 from tests.security.conftest import SecurityLedger, Suite
 from tests.security.doors import VICTIM, Tap, counts, doors, must_stay_shut, writable

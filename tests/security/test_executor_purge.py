@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 from nats.js.errors import Error as JetStreamError
 
-from shared.auth.roles import API, grants, may_publish, streams
-from shared.core.errors import BlobMissing
-from shared.nats.access import PermissionDenied
-from shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.auth.roles import API, grants, may_publish, streams
+from reel.shared.core.errors import BlobMissing
+from reel.shared.nats.access import PermissionDenied
+from reel.shared.nats.blobstore import JetStreamBlobStore
 from tests.integration.authserver import connected
 from tests.security.conftest import SecurityLedger, Suite
 

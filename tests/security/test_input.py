@@ -13,11 +13,11 @@ import asyncio
 
 import pytest
 
-from shared.auth.roles import CLIENT_COMMANDS
-from shared.core.wire.commands import Reply
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.client import ReelClient
-from shared.nats.infra import Infra, open_infra
+from reel.shared.auth.roles import CLIENT_COMMANDS
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import Infra, open_infra
 from tests.security.conftest import SecurityLedger, Suite
 from tests.support.payloads import DEEP, ask, hostile
 

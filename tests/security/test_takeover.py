@@ -16,9 +16,9 @@ import uuid
 import pytest
 from nats.js.errors import NotFoundError
 
-from shared.core.workflow.spec import parse_workflow
-from shared.nats.access import PermissionDenied
-from shared.nats.client import ReelClient
+from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.nats.access import PermissionDenied
+from reel.shared.nats.client import ReelClient
 from tests.integration.authserver import fails_fast
 from tests.integration.scenarios import create_manual_run
 from tests.security.conftest import SecurityLedger, Suite

@@ -16,8 +16,8 @@ import uuid
 import pytest
 from nats.js.errors import NotFoundError
 
-from shared.core.run.state import RunState
-from shared.nats.client import ReelClient
+from reel.shared.core.run.state import RunState
+from reel.shared.nats.client import ReelClient
 from tests.integration.authserver import AuthServer
 
 KEY_ENV = "REEL_TEST_MODEL_KEY"

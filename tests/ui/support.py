@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.config import Config
+from reel.shared.runtime.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -92,7 +92,8 @@ def env_for(tmp_path: Path) -> dict[str, str]:
 async def reel(cfg: Config, *args: str, env: dict[str, str], timeout_s: float = 180) -> tuple[int, str, str]:
     """``reel ARGS --nats-url … --namespace …`` as a process from the repository root: (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", *args, "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace,
+        sys.executable, "-m", "reel.services.cli", *args,
+        "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace,
         cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     assert proc.returncode is not None
@@ -103,7 +104,7 @@ async def reel(cfg: Config, *args: str, env: dict[str, str], timeout_s: float = 
 async def reel_ui(cfg: Config, *args: str, env: dict[str, str]) -> AsyncIterator[str]:
     """``reel ui --port 0 ARGS`` as a process for the block; yields the URL it prints once it listens."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "ui", "--port", "0", *args, "--nats-url", cfg.nats_url,
+        sys.executable, "-m", "reel.services.cli", "ui", "--port", "0", *args, "--nats-url", cfg.nats_url,
         "--namespace", cfg.names.namespace, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from services.ui.app import _env
-from services.ui.pages import MAX_PAGE_BYTES, RunRow, age, blob_page, blob_refs, matches, run_row
-from services.ui.reader import NotARunId, check_run_id
-from services.ui.runview import lineage, partition, run_page
-from shared.core.run.events import BlobRef, ContextPartition
-from shared.core.run.fold import fold
-from shared.core.run.ids import ContextItemId
+from reel.services.ui.app import _env
+from reel.services.ui.pages import MAX_PAGE_BYTES, RunRow, age, blob_page, blob_refs, matches, run_row
+from reel.services.ui.reader import NotARunId, check_run_id
+from reel.services.ui.runview import lineage, partition, run_page
+from reel.shared.core.run.events import BlobRef, ContextPartition
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.ids import ContextItemId
 from tests.golden.regen import logs, read_log
 
 GOLDEN = {p.stem: fold(read_log(p)) for p in logs()}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.run.views import build_episode_view
-from shared.nats.blobstore import JetStreamBlobStore
-from shared.nats.eventlog import JetStreamEventLog
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, screenshot, until
 
 pytestmark = pytest.mark.ui

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from shared.nats.eventlog import JetStreamEventLog
-from shared.nats.infra import Infra
+from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
 from tests.ui.support import env_for, reel, reel_ui
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.timeline.render import open_requests
-from shared.nats.eventlog import JetStreamEventLog
+from reel.services.timeline.render import open_requests
+from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import REPO, artifact, chromium, env_for, reel, reel_ui, screenshot, until
 
 pytestmark = pytest.mark.ui

@@ -1,9 +1,9 @@
 """A reference driver of the agent loop's pure core, in memory (no server, no clock): what the executor does.
 
-It follows the contract of :mod:`shared.core.agent.actions` literally — ask ``next_action``
+It follows the contract of :mod:`reel.shared.core.agent.actions` literally — ask ``next_action``
 with the attempts it has in flight, commit what the builders of
-:mod:`shared.core.agent.commits` return, build each turn with
-:mod:`shared.core.agent.turncontext` — with the ``scripted`` model (``play_turn``) and tools
+:mod:`reel.shared.core.agent.commits` return, build each turn with
+:mod:`reel.shared.core.agent.turncontext` — with the ``scripted`` model (``play_turn``) and tools
 given as plain functions (``recorded`` tools of the spec answer from their recording unless a function of the
 same name is given). Tool calls run "concurrently": they are started when their
 intents commit and finish one at a time, oldest first, whenever the core says ``Wait``.
@@ -16,14 +16,14 @@ from typing import Any
 
 import msgspec
 
-from shared.core.agent import commits as ac
-from shared.core.agent.turncontext import build_turn, needed_blobs
-from shared.core.chat.messages import ToolCall, wire_request
-from shared.core.errors import ModelError
-from shared.core.input import requestfold
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run import planning as plan
-from shared.core.run.events import (
+from reel.shared.core.agent import commits as ac
+from reel.shared.core.agent.turncontext import build_turn, needed_blobs
+from reel.shared.core.chat.messages import ToolCall, wire_request
+from reel.shared.core.errors import ModelError
+from reel.shared.core.input import requestfold
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -34,13 +34,13 @@ from shared.core.run.events import (
     RunStarted,
     RunVerifying,
 )
-from shared.core.run.fold import apply_commit
-from shared.core.run.ids import AttemptNo, BranchId, ExecutorId, RunId, StepId
-from shared.core.run.planning import TextFacts
-from shared.core.run.state import RunState
-from shared.core.workflow.agentspec import RecordedToolSpec
-from shared.core.workflow.spec import WorkflowSpec
-from shared.models.scripted import play_turn, scripted_turn
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.ids import AttemptNo, BranchId, ExecutorId, RunId, StepId
+from reel.shared.core.run.planning import TextFacts
+from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.agentspec import RecordedToolSpec
+from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.models.scripted import play_turn, scripted_turn
 
 X = ExecutorId("x-sim")
 _CALL_ID = "\0call_id"  # how a recorded tool is told which call it answers

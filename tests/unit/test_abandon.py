@@ -1,11 +1,11 @@
-"""shared.core.mutators.recovery.abandon: a live executor resolves its own settled intents no drive of it holds
+"""reel.shared.core.mutators.recovery.abandon: a live executor resolves its own settled intents no drive of it holds
 (pure)."""
 
 from __future__ import annotations
 
-from shared.core.decision import Skip
-from shared.core.mutators import recovery
-from shared.core.run.events import (
+from reel.shared.core.decision import Skip
+from reel.shared.core.mutators import recovery
+from reel.shared.core.run.events import (
     AttemptCancelled,
     AttemptFailed,
     AttemptSucceeded,

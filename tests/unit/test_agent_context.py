@@ -9,14 +9,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core.agent.turncontext import INSTRUCTIONS, TurnItem, turn_candidates, turn_items, turn_messages
-from shared.core.chat.messages import ToolCall
-from shared.core.pack.packer import Candidate, PackPolicy, drop_reasons, pack
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import AttemptDispatched, ContextPartition
-from shared.core.run.ids import BranchId, ContextItemId
-from shared.core.run.planning import TextFacts
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.core.agent.turncontext import INSTRUCTIONS, TurnItem, turn_candidates, turn_items, turn_messages
+from reel.shared.core.chat.messages import ToolCall
+from reel.shared.core.pack.packer import Candidate, PackPolicy, drop_reasons, pack
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run.events import AttemptDispatched, ContextPartition
+from reel.shared.core.run.ids import BranchId, ContextItemId
+from reel.shared.core.run.planning import TextFacts
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim
 
 MAIN = BranchId("main")

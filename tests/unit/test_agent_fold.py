@@ -8,10 +8,10 @@ import time
 import msgspec
 import pytest
 
-from shared.core.agent import turnfold
-from shared.core.errors import InvalidTransition
-from shared.core.mutators import recovery, rewind
-from shared.core.run.events import (
+from reel.shared.core.agent import turnfold
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.core.mutators import recovery, rewind
+from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
     AttemptDispatched,
@@ -25,14 +25,14 @@ from shared.core.run.events import (
     StepDecl,
     StepsDeclared,
 )
-from shared.core.run.fold import apply_commit, fold
-from shared.core.run.state import RunState, step_statuses
-from shared.core.run.statecodec import encode_state
-from shared.core.run.stepids import call_step_id, kv_safe, order_key, parse_step_id, turn_step_id
-from shared.core.run.views import build_episode_view
-from shared.core.wire.commands import RewindRun
-from shared.core.wire.subjects import outcome_key
-from shared.nats.eventlog import gc_paused
+from reel.shared.core.run.fold import apply_commit, fold
+from reel.shared.core.run.state import RunState, step_statuses
+from reel.shared.core.run.statecodec import encode_state
+from reel.shared.core.run.stepids import call_step_id, kv_safe, order_key, parse_step_id, turn_step_id
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.wire.commands import RewindRun
+from reel.shared.core.wire.subjects import outcome_key
+from reel.shared.nats.eventlog import gc_paused
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 FINAL = BlobRef(sha256="f" * 64, size_bytes=9)

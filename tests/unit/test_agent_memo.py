@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core.pack.packer import Candidate, PackPolicy, _classify, group_facts, pack, pack_groups
-from shared.core.run.events import BranchForked, Commit
-from shared.core.run.ids import LSN, BranchId, ContextItemId, StepId
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.core.pack.packer import Candidate, PackPolicy, _classify, group_facts, pack, pack_groups
+from reel.shared.core.run.events import BranchForked, Commit
+from reel.shared.core.run.ids import LSN, BranchId, ContextItemId, StepId
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from tests.support.turncheck import check_turns
 from tests.unit.agent_sim import Sim
 
@@ -170,8 +170,8 @@ def test_packing_by_groups_gives_what_packing_the_candidates_gives() -> None:
 def _full_pack(cands: list[Candidate], policy: PackPolicy, reasons: dict[ContextItemId, str], required: list[int],
                units: list[Any]) -> Any:
     """The packer's greedy path, as it was before the fast path (the reference)."""
-    from shared.core.pack.packer import Packed
-    from shared.core.run.events import ContextPartition
+    from reel.shared.core.pack.packer import Packed
+    from reel.shared.core.run.events import ContextPartition
     ranked = sorted(units, key=lambda u: (-u.priority, -u.positions[0]))
     left = policy.budget_tokens - sum(cands[p].tokens for p in required)
     packed_pos = list(required)

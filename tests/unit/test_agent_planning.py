@@ -7,11 +7,11 @@ from typing import Any
 
 import msgspec
 
-from shared.core.agent import commits as ac
-from shared.core.chat.messages import ToolCall
-from shared.core.mutators import rewind
-from shared.core.run import planning as plan
-from shared.core.run.events import (
+from reel.shared.core.agent import commits as ac
+from reel.shared.core.chat.messages import ToolCall
+from reel.shared.core.mutators import rewind
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import (
     ARGUMENTS_INLINE_MAX,
     AgentFinished,
     AttemptDispatched,
@@ -19,14 +19,14 @@ from shared.core.run.events import (
     AttemptSucceeded,
     StepsDeclared,
 )
-from shared.core.run.fold import fold
-from shared.core.run.ids import AttemptNo, BranchId, StepId
-from shared.core.run.state import INTERRUPTED, step_statuses
-from shared.core.run.statecodec import encode_state
-from shared.core.run.views import build_episode_view
-from shared.core.verify.verifiers import make_ctx
-from shared.core.wire.commands import RewindRun
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
+from reel.shared.core.run.state import INTERRUPTED, step_statuses
+from reel.shared.core.run.statecodec import encode_state
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.verify.verifiers import make_ctx
+from reel.shared.core.wire.commands import RewindRun
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim, X
 
 MAIN = BranchId("main")

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.application.toolimports import check_tool_imports
-from shared.core.errors import WorkflowInvalid
-from shared.core.run.events import StepDecl
-from shared.core.workflow.spec import AgentStep, parse_workflow
+from reel.shared.application.toolimports import check_tool_imports
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.run.events import StepDecl
+from reel.shared.core.workflow.spec import AgentStep, parse_workflow
 
 
 def _agent(**kw: Any) -> dict[str, Any]:

@@ -11,11 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.executor.agenttools import CallContext, encode_result, run_call
-from shared.core.chat.messages import ToolCall
-from shared.core.errors import ToolError, WorkflowInvalid
-from shared.core.workflow.spec import AgentStep, parse_workflow
-from shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, truncation_note
+from reel.services.executor.agenttools import CallContext, encode_result, run_call
+from reel.shared.core.chat.messages import ToolCall
+from reel.shared.core.errors import ToolError, WorkflowInvalid
+from reel.shared.core.workflow.spec import AgentStep, parse_workflow
+from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, truncation_note
 from tests.support import print_bytes
 
 

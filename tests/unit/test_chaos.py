@@ -4,10 +4,17 @@ and the per-tool report that names a tool which ran twice without being retry-sa
 
 from __future__ import annotations
 
-from shared.core.run import crashpoints as core
-from shared.core.run.events import AttemptDispatched, AttemptFailed, AttemptSucceeded, BlobRef, RunStarted, RunVerifying
-from shared.core.run.ids import BranchId, StepId
-from shared.core.workflow.spec import parse_workflow
+from reel.shared.core.run import crashpoints as core
+from reel.shared.core.run.events import (
+    AttemptDispatched,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    RunStarted,
+    RunVerifying,
+)
+from reel.shared.core.run.ids import BranchId, StepId
+from reel.shared.core.workflow.spec import parse_workflow
 from tests.golden.regen import GOLDEN_DIR, fold_log
 
 REF = BlobRef(sha256="0" * 64, size_bytes=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.core.chat.messages import (
+from reel.shared.core.chat.messages import (
     ChatMessage,
     ChatRequest,
     ToolCall,
@@ -16,10 +16,10 @@ from shared.core.chat.messages import (
     response_from_wire,
     wire_request,
 )
-from shared.core.errors import ModelError, ToolCallInvalid, WorkflowInvalid
-from shared.core.workflow.modelspec import ModelSpec, Price
-from shared.core.workflow.spec import encode_workflow, parse_workflow
-from shared.models import LegacyChat, ModelRequest, ModelResponse, make_adapter, make_chat_model
+from reel.shared.core.errors import ModelError, ToolCallInvalid, WorkflowInvalid
+from reel.shared.core.workflow.modelspec import ModelSpec, Price
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.models import LegacyChat, ModelRequest, ModelResponse, make_adapter, make_chat_model
 
 READ = ToolSchema(name="read_file", description="Read a file.",
                   parameters={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})

@@ -8,12 +8,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core.chat.chunks import StreamAssembler, broken
-from shared.core.chat.messages import ChatMessage, chat_request, response_from_wire, wire_request
-from shared.core.errors import ModelError, WorkflowInvalid
-from shared.core.wire.livemessages import StreamChunk, ToolCallDelta, decode_chunk, encode_live
-from shared.core.workflow.modelspec import ModelSpec
-from shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.core.chat.chunks import StreamAssembler, broken
+from reel.shared.core.chat.messages import ChatMessage, chat_request, response_from_wire, wire_request
+from reel.shared.core.errors import ModelError, WorkflowInvalid
+from reel.shared.core.wire.livemessages import StreamChunk, ToolCallDelta, decode_chunk, encode_live
+from reel.shared.core.workflow.modelspec import ModelSpec
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
 
 SPEC = ModelSpec(adapter="openai", base_url="http://h/v1", model="m", stream=True, params={"temperature": 0})
 

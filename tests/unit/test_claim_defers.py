@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shared.core.mutators.recovery import open_intents
-from shared.core.run import planning as plan
-from shared.core.run.fold import apply_commit
+from reel.shared.core.mutators.recovery import open_intents
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.fold import apply_commit
 from tests.golden.regen import logs, read_log
 
 

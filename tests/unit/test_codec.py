@@ -14,8 +14,8 @@ import msgspec
 import pytest
 import yaml
 
-from shared.core.errors import InvalidCommand, UnknownEventType, WorkflowInvalid
-from shared.core.run.events import (
+from reel.shared.core.errors import InvalidCommand, UnknownEventType, WorkflowInvalid
+from reel.shared.core.run.events import (
     SCHEMA_VERSION,
     AgentFinished,
     AnyEvent,
@@ -44,8 +44,8 @@ from shared.core.run.events import (
     decode_commit,
     encode_commit,
 )
-from shared.core.wire.commands import CancelRun, ResumeRun, StartRun, decode_command
-from shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.core.wire.commands import CancelRun, ResumeRun, StartRun, decode_command
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
 
 REF = BlobRef(sha256="ab" * 32, size_bytes=123, media_type="application/json")
 USAGE = Usage(input_tokens=11, output_tokens=7, latency_ms=12.5, cost_usd=0.25)

@@ -8,7 +8,7 @@ import json
 import pytest
 from nats.js import api as jsapi
 
-from shared.core.wire.consumerrules import Refused, Vetted, is_client_inbox, vet
+from reel.shared.core.wire.consumerrules import Refused, Vetted, is_client_inbox, vet
 
 READABLE = ("REEL_EVENTS", "REEL_VERDICTS", "OBJ_reel_blobs")
 

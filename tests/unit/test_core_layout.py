@@ -13,13 +13,13 @@ from pathlib import Path
 
 import grimp
 
-CORE = "shared.core"
+CORE = "reel.shared.core"
 REPO = Path(__file__).parents[2]
 
 
 def _core_graph() -> dict[str, set[str]]:
-    """Module -> the shared.core modules it imports (itself excluded)."""
-    graph = grimp.build_graph("shared", include_external_packages=False)
+    """Module -> the reel.shared.core modules it imports (itself excluded)."""
+    graph = grimp.build_graph("reel", include_external_packages=False)
     modules = {m for m in graph.modules if m == CORE or m.startswith(CORE + ".")}
     return {m: {i for i in graph.find_modules_directly_imported_by(m) if i in modules and i != m} for m in modules}
 
@@ -74,7 +74,7 @@ def test_cycles_finds_a_cycle() -> None:
 def test_no_import_cycle_in_the_core() -> None:
     edges = _core_graph()
     assert len(edges) > 50, "the graph does not see the core"
-    assert cycles(edges) == [], "modules of shared.core import each other back"
+    assert cycles(edges) == [], "modules of reel.shared.core import each other back"
 
 
 def test_no_two_core_modules_share_a_file_name() -> None:
@@ -91,7 +91,7 @@ def test_run_state_has_one_address() -> None:
     assert defined == ["shared/core/run/state.py"]
     elsewhere = sorted({f"{path}: from {node.module}" for path, tree in sources.items() for node in ast.walk(tree)
                         if isinstance(node, ast.ImportFrom) and any(a.name == "RunState" for a in node.names)
-                        and node.module != "shared.core.run.state"})
+                        and node.module != "reel.shared.core.run.state"})
     assert elsewhere == []
 
 

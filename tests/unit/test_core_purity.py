@@ -1,7 +1,7 @@
 """The pure core starts no process and signals none.
 
 import-linter (pyproject ``[tool.importlinter]``) forbids importing ``subprocess``
-into ``shared.core`` and ``shared.crucible``, but it cannot see
+into ``reel.shared.core`` and ``reel.shared.crucible``, but it cannot see
 ``asyncio.create_subprocess_exec`` or ``os.fork``: this scans their sources.
 """
 

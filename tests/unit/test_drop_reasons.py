@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.core.pack.packer import Candidate, PackPolicy, drop_reasons, pack
-from shared.core.run.events import ContextPartition
-from shared.core.run.ids import ContextItemId
+from reel.shared.core.pack.packer import Candidate, PackPolicy, drop_reasons, pack
+from reel.shared.core.run.events import ContextPartition
+from reel.shared.core.run.ids import ContextItemId
 
 
 def _c(i: str, tokens: int = 10, **kw: object) -> Candidate:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -15,9 +15,9 @@ from shared.core.run.events import (
     RunStarted,
     StepDecl,
 )
-from shared.core.run.fold import fold
-from shared.core.run.planning import outcome_recorded
-from shared.core.run.state import RunState
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.planning import outcome_recorded
+from reel.shared.core.run.state import RunState
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 

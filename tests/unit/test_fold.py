@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.errors import InvalidTransition
-from shared.core.run.events import (
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
@@ -35,10 +35,17 @@ from shared.core.run.events import (
     decode_commit,
     encode_commit,
 )
-from shared.core.run.fold import apply_commit, fold
-from shared.core.run.state import INTERRUPTED, RunState, attempts_status, branch_failed, branch_terminal, step_status
-from shared.core.run.statecodec import STATE_ENCODER, decode_state
-from shared.core.run.views import build_episode_view
+from reel.shared.core.run.fold import apply_commit, fold
+from reel.shared.core.run.state import (
+    INTERRUPTED,
+    RunState,
+    attempts_status,
+    branch_failed,
+    branch_terminal,
+    step_status,
+)
+from reel.shared.core.run.statecodec import STATE_ENCODER, decode_state
+from reel.shared.core.run.views import build_episode_view
 
 _enc = STATE_ENCODER  # the state's maps are FrozenMaps: msgspec needs the state codec's hooks
 REF = BlobRef(sha256="0" * 64, size_bytes=10, media_type="application/json")

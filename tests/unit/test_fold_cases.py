@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typing
 
-from shared.core.run.events import AnyEvent
-from shared.core.run.fold import _APPLY
+from reel.shared.core.run.events import AnyEvent
+from reel.shared.core.run.fold import _APPLY
 
 
 def test_every_event_type_has_a_fold_case() -> None:

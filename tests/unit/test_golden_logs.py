@@ -16,7 +16,7 @@ from typing import get_args
 import msgspec
 import pytest
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
     AttemptFailed,
@@ -26,9 +26,9 @@ from shared.core.run.events import (
     InputRequested,
     RunCreated,
 )
-from shared.core.run.events import Commit as CommitT
-from shared.core.run.fold import apply_commit, fold
-from shared.core.run.state import RunState
+from reel.shared.core.run.events import Commit as CommitT
+from reel.shared.core.run.fold import apply_commit, fold
+from reel.shared.core.run.state import RunState
 from tests.golden.regen import GOLDEN_DIR, canonical, expectations, logs, read_log
 
 LOGS = logs()

@@ -10,12 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.core.decision import Skip
-from shared.core.errors import InvalidCommand, InvalidTransition, WorkflowInvalid
-from shared.core.input import requestfold, respond
-from shared.core.mutators import rewind
-from shared.core.run import planning as plan
-from shared.core.run.events import (
+from reel.shared.core.decision import Skip
+from reel.shared.core.errors import InvalidCommand, InvalidTransition, WorkflowInvalid
+from reel.shared.core.input import requestfold, respond
+from reel.shared.core.mutators import rewind
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.events import (
     AttemptDispatched,
     Commit,
     InputAnswered,
@@ -24,13 +24,13 @@ from shared.core.run.events import (
     RunCancelled,
     StepsDeclared,
 )
-from shared.core.run.fold import apply_commit, fold
-from shared.core.run.ids import BranchId, RequestId, RunId, StepId, request_id_for
-from shared.core.run.state import RunState
-from shared.core.run.statecodec import encode_state
-from shared.core.run.views import build_episode_view
-from shared.core.wire.commands import RespondRun, RewindRun
-from shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.core.run.fold import apply_commit, fold
+from reel.shared.core.run.ids import BranchId, RequestId, RunId, StepId, request_id_for
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.statecodec import encode_state
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.wire.commands import RespondRun, RewindRun
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim
 
 MAIN = BranchId("main")

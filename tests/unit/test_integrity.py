@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AttemptDispatched,
     AttemptSucceeded,
     BlobRef,
@@ -27,9 +27,9 @@ from shared.core.run.events import (
     VerdictRecorded,
     encode_commit,
 )
-from shared.core.run.fold import fold
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.run.integrity import (
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.run.integrity import (
     Corruption,
     CorruptionKind,
     RunCorrupt,
@@ -38,8 +38,8 @@ from shared.core.run.integrity import (
     fold_checked,
     fold_or_raise,
 )
-from shared.core.run.statecodec import encode_state
-from shared.core.verify.verification import corrupt_verdicts
+from reel.shared.core.run.statecodec import encode_state
+from reel.shared.core.verify.verification import corrupt_verdicts
 from tests.golden.regen import GoldenLine, logs
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)

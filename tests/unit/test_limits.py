@@ -11,13 +11,13 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.core.chat.messages import ToolCall
-from shared.core.errors import InvalidCommand, ToolCallInvalid, WorkflowInvalid
-from shared.core.input.requesting import parsed
-from shared.core.wire.commands import RespondRun, StartRun, decode_command
-from shared.core.wire.consumerrules import Refused, vet
-from shared.core.wire.limits import MAX_COMMAND_BYTES, MAX_DEPTH, json_deeper_than, value_depth
-from shared.core.workflow.spec import load_workflow, parse_workflow
+from reel.shared.core.chat.messages import ToolCall
+from reel.shared.core.errors import InvalidCommand, ToolCallInvalid, WorkflowInvalid
+from reel.shared.core.input.requesting import parsed
+from reel.shared.core.wire.commands import RespondRun, StartRun, decode_command
+from reel.shared.core.wire.consumerrules import Refused, vet
+from reel.shared.core.wire.limits import MAX_COMMAND_BYTES, MAX_DEPTH, json_deeper_than, value_depth
+from reel.shared.core.workflow.spec import load_workflow, parse_workflow
 
 _leaf = st.one_of(st.none(), st.integers(), st.text(alphabet='ab[]{}"\\\n', max_size=6))
 _values = st.recursive(_leaf, lambda inner: st.one_of(

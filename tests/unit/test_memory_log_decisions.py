@@ -1,8 +1,8 @@
 """Mutator and executor decisions through the one fenced commit, on the in-memory event log — no server.
 
-:class:`~shared.memory.eventlog.MemoryEventLog` passes the same contract suite as the JetStream log
+:class:`~reel.shared.memory.eventlog.MemoryEventLog` passes the same contract suite as the JetStream log
 (tests/integration/test_eventlog_contract.py), so what is tested here is the decision and what the
-handler makes of :class:`~shared.application.fenced.Decided`: the fence, a lost try decided again on the
+handler makes of :class:`~reel.shared.application.fenced.Decided`: the fence, a lost try decided again on the
 refreshed state, a Skip. Races between processes, redelivery and the server's failures stay in the
 integration and fault suites on a real nats-server.
 """
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.cancel.app import CancelService
-from services.executor.attempts import OUTCOME_RECORDED, RUN_MOVED, on_head, record_outcome, settled
-from shared.application.fenced import commit_decided
-from shared.core.decision import Skip
-from shared.core.errors import RunNotFound
-from shared.core.mutators import recovery
-from shared.core.run.events import (
+from reel.services.cancel.app import CancelService
+from reel.services.executor.attempts import OUTCOME_RECORDED, RUN_MOVED, on_head, record_outcome, settled
+from reel.shared.application.fenced import commit_decided
+from reel.shared.core.decision import Skip
+from reel.shared.core.errors import RunNotFound
+from reel.shared.core.mutators import recovery
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
@@ -29,10 +29,10 @@ from shared.core.run.events import (
     RunStarted,
     StepDecl,
 )
-from shared.core.run.state import RunState
-from shared.core.wire.commands import CancelRun
-from shared.memory.eventlog import MemoryEventLog
-from shared.nats.consumer import Delivery
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import CancelRun
+from reel.shared.memory.eventlog import MemoryEventLog
+from reel.shared.nats.consumer import Delivery
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 

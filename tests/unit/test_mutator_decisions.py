@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core.decision import Skip
-from shared.core.errors import InvalidCommand, InvalidTransition
-from shared.core.mutators import recovery, rewind
-from shared.core.mutators.cancel import after_cancel
-from shared.core.mutators.cancel import decide as decide_cancel
-from shared.core.run.events import (
+from reel.shared.core.decision import Skip
+from reel.shared.core.errors import InvalidCommand, InvalidTransition
+from reel.shared.core.mutators import recovery, rewind
+from reel.shared.core.mutators.cancel import after_cancel
+from reel.shared.core.mutators.cancel import decide as decide_cancel
+from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
@@ -24,9 +24,9 @@ from shared.core.run.events import (
     RunVerifying,
     StepDecl,
 )
-from shared.core.run.fold import fold
-from shared.core.run.state import RunState
-from shared.core.wire.commands import CancelRun, RewindRun
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.commands import CancelRun, RewindRun
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 OTHER_REF = BlobRef(sha256="b" * 64, size_bytes=5)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.core.run.events import Verdict, VerdictStatus
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.run.persistent import FrozenMap
-from shared.core.run.state import RunState
-from shared.core.verify.reportedoutcome import (
+from reel.shared.core.run.events import Verdict, VerdictStatus
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.run.persistent import FrozenMap
+from reel.shared.core.run.state import RunState
+from reel.shared.core.verify.reportedoutcome import (
     UNLABELLED,
     check_verdicts,
     checks_summary,

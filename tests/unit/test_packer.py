@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.pack.packer import Candidate, Packed, PackPolicy, drop_reasons, pack
+from reel.shared.core.pack.packer import Candidate, Packed, PackPolicy, drop_reasons, pack
 
 
 def c(id: str, tokens: int, **kw: object) -> Candidate:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from shared.auth.roles import client_may_publish, grants, may_publish
-from shared.core.wire.subjects import Names, partition_of
+from reel.shared.auth.roles import client_may_publish, grants, may_publish
+from reel.shared.core.wire.subjects import Names, partition_of
 
 
 def test_partition_of_is_the_servers_fnv1a_mapping() -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.run.persistent import CHUNK, FrozenMap, MapBuilder, enc_hook, from_builtins
+from reel.shared.core.run.persistent import CHUNK, FrozenMap, MapBuilder, enc_hook, from_builtins
 
 
 def test_reads_like_a_dict_in_insertion_order() -> None:

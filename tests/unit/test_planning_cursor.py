@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.run import planning as plan
-from shared.core.run.fold import apply_commit
-from shared.core.run.state import StepStatus, step_statuses
+from reel.shared.core.run import planning as plan
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.state import StepStatus, step_statuses
 from tests.golden.regen import logs, read_log
 
 

@@ -1,5 +1,5 @@
 """A service's tools cannot read its secrets back from ``/proc/$PPID/environ``: the process is non-dumpable
-(``shared.runtime.deathsig.keep_environment_private``). Real processes: a parent holding a canary in its
+(``reel.shared.runtime.deathsig.keep_environment_private``). Real processes: a parent holding a canary in its
 environment, running as an unprivileged user (root would pass the check by CAP_SYS_PTRACE), starts a child of
 the same user that tries to read the parent's environment."""
 
@@ -15,7 +15,7 @@ from tests.conftest import REPO
 
 PARENT = """
 import ctypes, os, subprocess, sys
-from shared.runtime.deathsig import keep_environment_private  # imported first: nobody may not read the repo
+from reel.shared.runtime.deathsig import keep_environment_private  # imported first: nobody may not read the repo
 if os.getuid() == 0:
     os.setgid(65534); os.setuid(65534)  # nobody: an unprivileged parent and child of one user
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again, as a process started as that user is

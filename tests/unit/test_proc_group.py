@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.proc.group import run_group
-from shared.proc.reaper import REGISTRY_ENV, reap_orphans
+from reel.shared.proc.group import run_group
+from reel.shared.proc.reaper import REGISTRY_ENV, reap_orphans
 
 ROOT = Path(__file__).parents[2]
 PY = sys.executable
@@ -198,7 +198,7 @@ async def test_parent_death_kills_the_leader_and_the_reaper_the_rest(
     records = tmp_path / "groups"
     monkeypatch.setenv(REGISTRY_ENV, str(records))
     owner = ("import asyncio, sys\n"
-             "from shared.proc.group import run_group\n"
+             "from reel.shared.proc.group import run_group\n"
              "asyncio.run(run_group(sys.argv[1:], timeout_s=None))\n")
     parent = await asyncio.create_subprocess_exec(PY, "-c", owner, *_leader(fifos, "hang"), cwd=ROOT)
     await fifos[0].until(b"up")

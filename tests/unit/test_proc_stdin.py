@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.errors import BlobCorrupt, ToolError
-from shared.core.workflow.spec import ToolSpec
-from shared.proc.group import run_group
-from shared.proc.tools import run_tool
+from reel.shared.core.errors import BlobCorrupt, ToolError
+from reel.shared.core.workflow.spec import ToolSpec
+from reel.shared.proc.group import run_group
+from reel.shared.proc.tools import run_tool
 
 PY = sys.executable
 MIB = 1 << 20

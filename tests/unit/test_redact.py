@@ -7,11 +7,11 @@ import random
 
 import structlog
 
-from shared.auth import secrets
-from shared.core.env.redact import MIN_SECRET_CHARS, StreamScrubber, secrets_of
-from shared.proc.tools import ToolOutput
-from shared.runtime.config import NatsAuth
-from shared.runtime.logging import setup_logging
+from reel.shared.auth import secrets
+from reel.shared.core.env.redact import MIN_SECRET_CHARS, StreamScrubber, secrets_of
+from reel.shared.proc.tools import ToolOutput
+from reel.shared.runtime.config import NatsAuth
+from reel.shared.runtime.logging import setup_logging
 
 PW = "pw-0123456789abcdefghijklmnopqrstuv"
 KEY = "sk-abcdefghijklmnop"

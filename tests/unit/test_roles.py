@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.auth.authdir import render_auth_conf
-from shared.auth.roles import (
+from reel.shared.auth.authdir import render_auth_conf
+from reel.shared.auth.roles import (
     API,
     CLIENT_COMMANDS,
     CLIENT_ROLES,
@@ -25,9 +25,9 @@ from shared.auth.roles import (
     render_matrix,
     streams,
 )
-from shared.core.wire.subjects import COMMANDS, Names
-from shared.nats.access import connect_options, redact_url
-from shared.runtime.config import NatsAuth
+from reel.shared.core.wire.subjects import COMMANDS, Names
+from reel.shared.nats.access import connect_options, redact_url
+from reel.shared.runtime.config import NatsAuth
 
 REPO = Path(__file__).resolve().parents[2]
 N = Names("reel")
@@ -133,7 +133,7 @@ def test_connect_options_and_redaction_keep_secrets_out_of_reprs_and_urls(tmp_pa
 
 
 def test_service_flags_set_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.runtime.runner import apply_connection_flags
+    from reel.services.runtime.runner import apply_connection_flags
 
     monkeypatch.setenv("REEL_NATS_USER", "")  # restored (removed) after the test
     monkeypatch.setenv("REEL_NATS_TLS_CA", "")

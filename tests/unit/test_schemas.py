@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from shared.core.run.events import (
+from reel.shared.core.run.events import (
     AttemptCancelled,
     AttemptDispatched,
     AttemptSucceeded,
@@ -29,10 +29,10 @@ from shared.core.run.events import (
     VerdictRecorded,
     encode_commit,
 )
-from shared.core.run.ids import LSN, RunId
-from shared.core.wire.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
-from shared.core.wire.livemessages import RunControl, StreamChunk, ToolCallDelta, encode_live
-from shared.core.workflow.spec import encode_workflow, parse_workflow
+from reel.shared.core.run.ids import LSN, RunId
+from reel.shared.core.wire.commands import CancelRun, Reply, RespondRun, RewindRun, StartRun, encode
+from reel.shared.core.wire.livemessages import RunControl, StreamChunk, ToolCallDelta, encode_live
+from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "docs" / "schemas"

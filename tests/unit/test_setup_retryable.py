@@ -8,7 +8,7 @@ import pytest
 from nats.errors import NoRespondersError, TimeoutError
 from nats.js.errors import APIError, BadRequestError, ServiceUnavailableError
 
-from shared.nats.infra import setup_retryable
+from reel.shared.nats.infra import setup_retryable
 
 
 def _api(cls: type[APIError], code: int, err_code: int, description: str) -> APIError:

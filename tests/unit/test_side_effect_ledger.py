@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.proc import ledger
-from shared.proc.group import run_group
+from reel.shared.proc import ledger
+from reel.shared.proc.group import run_group
 
 ATTEMPT = {"REEL_RUN_ID": "r-1", "REEL_BRANCH_ID": "main", "REEL_STEP_ID": "fix:t1:c0", "REEL_ATTEMPT": "2",
            "REEL_TOOL_NAME": "poke"}

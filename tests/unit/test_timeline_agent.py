@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from services.timeline.render import event_line, timeline
+from reel.services.timeline.render import event_line, timeline
 from tests.golden.regen import GOLDEN_DIR, fold_log, read_log
 
 

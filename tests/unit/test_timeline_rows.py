@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from services.timeline.rows import call_cells, drop_summary, exit_code_cell, fmt_ms, latency_cell
-from shared.core.run.events import ContextPartition, Usage
-from shared.core.run.ids import LSN, AttemptNo, ExecutorId, StepId
-from shared.core.run.views import AttemptView, StepView
-from shared.core.workflow.spec import parse_workflow
+from reel.services.timeline.rows import call_cells, drop_summary, exit_code_cell, fmt_ms, latency_cell
+from reel.shared.core.run.events import ContextPartition, Usage
+from reel.shared.core.run.ids import LSN, AttemptNo, ExecutorId, StepId
+from reel.shared.core.run.views import AttemptView, StepView
+from reel.shared.core.workflow.spec import parse_workflow
 from tests.golden.regen import GOLDEN_DIR, fold_log
 
 
@@ -58,7 +58,7 @@ def test_timeline_cells_print_brackets_as_written() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from services.timeline.render import _plain
+    from reel.services.timeline.render import _plain
 
     table = Table()
     table.add_column("args")

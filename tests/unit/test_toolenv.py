@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from shared.core.env.toolenv import BASE_ENV_KEYS, tool_env
-from shared.core.errors import WorkflowInvalid
-from shared.core.workflow.spec import parse_workflow
+from reel.shared.core.env.toolenv import BASE_ENV_KEYS, tool_env
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.spec import parse_workflow
 
 EXECUTOR = {"PATH": "/bin", "HOME": "/home/x", "LANG": "C.UTF-8", "TMPDIR": "/tmp/x",
             "REEL_NATS_USER": "executor", "REEL_NATS_PASSWORD": "pw", "REEL_NATS_CREDS": "/x.creds",
@@ -80,7 +80,7 @@ def test_bad_names_values_and_env_on_a_tool_that_runs_nothing_are_refused() -> N
 
 
 def test_env_and_pass_env_are_kept_and_an_unchanged_workflow_encodes_as_before() -> None:
-    from shared.core.workflow.spec import encode_workflow
+    from reel.shared.core.workflow.spec import encode_workflow
     spec = parse_workflow(_tool_step(env={"A": "1"}, pass_env=["GITHUB_TOKEN"]))
     assert spec.steps[0].tool.env == {"A": "1"} and spec.steps[0].tool.pass_env == ("GITHUB_TOKEN",)  # type: ignore[union-attr]
     assert b"pass_env" not in encode_workflow(parse_workflow(_tool_step()))  # the blob (and its sha256) as before

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.errors import ToolError
-from shared.core.workflow.spec import ToolSpec
-from shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
-from shared.proc.tools import SPOOL_MEMORY_BYTES, reap_orphaned_tools, run_tool
+from reel.shared.core.errors import ToolError
+from reel.shared.core.workflow.spec import ToolSpec
+from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
+from reel.shared.proc.tools import SPOOL_MEMORY_BYTES, reap_orphaned_tools, run_tool
 from tests.support import print_bytes
 
 
@@ -140,8 +140,8 @@ async def test_tool_groups_left_by_a_killed_executor_are_reaped(tmp_path: Path,
     pidfile = tmp_path / "grandchild.pid"
     executor = (
         "import asyncio\n"
-        "from shared.proc.tools import reap_orphaned_tools, run_tool\n"
-        "from shared.core.workflow.spec import ToolSpec\n"
+        "from reel.shared.proc.tools import reap_orphaned_tools, run_tool\n"
+        "from reel.shared.core.workflow.spec import ToolSpec\n"
         f"spec = ToolSpec(type='command', argv=('sh', '-c', 'sleep 60 & echo $! > {pidfile}; wait'))\n"
         "asyncio.run(run_tool(spec, attempt=1, env={'REEL_RUN_ID': 'r-x', 'REEL_ATTEMPT': '1'}))\n"
     )

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.pack.packer import pack
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import ContextPartition
-from shared.core.run.planning import candidates, context_items, policy_for
-from shared.core.trajectories import FORMATS, MAX_WORKFLOW_BYTES, detect_format, load_trajectories
-from shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.pack.packer import pack
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run.events import ContextPartition
+from reel.shared.core.run.planning import candidates, context_items, policy_for
+from reel.shared.core.trajectories import FORMATS, MAX_WORKFLOW_BYTES, detect_format, load_trajectories
+from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow
 
 MINI_OK = "minisweagent_gemini3pro_django__django-11163.traj.json"
 MINI_FAIL = "minisweagent_gemini3pro_django__django-10999.traj.json"

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from shared.core.pack.packer import pack
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.run.events import ContextPartition
-from shared.core.run.planning import candidates, context_items, policy_for
-from shared.core.trajectories import load_trajectories
-from shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT, RESPOND
-from shared.core.trajectories.loader import PARSERS, _read, detect_format
-from shared.core.trajectories.recording import Lit, Obs, Recording, Turn
-from shared.core.workflow.agentspec import AgentToolSpec
-from shared.core.workflow.spec import AgentStep, ModelStep, ToolStep, WorkflowSpec
+from reel.shared.core.pack.packer import pack
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.run.events import ContextPartition
+from reel.shared.core.run.planning import candidates, context_items, policy_for
+from reel.shared.core.trajectories import load_trajectories
+from reel.shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT, RESPOND
+from reel.shared.core.trajectories.loader import PARSERS, _read, detect_format
+from reel.shared.core.trajectories.recording import Lit, Obs, Recording, Turn
+from reel.shared.core.workflow.agentspec import AgentToolSpec
+from reel.shared.core.workflow.spec import AgentStep, ModelStep, ToolStep, WorkflowSpec
 from tests.unit.agent_sim import Sim
 from tests.unit.test_trajectories import FILES, MINI_FAIL, MINI_OK, MODEL_TURNS, OH, SWE, TAU, TOOL_STEPS, _mini, _raw
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.trajectories import detect_format, load_trajectories
-from shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT
-from shared.core.trajectories.swe_agent import listish
-from shared.core.workflow.spec import AgentStep, WorkflowSpec
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.trajectories import detect_format, load_trajectories
+from reel.shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT
+from reel.shared.core.trajectories.swe_agent import listish
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 ISSUE = "Fix the off-by-one in pager.py"
 

@@ -1,7 +1,7 @@
 """A forged or duplicate ``verdict_recorded`` is poison (shared/core/run/lifecycle.py ``verdict``).
 
 The verification job records one verdict per (branch, snapshot, verifier) of a snapshot the
-run verified (its retries are fenced: :func:`shared.core.verify.verification.record`); anything else
+run verified (its retries are fenced: :func:`reel.shared.core.verify.verification.record`); anything else
 marks the run corrupt at that LSN, its state the one before, and a late verdict of an earlier
 branch (after a rewind) or of a cancelled run is still accepted.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core.run.events import BranchForked, Commit, RunCancelled, RunCompleted, Verdict, VerdictRecorded
-from shared.core.run.fold import fold
-from shared.core.run.ids import LSN
-from shared.core.run.integrity import CorruptionKind, fold_checked
-from shared.core.run.statecodec import encode_state
+from reel.shared.core.run.events import BranchForked, Commit, RunCancelled, RunCompleted, Verdict, VerdictRecorded
+from reel.shared.core.run.fold import fold
+from reel.shared.core.run.ids import LSN
+from reel.shared.core.run.integrity import CorruptionKind, fold_checked
+from reel.shared.core.run.statecodec import encode_state
 from tests.unit.test_integrity import RUN, commit, history
 
 

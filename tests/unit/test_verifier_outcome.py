@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from shared.application.verifierrun import make_verifier, run_verifier
-from shared.core.run.events import BlobRef, ContextPartition, VerdictStatus
-from shared.core.run.views import AttemptView, EpisodeView, StepView
-from shared.core.verify.verification import derive_outcome
-from shared.core.verify.verifiers import ContextRequires, VerdictResult, VerifierCtx, VerifierInvalid, make_ctx
-from shared.core.workflow.spec import VerifierSpec
+from reel.shared.application.verifierrun import make_verifier, run_verifier
+from reel.shared.core.run.events import BlobRef, ContextPartition, VerdictStatus
+from reel.shared.core.run.views import AttemptView, EpisodeView, StepView
+from reel.shared.core.verify.verification import derive_outcome
+from reel.shared.core.verify.verifiers import ContextRequires, VerdictResult, VerifierCtx, VerifierInvalid, make_ctx
+from reel.shared.core.workflow.spec import VerifierSpec
 
 
 @pytest.mark.parametrize(("step_failed", "statuses", "outcome"), [

@@ -15,11 +15,11 @@ from typing import IO
 
 import pytest
 
-from shared.application.verifierrun import make_verifier, run_verifier
-from shared.core.run.events import BlobRef
-from shared.core.run.views import AttemptView, EpisodeView, StepView
-from shared.core.verify.verifiers import VERIFIER_READ_MAX_BYTES, OutputTooLarge, make_ctx
-from shared.core.workflow.spec import VerifierSpec
+from reel.shared.application.verifierrun import make_verifier, run_verifier
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.views import AttemptView, EpisodeView, StepView
+from reel.shared.core.verify.verifiers import VERIFIER_READ_MAX_BYTES, OutputTooLarge, make_ctx
+from reel.shared.core.workflow.spec import VerifierSpec
 
 MIB = 1 << 20
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.core.errors import WorkflowInvalid
-from shared.core.workflow.spec import expand_env, load_workflow
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.spec import expand_env, load_workflow
 
 DOC = """
 name: ${NAME:-env-demo}

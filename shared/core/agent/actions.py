@@ -1,9 +1,9 @@
 """The agent loop's pure core: what an executor does next inside a ``kind: agent`` step.
 
-:func:`shared.core.run.planning.next_action` hands an agent step (the first step of the
+:func:`reel.shared.core.run.planning.next_action` hands an agent step (the first step of the
 active branch that is not terminal) to :func:`agent_action`. Everything here reads
 the folded state only; the event builders of each commit are in
-:mod:`shared.core.agent.commits`, the turn context in :mod:`shared.core.agent.turncontext`.
+:mod:`reel.shared.core.agent.commits`, the turn context in :mod:`reel.shared.core.agent.turncontext`.
 
 Contract for the executor driver
 --------------------------------
@@ -14,47 +14,47 @@ not yet recorded (its running tasks). An attempt still ``dispatched`` in the log
 (the default) nothing is waited for: today's sequential behaviour.
 
 =====================  ======================================================================
-action                 what the executor does (the events come from :mod:`~shared.core.agent.commits`)
+action                 what the executor does (the events come from :mod:`~reel.shared.core.agent.commits`)
 =====================  ======================================================================
 ``Wait``               nothing to start: await one of its in-flight tasks, record it, ask again.
-``DispatchTurn``       build turn ``turn``'s request (:mod:`~shared.core.agent.turncontext`: candidates →
+``DispatchTurn``       build turn ``turn``'s request (:mod:`~reel.shared.core.agent.turncontext`: candidates →
                        ``pack`` → messages → ``wire_request``), store the body as the prompt blob and
-                       commit :func:`~shared.core.agent.commits.turn_intent` (``steps_declared`` of the
+                       commit :func:`~reel.shared.core.agent.commits.turn_intent` (``steps_declared`` of the
                        turn when ``declare``, then ``attempt_dispatched`` with prompt ref and partition)
                        in one round trip; call the model. Answer → output blob (the exact message) +
-                       outcome marker, then commit :func:`~shared.core.agent.commits.turn_outcome`:
+                       outcome marker, then commit :func:`~reel.shared.core.agent.commits.turn_outcome`:
                        ``[attempt_succeeded, steps_declared(calls), attempt_dispatched × ≤ max_parallel]``
                        — start its ``started`` calls once acked — or ``[attempt_succeeded,
                        agent_finished]`` (no calls: succeeded; calls at ``max_turns``: failed, calls not
-                       declared). Error → :func:`~shared.core.agent.commits.turn_failure`
+                       declared). Error → :func:`~reel.shared.core.agent.commits.turn_failure`
                        (``attempt_failed`` + ``agent_finished`` when it was the last attempt).
-``DispatchCalls``      commit :func:`~shared.core.agent.commits.call_intents` (one intent per call, one
+``DispatchCalls``      commit :func:`~reel.shared.core.agent.commits.call_intents` (one intent per call, one
                        commit), then run the calls concurrently. Each result → output blob + marker,
-                       then :func:`~shared.core.agent.commits.call_outcome` (``attempt_succeeded`` /
+                       then :func:`~reel.shared.core.agent.commits.call_outcome` (``attempt_succeeded`` /
                        ``attempt_failed``; + ``agent_finished`` when a ``fatal`` tool failed for good).
-                       When :func:`~shared.core.agent.commits.completes_turn` says this result is the
+                       When :func:`~reel.shared.core.agent.commits.completes_turn` says this result is the
                        turn's last, the same commit should also carry the next turn's intent
-                       (:func:`~shared.core.agent.commits.next_turn` + ``turn_intent``, its context built
+                       (:func:`~reel.shared.core.agent.commits.next_turn` + ``turn_intent``, its context built
                        with this outcome passed in ``outcomes``).
                        Otherwise, when the result frees a slot for a call not started yet (or a retry),
                        the commit carries that call's intent too:
-                       :func:`~shared.core.agent.commits.follow_up_calls` + ``call_intents``.
+                       :func:`~reel.shared.core.agent.commits.follow_up_calls` + ``call_intents``.
 ``ResolveUnknown``     non-retry-safe calls a dead executor left in flight: commit
-                       :func:`~shared.core.agent.commits.unknown_outcomes` (``attempt_failed``,
+                       :func:`~reel.shared.core.agent.commits.unknown_outcomes` (``attempt_failed``,
                        ``outcome_unknown``, not retryable); the model sees it as an error result.
 ``AdoptTurn``          a turn has a success nothing acted on (recovery recorded it): read its output
-                       blob and commit :func:`~shared.core.agent.commits.turn_outcome` with
+                       blob and commit :func:`~reel.shared.core.agent.commits.turn_outcome` with
                        ``outcome=None`` (the declarations and intents only).
 ``FinishAgent``        the loop is over but the log does not say so (a failure recovery recorded):
                        commit ``action.event(at_ms)``.
 ``AwaitInput``         nothing of the turn can run or is running, and calls wait for a human
-                       (their input requests are open, :mod:`shared.core.input.requestevents`): commit
+                       (their input requests are open, :mod:`reel.shared.core.input.requestevents`): commit
                        ``action.event(at_ms)`` (``run_awaiting_input``); the run rests.
 =====================  ======================================================================
 
 A call whose input request is open neither runs nor counts as running: the other calls
 of its turn run to completion meanwhile. A rejected or answered call is terminal without
-an attempt (its result is the answer: :func:`shared.core.input.requestfold.observation`); an
+an attempt (its result is the answer: :func:`reel.shared.core.input.requestfold.observation`); an
 approved one runs like any other, with the approved arguments.
 
 Tool-call attempts of retry-safe tools left in flight by a dead executor are
@@ -69,14 +69,14 @@ from collections.abc import Collection
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.turnstate import TurnRecord
-from shared.core.input import requestfold
-from shared.core.run.events import AgentFinished, AgentStatus, BlobRef, RunAwaitingInput, StepDecl
-from shared.core.run.ids import AttemptNo, BranchId, RequestId, StepId
-from shared.core.run.state import STEP_TERMINAL, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
-from shared.core.run.state import final_success as _final_success
-from shared.core.run.stepids import turn_step_id
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.turnstate import TurnRecord
+from reel.shared.core.input import requestfold
+from reel.shared.core.run.events import AgentFinished, AgentStatus, BlobRef, RunAwaitingInput, StepDecl
+from reel.shared.core.run.ids import AttemptNo, BranchId, RequestId, StepId
+from reel.shared.core.run.state import STEP_TERMINAL, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
+from reel.shared.core.run.state import final_success as _final_success
+from reel.shared.core.run.stepids import turn_step_id
 
 InFlight = Collection[tuple[BranchId, StepId, AttemptNo]]
 DEFAULT_MAX_TURNS = 12

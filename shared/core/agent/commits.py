@@ -2,7 +2,7 @@
 
 Each builder reads the folded state at the head the commit will be fenced on, so a
 commit never says something the fold refuses (calls declared twice, a second
-``agent_finished``…). The actions they serve are in :mod:`shared.core.agent.actions`, whose
+``agent_finished``…). The actions they serve are in :mod:`reel.shared.core.agent.actions`, whose
 docstring is the executor's contract.
 """
 
@@ -14,12 +14,12 @@ from typing import NamedTuple
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.actions import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
-from shared.core.agent.turnstate import Declared
-from shared.core.chat.messages import ToolCall, assign_call_ids
-from shared.core.input import requestfold, requesting
-from shared.core.run.events import (
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.actions import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
+from reel.shared.core.agent.turnstate import Declared
+from reel.shared.core.chat.messages import ToolCall, assign_call_ids
+from reel.shared.core.input import requestfold, requesting
+from reel.shared.core.run.events import (
     ARGUMENTS_INLINE_MAX,
     AgentFinished,
     AnyEvent,
@@ -32,11 +32,11 @@ from shared.core.run.events import (
     DeclaredStep,
     StepsDeclared,
 )
-from shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
-from shared.core.run.state import AttemptState, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
-from shared.core.run.stepids import call_step_id, parse_step_id, turn_step_id
-from shared.core.workflow.agentspec import AgentToolSpec, ApprovalPolicy
-from shared.core.workflow.spec import AgentStep
+from reel.shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
+from reel.shared.core.run.state import AttemptState, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
+from reel.shared.core.run.stepids import call_step_id, parse_step_id, turn_step_id
+from reel.shared.core.workflow.agentspec import AgentToolSpec, ApprovalPolicy
+from reel.shared.core.workflow.spec import AgentStep
 
 OUTCOME_UNKNOWN = "outcome_unknown"
 
@@ -87,7 +87,7 @@ def declare_calls(agent: AgentStep, turn: int, calls: Sequence[ToolCall]) -> tup
 
     A call to a tool the step does not declare is declared all the same (the executor
     records its attempt as an ``unknown_tool`` error result). Empty or repeated call
-    ids within the turn get Reel's (``call_t<turn>_<i>``, :func:`shared.core.chat.messages.assign_call_ids`).
+    ids within the turn get Reel's (``call_t<turn>_<i>``, :func:`reel.shared.core.chat.messages.assign_call_ids`).
     """
     tools: dict[str, AgentToolSpec] = {t.name: t for t in agent.tools}
     decls: list[DeclaredStep] = []
@@ -115,7 +115,7 @@ def turn_outcome(state: RunState, branch_id: BranchId, agent: AgentStep, turn: i
     No calls → ``agent_finished`` succeeded with ``output_ref``; calls at ``max_turns`` →
     ``agent_finished`` failed (``max_turns``), calls not declared; else the calls'
     ``steps_declared``, an ``input_requested`` for each call that asks a human first
-    (:func:`shared.core.input.requesting.request_events`; ``approval``: the workflow's policy) and the
+    (:func:`reel.shared.core.input.requesting.request_events`; ``approval``: the workflow's policy) and the
     intents of the first ``max_parallel_tools`` of the others. Only the outcome when the
     turn was acted on already (or is not the agent's latest).
     """

@@ -1,12 +1,12 @@
 """Incremental agent-turn contexts: a turn's packing cost grows with what is new and what is packed, not with the
 number of earlier turns.
 
-:func:`shared.core.agent.turncontext.build_turn` rebuilds turn *t*'s candidates from every
+:func:`reel.shared.core.agent.turncontext.build_turn` rebuilds turn *t*'s candidates from every
 earlier turn — reading their blobs, decoding answers, counting tokens — so an agent's
 *t*-th turn costs O(t) of that work and a run of T turns O(T²). Yet an earlier turn's
-items (its assistant message and its tool results, :func:`~shared.core.agent.turncontext.group_items`)
+items (its assistant message and its tool results, :func:`~reel.shared.core.agent.turncontext.group_items`)
 are a pure function of a few objects of the folded state: its
-:class:`~shared.core.agent.turnstate.TurnRecord`, the attempts of the turn and of each of its
+:class:`~reel.shared.core.agent.turnstate.TurnRecord`, the attempts of the turn and of each of its
 calls, each call's input request, and the outcome about to be committed with the intent
 (if any). :class:`ContextMemo` keeps, per agent step, each earlier turn's items together
 with those objects (its *signature*), their packer candidates and their transcript messages.
@@ -16,7 +16,7 @@ turns whose signature differs: the newest turn, once; every turn after a rewind 
 whose records are not shared, or after a drive starts. Reading a signature is a few dict
 look-ups per turn; everything that depends on text is done once per turn and kept.
 
-Then :func:`~shared.core.pack.packer.pack_groups` partitions the head items (instructions, context
+Then :func:`~reel.shared.core.pack.packer.pack_groups` partitions the head items (instructions, context
 items) and each kept turn as one unit — its packer facts kept with it — in O(head + turns), with no
 ranking when everything fits, and the transcript is the kept messages of the packed turns. What
 is left growing with the run is a few look-ups per earlier turn (≈ 2 µs each) and what the
@@ -24,7 +24,7 @@ partition and the prompt hold. A cache of a pure function keyed by all of its in
 full rebuild makes, byte for byte (tests/unit/test_agent_memo.py and
 tests/integration/test_agent_incremental.py compare them on every turn).
 
-Two passes keep this pure, like :mod:`shared.core.agent.turncontext`: :meth:`ContextMemo.plan`
+Two passes keep this pure, like :mod:`reel.shared.core.agent.turncontext`: :meth:`ContextMemo.plan`
 says which blobs the stale turns need, :meth:`ContextMemo.build` makes the context from
 their bodies. No I/O; the executor holds one memo per drive (services/executor/agent.py).
 """
@@ -37,9 +37,9 @@ from itertools import chain
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.actions import DispatchTurn
-from shared.core.agent.turncontext import (
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.actions import DispatchTurn
+from reel.shared.core.agent.turncontext import (
     EarlierTurn,
     TurnContext,
     TurnItem,
@@ -52,14 +52,14 @@ from shared.core.agent.turncontext import (
     turn_messages,
     turn_refs,
 )
-from shared.core.agent.turnstate import TurnRecord
-from shared.core.chat.messages import ChatMessage, chat_request
-from shared.core.pack.packer import Candidate, GroupFacts, PackPolicy, group_facts, pack_groups
-from shared.core.run.events import AttemptEnd, BlobRef
-from shared.core.run.ids import BranchId, StepId
-from shared.core.run.planning import TextFacts, policy_for
-from shared.core.run.state import BranchState, RunState
-from shared.core.workflow.spec import AgentStep, WorkflowSpec
+from reel.shared.core.agent.turnstate import TurnRecord
+from reel.shared.core.chat.messages import ChatMessage, chat_request
+from reel.shared.core.pack.packer import Candidate, GroupFacts, PackPolicy, group_facts, pack_groups
+from reel.shared.core.run.events import AttemptEnd, BlobRef
+from reel.shared.core.run.ids import BranchId, StepId
+from reel.shared.core.run.planning import TextFacts, policy_for
+from reel.shared.core.run.state import BranchState, RunState
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 
 class Signature(msgspec.Struct, frozen=True, gc=False):
@@ -139,7 +139,7 @@ class ContextMemo:
     Not thread-safe; one per drive. Memory: one group per earlier turn of each agent step seen.
 
     Args:
-        facts: the executor's token/hash memo (:class:`~shared.core.run.planning.TextFacts`).
+        facts: the executor's token/hash memo (:class:`~reel.shared.core.run.planning.TextFacts`).
     """
 
     def __init__(self, facts: TextFacts) -> None:
@@ -173,7 +173,8 @@ class ContextMemo:
     def build(self, plan: TurnPlan, state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *,
               run_outputs: Mapping[str, str], blobs: Mapping[str, bytes],
               outcomes: Sequence[AttemptEnd] = ()) -> TurnContext:
-        """The context :func:`~shared.core.agent.turncontext.build_turn` makes for ``action`` (same arguments; ``blobs``
+        """The context :func:`~reel.shared.core.agent.turncontext.build_turn` makes for ``action`` (same arguments;
+            ``blobs``
         needs only ``plan.refs``), from the kept groups and the stale ones rebuilt (then kept).
 
         Raises:

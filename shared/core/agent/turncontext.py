@@ -18,7 +18,7 @@ text from the turn's output blob, tool calls from the log's declarations (the id
 model is answered with) — followed by one ``tool`` message per call, in call order,
 answering its ``tool_call_id``. A failed call's result reads ``error (<kind>): <message>``; a call a
 human rejected ``error (rejected): … <note>``, an ``ask_user`` call the answer, and a call approved with
-edited arguments starts with them (:func:`shared.core.input.requestfold.observation`, ``edited_prefix``).
+edited arguments starts with them (:func:`reel.shared.core.input.requestfold.observation`, ``edited_prefix``).
 
 Two passes keep this pure: :func:`needed_blobs` lists the blobs to read, then
 :func:`build_turn` makes the request from their bodies.
@@ -30,18 +30,18 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.actions import DispatchTurn
-from shared.core.agent.turnstate import Declared, TurnRecord
-from shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
-from shared.core.input import requestfold
-from shared.core.pack.packer import Candidate, Packed, pack
-from shared.core.run.events import AttemptEnd, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.core.run.ids import BranchId, ContextItemId, StepId
-from shared.core.run.planning import TextFacts, policy_for
-from shared.core.run.state import AttemptStatus, BranchState, RunState, final_success
-from shared.core.run.stepids import message_item_id, observation_item_id
-from shared.core.workflow.spec import AgentStep, WorkflowSpec
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.actions import DispatchTurn
+from reel.shared.core.agent.turnstate import Declared, TurnRecord
+from reel.shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
+from reel.shared.core.input import requestfold
+from reel.shared.core.pack.packer import Candidate, Packed, pack
+from reel.shared.core.run.events import AttemptEnd, AttemptFailed, AttemptSucceeded, BlobRef
+from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
+from reel.shared.core.run.planning import TextFacts, policy_for
+from reel.shared.core.run.state import AttemptStatus, BranchState, RunState, final_success
+from reel.shared.core.run.stepids import message_item_id, observation_item_id
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 INSTRUCTIONS = ContextItemId("instructions")
 

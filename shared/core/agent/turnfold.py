@@ -1,16 +1,16 @@
 """The agent part of the fold: dynamic step declarations and agent outcomes.
 
-:mod:`shared.core.run.fold` keeps one :class:`AgentRecord` per agent step that has
+:mod:`reel.shared.core.run.fold` keeps one :class:`AgentRecord` per agent step that has
 started on a branch (``BranchState.agents``, absent from the encoding of a branch
 without agents, so logs without agent steps fold to exactly what they did before).
 An agent's record lists its turns in order, each with its tool calls in order, so
 a dynamic step id (``solve:t2:c1``) finds its declaration by index in O(1), and the
-declaration order *is* the step order ``(turn, call)`` of :mod:`shared.core.run.stepids`.
+declaration order *is* the step order ``(turn, call)`` of :mod:`reel.shared.core.run.stepids`.
 
 Attempts of dynamic steps live with every other attempt in ``BranchState.attempts``,
-keyed by their step id. The records are frozen (:mod:`shared.core.agent.turnstate`): the
+keyed by their step id. The records are frozen (:mod:`reel.shared.core.agent.turnstate`): the
 fold cases here are pure — :func:`declare` and :func:`finish` take an agent's record
-and return the next one, sharing every unchanged turn — and :mod:`shared.core.run.fold`
+and return the next one, sharing every unchanged turn — and :mod:`reel.shared.core.run.fold`
 keeps the records in its accumulator. Every function here is O(1) per event (the
 turns are a persistent vector; O(declarations) for a fork, like the attempts it keeps).
 """
@@ -21,13 +21,13 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import msgspec
 
-from shared.core.agent.turnstate import AgentOutcome, AgentRecord, Declared, TurnRecord
-from shared.core.errors import InvalidTransition
-from shared.core.run.events import AgentFinished, DeclaredStep, StepDecl, StepsDeclared
-from shared.core.run.ids import LSN, RunId, StepId
-from shared.core.run.persistent import FrozenMap, FrozenVector
-from shared.core.run.state import BranchState, RunState, Steps, agent_status
-from shared.core.run.stepids import NO_CUTOFF, call_step_id, cutoff_key, parse_step_id, turn_step_id
+from reel.shared.core.agent.turnstate import AgentOutcome, AgentRecord, Declared, TurnRecord
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.core.run.events import AgentFinished, DeclaredStep, StepDecl, StepsDeclared
+from reel.shared.core.run.ids import LSN, RunId, StepId
+from reel.shared.core.run.persistent import FrozenMap, FrozenVector
+from reel.shared.core.run.state import BranchState, RunState, Steps, agent_status
+from reel.shared.core.run.stepids import NO_CUTOFF, call_step_id, cutoff_key, parse_step_id, turn_step_id
 
 __all__ = ["NO_CUTOFF", "agent_status", "agents_of", "cutoff_key", "declarations", "declare", "declared",
            "entry", "entry_in", "finish", "inherit", "is_fork_point", "record", "step_ids"]
@@ -52,7 +52,7 @@ def entry(branch: BranchState, step_id: StepId) -> TurnRecord | Declared | None:
 
 
 def entry_in(rec: AgentRecord | None, parsed: tuple[StepId, int, int]) -> TurnRecord | Declared | None:
-    """The declaration record of the dynamic step ``parsed`` (:func:`~shared.core.run.stepids.parse_step_id`) in
+    """The declaration record of the dynamic step ``parsed`` (:func:`~reel.shared.core.run.stepids.parse_step_id`) in
     its agent's record ``rec`` (O(1)); ``None`` if not declared."""
     if rec is None or parsed[1] > len(rec.turns):
         return None

@@ -1,8 +1,9 @@
-"""The records the fold keeps per agent step and branch (``BranchState.agents``; :mod:`shared.core.agent.turnfold`).
+"""The records the fold keeps per agent step and branch (``BranchState.agents``;
+    :mod:`reel.shared.core.agent.turnfold`).
 
-Frozen, like the rest of the folded state (:mod:`shared.core.run.state`): a new turn or call
+Frozen, like the rest of the folded state (:mod:`reel.shared.core.run.state`): a new turn or call
 makes new records that share the unchanged ones. An agent's turns are a
-:class:`~shared.core.run.persistent.FrozenVector` (append and replace-the-last are O(log₃₂
+:class:`~reel.shared.core.run.persistent.FrozenVector` (append and replace-the-last are O(log₃₂
 turns)); a turn's calls a tuple (one model answer's tool calls).
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.core.run.events import AgentStatus, BlobRef, DeclaredStep
-from shared.core.run.ids import LSN, StepId
-from shared.core.run.persistent import FrozenVector
+from reel.shared.core.run.events import AgentStatus, BlobRef, DeclaredStep
+from reel.shared.core.run.ids import LSN, StepId
+from reel.shared.core.run.persistent import FrozenVector
 
 
 class Declared(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -31,7 +32,7 @@ class TurnRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class AgentOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """How an agent loop ended (from :class:`~shared.core.run.events.AgentFinished`, committed at ``lsn``)."""
+    """How an agent loop ended (from :class:`~reel.shared.core.run.events.AgentFinished`, committed at ``lsn``)."""
 
     status: AgentStatus
     output_ref: BlobRef | None = None

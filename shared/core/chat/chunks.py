@@ -6,10 +6,10 @@ of the assistant message — ``content`` text, or ``tool_calls`` fragments keyed
 ones pieces of ``function.arguments``) — ``choices[0].finish_reason`` ends it, and with
 ``stream_options: {include_usage: true}`` a last chunk with no choice carries ``usage``.
 
-:class:`StreamAssembler` turns each chunk into the :class:`~shared.core.wire.livemessages.StreamChunk`
+:class:`StreamAssembler` turns each chunk into the :class:`~reel.shared.core.wire.livemessages.StreamChunk`
 published for it (``None`` when it carries no fragment) and, at the end, into the body of
 an ordinary (non-streamed) response — ``{"choices": [{"message", "finish_reason"}], "usage",
-"model"}`` — which :func:`shared.core.chat.messages.response_from_wire` reads like any other. So the
+"model"}`` — which :func:`reel.shared.core.chat.messages.response_from_wire` reads like any other. So the
 attempt's output blob is the assembled message, exactly what a non-streamed call returns:
 ``{"role": "assistant", "content": …, "tool_calls": [{"id", "type", "function": {"name",
 "arguments"}}]}`` (``tool_calls`` only when there are any), the calls in index order.
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shared.core.errors import ModelError
-from shared.core.wire.livemessages import StreamChunk, ToolCallDelta
+from reel.shared.core.errors import ModelError
+from reel.shared.core.wire.livemessages import StreamChunk, ToolCallDelta
 
 
 class _Call:

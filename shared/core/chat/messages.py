@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.core.errors import ModelError, ToolCallInvalid
-from shared.core.wire import limits
-from shared.core.workflow.modelspec import ModelSpec
+from reel.shared.core.errors import ModelError, ToolCallInvalid
+from reel.shared.core.wire import limits
+from reel.shared.core.workflow.modelspec import ModelSpec
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -45,7 +45,7 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
 
         Raises:
             ToolCallInvalid: the text is not JSON, not a JSON object, or nested deeper than
-                :data:`~shared.core.wire.limits.MAX_DEPTH` (message names call and tool).
+                :data:`~reel.shared.core.wire.limits.MAX_DEPTH` (message names call and tool).
         """
         if not self.arguments.strip():
             return {}

@@ -1,6 +1,6 @@
 """Scrubbing a service's own secrets out of what it records: each value becomes ``[redacted:NAME]``.
 
-Defence in depth beside the tool environment's allow-list (:mod:`shared.core.env.toolenv`): a
+Defence in depth beside the tool environment's allow-list (:mod:`reel.shared.core.env.toolenv`): a
 ``python`` tool runs inside the executor and can read its environment, so every tool output,
 error, prompt and log line passes through :meth:`Secrets.scrub` (or a :class:`StreamScrubber`,
 for an output that streams) before it is recorded. A value shorter than

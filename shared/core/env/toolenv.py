@@ -28,7 +28,7 @@ from typing import Protocol
 
 import msgspec
 
-from shared.core.errors import WorkflowInvalid
+from reel.shared.core.errors import WorkflowInvalid
 
 BASE_ENV_KEYS: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
 """Inherited by every tool process when set (``SYSTEMROOT``: Windows needs it to start a program)."""
@@ -40,8 +40,9 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class EnvDeclared(Protocol):
     """A spec that declares its process's ``env`` and ``pass_env`` (unset: none): a tool step's
-    :class:`~shared.core.workflow.toolspec.ToolSpec`, an agent's :class:`~shared.core.workflow.agentspec.AgentToolSpec`,
-    a :class:`~shared.core.verify.verifierspec.VerifierSpec`."""
+    :class:`~reel.shared.core.workflow.toolspec.ToolSpec`, an agent's
+    :class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`,
+    a :class:`~reel.shared.core.verify.verifierspec.VerifierSpec`."""
 
     @property
     def env(self) -> dict[str, str] | msgspec.UnsetType: ...

@@ -13,15 +13,15 @@ Writers: the executor (requests, ``run_awaiting_input``), the respond command's
 mutator (``input_answered``, source ``respond``), recovery's sweep when a request's
 deadline passes (``input_answered`` with the request's declared default, source
 ``deadline``). A ``run_cancelled`` closes every open request of the active branch
-(:mod:`shared.core.input.requestfold`). Times are fields (epoch ms): the fold reads no clock.
+(:mod:`reel.shared.core.input.requestfold`). Times are fields (epoch ms): the fold reads no clock.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from shared.core.run.eventbase import Event
-from shared.core.run.ids import BranchId, RequestId, StepId
+from reel.shared.core.run.eventbase import Event
+from reel.shared.core.run.ids import BranchId, RequestId, StepId
 
 RequestKind = Literal["approval", "question"]
 """``approval``: may this tool call run? ``question``: the model's ``ask_user`` question."""
@@ -36,7 +36,7 @@ class InputRequested(Event, tag="input_requested", kw_only=True, frozen=True, om
     """Tool call ``step_id`` (declared in the same commit) waits for a human before it runs, or for its answer.
 
     Attributes:
-        request_id: unique within the run (:func:`shared.core.run.ids.request_id_for`).
+        request_id: unique within the run (:func:`reel.shared.core.run.ids.request_id_for`).
         kind: ``approval`` or ``question``.
         tool_name, call_id: the call (its arguments are in its declaration).
         asked: who or what is asked (the tool's or the policy's ``ask``; free text).

@@ -1,6 +1,6 @@
 """The human-input part of the fold, and what planning, views and contexts read of it.
 
-:mod:`shared.core.run.fold` keeps one :class:`~shared.core.input.requeststate.InputRecord` per tool
+:mod:`reel.shared.core.run.fold` keeps one :class:`~reel.shared.core.input.requeststate.InputRecord` per tool
 call that asked for input, in ``BranchState.requests`` (keyed by the call's step id, in
 request order; absent from the encoding of a branch without requests, so older logs fold
 to exactly what they did). The fold cases here are pure: each takes the branch's state
@@ -25,16 +25,16 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.turnstate import AgentRecord
-from shared.core.errors import InvalidTransition
-from shared.core.input.requestevents import InputAnswered, InputRequested, RunAwaitingInput
-from shared.core.input.requeststate import InputRecord, InputResponse
-from shared.core.run.events import DeclaredStep
-from shared.core.run.ids import LSN, RunId, StepId
-from shared.core.run.persistent import FrozenMap
-from shared.core.run.state import DRIVABLE, BranchState, RunStatus
-from shared.core.run.stepids import order_key, parse_step_id
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.turnstate import AgentRecord
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.core.input.requestevents import InputAnswered, InputRequested, RunAwaitingInput
+from reel.shared.core.input.requeststate import InputRecord, InputResponse
+from reel.shared.core.run.events import DeclaredStep
+from reel.shared.core.run.ids import LSN, RunId, StepId
+from reel.shared.core.run.persistent import FrozenMap
+from reel.shared.core.run.state import DRIVABLE, BranchState, RunStatus
+from reel.shared.core.run.stepids import order_key, parse_step_id
 
 Gate = Literal["none", "open", "approved", "rejected", "answered", "closed"]
 GATE_TERMINAL: frozenset[Gate] = frozenset({"rejected", "answered", "closed"})

@@ -1,12 +1,12 @@
 """Human input, the pure builders: which declared calls ask a human, and their requests.
 
 :func:`request_events` is what the commit of a turn's answer carries for its calls that
-ask first (:func:`shared.core.agent.commits.turn_outcome`): one
-:class:`~shared.core.input.requestevents.InputRequested` per call of an ``ask_user`` tool or of a
+ask first (:func:`reel.shared.core.agent.commits.turn_outcome`): one
+:class:`~reel.shared.core.input.requestevents.InputRequested` per call of an ``ask_user`` tool or of a
 tool that needs approval. A call that cannot run anyway — an unknown tool, arguments that
 are not a JSON object or fail the tool's ``parameters`` — asks nobody: it runs and fails
 as the usual ``invalid_arguments`` observation. :func:`argument_error` is the one schema
-check, shared with the respond decision's edited arguments (:mod:`shared.core.input.respond`).
+check, shared with the respond decision's edited arguments (:mod:`reel.shared.core.input.respond`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 
 import jsonschema
 
-from shared.core.chat.messages import ToolCall
-from shared.core.input.requestevents import InputRequested
-from shared.core.run.events import DeclaredStep
-from shared.core.run.ids import BranchId, request_id_for
-from shared.core.wire import limits
-from shared.core.workflow.agentspec import AgentToolSpec, ApprovalPolicy
-from shared.core.workflow.spec import AgentStep
+from reel.shared.core.chat.messages import ToolCall
+from reel.shared.core.input.requestevents import InputRequested
+from reel.shared.core.run.events import DeclaredStep
+from reel.shared.core.run.ids import BranchId, request_id_for
+from reel.shared.core.wire import limits
+from reel.shared.core.workflow.agentspec import AgentToolSpec, ApprovalPolicy
+from reel.shared.core.workflow.spec import AgentStep
 
 
 @functools.lru_cache(maxsize=256)
@@ -47,7 +47,7 @@ def argument_error(schema: Mapping[str, Any], arguments: object, where: str = "$
 
 def parsed(arguments: str) -> object:
     """The decoded JSON of a call's raw arguments (``{}`` for an empty string; ``None`` when not JSON or nested
-    deeper than :data:`~shared.core.wire.limits.MAX_DEPTH`)."""
+    deeper than :data:`~reel.shared.core.wire.limits.MAX_DEPTH`)."""
     if limits.json_deeper_than(arguments):
         return None
     try:

@@ -1,6 +1,6 @@
-"""The records the fold keeps of human input (``BranchState.requests``; :mod:`shared.core.input.requestfold`).
+"""The records the fold keeps of human input (``BranchState.requests``; :mod:`reel.shared.core.input.requestfold`).
 
-Frozen, like the rest of the folded state (:mod:`shared.core.run.state`). One
+Frozen, like the rest of the folded state (:mod:`reel.shared.core.run.state`). One
 :class:`InputRecord` per tool call that asked for input, keyed by the call's step id;
 views and verifiers read the same records (a verifier can judge "did the agent ask
 before deleting" from a call's request and its answer).
@@ -12,15 +12,16 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.input.requestevents import AnswerSource, Decision, RequestKind
-from shared.core.run.ids import LSN, RequestId, StepId
+from reel.shared.core.input.requestevents import AnswerSource, Decision, RequestKind
+from reel.shared.core.run.ids import LSN, RequestId, StepId
 
 RequestStatus = Literal["open", "approved", "rejected", "answered", "closed"]
 _ANSWERED: dict[Decision, RequestStatus] = {"approve": "approved", "reject": "rejected", "answer": "answered"}
 
 
 class InputResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """How a request was answered (:class:`~shared.core.input.requestevents.InputAnswered`, committed at ``lsn``)."""
+    """How a request was answered (:class:`~reel.shared.core.input.requestevents.InputAnswered`, committed at
+        ``lsn``)."""
 
     decision: Decision
     arguments: str | None = None
@@ -33,7 +34,7 @@ class InputResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class InputRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One input request (:class:`~shared.core.input.requestevents.InputRequested`, committed at ``lsn``) and its
+    """One input request (:class:`~reel.shared.core.input.requestevents.InputRequested`, committed at ``lsn``) and its
     answer.
 
     Attributes:

@@ -1,8 +1,8 @@
-"""Respond's pure core: what a :class:`~shared.core.wire.commands.RespondRun` commits, and what a deadline does.
+"""Respond's pure core: what a :class:`~reel.shared.core.wire.commands.RespondRun` commits, and what a deadline does.
 
-The respond command answers one input request (:mod:`shared.core.input.requestevents`) of the
+The respond command answers one input request (:mod:`reel.shared.core.input.requestevents`) of the
 run's active branch. :func:`decide` gives the ``input_answered`` to commit, a
-:class:`~shared.core.decision.Skip` (nothing to write, the reason), or raises a refusal:
+:class:`~reel.shared.core.decision.Skip` (nothing to write, the reason), or raises a refusal:
 
 ================================================  ==================================================
 case                                              answer
@@ -31,17 +31,17 @@ from collections.abc import Iterator
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.decision import Decision, Skip, events_or_skip
-from shared.core.errors import InvalidCommand
-from shared.core.input import requestfold
-from shared.core.input.requestevents import DECISIONS, InputAnswered
-from shared.core.input.requesting import argument_error
-from shared.core.input.requeststate import InputRecord, InputResponse
-from shared.core.run.state import LIVE, RunState
-from shared.core.run.stepids import parse_step_id
-from shared.core.wire.commands import RespondRun
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.agent import turnfold
+from reel.shared.core.decision import Decision, Skip, events_or_skip
+from reel.shared.core.errors import InvalidCommand
+from reel.shared.core.input import requestfold
+from reel.shared.core.input.requestevents import DECISIONS, InputAnswered
+from reel.shared.core.input.requesting import argument_error
+from reel.shared.core.input.requeststate import InputRecord, InputResponse
+from reel.shared.core.run.state import LIVE, RunState
+from reel.shared.core.run.stepids import parse_step_id
+from reel.shared.core.wire.commands import RespondRun
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 MAX_ARGUMENTS_BYTES = 64 * 1024
 """Edited arguments are carried inline in the answer: at most this many bytes of JSON."""

@@ -1,1 +1,1 @@
-"""The mutators' pure decisions: cancel, rewind, recovery (respond's: :mod:`shared.core.input.respond`)."""
+"""The mutators' pure decisions: cancel, rewind, recovery (respond's: :mod:`reel.shared.core.input.respond`)."""

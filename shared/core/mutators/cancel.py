@@ -1,10 +1,11 @@
-"""Cancel's pure core: whether a :class:`~shared.core.wire.commands.CancelRun` cancels the run,
+"""Cancel's pure core: whether a :class:`~reel.shared.core.wire.commands.CancelRun` cancels the run,
 and what becomes of the outcomes of attempts the cancel caught in flight.
 
 Cancelling is legal from ``pending``, ``running``, ``awaiting_input`` and ``verifying``
-(:data:`~shared.core.run.state.LIVE`;
+(:data:`~reel.shared.core.run.state.LIVE`;
 the fold closes a waiting run's open input requests with it);
-a run that already ended is left as it is (a :class:`~shared.core.decision.Skip`: the caller's intent, "not running",
+a run that already ended is left as it is (a :class:`~reel.shared.core.decision.Skip`: the caller's intent, "not
+running",
 holds already). After the ``run_cancelled`` commit, an attempt on the run's active branch is
 never recorded succeeded or failed: :func:`after_cancel` turns its outcome into
 ``attempt_cancelled`` (the executor decides every commit through it; recovery resolves a dead
@@ -15,10 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.core.decision import Decision, Skip
-from shared.core.run.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, Commit, RunCancelled
-from shared.core.run.state import CANCELLED, LIVE, AttemptStatus, RunState
-from shared.core.wire.commands import CancelRun
+from reel.shared.core.decision import Decision, Skip
+from reel.shared.core.run.events import (
+    AnyEvent,
+    AttemptCancelled,
+    AttemptFailed,
+    AttemptSucceeded,
+    Commit,
+    RunCancelled,
+)
+from reel.shared.core.run.state import CANCELLED, LIVE, AttemptStatus, RunState
+from reel.shared.core.wire.commands import CancelRun
 
 
 def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> Decision:

@@ -22,7 +22,7 @@ executor normally commits the outcome; recovery steps in only when it cannot:
   unknown. Both carry ``recovered=True``.
 * In a **cancelled** run an intent on the active branch (the one the cancel stopped)
   is resolved ``attempt_cancelled`` whatever the marker says (never succeeded or
-  failed after ``run_cancelled``; :func:`shared.core.mutators.cancel.after_cancel`).
+  failed after ``run_cancelled``; :func:`reel.shared.core.mutators.cancel.after_cancel`).
 * An executor that holds none of its own settled intents in a drive any more (a drive of it
   raised between an intent and its outcome, and the attempt was superseded since — by itself on
   the next drive, or by another executor) resolves them itself the same way (:func:`abandon`):
@@ -45,13 +45,13 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.agent.turnfold import step_ids
-from shared.core.decision import Decision, events_or_skip
-from shared.core.mutators.cancel import as_cancelled, caught
-from shared.core.run.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, BlobRef
-from shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
-from shared.core.run.state import RESTING, AttemptState, AttemptStatus, RunState
-from shared.core.wire.subjects import outcome_key
+from reel.shared.core.agent.turnfold import step_ids
+from reel.shared.core.decision import Decision, events_or_skip
+from reel.shared.core.mutators.cancel import as_cancelled, caught
+from reel.shared.core.run.events import AnyEvent, AttemptCancelled, AttemptFailed, AttemptSucceeded, BlobRef
+from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
+from reel.shared.core.run.state import RESTING, AttemptState, AttemptStatus, RunState
+from reel.shared.core.wire.subjects import outcome_key
 
 EXECUTOR_LOST = "executor_lost"
 LOST_MESSAGE = ("executor {executor_id} was lost before committing an outcome and stored no output: the outcome "

@@ -1,4 +1,4 @@
-"""Rewind's pure core: validate a :class:`~shared.core.wire.commands.RewindRun` and decide the fork.
+"""Rewind's pure core: validate a :class:`~reel.shared.core.wire.commands.RewindRun` and decide the fork.
 
 The rewind service (services/rewind) reads one run's commits, folds them and
 asks :func:`decide` what to do; it commits and publishes, nothing else. No clock,
@@ -37,14 +37,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from shared.core.agent import turnfold
-from shared.core.decision import Decision, Skip
-from shared.core.errors import InvalidCommand, InvalidTransition
-from shared.core.run.events import BranchForked, Commit, RunCreated, VerdictRecorded
-from shared.core.run.ids import LSN, BranchId, StepId
-from shared.core.run.state import DRIVABLE, BranchState, RunState, RunStatus
-from shared.core.run.stepids import parse_step_id
-from shared.core.wire.commands import RewindRun
+from reel.shared.core.agent import turnfold
+from reel.shared.core.decision import Decision, Skip
+from reel.shared.core.errors import InvalidCommand, InvalidTransition
+from reel.shared.core.run.events import BranchForked, Commit, RunCreated, VerdictRecorded
+from reel.shared.core.run.ids import LSN, BranchId, StepId
+from reel.shared.core.run.state import DRIVABLE, BranchState, RunState, RunStatus
+from reel.shared.core.run.stepids import parse_step_id
+from reel.shared.core.wire.commands import RewindRun
 
 
 class BranchNotFound(InvalidCommand):
@@ -227,7 +227,7 @@ def _step_fork_lsn(state: RunState, lineage: Sequence[int], branch_id: BranchId,
 def _records_an_earlier_outcome(state: RunState, branch: BranchState, step_id: StepId, lsn: LSN) -> bool:
     """True if the commit at ``lsn`` also holds the outcome of a step before ``step_id`` (an
     outcome and the next intent share a commit). Forking at that commit keeps the outcome: what the
-    new branch inherits stops before ``step_id`` by step (:func:`shared.core.run.state.inherited`)."""
+    new branch inherits stops before ``step_id`` by step (:func:`reel.shared.core.run.state.inherited`)."""
     earlier = state.steps[:state.step_index(step_id)]
     return any(a.outcome_lsn == lsn for d in earlier for a in branch.attempts.get(d.step_id, ()))
 

@@ -1,7 +1,7 @@
 """Context packing with partition capture.
 
 Pure: :func:`pack` takes candidate items and a policy and returns the
-:class:`~shared.core.run.events.ContextPartition` plus the packed items in prompt order.
+:class:`~reel.shared.core.run.events.ContextPartition` plus the packed items in prompt order.
 
 What the three buckets mean in Reel:
 
@@ -42,8 +42,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.core.run.events import ContextPartition
-from shared.core.run.ids import ContextItemId
+from reel.shared.core.run.events import ContextPartition
+from reel.shared.core.run.ids import ContextItemId
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,9 +35,9 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.run.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, RunVerifying
-from shared.core.run.views import EpisodeView
-from shared.core.workflow.spec import AgentStep, ToolStep, WorkflowSpec
+from reel.shared.core.run.events import AnyEvent, AttemptDispatched, AttemptFailed, AttemptSucceeded, RunVerifying
+from reel.shared.core.run.views import EpisodeView
+from reel.shared.core.workflow.spec import AgentStep, ToolStep, WorkflowSpec
 
 CRASH_ENV = "REEL_EXECUTOR_CRASH_AT"
 """The executor's crash point: ``<step_id>:<attempt>:<where>`` or :data:`VERIFYING_POINT`; the process dies there

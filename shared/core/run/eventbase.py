@@ -1,7 +1,7 @@
-"""The base class of every run event (:mod:`shared.core.run.events`, :mod:`shared.core.input.requestevents`).
+"""The base class of every run event (:mod:`reel.shared.core.run.events`, :mod:`reel.shared.core.input.requestevents`).
 
-Its own module so event modules beside :mod:`shared.core.run.events` can subclass it while
-``events`` names them all in :data:`~shared.core.run.events.AnyEvent` (no import cycle).
+Its own module so event modules beside :mod:`reel.shared.core.run.events` can subclass it while
+``events`` names them all in :data:`~reel.shared.core.run.events.AnyEvent` (no import cycle).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Value types the events carry: blob refs, usage, context partitions, step declarations, verdicts.
 
-Split from :mod:`shared.core.run.events` (which re-exports them) to keep modules small; the wire is unchanged.
+Split from :mod:`reel.shared.core.run.events` (which re-exports them) to keep modules small; the wire is unchanged.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.run.ids import LSN, AttemptNo, BranchId, ContextItemId, RunId, StepId
+from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ContextItemId, RunId, StepId
 
 StepKind = Literal["model", "tool", "agent"]
 VerdictStatus = Literal["pass", "fail", "error"]
@@ -58,14 +58,14 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
             duplicate, over the per-item cap, or larger than the whole budget).
         drop_reasons: why each ``dropped`` item was dropped, beside it (same order, same
             length): ``excluded_kind``, ``stale``, ``duplicate``, ``over_item_cap``,
-            ``over_budget`` or ``group_dropped`` (:mod:`shared.core.pack.packer`); identifiers,
+            ``over_budget`` or ``group_dropped`` (:mod:`reel.shared.core.pack.packer`); identifiers,
             never text. Unset (and not encoded) when nothing was dropped and in partitions
             recorded before reasons were (old logs decode and fold unchanged).
         packed_tokens: the token total of ``packed`` as the packer counted it (tokens); unset
             in partitions recorded before it was.
         trimmed: candidates whose text was cut to its head and tail *before* packing — an earlier
             output larger than the step's budget could use (more than
-            :data:`~shared.core.run.planning.READ_BYTES_PER_TOKEN` bytes per budget token; reason
+            :data:`~reel.shared.core.run.planning.READ_BYTES_PER_TOKEN` bytes per budget token; reason
             ``read_bound``), its text marked where bytes were left out (docs/context.md). Each is
             also in one of the three buckets. Unset (and not encoded) when none was.
     """

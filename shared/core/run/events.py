@@ -16,21 +16,21 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.errors import UnknownEventType
-from shared.core.input.requestevents import (
+from reel.shared.core.errors import UnknownEventType
+from reel.shared.core.input.requestevents import (
     InputAnswered as InputAnswered,  # human input: shared/core/input/requestevents.py
 )
-from shared.core.input.requestevents import InputRequested as InputRequested
-from shared.core.input.requestevents import RunAwaitingInput as RunAwaitingInput
-from shared.core.run.eventbase import Event as Event
-from shared.core.run.eventfields import BlobRef as BlobRef  # value types: shared/core/run/eventfields.py
-from shared.core.run.eventfields import ContextPartition as ContextPartition
-from shared.core.run.eventfields import StepDecl as StepDecl
-from shared.core.run.eventfields import StepKind as StepKind
-from shared.core.run.eventfields import Usage as Usage
-from shared.core.run.eventfields import Verdict as Verdict
-from shared.core.run.eventfields import VerdictStatus as VerdictStatus
-from shared.core.run.ids import LSN, AttemptNo, BranchId, CommitId, ExecutorId, RunId, StepId
+from reel.shared.core.input.requestevents import InputRequested as InputRequested
+from reel.shared.core.input.requestevents import RunAwaitingInput as RunAwaitingInput
+from reel.shared.core.run.eventbase import Event as Event
+from reel.shared.core.run.eventfields import BlobRef as BlobRef  # value types: shared/core/run/eventfields.py
+from reel.shared.core.run.eventfields import ContextPartition as ContextPartition
+from reel.shared.core.run.eventfields import StepDecl as StepDecl
+from reel.shared.core.run.eventfields import StepKind as StepKind
+from reel.shared.core.run.eventfields import Usage as Usage
+from reel.shared.core.run.eventfields import Verdict as Verdict
+from reel.shared.core.run.eventfields import VerdictStatus as VerdictStatus
+from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, CommitId, ExecutorId, RunId, StepId
 
 SCHEMA_VERSION = 1
 
@@ -175,7 +175,7 @@ class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     """One dynamic step of an agent: a turn, or one tool call of a turn.
 
     Attributes:
-        step_id: ``<agent>:t<turn>`` or ``<agent>:t<turn>:c<i>`` (:mod:`shared.core.run.stepids`).
+        step_id: ``<agent>:t<turn>`` or ``<agent>:t<turn>:c<i>`` (:mod:`reel.shared.core.run.stepids`).
         kind: ``turn`` or ``tool_call``.
         turn: the turn (1-based) the step is, or belongs to.
         max_attempts: attempts of this step.

@@ -3,15 +3,15 @@
 ``fold(commits)`` turns the ordered ``(lsn, Commit)`` pairs of one run into a :class:`RunState`;
 ``apply_commit(state, lsn, commit)`` gives the state one commit later. No clock, I/O, randomness or
 logging: the same commits always give an equal state, so any materialized state can be checked
-against a cold re-fold (agent and human-input cases: :mod:`shared.core.agent.turnfold`, ``inputfold``).
+against a cold re-fold (agent and human-input cases: :mod:`reel.shared.core.agent.turnfold`, ``inputfold``).
 
-**The state handed out is immutable** (:mod:`shared.core.run.state`), like the crucible's session fold: a
+**The state handed out is immutable** (:mod:`reel.shared.core.run.state`), like the crucible's session fold: a
 holder's state never changes; the next state is a new value. Inside, the fold works on a private
 mutable accumulator (:class:`_Run`, a :class:`_Branch` per branch it touches) and publishes once per
 call, sharing every untouched branch, step tuple and attempt record with the previous state; a touched
 map costs one trie path (O(log₃₂ steps)). So one new commit costs O(1) in the run's length
 (``bench/fold_step.py``; docs/architecture.md, "State is a fold"). Pausing the GC during long loads
-is the adapter's business (:mod:`shared.nats.eventlog`), not this one's.
+is the adapter's business (:mod:`reel.shared.nats.eventlog`), not this one's.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.turnstate import AgentRecord
-from shared.core.errors import InvalidTransition
-from shared.core.input import requestfold
-from shared.core.input.requestevents import InputAnswered, InputRequested, RunAwaitingInput
-from shared.core.run import lifecycle
-from shared.core.run.events import (
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.turnstate import AgentRecord
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.core.input import requestfold
+from reel.shared.core.input.requestevents import InputAnswered, InputRequested, RunAwaitingInput
+from reel.shared.core.run import lifecycle
+from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
     AttemptCancelled,
@@ -45,9 +45,9 @@ from shared.core.run.events import (
     Verdict,
     VerdictRecorded,
 )
-from shared.core.run.ids import LSN, BranchId, StepId
-from shared.core.run.persistent import FrozenMap
-from shared.core.run.state import (
+from reel.shared.core.run.ids import LSN, BranchId, StepId
+from reel.shared.core.run.persistent import FrozenMap
+from reel.shared.core.run.state import (
     ATTEMPT_CANCELLED,
     DISPATCHED,
     FAILED,
@@ -61,7 +61,7 @@ from shared.core.run.state import (
     Steps,
     inherited,
 )
-from shared.core.run.stepids import cutoff_key, parse_step_id
+from reel.shared.core.run.stepids import cutoff_key, parse_step_id
 
 FOLD_VERSION = 1
 """Bump when the fold changes what a log means (with the golden expectations); other versions' snapshots are ignored."""
@@ -263,7 +263,7 @@ def _agent_finished(run: _Run, lsn: LSN, event: AgentFinished) -> None:
 
 
 def _input(run: _Run, lsn: LSN, event: InputRequested | InputAnswered | RunAwaitingInput) -> None:
-    """Human input: a request, an answer, the run resting (:func:`shared.core.input.requestfold.apply`)."""
+    """Human input: a request, an answer, the run resting (:func:`reel.shared.core.input.requestfold.apply`)."""
     b = _on(run, event.branch_id, "input event")
     run.status, b.base = requestfold.apply(run.status, run.active_branch, b.base, event, lsn, run.base.run_id,
                                          agent=b.agent, attempts=b.get)

@@ -20,7 +20,7 @@ CommitId = NewType("CommitId", str)
 ExecutorId = NewType("ExecutorId", str)
 AttemptNo = NewType("AttemptNo", int)  # 1-based
 LSN = NewType("LSN", int)  # the JetStream stream sequence of a commit message
-RequestId = NewType("RequestId", str)  # an input request (shared.core.input.requestevents)
+RequestId = NewType("RequestId", str)  # an input request (reel.shared.core.input.requestevents)
 
 ROOT_BRANCH = BranchId("main")
 

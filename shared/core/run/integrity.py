@@ -7,13 +7,13 @@ names another run than the one whose subject holds it (:attr:`CorruptionKind.FOR
 ``run_completed`` of a run not verifying…). The run is then corrupt at the first such LSN:
 what it folds to is the state as of the last good commit, and nothing above the bad commit
 counts. A read of a corrupt run raises :class:`RunCorrupt` carrying both, so every reader
-handles it as one more refusal (:class:`~shared.core.errors.ReelError`): ``reel ls`` lists it
+handles it as one more refusal (:class:`~reel.shared.core.errors.ReelError`): ``reel ls`` lists it
 as corrupt, the services refuse or skip it with one log line, writers never commit on top
 of it (their fence forces a re-read above the bad commit, which raises) — and every other run
 goes on. A read *at* an LSN below the bad commit (a view pinned before it) is unaffected.
 
 Pure: bodies in, commits or a :class:`Corruption` out; no I/O, clock or logging. Good logs
-fold exactly as :func:`shared.core.run.fold.fold` folds them (the golden logs are unchanged).
+fold exactly as :func:`reel.shared.core.run.fold.fold` folds them (the golden logs are unchanged).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from enum import StrEnum
 
 import msgspec
 
-from shared.core.errors import InvalidTransition, ReelError, UnknownEventType
-from shared.core.run.events import Commit, RunCreated, VerdictRecorded, decode_commit
-from shared.core.run.fold import apply_commit, fold
-from shared.core.run.ids import LSN, RunId
-from shared.core.run.state import RunState
+from reel.shared.core.errors import InvalidTransition, ReelError, UnknownEventType
+from reel.shared.core.run.events import Commit, RunCreated, VerdictRecorded, decode_commit
+from reel.shared.core.run.fold import apply_commit, fold
+from reel.shared.core.run.ids import LSN, RunId
+from reel.shared.core.run.state import RunState
 
 MAX_REASON_CHARS = 300
 """A reason longer than this is cut (a decode error can quote a large body)."""
@@ -112,7 +112,7 @@ def decode_log(run_id: str, raw: Iterable[tuple[int, bytes]]) -> tuple[list[tupl
 
 
 def apply_checked(state: RunState | None, lsn: int, commit: Commit) -> RunState | Corruption:
-    """:func:`~shared.core.run.fold.apply_commit`, an illegal transition returned as the run's corruption
+    """:func:`~reel.shared.core.run.fold.apply_commit`, an illegal transition returned as the run's corruption
     (``state``, never changed by the fold, is then the state as of the last good commit)."""
     try:
         return apply_commit(state, lsn, commit)
@@ -122,9 +122,9 @@ def apply_checked(state: RunState | None, lsn: int, commit: Commit) -> RunState 
 
 def fold_checked(commits: Sequence[tuple[int, Commit]], upto_lsn: int | None = None, *,
                  start: RunState | None = None) -> tuple[RunState | None, Corruption | None]:
-    """:func:`~shared.core.run.fold.fold` (onto ``start``) that stops at the first illegal transition.
+    """:func:`~reel.shared.core.run.fold.fold` (onto ``start``) that stops at the first illegal transition.
 
-    Good commits are folded in one go, exactly as :func:`~shared.core.run.fold.fold` does; only a
+    Good commits are folded in one go, exactly as :func:`~reel.shared.core.run.fold.fold` does; only a
     refused fold is walked again commit by commit to find the bad one.
 
     Returns:

@@ -1,18 +1,18 @@
 """Which ending events the fold accepts in which status: pure checks, no state of their own.
 
 A verdict is recorded once per (branch, snapshot, verifier), by the verification job of a
-snapshot the run verified (:func:`shared.core.verify.verification.record`; its retries are fenced,
+snapshot the run verified (:func:`reel.shared.core.verify.verification.record`; its retries are fenced,
 a rewind verifies a new branch at a new snapshot): a ``verdict_recorded`` for a verifier the
 run does not configure, for a branch or snapshot never verified, or a second one for the
 same (branch, snapshot, verifier) is refused (:func:`verdict`).
 
 A run ends once: ``run_completed`` is committed only by a verification job, on the run
 ``verifying`` on the branch (and at the snapshot) it verifies
-(:func:`shared.core.verify.verification.completion`); ``run_cancelled`` only on a live run
-(:func:`shared.core.mutators.cancel.decide` answers a no-op otherwise). Reel never writes either
+(:func:`reel.shared.core.verify.verification.completion`); ``run_cancelled`` only on a live run
+(:func:`reel.shared.core.mutators.cancel.decide` answers a no-op otherwise). Reel never writes either
 elsewhere, so one found elsewhere — a forged ``run_completed`` mid-run above all — is an
 illegal transition: the fold refuses it and the run reads corrupt at that LSN
-(:mod:`shared.core.run.integrity`). A forged ending that fits these rules cannot be told from
+(:mod:`reel.shared.core.run.integrity`). A forged ending that fits these rules cannot be told from
 a real one by reading; keeping outsiders off the event subjects is the permissions' job.
 """
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from shared.core.errors import InvalidTransition
-from shared.core.run.events import RunCompleted, Verdict, VerdictRecorded
-from shared.core.run.ids import LSN, BranchId
-from shared.core.run.state import CANCELLED, COMPLETED, LIVE, VERIFYING, BranchState, RunState, RunStatus
+from reel.shared.core.errors import InvalidTransition
+from reel.shared.core.run.events import RunCompleted, Verdict, VerdictRecorded
+from reel.shared.core.run.ids import LSN, BranchId
+from reel.shared.core.run.state import CANCELLED, COMPLETED, LIVE, VERIFYING, BranchState, RunState, RunStatus
 
 
 class FoldingBranch(Protocol):

@@ -1,6 +1,6 @@
 """Immutable collections with O(log₃₂ n) updates by structural sharing: :class:`FrozenMap`, :class:`FrozenVector`.
 
-The folded run state (:mod:`shared.core.run.state`) keeps its per-step and per-branch maps
+The folded run state (:mod:`reel.shared.core.run.state`) keeps its per-step and per-branch maps
 in a :class:`FrozenMap` and an agent's turns in a :class:`FrozenVector`: callers read
 them like a ``dict`` / a ``tuple`` but cannot change them, and the fold derives the
 collection of the next commit from the previous one without copying it.

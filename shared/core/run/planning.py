@@ -3,9 +3,9 @@
 :func:`next_action` decides from the folded state alone; the executor service
 (services/executor) performs the action, commits, applies the commit to its
 state and asks again. No I/O, clock or randomness here. Inside an agent step the
-decision is :func:`shared.core.agent.actions.agent_action`'s; its actions (``Wait``,
+decision is :func:`reel.shared.core.agent.actions.agent_action`'s; its actions (``Wait``,
 ``DispatchTurn``, ``DispatchCalls``, …) and what each commit carries are
-described in :mod:`shared.core.agent.actions`.
+described in :mod:`reel.shared.core.agent.actions`.
 
 Attempt numbering: attempts are numbered 1, 2, … per step and branch. A step
 fails when ``max_attempts`` attempts have *failed* (or one failed non-retryably).
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.agent.actions import (
+from reel.shared.core.agent import turnfold
+from reel.shared.core.agent.actions import (
     AdoptTurn,
     AgentAction,
     AwaitInput,
@@ -36,11 +36,11 @@ from shared.core.agent.actions import (
     Wait,
     agent_action,
 )
-from shared.core.pack.packer import Candidate, PackPolicy
-from shared.core.pack.tokencount import TokenCounter
-from shared.core.run.events import BlobRef
-from shared.core.run.ids import AttemptNo, BranchId, ContextItemId, StepId
-from shared.core.run.state import (
+from reel.shared.core.pack.packer import Candidate, PackPolicy
+from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.ids import AttemptNo, BranchId, ContextItemId, StepId
+from reel.shared.core.run.state import (
     DRIVABLE,
     STEP_TERMINAL,
     AttemptStatus,
@@ -50,7 +50,7 @@ from shared.core.run.state import (
     final_success,
     own_status,
 )
-from shared.core.workflow.spec import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
+from reel.shared.core.workflow.spec import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
 
 __all__ = ["Action", "AdoptTurn", "AwaitInput", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
            "EnterVerifying", "FinishAgent", "ResolveUnknown", "Rest", "Wait", "next_action"]
@@ -89,7 +89,7 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
     Args:
         in_flight: ``(branch, step, attempt)`` of the attempts this executor is running (its tasks); any
             other attempt still ``dispatched`` is an orphan and is superseded. Empty (the sequential
-            executor): nothing is waited for. See :mod:`shared.core.agent.actions` for the agent actions.
+            executor): nothing is waited for. See :mod:`reel.shared.core.agent.actions` for the agent actions.
         start: the steps before this position are known to have succeeded on the active branch (a
             cursor the caller keeps with :func:`succeeded_prefix`): only the rest is looked at, so a
             step's planning costs O(1) whatever the run's length. 0 looks at every step.
@@ -167,7 +167,8 @@ def outcome_recorded(state: RunState, branch_id: BranchId, step_id: StepId, atte
 
 
 def succeeded_output(state: RunState, branch_id: BranchId, step_id: StepId) -> BlobRef | None:
-    """The output BlobRef of the step's final success on ``branch_id`` (:func:`shared.core.run.state.final_success`);
+    """The output BlobRef of the step's final success on ``branch_id``
+        (:func:`reel.shared.core.run.state.final_success`);
     of an agent step, its ``agent_finished`` output (the final turn's text)."""
     rec = turnfold.record(state.branches[branch_id], step_id)
     if rec is not None:
@@ -205,7 +206,7 @@ def context_items(step: ModelStep, spec: WorkflowSpec, outputs: Mapping[str, str
 READ_BYTES_PER_TOKEN = 16
 """How many bytes of an earlier output a model step reads per token of its budget (bytes/token): an output
 longer than that much of the budget (or of ``max_item_tokens``) could not fit — text runs 3–4 bytes per
-token (:mod:`shared.core.pack.tokencount`) — so only its head and tail are read (:func:`read_bound`)."""
+token (:mod:`reel.shared.core.pack.tokencount`) — so only its head and tail are read (:func:`read_bound`)."""
 
 
 def read_bound(policy: PackPolicy) -> int:

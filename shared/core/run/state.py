@@ -1,12 +1,12 @@
-"""The folded state of one run and its statuses: what :mod:`shared.core.run.fold` produces.
+"""The folded state of one run and its statuses: what :mod:`reel.shared.core.run.fold` produces.
 
 Statuses are :class:`enum.StrEnum`s: a member *is* its string (``RunStatus.RUNNING == "running"``,
 same hash, ``str()``/``format()`` give the value), and msgspec encodes it as that string, so the JSON
 of a state and every comparison with a plain string are unchanged. Ids and LSNs are the ``NewType``s
-of :mod:`shared.core.run.ids` (plain ``str`` / ``int`` on the wire).
+of :mod:`reel.shared.core.run.ids` (plain ``str`` / ``int`` on the wire).
 
-The state types are frozen; their maps are :class:`~shared.core.run.persistent.FrozenMap` maps and their
-sequences tuples (an agent's turns a :class:`~shared.core.run.persistent.FrozenVector`), so its JSON
+The state types are frozen; their maps are :class:`~reel.shared.core.run.persistent.FrozenMap` maps and their
+sequences tuples (an agent's turns a :class:`~reel.shared.core.run.persistent.FrozenVector`), so its JSON
 (:func:`encode_state`) is byte for byte what the earlier ``dict``/``list`` state gave. No state Struct can
 hold a reference cycle (each holds only values below it): none is tracked by the cyclic GC (``gc=False``).
 """
@@ -19,12 +19,12 @@ from typing import TypeVar
 
 import msgspec
 
-from shared.core.agent.turnstate import AgentRecord
-from shared.core.input.requeststate import InputRecord
-from shared.core.run.events import BlobRef, ContextPartition, RunOutcome, StepDecl, Usage, Verdict
-from shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
-from shared.core.run.persistent import FrozenMap, MapBuilder
-from shared.core.run.stepids import cutoff_key, order_key
+from reel.shared.core.agent.turnstate import AgentRecord
+from reel.shared.core.input.requeststate import InputRecord
+from reel.shared.core.run.events import BlobRef, ContextPartition, RunOutcome, StepDecl, Usage, Verdict
+from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
+from reel.shared.core.run.persistent import FrozenMap, MapBuilder
+from reel.shared.core.run.stepids import cutoff_key, order_key
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ class AttemptStatus(StrEnum):
 
 
 class StepStatus(StrEnum):
-    """A step's status on one branch, derived from its attempts (:func:`shared.core.run.state.step_statuses`)."""
+    """A step's status on one branch, derived from its attempts (:func:`reel.shared.core.run.state.step_statuses`)."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -113,7 +113,7 @@ class Steps(tuple[StepDecl, ...]):
 
     @property
     def positions(self) -> Mapping[StepId, int]:
-        """Step id → position (for :func:`shared.core.run.stepids.order_key`); read only."""
+        """Step id → position (for :func:`reel.shared.core.run.stepids.order_key`); read only."""
         return self._index
 
 
@@ -141,9 +141,9 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One line of history of a run; ``attempts``: step id → its attempts, in dispatch order (an agent's turns and
-    calls too); ``agents``: the agent steps' declarations and outcomes (:mod:`shared.core.agent.turnfold`);
+    calls too); ``agents``: the agent steps' declarations and outcomes (:mod:`reel.shared.core.agent.turnfold`);
     ``requests``:
-    the input requests by call step id (:mod:`shared.core.input.requestfold`) — the last two unset (not encoded) if
+    the input requests by call step id (:mod:`reel.shared.core.input.requestfold`) — the last two unset (not encoded) if
     none."""
 
     branch_id: BranchId
@@ -159,9 +159,9 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything known about one run at ``head_lsn``: immutable, shared structurally between LSNs.
 
-    Its collections are tuples and :class:`~shared.core.run.persistent.FrozenMap` maps, so a state
+    Its collections are tuples and :class:`~reel.shared.core.run.persistent.FrozenMap` maps, so a state
     handed out can never change under its holder; the fold derives the next state without
-    copying the unchanged parts (see :mod:`shared.core.run.fold`). Encode and decode it with
+    copying the unchanged parts (see :mod:`reel.shared.core.run.fold`). Encode and decode it with
     :func:`encode_state` / :func:`decode_state` (msgspec needs the hooks for ``FrozenMap``).
     """
 

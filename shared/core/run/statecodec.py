@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.core.run.events import StepDecl
-from shared.core.run.persistent import FrozenMap, FrozenVector, enc_hook, from_builtins
-from shared.core.run.state import RunState, Steps
+from reel.shared.core.run.events import StepDecl
+from reel.shared.core.run.persistent import FrozenMap, FrozenVector, enc_hook, from_builtins
+from reel.shared.core.run.state import RunState, Steps
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ tool call *i*      ``solve:t<t>:c<i>``     ``solve:t<t>:c<i>:obs`` (the tool res
 ``:`` is outside user step ids (``[A-Za-z0-9_-]``), so a dynamic id never collides
 with a workflow step; it is legal in a NATS subject token. KV keys do not allow
 ``:``, so :func:`kv_safe` maps it to ``=`` (also outside user ids: injective and
-reversible) wherever a key embeds a step id (:func:`shared.core.wire.subjects.outcome_key`).
+reversible) wherever a key embeds a step id (:func:`reel.shared.core.wire.subjects.outcome_key`).
 
 Ordering of steps (fork inheritance, listings): :func:`order_key` ``(workflow index,
 turn, call)`` with a static step at ``(i, 0, -1)``, a turn at ``(i, t, -1)`` and a
@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from shared.core.run.ids import ContextItemId, StepId
+from reel.shared.core.run.ids import ContextItemId, StepId
 
 _DYNAMIC = re.compile(r"^([A-Za-z0-9_-]{1,128}):t([1-9][0-9]{0,5})(?::c(0|[1-9][0-9]{0,5}))?$")
 

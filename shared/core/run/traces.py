@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.core.run.eventfields import Usage
-from shared.core.run.events import (
+from reel.shared.core.run.eventfields import Usage
+from reel.shared.core.run.events import (
     AgentFinished,
     AttemptCancelled,
     AttemptDispatched,
@@ -45,7 +45,7 @@ from shared.core.run.events import (
     StepsDeclared,
     VerdictRecorded,
 )
-from shared.core.workflow.spec import AgentStep, ModelStep, ToolStep, WorkflowSpec
+from reel.shared.core.workflow.spec import AgentStep, ModelStep, ToolStep, WorkflowSpec
 
 AttrValue = str | int | float | bool
 SpanKind = Literal["INTERNAL", "CLIENT"]

@@ -12,12 +12,12 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
-from shared.core.agent import turnfold
-from shared.core.input import requestfold
-from shared.core.input.requeststate import InputRecord
-from shared.core.run.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
-from shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
-from shared.core.run.state import (
+from reel.shared.core.agent import turnfold
+from reel.shared.core.input import requestfold
+from reel.shared.core.input.requeststate import InputRecord
+from reel.shared.core.run.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
+from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
+from reel.shared.core.run.state import (
     AttemptState,
     AttemptStatus,
     BranchState,
@@ -74,7 +74,7 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
             deadline) and its answer (approved, edited arguments, rejected with a note, answered), or
             ``closed_lsn`` when the run was cancelled while it was open. The call's status is
             ``awaiting_input`` while it is open; a rejection is ``failed``, an answer ``succeeded``.
-        status: derived from the attempts (:func:`shared.core.run.state.step_statuses`), except on the active
+        status: derived from the attempts (:func:`reel.shared.core.run.state.step_statuses`), except on the active
             branch of a cancelled run, where a step the cancel stopped in flight (``running``, ``retrying``,
             ``awaiting_input``; an agent's call it had asked for and not yet run) reads ``cancelled``
             (:func:`stopped_by_cancel`); its attempts stay as recorded (one the cancel's executor never
@@ -123,7 +123,7 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
         usage: the sum over every attempt (failed ones too).
         outcome, context_checks: set only by readers that report a completed run (``reel show
             --json``): its reported outcome (``unlabelled`` without an outcome verifier) and the
-            verdicts of its context checks (:mod:`shared.core.verify.reportedoutcome`); unset and not encoded in
+            verdicts of its context checks (:mod:`reel.shared.core.verify.reportedoutcome`); unset and not encoded in
             the views verifiers get.
     """
 

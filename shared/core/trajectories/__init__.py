@@ -1,7 +1,7 @@
 """Recorded agent trajectories → replayable Reel workflows (see docs/trajectories.md).
 
 :func:`load_trajectories` reads one trajectory file, detects its format
-(:func:`detect_format`) and returns one :class:`~shared.core.workflow.spec.WorkflowSpec` per
+(:func:`detect_format`) and returns one :class:`~reel.shared.core.workflow.spec.WorkflowSpec` per
 recorded run in it. Pure: no NATS, no clock; the only I/O is reading the file and,
 for mini-swe-agent, its companion SWE-bench ``report.json`` (the outcome label).
 
@@ -32,8 +32,8 @@ Context item ids are stable across turns: ``m0003`` is message 3 of the file
 (``e0042`` is OpenHands event 42), so partitions of successive turns can be diffed.
 """
 
-from shared.core.trajectories.builder import EXCLUDED_KINDS, MAX_WORKFLOW_BYTES, PRIORITY
-from shared.core.trajectories.loader import FORMATS, PARSERS, TrajectoryFormat, detect_format, load_trajectories
+from reel.shared.core.trajectories.builder import EXCLUDED_KINDS, MAX_WORKFLOW_BYTES, PRIORITY
+from reel.shared.core.trajectories.loader import FORMATS, PARSERS, TrajectoryFormat, detect_format, load_trajectories
 
 __all__ = [
     "EXCLUDED_KINDS",

@@ -1,4 +1,4 @@
-"""A format-neutral :class:`~shared.core.trajectories.recording.Recording` → a validated agent-step workflow.
+"""A format-neutral :class:`~reel.shared.core.trajectories.recording.Recording` → a validated agent-step workflow.
 
 Replay is the agent loop: a recording becomes one ``kind: agent`` step,
 :data:`AGENT_STEP` (``replay``), whose model is the ``replay`` adapter playing the
@@ -6,14 +6,14 @@ recorded assistant messages as ``turns`` (text, tool calls and usage as recorded
 whose tools are ``recorded`` tools answering each call with the recorded observation
 (``by_call_id``). The executor runs it like a live agent: turn *t* is step
 ``replay:t<t>``, its calls ``replay:t<t>:c<i>``; each turn's context is packed from the
-instructions, the task and the earlier turns (:mod:`shared.core.agent.turncontext`).
+instructions, the task and the earlier turns (:mod:`reel.shared.core.agent.turncontext`).
 
 * The system message before the first turn → the step's ``instructions``; the other
   messages before it (the task, SWE-agent demos, an OpenHands recall) → ``context``
   items with their recorded ids (``m0001``) and :data:`PRIORITY`.
 * Each turn's calls get the recorded provider id, or — when the recording has none
   (a shell action, a reply to the user) or repeats an earlier one — the id Reel
-  assigns a live model's call (``call_t<turn>_<i>``, :func:`shared.core.chat.messages.assign_call_ids`).
+  assigns a live model's call (``call_t<turn>_<i>``, :func:`reel.shared.core.chat.messages.assign_call_ids`).
 * Text that answers no call (an uncaused observation, a message between turns) is
   appended to the turn's latest result; a turn that made no call but was answered,
   or is followed by another turn, gets one ``respond`` call (arguments ``{}``) whose
@@ -25,7 +25,8 @@ instructions, the task and the earlier turns (:mod:`shared.core.agent.turncontex
 Verifiers: ``recorded_outcome`` when the recording has a label (the outcome verifier), and
 ``task-in-final-context`` (``context_requires`` the task item at the last recorded turn): a
 *context check*, named in the workflow's ``context_checks`` label, reported beside the outcome and
-never as it — a recording without a label reports outcome ``unlabelled`` (:mod:`shared.core.verify.reportedoutcome`).
+never as it — a recording without a label reports outcome ``unlabelled``
+(:mod:`reel.shared.core.verify.reportedoutcome`).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ import re
 
 import msgspec
 
-from shared.core.chat.messages import ToolCall, assign_call_ids
-from shared.core.errors import TrajectoryFormatError
-from shared.core.pack.tokencount import TokenCounter
-from shared.core.run.stepids import turn_step_id
-from shared.core.trajectories.recording import Call, Entry, Lit, Obs, Recording, Turn
-from shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
-from shared.core.workflow.agentspec import TOOL_NAME, AgentToolSpec, RecordedToolSpec
-from shared.core.workflow.spec import (
+from reel.shared.core.chat.messages import ToolCall, assign_call_ids
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.run.stepids import turn_step_id
+from reel.shared.core.trajectories.recording import Call, Entry, Lit, Obs, Recording, Turn
+from reel.shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
+from reel.shared.core.workflow.agentspec import TOOL_NAME, AgentToolSpec, RecordedToolSpec
+from reel.shared.core.workflow.spec import (
     AgentStep,
     ContextItemSpec,
     ModelSpec,
@@ -74,7 +75,7 @@ EXCLUDED_KINDS = ("demo",)
 _NOT_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 CONTEXT_CHECK_TYPES = ("context_requires",)
 """Verifier types that check Reel's packing, not the recorded agent: context checks, never the run's outcome
-(the workflow's ``context_checks`` label names them; :mod:`shared.core.verify.reportedoutcome`)."""
+(the workflow's ``context_checks`` label names them; :mod:`reel.shared.core.verify.reportedoutcome`)."""
 
 
 def checks_label(verifiers: tuple[VerifierSpec, ...]) -> str:
@@ -94,7 +95,7 @@ def checked(rec: Recording, spec: WorkflowSpec) -> WorkflowSpec:
     """``spec`` (the replay workflow of ``rec``) validated, and no larger than :data:`MAX_WORKFLOW_BYTES` encoded.
 
     Raises:
-        WorkflowInvalid: ``spec`` fails validation (:func:`shared.core.workflow.spec.validate_workflow`).
+        WorkflowInvalid: ``spec`` fails validation (:func:`reel.shared.core.workflow.spec.validate_workflow`).
         TrajectoryFormatError: it encodes to more than :data:`MAX_WORKFLOW_BYTES` bytes.
     """
     spec = validate_workflow(spec)

@@ -1,4 +1,4 @@
-"""A :class:`~shared.core.trajectories.recording.Recording` → its **linear** workflow: one model step per turn.
+"""A :class:`~reel.shared.core.trajectories.recording.Recording` → its **linear** workflow: one model step per turn.
 
 The form ``reel replay`` used before replay became an agent step (:mod:`.builder`), kept
 for analyses that pack each turn's context the way a ``kind: model`` step does — the
@@ -17,17 +17,17 @@ crucible worked example's judge (``examples/crucible/judge.py``) scores its poli
 
 Verifiers: ``recorded_outcome`` when the recording has a label, and
 ``task-in-final-context`` (``context_requires`` the task item at the last model step), a context check
-(the ``context_checks`` label, :mod:`shared.core.verify.reportedoutcome`).
+(the ``context_checks`` label, :mod:`reel.shared.core.verify.reportedoutcome`).
 """
 
 from __future__ import annotations
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.pack.tokencount import TokenCounter
-from shared.core.trajectories.builder import PRIORITY, checked, checks_label, policy
-from shared.core.trajectories.recording import Obs, Recording, Turn
-from shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
-from shared.core.workflow.spec import (
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.trajectories.builder import PRIORITY, checked, checks_label, policy
+from reel.shared.core.trajectories.recording import Obs, Recording, Turn
+from reel.shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
+from reel.shared.core.workflow.spec import (
     ContextItemSpec,
     ModelSpec,
     ModelStep,

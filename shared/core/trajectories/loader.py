@@ -1,12 +1,12 @@
 """The common loader: read a trajectory file, detect its format, parse it, build one workflow per run.
 
 :func:`load_trajectories` is the entry point (re-exported as
-``shared.core.trajectories.load_trajectories``). Pure: no NATS, no clock; the
+``reel.shared.core.trajectories.load_trajectories``). Pure: no NATS, no clock; the
 only I/O is reading the file and, for mini-swe-agent, its companion SWE-bench
 ``report.json``. The format parsers are one module each
-(:mod:`~shared.core.trajectories.mini_swe_agent`, :mod:`~shared.core.trajectories.swe_agent`,
-:mod:`~shared.core.trajectories.tau_bench`, :mod:`~shared.core.trajectories.openhands`);
-:mod:`~shared.core.trajectories.builder` maps their recordings to workflows.
+(:mod:`~reel.shared.core.trajectories.mini_swe_agent`, :mod:`~reel.shared.core.trajectories.swe_agent`,
+:mod:`~reel.shared.core.trajectories.tau_bench`, :mod:`~reel.shared.core.trajectories.openhands`);
+:mod:`~reel.shared.core.trajectories.builder` maps their recordings to workflows.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.pack.tokencount import DEFAULT_COUNTER
-from shared.core.trajectories import mini_swe_agent, openhands, swe_agent, tau_bench
-from shared.core.trajectories.builder import build
-from shared.core.trajectories.linear import build_linear
-from shared.core.trajectories.recording import Parser
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
+from reel.shared.core.trajectories import mini_swe_agent, openhands, swe_agent, tau_bench
+from reel.shared.core.trajectories.builder import build
+from reel.shared.core.trajectories.linear import build_linear
+from reel.shared.core.trajectories.recording import Parser
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 TrajectoryFormat = Literal["mini-swe-agent", "swe-agent", "tau-bench", "openhands"]
 WorkflowForm = Literal["agent", "linear"]
@@ -32,7 +32,7 @@ PARSERS: dict[TrajectoryFormat, Parser] = {
     "mini-swe-agent": mini_swe_agent.parse, "swe-agent": swe_agent.parse, "tau-bench": tau_bench.parse,
     "openhands": openhands.parse,
 }
-"""Each format's parser (:data:`~shared.core.trajectories.recording.Parser`)."""
+"""Each format's parser (:data:`~reel.shared.core.trajectories.recording.Parser`)."""
 
 _EXPECTED = (
     "expected one of: mini-swe-agent (JSON object with `trajectory_format: \"mini-swe-agent-1\"` and `messages`), "
@@ -86,8 +86,8 @@ def load_trajectories(
             is a quarter of it, but never below the largest system/task item.
         limit: keep only the first ``limit`` runs of a multi-run file (None = all).
         form: ``agent`` (what ``reel replay`` runs: one agent step replaying the turns through
-            the agent loop, :mod:`~shared.core.trajectories.builder`) or ``linear`` (one model
-            step per turn and one tool step per result, :mod:`~shared.core.trajectories.linear`;
+            the agent loop, :mod:`~reel.shared.core.trajectories.builder`) or ``linear`` (one model
+            step per turn and one tool step per result, :mod:`~reel.shared.core.trajectories.linear`;
             for analyses that pack turns as model steps, e.g. the crucible example's judge).
 
     Returns:
@@ -101,7 +101,7 @@ def load_trajectories(
         TrajectoryFormatError: unreadable file, invalid JSON/JSONL, unknown format, a
             recording that does not match its format's schema, a run with no model
             turns, or a workflow over
-            :data:`~shared.core.trajectories.builder.MAX_WORKFLOW_BYTES`. The message names the file.
+            :data:`~reel.shared.core.trajectories.builder.MAX_WORKFLOW_BYTES`. The message names the file.
         ValueError: ``budget_tokens < 1``, ``limit < 0`` or an unknown ``form``.
     """
     if budget_tokens < 1:

@@ -1,4 +1,4 @@
-"""mini-swe-agent ``*.traj.json`` → :class:`~shared.core.trajectories.recording.Recording` (one run per file).
+"""mini-swe-agent ``*.traj.json`` → :class:`~reel.shared.core.trajectories.recording.Recording` (one run per file).
 
 Assistant messages are model turns; a user message answering one is the
 observation of its bash command (the single fenced ``bash`` block of the turn), which
@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.trajectories.recording import (
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.trajectories.recording import (
     Entry,
     Lit,
     Msg,

@@ -4,7 +4,7 @@ A parser (one module per format) turns one decoded file into :class:`Recording` 
 an ordered list of entries — :class:`Lit` (a message no step produced),
 :class:`Turn` (a recorded model turn) and :class:`Obs` (the environment's answer
 to the latest turn) — plus the run's name, model and ``source`` metadata.
-:func:`shared.core.trajectories.builder.build` maps a recording to a workflow.
+:func:`reel.shared.core.trajectories.builder.build` maps a recording to a workflow.
 
 Also here: the OpenAI-style chat shapes (validated with msgspec at the edge) that
 mini-swe-agent, tau-bench and OpenHands share, and how a model output is rendered
@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.workflow.spec import RecordedUsage
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.workflow.spec import RecordedUsage
 
 _T = TypeVar("_T")
 

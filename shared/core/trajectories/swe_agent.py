@@ -1,4 +1,4 @@
-"""SWE-agent ``*.traj`` (0.x and 1.x) → :class:`~shared.core.trajectories.recording.Recording` (one run per file).
+"""SWE-agent ``*.traj`` (0.x and 1.x) → :class:`~reel.shared.core.trajectories.recording.Recording` (one run per file).
 
 Both versions write ``{trajectory, history, info, …}``; ``history`` is the exact model
 context, one entry per message (``sweagent/types.py`` ``HistoryItem``: ``role``,
@@ -35,8 +35,8 @@ from typing import Any
 
 import msgspec
 
-from shared.core.errors import TrajectoryFormatError
-from shared.core.trajectories.recording import (
+from reel.shared.core.errors import TrajectoryFormatError
+from reel.shared.core.trajectories.recording import (
     Entry,
     Lit,
     Obs,

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from shared.core.trajectories.recording import (
+from reel.shared.core.trajectories.recording import (
     Entry,
     Lit,
     Msg,

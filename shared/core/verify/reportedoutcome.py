@@ -15,18 +15,18 @@ this module is how every reader *reports* it:
   ``context_checks``), ``task-in-final-context`` if the run has it;
 * :func:`reported_outcome` — the outcome over the *other* verifiers (the outcome
   verifiers, e.g. ``recorded_outcome``) by the same rule
-  (:func:`shared.core.verify.verification.derive_outcome`), and :data:`UNLABELLED` when a
+  (:func:`reel.shared.core.verify.verification.derive_outcome`), and :data:`UNLABELLED` when a
   run whose verifiers are declared this way (the label is present) has no outcome
   verifier and no step failed. A run without the label reports its logged outcome.
 
-Pure: reads a folded :class:`~shared.core.run.state.RunState`, no I/O.
+Pure: reads a folded :class:`~reel.shared.core.run.state.RunState`, no I/O.
 """
 
 from __future__ import annotations
 
-from shared.core.run.events import Verdict
-from shared.core.run.state import RunState, branch_failed
-from shared.core.verify.verification import derive_outcome
+from reel.shared.core.run.events import Verdict
+from reel.shared.core.run.state import RunState, branch_failed
+from reel.shared.core.verify.verification import derive_outcome
 
 CONTEXT_CHECKS_LABEL = "context_checks"
 """Run label naming the verifiers that are context checks, comma-separated (``""``: none)."""

@@ -2,7 +2,7 @@
 
 A verification job judges one run at one snapshot LSN P on one branch. The
 service (services/verifier) runs the verifiers and commits through
-:func:`shared.application.fenced.commit_decided`; what it commits is decided here, on the run's
+:func:`reel.shared.application.fenced.commit_decided`; what it commits is decided here, on the run's
 state at the head, with no clock (the time comes in as an argument), no I/O and
 no logging:
 
@@ -11,7 +11,7 @@ no logging:
 * :func:`completion` — ``run_completed`` only if the run still rests in
   ``verifying`` at P on that branch with every configured verdict recorded; its
   outcome by :func:`derive_outcome`;
-* :func:`corrupt_verdicts` — a run found corrupt (:mod:`shared.core.run.integrity`) gets an
+* :func:`corrupt_verdicts` — a run found corrupt (:mod:`reel.shared.core.run.integrity`) gets an
   ``error`` verdict from each verifier not yet recorded, naming the bad LSN and why:
   published, never recorded (no writer commits on top of a corrupt run).
 """
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.core.decision import Decision, Skip
-from shared.core.run.events import RunCompleted, RunOutcome, Verdict, VerdictRecorded, VerdictStatus
-from shared.core.run.ids import LSN, BranchId, RunId
-from shared.core.run.integrity import RunCorrupt
-from shared.core.run.state import RunState
+from reel.shared.core.decision import Decision, Skip
+from reel.shared.core.run.events import RunCompleted, RunOutcome, Verdict, VerdictRecorded, VerdictStatus
+from reel.shared.core.run.ids import LSN, BranchId, RunId
+from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.state import RunState
 
 
 def recorded(state: RunState, branch_id: BranchId, snapshot_lsn: LSN) -> dict[str, Verdict]:
@@ -55,7 +55,7 @@ def completion(state: RunState, *, branch_id: BranchId, snapshot_lsn: LSN, step_
 
     Args:
         step_failed: a step of the branch failed for good, as of the snapshot
-            (:func:`shared.core.run.state.branch_failed` on the pinned state).
+            (:func:`reel.shared.core.run.state.branch_failed` on the pinned state).
         at_ms: the completion time (epoch ms).
     """
     if (state.status, state.verifying_lsn, state.verifying_branch) != ("verifying", snapshot_lsn, branch_id):

@@ -1,6 +1,6 @@
 """Verifier specs of a workflow and their load-time checks (see docs/verifiers.md).
 
-Re-exported by :mod:`shared.core.workflow.spec`, where a workflow's ``verifiers:`` are declared.
+Re-exported by :mod:`reel.shared.core.workflow.spec`, where a workflow's ``verifiers:`` are declared.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Literal
 import jsonschema
 import msgspec
 
-from shared.core.env.toolenv import check_process_env
-from shared.core.errors import WorkflowInvalid
-from shared.core.run.stepids import parse_step_id
+from reel.shared.core.env.toolenv import check_process_env
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.run.stepids import parse_step_id
 
 VerifierType = Literal[
     "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
@@ -33,7 +33,7 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         expect: the recording's own outcome label for ``recorded_outcome``.
         timeout_s: deadline of this verifier (s).
         env, pass_env: a ``command`` verifier's own variables, and the names passed through from the
-            verifier service's environment (:mod:`shared.core.env.toolenv`; ``REEL_NATS_*`` refused at load).
+            verifier service's environment (:mod:`reel.shared.core.env.toolenv`; ``REEL_NATS_*`` refused at load).
     """
 
     type: VerifierType

@@ -12,11 +12,11 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from shared.core.errors import InvalidCommand, ReelError
-from shared.core.run.events import BlobRef
-from shared.core.run.ids import LSN, BranchId, RunId, StepId
-from shared.core.wire import limits
-from shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.errors import InvalidCommand, ReelError
+from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.ids import LSN, BranchId, RunId, StepId
+from reel.shared.core.wire import limits
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 _T = TypeVar("_T")
 
@@ -143,9 +143,9 @@ def error_reply(exc: ReelError, run_id: str | None = None) -> Reply:
 def decode_command(data: bytes, kind: type[_T]) -> _T:
     """Decode one command body.
 
-    The body's size and nesting are checked before it is decoded (:func:`shared.core.wire.limits.check_json`:
-    at most :data:`~shared.core.wire.limits.MAX_COMMAND_BYTES`, arrays and objects at most
-    :data:`~shared.core.wire.limits.MAX_DEPTH` deep), so no decoder or later walk over it recurses without bound.
+    The body's size and nesting are checked before it is decoded (:func:`reel.shared.core.wire.limits.check_json`:
+    at most :data:`~reel.shared.core.wire.limits.MAX_COMMAND_BYTES`, arrays and objects at most
+    :data:`~reel.shared.core.wire.limits.MAX_DEPTH` deep), so no decoder or later walk over it recurses without bound.
 
     Raises:
         InvalidCommand: not JSON, wrong field types, unknown fields; the message

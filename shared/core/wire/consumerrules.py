@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from shared.core.wire import limits
+from reel.shared.core.wire import limits
 
 CLIENT_INBOX = "_INBOX"
 """The inbox prefix of client connections: the Reel account exports ``_INBOX.>`` to the client account."""

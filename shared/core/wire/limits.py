@@ -7,7 +7,7 @@ workflow document and a model's tool-call arguments are measured first:
 :func:`json_deeper_than` scans JSON text without decoding it (C-speed passes, then a loop over
 what is left), :func:`value_depth` walks an already-decoded value without recursing.
 :func:`check_json` and :func:`check_value` refuse what is over :data:`MAX_DEPTH` or a size
-limit with :class:`~shared.core.errors.InvalidCommand` whose message starts
+limit with :class:`~reel.shared.core.errors.InvalidCommand` whose message starts
 ``nested deeper than <N>``.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.core.errors import InvalidCommand
+from reel.shared.core.errors import InvalidCommand
 
 MAX_DEPTH = 64
 """Levels of arrays and objects a command body, a workflow document or tool arguments may nest

@@ -20,7 +20,7 @@ from typing import Literal
 
 import msgspec
 
-from shared.core.run.ids import LSN, RunId
+from reel.shared.core.run.ids import LSN, RunId
 
 ControlSignal = Literal["cancelled"]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.core.run.stepids import kv_safe
+from reel.shared.core.run.stepids import kv_safe
 
 REPLY_TO_HEADER = "Reel-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -165,7 +165,7 @@ class Names:
 
     def control(self, run_id: str) -> str:
         """Core-NATS subject of signals to the executor driving ``run_id``
-        (:class:`~shared.core.wire.livemessages.RunControl`)."""
+        (:class:`~reel.shared.core.wire.livemessages.RunControl`)."""
         return f"{self.namespace}.ctl.{run_id}"
 
     @property
@@ -174,7 +174,7 @@ class Names:
 
     def stream(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
         """The core-NATS subject of one model attempt's streamed deltas
-        (:class:`~shared.core.wire.livemessages.StreamChunk`).
+        (:class:`~reel.shared.core.wire.livemessages.StreamChunk`).
 
         A turn's step id (``solve:t1``) is one token: ``:`` is legal in a NATS subject token.
         """
@@ -215,7 +215,7 @@ def outcome_key(run_id: str, branch_id: str, step_id: str, attempt: int) -> str:
     """The outcomes-KV key the executor writes before committing a success, and recovery reads.
 
     An agent's turn or call id (``solve:t1:c0``) is written with ``=`` for ``:``
-    (:func:`shared.core.run.stepids.kv_safe`): KV keys do not allow ``:``.
+    (:func:`reel.shared.core.run.stepids.kv_safe`): KV keys do not allow ``:``.
     """
     return f"{run_id}.{branch_id}.{kv_safe(step_id)}.{attempt}"
 

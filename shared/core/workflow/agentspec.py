@@ -1,20 +1,20 @@
 """The tools of an agent step and their load-time checks (docs/workflow.md; the step's: workflow/spec.py).
 
-An agent step (:class:`shared.core.workflow.spec.AgentStep`) declares ``tools:``, each a
+An agent step (:class:`reel.shared.core.workflow.spec.AgentStep`) declares ``tools:``, each a
 :class:`AgentToolSpec` of exactly one type:
 
 * ``python: "module:function"`` — called as ``fn(**arguments)`` by the executor;
 * ``command: [argv…]`` — run without a shell, arguments as JSON on stdin;
 * ``recorded: {…}`` — returns recorded results (replay);
 * ``builtin: ask_user`` — the model asks a question; a human's answer is the result
-  (:mod:`shared.core.input.requestevents`).
+  (:mod:`reel.shared.core.input.requestevents`).
 
 A tool with ``needs_approval: true`` (or named by the workflow's ``approval`` policy,
 :class:`ApprovalPolicy`) runs only once a human approves the call; ``input:`` says who is
 asked and what a deadline decides (:class:`InputSpec`).
 
 Everything here is pure: whether a ``python`` path *imports* is checked outside the
-core, when the executor loads the workflow (:func:`shared.application.toolimports.check_tool_imports`).
+core, when the executor loads the workflow (:func:`reel.shared.application.toolimports.check_tool_imports`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, Literal
 import jsonschema
 import msgspec
 
-from shared.core.env.toolenv import check_process_env
-from shared.core.errors import WorkflowInvalid
-from shared.core.input.requestevents import DECISIONS, Decision, RequestKind
-from shared.core.workflow.toolspec import OnOverflow, OutputLimit
+from reel.shared.core.env.toolenv import check_process_env
+from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.input.requestevents import DECISIONS, Decision, RequestKind
+from reel.shared.core.workflow.toolspec import OnOverflow, OutputLimit
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What chat-completions endpoints accept as a function name."""
@@ -108,10 +108,10 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         input: how the human is asked (an approval, or ``ask_user``'s question).
         max_output_bytes: cap on a ``command``'s output (bytes; unset: 1 MiB, :data:`AGENT_TOOL_OUTPUT`).
         on_overflow: past it, ``truncate`` (unset: the model sees the head, then
-            :func:`~shared.core.workflow.toolspec.truncation_note`) or ``fail`` (an ``output_too_large`` error
+            :func:`~reel.shared.core.workflow.toolspec.truncation_note`) or ``fail`` (an ``output_too_large`` error
             observation).
         env, pass_env: a ``command``'s own variables, and the names passed through from the executor's
-            environment (:mod:`shared.core.env.toolenv`; a ``REEL_NATS_*`` name is refused at load).
+            environment (:mod:`reel.shared.core.env.toolenv`; a ``REEL_NATS_*`` name is refused at load).
     """
 
     name: str

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from shared.core.errors import WorkflowInvalid
+from reel.shared.core.errors import WorkflowInvalid
 
 MODEL_ADAPTERS = ("replay", "scripted", "openai")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

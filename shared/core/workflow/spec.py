@@ -3,7 +3,7 @@
 A workflow is an ordered list of steps. A **model step** packs candidate context
 under a token budget and calls a model adapter; a **tool step** calls a tool; an
 **agent step** loops model turns and the tool calls they ask for (see
-:mod:`shared.core.workflow.agentspec`).
+:mod:`reel.shared.core.workflow.agentspec`).
 Validation happens once at the edge (:func:`parse_workflow`), with an error that
 names the offending field, e.g.
 ``workflow_invalid: Expected `int`, got `str` - at `$.steps[0].max_attempts```.
@@ -18,28 +18,34 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from shared.core.env import interpolate
-from shared.core.env.toolenv import check_process_env
-from shared.core.errors import InvalidCommand, WorkflowInvalid
-from shared.core.run.events import StepDecl
-from shared.core.run.ids import StepId, is_token
-from shared.core.verify.verifierspec import VerifierSpec as VerifierSpec
-from shared.core.verify.verifierspec import VerifierType as VerifierType
-from shared.core.verify.verifierspec import check_verifiers
-from shared.core.wire import limits
-from shared.core.workflow.agentspec import RESERVED_ITEM_IDS, AgentToolSpec, ApprovalPolicy, check_input, check_tool
+from reel.shared.core.env import interpolate
+from reel.shared.core.env.toolenv import check_process_env
+from reel.shared.core.errors import InvalidCommand, WorkflowInvalid
+from reel.shared.core.run.events import StepDecl
+from reel.shared.core.run.ids import StepId, is_token
+from reel.shared.core.verify.verifierspec import VerifierSpec as VerifierSpec
+from reel.shared.core.verify.verifierspec import VerifierType as VerifierType
+from reel.shared.core.verify.verifierspec import check_verifiers
+from reel.shared.core.wire import limits
+from reel.shared.core.workflow.agentspec import (
+    RESERVED_ITEM_IDS,
+    AgentToolSpec,
+    ApprovalPolicy,
+    check_input,
+    check_tool,
+)
 
-# Re-exported (`X as X`): these lived here before shared.core.workflow.modelspec.
-from shared.core.workflow.modelspec import MODEL_ADAPTERS as MODEL_ADAPTERS
-from shared.core.workflow.modelspec import ModelSpec as ModelSpec
-from shared.core.workflow.modelspec import Price as Price
-from shared.core.workflow.modelspec import RecordedUsage as RecordedUsage
-from shared.core.workflow.modelspec import ScriptedFailure as ScriptedFailure
-from shared.core.workflow.modelspec import ScriptedOutput as ScriptedOutput
-from shared.core.workflow.modelspec import ScriptedToolCall as ScriptedToolCall
-from shared.core.workflow.modelspec import ScriptedTurn as ScriptedTurn
-from shared.core.workflow.modelspec import check_model_spec
-from shared.core.workflow.toolspec import ToolSpec as ToolSpec
+# Re-exported (`X as X`): these lived here before reel.shared.core.workflow.modelspec.
+from reel.shared.core.workflow.modelspec import MODEL_ADAPTERS as MODEL_ADAPTERS
+from reel.shared.core.workflow.modelspec import ModelSpec as ModelSpec
+from reel.shared.core.workflow.modelspec import Price as Price
+from reel.shared.core.workflow.modelspec import RecordedUsage as RecordedUsage
+from reel.shared.core.workflow.modelspec import ScriptedFailure as ScriptedFailure
+from reel.shared.core.workflow.modelspec import ScriptedOutput as ScriptedOutput
+from reel.shared.core.workflow.modelspec import ScriptedToolCall as ScriptedToolCall
+from reel.shared.core.workflow.modelspec import ScriptedTurn as ScriptedTurn
+from reel.shared.core.workflow.modelspec import check_model_spec
+from reel.shared.core.workflow.toolspec import ToolSpec as ToolSpec
 
 
 class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -54,7 +60,7 @@ class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Packing policy of one model step (see :mod:`shared.core.pack.packer`); tokens."""
+    """Packing policy of one model step (see :mod:`reel.shared.core.pack.packer`); tokens."""
 
     budget_tokens: int | None = None
     exclude_kinds: tuple[str, ...] = ()
@@ -259,8 +265,8 @@ def parse_workflow(
 ) -> WorkflowSpec:
     """Decode and validate a workflow from JSON/YAML text or an already-parsed mapping.
 
-    A document over :data:`~shared.core.wire.limits.MAX_WORKFLOW_BYTES` or nested deeper than
-    :data:`~shared.core.wire.limits.MAX_DEPTH` is refused before (JSON) or right after (YAML) it is decoded.
+    A document over :data:`~reel.shared.core.wire.limits.MAX_WORKFLOW_BYTES` or nested deeper than
+    :data:`~reel.shared.core.wire.limits.MAX_DEPTH` is refused before (JSON) or right after (YAML) it is decoded.
 
     Raises:
         WorkflowInvalid: with the field path of the first problem found; ``nested deeper than 64``.
@@ -301,8 +307,8 @@ def _yaml(text: str) -> Any:
     their nesting); then, once composed, the depth of what it holds.
 
     Raises:
-        InvalidCommand: over :data:`~shared.core.wire.limits.MAX_WORKFLOW_BYTES` or nested deeper than
-            :data:`~shared.core.wire.limits.MAX_DEPTH` (the composer's own recursion included).
+        InvalidCommand: over :data:`~reel.shared.core.wire.limits.MAX_WORKFLOW_BYTES` or nested deeper than
+            :data:`~reel.shared.core.wire.limits.MAX_DEPTH` (the composer's own recursion included).
         yaml.YAMLError: not YAML.
     """
     if len(text) > limits.MAX_WORKFLOW_BYTES:

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from shared.core.workflow.modelspec import ScriptedOutput
+from reel.shared.core.workflow.modelspec import ScriptedOutput
 
 OnOverflow = Literal["fail", "truncate"]
 ON_OVERFLOW: tuple[OnOverflow, ...] = ("fail", "truncate")
@@ -40,7 +40,7 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             the success ``truncated``. Unset: the executor's default (``REEL_TOOL_ON_OVERFLOW``, ``fail``).
         env: variables set in a ``command``'s environment (``NAME: value``); pass_env: names passed through
             from the executor's environment. Nothing else of it reaches the command
-            (:mod:`shared.core.env.toolenv`); a ``REEL_NATS_*`` name is refused at load.
+            (:mod:`reel.shared.core.env.toolenv`); a ``REEL_NATS_*`` name is refused at load.
         retry_safe: running the command again has the same effect as running it once (it is idempotent,
             e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``). A tool step runs at least once per attempt
             either way (after an executor crash mid-command it runs again); ``reel chaos`` accepts the
@@ -70,7 +70,8 @@ class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Capped(Protocol):
-    """A tool spec with an output cap: :class:`ToolSpec`, :class:`~shared.core.workflow.agentspec.AgentToolSpec`."""
+    """A tool spec with an output cap: :class:`ToolSpec`,
+        :class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`."""
 
     @property
     def max_output_bytes(self) -> int | msgspec.UnsetType: ...

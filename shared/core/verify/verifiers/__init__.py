@@ -3,14 +3,14 @@
 What judges a run resting in ``Verifying``. This package holds the
 types (:mod:`.context`) and the built-ins that need nothing but the ctx
 (:mod:`.builtin`); the run's outcome from its verdicts is
-:func:`shared.core.verify.verification.derive_outcome`. The ``command``
-verifier runs a process (:mod:`shared.proc.verifier`); building a verifier from
+:func:`reel.shared.core.verify.verification.derive_outcome`. The ``command``
+verifier runs a process (:mod:`reel.shared.proc.verifier`); building a verifier from
 its spec (import paths included) and running it under its deadline is
-:mod:`shared.application.verifierrun`.
+:mod:`reel.shared.application.verifierrun`.
 """
 
-from shared.core.verify.verifiers.builtin import ContextRequires, OutputJsonSchema, OutputRegex, RecordedOutcome
-from shared.core.verify.verifiers.context import (
+from reel.shared.core.verify.verifiers.builtin import ContextRequires, OutputJsonSchema, OutputRegex, RecordedOutcome
+from reel.shared.core.verify.verifiers.context import (
     VERIFIER_READ_MAX_BYTES,
     BlobReader,
     OutputTooLarge,

@@ -1,13 +1,13 @@
 """The built-in verifiers that need nothing but the ctx (docs/verifiers.md).
 
 * ``output_regex`` / ``output_json_schema`` — the judged attempt's output, read whole: one over
-  :data:`~shared.core.verify.verifiers.context.VERIFIER_READ_MAX_BYTES` gets an ``error`` verdict (it cannot
+  :data:`~reel.shared.core.verify.verifiers.context.VERIFIER_READ_MAX_BYTES` gets an ``error`` verdict (it cannot
   be judged in memory; nothing is read);
 * ``context_requires`` — an item id must be ``packed`` in the judged attempt's
   partition (answered from the partition alone: no blob is read);
 * ``recorded_outcome`` — a replayed trajectory's own outcome label.
 
-The ``command`` verifier runs a process: it lives in :mod:`shared.proc.verifier`.
+The ``command`` verifier runs a process: it lives in :mod:`reel.shared.proc.verifier`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import jsonschema
 
-from shared.core.verify.verifiers.context import (
+from reel.shared.core.verify.verifiers.context import (
     OutputTooLarge,
     VerdictResult,
     VerifierCtx,
@@ -29,7 +29,7 @@ from shared.core.verify.verifiers.context import (
     failed,
     passed,
 )
-from shared.core.workflow.spec import VerifierSpec
+from reel.shared.core.workflow.spec import VerifierSpec
 
 
 def no_output(ctx: VerifierCtx) -> VerdictResult:

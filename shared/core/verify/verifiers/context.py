@@ -1,7 +1,7 @@
 """What a verifier gets and answers: :class:`VerifierCtx` in, :class:`VerdictResult` out.
 
 A verifier gets a :class:`VerifierCtx` — the run, the step and attempt it judges,
-the frozen :class:`~shared.core.run.views.EpisodeView` built at the snapshot LSN, a lazy
+the frozen :class:`~reel.shared.core.run.views.EpisodeView` built at the snapshot LSN, a lazy
 blob handle (nothing is fetched unless the verifier asks) and a deadline — and
 answers with a :class:`VerdictResult`; :func:`checked` is how an answer is
 validated before it is recorded. Pure: the only I/O is the blob handle's, the
@@ -16,10 +16,10 @@ from typing import IO, Protocol
 
 import msgspec
 
-from shared.core.errors import ReelError
-from shared.core.run.events import BlobRef, VerdictStatus
-from shared.core.run.ids import LSN, AttemptNo, BranchId, RunId, StepId
-from shared.core.run.views import AttemptView, EpisodeView, StepView
+from reel.shared.core.errors import ReelError
+from reel.shared.core.run.events import BlobRef, VerdictStatus
+from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, RunId, StepId
+from reel.shared.core.run.views import AttemptView, EpisodeView, StepView
 
 MAX_REASON_CHARS = 500
 
@@ -42,7 +42,7 @@ class OutputTooLarge(ReelError):
 
 
 class BlobReader(Protocol):
-    """The read side of :class:`~shared.nats.blobstore.BlobStore`: what a verifier may fetch."""
+    """The read side of :class:`~reel.shared.nats.blobstore.BlobStore`: what a verifier may fetch."""
 
     async def get(self, ref: BlobRef) -> bytes: ...
 
