@@ -42,7 +42,7 @@ def test_wire_request_is_the_chat_completions_body() -> None:
         "messages": [
             {"role": "system", "content": "be brief"},
             {"role": "user", "content": "fix it"},
-            {"role": "assistant", "content": None, "tool_calls": [
+            {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "call_9", "type": "function",
                  "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]},
             {"role": "tool", "content": "print('hi')", "tool_call_id": "call_9"},
@@ -50,8 +50,10 @@ def test_wire_request_is_the_chat_completions_body() -> None:
         "tools": [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
                                                     "parameters": READ.parameters}}],
         "temperature": 0,
+        "tool_choice": "auto",
     }
-    assert list(wire_request(req)) == ["model", "messages", "tools", "temperature"]  # stable order, stable blob
+    # stable order, stable blob
+    assert list(wire_request(req)) == ["model", "messages", "tools", "temperature", "tool_choice"]
     assert "tools" not in wire_request(_req(ChatMessage(role="user", content="x"), tools=()))
 
 

@@ -22,6 +22,7 @@ import msgspec
 
 from reel.shared.core.errors import ModelError, ToolCallInvalid
 from reel.shared.core.wire import limits
+from reel.shared.core.workflow.modelcompat import ToolCallContent
 from reel.shared.core.workflow.modelspec import ModelSpec
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -100,8 +101,11 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
         tools: the tools offered (empty: none).
         params: extra body fields (temperature, …), from the spec.
         model: the model name sent.
-        stream: ask for a streamed response (the spec's ``stream: true``): the body ends with
-            ``"stream": true, "stream_options": {"include_usage": true}``.
+        stream: ask for a streamed response (the spec's ``stream: true``, unless its profile streams no
+            turn that offers tools): the body ends with ``"stream": true, "stream_options": {"include_usage": true}``.
+        tool_call_content: the ``content`` sent for an assistant message with tool calls and no text
+            (``empty``: ``""``; ``null``; ``omit``: no key), from the spec's profile.
+        parallel_tool_calls: sent as ``parallel_tool_calls`` when tools are offered (None: not sent).
     """
 
     run_id: str
@@ -113,6 +117,8 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     params: dict[str, Any] = {}
     model: str = ""
     stream: bool = False
+    tool_call_content: ToolCallContent = "empty"
+    parallel_tool_calls: bool | None = None
 
 
 class ChatResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,9 +149,14 @@ class ChatResponse(msgspec.Struct, frozen=True, kw_only=True):
 
 def chat_request(spec: ModelSpec, *, run_id: str, step_id: str, messages: Sequence[ChatMessage],
                  tools: Sequence[ToolSchema] = (), attempt: int = 1, turn: int = 1) -> ChatRequest:
-    """A request for the model ``spec`` names, with its model name and params filled in."""
+    """A request for the model ``spec`` names: its model name, params and wire settings
+    (:attr:`ModelSpec.wire_compat`) filled in; streamed when the spec streams and the profile
+    streams turns with ``tools`` (or none are offered)."""
+    compat = spec.wire_compat
     return ChatRequest(run_id=run_id, step_id=step_id, attempt=attempt, turn=turn, messages=tuple(messages),
-                       tools=tuple(tools), params=spec.request_params, model=spec.model_name, stream=spec.streams)
+                       tools=tuple(tools), params=spec.request_params, model=spec.model_name,
+                       stream=spec.streams and (compat.stream_tool_turns or not tools),
+                       tool_call_content=compat.tool_call_content, parallel_tool_calls=compat.parallel_tool_calls)
 
 
 def wire_call(call: ToolCall) -> dict[str, Any]:
@@ -153,9 +164,17 @@ def wire_call(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def wire_message(m: ChatMessage) -> dict[str, Any]:
-    """One message in the wire format (``content`` always present; null only beside tool calls)."""
-    out: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None or m.tool_calls else ""}
+def wire_message(m: ChatMessage, tool_call_content: ToolCallContent = "empty") -> dict[str, Any]:
+    """One message in the wire format: ``content`` is the text, ``""`` when there is none — except for a
+    message with tool calls and no text, whose ``content`` ``tool_call_content`` says (``empty``: ``""``,
+    ``null``, ``omit``: no key)."""
+    out: dict[str, Any] = {"role": m.role}
+    if m.content is not None:
+        out["content"] = m.content
+    elif not m.tool_calls or tool_call_content == "empty":
+        out["content"] = ""
+    elif tool_call_content == "null":
+        out["content"] = None
     if m.tool_calls:
         out["tool_calls"] = [wire_call(c) for c in m.tool_calls]
     if m.tool_call_id is not None:
@@ -175,15 +194,22 @@ def wire_tool(t: ToolSchema) -> dict[str, Any]:
 
 
 def wire_request(req: ChatRequest) -> dict[str, Any]:
-    """The exact chat-completions request body for ``req``: model, messages, tools (if any), then params,
-    then (``req.stream``) ``stream: true`` and ``stream_options: {include_usage: true}``.
+    """The exact chat-completions request body for ``req``: model, messages, tools (if any), then params;
+    when tools are offered, ``tool_choice: "auto"`` and ``req.parallel_tool_calls`` (if set) unless params
+    set them; then (``req.stream``) ``stream: true`` and ``stream_options: {include_usage: true}``.
 
-    ``params`` never override the others (workflow validation refuses such params).
+    ``params`` never override model, messages, tools or stream (workflow validation refuses such params).
+    Some servers (llama-cpp-python's) take a missing ``tool_choice`` for ``none``: it is always sent.
     """
-    body: dict[str, Any] = {"model": req.model, "messages": [wire_message(m) for m in req.messages]}
+    body: dict[str, Any] = {"model": req.model,
+                            "messages": [wire_message(m, req.tool_call_content) for m in req.messages]}
     if req.tools:
         body["tools"] = [wire_tool(t) for t in req.tools]
     body.update((k, v) for k, v in req.params.items() if k not in body)
+    if req.tools:
+        body.setdefault("tool_choice", "auto")
+        if req.parallel_tool_calls is not None:
+            body.setdefault("parallel_tool_calls", req.parallel_tool_calls)
     if req.stream:
         body["stream"], body["stream_options"] = True, {"include_usage": True}
     return body

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.modelcompat import PROFILES, Compat, WireCompat, resolve
 
 MODEL_ADAPTERS = ("replay", "scripted", "openai")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -107,6 +108,10 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         turns: per-turn responses (scripted, replay); turn t plays ``turns[t-1]``, the last one repeats.
         stream: stream each call's response (``openai``, or an adapter of your own): its deltas go out on
             ``<ns>.stream.<run>.<branch>.<step>.<attempt>`` as they arrive; the log keeps the whole response.
+        profile: the server's wire profile (:data:`~reel.shared.core.workflow.modelcompat.PROFILES`:
+            ``openai``, ``vllm``, ``llama-server``, ``llama-cpp-python``, ``ollama``, ``litellm``); unset: the
+            defaults every one of them accepts.
+        compat: overrides of the profile's settings (:class:`~reel.shared.core.workflow.modelcompat.Compat`).
     """
 
     adapter: str
@@ -122,11 +127,18 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     price: Price | UnsetType = UNSET
     turns: tuple[ScriptedTurn, ...] | UnsetType = UNSET
     stream: bool | UnsetType = UNSET
+    profile: str | UnsetType = UNSET
+    compat: Compat | UnsetType = UNSET
 
     @property
     def streams(self) -> bool:
         """``stream`` is set true."""
         return self.stream is True
+
+    @property
+    def wire_compat(self) -> WireCompat:
+        """The wire settings requests are built with: ``profile``'s, ``compat`` over them."""
+        return resolve(self.profile, self.compat)
 
     @property
     def model_name(self) -> str:
@@ -201,6 +213,9 @@ def _check_common(m: ModelSpec, where: str) -> None:
     if m.streams and m.adapter not in STREAMING_ADAPTERS and not IMPORT_PATH.match(m.adapter):
         raise WorkflowInvalid(f"the {m.adapter} adapter does not stream; `stream: true` needs openai or an adapter"
                               f" of your own (at `{where}.stream`)")
+    if isinstance(m.profile, str) and m.profile not in PROFILES:
+        raise WorkflowInvalid(f"unknown model profile {m.profile!r}; known: {', '.join(PROFILES)}"
+                              f" (at `{where}.profile`)")
     if isinstance(m.timeout_s, float | int) and m.timeout_s <= 0:
         raise WorkflowInvalid(f"timeout_s must be > 0 (at `{where}.timeout_s`)")
     if isinstance(m.price, Price):
