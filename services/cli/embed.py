@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -134,19 +134,21 @@ def wait_states() -> tuple[str, ...]:
 
 
 async def serve_as_role(name: str, serve: Callable[..., Coroutine[Any, Any, None]], cfg: Config, auth: AuthDir,
-                        stop: asyncio.Event) -> None:
-    """Run service ``name`` on its own connection as its role of ``auth`` until ``stop`` (then close it)."""
+                        stop: asyncio.Event, **kwargs: Any) -> None:
+    """Run service ``name`` on its own connection as its role of ``auth`` until ``stop`` (then close it);
+    ``kwargs`` go to its ``serve``."""
     role_cfg = auth.service_config(name, cfg)
     nc = await connect(role_cfg, name=f"reel-{name}")
     try:
-        await serve(await ensure_infra_retrying(nc, role_cfg), role_cfg, stop)
+        await serve(await ensure_infra_retrying(nc, role_cfg), role_cfg, stop, **kwargs)
     finally:
         await nc.close()
 
 
 @contextlib.asynccontextmanager
 async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...], *, auth: AuthDir | None = None,
-                              own_server: bool = False) -> AsyncIterator[list[str]]:
+                              own_server: bool = False, options: Mapping[str, Mapping[str, Any]] | None = None
+                              ) -> AsyncIterator[list[str]]:
     """Run the ``wanted`` services that no process is running yet as tasks of this process.
 
     Which run already is asked of NATS micro discovery (:func:`services_running`, a bounded wait), except on
@@ -157,7 +159,8 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
     With ``auth`` each connects as its role (``infra`` then only tells which services run:
     an operator's). On a normal exit the services are stopped and in-flight work drains
     (≤ 60 s); on Ctrl-C or cancellation they are cancelled at once (attempts in flight
-    are killed; their runs resume when an executor runs again).
+    are killed; their runs resume when an executor runs again). ``options``: service name → keyword arguments
+    of its ``serve`` (e.g. ``{"executor": {"tools": …}}``: the function objects the Python API serves).
     """
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -166,7 +169,9 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
     for name in wanted:
         serve = service_serve(name)
         if serve is not None and name not in running:
-            work = serve(infra, cfg, stop) if auth is None else serve_as_role(name, serve, cfg, auth, stop)
+            kwargs = dict((options or {}).get(name, {}))
+            work = serve(infra, cfg, stop, **kwargs) if auth is None else \
+                serve_as_role(name, serve, cfg, auth, stop, **kwargs)
             tasks.append(asyncio.create_task(work))
             names.append(name)
     try:

@@ -22,7 +22,7 @@ non-zero; the message ends with its output's last 4000 bytes), ``timeout``, ``sp
 
 A command's output is capped (``max_output_bytes``, default 1 MiB): past it, by default, the
 model is shown the head followed by :func:`~reel.shared.core.workflow.toolspec.truncation_note` — never a
-silent cut.
+silent cut. A Python tool's result text is capped only by a ``max_output_bytes`` of its own (UTF-8 bytes).
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
 call's attempts, so an outside service can dedupe a retry — and its attempt number:
@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jsonschema
+import msgspec
 
 from reel.shared.application.toolimports import (
     PythonTools as PythonTools,  # re-exported: the agent modules import it here
@@ -54,7 +55,7 @@ from reel.shared.core.errors import ToolCallInvalid, ToolError
 from reel.shared.core.run.crashpoints import SideEffect
 from reel.shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
 from reel.shared.core.workflow.spec import AgentStep
-from reel.shared.core.workflow.toolspec import output_limit, truncation_note
+from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, output_limit, truncation_note
 from reel.shared.proc import ledger
 from reel.shared.proc.tools import Command, run_command
 
@@ -133,7 +134,22 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
         raise ToolError(f"{tool.name} did not return within {tool.timeout_s:g} s", kind="timeout") from None
     except Exception as exc:  # the tool's own failure: an observation for the model
         raise ToolError(f"{tool.name} raised {type(exc).__name__}: {exc}", kind="tool_error") from None
-    return encode_result(result)
+    return _capped(encode_result(result), tool, ctx)
+
+
+def _capped(text: str, tool: AgentToolSpec, ctx: CallContext) -> str:
+    """A Python tool's result text within its own ``max_output_bytes`` (UTF-8 bytes; none set: uncapped): past
+    it, the head and :func:`truncation_note` (``on_overflow: fail``: a ``output_too_large`` ToolError)."""
+    if isinstance(tool.max_output_bytes, msgspec.UnsetType):
+        return text
+    data = text.encode()
+    if len(data) <= tool.max_output_bytes:
+        return text
+    if tool.on_overflow == "fail":
+        raise ToolError(f"{tool.name} returned {len(data)} bytes, over its max_output_bytes of "
+                        f"{tool.max_output_bytes}", kind=OUTPUT_TOO_LARGE)
+    ctx.truncated = True
+    return data[:tool.max_output_bytes].decode(errors="ignore") + truncation_note(tool.max_output_bytes)
 
 
 async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContext) -> str:

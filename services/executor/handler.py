@@ -18,7 +18,7 @@ from collections.abc import Container
 import structlog
 
 from reel.shared.application.fenced import commit_new
-from reel.shared.application.toolimports import check_tool_imports
+from reel.shared.application.toolimports import Registered, check_tool_imports
 from reel.shared.application.workflows import WorkflowCache
 from reel.shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
 from reel.shared.core.mutators import cancel
@@ -60,15 +60,19 @@ class Executor:
         stopping: set on shutdown: finish the attempt in flight, then hand runs back.
         lease: this executor's lease, checked before every write (``None``: not checked — tests that drive
             an executor without one).
+        tools: function objects this executor serves by ``module:function`` path (a live mapping: the Python
+            API's ``reel.Worker`` and ``reel.local()`` add to it); a ``python:`` tool found there is not imported.
     """
 
     def __init__(self, infra: Infra, cfg: Config, log: EventLog, blobs: BlobStore, *,
                  executor_id: ExecutorId | None = None, counter: TokenCounter = DEFAULT_COUNTER,
-                 stopping: asyncio.Event | None = None, lease: Lease | None = None) -> None:
+                 stopping: asyncio.Event | None = None, lease: Lease | None = None,
+                 tools: Registered | None = None) -> None:
         self.infra, self.log, self.blobs = infra, log, blobs
         self.executor_id = executor_id or new_executor_id()
         self.lease = lease
-        self.specs = WorkflowCache(blobs)
+        self.tools = tools
+        self.specs = WorkflowCache(blobs, registered=tools)
         self.inline_max = cfg.inline_max_bytes
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
                             tool_output=cfg.tool_output, lease=lease)
@@ -127,7 +131,7 @@ class Executor:
                 that run is untouched and not driven.
         """
         spec = await self._spec_of_command(start)
-        tools = check_tool_imports(spec)  # a python tool that does not import: refused now, naming the field
+        tools = check_tool_imports(spec, self.tools)  # a python tool that does not resolve: refused now, naming it
         key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         self._check_keyed(delivery, run_id)

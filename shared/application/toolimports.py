@@ -38,9 +38,15 @@ def resolve_tool(path: str) -> Callable[..., Any]:
 PythonTools = Mapping[tuple[str, str], Callable[..., Any]]
 """``(agent step id, tool name)`` → the resolved callable (:func:`check_tool_imports`)."""
 
+Registered = Mapping[str, Callable[..., Any]]
+"""``module:function`` path → a function object this process serves (``reel.Worker``, ``reel.local()``): such a
+path resolves to its object without an import, so a tool may be a closure over the application's objects."""
 
-def check_tool_imports(spec: WorkflowSpec) -> dict[tuple[str, str], Callable[..., Any]]:
-    """Resolve every ``python:`` tool of every agent step of ``spec``.
+
+def check_tool_imports(spec: WorkflowSpec, registered: Registered | None = None
+                       ) -> dict[tuple[str, str], Callable[..., Any]]:
+    """Resolve every ``python:`` tool of every agent step of ``spec``: from ``registered`` (read at each call:
+    a live mapping), else by import (:func:`resolve_tool`).
 
     Returns:
         ``(agent step id, tool name)`` → the callable.
@@ -57,7 +63,8 @@ def check_tool_imports(spec: WorkflowSpec) -> dict[tuple[str, str], Callable[...
             if tool.python is None:
                 continue
             try:
-                out[(step.id, tool.name)] = resolve_tool(tool.python)
+                fn = registered.get(tool.python) if registered is not None else None
+                out[(step.id, tool.name)] = fn if fn is not None else resolve_tool(tool.python)
             except Exception as exc:  # any import-time error of user code is a refusal, with its message
                 raise WorkflowInvalid(f"python tool {tool.python!r} does not resolve: {type(exc).__name__}: {exc}"
                                       f" (at `$.steps[{i}].tools[{j}].python`)") from exc

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from reel.shared.application.toolimports import PythonTools, check_tool_imports
+from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports
 from reel.shared.auth import secrets
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.ports import BlobStore
@@ -39,12 +39,15 @@ class WorkflowCache:
     Args:
         blobs: where workflow blobs are read from (JSON, as the executor stores them).
         max_entries: how many specs to keep (≥ 1).
+        registered: function objects this process serves by ``module:function`` path (resolved before an
+            import is tried; :func:`~reel.shared.application.toolimports.check_tool_imports`).
     """
 
-    def __init__(self, blobs: BlobStore, *, max_entries: int = MAX_WORKFLOWS) -> None:
+    def __init__(self, blobs: BlobStore, *, max_entries: int = MAX_WORKFLOWS, registered: Registered | None = None
+                 ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
-        self.blobs, self.max_entries = blobs, max_entries
+        self.blobs, self.max_entries, self.registered = blobs, max_entries, registered
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
@@ -88,5 +91,5 @@ class WorkflowCache:
         """
         entry = await self._entry(ref)
         if entry.tools is None:
-            entry.tools = check_tool_imports(entry.spec)
+            entry.tools = check_tool_imports(entry.spec, self.registered)
         return entry.tools

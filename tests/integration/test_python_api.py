@@ -1,0 +1,205 @@
+"""The Python API end to end: ``reel.local()`` (a real nats-server and every service in this process), handles,
+typed replies and errors, human input, rewind, cancel, ``reel.Worker`` beside services of the fixtures' server,
+and the sync facade inside a running loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import reel
+from reel.shared.core.run.events import AttemptSucceeded, RunCompleted, RunCreated
+from reel.shared.runtime.config import Config
+from tests.conftest import running
+
+CALLS: list[tuple[str, int, int]] = []
+
+
+@reel.tool(retry_safe=True)
+def add(a: int, b: int, *, idempotency_key: str, attempt: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first; b: the second.
+    """
+    CALLS.append((idempotency_key, attempt, a + b))
+    return a + b
+
+
+def adder(verifier_pattern: str = "= 5") -> reel.Agent:
+    return reel.Agent(
+        name="adder", instructions="Use the tools to answer.", tools=[add],
+        model=reel.ScriptedModel(turns=[
+            {"text": "adding", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]},
+            {"text": "2 + 3 = 5"}]),
+        verifiers=[reel.Verifier(type="output_regex", name="says-5", pattern=verifier_pattern)])
+
+
+@pytest.fixture(scope="module")
+async def local() -> AsyncIterator[reel.Client]:
+    """One in-process Reel for the module (its own nats-server on a free port, a temporary store)."""
+    async with reel.local() as client:
+        yield client
+
+
+async def test_an_agent_with_a_function_tool_runs_to_a_verdict(local: reel.Client) -> None:
+    CALLS.clear()
+    handle = await local.start(adder(), input="What is 2 + 3?", key="adder-1")
+    assert handle.started is not None and handle.started.created
+    result = await handle.result(timeout_s=60)
+    assert (result.status, result.outcome, result.passed) == ("completed", "passed", True)
+    assert [(v.verifier, v.status) for v in result.verdicts] == [("says-5", "pass")]
+    assert result.output == "2 + 3 = 5"
+    assert result.usage.input_tokens > 0
+    calls = list(CALLS)
+    assert calls == [(f"{handle.run_id}/main/adder:t1:c0", 1, 5)]  # it asked for both: it got both
+    commits = [c async for c in handle.events()]
+    assert [c.lsn for c in commits] == list(range(1, len(commits) + 1))
+    assert isinstance(commits[0].events[0], RunCreated) and isinstance(commits[-1].events[-1], RunCompleted)
+    assert any(isinstance(e, AttemptSucceeded) and e.step_id == "adder:t1:c0" for c in commits for e in c.events)
+
+    again = await local.start(adder(), input="What is 2 + 3?", key="adder-1")  # the key's run, not a new one
+    assert again.run_id == handle.run_id and again.started is not None and not again.started.created
+    with pytest.raises(reel.IdempotencyConflict) as conflict:
+        await local.start(adder("= 6"), input="What is 2 + 3?", key="adder-1")
+    assert conflict.value.code == "idempotency_conflict" and not conflict.value.retryable
+
+
+async def test_a_tool_may_close_over_the_applications_objects(local: reel.Client) -> None:
+    db: dict[str, str] = {"alice": "admin"}
+
+    @reel.tool
+    async def role_of(user: str) -> str:
+        """The role of a user."""
+        return db.get(user, "nobody")
+
+    agent = reel.Agent(name="roles", instructions="Look it up.", tools=[role_of],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "role_of",
+                                                                        "arguments": {"user": "alice"}}]},
+                                                       {"text": "done"}]))
+    handle = await local.start(agent, input="Alice's role?")
+    result = await handle.result(timeout_s=60)
+    assert result.outcome == "succeeded"
+    view = await handle.state()
+    assert view.status == "completed"
+    outputs = [e for c in [c async for c in handle.events(follow=False)] for e in c.events
+               if isinstance(e, AttemptSucceeded) and e.step_id == "roles:t1:c0"]
+    assert len(outputs) == 1
+
+
+async def test_approval_and_a_question_wait_for_a_human(local: reel.Client) -> None:
+    deployed: list[str] = []
+
+    @reel.tool(needs_approval=True)
+    def deploy(env: str) -> str:
+        """Deploy the build."""
+        deployed.append(env)
+        return f"deployed to {env}"
+
+    agent = reel.Agent(name="ship", instructions="Ship it.", tools=[deploy, reel.ask_user()],
+                       model=reel.ScriptedModel(turns=[
+                           {"tool_calls": [{"name": "deploy", "arguments": {"env": "staging"}},
+                                           {"name": "ask_user", "arguments": {"question": "Which version?"}}]},
+                           {"text": "Deployed."}]))
+    handle = await local.start(agent, input="Deploy.")
+    waiting = await handle.result(timeout_s=60)
+    assert waiting.status == "awaiting_input" and waiting.outcome is None and not deployed
+    requests = {r.kind: r for r in await handle.pending()}
+    assert requests["approval"].tool == "deploy" and requests["question"].question == "Which version?"
+    answered = await handle.answer(requests["question"].request_id, "v2", by="test")
+    assert answered.answered and answered.decision == "answer" and answered.lsn > 0
+    approved = await handle.approve(requests["approval"].request_id, arguments={"env": "prod"})
+    assert approved.answered
+    result = await handle.result(timeout_s=60)
+    assert result.status == "completed" and deployed == ["prod"]
+    with pytest.raises(reel.RequestAnswered) as again:
+        await handle.approve(requests["approval"].request_id)
+    assert again.value.code == "request_answered"
+
+
+async def test_rewind_cancel_and_errors_are_typed(local: reel.Client) -> None:
+    handle = await local.start(adder(), input="What is 2 + 3?")
+    first = await handle.result(timeout_s=60)
+    rewound = await handle.rewind(at="adder")
+    assert rewound.created and rewound.branch_id != first.branch_id and rewound.from_step == "adder"
+    second = await handle.result(timeout_s=60)
+    assert second.status == "completed" and second.branch_id == rewound.branch_id
+    done = await handle.cancel("too late")
+    assert not done.cancelled and done.status == "completed"
+
+    with pytest.raises(reel.StepNotFound):
+        await handle.rewind(at="no-such-step")
+    with pytest.raises(reel.RunNotFound) as missing:
+        await local.get("r-00000000000000000000").cancel()
+    assert missing.value.code == "run_not_found" and isinstance(missing.value, reel.ReelError)
+    with pytest.raises(reel.WorkflowInvalid, match="input="):
+        await local.start(adder().workflow("x"), input="again")
+
+
+async def test_cancel_a_waiting_run(local: reel.Client) -> None:
+    agent = reel.Agent(name="asks", instructions="Ask.", tools=[reel.ask_user()],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "ask_user",
+                                                                        "arguments": {"question": "?"}}]},
+                                                       {"text": "ok"}]))
+    handle = await local.start(agent, input="Ask me.")
+    assert (await handle.result(timeout_s=60)).status == "awaiting_input"
+    cancelled = await handle.cancel("no one answers")
+    assert cancelled.cancelled and cancelled.previous_status == "awaiting_input" and cancelled.lsn > 0
+    assert (await handle.result(timeout_s=10)).status == "cancelled"
+    assert await handle.pending() == []
+
+
+async def test_a_worker_serves_its_functions_beside_the_other_services(cfg: Config) -> None:
+    """The fixtures' server runs verifier, cancel and rewind; the user's process runs the one executor."""
+    from reel.services.cancel.app import serve as cancel_serve
+    from reel.services.verifier.app import serve as verifier_serve
+    from reel.shared.nats.infra import connect, ensure_infra
+
+    seen: list[str] = []
+
+    @reel.tool
+    def note(text: str) -> str:
+        """Remember a note."""
+        seen.append(text)
+        return "noted"
+
+    agent = reel.Agent(name="noter", instructions="Note it.", tools=[note],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "note", "arguments": {"text": "hi"}}]},
+                                                       {"text": "noted it"}]),
+                       verifiers=[reel.Verifier(type="output_regex", pattern="noted")])
+    nc = await connect(cfg, name="services")
+    infra = await ensure_infra(nc, cfg)
+    async with await reel.Client.connect(cfg.nats_url, namespace=cfg.names.namespace) as client, \
+            running(verifier_serve, infra, cfg), running(cancel_serve, infra, cfg):
+        worker = reel.Worker(client, agents=[agent])
+        task = asyncio.create_task(worker.run())
+        try:
+            result = await (await client.start(agent, input="Note hi.")).result(timeout_s=60)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+    await nc.close()
+    assert result.outcome == "passed" and seen == ["hi"]
+
+
+async def test_run_sync_works_inside_a_running_event_loop() -> None:
+    result = reel.run_sync(adder(), input="What is 2 + 3?")  # this test's loop is running: a worker thread's own
+    assert result.passed and result.output == "2 + 3 = 5"
+
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    assert reel.block_on(answer) == 42
+
+
+def test_connect_to_nothing_is_a_clear_error() -> None:
+    async def go() -> Any:
+        return await reel.Client.connect("nats://127.0.0.1:9", connect_timeout_s=2)
+
+    with pytest.raises(reel.ServiceUnavailable) as exc:
+        reel.block_on(go)
+    assert exc.value.code == "unavailable" and exc.value.retryable and "127.0.0.1:9" in exc.value.message
