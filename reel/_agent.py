@@ -44,6 +44,8 @@ class OpenAIModel:
         params: extra request-body fields, e.g. ``{"temperature": 0}``.
         timeout_s: deadline of one HTTP call (s). stream: stream tokens (``RunHandle.stream()``).
         price: USD per million input / output tokens (``None``: cost 0).
+        profile: the server's wire profile (``openai``, ``vllm``, ``llama-server``, ``llama-cpp-python``,
+            ``ollama``, ``litellm``; docs/models.md); ``None``: plain OpenAI.
     """
 
     base_url: str
@@ -53,6 +55,7 @@ class OpenAIModel:
     timeout_s: float | None = None
     stream: bool = False
     price: Price | None = None
+    profile: str | None = None
     name: str = ""
 
     def spec(self) -> ModelSpec:
@@ -62,7 +65,8 @@ class OpenAIModel:
                          params=msgspec.UNSET if self.params is None else dict(self.params),
                          timeout_s=msgspec.UNSET if self.timeout_s is None else self.timeout_s,
                          stream=True if self.stream else msgspec.UNSET,
-                         price=msgspec.UNSET if self.price is None else self.price)
+                         price=msgspec.UNSET if self.price is None else self.price,
+                         profile=msgspec.UNSET if self.profile is None else self.profile)
 
 
 @dataclass(frozen=True, kw_only=True)
