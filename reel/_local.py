@@ -84,9 +84,9 @@ class Worker:
         client: the connection it serves on (``Client.connect``).
         tools: function tools (``@reel.tool``) it serves; agents: whose function tools it serves too.
 
-    The executor takes runs from the same queue as every other executor of the namespace: run one
-    where the other executors cannot call these tools (a ``reel up`` without an executor, e.g.
-    ``reel serve verifier|rewind|cancel|recovery`` each), or where every executor is such a worker.
+    Its lease names the ``module:function`` paths it serves (``reel status``), and another executor of the
+    namespace that cannot resolve such a tool leaves the start to it (docs/python.md, "Workers beside other
+    executors"); a start no live executor can serve is refused (``WorkflowInvalid``).
     """
 
     def __init__(self, client: Client, *, tools: Sequence[FunctionTool[..., Any]] = (),

@@ -76,7 +76,9 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
     executor_id = kwargs.pop("executor_id", None) or new_executor_id()
     await asyncio.to_thread(importlib.import_module, "reel.shared.models.openai")  # ≈1 s: never on the loop, mid-lease
     with tracked_groups() as groups:  # every tool process group this incarnation starts
+        served = kwargs.get("tools")
         lease = Lease(infra.leases, executor_id, cfg.lease_ttl_s, partitions=own_partitions(cfg),
+                      tools=None if served is None else served.keys,
                       on_lost=lambda: log.error("executor.lease_lost_tools_killed", process_groups=kill_groups(groups)))
         ex = Executor(infra, cfg, *ports(infra, cfg), stopping=stop, executor_id=executor_id, lease=lease, **kwargs)
         structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)

@@ -18,9 +18,16 @@ from collections.abc import Container
 import structlog
 
 from reel.shared.application.fenced import commit_new
-from reel.shared.application.toolimports import Registered, check_tool_imports
+from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports
 from reel.shared.application.workflows import WorkflowCache
-from reel.shared.core.errors import BlobMissing, IdempotencyConflict, InvalidCommand, LeaseLost, RunNotFound
+from reel.shared.core.errors import (
+    BlobMissing,
+    IdempotencyConflict,
+    InvalidCommand,
+    LeaseLost,
+    RunNotFound,
+    WorkflowInvalid,
+)
 from reel.shared.core.mutators import cancel
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.ports import BlobStore, EventLog
@@ -29,12 +36,12 @@ from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, r
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun
-from reel.shared.core.workflow.spec import WorkflowSpec, encode_workflow, validate_workflow
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec, encode_workflow, validate_workflow
 from reel.shared.nats.blobstore import is_inline, ref_for
-from reel.shared.nats.consumer import Ack, Delivery, Router, Then
+from reel.shared.nats.consumer import Ack, Deferred, Delivery, Router, Then
 from reel.shared.nats.control import ControlHub
 from reel.shared.nats.infra import Infra
-from reel.shared.nats.leases import Lease, executor_alive
+from reel.shared.nats.leases import Lease, executor_alive, tools_served
 from reel.shared.runtime.clock import now_ms
 from reel.shared.runtime.config import Config
 
@@ -129,9 +136,10 @@ class Executor:
                 of an agent step that does not import included), or a keyed start names another run.
             IdempotencyConflict: the key's run exists with another workflow (sha256 of the encoded body);
                 that run is untouched and not driven.
+            Deferred: a python tool is served by another live executor only (a ``reel.Worker``): left to it.
         """
         spec = await self._spec_of_command(start)
-        tools = check_tool_imports(spec, self.tools)  # a python tool that does not resolve: refused now, naming it
+        tools = await self._tools_of(spec)  # a python tool that does not resolve: refused now, naming it
         key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         self._check_keyed(delivery, run_id)
@@ -169,6 +177,28 @@ class Executor:
             reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
             fresh = None
         return Then(reply, lambda: self._drive_until_rest(run_id, "start", fresh))
+
+    async def _tools_of(self, spec: WorkflowSpec) -> PythonTools:
+        """The resolved ``python:`` tools of ``spec`` (:func:`check_tool_imports` over this executor's own
+        function objects).
+
+        Raises:
+            Deferred: a tool does not resolve here but another live executor serves it (its lease names the
+                path: a ``reel.Worker``): the start is left to it (nak'ed, no reply).
+            WorkflowInvalid: a tool does not resolve and no live executor serves it (naming the field).
+        """
+        try:
+            return check_tool_imports(spec, self.tools)
+        except WorkflowInvalid as exc:
+            mine = self.tools or {}
+            paths = {t.python for s in spec.steps if isinstance(s, AgentStep) for t in s.tools
+                     if t.python is not None and t.python not in mine}
+            served = await tools_served(self.infra.leases)
+            elsewhere = sorted(p for p in paths if served.get(p, set()) - {self.executor_id})
+            if elsewhere:
+                raise Deferred(f"left to the executor serving {', '.join(elsewhere)}") from None
+            raise WorkflowInvalid(f"{exc.message}; no live executor serves it either (a reel.Worker serving a "
+                                  "function names it in its lease: `reel status`)") from exc
 
     async def resume(self, resume: ResumeRun, delivery: Delivery) -> Then:
         """Reply, then drive an existing run (after a rewind, or recovery) until it rests.

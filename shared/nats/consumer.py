@@ -109,6 +109,11 @@ class Then:
     work: Callable[[], Awaitable[Ack]]
 
 
+class Deferred(Exception):
+    """Raised by a handler that leaves the command to another instance: no reply, the message is nak'ed
+    (redelivered after the consumer's backoff, to any instance of the durable)."""
+
+
 def _invalid_run_id(run_id: str) -> str:
     return f"run_id {run_id!r} is not a valid run id"
 
@@ -175,6 +180,10 @@ class Router:
                     structlog.contextvars.bind_contextvars(run_id=run_id)
                 _check_session_id(cmd)
                 answer = await handler(cmd, delivery)
+            except Deferred as exc:
+                log.info("command.deferred", **extra, reason=str(exc), stream_seq=delivery.stream_seq,
+                         delivered=delivery.num_delivered)
+                return Ack.NAK
             except ReelError as exc:
                 note_refusal(exc.code, exc.message)
                 line = rejected if rejected is not None else "command.undecodable" if cmd is None else None

@@ -2,7 +2,9 @@
 :class:`~reel.shared.core.ports.Liveness` port, :class:`KvLiveness`).
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
-executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON) while it renews it. The
+executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON, plus ``"tools": [...]``, the
+``module:function`` paths of the function objects it serves, when it serves any: a ``reel.Worker``) while it
+renews it. The
 bucket's max age is the lease TTL, so a dead executor's entry expires by itself; a
 stopping one deletes it. Recovery and rewind read it to tell a live owner from a dead one.
 
@@ -18,7 +20,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -51,18 +53,28 @@ class Lease:
         executor_id: the key; the body is ``{"executor_id", "pid", "partitions"}`` (JSON).
         ttl_s: the bucket's max age (``REEL_LEASE_TTL_S``).
         partitions: the command partitions it owns, named in the body (services/executor/partitions.py).
+        tools: the ``module:function`` paths it serves function objects for, read at each renewal (a live view:
+            the set may grow); named in the body as ``tools`` when not empty.
         on_lost: called once, synchronously, the moment the lease is found lost.
     """
 
     def __init__(self, leases: KeyValue, executor_id: str, ttl_s: float, *, partitions: Sequence[int] = (),
+                 tools: Callable[[], Iterable[str]] | None = None,
                  on_lost: Callable[[], object] | None = None) -> None:
         self.kv, self.executor_id, self.ttl_s = leases, executor_id, float(ttl_s)
         self.margin_s = min(0.25, self.ttl_s / 10)
         self.valid_until = 0.0
         self.lost = asyncio.Event()
         self._on_lost = on_lost
-        self._body = json.dumps({"executor_id": executor_id, "pid": os.getpid(),
-                                 "partitions": list(partitions)}).encode()
+        self._partitions, self._tools = list(partitions), tools
+
+    @property
+    def _body(self) -> bytes:
+        body: dict[str, object] = {"executor_id": self.executor_id, "pid": os.getpid(), "partitions": self._partitions}
+        served = sorted(self._tools()) if self._tools is not None else []
+        if served:
+            body["tools"] = served
+        return json.dumps(body).encode()
 
     def held(self) -> bool:
         """True while the last acknowledged renewal is recent enough (see the class doc); False once lost."""
@@ -153,6 +165,27 @@ async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
         if entry.value:
             return True  # a server-written expiry marker has no body
     return False
+
+
+async def tools_served(leases: KeyValue) -> dict[str, set[str]]:
+    r"""``module:function`` path → the live executors whose lease says they serve it (``reel.Worker``\ s).
+
+    An unreadable bucket reads as no tool served (the caller then does what it does without a worker).
+    """
+    out: dict[str, set[str]] = {}
+    try:
+        keys = await leases.keys()
+    except Exception:  # no keys (nats-py raises NoKeysError), or no answer
+        return out
+    for key in keys:
+        try:
+            entry = await leases.get(key)
+            body = json.loads(entry.value or b"{}")
+        except Exception:  # expired meanwhile, or not a lease body
+            continue
+        for path in body.get("tools", []) if isinstance(body, dict) else []:
+            out.setdefault(str(path), set()).add(key)
+    return out
 
 
 class KvLiveness:

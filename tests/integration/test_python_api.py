@@ -185,6 +185,48 @@ async def test_a_worker_serves_its_functions_beside_the_other_services(cfg: Conf
     assert result.outcome == "passed" and seen == ["hi"]
 
 
+async def test_a_plain_executor_leaves_a_workers_runs_to_the_worker(cfg: Config) -> None:
+    """Beside an executor that cannot import the tool (a `reel up` one), every run goes to the worker that serves
+    it: the plain executor defers the start (its lease names no such tool; the worker's does), never refuses it."""
+    from reel.services.cli.status import gather
+    from reel.services.executor.app import serve as executor_serve
+    from reel.services.verifier.app import serve as verifier_serve
+    from reel.shared.nats.infra import connect, ensure_infra
+
+    counter = {"n": 0}
+
+    @reel.tool
+    def bump() -> int:
+        """Count one."""
+        counter["n"] += 1
+        return counter["n"]
+
+    agent = reel.Agent(name="bumper", instructions="Bump.", tools=[bump],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "bump"}]}, {"text": "bumped"}]))
+    nc = await connect(cfg, name="services")
+    infra = await ensure_infra(nc, cfg)
+    try:
+        async with await reel.Client.connect(cfg.nats_url, namespace=cfg.names.namespace) as client, \
+                running(verifier_serve, infra, cfg), running(executor_serve, infra, cfg):
+            with pytest.raises(reel.WorkflowInvalid, match="no live executor serves it"):  # no worker yet: refused
+                await client.start(agent, input="Bump.")
+            worker = reel.Worker(client, tools=[bump])
+            task = asyncio.create_task(worker.run())
+            try:
+                report = await gather(infra, cfg, timeout_s=0.3)
+                while not any(x["tools"] for x in report["leases"]):
+                    report = await gather(infra, cfg, timeout_s=0.3)
+                assert sorted(x["tools"] for x in report["leases"]) == [[], [bump.path]]
+                handles = [await client.start(agent, input=f"Bump {i}.") for i in range(4)]
+                results = [await h.result(timeout_s=90) for h in handles]
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+    finally:
+        await nc.close()
+    assert [r.outcome for r in results] == ["succeeded"] * 4 and counter["n"] == 4
+
+
 async def test_run_sync_works_inside_a_running_event_loop() -> None:
     result = reel.run_sync(adder(), input="What is 2 + 3?")  # this test's loop is running: a worker thread's own
     assert result.passed and result.output == "2 + 3 = 5"
