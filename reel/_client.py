@@ -277,33 +277,15 @@ class RunHandle:
             if not follow or state.status in FINISHED:
                 return
 
-    async def stream(self) -> AsyncIterator[Token]:
-        """The run's streamed model tokens as they arrive (models with ``stream=True``), until it finishes.
+    def stream(self) -> TokenStream:
+        """The run's streamed model tokens as they arrive (models with ``stream=True``), until it finishes:
+        ``async for token in handle.stream()``, or ``async with handle.stream() as tokens:`` to be subscribed
+        before anything else happens (then ``async for token in tokens``).
 
-        Tokens are not stored: only fragments published while this is iterated are seen (the log keeps each
-        whole response). Core NATS, one subscription on ``<ns>.stream.<run_id>.>``.
+        Tokens are not stored: only fragments published while subscribed are seen (the log keeps each whole
+        response). Core NATS, one subscription on ``<ns>.stream.<run_id>.>``.
         """
-        names = self.client._cfg.names
-        prefix = names.stream_run(self.run_id).removesuffix(">")
-        queue: asyncio.Queue[Token | None] = asyncio.Queue()
-
-        async def on_msg(msg: Any) -> None:
-            with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError, ValueError):
-                chunk = decode_chunk(msg.data)
-                branch, step, attempt = str(msg.subject).removeprefix(prefix).rsplit(".", 2)
-                queue.put_nowait(Token(branch_id=branch, step_id=step, attempt=int(attempt), text=chunk.content,
-                                       tool_calls=tuple((t.name, t.arguments) for t in chunk.tool_calls),
-                                       done=chunk.done, error=chunk.error or ""))
-
-        sub = await self.client._nc.subscribe(names.stream_run(self.run_id), cb=on_msg)
-        finished = asyncio.create_task(self.wait(FINISHED, timeout_s=None))
-        finished.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while (token := await queue.get()) is not None:
-                yield token
-        finally:
-            finished.cancel()
-            await sub.unsubscribe()
+        return TokenStream(self)
 
     async def pending(self) -> list[PendingRequest]:
         """The run's open input requests (empty unless it is live and waiting for a human)."""
@@ -387,6 +369,62 @@ class RunHandle:
         if not reply.ok:
             raise refused(reply.error, self.run_id)
         return reply
+
+
+class TokenStream:
+    """The tokens of one run (:meth:`RunHandle.stream`): an async iterator of :class:`~reel.Token`, and an async
+    context manager that subscribes on entry and unsubscribes on exit. Iteration ends once the run is
+    ``completed`` or ``cancelled``."""
+
+    def __init__(self, handle: RunHandle) -> None:
+        self._handle = handle
+        self._queue: asyncio.Queue[Token | None] = asyncio.Queue()
+        self._sub: Any = None
+        self._finished: asyncio.Task[RunState] | None = None
+        self._closed = False
+
+    async def _on_msg(self, msg: Any) -> None:
+        prefix = self._handle.client._cfg.names.stream_run(self._handle.run_id).removesuffix(">")
+        with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError, ValueError):
+            chunk = decode_chunk(msg.data)
+            branch, step, attempt = str(msg.subject).removeprefix(prefix).rsplit(".", 2)
+            self._queue.put_nowait(Token(branch_id=branch, step_id=step, attempt=int(attempt), text=chunk.content,
+                                         tool_calls=tuple((t.name, t.arguments) for t in chunk.tool_calls),
+                                         done=chunk.done, error=chunk.error or ""))
+
+    async def __aenter__(self) -> TokenStream:
+        if self._sub is None and not self._closed:
+            h = self._handle
+            self._sub = await h.client._nc.subscribe(h.client._cfg.names.stream_run(h.run_id), cb=self._on_msg)
+            self._finished = asyncio.create_task(h.wait(FINISHED, timeout_s=None))
+            self._finished.add_done_callback(lambda _: self._queue.put_nowait(None))
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Unsubscribe (iteration then ends)."""
+        self._closed = True
+        self._queue.put_nowait(None)
+        if self._finished is not None:
+            self._finished.cancel()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> Token:
+        await self.__aenter__()
+        token = None if self._closed and self._queue.empty() else await self._queue.get()
+        if token is None:
+            await self.close()
+            raise StopAsyncIteration
+        return token
 
 
 def _answer_text(body: bytes, agent: bool) -> str:

@@ -14,6 +14,7 @@ import reel
 from reel.shared.core.run.events import AttemptSucceeded, RunCompleted, RunCreated
 from reel.shared.runtime.config import Config
 from tests.conftest import running
+from tests.support.chat_server import ChatServer, streamed
 
 CALLS: list[tuple[str, int, int]] = []
 
@@ -245,3 +246,46 @@ def test_connect_to_nothing_is_a_clear_error() -> None:
     with pytest.raises(reel.ServiceUnavailable) as exc:
         reel.block_on(go)
     assert exc.value.code == "unavailable" and exc.value.retryable and "127.0.0.1:9" in exc.value.message
+
+
+async def test_stream_yields_the_tokens_of_a_streamed_turn(local: reel.Client, chat_server: ChatServer) -> None:
+    gate = asyncio.Event()  # the server holds the first chunk until the test is subscribed
+    chat_server.script(streamed("The answer is 42.", chunks=6, gate=gate))
+    agent = reel.Agent(name="streamer", instructions="Answer.",
+                       model=reel.OpenAIModel(base_url=chat_server.url, model="loopback-1", stream=True, timeout_s=10))
+    handle = await local.start(agent, input="The answer?")
+    async with handle.stream() as tokens:
+        gate.set()
+        got = [t async for t in tokens]
+    assert "".join(t.text for t in got) == "The answer is 42."
+    assert {(t.step_id, t.attempt) for t in got} == {("streamer:t1", 1)} and got[-1].done and not got[-1].error
+    assert (await handle.result(timeout_s=30)).output == "The answer is 42."
+
+
+async def test_a_python_tools_own_output_cap_and_two_functions_under_one_name(local: reel.Client) -> None:
+    @reel.tool(max_output_bytes=10)
+    def shout() -> str:
+        """Say a lot."""
+        return "a" * 1000
+
+    agent = reel.Agent(name="shouter", instructions="Shout.", tools=[shout],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "shout"}]}, {"text": "done"}]))
+    handle = await local.start(agent, input="Shout.")
+    assert (await handle.result(timeout_s=60)).outcome == "succeeded"
+    [done] = [e for c in [c async for c in handle.events(follow=False)] for e in c.events
+              if isinstance(e, AttemptSucceeded) and e.step_id == "shouter:t1:c0"]
+    assert done.truncated is True and done.output_ref.size_bytes < 200  # the head and the note, not 1000 bytes
+
+    def make(n: int) -> reel.FunctionTool[[], int]:
+        @reel.tool
+        def value() -> int:
+            """A number."""
+            return n
+        return value
+
+    one, two = make(1), make(2)  # two function objects under one module:function name
+    assert one.path == two.path
+    with pytest.raises(reel.WorkflowInvalid, match="two functions are served as"):
+        for t in (one, two):
+            await local.start(reel.Agent(name="numbers", instructions=".", tools=[t],
+                                         model=reel.ScriptedModel(turns=[{"text": "done"}])), input="n?")
