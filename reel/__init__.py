@@ -25,6 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from reel import events as events
     from reel._agent import Agent as Agent
     from reel._agent import Model as Model
     from reel._agent import OpenAIModel as OpenAIModel
@@ -108,12 +109,18 @@ __all__ = ["Agent", "Ask", "CancelReply", "Client", "CommandRefused", "CommandTi
            "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply", "RunHandle", "RunNotFound",
            "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable", "StartReply", "Startable",
            "StepNotFound", "Token", "Tool", "Usage", "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid",
-           "ask_user", "block_on", "command_tool", "load_workflow", "local", "recorded_tool", "run", "run_sync",
-           "tool"]
+           "ask_user", "block_on", "command_tool", "events", "load_workflow", "local", "recorded_tool", "run",
+           "run_sync", "tool"]
+
+
+_MODULES = frozenset({"events"})
+"""Public submodules, loaded on first use too (``reel.events``: the typed events of a run's log)."""
 
 
 def __getattr__(name: str) -> Any:
     """Load a public name on first use (PEP 562)."""
+    if name in _MODULES:
+        return importlib.import_module(f"reel.{name}")
     try:
         module, attr = _WHERE[name]
     except KeyError:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import reel
-from reel.shared.core.run.events import AttemptSucceeded, RunCompleted, RunCreated
+from reel.events import AttemptSucceeded, RunCompleted, RunCreated
 from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.support.chat_server import ChatServer, streamed

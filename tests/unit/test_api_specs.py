@@ -116,9 +116,9 @@ def test_the_shipped_agent_example_written_in_python_encodes_byte_for_byte_as_it
 
 
 def test_public_names_are_listed_once_and_load() -> None:
-    from reel import _WHERE
+    from reel import _MODULES, _WHERE
 
-    assert reel.__all__ == sorted(_WHERE)
+    assert reel.__all__ == sorted([*_WHERE, *_MODULES])
     for name in reel.__all__:
         assert getattr(reel, name) is not None
     with pytest.raises(AttributeError):
