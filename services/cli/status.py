@@ -134,8 +134,9 @@ def jetstream_lines(js: dict[str, Any]) -> list[Text]:
 
 
 async def _leases(infra: Infra, cfg: Config, answering: set[str]) -> list[dict[str, Any]]:
-    """Each live lease: its key (the executor id), the pid in its body, how long ago it was last put (ms), and the
-    ``module:function`` tools it serves function objects for (a ``reel.Worker``; ``[]`` for a plain executor)."""
+    """Each live lease: its key (the executor id), the pid in its body, how long ago it was last put (ms), the
+    ``module:function`` tools it serves function objects for (a ``reel.Worker``; ``[]`` for a plain executor),
+    and ``waiting_for``: the tools runs it was handed wait for (no live executor could resolve them)."""
     stream, prefix = f"KV_{cfg.names.lease_bucket}", f"$KV.{cfg.names.lease_bucket}."
     info = await infra.js.stream_info(stream, subjects_filter=f"{prefix}>")
     out = []
@@ -153,8 +154,10 @@ async def _leases(infra: Infra, cfg: Config, answering: set[str]) -> list[dict[s
             body = {}
         key = subject.removeprefix(prefix)
         tools = body.get("tools") if isinstance(body, dict) else None
+        waiting = body.get("waiting_for") if isinstance(body, dict) else None
         out.append({"executor_id": key, "pid": body.get("pid") if isinstance(body, dict) else None,
                     "tools": [str(t) for t in tools] if isinstance(tools, list) else [],
+                    "waiting_for": sorted(map(str, waiting)) if isinstance(waiting, dict) else [],
                     "renewed_ms_ago": round((now - msg.time).total_seconds() * 1000) if msg.time else None,
                     "answers_discovery": key in answering})
     return out
@@ -196,14 +199,24 @@ def render(report: dict[str, Any]) -> list[Table | Text]:
         lag.add_row(c["service"], c["durable"], str(c["num_pending"]), str(c["num_ack_pending"]),
                     str(c["num_redelivered"]), str(c["num_waiting"]))
     leases = Table(title="executor leases", title_justify="left")
-    for col in ("executor", "pid", "renewed ms ago", "answers discovery", "serves tools"):
+    for col in ("executor", "pid", "renewed ms ago", "answers discovery", "serves tools", "runs wait for"):
         leases.add_column(col)
     for x in report["leases"]:
         leases.add_row(x["executor_id"], str(x["pid"]), str(x["renewed_ms_ago"] if x["renewed_ms_ago"] is not None
                                                              else "?"), "yes" if x["answers_discovery"] else "no",
-                       ", ".join(x.get("tools", [])))
-    return [t if report[key] else Text(f"{t.title}: {EMPTY[key]}")
-            for key, t in (("services", svc), ("consumers", lag), ("leases", leases))]
+                       ", ".join(x.get("tools", [])), ", ".join(x.get("waiting_for", [])))
+    out: list[Table | Text] = [t if report[key] else Text(f"{t.title}: {EMPTY[key]}")
+                               for key, t in (("services", svc), ("consumers", lag), ("leases", leases))]
+    return out + waiting_lines(report["leases"])
+
+
+def waiting_lines(leases: list[dict[str, Any]]) -> list[Text]:
+    """One red line per ``python:`` tool runs wait for that no live executor serves (start a ``reel.Worker`` with
+    it, docs/python.md)."""
+    served = {t for x in leases for t in x.get("tools", [])}
+    waiting = sorted({t for x in leases for t in x.get("waiting_for", [])} - served)
+    return [Text(f"runs wait for a worker serving {t}: no live executor serves it (start a reel.Worker with it, "
+                 "docs/python.md)", style="red") for t in waiting]
 
 
 def status(

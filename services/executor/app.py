@@ -81,6 +81,7 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
                       tools=None if served is None else served.keys,
                       on_lost=lambda: log.error("executor.lease_lost_tools_killed", process_groups=kill_groups(groups)))
         ex = Executor(infra, cfg, *ports(infra, cfg), stopping=stop, executor_id=executor_id, lease=lease, **kwargs)
+        lease.waiting = ex.waiting_for
         structlog.contextvars.bind_contextvars(executor_id=ex.executor_id)
         if not await lease.acquire(stop):  # never a command before the lease is visible
             return

@@ -29,8 +29,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from reel.shared.application.fenced import Decided
+from reel.shared.application.toolimports import unresolved_paths
 from reel.shared.application.workflows import WorkflowCache
-from reel.shared.core.errors import RunNotFound
+from reel.shared.core.errors import RunNotFound, WorkflowInvalid
 from reel.shared.core.ports import EventLog
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import RunVerifying
@@ -48,6 +49,20 @@ log = structlog.get_logger("reel.executor")
 
 class HandedBack(Exception):
     """This executor is stopping: the run goes back to the queue (its command is nak'ed) between steps."""
+
+
+class ToolsUnserved(Exception):
+    """A run's ``python:`` tools do not resolve in this executor (a ``reel.Worker``'s function, with no worker
+    here): the run waits — its command is nak'ed (redelivered with backoff, to any executor: a worker serving
+    them takes it) and this executor's lease names the paths (``reel status``).
+
+    Attributes:
+        run_id: the run; paths: the ``module:function`` paths it needs; reason: the resolution error.
+    """
+
+    def __init__(self, run_id: str, paths: tuple[str, ...], reason: str) -> None:
+        super().__init__(f"run {run_id} waits for an executor serving {', '.join(paths)}: {reason}")
+        self.run_id, self.paths, self.reason = run_id, paths, reason
 
 
 class OwnedElsewhere(Exception):
@@ -112,8 +127,12 @@ class Driver:
                 log.warning("run.not_found")
                 return None
         spec = await self.specs.load(state.workflow_ref)
-        agents = AgentRun(self.attempts, run_id, spec, await self.specs.python_tools(state.workflow_ref),
-                          bodies=self.bodies, stopping=self.stopping, interrupt=interrupt)
+        try:
+            tools = await self.specs.python_tools(state.workflow_ref)
+        except WorkflowInvalid as exc:  # resolved at its start elsewhere: a function only a worker serves
+            raise ToolsUnserved(run_id, unresolved_paths(spec, self.specs.registered), exc.message) from exc
+        agents = AgentRun(self.attempts, run_id, spec, tools, bodies=self.bodies, stopping=self.stopping,
+                          interrupt=interrupt)
         async with agents:  # structured: no attempt of this run outlives the drive
             return await self._loop(state, spec, agents, interrupt)
 

@@ -46,12 +46,16 @@ from reel.shared.runtime.clock import now_ms
 from reel.shared.runtime.config import Config
 
 from .attempts import LOG_NAME, Attempts
-from .driver import Driver, HandedBack, OwnedElsewhere
+from .driver import Driver, HandedBack, OwnedElsewhere, ToolsUnserved
 from .orphans import Orphans
 
 log = structlog.get_logger("reel.executor")
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+UNSERVED_KEEP_MS = 60_000
+"""How long a tool a run waited for stays named in the lease after the last wait (ms): a run's command is
+redelivered with a backoff of up to 30 s, so a still-waiting run renews it."""
 
 
 def _invalid_run_id(run_id: str) -> str:
@@ -79,6 +83,7 @@ class Executor:
         self.executor_id = executor_id or new_executor_id()
         self.lease = lease
         self.tools = tools
+        self.unserved: dict[str, int] = {}  # module:function → when a run last waited for it here (epoch ms)
         self.specs = WorkflowCache(blobs, registered=tools)
         self.inline_max = cfg.inline_max_bytes
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
@@ -231,6 +236,11 @@ class Executor:
             return Ack.NAK  # redelivered at once to another instance, which takes over from the log
         except OwnedElsewhere:  # a duplicate while its live owner holds it: back to the queue, with backoff
             return Ack.NAK
+        except ToolsUnserved as exc:  # it waits for a worker: back to the queue (a worker takes it), named in our lease
+            now = now_ms()
+            self.unserved.update(dict.fromkeys(exc.paths, now))
+            log.warning("run.waiting_for_worker", tools=list(exc.paths), reason=exc.reason[:300])
+            return Ack.NAK
         except LeaseLost:  # this executor may no longer write: the run goes to one that holds its lease
             log.warning("run.lease_lost", command=kind)
             return Ack.NAK
@@ -243,6 +253,14 @@ class Executor:
             raise
         finally:
             del self._driving[run_id]
+
+    def waiting_for(self) -> dict[str, int]:
+        """The ``python:`` paths runs waited for here in the last :data:`UNSERVED_KEEP_MS` (``path`` → epoch ms
+        of the last wait): named in this executor's lease as ``waiting_for`` (``reel status``)."""
+        cutoff = now_ms() - UNSERVED_KEEP_MS
+        for path in [p for p, at in self.unserved.items() if at < cutoff]:
+            del self.unserved[path]
+        return dict(self.unserved)
 
     @property
     def driving(self) -> Container[str]:

@@ -69,3 +69,18 @@ def check_tool_imports(spec: WorkflowSpec, registered: Registered | None = None
                 raise WorkflowInvalid(f"python tool {tool.python!r} does not resolve: {type(exc).__name__}: {exc}"
                                       f" (at `$.steps[{i}].tools[{j}].python`)") from exc
     return out
+
+
+def unresolved_paths(spec: WorkflowSpec, registered: Registered | None = None) -> tuple[str, ...]:
+    """The ``python:`` paths of ``spec``'s agent steps that resolve neither from ``registered`` nor by import,
+    sorted (what an executor without the worker that serves them waits for)."""
+    out: set[str] = set()
+    for step in spec.steps:
+        for tool in step.tools if isinstance(step, AgentStep) else ():
+            if tool.python is None or (registered is not None and tool.python in registered):
+                continue
+            try:
+                resolve_tool(tool.python)
+            except Exception:  # any import-time error of user code: it does not resolve here
+                out.add(tool.python)
+    return tuple(sorted(out))

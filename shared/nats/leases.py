@@ -3,7 +3,8 @@
 
 An executor holds an entry in the leases KV bucket (``Names.lease_bucket``; key: its
 executor id; body: ``{"executor_id": …, "pid": …, "partitions": […]}`` as JSON, plus ``"tools": [...]``, the
-``module:function`` paths of the function objects it serves, when it serves any: a ``reel.Worker``) while it
+``module:function`` paths of the function objects it serves, when it serves any: a ``reel.Worker``, and
+``"waiting_for": {path: epoch ms}``, the paths runs it was handed could not resolve here lately) while it
 renews it. The
 bucket's max age is the lease TTL, so a dead executor's entry expires by itself; a
 stopping one deletes it. Recovery and rewind read it to tell a live owner from a dead one.
@@ -20,7 +21,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -67,6 +68,9 @@ class Lease:
         self.lost = asyncio.Event()
         self._on_lost = on_lost
         self._partitions, self._tools = list(partitions), tools
+        self.waiting: Callable[[], Mapping[str, int]] | None = None
+        """The ``module:function`` paths runs wait for here (→ epoch ms of the last wait): named in the body
+        as ``waiting_for`` when not empty (set by the executor once it exists)."""
 
     @property
     def _body(self) -> bytes:
@@ -74,6 +78,9 @@ class Lease:
         served = sorted(self._tools()) if self._tools is not None else []
         if served:
             body["tools"] = served
+        waiting = dict(self.waiting()) if self.waiting is not None else {}
+        if waiting:
+            body["waiting_for"] = waiting
         return json.dumps(body).encode()
 
     def held(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -289,3 +290,60 @@ async def test_a_python_tools_own_output_cap_and_two_functions_under_one_name(lo
         for t in (one, two):
             await local.start(reel.Agent(name="numbers", instructions=".", tools=[t],
                                          model=reel.ScriptedModel(turns=[{"text": "done"}])), input="n?")
+
+
+async def test_a_kept_store_resumes_a_run_in_a_later_local_block(tmp_path: Path) -> None:
+    """A run of an earlier block resumes in a later one; while no executor serves its tool it waits, named by
+    `reel status` (the executor's lease), and goes on once the tool is served."""
+    from reel.services.cli.status import gather, render, waiting_lines
+
+    asked: list[str] = []
+
+    @reel.tool
+    def record(answer: str) -> str:
+        """Record the answer."""
+        asked.append(answer)
+        return "recorded"
+
+    agent = reel.Agent(name="survey", instructions="Ask, then record.", tools=[reel.ask_user(), record],
+                       model=reel.ScriptedModel(turns=[
+                           {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Colour?"}}]},
+                           {"tool_calls": [{"name": "record", "arguments": {"answer": "blue"}}]},
+                           {"text": "recorded blue"}]))
+    store = tmp_path / "js"
+    async with reel.local(store_dir=store) as client:
+        handle = await client.start(agent, input="Survey me.")
+        assert (await handle.result(timeout_s=60)).status == "awaiting_input"
+        run_id = handle.run_id
+    async with reel.local(store_dir=store) as client:  # a new server and services, the same store; no `record`
+        handle = client.get(run_id)
+        [question] = await handle.pending()
+        await handle.answer(question.request_id, "blue")
+        infra = client._infra
+        report = await gather(infra, client._cfg, timeout_s=0.3)
+        while not any(x["waiting_for"] for x in report["leases"]):  # the answer resumed it: it waits for `record`
+            report = await gather(infra, client._cfg, timeout_s=0.3)
+        [lease] = report["leases"]
+        assert lease["waiting_for"] == [record.path] and await handle.status() == "running" and not asked
+        [line] = waiting_lines(report["leases"])
+        assert line.plain.startswith(f"runs wait for a worker serving {record.path}: no live executor serves it")
+        assert line in render(report)
+        client.serve(agent)  # now this process serves it: the command's next redelivery drives the run
+        result = await handle.result(timeout_s=60)
+    assert (result.status, result.output, asked) == ("completed", "recorded blue", ["blue"])
+    async with reel.local(store_dir=store, agents=[agent]) as client:  # served from the start: nothing waits
+        assert (await client.get(run_id).result(timeout_s=10)).status == "completed"
+
+
+async def test_connect_with_an_auth_directory(tmp_path: Path) -> None:
+    """``Client.connect(auth=DIR)`` logs in as the directory's client role on an auth-on server."""
+    from tests.integration.authserver import auth_server, services_as_roles
+
+    agent = reel.Agent(name="hello", instructions="Greet.", tools=[reel.recorded_tool("greet", "hello")],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "greet"}]}, {"text": "hello!"}]),
+                       verifiers=[reel.Verifier(type="output_regex", pattern="hello")])
+    async with auth_server(tmp_path) as server, services_as_roles(server, "executor", "verifier"), \
+            await reel.Client.connect(server.base.nats_url, namespace=server.base.names.namespace,
+                                      auth=server.dir.path) as client:
+        result = await (await client.start(agent, input="Hi.")).result(timeout_s=60)
+    assert result.outcome == "passed"
