@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import msgspec
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as Nats
 
 from reel._agent import Agent
@@ -97,7 +98,9 @@ class Client:
             connect_timeout_s: how long to wait for the first connection (s).
 
         Raises:
-            ServiceUnavailable: no server answers within ``connect_timeout_s``.
+            ServiceUnavailable: no server answers within ``connect_timeout_s``; or, with the default URL, the server
+                there is not a Reel one for ``namespace`` (it has no event stream: ``reel up`` creates it) — a
+                URL given explicitly gets Reel's streams created if missing.
             ReelError: the credentials are refused (``connect_refused``).
         """
         base = Config.from_env(nats_url=url or os.environ.get("NATS_URL") or DEFAULT_URL, names=Names(namespace))
@@ -108,6 +111,8 @@ class Client:
             raise ServiceUnavailable(f"no NATS server answers at {cfg.nats_url} within {connect_timeout_s:g} s "
                                      f"(start `reel up`, or use reel.local()): {type(exc).__name__}") from None
         try:
+            if url is None and not os.environ.get("NATS_URL"):
+                await _check_reel_server(nc, cfg)
             infra = await (open_infra(nc, cfg) if cfg.auth.configured else ensure_infra(nc, cfg))
         except BaseException:
             await nc.close()
@@ -209,6 +214,24 @@ class Client:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close()
+
+
+async def _check_reel_server(nc: Nats, cfg: Config) -> None:
+    """The server at the default URL carries this namespace's event stream (else it is another program's).
+
+    Raises:
+        ServiceUnavailable: it has none, or no JetStream.
+    """
+    try:
+        await nc.jetstream().stream_info(cfg.names.events_stream)
+    except nats.js.errors.NotFoundError:
+        raise ServiceUnavailable(f"the NATS server on {cfg.nats_url} is not a Reel server for namespace "
+                                 f"{cfg.names.namespace!r}: it has no stream {cfg.names.events_stream} (`reel up` "
+                                 "creates it); pass its URL to use it anyway") from None
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+        raise ServiceUnavailable(f"the NATS server on {cfg.nats_url} has no JetStream (not a Reel server)") from None
+    except nats.errors.Error:
+        pass  # e.g. a role that may not read stream info: connecting worked, the commands will tell
 
 
 class RunHandle:

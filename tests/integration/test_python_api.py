@@ -347,3 +347,19 @@ async def test_connect_with_an_auth_directory(tmp_path: Path) -> None:
                                       auth=server.dir.path) as client:
         result = await (await client.start(agent, input="Hi.")).result(timeout_s=60)
     assert result.outcome == "passed"
+
+
+async def test_a_server_without_the_namespaces_streams_is_not_taken_for_reel(cfg: Config) -> None:
+    """What ``Client.connect()`` checks of the server at the default URL (``reel up``'s port): it must carry the
+    namespace's event stream — another program's server there is not silently given Reel's streams."""
+    from reel._client import _check_reel_server
+    from reel.shared.nats.infra import connect, ensure_infra
+
+    nc = await connect(cfg, name="check")
+    try:
+        with pytest.raises(reel.ServiceUnavailable, match="is not a Reel server for namespace"):
+            await _check_reel_server(nc, cfg)
+        await ensure_infra(nc, cfg)
+        await _check_reel_server(nc, cfg)  # now it is
+    finally:
+        await nc.close()
