@@ -39,7 +39,7 @@ from rich.table import Table
 
 from reel.services.cli.console import CliError, NatsUrl, console, err_console, run_async
 from reel.services.cli.embed import in_process_services
-from reel.shared.application.toolimports import check_tool_imports
+from reel.shared.application.toolimports import check_tool_imports, tool_search_path
 from reel.shared.core.run import crashpoints as core
 from reel.shared.core.run.ids import run_id_for_key
 from reel.shared.core.run.views import build_episode_view
@@ -143,14 +143,15 @@ class Executors:
             await ex.stop()
 
 
-def keyed_tools(spec: WorkflowSpec) -> frozenset[tuple[str, str]]:
-    """``(agent step, tool)`` of the Python tools whose signature takes ``idempotency_key``.
+def keyed_tools(spec: WorkflowSpec, source_dir: str | None = None) -> frozenset[tuple[str, str]]:
+    """``(agent step, tool)`` of the Python tools whose signature takes ``idempotency_key`` (looked up as the
+    executor does for a run from a file in ``source_dir``).
 
     Raises:
         WorkflowInvalid: a ``python:`` tool does not resolve.
     """
     out = set()
-    for key, fn in check_tool_imports(spec).items():
+    for key, fn in check_tool_imports(spec, search=tool_search_path(source_dir)).items():
         with contextlib.suppress(TypeError, ValueError):
             if "idempotency_key" in inspect.signature(fn).parameters:
                 out.add(key)
@@ -167,6 +168,7 @@ class Chaos:
     tools: tuple[core.Tool, ...]
     timeout_s: float
     ledger: Path
+    source_dir: str | None = None  # the workflow file's folder (where its python tools are looked up first)
     session: str = field(default_factory=lambda: f"chaos-{secrets.token_hex(6)}")
     started: int = 0
 
@@ -183,7 +185,8 @@ class Chaos:
         key = f"{self.session}-{self.started}"
         run_id = run_id_for_key(key)
         first = await self.executors.take(point)
-        starting = asyncio.ensure_future(self.client.start(self.spec, idempotency_key=key, timeout_s=self.timeout_s))
+        starting = asyncio.ensure_future(self.client.start(self.spec, idempotency_key=key, timeout_s=self.timeout_s,
+                                                           source_dir=self.source_dir))
         died = asyncio.ensure_future(first.process.wait())
         resting = asyncio.ensure_future(self._started_then_rest(starting, key))
         await asyncio.wait([resting, died], return_when=asyncio.FIRST_COMPLETED)
@@ -213,8 +216,8 @@ class Chaos:
         for _ in range(START_TRIES - 1):  # e.g. lease_lost: the same keyed start is answered by the next incarnation
             if reply.ok or reply.error is None or not reply.error.retryable:
                 break
-            reply = await self.client.start(self.spec, idempotency_key=key,
-                                            timeout_s=self.timeout_s)
+            reply = await self.client.start(self.spec, idempotency_key=key, timeout_s=self.timeout_s,
+                                            source_dir=self.source_dir)
         if not reply.ok or reply.run_id != run_id:
             raise CliError(f"start refused: {reply.error.code if reply.error else '?'}: "
                            f"{reply.error.message if reply.error else ''}")
@@ -317,9 +320,11 @@ def executor_env(cfg: Config, ledger_path: Path) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def chaos_session(spec: WorkflowSpec, nats_url: str | None, namespace: str | None, timeout_s: float,
-                        workdir: Path, *, lease_ttl_s: int = LEASE_TTL_S) -> AsyncIterator[Chaos]:
-    """A server, a namespace, the verifier and recovery in this process, and the executors, for the block."""
-    tools = core.tools_of(spec, keyed_tools(spec))
+                        workdir: Path, *, lease_ttl_s: int = LEASE_TTL_S, source_dir: str | None = None
+                        ) -> AsyncIterator[Chaos]:
+    """A server, a namespace, the verifier and recovery in this process, and the executors, for the block
+    (``source_dir``: the workflow file's folder, sent with each start)."""
+    tools = core.tools_of(spec, keyed_tools(spec, source_dir))
     async with contextlib.AsyncExitStack() as stack:
         url, embedded = await stack.enter_async_context(url_or_embedded(nats_url, workdir / "js"))
         names = Names(namespace or f"chaos-{secrets.token_hex(4)}")
@@ -336,7 +341,7 @@ async def chaos_session(spec: WorkflowSpec, nats_url: str | None, namespace: str
         blobs = JetStreamBlobStore(nc, infra.blobs, names.blob_bucket)
         err_console.print(f"[dim]chaos on {'an embedded server' if embedded else url}, namespace {names.namespace}, "
                           f"{len(tools)} tool(s) with side effects[/]")
-        yield Chaos(ReelClient(nc, cfg, blobs), executors, spec, tools, timeout_s, ledger_path)
+        yield Chaos(ReelClient(nc, cfg, blobs), executors, spec, tools, timeout_s, ledger_path, source_dir)
 
 
 def chaos(
@@ -361,12 +366,15 @@ def chaos(
     runs; print how often each tool's side effect ran, which calls ran twice without being retry-safe, and
     whether every run ended in the unkilled run's state. Exit 1 if a tool that is neither retry-safe nor keyed
     ran twice, or an end state differs (docs/chaos.md)."""
+    folder = str(file.resolve().parent)  # where the executors look for the workflow's python tools first
+
     async def body() -> int:
         spec = load_workflow(file, env=os.environ)
         with contextlib.ExitStack() as stack:
             where = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reel-chaos-")))
             where.mkdir(parents=True, exist_ok=True)
-            async with chaos_session(spec, nats_url, namespace, timeout, where, lease_ttl_s=lease_ttl) as ch:
+            async with chaos_session(spec, nats_url, namespace, timeout, where, lease_ttl_s=lease_ttl,
+                                     source_dir=folder) as ch:
                 rep = await run_chaos(ch, runs=runs, only=only, references=references)
         print_report(rep)
         return 0 if rep.ok else 1

@@ -92,10 +92,12 @@ def run(
     question) is left waiting: its requests are printed with the commands that answer
     them (``reel approve|reject|answer``, which then follow the run), exit code 6.
     """
+    folder = str(file.resolve().parent)  # where the executor looks for the workflow's python tools first
+
     async def body() -> int:
         spec = load_workflow(file, env=os.environ)  # ${NAME} / ${NAME:-default} from the environment
         async with session(nats_url, namespace, services=SERVICES) as s:
-            reply = await s.client.start(spec, idempotency_key=key)
+            reply = await s.client.start(spec, idempotency_key=key, source_dir=folder)
             if not reply.ok or reply.run_id is None:
                 raise CliError(f"start refused: {reply.error.code if reply.error else '?'}: "
                                f"{reply.error.message if reply.error else ''}")

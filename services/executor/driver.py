@@ -128,7 +128,7 @@ class Driver:
                 return None
         spec = await self.specs.load(state.workflow_ref)
         try:
-            tools = await self.specs.python_tools(state.workflow_ref)
+            tools = await self.specs.python_tools(state.workflow_ref, state.tool_source_dir)
         except WorkflowInvalid as exc:  # resolved at its start elsewhere: a function only a worker serves
             raise ToolsUnserved(run_id, unresolved_paths(spec, self.specs.registered), exc.message) from exc
         agents = AgentRun(self.attempts, run_id, spec, tools, bodies=self.bodies, stopping=self.stopping,

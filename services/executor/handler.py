@@ -18,7 +18,7 @@ from collections.abc import Container
 import structlog
 
 from reel.shared.application.fenced import commit_new
-from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports
+from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports, tool_search_path
 from reel.shared.application.workflows import WorkflowCache
 from reel.shared.core.errors import (
     BlobMissing,
@@ -144,7 +144,8 @@ class Executor:
             Deferred: a python tool is served by another live executor only (a ``reel.Worker``): left to it.
         """
         spec = await self._spec_of_command(start)
-        tools = await self._tools_of(spec)  # a python tool that does not resolve: refused now, naming it
+        search = tool_search_path(start.source_dir or None)  # the file's folder, up to its project root; our cwd
+        tools = await self._tools_of(spec, search)  # a python tool that does not resolve: refused now, naming it
         key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         self._check_keyed(delivery, run_id)
@@ -155,11 +156,12 @@ class Executor:
         # puts it again before the existing run is driven)
         workflow_ref = ref_for(body, "application/json", inline_max=self.inline_max)
         stored = None if is_inline(workflow_ref) else await self.blobs.put_async(body, "application/json")
-        self.specs.remember(workflow_ref.sha256, spec, tools)
+        self.specs.remember(workflow_ref.sha256, spec, tools, search)
         created = RunCreated(
             run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
+            source_dir=start.source_dir,
         )
         self.driver.attempts.check_lease()
         done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
@@ -183,9 +185,9 @@ class Executor:
             fresh = None
         return Then(reply, lambda: self._drive_until_rest(run_id, "start", fresh))
 
-    async def _tools_of(self, spec: WorkflowSpec) -> PythonTools:
+    async def _tools_of(self, spec: WorkflowSpec, search: tuple[str, ...]) -> PythonTools:
         """The resolved ``python:`` tools of ``spec`` (:func:`check_tool_imports` over this executor's own
-        function objects).
+        function objects, then imported from the folders ``search``).
 
         Raises:
             Deferred: a tool does not resolve here but another live executor serves it (its lease names the
@@ -193,7 +195,7 @@ class Executor:
             WorkflowInvalid: a tool does not resolve and no live executor serves it (naming the field).
         """
         try:
-            return check_tool_imports(spec, self.tools)
+            return check_tool_imports(spec, self.tools, search=search)
         except WorkflowInvalid as exc:
             mine = self.tools or {}
             paths = {t.python for s in spec.steps if isinstance(s, AgentStep) for t in s.tools

@@ -6,7 +6,7 @@ most ``max_entries`` (default :data:`MAX_WORKFLOWS`) specs by sha256; every read
 workflow goes through it (the executor, the verifier, the respond handler, the CLI's timelines
 and ``reel trace``). Each spec parsed is passed to :func:`reel.shared.auth.secrets.remember_workflow` (its
 models' key names, scrubbed from what this process stores). The executor also keeps a
-workflow's resolved ``python:`` tools with it (:meth:`WorkflowCache.python_tools`).
+workflow's resolved ``python:`` tools with it, per search path (:meth:`WorkflowCache.python_tools`).
 
 Typed against the :class:`~reel.shared.core.ports.BlobStore` port; no NATS here.
 """
@@ -14,9 +14,10 @@ Typed against the :class:`~reel.shared.core.ports.BlobStore` port; no NATS here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports
+from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports, tool_search_path
 from reel.shared.auth import secrets
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.ports import BlobStore
@@ -30,7 +31,7 @@ MAX_WORKFLOWS = 256
 @dataclass
 class _Entry:
     spec: WorkflowSpec
-    tools: PythonTools | None = None
+    tools: dict[tuple[str, ...], PythonTools] = field(default_factory=dict)  # by the folders searched
 
 
 class WorkflowCache:
@@ -53,10 +54,15 @@ class WorkflowCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def remember(self, sha256: str, spec: WorkflowSpec, tools: PythonTools | None = None) -> None:
-        """Keep ``spec``, stored as the blob ``sha256`` (``tools``: its python tools, if resolved already)."""
+    def remember(self, sha256: str, spec: WorkflowSpec, tools: PythonTools | None = None,
+                 search: Sequence[str] = ()) -> None:
+        """Keep ``spec``, stored as the blob ``sha256`` (``tools``: its python tools, if resolved already, from the
+        folders ``search``)."""
         secrets.remember_workflow(spec)  # its models' keys: scrubbed from what this process stores
-        self._entries[sha256] = _Entry(spec, tools)
+        entry = self._entries.get(sha256) or _Entry(spec)
+        if tools is not None:
+            entry.tools[tuple(search)] = tools
+        self._entries[sha256] = entry
         self._entries.move_to_end(sha256)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -82,14 +88,17 @@ class WorkflowCache:
         """
         return (await self._entry(ref)).spec
 
-    async def python_tools(self, ref: BlobRef) -> PythonTools:
-        """The resolved ``python:`` tools of the workflow ``ref`` (resolved once, kept with its spec).
+    async def python_tools(self, ref: BlobRef, source_dir: str | None = None) -> PythonTools:
+        """The resolved ``python:`` tools of the workflow ``ref`` of a run started from a file in ``source_dir``
+        (looked up in :func:`~reel.shared.application.toolimports.tool_search_path` of it; resolved once per
+        search path, kept with its spec).
 
         Raises:
             BlobMissing, WorkflowInvalid: as :meth:`load`; WorkflowInvalid also when a tool path does not
-                resolve (the message names the field).
+                resolve (the message names the field and the folders searched).
         """
         entry = await self._entry(ref)
-        if entry.tools is None:
-            entry.tools = check_tool_imports(entry.spec, self.registered)
-        return entry.tools
+        search = tool_search_path(source_dir)
+        if search not in entry.tools:
+            entry.tools[search] = check_tool_imports(entry.spec, self.registered, search=search)
+        return entry.tools[search]

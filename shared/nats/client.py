@@ -168,14 +168,23 @@ class ReelClient:
         return False
 
     async def start(self, spec: WorkflowSpec, *, idempotency_key: str | None = None,
-                    labels: dict[str, str] | None = None, timeout_s: float = 30.0) -> Reply:
-        """Start a run of ``spec``; large workflows go by blob ref."""
+                    labels: dict[str, str] | None = None, timeout_s: float = 30.0,
+                    source_dir: str | None = None) -> Reply:
+        """Start a run of ``spec``; large workflows go by blob ref.
+
+        ``source_dir``: the absolute folder of the workflow's file, where the executor looks for its ``python:``
+        tools first (:class:`~reel.shared.core.wire.commands.StartRun`); ``None``: its working folder only.
+
+        Raises:
+            ValueError: ``source_dir`` is not an absolute, normalised path.
+        """
         body = encode_workflow(spec)
+        where: str | msgspec.UnsetType = msgspec.UNSET if source_dir is None else source_dir
         if len(body) > INLINE_WORKFLOW_MAX_BYTES and self.blobs is not None:
             ref = await self.blobs.put(body, "application/json")
-            cmd = StartRun(workflow_ref=ref, idempotency_key=idempotency_key, labels=labels or {})
+            cmd = StartRun(workflow_ref=ref, idempotency_key=idempotency_key, labels=labels or {}, source_dir=where)
         else:
-            cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {})
+            cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {}, source_dir=where)
         msg_id = uuid.uuid4().hex
         run_id = run_id_for_key(idempotency_key or f"cmd:{msg_id}")  # the id the executor derives
 

@@ -189,7 +189,9 @@ async def test_installed_reel_leaves_the_users_services_shared_and_tests_package
     try:
         deadline = time.monotonic() + 120
         while not set(SERVICES) <= (seen := await asyncio.to_thread(_status, bin_dir, url, project)):
-            assert up.returncode is None, "reel up exited"
+            if up.returncode is not None:
+                assert up.stderr is not None
+                pytest.fail(f"reel up exited {up.returncode}: {(await up.stderr.read()).decode()[-3000:]}")
             assert time.monotonic() < deadline, f"reel up's services did not all answer in 120 s (seen: {seen})"
             await asyncio.sleep(0.5)
         times["up_s"] = time.monotonic() - t0

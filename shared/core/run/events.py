@@ -41,7 +41,12 @@ RunOutcome = Literal["passed", "failed", "error", "succeeded"]
 
 
 class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
-    """A run exists and is ``Pending``. The workflow body is in the blob store."""
+    """A run exists and is ``Pending``. The workflow body is in the blob store.
+
+    ``source_dir``: the folder of the workflow's file, from the start command (where its ``python:`` tools are
+    looked up first, whichever executor drives the run); unset (not encoded) for a run started without a file,
+    so older logs read the same.
+    """
 
     run_id: RunId
     branch_id: BranchId
@@ -52,6 +57,7 @@ class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
     idempotency_key: str | None = None
     created_ms: int
     labels: dict[str, str] = {}
+    source_dir: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):

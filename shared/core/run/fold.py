@@ -167,6 +167,7 @@ def create(lsn: LSN, event: RunCreated) -> RunState:
         idempotency_key=event.idempotency_key, labels=FrozenMap.of(event.labels), created_ms=event.created_ms,
         created_lsn=lsn, head_lsn=lsn, active_branch=event.branch_id,
         branches=FrozenMap.of({event.branch_id: BranchState(branch_id=event.branch_id, created_lsn=lsn)}),
+        source_dir=event.source_dir,
     )
 
 

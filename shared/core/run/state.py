@@ -186,6 +186,12 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     outcome: RunOutcome | None = None
     cancel_reason: str | None = None
     finished_ms: int | None = None
+    source_dir: str | msgspec.UnsetType = msgspec.UNSET  # RunCreated.source_dir (unset: not encoded)
+
+    @property
+    def tool_source_dir(self) -> str | None:
+        """The workflow file's folder the run's ``python:`` tools are looked up in first (``None``: none given)."""
+        return self.source_dir if isinstance(self.source_dir, str) else None
 
     def step_decl(self, step_id: StepId) -> StepDecl:
         """The declaration of ``step_id`` (O(1)).

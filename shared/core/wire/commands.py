@@ -8,6 +8,7 @@ a command sent while the service is down waits for it) with the header
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -30,12 +31,45 @@ class StartRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             1 MiB message limit; ``reel run`` uploads and sends a ref).
         idempotency_key: a repeated start with the same key returns the same run.
         labels: free-form string labels recorded on the run.
+        source_dir: the folder of the workflow's file (``reel run FILE`` sends it), recorded on the run: its
+            ``python:`` tools are looked up there, in the folders above it up to the project root, then in the
+            executor's working folder (docs/workflow.md, "Where python tools are found"). An absolute,
+            normalised path (no ``.``/``..`` parts, no trailing ``/``) of at most :data:`MAX_SOURCE_DIR_BYTES`;
+            unset (not encoded): the working folder only.
+
+    Raises:
+        ValueError: (``InvalidCommand`` through :func:`decode_command`) ``source_dir`` is not such a path.
     """
 
     workflow: WorkflowSpec | None = None
     workflow_ref: BlobRef | None = None
     idempotency_key: str | None = None
     labels: dict[str, str] = {}
+    source_dir: str | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if isinstance(self.source_dir, str):
+            check_source_dir(self.source_dir)
+
+
+MAX_SOURCE_DIR_BYTES = 4096
+"""Bytes of a start's ``source_dir`` (Linux's ``PATH_MAX``)."""
+
+
+def check_source_dir(path: str) -> str:
+    """``path`` if it is an absolute, normalised POSIX folder path of at most :data:`MAX_SOURCE_DIR_BYTES`.
+
+    Raises:
+        ValueError: it is relative, has ``.``/``..``/empty parts or a NUL, or is too long (the message says which).
+    """
+    if len(path.encode(errors="surrogatepass")) > MAX_SOURCE_DIR_BYTES:
+        raise ValueError(f"source_dir is longer than {MAX_SOURCE_DIR_BYTES} bytes")
+    if "\x00" in path:
+        raise ValueError("source_dir holds a NUL character")
+    if not posixpath.isabs(path) or posixpath.normpath(path) != path:
+        raise ValueError(f"source_dir must be an absolute, normalised folder path (like /home/me/project), "
+                         f"got {path[:200]!r}")
+    return path
 
 
 class CancelRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
