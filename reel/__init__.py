@@ -71,10 +71,14 @@ if TYPE_CHECKING:
     from reel.shared.core.run.eventfields import Usage as Usage
     from reel.shared.core.run.eventfields import Verdict as Verdict
     from reel.shared.core.workflow.agentspec import InputSpec as Ask
+    from reel.shared.core.workflow.spec import AgentStep as AgentStep
     from reel.shared.core.workflow.spec import ContextItemSpec as ContextItem
     from reel.shared.core.workflow.spec import ModelSpec as ModelSpec
+    from reel.shared.core.workflow.spec import ModelStep as ModelStep
     from reel.shared.core.workflow.spec import PolicySpec as Policy
     from reel.shared.core.workflow.spec import Price as Price
+    from reel.shared.core.workflow.spec import ToolSpec as ToolSpec
+    from reel.shared.core.workflow.spec import ToolStep as ToolStep
     from reel.shared.core.workflow.spec import VerifierSpec as Verifier
     from reel.shared.core.workflow.spec import WorkflowSpec as Workflow
     from reel.shared.core.workflow.spec import load_workflow as load_workflow
@@ -98,19 +102,20 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ModelSpec": ("reel.shared.core.workflow.spec", "ModelSpec"),
     "Policy": ("reel.shared.core.workflow.spec", "PolicySpec"),
     "Price": ("reel.shared.core.workflow.spec", "Price"),
+    **{n: ("reel.shared.core.workflow.spec", n) for n in ("AgentStep", "ModelStep", "ToolSpec", "ToolStep")},
     "Verifier": ("reel.shared.core.workflow.spec", "VerifierSpec"),
     "Workflow": ("reel.shared.core.workflow.spec", "WorkflowSpec"),
     "load_workflow": ("reel.shared.core.workflow.spec", "load_workflow"),
 }
 
-__all__ = ["Agent", "Ask", "CancelReply", "Client", "CommandRefused", "CommandTimeout", "CommitEvent", "ContextItem",
-           "FunctionTool", "IdempotencyConflict", "InvalidCommand", "InvalidTransition", "LsnNotInLineage", "Model",
-           "ModelSpec", "OpenAIModel", "Outcome", "PendingRequest", "Policy", "Price", "ReelError",
-           "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply", "RunHandle", "RunNotFound",
-           "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable", "StartReply", "Startable",
-           "StepNotFound", "Token", "Tool", "Usage", "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid",
-           "ask_user", "block_on", "command_tool", "events", "load_workflow", "local", "recorded_tool", "run",
-           "run_sync", "tool"]
+__all__ = ["Agent", "AgentStep", "Ask", "CancelReply", "Client", "CommandRefused", "CommandTimeout", "CommitEvent",
+           "ContextItem", "FunctionTool", "IdempotencyConflict", "InvalidCommand", "InvalidTransition",
+           "LsnNotInLineage", "Model", "ModelSpec", "ModelStep", "OpenAIModel", "Outcome", "PendingRequest",
+           "Policy", "Price", "ReelError", "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply",
+           "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",
+           "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage", "Verdict",
+           "Verifier", "Worker", "Workflow", "WorkflowInvalid", "ask_user", "block_on", "command_tool", "events",
+           "load_workflow", "local", "recorded_tool", "run", "run_sync", "tool"]
 
 
 _MODULES = frozenset({"events"})

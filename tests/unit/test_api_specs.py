@@ -123,3 +123,23 @@ def test_public_names_are_listed_once_and_load() -> None:
         assert getattr(reel, name) is not None
     with pytest.raises(AttributeError):
         _ = getattr(reel, "nothing_like_this")  # noqa: B009
+
+
+def test_a_workflow_of_model_and_tool_steps_written_in_python_is_its_yaml_on_the_wire() -> None:
+    """``examples/hello.yaml`` as ``reel.Workflow`` of ``ModelStep``/``ToolStep``: what the executor decodes from
+    the start command (JSON) encodes byte for byte as the YAML file's workflow."""
+    yaml_spec = load_workflow(REPO / "examples/hello.yaml")
+    plan = yaml_spec.steps[0]
+    assert isinstance(plan, reel.ModelStep)
+    spec = reel.Workflow(
+        name="hello-reel", description=yaml_spec.description, budget_tokens=120,
+        steps=(reel.ModelStep(id="plan", instructions=plan.instructions, context=plan.context,
+                              model=reel.ModelSpec(adapter="scripted", outputs=("echo 'hello from reel'",)),
+                              policy=reel.Policy(exclude_kinds=("scratch",), max_item_tokens=60)),
+               reel.ToolStep(id="run", tool=reel.ToolSpec(type="command", argv=("sh", "-c", "sh -s"), stdin_from="plan",
+                                                          timeout_s=10)),
+               yaml_spec.steps[2]),
+        verifiers=(reel.Verifier(type="output_regex", name="greeting-printed", step="run", pattern="hello from reel"),
+                   reel.Verifier(type="context_requires", name="task-was-packed", step="plan", item="task")))
+    wire = msgspec.json.decode(msgspec.json.encode(spec), type=reel.Workflow)
+    assert encode_workflow(wire) == encode_workflow(yaml_spec)
