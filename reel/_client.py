@@ -65,6 +65,13 @@ FINISHED: tuple[RunStatus, ...] = ("completed", "cancelled")
 Startable = Agent | WorkflowSpec | str | Path
 """What :meth:`Client.start` runs: an :class:`~reel.Agent`, a workflow spec, or a workflow file's path."""
 
+
+def _source_dir(target: Startable) -> str | None:
+    """The absolute folder of a workflow file's path (its ``python:`` tools are looked for there first); ``None``
+    for an agent or a spec."""
+    return None if isinstance(target, Agent | WorkflowSpec) else os.path.dirname(os.path.abspath(target))
+
+
 ToolRegistry = dict[str, Callable[..., Any]]
 """``module:function`` → the function an in-process executor calls for that ``python:`` path."""
 
@@ -135,7 +142,8 @@ class Client:
 
         Args:
             target: an :class:`~reel.Agent`, a ``WorkflowSpec`` (``reel.load_workflow``), or the path of a
-                YAML/JSON workflow file (``${NAME}`` expanded from the environment, as ``reel run`` does).
+                YAML/JSON workflow file (``${NAME}`` expanded from the environment, and its ``python:`` tools
+                looked for from its folder up to the project root, as ``reel run`` does; docs/workflow.md).
             input: the task, for an agent (its context item ``task``).
             key: idempotency key: a repeated start with the same key and workflow returns the same run
                 (``handle.started.created`` False); another workflow under it raises IdempotencyConflict.
@@ -151,7 +159,8 @@ class Client:
         spec = self._spec_of(target, input)
         if isinstance(target, Agent) and self._served is not None:
             self._serve(target.functions())
-        reply = await self._rc.start(spec, idempotency_key=key, labels=dict(labels or {}), timeout_s=timeout_s)
+        reply = await self._rc.start(spec, idempotency_key=key, labels=dict(labels or {}), timeout_s=timeout_s,
+                                     source_dir=_source_dir(target))
         if not reply.ok or reply.run_id is None:
             raise refused(reply.error)
         started = StartReply(run_id=reply.run_id, created=bool(reply.created), status=reply.status or "pending",

@@ -12,6 +12,7 @@ import secrets
 import sys
 from pathlib import Path
 
+import reel
 from reel.shared.application.workflows import WorkflowCache
 from reel.shared.core.run.views import build_episode_view
 from reel.shared.nats.blobstore import JetStreamBlobStore
@@ -87,3 +88,13 @@ async def test_a_tool_that_is_nowhere_is_refused_naming_the_folders_searched(cfg
     said = " ".join(err.split())
     assert f"No module named 'nowhere_{s}' (looked in {flows}, {proj}, {elsewhere})" in said, err
     assert "(at `$.steps[0].tools[1].python`)" in said, err
+
+
+async def test_the_python_api_starting_a_workflow_file_looks_beside_it_too(tmp_path: Path) -> None:
+    s = secrets.token_hex(4)
+    _, flows, _ = _project(tmp_path, f"beside_{s}", f"root_{s}")
+    async with reel.local() as client:
+        handle = await client.start(flows / "wf.yaml")
+        result = await handle.result(timeout_s=60)
+        assert result.outcome == "passed", result
+        assert (await handle.state()).tool_source_dir == str(flows)
