@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from reel.shared.application.fenced import Decided
-from reel.shared.application.toolimports import unresolved_paths
+from reel.shared.application.toolimports import tool_search_path, unresolved_paths
 from reel.shared.application.workflows import WorkflowCache
 from reel.shared.core.errors import RunNotFound, WorkflowInvalid
 from reel.shared.core.ports import EventLog
@@ -130,7 +130,8 @@ class Driver:
         try:
             tools = await self.specs.python_tools(state.workflow_ref, state.tool_source_dir)
         except WorkflowInvalid as exc:  # resolved at its start elsewhere: a function only a worker serves
-            raise ToolsUnserved(run_id, unresolved_paths(spec, self.specs.registered), exc.message) from exc
+            missing = unresolved_paths(spec, self.specs.registered, search=tool_search_path(state.tool_source_dir))
+            raise ToolsUnserved(run_id, missing, exc.message) from exc
         agents = AgentRun(self.attempts, run_id, spec, tools, bodies=self.bodies, stopping=self.stopping,
                           interrupt=interrupt)
         async with agents:  # structured: no attempt of this run outlives the drive

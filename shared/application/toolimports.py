@@ -190,16 +190,18 @@ def check_tool_imports(spec: WorkflowSpec, registered: Registered | None = None,
     return out
 
 
-def unresolved_paths(spec: WorkflowSpec, registered: Registered | None = None) -> tuple[str, ...]:
-    """The ``python:`` paths of ``spec``'s agent steps that resolve neither from ``registered`` nor by import,
-    sorted (what an executor without the worker that serves them waits for)."""
+def unresolved_paths(spec: WorkflowSpec, registered: Registered | None = None, *,
+                     search: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The ``python:`` paths of ``spec``'s agent steps that resolve neither from ``registered`` nor by import from
+    the folders ``search`` (:func:`resolve_tool`), sorted (what an executor without the worker that serves them
+    waits for)."""
     out: set[str] = set()
     for step in spec.steps:
         for tool in step.tools if isinstance(step, AgentStep) else ():
             if tool.python is None or (registered is not None and tool.python in registered):
                 continue
             try:
-                resolve_tool(tool.python)
+                resolve_tool(tool.python, search)
             except Exception:  # any import-time error of user code: it does not resolve here
                 out.add(tool.python)
     return tuple(sorted(out))
