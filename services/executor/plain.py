@@ -182,6 +182,14 @@ class PlainSteps:
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         if prepared is None:
+            adopted = await self.adopted(state, spec, action)
+            if adopted is not None:
+                recorded = await self.a.commit(state, record_outcome(adopted))
+                if isinstance(recorded, Committed):
+                    log.info("attempt.adopted", lsn=recorded.state.head_lsn, step_id=adopted.step_id,
+                             attempt=adopted.attempt, output_bytes=adopted.output_ref.size_bytes)
+                    return recorded.state
+                return recorded
             p = await self.prepare(state, spec, action)
             done = await self._commit_intent(state, p)
             if not isinstance(done, RunState):
@@ -195,6 +203,24 @@ class PlainSteps:
         event, body = await self._side_effect(state, p, interrupt)
         self.a.crash_if(f"{action.step_id}:{action.attempt}:after_run")
         return await self._commit_outcome(state, p, event, body, await self._next(state, spec, event, cursor))
+
+    async def adopted(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> AttemptSucceeded | None:
+        """The success of the orphan ``action`` supersedes, for a command tool not declared ``retry_safe``
+        whose dead executor stored the output (its recovery marker: the side effect happened, only the outcome
+        commit was lost): ``recovered``, so the tool is not run a second time. ``None`` when there is no
+        orphan, no marker, or the step may be repeated (a model call, a retry-safe tool: it runs again, as an
+        agent's retry-safe call does, and recovery resolves the orphan from its marker)."""
+        if action.supersedes is None:
+            return None
+        step = spec.steps[state.step_index(action.step_id)]
+        assert isinstance(step, ModelStep | ToolStep), action
+        if not isinstance(step, ToolStep) or step.tool.type != "command" or step.tool.retry_safe:
+            return None
+        ref = await self.a.marker(state.run_id, action.branch_id, action.step_id, action.supersedes)
+        if ref is None:
+            return None
+        return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.supersedes,
+                                output_ref=ref, at_ms=now_ms(), recovered=True)
 
     async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | Decided | Chained:
         """Commit ``run_started`` for this executor, with the first attempt's intent when that is a plain
@@ -281,8 +307,8 @@ class PlainSteps:
         preview = apply_commit(state, state.head_lsn + 1, Commit(
             commit_id=CommitId("preview"), run_id=state.run_id, writer=self.a.executor_id, events=(event,)))
         action = plan.next_action(preview, self.a.executor_id, start=cursor.peek(preview))
-        if not isinstance(action, plan.Dispatch):
-            return None
+        if not isinstance(action, plan.Dispatch) or action.supersedes is not None:
+            return None  # an orphan's successor is never chained: its marker is read first (run)
         return await self.prepare(preview, spec, action)
 
     async def _commit_outcome(self, state: RunState, p: Prepared, event: AttemptEnd, body: bytes | None,

@@ -63,6 +63,7 @@ async def test_a_non_idempotent_command_tool_that_ran_twice_is_named(nats_url: s
     append = _row(out, "append (command)")
     assert "RAN TWICE" in append and "append:1:after_run" in append, out
     assert "append:1:after_outcome" not in append and "append:1:before_intent" not in append, out
+    assert "append:1:after_output" not in append, out  # its stored output is adopted, not run again
     assert "repeated (retry-safe)" in _row(out, "note (command)"), out
     assert "NOT exactly-once: append" in out and "ended as the unkilled run did" in out, out
 

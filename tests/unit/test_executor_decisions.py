@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import (
     AnyEvent,
     AttemptDispatched,
@@ -54,3 +55,17 @@ def test_outcome_recorded(commits: list[list[AnyEvent]], attempt: int, recorded:
 def test_outcome_recorded_on_an_unknown_branch_raises() -> None:
     with pytest.raises(KeyError):
         outcome_recorded(folded([dispatch(1)]), "b-gone", "a", 1)
+
+
+@pytest.mark.parametrize("commits, expected", [
+    ([], plan.Dispatch("main", "a", 1)),  # nothing before it
+    ([[dispatch(1)]], plan.Dispatch("main", "a", 2, supersedes=1)),  # an orphan: its marker is read first
+    ([[dispatch(1)], [AttemptFailed(branch_id="main", step_id="a", attempt=1, error_kind="x", message="",
+                                    retryable=True, at_ms=2)]], plan.Dispatch("main", "a", 2)),  # a failure: retry
+])
+def test_a_dispatch_names_the_orphan_it_supersedes(commits: list[list[AnyEvent]], expected: plan.Dispatch) -> None:
+    assert plan.next_action(folded(*commits), "x-1") == expected
+
+
+def test_an_attempt_in_flight_here_is_waited_for_not_superseded() -> None:
+    assert isinstance(plan.next_action(folded([dispatch(1)]), "x-1", (("main", "a", 1),)), plan.Wait)

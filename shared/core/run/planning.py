@@ -10,7 +10,8 @@ described in :mod:`reel.shared.core.agent.actions`.
 Attempt numbering: attempts are numbered 1, 2, … per step and branch. A step
 fails when ``max_attempts`` attempts have *failed* (or one failed non-retryably).
 An attempt left ``dispatched`` by a dead executor does not count: the next
-executor supersedes it with a new attempt and recovery resolves it later
+executor supersedes it with a new attempt and recovery resolves it later — or, for a
+command tool that is not retry-safe, adopts its stored output (``Dispatch.supersedes``)
 (docs/mutators.md, Recovery).
 """
 
@@ -61,11 +62,14 @@ class Claim(msgspec.Struct, frozen=True):
 
 
 class Dispatch(msgspec.Struct, frozen=True):
-    """Start attempt ``attempt`` of ``step_id`` on ``branch_id``."""
+    """Start attempt ``attempt`` of ``step_id`` on ``branch_id``; ``supersedes``: the attempt before it, when
+    that one is still ``dispatched`` by no drive of this executor (a dead executor's orphan, whose stored
+    output — its recovery marker — is adopted instead of running the step again, if there is one)."""
 
     branch_id: BranchId
     step_id: StepId
     attempt: AttemptNo
+    supersedes: AttemptNo | None = None
 
 
 class EnterVerifying(msgspec.Struct, frozen=True):
@@ -114,7 +118,11 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
         if attempts and attempts[-1].status == AttemptStatus.DISPATCHED and (
                 bid, decl.step_id, attempts[-1].attempt) in in_flight:
             return Wait()
-        return Dispatch(bid, decl.step_id, AttemptNo(attempts[-1].attempt + 1 if attempts else 1))
+        if not attempts:
+            return Dispatch(bid, decl.step_id, AttemptNo(1))
+        last = attempts[-1]
+        orphan = AttemptNo(last.attempt) if last.status == AttemptStatus.DISPATCHED else None
+        return Dispatch(bid, decl.step_id, AttemptNo(last.attempt + 1), supersedes=orphan)
     if any(b == bid for b, _, _ in in_flight):
         return Wait()  # e.g. calls of an agent that a fatal tool ended: record their outcomes first
     return EnterVerifying(bid)
