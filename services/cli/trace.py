@@ -52,7 +52,7 @@ def trace(
         if result.name != "SUCCESS":
             raise CliError(f"the OTLP endpoint {endpoint} did not accept the {len(records)} spans")
         trace_id = f"{records[0].trace_id:032x}" if records else "-"
-        console.print(f"exported {len(records)} spans of run {run_id} (trace {trace_id}) to {endpoint}")
+        console.print(f"exported {len(records)} spans of run {run_id} (trace {trace_id}) to {endpoint}", soft_wrap=True)
         return 0
 
     run_async(body(), json_out=json_out)
