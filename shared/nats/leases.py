@@ -177,14 +177,15 @@ async def executor_alive(leases: KeyValue, executor_id: str | None) -> bool:
 async def tools_served(leases: KeyValue) -> dict[str, set[str]]:
     r"""``module:function`` path → the live executors whose lease says they serve it (``reel.Worker``\ s).
 
-    An unreadable bucket reads as no tool served (the caller then does what it does without a worker).
+    Read with ``STREAM.INFO`` (the keys) and direct gets: no consumer is created. An unreadable bucket reads as
+    no tool served (the caller then does what it does without a worker).
     """
     out: dict[str, set[str]] = {}
-    try:
-        keys = await leases.keys()
-    except Exception:  # no keys (nats-py raises NoKeysError), or no answer
+    try:  # the live keys, by the stream's subjects (STREAM.INFO: no consumer, allowed to the executor role)
+        info = await leases._js.stream_info(leases._stream, subjects_filter=f"{leases._pre}>")
+    except Exception:  # no answer
         return out
-    for key in keys:
+    for key in (subject.removeprefix(leases._pre) for subject in sorted(info.state.subjects or {})):
         try:
             entry = await leases.get(key)
             body = json.loads(entry.value or b"{}")
