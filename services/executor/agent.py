@@ -19,8 +19,9 @@ a turn attempt starts           ``[steps_declared(turn)?, attempt_dispatched(pro
 a turn answered                 ``[attempt_succeeded, steps_declared(calls), attempt_dispatched × ≤
                                 max_parallel_tools]`` with the output blob (the exact response
                                 message) and its marker — or ``[attempt_succeeded, agent_finished]``
-a turn failed                   ``[attempt_failed, agent_finished?]``; a provider's ``Retry-After``
-                                delays the next attempt's intent
+a turn failed                   ``[attempt_failed, agent_finished?]``; the next attempt's intent waits
+                                the provider's ``Retry-After``, else a full-jitter backoff
+                                (:func:`~reel.services.executor.modelout.retry_delay_s`)
 tool results that finished      ``[attempt_succeeded|attempt_failed …, agent_finished?]`` plus, when
 together                        they complete the turn, the next turn's intent (its prompt blob
                                 pipelined), or else the intents of the calls they free a slot for
@@ -49,7 +50,15 @@ from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.input import requestfold
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.crashpoints import commit_points, point_name
-from reel.shared.core.run.events import AgentFinished, AnyEvent, AttemptEnd, AttemptFailed, AttemptSucceeded, Usage
+from reel.shared.core.run.events import (
+    AgentFinished,
+    AnyEvent,
+    AttemptEnd,
+    AttemptFailed,
+    AttemptSucceeded,
+    BlobRef,
+    Usage,
+)
 from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import DRIVABLE, RunState
 from reel.shared.core.workflow.spec import WorkflowSpec
@@ -57,6 +66,7 @@ from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.control import Interrupt
 from reel.shared.runtime.clock import now_ms
 
+from . import modelout
 from .agentio import (
     JSON,
     CallDone,
@@ -77,8 +87,6 @@ from .interrupts import stopped_within
 
 log = structlog.get_logger("reel.executor")
 
-MAX_RETRY_AFTER_S = 600.0
-"""The longest a provider's Retry-After delays a turn's next attempt (s)."""
 MAX_ERROR_CHARS = 4000
 
 
@@ -263,30 +271,32 @@ class AgentRun:
 
     async def _record_turn(self, state: RunState, done: TurnDone, *, more: bool) -> RunState:
         a = done.prepared.action
+        where = (a.branch_id, a.step_id, a.attempt)
         if done.error is not None or done.response is None:
             exc = done.error or ModelError("no response", kind="empty_response")
-            usage = Usage(input_tokens=done.prepared.packed_tokens, latency_ms=done.latency_ms, cost_usd=exc.cost_usd)
-            failure = AttemptFailed(branch_id=a.branch_id, step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
-                                    message=secrets.scrub(exc.message)[:MAX_ERROR_CHARS], retryable=exc.retryable,
-                                    usage=usage, at_ms=now_ms())
-            if exc.retryable and exc.retry_after_s:
-                self._not_before[(a.branch_id, a.step_id)] = time.monotonic() + min(exc.retry_after_s,
-                                                                                     MAX_RETRY_AFTER_S)
+            failure, error_body = modelout.failure(where, exc, modelout.failure_usage(exc, done.latency_ms))
+            delay = modelout.retry_delay_s(failure, exc.retry_after_s, self.spec.agent(a.agent).model.adapter)
+            if delay > 0:
+                self._not_before[(a.branch_id, a.step_id)] = time.monotonic() + delay
             log.info("attempt.failed", step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
-                     retryable=exc.retryable, retry_after_s=exc.retry_after_s, reason=exc.message[:200])
-            events = ac.turn_failure(state, failure, at_ms=failure.at_ms)
-            return await self._recorded(state, events, [failure], a.branch_id)
+                     retryable=exc.retryable, retry_after_s=exc.retry_after_s, retry_in_s=round(delay, 3),
+                     reason=exc.message[:200])
+            return await self._record_turn_failure(state, failure, error_body)
         resp = done.response
         body = msgspec.json.encode(resp.message)  # the exact response message, keys in the provider's order
-        ref = ref_for(body, JSON)
+        usage = modelout.answer_usage(resp.input_tokens, resp.output_tokens, done.latency_ms, resp.cost_usd,
+                                      resp.usage_source)
+        ended, ref = modelout.answer_outcome(where, body=body, media_type=JSON, finish_reason=resp.finish_reason,
+                                             usage=usage, policy=self.spec.agent(a.agent).truncation_policy)
         self.bodies.keep(body, ref)
-        usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens, latency_ms=done.latency_ms,
-                      cost_usd=resp.cost_usd)
-        outcome = AttemptSucceeded(branch_id=a.branch_id, step_id=a.step_id, attempt=a.attempt, output_ref=ref,
-                                   usage=usage, at_ms=now_ms())
+        if isinstance(ended, AttemptFailed):  # a cut answer, not taken (on_truncated fail or retry)
+            log.info("attempt.failed", step_id=a.step_id, attempt=a.attempt, error_kind=ended.error_kind,
+                     retryable=ended.retryable, finish_reason=resp.finish_reason, reason=ended.message)
+            return await self._record_turn_failure(state, ended, body)
+        outcome = ended
         log.info("attempt.succeeded", step_id=a.step_id, attempt=a.attempt, tool_calls=len(resp.tool_calls),
-                 input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                 latency_ms=round(usage.latency_ms, 3))
+                 input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, usage_source=usage.source,
+                 finish_reason=resp.finish_reason, latency_ms=round(usage.latency_ms, 3))
         if self._may_start(state, a.branch_id, more):
             out = ac.turn_outcome(state, a.branch_id, self.spec.agent(a.agent), a.turn, output_ref=ref,
                                   calls=resp.tool_calls, outcome=outcome, executor_id=self.me, at_ms=outcome.at_ms,
@@ -296,6 +306,14 @@ class AgentRun:
         bodies = [(body, JSON), *((b, JSON) for b in out.blobs)]
         return await self._recorded(state, out.events, [outcome], a.branch_id, calls=out.started, bodies=bodies,
                                     markers=[outcome])
+
+    async def _record_turn_failure(self, state: RunState, failure: AttemptFailed, body: bytes | None) -> RunState:
+        """Record a failed turn attempt (and the agent's end when it has no attempt left), with the whole body
+        behind the failure (``failure.error_ref``) stored beside the commit."""
+        events = ac.turn_failure(state, failure, at_ms=failure.at_ms)
+        ref = failure.error_ref
+        bodies = [(body, ref.media_type)] if body is not None and isinstance(ref, BlobRef) else []
+        return await self._recorded(state, events, [failure], failure.branch_id, bodies=bodies)
 
     async def _record_calls(self, state: RunState, batch: Sequence[CallDone], *, more: bool) -> RunState:
         outcomes: list[AttemptEnd] = []

@@ -38,7 +38,7 @@ from reel.shared.application.fenced import Committed, Decide, Decided
 from reel.shared.auth import secrets
 from reel.shared.core.decision import Decision
 from reel.shared.core.errors import ModelError, ToolError
-from reel.shared.core.pack.packer import pack
+from reel.shared.core.pack.packer import accounted, pack, reserving
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import (
     AnyEvent,
@@ -47,6 +47,7 @@ from reel.shared.core.run.events import (
     AttemptEnd,
     AttemptFailed,
     AttemptSucceeded,
+    BlobRef,
     Commit,
     RunStarted,
     Usage,
@@ -62,6 +63,7 @@ from reel.shared.nats.control import Interrupt
 from reel.shared.proc.tools import run_tool
 from reel.shared.runtime.clock import now_ms
 
+from . import modelout
 from .attempts import Attempts, record_outcome
 from .interrupts import Interrupted, guarded
 from .streaming import streamed
@@ -140,6 +142,7 @@ class PlainSteps:
 
     def __init__(self, attempts: Attempts, *, inline_max: int, stopping: asyncio.Event | None = None) -> None:
         self.a, self.inline_max, self.stopping = attempts, inline_max, stopping
+        self._not_before: dict[tuple[str, str], float] = {}  # (branch, step) → monotonic time its retry may go
 
     async def prepare(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> Prepared:
         """The intent of ``action`` on ``state`` (a model step's context packed and its prompt rendered)."""
@@ -154,7 +157,9 @@ class PlainSteps:
         outputs = await a.outputs(state, action.branch_id, plan.needed_outputs(step, spec),
                                   max_bytes=plan.read_bound(policy))
         items = plan.context_items(step, spec, outputs)
-        packed = pack(plan.candidates(items, a.facts), policy)
+        reserved = a.facts(step.instructions)[0] if step.instructions else 0  # sent first, outside the items
+        packed = accounted(pack(plan.candidates(items, a.facts), reserving(policy, reserved)), reserved,
+                           a.facts.counter.name)
         prompt = secrets.scrub(plan.render_prompt(step, items, packed.partition.packed))
         partition = packed.partition
         if outputs.trimmed:  # recorded beside the buckets: what was cut before packing (never silent)
@@ -165,7 +170,8 @@ class PlainSteps:
             branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=a.executor_id,
             at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max), context=partition,
         )
-        return Prepared(action=action, step=step, intent=intent, prompt=prompt, prompt_tokens=packed.packed_tokens)
+        return Prepared(action=action, step=step, intent=intent, prompt=prompt,
+                        prompt_tokens=packed.packed_tokens + reserved)
 
     async def run(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch, cursor: Cursor,
                   prepared: Prepared | None = None, interrupt: Interrupt | None = None,
@@ -273,6 +279,8 @@ class PlainSteps:
                                         output_ref=ref, usage=usage, at_ms=now_ms(),
                                         truncated=True if spool.truncated else msgspec.UNSET), body
             else:
+                await self._backoff(action, interrupt)
+                started = time.perf_counter()  # the call's own latency, without the wait before it
                 adapter = make_adapter(step.model, self.a.counter)
                 request = ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
                                        prompt=p.prompt, prompt_tokens=p.prompt_tokens)
@@ -281,22 +289,38 @@ class PlainSteps:
                                         step.model.streams)
                 call = adapter.complete(request) if out is None else adapter.complete(
                     request, on_delta=out)  # type: ignore[call-arg]  # a streaming adapter takes it (models/base.py)
-                resp = await guarded(streamed(call, out, lambda _: "stop"), None if instant else interrupt)
-                text = resp.text
-                usage = Usage(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
-                              latency_ms=_ms_since(started), cost_usd=resp.cost_usd)
+                resp = await guarded(streamed(call, out, lambda r: r.finish_reason), None if instant else interrupt)
+                usage = modelout.answer_usage(resp.input_tokens, resp.output_tokens, _ms_since(started),
+                                              resp.cost_usd, resp.usage_source)
         except (ToolError, ModelError, Interrupted) as exc:
-            usage = Usage(latency_ms=_ms_since(started))
+            where = (action.branch_id, action.step_id, action.attempt)
             if isinstance(p.step, ModelStep) and isinstance(exc, ModelError | Interrupted):
-                usage = Usage(input_tokens=p.prompt_tokens, latency_ms=usage.latency_ms, cost_usd=exc.cost_usd)
+                failed, error_body = modelout.failure(where, exc, modelout.failure_usage(exc, _ms_since(started)),
+                                                      inline_max=self.inline_max)
+                delay = modelout.retry_delay_s(failed, getattr(exc, "retry_after_s", None), p.step.model.adapter)
+                if delay > 0:
+                    self._not_before[(action.branch_id, action.step_id)] = time.monotonic() + delay
+                return failed, error_body
             return AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                  error_kind=exc.kind, message=secrets.scrub(exc.message)[:2000],
-                                 retryable=exc.retryable, usage=usage, at_ms=now_ms()), None
-        body = text.encode()
-        ref = ref_for(body, inline_max=self.inline_max)
+                                 retryable=exc.retryable, usage=Usage(latency_ms=_ms_since(started)),
+                                 at_ms=now_ms()), None
+        body = resp.text.encode()
+        event, ref = modelout.answer_outcome((action.branch_id, action.step_id, action.attempt), body=body,
+                                             media_type="text/plain", finish_reason=resp.finish_reason, usage=usage,
+                                             policy=step.truncation_policy, inline_max=self.inline_max)
         self.a.bodies.keep(body, ref)
-        return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
-                                output_ref=ref, usage=usage, at_ms=now_ms()), body
+        return event, body
+
+    async def _backoff(self, action: plan.Dispatch, interrupt: Interrupt | None) -> None:
+        """Wait until this step's retry may go (the last failure's Retry-After or jittered backoff,
+        :func:`~reel.services.executor.modelout.retry_delay_s`); stopped as the side effect is, if ``interrupt``
+        fires (:class:`~reel.services.executor.interrupts.Interrupted`)."""
+        due = self._not_before.pop((action.branch_id, action.step_id), None)
+        wait_s = 0.0 if due is None else due - time.monotonic()
+        if wait_s > 0:
+            log.info("attempt.backoff", step_id=action.step_id, attempt=action.attempt, delay_s=round(wait_s, 3))
+            await guarded(asyncio.sleep(wait_s), interrupt)
 
     async def _next(self, state: RunState, spec: WorkflowSpec, event: AttemptEnd | RunStarted,
                     cursor: Cursor) -> Prepared | None:
@@ -321,6 +345,9 @@ class PlainSteps:
         bodies: list[tuple[bytes, str]] = []
         if isinstance(event, AttemptSucceeded) and body is not None and not is_inline(event.output_ref):
             bodies.append((body, event.output_ref.media_type))
+        if isinstance(event, AttemptFailed) and body is not None and isinstance(event.error_ref, BlobRef) \
+                and not is_inline(event.error_ref):  # the whole error body (a server's error, a cut answer)
+            bodies.append((body, event.error_ref.media_type))
         nref = nxt.intent.prompt_ref if nxt is not None else None
         if nxt is not None and nref is not None and not is_inline(nref):
             bodies.append((nxt.prompt.encode(), nref.media_type))

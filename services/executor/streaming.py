@@ -55,7 +55,7 @@ class StreamOut:
                 log.warning("stream.publish_failed", subject=self.subject, error=str(exc))
 
 
-async def streamed(call: Awaitable[T], out: StreamOut | None, finish: Callable[[T], str]) -> T:
+async def streamed(call: Awaitable[T], out: StreamOut | None, finish: Callable[[T], str | None]) -> T:
     """Await the model ``call`` (which streams into ``out``); then publish ``out``'s last message.
 
     Raises:

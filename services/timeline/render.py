@@ -20,6 +20,7 @@ from reel.shared.core.run.events import (
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
+    BlobRef,
     BranchForked,
     InputAnswered,
     InputRequested,
@@ -169,13 +170,13 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
     for step in view.steps:
         name, kind = _labels(step)
         if not step.attempts:
-            table.add_row(*_plain((name, kind, "-", Text(step.status, style="dim"), *[""] * 8,
+            table.add_row(*_plain((name, kind, "-", Text(step.status, style="dim"), *[""] * 9,
                                    _cell(_answer(step), step.step_id, notes))))
         for a in step.attempts:
             table.add_row(*_plain(_row(spec, branch, step, name, kind, a, notes)))
             _dropped_note(drops, a)
     u = view.usage
-    footer = Text(f"usage: {u.input_tokens} input tokens, {u.output_tokens} output tokens, "
+    footer = Text(f"usage: {rows.tokens_by_source(view)}, "
                   f"{rows.fmt_ms(u.latency_ms)} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
     parts: list[Text | Table | AttemptTable] = [_header(state), _branches(state, bid), table, *notes, *drops, footer,
                                  *_agent_lines(view)]
@@ -219,8 +220,15 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
     status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
     if a.truncated is True and a.output_ref:
         status += " (truncated)"
-        notes.append(Text(f"{step.step_id}#{a.attempt}: output truncated to its first {a.output_ref.size_bytes} B "
-                          "(the tool's max_output_bytes)", style="magenta"))
+        if isinstance(a.finish_reason, str):  # a model's answer cut by the server, taken (on_truncated: continue)
+            notes.append(Text(f"{step.step_id}#{a.attempt}: the model's answer was cut (finish_reason "
+                              f"{a.finish_reason}); on_truncated: continue took it as it is", style="magenta"))
+        else:
+            notes.append(Text(f"{step.step_id}#{a.attempt}: output truncated to its first {a.output_ref.size_bytes}"
+                              " B (the tool's max_output_bytes)", style="magenta"))
+    if isinstance(a.error_ref, BlobRef):
+        notes.append(Text(f"{step.step_id}#{a.attempt}: the whole error body ({a.error_ref.size_bytes} B, "
+                          f"{a.error_ref.media_type}) is blob {a.error_ref.sha256}", style="dim"))
     lsns = f"{a.dispatched_lsn}→{a.outcome_lsn}" if a.outcome_lsn else f"{a.dispatched_lsn}→"
     command, exit_code = rows.call_cells(spec, branch, step, a)
     own_ms, wall_ms = rows.latency_cell(a, rows.attempt_state(branch, a))
@@ -228,7 +236,7 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
         name, kind, str(a.attempt), Text(status, style=STATUS_STYLE.get(a.status, "")), command, exit_code,
         str(a.output_ref.size_bytes) if a.output_ref else "",
         f"{len(c.packed)}/{len(c.available)}/{len(c.dropped)}" if c else "",
-        rows.packed_tokens_cell(c), f"{a.usage.input_tokens}/{a.usage.output_tokens}",
+        rows.packed_tokens_cell(c), rows.tokens_cell(a), rows.finish_cell(a),
         f"{own_ms}/{wall_ms}" if own_ms or wall_ms else "", lsns,
         _cell(f"{a.error_kind}: {a.error_message}" if a.error_kind else "", f"{step.step_id}#{a.attempt}", notes),
     )

@@ -25,7 +25,7 @@ import msgspec
 from reel.shared.core.agent import turnfold
 from reel.shared.core.run.events import ContextPartition
 from reel.shared.core.run.state import AttemptState, BranchState
-from reel.shared.core.run.views import AttemptView, StepView
+from reel.shared.core.run.views import AttemptView, EpisodeView, StepView
 from reel.shared.core.workflow.spec import ToolStep, WorkflowSpec
 
 _EXITED = re.compile(r"\bexited (-?\d+)\b")
@@ -122,8 +122,13 @@ def latency_cell(a: AttemptView, s: AttemptState | None) -> tuple[str, str]:
 
 
 def packed_tokens_cell(c: ContextPartition | None) -> str:
-    """The packed token total recorded at pack time (``""`` for partitions recorded before it was)."""
-    return str(c.packed_tokens) if c is not None and isinstance(c.packed_tokens, int) else ""
+    """The packed token total recorded at pack time (``""`` for partitions recorded before it was), with the
+    tokens reserved outside the items after a ``+`` when there are any (``118+380``: the tool schemas, a model
+    step's instructions)."""
+    if c is None or not isinstance(c.packed_tokens, int):
+        return ""
+    reserved = c.reserved_tokens if isinstance(c.reserved_tokens, int) else 0
+    return f"{c.packed_tokens}+{reserved}" if reserved else str(c.packed_tokens)
 
 
 def drop_summary(c: ContextPartition) -> str:
@@ -132,3 +137,36 @@ def drop_summary(c: ContextPartition) -> str:
     for item, reason in c.dropped_with_reasons():
         groups.setdefault(reason or "reason not recorded", []).append(item)
     return ", ".join(f"{' '.join(ids)} ({reason})" for reason, ids in groups.items())
+
+
+def tokens_cell(a: AttemptView) -> str:
+    """``in/out`` tokens, and for a model attempt where they come from: ``12/7 reported``, ``204/31 estimated``,
+    ``0/0 none`` (a call that reached no server or got an error: nothing counted); no label when the usage
+    says no source (a tool attempt, a log recorded before sources were)."""
+    u = a.usage
+    source = "" if isinstance(u.source, msgspec.UnsetType) else f" {u.source}"
+    return f"{u.input_tokens}/{u.output_tokens}{source}"
+
+
+def finish_cell(a: AttemptView) -> str:
+    """A model attempt's finish reason as the server sent it (``-`` when it sent none; ``""`` when none is
+    recorded: a tool attempt, an attempt without an answer, a log recorded before finish reasons were)."""
+    if isinstance(a.finish_reason, msgspec.UnsetType):
+        return ""
+    return "-" if a.finish_reason is None else a.finish_reason
+
+
+def tokens_by_source(view: EpisodeView) -> str:
+    """The totals line's tokens, never an estimate mixed into what a server reported: ``984 in (reported) +
+    204 in (estimated), 120 out (reported) + 31 out (estimated)``; a log without usage sources reads
+    ``984 input tokens, 120 output tokens`` as before."""
+    split = view.usage_by_source
+    if isinstance(split, msgspec.UnsetType):
+        return f"{view.usage.input_tokens} input tokens, {view.usage.output_tokens} output tokens"
+    counted = {k: u for k, u in split.items() if k != "none"} or split
+    ins = " + ".join(f"{u.input_tokens} in ({k})" for k, u in counted.items())
+    outs = " + ".join(f"{u.output_tokens} out ({k})" for k, u in counted.items())
+    none = split.get("none")
+    failed = f", {sum(1 for a in view.attempts() if a.usage.source == 'none')} attempt(s) with no usage (none)" \
+        if none is not None and counted is not split else ""
+    return f"{ins}, {outs}{failed}"

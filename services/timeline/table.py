@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 COLUMNS = ("step", "kind", "#", "status", "command", "exit", "out B", "pack/avail/drop", "packed tok",
-           "tok in/out", "ms call/wall", "lsn", "error")
+           "tok in/out", "finish", "ms call/wall", "lsn", "error")
 """The attempt table's columns (``reel show``): see :mod:`reel.services.timeline.rows` for the derived ones."""
 
 FOLD_MAX = {"step": 32, "kind": 32, "command": 48, "error": 44}  # kind: "tool <name>" whole for usual tool names
@@ -25,7 +25,7 @@ COMMAND_CHARS = 160
 FOLD_MIN = 20
 """A free-text column narrower than this many characters leaves a numeric column out instead."""
 
-DROP_ORDER = ("pack/avail/drop", "packed tok", "ms call/wall", "tok in/out", "out B", "lsn", "exit", "kind")
+DROP_ORDER = ("pack/avail/drop", "packed tok", "ms call/wall", "tok in/out", "out B", "lsn", "exit", "finish", "kind")
 """The columns left out, first to last, while the table is wider than the width it is printed at."""
 
 

@@ -105,6 +105,8 @@ def _refs(state: RunState) -> Iterator[BlobRef]:
                     yield a.prompt_ref
                 if a.output_ref is not None:
                     yield a.output_ref
+                if isinstance(a.error_ref, BlobRef):
+                    yield a.error_ref
         for agent in turnfold.agents_of(branch):
             rec = turnfold.record(branch, agent)
             if rec is None:
@@ -117,7 +119,7 @@ def _refs(state: RunState) -> Iterator[BlobRef]:
 
 
 def blob_refs(state: RunState) -> dict[str, BlobRef]:
-    """Every blob the run's log references (workflow, prompts, outputs, tool arguments), by sha256."""
+    """Every blob the run's log references (workflow, prompts, outputs, error bodies, tool arguments), by sha256."""
     return {r.sha256: r for r in _refs(state)}
 
 

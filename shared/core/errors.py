@@ -132,18 +132,30 @@ class ModelError(ReelError):
         kind: error kind recorded on the failed attempt (e.g. ``rate_limited``).
         cost_usd: what the failed call was billed (USD); budgets count failed calls too.
         retry_after_s: the provider's ``Retry-After`` (s): the earliest the next attempt should go, or None.
+        body: the whole body behind the error (a server's error response, exactly as received, the API key
+            scrubbed), stored as the failed attempt's ``error_ref``; None when there is none.
+        body_media_type: the body's MIME type (the response's ``Content-Type``).
+        input_tokens, output_tokens, usage_source: usage the failed call reported (``reported``), e.g. an
+            empty answer's; by default none (``none``, 0 tokens: nothing was reported, so nothing is counted).
     """
 
     code = "model_error"
     retryable = True
 
     def __init__(self, message: str, *, kind: str = "model_error", retryable: bool = True,
-                 cost_usd: float = 0.0, retry_after_s: float | None = None) -> None:
+                 cost_usd: float = 0.0, retry_after_s: float | None = None, body: bytes | None = None,
+                 body_media_type: str = "application/json", input_tokens: int = 0, output_tokens: int = 0,
+                 usage_source: str = "none") -> None:
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
         self.cost_usd = cost_usd
         self.retry_after_s = retry_after_s
+        self.body = body
+        self.body_media_type = body_media_type
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.usage_source = usage_source
 
 
 class ToolCallInvalid(ReelError):

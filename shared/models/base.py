@@ -29,6 +29,7 @@ import msgspec
 
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse, flatten
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
+from reel.shared.core.run.eventfields import UsageSource
 from reel.shared.core.wire.livemessages import StreamChunk
 
 DeltaSink = Callable[[StreamChunk], Awaitable[None]]
@@ -46,13 +47,21 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """A model's answer: text, token counts and cost (USD)."""
+    """A model's answer: text, token counts and cost (USD).
+
+    Attributes:
+        finish_reason: the server's, exactly as sent (``None``: it sent none, or the adapter does not say).
+        usage_source: where the token counts come from (``reported`` by the server, ``estimated`` by
+            Reel's counter, ``recorded`` in a recording); an adapter that does not say claims ``reported``.
+    """
 
     text: str
     input_tokens: int
     output_tokens: int
     cost_usd: float = 0.0
     model: str = ""
+    finish_reason: str | None = None
+    usage_source: UsageSource = "reported"
 
 
 class ModelAdapter(Protocol):
@@ -108,9 +117,9 @@ class LegacyChat:
         resp = await self.adapter.complete(ModelRequest(
             run_id=request.run_id, step_id=request.step_id, attempt=request.attempt, prompt=prompt,
             prompt_tokens=self.counter.count(prompt)))
-        return ChatResponse(text=resp.text, finish_reason="stop", input_tokens=resp.input_tokens,
+        return ChatResponse(text=resp.text, finish_reason=resp.finish_reason, input_tokens=resp.input_tokens,
                             output_tokens=resp.output_tokens, cost_usd=resp.cost_usd, model=resp.model,
-                            message={"role": "assistant", "content": resp.text})
+                            message={"role": "assistant", "content": resp.text}, usage_source=resp.usage_source)
 
 
 def as_chat_model(adapter: ModelAdapter | ChatModel, counter: TokenCounter = DEFAULT_COUNTER) -> ChatModel:

@@ -55,7 +55,6 @@ from reel.shared.core.workflow.modelspec import ModelSpec
 from reel.shared.models.base import DeltaSink, ModelRequest, ModelResponse
 
 PLACEHOLDER_KEY = "reel-no-key"  # sent when no api_key_env is given (local servers ignore it)
-_MAX_MESSAGE = 500
 _CONTEXT = re.compile(r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long", re.I)
 _CONTEXT_CODES = {"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"}
 
@@ -82,15 +81,56 @@ def retry_after_s(headers: Mapping[str, str], now_s: float | None = None) -> flo
     return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
 
 
-def _provider_message(exc: openai.APIStatusError) -> tuple[str, str]:
-    """(message, code) of an error response: ``error.message``/``error.code``, else the body text."""
-    body = exc.body
-    if isinstance(body, dict):
-        message = body.get("message") or body.get("detail") or body.get("error")
-        code = body.get("code") or body.get("type") or ""
-        return (str(message) if message else msgspec.json.encode(body).decode()), str(code)
-    text = body if isinstance(body, str) else exc.response.text
-    return text.strip(), ""
+def _detail_text(detail: Any) -> str:
+    """A ``detail`` field as one text: a string as-is; a list of validation errors (FastAPI/pydantic:
+    ``{loc, msg}``) as ``loc: msg; …``; anything else as its JSON."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list) and all(isinstance(d, dict) and "msg" in d for d in detail):
+        return "; ".join(".".join(str(p) for p in d.get("loc") or ()) + f": {d['msg']}" for d in detail)
+    return msgspec.json.encode(detail).decode()
+
+
+def server_message(body: Any) -> tuple[str, str]:
+    """(message, code) a server's error body states, in its own words: ``error.message`` (OpenAI, vLLM,
+    llama.cpp, LiteLLM), ``detail`` (FastAPI servers: llama-cpp-python …), ``message``, a string ``error``
+    (Ollama); ``error.code``/``error.type`` as the code. ``("", "")`` when it states none."""
+    if not isinstance(body, dict):
+        return "", ""
+    inner = body.get("error")
+    if isinstance(inner, dict):
+        message, code = server_message(inner)
+        return message, code or str(body.get("code") or body.get("type") or "")
+    for field in ("message", "detail", "error"):
+        value = body.get(field)
+        if value:
+            return _detail_text(value), str(body.get("code") or body.get("type") or "")
+    return "", str(body.get("code") or body.get("type") or "")
+
+
+def _error_body(exc: openai.APIStatusError) -> tuple[bytes, str]:
+    """The error response's body exactly as received (b"" if it was never read) and its media type."""
+    try:
+        content = exc.response.content
+    except Exception:  # httpx.ResponseNotRead: a stream whose error body was not read
+        content = b""
+    return content, exc.response.headers.get("content-type", "application/json").split(";")[0].strip()
+
+
+def _provider_message(exc: openai.APIStatusError, raw: bytes) -> tuple[str, str]:
+    """(message, code) of an error response: the server's own message (:func:`server_message`) from the raw
+    body (else the SDK's parse of it), or — a body that states none — the body text."""
+    try:
+        decoded: Any = msgspec.json.decode(raw) if raw else exc.body
+    except msgspec.DecodeError:
+        decoded = exc.body
+    message, code = server_message(decoded)
+    if message:
+        return message, code
+    if isinstance(decoded, dict):
+        return msgspec.json.encode(decoded).decode(), code
+    text = raw.decode(errors="replace") if raw else (exc.body if isinstance(exc.body, str) else "")
+    return text.strip(), code
 
 
 def _kind(status: int, code: str, message: str) -> tuple[str, bool]:
@@ -155,14 +195,16 @@ class OpenAIAdapter:
                 decoded = None
         if not isinstance(decoded, dict):
             raise ModelError(f"malformed chat-completions response: not a JSON object: {_scrub(data[:200], key)}",
-                             kind="malformed_response", retryable=True)
+                             kind="malformed_response", retryable=True, body=_scrub_bytes(data, key) or None,
+                             body_media_type="text/plain")
         taken = {c.id for m in request.messages for c in m.tool_calls}
         resp = response_from_wire(decoded, turn=request.turn, spec=self._spec, taken=taken)
-        if "usage" not in decoded:  # a server that reports none: count, so budgets still see the call
+        if resp.usage_source == "none":  # a server that reports none: count (labelled), so budgets still see it
             tokens_in = self._counter.count(msgspec.json.encode(body["messages"]).decode())
             tokens_out = self._counter.count(" ".join([resp.text, *(c.arguments for c in resp.tool_calls)]))
             resp = msgspec.structs.replace(resp, input_tokens=tokens_in, output_tokens=tokens_out,
-                                           cost_usd=self._spec.cost_usd(tokens_in, tokens_out))
+                                           cost_usd=self._spec.cost_usd(tokens_in, tokens_out),
+                                           usage_source="estimated")
         return resp
 
     async def _post(self, body: dict[str, Any], key: str) -> tuple[bytes, ModelError | None]:
@@ -209,11 +251,14 @@ class OpenAIAdapter:
     def _error(self, exc: openai.APIError, key: str) -> ModelError:
         """A failed call's error (the kinds of the module docstring); never carries the key."""
         if isinstance(exc, openai.APIStatusError):
-            message, code = _provider_message(exc)
+            raw, media = _error_body(exc)
+            message, code = _provider_message(exc, raw)
             kind, retryable = _kind(exc.status_code, code, message)
             after = retry_after_s(exc.response.headers) if retryable else None
-            text = f"{self._base_url} answered {exc.status_code}{f' ({code})' if code else ''}: {message}"
-            return ModelError(_scrub(text, key), kind=kind, retryable=retryable, retry_after_s=after)
+            said = " ".join(message.split())  # one line: the whole body is kept beside it
+            text = f"{self._base_url} answered {exc.status_code}{f' ({code})' if code else ''}: {said}"
+            return ModelError(_scrub(text, key), kind=kind, retryable=retryable, retry_after_s=after,
+                              body=_scrub_bytes(raw, key) or None, body_media_type=media)
         if isinstance(exc, openai.APITimeoutError):
             return ModelError(f"{self._base_url} did not answer within {self._spec.timeout:g} s", kind="timeout")
         if isinstance(exc, openai.APIConnectionError):
@@ -228,12 +273,19 @@ class OpenAIAdapter:
                             messages=[ChatMessage(role="user", content=request.prompt)])
         resp = await self.complete_chat(chat, on_delta)
         return ModelResponse(text=resp.text, input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
-                             cost_usd=resp.cost_usd, model=resp.model)
+                             cost_usd=resp.cost_usd, model=resp.model, finish_reason=resp.finish_reason,
+                             usage_source=resp.usage_source)
 
 
 def _scrub(text: str | bytes, key: str) -> str:
-    """``text`` with every occurrence of the API key replaced by ``***`` (and cut to 500 characters)."""
+    """``text`` with every occurrence of the API key replaced by ``***`` (never cut: the executor bounds the
+    one-line message it records, keeping its head and tail, and stores the whole body beside it)."""
     s = text.decode(errors="replace") if isinstance(text, bytes) else text
     if key and key != PLACEHOLDER_KEY:
         s = s.replace(key, "***")
-    return s if len(s) <= _MAX_MESSAGE else s[:_MAX_MESSAGE] + "…"
+    return s
+
+
+def _scrub_bytes(data: bytes, key: str) -> bytes:
+    """``data`` with every occurrence of the API key replaced by ``***``, bytes otherwise untouched."""
+    return data.replace(key.encode(), b"***") if key and key != PLACEHOLDER_KEY else data

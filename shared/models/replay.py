@@ -25,15 +25,18 @@ class ReplayAdapter:
         self._spec, self._output, self._counter = spec, spec.output or "", counter
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        """The recorded ``output``; tokens and cost from the recorded usage, else counted (input: the request's)."""
+        """The recorded ``output``; tokens and cost from the recorded usage (``usage_source`` ``recorded``), else
+        counted (input: the request's; ``estimated``)."""
         usage = self._spec.usage
         in_tokens = usage.input_tokens if usage and usage.input_tokens is not None else request.prompt_tokens
         out_tokens = usage.output_tokens if usage and usage.output_tokens is not None else self._counter.count(
             self._output
         )
+        recorded = usage is not None and usage.input_tokens is not None and usage.output_tokens is not None
         return ModelResponse(
             text=self._output, input_tokens=in_tokens, output_tokens=out_tokens,
-            cost_usd=usage.cost_usd if usage else 0.0, model=self._spec.name or "replay",
+            cost_usd=usage.cost_usd if usage else 0.0, model=self._spec.name or "replay", finish_reason="stop",
+            usage_source="recorded" if recorded else "estimated",
         )
 
     async def complete_chat(self, request: ChatRequest) -> ChatResponse:

@@ -42,7 +42,9 @@ def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter
     """The answer ``turn`` scripts for ``request`` (failures by attempt first).
 
     Tokens: ``turn.usage`` when recorded, else counted (the flattened transcript in; text
-    and arguments out); cost from the spec's price unless usage recorded one.
+    and arguments out); cost from the spec's price unless usage recorded one. ``usage_source``:
+    ``recorded`` when both counts come from ``turn.usage``, else ``estimated``. The finish reason is
+    the turn's ``finish_reason`` when scripted (to play a cut answer), else ``tool_calls``/``stop``.
 
     Raises:
         ModelError: the attempt is one of the turn's scripted failures.
@@ -58,12 +60,20 @@ def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter
     tokens_in = u.input_tokens if u and u.input_tokens is not None else _transcript_tokens(request.messages, counter)
     tokens_out = u.output_tokens if u and u.output_tokens is not None else counter.count(
         " ".join([turn.text, *(c.arguments for c in sent)]))
+    recorded = u is not None and u.input_tokens is not None and u.output_tokens is not None
     return ChatResponse(
         text=turn.text, tool_calls=assign_call_ids(sent, turn=request.turn, taken=_taken_ids(request)),
-        finish_reason="tool_calls" if sent else "stop", input_tokens=tokens_in, output_tokens=tokens_out,
+        finish_reason=_finish(turn, sent), input_tokens=tokens_in, output_tokens=tokens_out,
         cost_usd=u.cost_usd if u and u.cost_usd else spec.cost_usd(tokens_in, tokens_out),
-        model=spec.model_name, message=message,
+        model=spec.model_name, message=message, usage_source="recorded" if recorded else "estimated",
     )
+
+
+def _finish(turn: ScriptedTurn, sent: Sequence[ToolCall]) -> str | None:
+    """The turn's scripted ``finish_reason`` when it sets one (``None`` included), else ``tool_calls``/``stop``."""
+    if not isinstance(turn.finish_reason, msgspec.UnsetType):
+        return turn.finish_reason
+    return "tool_calls" if sent else "stop"
 
 
 _COUNTED: dict[tuple[str, ChatMessage], int] = {}  # (counter, message) → tokens of its flattened text
@@ -108,13 +118,14 @@ class ScriptedAdapter:
             chat = await self.complete_chat(ChatRequest(
                 run_id=request.run_id, step_id=request.step_id, attempt=request.attempt, turn=1, messages=()))
             return ModelResponse(text=chat.text, input_tokens=request.prompt_tokens,
-                                 output_tokens=chat.output_tokens, cost_usd=chat.cost_usd, model=chat.model)
+                                 output_tokens=chat.output_tokens, cost_usd=chat.cost_usd, model=chat.model,
+                                 finish_reason=chat.finish_reason, usage_source="estimated")
         entry = outputs[min(request.attempt, len(outputs)) - 1]
         if isinstance(entry, ScriptedFailure):
             raise _fail(entry)
         return ModelResponse(
             text=entry, input_tokens=request.prompt_tokens, output_tokens=self._counter.count(entry),
-            model=self._spec.name or "scripted",
+            model=self._spec.name or "scripted", finish_reason="stop", usage_source="estimated",
         )
 
     async def complete_chat(self, request: ChatRequest) -> ChatResponse:

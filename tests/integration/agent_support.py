@@ -12,9 +12,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from reel.shared.core.agent.turncontext import tool_schemas, tools_tokens
+from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
 from reel.shared.core.run.events import Commit
+from reel.shared.core.run.planning import TextFacts
 from reel.shared.core.run.state import RunState
-from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec, parse_workflow
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra
@@ -40,18 +43,27 @@ def checks_tool(log_dir: Path, *, exit_code: int = 0, name: str = "run_checks") 
                            "properties": {"suite": {"type": "string"}, "meet_in": {"type": "string"}}}}
 
 
+ITEMS_BUDGET = 1500
+"""The tokens a live agent's items may take (the background fits turn 1, not beside turn 1's results in turn 2);
+the step's budget is this plus its tools' schemas (counted first: docs/context.md)."""
+
+
 def agent_workflow(server: ChatServer, tools: list[dict[str, Any]], **agent: Any) -> WorkflowSpec:
-    return parse_workflow({"name": "live-agent", "steps": [{
-        "kind": "agent", "id": "solve", "max_turns": 4, "max_attempts": 2, "max_parallel_tools": 4,
-        "instructions": "You are a careful agent. Use the tools, then answer.",
-        "context": [{"id": "task", "kind": "task", "text": "Find the answer and run the checks."},
-                    {"id": "notes", "kind": "scratch", "text": "private scratch notes"},
-                    {"id": "background", "kind": "doc", "text": BACKGROUND, "priority": -1.0}],
-        "policy": {"budget_tokens": 1500, "exclude_kinds": ["scratch"]},
-        "model": {"adapter": "openai", "base_url": server.url, "model": "loopback-1", "api_key_env": KEY_ENV,
-                  "timeout_s": 10, "params": {"temperature": 0},
-                  "price": {"input_usd_per_mtok": 0.15, "output_usd_per_mtok": 0.60}},
-        "tools": tools, **agent}]})
+    def spec(budget: int) -> WorkflowSpec:
+        return parse_workflow({"name": "live-agent", "steps": [{
+            "kind": "agent", "id": "solve", "max_turns": 4, "max_attempts": 2, "max_parallel_tools": 4,
+            "instructions": "You are a careful agent. Use the tools, then answer.",
+            "context": [{"id": "task", "kind": "task", "text": "Find the answer and run the checks."},
+                        {"id": "notes", "kind": "scratch", "text": "private scratch notes"},
+                        {"id": "background", "kind": "doc", "text": BACKGROUND, "priority": -1.0}],
+            "policy": {"budget_tokens": budget, "exclude_kinds": ["scratch"]},
+            "model": {"adapter": "openai", "base_url": server.url, "model": "loopback-1", "api_key_env": KEY_ENV,
+                      "timeout_s": 10, "params": {"temperature": 0},
+                      "price": {"input_usd_per_mtok": 0.15, "output_usd_per_mtok": 0.60}},
+            "tools": tools, **agent}]})
+    step = spec(ITEMS_BUDGET).steps[0]
+    assert isinstance(step, AgentStep)
+    return spec(ITEMS_BUDGET + tools_tokens(tool_schemas(step), TextFacts(DEFAULT_COUNTER)))
 
 
 def runs_of(log_dir: Path) -> list[dict[str, Any]]:

@@ -49,8 +49,10 @@ async def test_replayed_runs_are_agent_runs(cfg: Config, event_log: JetStreamEve
         for s in steps:
             if s["kind"] == "model":
                 part = s["attempts"][-1]["context"]
-                assert {"packed", "available", "dropped", "packed_tokens"} <= set(part) <= {
-                    "packed", "available", "dropped", "drop_reasons", "packed_tokens"}
+                assert {"packed", "available", "dropped", "packed_tokens", "reserved_tokens", "tokenizer"} <= set(
+                    part) <= {"packed", "available", "dropped", "drop_reasons", "packed_tokens", "reserved_tokens",
+                              "tokenizer"}
+                assert part["tokenizer"] == "heuristic-v1"
                 assert "instructions" in part["packed"] and part["packed_tokens"] > 0
                 assert len(part.get("drop_reasons", [])) == len(part["dropped"])  # a reason beside each drop
         calls = [(s["tool_name"], s["call_id"], s["status"], s["is_error"]) for s in steps if s["kind"] == "tool"]

@@ -128,6 +128,21 @@ def test_every_golden_log_renders_on_the_run_page(name: str) -> None:
     assert run_row(state).run_id == state.run_id
 
 
+def test_the_run_page_shows_finish_reasons_usage_sources_and_error_bodies() -> None:
+    state = GOLDEN["hand_model_honesty"]
+    page = run_page(state)
+    html = _env().get_template("_run_body.html").render(p=page, branch_param="main", page_bytes=100)
+    attempts = list(page.view.attempts())
+    assert html.count('class="badge finish"') == sum(isinstance(a.finish_reason, str) for a in attempts) == 3
+    assert 'data-finish-reason="length"' in html and 'data-finish-reason="stop"' in html
+    assert html.count('class="badge s-truncated"') == 1
+    assert "source</span> estimated" in html and "source</span> none" in html
+    errors = [a.error_ref for a in attempts if isinstance(a.error_ref, BlobRef)]
+    assert len(errors) == 2 and all(f"/blobs/{r.sha256}" in html for r in errors)
+    assert html.count('data-kind="error body"') == 2
+    assert {r.sha256 for r in errors} <= set(blob_refs(state))  # the blob route serves them
+
+
 def test_markup_in_a_run_is_escaped_by_the_templates() -> None:
     import msgspec
 

@@ -9,14 +9,22 @@ from typing import Any
 import msgspec
 import pytest
 
-from reel.shared.core.agent.turncontext import INSTRUCTIONS, TurnItem, turn_candidates, turn_items, turn_messages
+from reel.shared.core.agent.turncontext import (
+    INSTRUCTIONS,
+    TurnItem,
+    tool_schemas,
+    tools_tokens,
+    turn_candidates,
+    turn_items,
+    turn_messages,
+)
 from reel.shared.core.chat.messages import ToolCall
 from reel.shared.core.pack.packer import Candidate, PackPolicy, drop_reasons, pack
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
 from reel.shared.core.run.events import AttemptDispatched, ContextPartition
 from reel.shared.core.run.ids import BranchId, ContextItemId
 from reel.shared.core.run.planning import TextFacts
-from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec, parse_workflow
 from tests.unit.agent_sim import Sim
 
 MAIN = BranchId("main")
@@ -65,7 +73,10 @@ def expected_candidates(turn: int) -> set[str]:
 
 @pytest.mark.parametrize("budget", [10_000, 110, 0])
 def test_agent_turn_context_partition_holds_for_every_turn(budget: int) -> None:
-    sim = Sim(workflow({"budget_tokens": budget, "exclude_kinds": ["demo"]}), _tools())
+    room = workflow({"budget_tokens": 0}).steps[0]  # ``budget``: the items' room; the tools' schemas come first
+    assert isinstance(room, AgentStep)
+    reserved = tools_tokens(tool_schemas(room), TextFacts(DEFAULT_COUNTER))
+    sim = Sim(workflow({"budget_tokens": budget + reserved, "exclude_kinds": ["demo"]}), _tools())
     state = sim.run()
     intents = _turn_intents(sim)
     assert [i.step_id for i in intents] == ["solve:t1", "solve:t2", "solve:t3", "solve:t4"]

@@ -133,6 +133,16 @@ def test_golden_logs_cover_the_interesting_cases() -> None:
     assert dispatched - resolved, "a recorded takeover leaves a superseded intent"
 
 
+def test_golden_logs_cover_finish_reasons_usage_sources_and_error_bodies() -> None:
+    outcomes = [e for e in EVENTS if isinstance(e, AttemptSucceeded | AttemptFailed)]
+    assert {e.finish_reason for e in outcomes if isinstance(e.finish_reason, str)} >= {"stop", "length"}
+    assert any(e.finish_reason is msgspec.UNSET for e in outcomes), "logs recorded before finish reasons"
+    assert {e.usage.source for e in outcomes} >= {msgspec.UNSET, "reported", "estimated", "none"}
+    assert any(isinstance(e, AttemptFailed) and e.error_kind == "truncated" and e.error_ref for e in outcomes)
+    assert any(isinstance(e, AttemptSucceeded) and e.truncated is True and e.finish_reason == "length"
+               for e in outcomes), "a cut answer taken (on_truncated: continue)"
+
+
 def test_golden_lines_are_lsn_and_commit_only() -> None:
     for path in LOGS:
         for line in path.read_bytes().splitlines():

@@ -17,6 +17,7 @@ import msgspec
 from reel.shared.core.agent import turnfold
 from reel.shared.core.agent.actions import CallAttempt, DispatchCalls, DispatchTurn, InFlight, ResolveUnknown, limits
 from reel.shared.core.agent.turnstate import Declared
+from reel.shared.core.chat.finish import TRUNCATED
 from reel.shared.core.chat.messages import ToolCall, assign_call_ids
 from reel.shared.core.input import requestfold, requesting
 from reel.shared.core.run.events import (
@@ -157,7 +158,8 @@ def _status_after(attempts: Sequence[AttemptState], max_attempts: int, outcome: 
 
 
 def turn_failure(state: RunState, failure: AttemptFailed, *, at_ms: int) -> tuple[AnyEvent, ...]:
-    """``[attempt_failed]``, plus ``agent_finished`` (``turn_failed``) when the turn has no attempt left after it."""
+    """``[attempt_failed]``, plus ``agent_finished`` when the turn has no attempt left after it: ``truncated`` when
+    the last attempt's answer was cut (the step's ``on_truncated``), else ``turn_failed``."""
     parsed = parse_step_id(failure.step_id)
     branch = state.branches[failure.branch_id]
     entry = turnfold.entry(branch, failure.step_id)
@@ -166,8 +168,9 @@ def turn_failure(state: RunState, failure: AttemptFailed, *, at_ms: int) -> tupl
         return (failure,)
     if _status_after(branch.attempts.get(failure.step_id, ()), entry.decl.max_attempts, failure) != StepStatus.FAILED:
         return (failure,)
+    kind = TRUNCATED if failure.error_kind == TRUNCATED else "turn_failed"  # a cut answer says so itself
     return (failure, AgentFinished(branch_id=failure.branch_id, step_id=parsed[0], status="failed", turns=parsed[1],
-                                   error_kind="turn_failed", at_ms=at_ms,
+                                   error_kind=kind, at_ms=at_ms,
                                    message=f"turn {parsed[1]} failed: {failure.error_kind}: {failure.message}"))
 
 

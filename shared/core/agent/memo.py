@@ -50,14 +50,15 @@ from reel.shared.core.agent.turncontext import (
     tool_schemas,
     turn_candidates,
     turn_messages,
+    turn_policy,
     turn_refs,
 )
 from reel.shared.core.agent.turnstate import TurnRecord
 from reel.shared.core.chat.messages import ChatMessage, chat_request
-from reel.shared.core.pack.packer import Candidate, GroupFacts, PackPolicy, group_facts, pack_groups
+from reel.shared.core.pack.packer import Candidate, GroupFacts, PackPolicy, accounted, group_facts, pack_groups
 from reel.shared.core.run.events import AttemptEnd, BlobRef
 from reel.shared.core.run.ids import BranchId, StepId
-from reel.shared.core.run.planning import TextFacts, policy_for
+from reel.shared.core.run.planning import TextFacts
 from reel.shared.core.run.state import BranchState, RunState
 from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 
@@ -192,8 +193,9 @@ class ContextMemo:
         assert len(done) == len(groups)
         self._keep(plan.agent, done)
         head = head_items(agent, run_outputs)
-        policy = policy_for(agent, spec)
-        packed = pack_groups(turn_candidates(head, self.facts), [g.facts_for(policy) for g in done], policy)
+        policy, reserved = turn_policy(agent, spec, self.facts)
+        packed = accounted(pack_groups(turn_candidates(head, self.facts), [g.facts_for(policy) for g in done],
+                                       policy), reserved, self.facts.counter.name)
         ids = packed.partition.packed
         head_ids = {h.id for h in head}
         n_head = sum(1 for p in ids[:len(head)] if p in head_ids)  # head items come first: a prefix of ``ids``

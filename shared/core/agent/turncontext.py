@@ -33,9 +33,9 @@ import msgspec
 from reel.shared.core.agent import turnfold
 from reel.shared.core.agent.actions import DispatchTurn
 from reel.shared.core.agent.turnstate import Declared, TurnRecord
-from reel.shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request
+from reel.shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, chat_request, wire_tool
 from reel.shared.core.input import requestfold
-from reel.shared.core.pack.packer import Candidate, Packed, pack
+from reel.shared.core.pack.packer import Candidate, Packed, PackPolicy, accounted, pack, reserving
 from reel.shared.core.run.events import AttemptEnd, AttemptFailed, AttemptSucceeded, BlobRef
 from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
 from reel.shared.core.run.planning import TextFacts, policy_for
@@ -257,6 +257,20 @@ def tool_schemas(agent: AgentStep) -> tuple[ToolSchema, ...]:
     return tuple(ToolSchema(name=t.name, description=t.about, parameters=t.schema) for t in agent.tools)
 
 
+def tools_tokens(tools: Sequence[ToolSchema], facts: TextFacts) -> int:
+    """Tokens of the tool schemas exactly as sent: the JSON text of the request's ``tools`` (0 for none)."""
+    if not tools:
+        return 0
+    return facts(msgspec.json.encode([wire_tool(t) for t in tools]).decode())[0]
+
+
+def turn_policy(agent: AgentStep, spec: WorkflowSpec, facts: TextFacts) -> tuple[PackPolicy, int]:
+    """The turn's packing policy, its budget less the tool schemas' tokens (:func:`tools_tokens`), and those
+    tokens (recorded as the partition's ``reserved_tokens``)."""
+    reserved = tools_tokens(tool_schemas(agent), facts)
+    return reserving(policy_for(agent, spec), reserved), reserved
+
+
 def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *, run_outputs: Mapping[
         str, str], blobs: Mapping[str, bytes], facts: TextFacts, outcomes: Sequence[AttemptEnd] = ()) -> TurnContext:
     """Candidates → partition → request of ``action``'s turn (the intent's ``context``; ``wire_request(request)``
@@ -267,7 +281,8 @@ def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: Wo
     """
     items = turn_items(state, action.branch_id, agent, action.turn, outputs=run_outputs, blobs=blobs,
                        outcomes=outcomes)
-    packed = pack(turn_candidates(items, facts), policy_for(agent, spec))
+    policy, reserved = turn_policy(agent, spec, facts)
+    packed = accounted(pack(turn_candidates(items, facts), policy), reserved, facts.counter.name)
     messages = turn_messages(items, packed.partition.packed)
     request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id, messages=messages,
                            tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import msgspec
 
 from reel.shared.core.errors import ModelError, ToolCallInvalid
+from reel.shared.core.run.eventfields import UsageSource
 from reel.shared.core.wire import limits
 from reel.shared.core.workflow.modelcompat import ToolCallContent
 from reel.shared.core.workflow.modelspec import ModelSpec
@@ -127,20 +128,24 @@ class ChatResponse(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         text: the assistant text ("" when it only calls tools).
         tool_calls: its calls, ids unique and non-empty (see :func:`assign_call_ids`).
-        finish_reason: the provider's (``stop``, ``tool_calls``, ``length`` …).
+        finish_reason: the provider's, as sent (``stop``, ``tool_calls``, ``length``, ``content_filter``,
+            any other string as-is; ``None``: it sent none).
         input_tokens, output_tokens: usage (tokens); cost_usd: from the spec's price (USD).
+        usage_source: where the token counts come from (``reported`` by the server, ``estimated`` by
+            Reel's counter, ``recorded`` in a recording; :data:`~reel.shared.core.run.eventfields.UsageSource`).
         model: the model that answered, as the provider named it.
         message: the response message exactly as the provider sent it (the output blob).
     """
 
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
-    finish_reason: str = "stop"
+    finish_reason: str | None = "stop"
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
     model: str = ""
     message: dict[str, Any] = {}
+    usage_source: UsageSource = "reported"
 
     def assistant_message(self) -> ChatMessage:
         """The message to put in the next turn's transcript (with Reel's ids where it assigned any)."""
@@ -259,19 +264,27 @@ def response_from_wire(body: Mapping[str, Any], *, turn: int, spec: ModelSpec,
                        taken: Collection[str] = ()) -> ChatResponse:
     """Read a chat-completions response body (``choices[0]``, ``usage``, ``model``).
 
-    Tokens are the provider's ``usage`` (0 when it reports none); cost is ``spec``'s price.
+    Tokens are the provider's ``usage`` (``usage_source`` ``reported``; 0 and ``none`` when it reports
+    none); cost is ``spec``'s price; the finish reason is ``choices[0].finish_reason`` as sent (a
+    non-string kept as its JSON text; ``None`` when absent or null).
 
     Raises:
         ModelError: ``empty_response`` (no choice, or neither text nor tool calls) or
-            ``malformed_response`` — both retryable, with the cost of any usage reported.
+            ``malformed_response`` — both retryable; an empty one carries the usage and cost reported.
     """
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    reported = isinstance(body.get("usage"), dict)
+    usage = body.get("usage") if reported else {}
     assert isinstance(usage, dict)
     tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     cost = spec.cost_usd(tokens_in, tokens_out)
+
+    def empty(what: str) -> ModelError:
+        return ModelError(f"empty response: {what}", kind="empty_response", retryable=True, cost_usd=cost,
+                          input_tokens=tokens_in, output_tokens=tokens_out,
+                          usage_source="reported" if reported else "none")
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices:
-        raise ModelError("empty response: no choices", kind="empty_response", retryable=True, cost_usd=cost)
+        raise empty("no choices")
     choice = choices[0]
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
@@ -281,11 +294,20 @@ def response_from_wire(body: Mapping[str, Any], *, turn: int, spec: ModelSpec,
         raise _malformed("`content` is not a string")
     calls = assign_call_ids(_read_calls(message.get("tool_calls")), turn=turn, taken=taken)
     if not content and not calls:
-        raise ModelError("empty response: neither content nor tool calls", kind="empty_response", retryable=True,
-                         cost_usd=cost)
-    return ChatResponse(text=content or "", tool_calls=calls, finish_reason=str(choice.get("finish_reason") or ""),
+        raise empty("neither content nor tool calls")
+    return ChatResponse(text=content or "", tool_calls=calls, finish_reason=finish_reason_of(choice),
                         input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost,
-                        model=str(body.get("model") or spec.model_name), message=dict(message))
+                        model=str(body.get("model") or spec.model_name), message=dict(message),
+                        usage_source="reported" if reported else "none")
+
+
+def finish_reason_of(choice: Mapping[str, Any]) -> str | None:
+    """``choice["finish_reason"]`` as the server sent it: a string as-is, ``None`` when absent or null,
+    anything else as its JSON text."""
+    value = choice.get("finish_reason")
+    if value is None or isinstance(value, str):
+        return value
+    return msgspec.json.encode(value).decode()
 
 
 def flatten(messages: Sequence[ChatMessage]) -> str:

@@ -312,3 +312,20 @@ def drop_reasons(candidates: Sequence[Candidate], policy: PackPolicy) -> dict[st
     its group says ``group_dropped`` (or ``over_budget`` for a group larger than the whole budget)."""
     reasons, _, _ = _classify(candidates, policy)
     return {c.id: reasons[c.id] for c in candidates if c.id in reasons}
+
+
+def reserving(policy: PackPolicy, reserved_tokens: int) -> PackPolicy:
+    """``policy`` with ``reserved_tokens`` taken off its budget first (never below 0): what the prompt carries
+    besides the candidates — an agent turn's tool schemas, a model step's instructions — is counted against
+    the budget before any candidate is."""
+    if reserved_tokens <= 0:
+        return policy
+    return msgspec.structs.replace(policy, budget_tokens=max(0, policy.budget_tokens - reserved_tokens))
+
+
+def accounted(packed: Packed, reserved_tokens: int, tokenizer: str) -> Packed:
+    """``packed`` with its partition naming the tokens reserved outside the candidates (``reserved_tokens``)
+    and the token counter that counted them all (``tokenizer``, e.g. ``heuristic-v1``)."""
+    partition = msgspec.structs.replace(packed.partition, reserved_tokens=reserved_tokens, tokenizer=tokenizer)
+    return msgspec.structs.replace(packed, partition=partition)
+

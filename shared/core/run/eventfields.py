@@ -12,6 +12,12 @@ import msgspec
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ContextItemId, RunId, StepId
 
 StepKind = Literal["model", "tool", "agent"]
+UsageSource = Literal["reported", "estimated", "recorded", "none"]
+"""Where an attempt's token counts come from (docs/models.md, "Usage"): the server's ``usage``
+(``reported``); Reel's own token counter, in part or whole (``estimated``: the server sent none, a
+scripted answer); a recording's usage played back (``recorded``: a replayed trajectory's, a scripted
+turn's written ``usage``); or nowhere (``none``: the call failed — never reached a server, or got an
+error — and no usage came back; the counts are 0)."""
 VerdictStatus = Literal["pass", "fail", "error"]
 
 
@@ -35,12 +41,22 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """Resource use of one attempt: tokens, wall latency (ms) and cost (USD)."""
+    """Resource use of one attempt: tokens, wall latency (ms) and cost (USD).
+
+    ``source``: where the token counts come from (:data:`UsageSource`); unset (not encoded) on tool
+    attempts and in usage recorded before sources were (read as ``reported``: :func:`usage_source`).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     latency_ms: float = 0.0
     cost_usd: float = 0.0
+    source: UsageSource | msgspec.UnsetType = msgspec.UNSET
+
+
+def usage_source(usage: Usage) -> UsageSource:
+    """``usage.source``, or ``reported`` when it is unset (a tool attempt's, or one recorded before sources were)."""
+    return "reported" if isinstance(usage.source, msgspec.UnsetType) else usage.source
 
 
 class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,6 +84,12 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
             :data:`~reel.shared.core.run.planning.READ_BYTES_PER_TOKEN` bytes per budget token; reason
             ``read_bound``), its text marked where bytes were left out (docs/context.md). Each is
             also in one of the three buckets. Unset (and not encoded) when none was.
+        reserved_tokens: tokens of what the prompt carries besides the candidates, counted against the
+            budget before them (tokens): an agent turn's tool schemas as sent (the JSON of the request's
+            ``tools``), a model step's instructions. ``packed_tokens + reserved_tokens`` is Reel's estimate
+            of the whole prompt. Unset in partitions recorded before it was.
+        tokenizer: the token counter every count of this partition comes from (its ``name``, e.g.
+            ``heuristic-v1``: an estimate, not the model's tokenizer); unset in older partitions.
     """
 
     packed: tuple[ContextItemId, ...]
@@ -76,6 +98,8 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
     drop_reasons: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
     packed_tokens: int | msgspec.UnsetType = msgspec.UNSET
     trimmed: tuple[ContextItemId, ...] | msgspec.UnsetType = msgspec.UNSET
+    reserved_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    tokenizer: str | msgspec.UnsetType = msgspec.UNSET
 
     def dropped_with_reasons(self) -> tuple[tuple[ContextItemId, str], ...]:
         """``(id, reason)`` per dropped item, in order; the reason is ``""`` where none was recorded."""

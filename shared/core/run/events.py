@@ -28,6 +28,7 @@ from reel.shared.core.run.eventfields import ContextPartition as ContextPartitio
 from reel.shared.core.run.eventfields import StepDecl as StepDecl
 from reel.shared.core.run.eventfields import StepKind as StepKind
 from reel.shared.core.run.eventfields import Usage as Usage
+from reel.shared.core.run.eventfields import UsageSource as UsageSource
 from reel.shared.core.run.eventfields import Verdict as Verdict
 from reel.shared.core.run.eventfields import VerdictStatus as VerdictStatus
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, CommitId, ExecutorId, RunId, StepId
@@ -88,7 +89,12 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
     """The outcome of a dispatched attempt: success, with its output blob.
 
     ``truncated``: the tool printed more than its ``max_output_bytes`` and ``on_overflow: truncate`` kept
-    the head (``output_ref`` is that head); unset (not encoded) otherwise, so older logs read the same.
+    the head (``output_ref`` is that head), or a model's answer was cut (finish reason ``length`` or
+    ``content_filter``) and the step's ``on_truncated: continue`` took it as it is; unset (not encoded)
+    otherwise, so older logs read the same.
+    ``finish_reason``: a model attempt's, exactly as the server sent it (``stop``, ``length``,
+    ``tool_calls``, ``content_filter``, any other string as-is; ``None``: the server sent none); unset
+    (not encoded) on tool attempts and in logs recorded before finish reasons were.
     """
 
     branch_id: BranchId
@@ -99,10 +105,20 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
     at_ms: int
     recovered: bool = False
     truncated: bool | msgspec.UnsetType = msgspec.UNSET
+    finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
-    """The outcome of a dispatched attempt: failure, kept in the log forever."""
+    """The outcome of a dispatched attempt: failure, kept in the log forever.
+
+    Attributes:
+        error_kind: why (``rate_limited``, ``server_error``, ``truncated`` …; docs/models.md).
+        message: one line; a server's error keeps the server's own message.
+        finish_reason: a model attempt that got an answer and failed on it (``truncated``: ``length``,
+            ``content_filter``), the reason as the server sent it; unset (not encoded) otherwise.
+        error_ref: the whole body behind the error (a server's error response, or the cut answer of a
+            ``truncated`` attempt), in the blob store; unset (not encoded) when there is none.
+    """
 
     branch_id: BranchId
     step_id: StepId
@@ -113,6 +129,8 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
     usage: Usage = Usage()
     at_ms: int
     recovered: bool = False
+    finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
+    error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET
 
 
 class AttemptCancelled(Event, tag="attempt_cancelled", kw_only=True, frozen=True):
@@ -225,7 +243,8 @@ class AgentFinished(Event, tag="agent_finished", kw_only=True, frozen=True):
         status: ``succeeded`` (a turn made no tool call) or ``failed``.
         output_ref: the final turn's output (the step's output), when succeeded.
         turns: how many turns the loop ran.
-        error_kind: ``max_turns``, ``turn_failed`` or ``fatal_tool`` when failed.
+        error_kind: ``max_turns``, ``turn_failed``, ``truncated`` (the last turn's answer was cut and the
+            step's ``on_truncated`` did not take it) or ``fatal_tool`` when failed.
     """
 
     branch_id: BranchId

@@ -203,12 +203,13 @@ def _resolved(run: _Run, lsn: LSN, event: AttemptSucceeded | AttemptFailed | Att
 
 
 def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
-    _resolved(run, lsn, event, status=SUCCEEDED, output_ref=event.output_ref, truncated=event.truncated)
+    _resolved(run, lsn, event, status=SUCCEEDED, output_ref=event.output_ref, truncated=event.truncated,
+              finish_reason=event.finish_reason)
 
 
 def _failed(run: _Run, lsn: LSN, event: AttemptFailed) -> None:
     _resolved(run, lsn, event, status=FAILED, error_kind=event.error_kind, error_message=event.message,
-              retryable=event.retryable)
+              retryable=event.retryable, finish_reason=event.finish_reason, error_ref=event.error_ref)
 
 
 def _attempt_cancelled(run: _Run, lsn: LSN, event: AttemptCancelled) -> None:

@@ -137,6 +137,8 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     retryable: bool = True
     recovered: bool = False
     truncated: bool | msgspec.UnsetType = msgspec.UNSET  # the output is a head (attempt_succeeded.truncated)
+    finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET  # a model attempt's, as the server sent it
+    error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET  # the whole body behind a failure (attempt_failed)
 
 
 class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):

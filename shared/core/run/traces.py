@@ -11,7 +11,9 @@ exports them. The mapping (OpenTelemetry semantic conventions, GenAI agent and m
   verifier, ``score.value``, ``score.label`` = ``pass``/``fail``/``error``, ``explanation``);
 * ``invoke_agent <step>`` per agent step on a branch (its turns and tool calls under it);
 * ``chat <model>`` per **model attempt** (kind ``CLIENT``): ``gen_ai.request.model``,
-  ``gen_ai.provider.name`` (the adapter), ``gen_ai.usage.input_tokens`` / ``output_tokens``;
+  ``gen_ai.provider.name`` (the adapter), ``gen_ai.usage.input_tokens`` / ``output_tokens`` (with
+  ``reel.usage.source``: ``reported``, ``estimated``, ``recorded`` or ``none``), and
+  ``gen_ai.response.finish_reasons`` (``[reason]``, as the server sent it; absent when it sent none);
 * ``execute_tool <name>`` per **tool attempt** (kind ``INTERNAL``): ``gen_ai.tool.name``,
   ``gen_ai.tool.call.id`` (an agent's tool call), ``gen_ai.tool.type`` = ``function``.
 
@@ -30,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from reel.shared.core.run.eventfields import Usage
+from reel.shared.core.run.eventfields import Usage, usage_source
 from reel.shared.core.run.events import (
     AgentFinished,
     AttemptCancelled,
@@ -47,7 +49,7 @@ from reel.shared.core.run.events import (
 )
 from reel.shared.core.workflow.spec import AgentStep, ModelStep, ToolStep, WorkflowSpec
 
-AttrValue = str | int | float | bool
+AttrValue = str | int | float | bool | tuple[str, ...]
 SpanKind = Literal["INTERNAL", "CLIENT"]
 MS = 1_000_000  # ns per ms
 
@@ -123,6 +125,7 @@ def _usage(attrs: dict[str, AttrValue], usage: Usage, kind: str) -> None:
     if kind == "model":
         attrs["gen_ai.usage.input_tokens"] = usage.input_tokens
         attrs["gen_ai.usage.output_tokens"] = usage.output_tokens
+        attrs["reel.usage.source"] = usage_source(usage)
     if usage.cost_usd:
         attrs["reel.usage.cost_usd"] = usage.cost_usd
     if usage.latency_ms:
@@ -202,6 +205,8 @@ def run_spans(log: Sequence[tuple[int, Commit]], workflow: WorkflowSpec | None =
                 done.touch(ev.at_ms * MS)
                 _usage(done.attributes, ev.usage, "model" if done.kind == "CLIENT" else "tool")
                 done.attributes["reel.outcome_lsn"] = lsn
+                if isinstance(ev, AttemptSucceeded | AttemptFailed) and isinstance(ev.finish_reason, str):
+                    done.attributes["gen_ai.response.finish_reasons"] = (ev.finish_reason,)
                 if isinstance(ev, AttemptSucceeded):
                     done.attributes["reel.attempt.status"], done.status = "succeeded", "OK"
                 elif isinstance(ev, AttemptFailed):

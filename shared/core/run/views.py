@@ -8,13 +8,14 @@ context partitions are inline; prompt and output bodies are by reference.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
 
 from reel.shared.core.agent import turnfold
 from reel.shared.core.input import requestfold
 from reel.shared.core.input.requeststate import InputRecord
+from reel.shared.core.run.eventfields import UsageSource, usage_source
 from reel.shared.core.run.events import BlobRef, ContextPartition, StepKind, Usage, Verdict
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from reel.shared.core.run.state import (
@@ -55,6 +56,8 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
     error_message: str | None = None
     recovered: bool = False
     truncated: bool | msgspec.UnsetType = msgspec.UNSET  # the output is the head of a longer one (not encoded unset)
+    finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
+    error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET
 
 
 class StepView(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,7 +123,10 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
         lineage: the branch and its ancestors, root first.
         steps: every step in workflow order, each with all attempts.
         verdicts: verdicts recorded at or below ``snapshot_lsn``.
-        usage: the sum over every attempt (failed ones too).
+        usage: the sum over every attempt (failed ones too), whatever its source.
+        usage_by_source: the same sums per usage source (``reported``, ``recorded``, ``estimated``,
+            ``none``; only those present): an estimate is never mixed into what a server reported. Unset
+            (not encoded) when no attempt's usage says its source (logs recorded before sources were).
         outcome, context_checks: set only by readers that report a completed run (``reel show
             --json``): its reported outcome (``unlabelled`` without an outcome verifier) and the
             verdicts of its context checks (:mod:`reel.shared.core.verify.reportedoutcome`); unset and not encoded in
@@ -136,6 +142,7 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
     steps: tuple[StepView, ...]
     verdicts: tuple[Verdict, ...] = ()
     usage: Usage = Usage()
+    usage_by_source: dict[str, Usage] | msgspec.UnsetType = msgspec.UNSET
     outcome: str | msgspec.UnsetType = msgspec.UNSET
     context_checks: tuple[Verdict, ...] | msgspec.UnsetType = msgspec.UNSET
 
@@ -215,7 +222,30 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
         verdicts=tuple(v for v in state.verdicts if v.branch_id == bid),
         usage=Usage(input_tokens=int(totals[0]), output_tokens=int(totals[1]), latency_ms=totals[2],
                     cost_usd=totals[3]),
+        usage_by_source=usage_by_source(a for s in steps for a in s.attempts),
     )
+
+
+SOURCE_ORDER: tuple[UsageSource, ...] = ("reported", "recorded", "estimated", "none")
+
+
+def usage_by_source(attempts: Iterable[AttemptView]) -> dict[str, Usage] | msgspec.UnsetType:
+    """Usage summed per source (:data:`~reel.shared.core.run.eventfields.UsageSource`), in
+    :data:`SOURCE_ORDER`, only the sources present (an unlabelled usage counts as ``reported``); unset when
+    no attempt's usage is labelled (a log recorded before sources were: :attr:`EpisodeView.usage` says it all)."""
+    sums: dict[str, list[float]] = {}
+    labelled = False
+    for a in attempts:
+        labelled = labelled or not isinstance(a.usage.source, msgspec.UnsetType)
+        t = sums.setdefault(usage_source(a.usage), [0, 0, 0.0, 0.0])
+        t[0] += a.usage.input_tokens
+        t[1] += a.usage.output_tokens
+        t[2] += a.usage.latency_ms
+        t[3] += a.usage.cost_usd
+    if not labelled:
+        return msgspec.UNSET
+    return {k: Usage(input_tokens=int(sums[k][0]), output_tokens=int(sums[k][1]), latency_ms=sums[k][2],
+                     cost_usd=sums[k][3], source=k) for k in SOURCE_ORDER if k in sums}
 
 
 def _attempt_views(attempts: Sequence[AttemptState], totals: list[float]) -> tuple[AttemptView, ...]:
@@ -227,6 +257,7 @@ def _attempt_views(attempts: Sequence[AttemptState], totals: list[float]) -> tup
             executor_id=a.executor_id, dispatched_lsn=a.dispatched_lsn, outcome_lsn=a.outcome_lsn,
             prompt_ref=a.prompt_ref, output_ref=a.output_ref, context=a.context, usage=a.usage,
             error_kind=a.error_kind, error_message=a.error_message, recovered=a.recovered, truncated=a.truncated,
+            finish_reason=a.finish_reason, error_ref=a.error_ref,
         ))
         totals[0] += a.usage.input_tokens
         totals[1] += a.usage.output_tokens

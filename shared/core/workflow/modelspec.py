@@ -80,12 +80,15 @@ class ScriptedTurn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         tool_calls: the calls it makes; a turn without calls ends an agent loop.
         failures: attempts 1…len(failures) of this turn fail with these; the next attempt answers.
         usage: recorded usage to report instead of counted tokens (replay).
+        finish_reason: the finish reason the answer reports (unset: ``tool_calls`` when it calls tools,
+            else ``stop``); e.g. ``length`` plays an answer cut at ``max_tokens``.
     """
 
     text: str = ""
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     failures: tuple[ScriptedFailure, ...] = ()
     usage: RecordedUsage | None = None
+    finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from reel.shared.core.chat.finish import OnTruncated
 from reel.shared.core.env import interpolate
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import InvalidCommand, WorkflowInvalid
@@ -70,7 +71,12 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class ModelStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="model", tag_field="kind"):
-    """Pack context, call a model."""
+    """Pack context, call a model.
+
+    Attributes:
+        on_truncated: what an answer cut by the server (finish reason ``length`` or ``content_filter``)
+            does: ``fail`` (unset: the default), ``retry`` or ``continue`` (:mod:`reel.shared.core.chat.finish`).
+    """
 
     id: str
     model: ModelSpec
@@ -79,6 +85,12 @@ class ModelStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     include_previous_outputs: bool = False
     policy: PolicySpec = PolicySpec()
     max_attempts: int = 1
+    on_truncated: OnTruncated | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def truncation_policy(self) -> OnTruncated:
+        """``on_truncated``, ``fail`` when unset."""
+        return "fail" if isinstance(self.on_truncated, msgspec.UnsetType) else self.on_truncated
 
 
 class ToolStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="tool", tag_field="kind"):
@@ -97,6 +109,9 @@ class AgentStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     Attributes:
         max_turns: the turn that asks for tools at this bound fails the step (``max_turns``).
         max_attempts: attempts of each turn; max_parallel_tools: calls of one turn running at once.
+        on_truncated: what a turn whose answer the server cut (finish reason ``length`` or
+            ``content_filter``) does: ``fail`` the agent (unset: the default), ``retry`` the turn, or
+            ``continue`` with the cut answer (:mod:`reel.shared.core.chat.finish`).
     """
 
     id: str
@@ -108,6 +123,12 @@ class AgentStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_turns: int = 12
     max_attempts: int = 1
     max_parallel_tools: int = 4
+    on_truncated: OnTruncated | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def truncation_policy(self) -> OnTruncated:
+        """``on_truncated``, ``fail`` when unset."""
+        return "fail" if isinstance(self.on_truncated, msgspec.UnsetType) else self.on_truncated
 
 
 Step = ModelStep | ToolStep | AgentStep

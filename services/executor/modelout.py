@@ -1,0 +1,120 @@
+"""The outcome of a model attempt (a plain ``kind: model`` step's, or an agent turn's), recorded honestly.
+
+* The finish reason goes on the outcome exactly as the server sent it (``None``: it sent none).
+* An answer the server cut (``length``, ``content_filter``: :mod:`reel.shared.core.chat.finish`) is
+  never recorded as a plain success: with the step's ``on_truncated`` ``fail`` or ``retry`` the
+  attempt fails ``truncated`` (its cut answer kept as the ``error_ref`` blob), with ``continue``
+  it succeeds marked ``truncated: true``.
+* Usage says its source (``reported``, ``estimated``, ``recorded``, ``none``); a failed call records
+  only what it reported — by default ``none`` and 0 tokens (a refused connection processed nothing).
+* A failed call's whole error body (a server's error response) becomes the ``error_ref`` blob, and its
+  one-line message keeps the server's own message (head and tail when long: :func:`one_line`).
+* A retry waits (:func:`retry_delay_s`): the server's ``Retry-After`` when it sent one, else full jitter.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import tenacity
+
+from reel.shared.auth import secrets
+from reel.shared.core.chat.finish import TRUNCATED, OnTruncated, is_truncated, truncation_message
+from reel.shared.core.errors import ModelError
+from reel.shared.core.run.eventfields import UsageSource
+from reel.shared.core.run.events import AttemptFailed, AttemptSucceeded, BlobRef, Usage
+from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
+from reel.shared.nats.blobstore import ref_for
+from reel.shared.runtime.clock import now_ms
+
+MAX_ERROR_CHARS = 4000
+"""The longest one-line error message recorded (characters); the whole body is the ``error_ref`` blob."""
+
+Where = tuple[BranchId, StepId, AttemptNo]
+
+
+def answer_outcome(where: Where, *, body: bytes, media_type: str, finish_reason: str | None, usage: Usage,
+                   policy: OnTruncated, inline_max: int = 0) -> tuple[AttemptSucceeded | AttemptFailed, BlobRef]:
+    """The outcome of an answer whose output is ``body`` (the text, or the exact response message): a
+    success (``truncated`` when cut and ``policy`` is ``continue``), or a ``truncated`` failure (``policy``
+    ``fail``: not retryable; ``retry``: retryable) whose ``error_ref`` is ``body``. Also the body's ref."""
+    branch_id, step_id, attempt = where
+    ref = ref_for(body, media_type, inline_max=inline_max)
+    cut = is_truncated(finish_reason)
+    if cut and policy != "continue":
+        assert finish_reason is not None
+        return AttemptFailed(branch_id=branch_id, step_id=step_id, attempt=attempt, error_kind=TRUNCATED,
+                             message=truncation_message(finish_reason), retryable=policy == "retry", usage=usage,
+                             at_ms=now_ms(), finish_reason=finish_reason, error_ref=ref), ref
+    return AttemptSucceeded(branch_id=branch_id, step_id=step_id, attempt=attempt, output_ref=ref, usage=usage,
+                            at_ms=now_ms(), finish_reason=finish_reason,
+                            truncated=True if cut else msgspec.UNSET), ref
+
+
+def answer_usage(input_tokens: int, output_tokens: int, latency_ms: float, cost_usd: float,
+                 source: UsageSource) -> Usage:
+    """A model answer's usage, labelled with where its counts come from."""
+    return Usage(input_tokens=input_tokens, output_tokens=output_tokens, latency_ms=latency_ms, cost_usd=cost_usd,
+                 source=source)
+
+
+def failure_usage(exc: BaseException, latency_ms: float) -> Usage:
+    """A failed model call's usage: only what it reported (``exc``'s tokens when its ``usage_source`` is
+    ``reported``), else 0 tokens, ``none``; its billed cost either way."""
+    source = getattr(exc, "usage_source", "none")
+    cost = float(getattr(exc, "cost_usd", 0.0))
+    if source == "reported":
+        return Usage(input_tokens=int(getattr(exc, "input_tokens", 0)), output_tokens=int(getattr(exc, "output_tokens",
+                     0)), latency_ms=latency_ms, cost_usd=cost, source="reported")
+    return Usage(latency_ms=latency_ms, cost_usd=cost, source="none")
+
+
+def failure(where: Where, exc: ModelError | BaseException, usage: Usage, *, inline_max: int = 0
+            ) -> tuple[AttemptFailed, bytes | None]:
+    """A failed model attempt: kind, the one-line message (scrubbed, at most :data:`MAX_ERROR_CHARS`), and
+    the whole error body as ``error_ref`` (returned too, to store with the commit) when ``exc`` carries one."""
+    branch_id, step_id, attempt = where
+    body = secrets.scrub_bytes(exc.body) if isinstance(exc, ModelError) and exc.body else None
+    ref: BlobRef | msgspec.UnsetType = msgspec.UNSET
+    if body is not None:
+        assert isinstance(exc, ModelError)
+        ref = ref_for(body, exc.body_media_type, inline_max=inline_max)
+    message = one_line(secrets.scrub(str(getattr(exc, "message", str(exc)))))
+    return AttemptFailed(branch_id=branch_id, step_id=step_id, attempt=attempt,
+                         error_kind=str(getattr(exc, "kind", "model_error")), message=message,
+                         retryable=bool(getattr(exc, "retryable", True)), usage=usage, at_ms=now_ms(),
+                         error_ref=ref), body
+
+
+def one_line(message: str, max_chars: int = MAX_ERROR_CHARS) -> str:
+    """``message`` on one line (whitespace runs as one space), and when longer than ``max_chars`` its head and
+    its tail with ``…`` between: a server's message often ends with its cause."""
+    flat = " ".join(message.split())
+    if len(flat) <= max_chars:
+        return flat
+    half = (max_chars - 1) // 2
+    return flat[:half] + "…" + flat[len(flat) - (max_chars - 1 - half):]
+
+
+RETRY_BASE_S = 0.5
+"""Full-jitter backoff of a model call's retry: attempt *n+1* waits a random time in [0, min(cap, base·2^(n-1))] s."""
+RETRY_MAX_S = 30.0
+"""The cap of the jittered backoff (s)."""
+MAX_RETRY_AFTER_S = 600.0
+"""The longest a server's ``Retry-After`` delays a model call's next attempt (s)."""
+NO_BACKOFF_ADAPTERS = frozenset({"scripted", "replay"})
+"""Adapters with no server to spare: their retries go at once."""
+_JITTER = tenacity.wait_random_exponential(multiplier=RETRY_BASE_S, max=RETRY_MAX_S)
+
+
+def retry_delay_s(failure: AttemptFailed, retry_after_s: float | None, adapter: str) -> float:
+    """How long (s) the next attempt after ``failure`` waits: 0 when it is not retried, for a cut answer
+    (``truncated``: the server is fine) and for :data:`NO_BACKOFF_ADAPTERS`; the server's ``Retry-After``
+    when it sent one (capped at :data:`MAX_RETRY_AFTER_S`); else full jitter over the attempts so far
+    (``tenacity.wait_random_exponential``, :data:`RETRY_BASE_S`, :data:`RETRY_MAX_S`)."""
+    if not failure.retryable or failure.error_kind == TRUNCATED or adapter in NO_BACKOFF_ADAPTERS:
+        return 0.0
+    if retry_after_s is not None:
+        return min(max(0.0, retry_after_s), MAX_RETRY_AFTER_S)
+    state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]  # only attempt_number is read
+    state.attempt_number = int(failure.attempt)
+    return float(_JITTER(state))
