@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -69,13 +70,19 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
                 t.append(f"  context packed={len(c.packed)} available={len(c.available)} dropped={len(c.dropped)}")
         case AttemptSucceeded():
             t.append(f"{event.step_id}#{event.attempt} succeeded", style="green")
-            t.append(f"  {event.usage.input_tokens}→{event.usage.output_tokens} tok, {event.usage.latency_ms:.1f} ms")
+            u = event.usage
+            source = "" if isinstance(u.source, msgspec.UnsetType) else f" ({u.source})"
+            t.append(f"  {u.input_tokens}→{u.output_tokens} tok{source}, {u.latency_ms:.1f} ms")
+            if isinstance(event.finish_reason, str) and event.finish_reason not in ("stop", "tool_calls"):
+                t.append(f"  finish_reason {event.finish_reason}", style="magenta")
             if event.recovered:
                 t.append("  (recovered)", style="magenta")
             if event.truncated is True:
                 t.append(f"  (output truncated to {event.output_ref.size_bytes} B)", style="magenta")
         case AttemptFailed():
             t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {clip(event.message)}", style="red")
+            if event.usage.source == "none":
+                t.append("  (no usage: 0 tok)", style="dim")
         case AttemptCancelled():
             t.append(f"{event.step_id}#{event.attempt} cancelled", style="red")
             t.append(f"  stopped after {event.usage.latency_ms:.1f} ms" + ("  (recovered)" * event.recovered))

@@ -103,7 +103,7 @@ def test_the_shipped_agent_example_written_in_python_encodes_byte_for_byte_as_it
     run_tests = reel.command_tool("run_tests", ["python3", "examples/agent/run_tests.py"], retry_safe=True,
                                   description=step.tools[2].description, parameters=step.tools[2].parameters)
     agent = reel.Agent(
-        name="fix-typo", step_id="fix", description=yaml_spec.description, budget_tokens=1000, max_turns=8,
+        name="fix-typo", step_id="fix", description=yaml_spec.description, budget_tokens=1400, max_turns=8,
         max_attempts=2, instructions=step.instructions,
         model=reel.ScriptedModel(name="scripted-typo-fixer", turns=turns),
         context=[reel.ContextItem(id="layout", kind="document", priority=1, text=step.context[1].text),
