@@ -47,7 +47,7 @@ def fixer(model: reel.Model) -> reel.Agent:
     return reel.Agent(
         name="fix-typo", step_id="fix",
         description="an agent reads a tiny package, runs its failing unittest, fixes the typo and runs the tests again",
-        budget_tokens=1000, max_turns=8, max_attempts=2, max_parallel_tools=4,
+        budget_tokens=1400, max_turns=8, max_attempts=2, max_parallel_tools=4,
         instructions="You are a careful Python engineer working in a checkout of a small package. Use the tools to "
                      "read and write its files and to run its unit tests. Fix the failing test by changing the "
                      "package, never the test. When the tests pass, answer in one sentence what you changed.",
