@@ -4,12 +4,13 @@ Each test makes a fresh venv, installs Reel into it (the wheel ``pip wheel --no-
 this checkout, or that copy editable), and from a user's project holding its own ``services/``, ``shared/``,
 ``tests/`` and ``reel_tools/`` packages — each with a module that prints ``WRONG`` when imported — runs that
 venv's ``reel up`` (in the background, until ``reel status`` sees its services) and ``reel run`` of a YAML
-workflow whose tools are ``services.tools:fn`` and ``reel_tools.greet:hello`` from the user's packages.
+workflow whose tools are ``services.tools:fn`` and ``reel_tools.greet:hello`` from the user's packages, then
+README's Python quick start as a script of that project (its folder first on the import path).
 
 Only Reel goes into the fresh venv: its dependencies are this venv's (a ``.pth`` line names this venv's
 site-packages, whose own ``.pth`` files, this checkout's editable install among them, are not run), so the test
 needs no index and takes ~1 min (build ~15 s, install ~5 s, ``reel up`` until answering ~20 s, the run ~10 s).
-The test drives only the installed ``reel`` command (no Reel import), so it runs against any checkout's sources.
+The test drives only the installed ``reel`` command and python (no Reel import).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.integration.test_readme_quickstart import quick_start
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "reel", "services", "shared")
@@ -98,9 +101,11 @@ def _user_project(root: Path) -> Path:
     return root
 
 
-def _run(*argv: str | Path, cwd: Path | None = None, timeout_s: float = 120) -> str:
+def _run(*argv: str | Path, cwd: Path | None = None, timeout_s: float = 120, env: dict[str, str] | None = None
+         ) -> str:
     """Run ``argv`` to completion; its stdout (stderr shown when it fails)."""
-    done = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          env=env)
     assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-4000:])
     return done.stdout
 
@@ -210,6 +215,12 @@ async def test_installed_reel_leaves_the_users_services_shared_and_tests_package
     up_err = up_err_b.decode()
     assert "WRONG" not in up_err + err and "restarting in" not in up_err, up_err[-4000:]
     assert up.returncode == 0, up_err[-2000:]
+    code, expected = quick_start()  # README's Python quick start, as a script of the user's project
+    (project / "quickstart.py").write_text(code)
+    t1 = time.monotonic()
+    said = await asyncio.to_thread(_run, bin_dir / "python", "quickstart.py", cwd=project, env=env)
+    times["quickstart_s"] = time.monotonic() - t1
+    assert said.strip() == expected
     assert (marks / "fn").read_text() == f"services from {project / 'services' / 'tools.py'}\n"
     assert (marks / "hello").read_text() == f"reel_tools from {project / 'reel_tools' / 'greet.py'}\n"
     print(f"{how}: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
