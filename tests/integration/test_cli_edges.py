@@ -36,7 +36,7 @@ async def test_show_columns_bodies_and_usage_errors(cfg: Config, event_log: JetS
 
     code, shown, err = await reel(cfg, "show", run_id)
     assert code == 0, err
-    for col in ("command", "exit", "out B", "pack/avail/drop", "packed tok", "tok in/out", "ms call/wall"):
+    for col in ("command", "exit", "out B", "pack/avail/drop", "packed tok", "tok in/out", "finish", "ms call/wall"):
         assert col in shown, col
     run_row = next(line for line in shown.splitlines() if line.startswith("│ run "))
     cells = [c.strip() for c in run_row.strip("│").split("│")]
@@ -46,9 +46,10 @@ async def test_show_columns_bodies_and_usage_errors(cfg: Config, event_log: JetS
                 .strip("│").split("│")]
     c = plan.context
     assert c is not None and plan_row[7] == f"{len(c.packed)}/{len(c.available)}/{len(c.dropped)}"
-    assert plan_row[8] == str(c.packed_tokens)
-    assert plan_row[9] == f"{plan.usage.input_tokens}/{plan.usage.output_tokens}"
-    assert plan_row[10].endswith(f"/{plan.finished_ms - plan.dispatched_ms}")  # type: ignore[operator]
+    assert plan_row[8] == f"{c.packed_tokens}+{c.reserved_tokens}"  # the instructions, counted first
+    assert plan_row[9] == f"{plan.usage.input_tokens}/{plan.usage.output_tokens} estimated"  # a scripted model
+    assert plan_row[10] == "stop"
+    assert plan_row[11].endswith(f"/{plan.finished_ms - plan.dispatched_ms}")  # type: ignore[operator]
     lines = shown.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("│ summarize "))
     cell = [lines[first].strip("│").split("│")[-1].strip()]
