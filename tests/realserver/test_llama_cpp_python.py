@@ -20,9 +20,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from nats.aio.msg import Msg
 
+from reel.shared.core.run.eventfields import BlobRef, usage_source
 from reel.shared.core.run.state import AttemptState, RunState
 from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
 from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
@@ -59,10 +61,11 @@ def agent(url: str, *, max_turns: int = 2, max_attempts: int = 1, **model: Any) 
         "model": _model(url, **model), "tools": [LOOKUP]}]})
 
 
-def model_step(url: str, *, max_attempts: int = 1, **model: Any) -> WorkflowSpec:
+def model_step(url: str, *, max_attempts: int = 1, on_truncated: str = "fail", **model: Any) -> WorkflowSpec:
     """One ``kind: model`` step (no tools) on the server behind ``url``."""
     return parse_workflow({"name": "realserver-model", "steps": [{
-        "kind": "model", "id": "say", "max_attempts": max_attempts, "model": _model(url, **model),
+        "kind": "model", "id": "say", "max_attempts": max_attempts, "on_truncated": on_truncated,
+        "model": _model(url, **model),
         "context": [{"id": "task", "kind": "task", "text": "Write a long story about a lighthouse keeper."}]}]})
 
 
@@ -87,6 +90,20 @@ async def step_prompt_sent(blobs: JetStreamBlobStore, a: AttemptState, body: byt
     return bool(json.loads(body)["messages"] == [{"role": "user", "content": (await blobs.get(a.prompt_ref)).decode()}])
 
 
+def wire_answer(response: bytes) -> dict[str, Any]:
+    """The JSON body of a (non-streamed) response on a connection."""
+    return dict(json.loads(response.split(b"\r\n\r\n", 1)[1]))
+
+
+def source(a: AttemptState) -> str:
+    return usage_source(a.usage)
+
+
+def finish(a: AttemptState) -> str | None:
+    """The finish reason the attempt recorded; None when it has none (no answer came)."""
+    return None if isinstance(a.finish_reason, msgspec.UnsetType) else a.finish_reason
+
+
 def status_of(response: bytes) -> int:
     """The HTTP status of the (first) response on a connection."""
     return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/") else 0
@@ -106,11 +123,12 @@ def post(url: str, body: dict[str, Any]) -> tuple[int, str]:
 # ---- a turn after a tool result ------------------------------------------------------------------------------
 async def test_a_turn_after_a_tool_result_is_answered_and_its_prompt_blob_is_the_bytes_sent(
         executor: None, client: ReelClient, blobs: JetStreamBlobStore, proxy: RecordingProxy) -> None:
-    spec = agent(proxy.url, profile="llama-cpp-python", params={"temperature": 0, "max_tokens": 32,
+    spec = agent(proxy.url, profile="llama-cpp-python", params={"temperature": 0, "max_tokens": 48,
                                                                  "tool_choice": FORCE_LOOKUP})
     state = await start_and_rest(client, spec, timeout_s=240)
     turns = model_attempts(state)
-    assert [(a.step_id, a.status) for a in turns] == [("solve:t1", "succeeded"), ("solve:t2", "succeeded")], turns
+    assert [a.step_id for a in turns] == ["solve:t1", "solve:t2"], turns
+    assert turns[0].status == "succeeded" and turns[1].error_kind != "server_error", turns
     call = state.branches["main"].attempts["solve:t1:c0"][0]  # its result (or error observation) is in turn 2
     assert call.status in ("succeeded", "failed"), call
     sent = proxy.chat()
@@ -122,9 +140,14 @@ async def test_a_turn_after_a_tool_result_is_answered_and_its_prompt_blob_is_the
     assert assistant["content"] == "" and assistant["tool_calls"][0]["function"]["name"] == "lookup"
     assert second["messages"][3]["tool_call_id"] == assistant["tool_calls"][0]["id"]
     assert (second["tool_choice"], second["parallel_tool_calls"]) == (FORCE_LOOKUP, False)
-    for a, (_, resp) in zip(turns, sent, strict=True):  # the tokens are the server's own count
-        usage = json.loads(resp.split(b"\r\n\r\n", 1)[1])["usage"]
+    for a, (_, resp) in zip(turns, sent, strict=True):  # the finish reason and tokens are the server's own
+        answer = wire_answer(resp)
+        usage, reason = answer["usage"], answer["choices"][0]["finish_reason"]
         assert (a.usage.input_tokens, a.usage.output_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+        assert (finish(a), source(a)) == (reason, "reported"), a
+        # a call the server cut (length) is no answer: the turn ends truncated (on_truncated: fail)
+        assert (a.status, a.error_kind) == (("failed", "truncated") if reason == "length" else ("succeeded", None))
+    assert turns[0].finish_reason == "tool_calls"  # the named tool_choice: the server's grammar made the call
 
 
 async def test_null_content_beside_tool_calls_is_refused_with_500_and_so_is_none(
@@ -137,7 +160,10 @@ async def test_null_content_beside_tool_calls_is_refused_with_500_and_so_is_none
     assert t2.error_message is not None and "answered 500" in t2.error_message
     sent = proxy.chat()
     assert [status_of(resp) for _, resp in sent] == [200, 500]
-    assert b"Input should be a valid string" in sent[1][1]  # the server's own reason, on the wire
+    wire_body = sent[1][1].split(b"\r\n\r\n", 1)[1]
+    assert b"Input should be a valid string" in wire_body  # the server's own reason, on the wire ...
+    assert isinstance(t2.error_ref, BlobRef) and await blobs.get(t2.error_ref) == wire_body  # ... kept whole
+    assert (finish(t2), source(t2), t2.usage.input_tokens, t2.usage.output_tokens) == (None, "none", 0, 0)
     body = json.loads(sent[1][0])
     assert body["messages"][2]["content"] is None and json.loads(await blobs.get(t2.prompt_ref)) == body  # type: ignore[arg-type]
     # the same turn, re-posted: without the key the server's template fails; with "" it is answered
@@ -185,6 +211,8 @@ async def test_the_profile_sends_tool_turns_unstreamed_and_a_streamed_tool_turn_
     plain = await start_and_rest(client, agent(proxy.url, max_turns=1, stream=True, params=params), timeout_s=240)
     (broken,) = model_attempts(plain)
     assert (broken.status, broken.error_kind) == ("failed", "stream_broken"), broken
+    assert (source(broken), broken.usage.input_tokens, broken.usage.output_tokens) == ("none", 0, 0)
+    assert turn.finish_reason in ("tool_calls", "stop", "length") and source(turn) == "reported"
     sent = proxy.chat()
     assert [status_of(resp) for _, resp in sent] == [200, 200]
     assert json.loads(sent[1][0])["stream"] is True and b"data:" not in sent[1][1]
@@ -193,10 +221,10 @@ async def test_the_profile_sends_tool_turns_unstreamed_and_a_streamed_tool_turn_
 async def test_a_streamed_answer_reaches_subscribers_and_the_server_sends_no_usage_in_the_stream(
         executor: None, client: ReelClient, blobs: JetStreamBlobStore, proxy: RecordingProxy,
         streams: FirstChunks) -> None:
-    state = await start_and_rest(client, model_step(proxy.url, stream=True, params={"temperature": 0,
-                                                                                    "max_tokens": 12}))
+    state = await start_and_rest(client, model_step(proxy.url, stream=True, on_truncated="continue",
+                                                    params={"temperature": 0, "max_tokens": 12}))
     (a,) = model_attempts(state)
-    assert a.status == "succeeded", a
+    assert (a.status, a.finish_reason, a.truncated) == ("succeeded", "length", True), a  # taken as cut
     ((body, resp),) = proxy.chat()
     assert await step_prompt_sent(blobs, a, body)
     assert json.loads(body)["stream_options"] == {"include_usage": True}
@@ -206,19 +234,23 @@ async def test_a_streamed_answer_reaches_subscribers_and_the_server_sends_no_usa
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert (await blobs.get(a.output_ref)).decode() == text  # type: ignore[arg-type]  # a model step's output: the text
     assert "".join(c.content for _, c in streams.chunks) == text and streams.chunks[-1][1].done
-    assert a.usage.input_tokens > 0  # counted by Reel: the server reported none
+    assert source(a) == "estimated" and a.usage.input_tokens > 0  # counted by Reel: the server reported none
 
 
 # ---- a max_tokens cut ---------------------------------------------------------------------------------------
-async def test_a_max_tokens_cut_is_what_the_server_reports(
+async def test_a_max_tokens_cut_ends_the_attempt_truncated_with_the_cut_answer_kept(
         executor: None, client: ReelClient, blobs: JetStreamBlobStore, proxy: RecordingProxy) -> None:
     state = await start_and_rest(client, model_step(proxy.url, params={"temperature": 0, "max_tokens": 4}))
     (a,) = model_attempts(state)
     ((body, resp),) = proxy.chat()
-    answer = json.loads(resp.split(b"\r\n\r\n", 1)[1])
+    answer = wire_answer(resp)
     assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 4
     assert await step_prompt_sent(blobs, a, body) and json.loads(body)["max_tokens"] == 4
-    assert (a.usage.input_tokens, a.usage.output_tokens) == (answer["usage"]["prompt_tokens"], 4)
+    assert (a.status, a.error_kind, a.retryable, a.finish_reason) == ("failed", "truncated", False, "length"), a
+    assert (a.usage.input_tokens, a.usage.output_tokens, source(a)) == (answer["usage"]["prompt_tokens"], 4,
+                                                                        "reported")
+    assert isinstance(a.error_ref, BlobRef)  # the cut answer, kept
+    assert answer["choices"][0]["message"]["content"] in (await blobs.get(a.error_ref)).decode()
 
 
 # ---- the server killed mid-answer ---------------------------------------------------------------------------
@@ -236,6 +268,8 @@ async def test_the_server_killed_mid_answer_is_a_broken_stream_then_an_unreachab
     assert (a1.status, a1.error_kind, a2.status, a2.error_kind) == ("failed", "stream_broken", "failed",
                                                                     "connection"), (a1, a2)
     assert time.monotonic() - killed_at < 60
+    assert (source(a2), a2.usage.input_tokens, a2.usage.output_tokens) == ("none", 0, 0)  # never reached a server
+    assert finish(a1) is None and finish(a2) is None  # the answer never finished
     ((body, resp), *rest) = proxy.chat()
     assert await step_prompt_sent(blobs, a1, body) and b"data: {" in resp and b"[DONE]" not in resp
     assert not rest  # attempt 2 never reached a server: nothing was received for it
