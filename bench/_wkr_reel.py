@@ -1,5 +1,5 @@
 """Reel as a user runs it, for bench/w_kr.py: an embedded nats-server, the executor and the verifier as
-separate processes (``python -m services.<name>``), runs started on ``reel.cmd.start`` (not part of Reel).
+separate processes (``python -m reel.services.<name>``), runs started on ``reel.cmd.start`` (not part of Reel).
 
 A run is finished when its ``run_completed`` commit is published (the verifier writes it after the
 verdict): a core subscription on ``reel.ev.*`` (no JetStream consumer) sees it. Step starts are the
