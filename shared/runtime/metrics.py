@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -81,7 +82,8 @@ def observe_commit(run_id: str, events: Sequence[AnyEvent]) -> None:
             outcome = {AttemptSucceeded: "succeeded", AttemptFailed: "failed"}.get(type(ev), "cancelled")
             kind, at_ms = _dispatched.pop((run_id, ev.branch_id, ev.step_id, ev.attempt), (None, None))
             if kind is None:
-                kind = "model" if ev.usage.input_tokens or ev.usage.output_tokens else "tool"
+                model = ev.usage.source is not msgspec.UNSET or ev.usage.input_tokens or ev.usage.output_tokens
+                kind = "model" if model else "tool"  # a failed model call has 0 tokens but names its source
             ATTEMPTS.labels(kind=kind, outcome=outcome).inc()
             seconds = (ev.at_ms - at_ms) / 1000 if at_ms is not None else ev.usage.latency_ms / 1000
             if seconds > 0 or at_ms is not None:
