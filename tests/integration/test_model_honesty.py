@@ -276,3 +276,16 @@ async def test_a_streamed_answer_without_usage_is_labelled_estimated(
     assert (a.status, a.finish_reason, a.usage.source) == ("succeeded", "stop", "estimated")
     assert a.usage.input_tokens > 0 and a.usage.output_tokens > 0
     assert chat_server.requests[0].body["stream"] is True
+
+
+async def test_a_stored_error_body_never_holds_the_api_key(
+    executor: None, client: ReelClient, blobs: JetStreamBlobStore, chat_server: ChatServer, api_key: str,
+) -> None:
+    echo = '{"error": {"message": "rejected header: {authorization}", "type": "invalid_request_error"}}'
+    chat_server.script(Behaviour(status=400, body=echo))
+    state = await _final(client, model_workflow(chat_server))
+    a = attempt_of(state, "write", 1)
+    assert a.error_kind == "bad_request" and isinstance(a.error_ref, msgspec.Struct)
+    stored = await blobs.get(a.error_ref)
+    assert api_key.encode() not in stored and b"rejected header: Bearer ***" in stored, stored
+    assert a.error_message is not None and api_key not in a.error_message
