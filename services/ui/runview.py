@@ -127,6 +127,7 @@ class RunPage:
     verdicts: tuple[Verdict, ...]
     corrupt: Corruption | None = None
     usage: tuple[tuple[str, Any], ...] = field(default=())
+    usage_by_source: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = field(default=())
     outcome: str = ""
     checks: tuple[str, ...] = ()
 
@@ -213,6 +214,8 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
             error_kind=s.error_kind if isinstance(s.error_kind, str) else None))
     return RunPage(state=state, branch_id=bid, view=view, steps=tuple(steps), lineage=lineage(state, bid),
                    verdicts=state.verdicts, corrupt=corrupt, usage=_usage(view.usage),
+                   usage_by_source=tuple((k, _usage(msgspec.structs.replace(u, source=msgspec.UNSET)))
+                                         for k, u in (view.usage_by_source or {}).items()),
                    outcome=reported_outcome(state) or "", checks=context_checks(state))
 
 

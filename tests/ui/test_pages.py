@@ -141,6 +141,8 @@ def test_the_run_page_shows_finish_reasons_usage_sources_and_error_bodies() -> N
     assert len(errors) == 2 and all(f"/blobs/{r.sha256}" in html for r in errors)
     assert html.count('data-kind="error body"') == 2
     assert {r.sha256 for r in errors} <= set(blob_refs(state))  # the blob route serves them
+    assert [k for k, _ in page.usage_by_source] == ["reported", "estimated", "none"]  # summed apart
+    assert 'data-source="estimated"' in html and "input tokens</span> 204" in html
 
 
 def test_markup_in_a_run_is_escaped_by_the_templates() -> None:
