@@ -3,7 +3,7 @@
 
 Usage::
 
-    python3 scripts/llama_server.py build      # build the venv if it is not ready (minutes, cold); print its path
+    python3 scripts/llama_server.py build [--nice 19]   # build the venv if it is not ready (minutes, cold)
     python3 scripts/llama_server.py status     # JSON: venv, ready, gguf, log; exit 1 when not ready
     python3 scripts/llama_server.py serve [--port 8000]   # run the server on loopback (builds first if needed)
 
@@ -154,7 +154,10 @@ def build(venv: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build the venv if it is not ready; print its path")
+    build_cmd = sub.add_parser("build", help="build the venv if it is not ready; print its path")
+    build_cmd.add_argument("--nice", type=int, default=0,
+                           help="lower the build's CPU priority by this much (the test session passes 19: the"
+                                " compiler then yields the cores to the tests running beside it)")
     sub.add_parser("status", help="JSON status; exit 1 when not ready")
     serve = sub.add_parser("serve", help="serve the GGUF on loopback (builds first if needed)")
     serve.add_argument("--port", type=int, default=8000)
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"venv": str(venv), "ready": marker is not None, "gguf": (marker or {}).get("gguf"),
                           "log": str(log_path(venv))}))
         return 0 if marker is not None else 1
+    if getattr(args, "nice", 0):
+        os.nice(args.nice)  # inherited by pip and the compiler it starts
     try:
         seconds = build(venv)
     except (subprocess.CalledProcessError, OSError) as exc:

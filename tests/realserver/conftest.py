@@ -79,9 +79,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def _start_build(config: pytest.Config) -> subprocess.Popen[bytes]:
-    """``scripts/llama_server.py build`` in the background (its own session: an interrupted test run leaves it
-    to finish); its output is in the build log."""
-    build = subprocess.Popen([sys.executable, str(BUILD_SCRIPT), "build"], stdin=subprocess.DEVNULL,
+    """``scripts/llama_server.py build`` in the background, at the lowest CPU priority (the tests running
+    meanwhile keep the cores; their leases and deadlines are not starved by the compiler), in its own session
+    (an interrupted test run leaves it to finish); its output is in the build log."""
+    build = subprocess.Popen([sys.executable, str(BUILD_SCRIPT), "build", "--nice", "19"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     config.stash[_BUILD] = build
     return build
