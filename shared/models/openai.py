@@ -29,10 +29,14 @@ Source: OpenAI API reference, "Error codes", "Streaming"; the ``openai`` package
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import hashlib
 import os
 import re
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -145,6 +149,47 @@ def _kind(status: int, code: str, message: str) -> tuple[str, bool]:
     return fixed.get(status, ("http_error", False))
 
 
+class ClientPool:
+    """The ``openai.AsyncOpenAI`` clients of this process, one per event loop, endpoint, API key and timeout,
+    reused across calls: a client holds an HTTP connection pool and a TLS context, and building one per call
+    cost most of an agent turn's CPU. At most ``max_clients`` per loop (least recently used closed first);
+    a loop's clients go with it. Keys are held as their sha256, never logged.
+    """
+
+    def __init__(self, max_clients: int = 32) -> None:
+        self.max_clients = max_clients
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                 OrderedDict[tuple[str, str, float | None], openai.AsyncOpenAI]]
+        self._by_loop = weakref.WeakKeyDictionary()
+
+    def get(self, base_url: str, key: str, timeout_s: float | None) -> openai.AsyncOpenAI:
+        """The loop's client for ``base_url`` with ``key`` (``timeout_s`` per request; ``None``: the SDK's)."""
+        clients = self._by_loop.setdefault(asyncio.get_running_loop(), OrderedDict())
+        ident = (base_url, hashlib.sha256(key.encode()).hexdigest(), timeout_s)
+        client = clients.get(ident)
+        if client is None or client.is_closed():
+            client = openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=timeout_s, max_retries=0)
+            clients[ident] = client
+            while len(clients) > self.max_clients:
+                _, old = clients.popitem(last=False)
+                asyncio.get_running_loop().create_task(old.close())
+        clients.move_to_end(ident)
+        return client
+
+    def size(self) -> int:
+        """How many clients the running loop holds."""
+        return len(self._by_loop.get(asyncio.get_running_loop(), ()))
+
+    async def aclose(self) -> None:
+        """Close the running loop's clients (their connections); the next call builds new ones."""
+        clients = self._by_loop.pop(asyncio.get_running_loop(), OrderedDict())
+        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+
+
+CLIENTS = ClientPool()
+"""The process's pool (:class:`ClientPool`): every :class:`OpenAIAdapter` call goes through it."""
+
+
 class OpenAIAdapter:
     """A chat-completions endpoint (``base_url``, ``model``, ``api_key_env``, ``params``, ``timeout_s``, ``price``)."""
 
@@ -209,16 +254,16 @@ class OpenAIAdapter:
 
     async def _post(self, body: dict[str, Any], key: str) -> tuple[bytes, ModelError | None]:
         try:
-            async with self._client(key) as client:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=body["model"], messages=body["messages"],
-                    extra_body={k: v for k, v in body.items() if k not in ("model", "messages")})
-                return raw.http_response.content, None
+            client = self._client(key)
+            raw = await client.chat.completions.with_raw_response.create(
+                model=body["model"], messages=body["messages"],
+                extra_body={k: v for k, v in body.items() if k not in ("model", "messages")})
+            return raw.http_response.content, None
         except (openai.APIStatusError, openai.APIConnectionError) as exc:  # a timeout is a connection error
             return b"", self._error(exc, key)
 
     def _client(self, key: str) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, timeout=self._spec.timeout, max_retries=0)
+        return CLIENTS.get(self._base_url, key, self._spec.timeout)
 
     async def _stream(self, body: dict[str, Any], key: str, on_delta: DeltaSink | None
                       ) -> tuple[dict[str, Any] | None, ModelError | None]:
@@ -226,10 +271,11 @@ class OpenAIAdapter:
         acc = StreamAssembler()
         rest = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
         try:
-            async with self._client(key) as client:
-                stream = await client.chat.completions.create(
-                    model=body["model"], messages=body["messages"], stream=True,
-                    stream_options=body["stream_options"], extra_body=rest)
+            client = self._client(key)
+            stream = await client.chat.completions.create(
+                model=body["model"], messages=body["messages"], stream=True,
+                stream_options=body["stream_options"], extra_body=rest)
+            async with stream:  # closed however it ends: its connection goes back to the pool
                 async for chunk in stream:
                     fragment = acc.add(chunk.to_dict())
                     if fragment is not None and on_delta is not None:

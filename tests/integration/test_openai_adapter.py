@@ -26,7 +26,7 @@ from reel.shared.core.chat.messages import (
 from reel.shared.core.errors import ModelError, ToolCallInvalid
 from reel.shared.core.workflow.modelspec import ModelSpec
 from reel.shared.models import ModelRequest, make_adapter, make_chat_model
-from reel.shared.models.openai import PLACEHOLDER_KEY, retry_after_s
+from reel.shared.models.openai import CLIENTS, PLACEHOLDER_KEY, retry_after_s
 from tests.support.chat_server import (
     Behaviour,
     ChatServer,
@@ -235,3 +235,20 @@ async def test_a_server_without_usage_is_counted(chat_server: ChatServer) -> Non
     chat_server.script(reply("an answer of some words", usage=None))
     resp: ChatResponse = await make_chat_model(spec).complete_chat(_turn1(spec))
     assert resp.input_tokens > 0 and resp.output_tokens > 0 and resp.cost_usd > 0
+
+
+async def test_calls_reuse_one_client_and_its_connection(chat_server: ChatServer) -> None:
+    """A client (connection pool, TLS context) per call cost most of an agent turn's CPU: calls to one endpoint
+    share one client and its kept-alive connection; another endpoint gets its own."""
+    spec = _spec(chat_server)
+    model = make_chat_model(spec)
+    chat_server.script(reply("one"), reply("two"), reply("three"))
+    before = CLIENTS.size()
+    for _ in range(3):
+        assert (await model.complete_chat(_turn1(spec))).text in ("one", "two", "three")
+    assert len({r.peer for r in chat_server.requests}) == 1, [r.peer for r in chat_server.requests]
+    assert CLIENTS.size() == before + 1
+    other = _spec(chat_server, base_url=chat_server.url.replace("127.0.0.1", "localhost"))
+    chat_server.script(reply("four"))
+    await make_chat_model(other).complete_chat(_turn1(other))
+    assert CLIENTS.size() == before + 2

@@ -67,10 +67,12 @@ class Behaviour:
 
 @dataclass(frozen=True)
 class Seen:
-    """One request the server received: its JSON body and headers."""
+    """One request the server received: its JSON body, headers and the client's ``(host, port)`` (one per TCP
+    connection: requests that share it came over one kept-alive connection)."""
 
     body: dict[str, Any]
     headers: Mapping[str, str]
+    peer: tuple[str, int] | None = None
 
 
 def call(name: str, arguments: Mapping[str, Any] | str, id: str = "") -> dict[str, Any]:
@@ -199,7 +201,9 @@ class ChatServer:
         self.queue.extend(behaviours)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(Seen(body=await request.json(), headers=dict(request.headers)))
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        self.requests.append(Seen(body=await request.json(), headers=dict(request.headers),
+                                  peer=(str(peer[0]), int(peer[1])) if peer else None))
         if not self.queue:
             self.unscripted += 1
             return web.json_response({"error": {"message": "chat_server: no scripted behaviour left"}}, status=500)
