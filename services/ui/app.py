@@ -5,12 +5,15 @@ is text) and work without JavaScript; ``static/ui.js`` enhances them with live u
 over server-sent events (sse-starlette). Routes:
 
 * ``GET /`` — the runs (id, status, outcome, workflow, age, head LSN); filter ``?status=&q=``;
-* ``GET /events?status=&q=`` — SSE: ``run`` (a row's HTML, for a run that got a commit) and
-  ``remove`` (a run that left the filter);
-* ``GET /runs/{run_id}?branch=`` — a run: lineage graph, timeline, partitions, viewers, verdicts;
-  ``GET /runs/{run_id}/body?branch=`` — the same page's body alone (what live updates swap in);
-* ``GET /runs/{run_id}/events?after=LSN`` — SSE: ``commits`` (``{head_lsn, status, outcome,
-  commits: [{lsn, lines}]}``, from :meth:`ReelClient.watch_commits`) and ``corrupt``;
+* ``GET /live`` — SSE, one per browser (the pages share it, ``static/live-worker.js``): ``moved``
+  ``{run_ids}`` (runs that got a commit); ``GET /heads`` — ``{run_id: head_lsn}``, what a page polls
+  instead where it cannot share the stream;
+* ``GET /runs/{run_id}/row?status=&q=`` — ``{run_id, html}`` (its runs-page row) or ``{run_id, remove: true}``
+  (it does not match the filter);
+* ``GET /runs/{run_id}?branch=`` — a run: lineage graph, timeline, partitions, viewers,
+  verdicts; ``GET /runs/{run_id}/body?branch=`` — the same page's body alone (what live updates swap in);
+* ``GET /runs/{run_id}/commits?after=LSN`` — ``{head_lsn, status, outcome, commits: [{lsn, lines}], more}``:
+  the commits above ``after`` (at most :data:`MAX_COMMITS`; if ``more``, ``head_lsn`` is the last one's);
 * ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
   run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`).
 """
@@ -35,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from reel.services.timeline.render import event_line
 from reel.services.ui import pages
-from reel.services.ui.reader import NotARunId, RunReader
+from reel.services.ui.reader import NotARunId, RunReader, check_run_id
 from reel.services.ui.runview import run_page
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
@@ -44,6 +47,8 @@ from reel.shared.core.verify.reportedoutcome import reported_outcome
 
 HERE = Path(__file__).parent
 SHA256_HEX = frozenset("0123456789abcdef")
+MAX_COMMITS = 500
+"""Most commits one ``/runs/<id>/commits`` answer carries (the page asks again from the last one's LSN)."""
 
 
 def _env() -> jinja2.Environment:
@@ -71,10 +76,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         rows = [r for r in await reader.rows() if pages.matches(r, status, q)]
         return html("runs.html", rows=rows, status=status, q=q)
 
-    async def runs_events(request: Request) -> Response:
-        status, q = request.query_params.get("status", ""), request.query_params.get("q", "")
-        row_tpl = env.get_template("_row.html")
-
+    async def live(request: Request) -> Response:
         async def gen() -> AsyncIterator[ServerSentEvent]:
             async with reader.moved_runs() as moved:
                 yield ServerSentEvent(event="ready", data="{}")
@@ -82,17 +84,23 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
                     ids = {await moved.get()}
                     while not moved.empty():
                         ids.add(moved.get_nowait())
-                    for rid in sorted(ids):
-                        row = await reader.row(rid)
-                        if row is None:
-                            continue
-                        if pages.matches(row, status, q):
-                            yield ServerSentEvent(event="run", data=json.dumps(
-                                {"run_id": rid, "html": row_tpl.render(**common, r=row)}))
-                        else:
-                            yield ServerSentEvent(event="remove", data=json.dumps({"run_id": rid}))
+                    yield ServerSentEvent(event="moved", data=json.dumps({"run_ids": sorted(ids)}))
 
         return EventSourceResponse(gen(), ping=10)
+
+    async def heads(request: Request) -> Response:
+        return JSONResponse({r.run_id: r.head_lsn for r in await reader.rows()})
+
+    async def row(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        status, q = request.query_params.get("status", ""), request.query_params.get("q", "")
+        try:
+            found = await reader.row(check_run_id(run_id))
+        except NotARunId as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        if found is None or not pages.matches(found, status, q):
+            return JSONResponse({"run_id": run_id, "remove": True})
+        return JSONResponse({"run_id": run_id, "html": env.get_template("_row.html").render(**common, r=found)})
 
     async def _page(request: Request, template: str) -> Response:
         run_id, branch = request.path_params["run_id"], request.query_params.get("branch") or None
@@ -118,28 +126,19 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
     async def run_body(request: Request) -> Response:
         return await _page(request, "_run_body.html")
 
-    async def run_events(request: Request) -> Response:
+    async def run_commits(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
             after = int(request.query_params.get("after", "0"))
-            reader_watch = reader.watch(run_id)
+            state = await reader.state(run_id)
         except (ValueError, NotARunId) as exc:
-            return error(400, str(exc))
-
-        async def gen() -> AsyncIterator[ServerSentEvent]:
-            last = after
-            try:
-                async for state, new in reader_watch:
-                    if not new and state.head_lsn > last:  # commits since the page was rendered
-                        new = await reader.commits(run_id, after_lsn=last, upto_lsn=state.head_lsn)
-                    new = [(lsn, c) for lsn, c in new if lsn > last]
-                    if new or last == after:
-                        yield ServerSentEvent(event="commits", data=json.dumps(_commits(state, new)))
-                    last = max(last, state.head_lsn)
-            except RunCorrupt as exc:
-                yield ServerSentEvent(event="corrupt", data=json.dumps({"message": exc.corruption.describe()}))
-
-        return EventSourceResponse(gen(), ping=10)
+            return JSONResponse({"error": str(exc)}, 400)
+        except RunNotFound as exc:
+            return JSONResponse({"error": str(exc)}, 404)
+        except RunCorrupt as exc:
+            return JSONResponse({"error": exc.corruption.describe(), "corrupt": True}, 409)
+        new = await reader.commits(run_id, after_lsn=after, upto_lsn=state.head_lsn)
+        return JSONResponse({**_commits(state, new[:MAX_COMMITS]), "more": len(new) > MAX_COMMITS})
 
     async def blob(request: Request) -> Response:
         run_id, sha = request.path_params["run_id"], request.path_params["sha256"]
@@ -169,8 +168,9 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return html("blob.html", run_id=run_id, page=page, length=length)
 
     routes = [
-        Route("/", runs), Route("/events", runs_events), Route("/runs/{run_id}", run),
-        Route("/runs/{run_id}/body", run_body), Route("/runs/{run_id}/events", run_events),
+        Route("/", runs), Route("/live", live), Route("/heads", heads), Route("/runs/{run_id}", run),
+        Route("/runs/{run_id}/row", row), Route("/runs/{run_id}/body", run_body),
+        Route("/runs/{run_id}/commits", run_commits),
         Route("/runs/{run_id}/blobs/{sha256}", blob),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -178,8 +178,9 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
 
 
 def _commits(state: RunState, new: list[tuple[int, Any]]) -> dict[str, Any]:
-    """The ``commits`` SSE payload: the head, the status, and each new commit's event lines (plain text)."""
-    return {"head_lsn": state.head_lsn, "status": str(state.status), "outcome": reported_outcome(state) or "",
+    """The ``/runs/<id>/commits`` answer: the head, the status, and each new commit's event lines (plain text)."""
+    return {"head_lsn": new[-1][0] if new else state.head_lsn, "status": str(state.status),
+            "outcome": reported_outcome(state) or "",
             "commits": [{"lsn": lsn, "lines": [event_line(lsn, ev).plain.removeprefix(f"  lsn {lsn:>6}  ")
                                                   for ev in c.events]}
                         for lsn, c in new]}

@@ -1,7 +1,7 @@
 """The UI's read side: runs, their states, blob pages and live commits — reads only, never a command.
 
 A :class:`RunReader` wraps the pieces of :class:`~reel.shared.nats.client.ReelClient` the UI
-needs (its event log, its blob store, :meth:`~reel.shared.nats.client.ReelClient.watch_commits`)
+needs (its event log, its blob store, the events stream)
 and exposes nothing that publishes: no ``command``, ``start``, ``cancel``, ``rewind`` or
 ``respond``. With credentials it runs as the ``client`` role (docs/security.md), whose
 reads are Direct Gets on the events, snapshots and blobs streams and its own ordered
@@ -41,8 +41,6 @@ WHOLE_MAX_BYTES = 4 * 1024 * 1024
 """A body up to this size is read whole (and cached) to page it; a larger one is paged by byte range (bytes)."""
 INDEX_CACHE = 64
 """Chunk indexes of large bodies kept (:meth:`~reel.shared.nats.blobread.BlobReads.index`: a few ints per chunk)."""
-POLL_S = 0.25
-"""How often a watched run's head is polled (seconds; :meth:`ReelClient.watch_commits`)."""
 
 
 class NotARunId(ValueError):
@@ -167,14 +165,6 @@ class RunReader:
         if upto_lsn <= after_lsn:
             return []
         return await self._client.log.read(check_run_id(run_id), from_lsn=after_lsn + 1, upto_lsn=upto_lsn)
-
-    def watch(self, run_id: str) -> AsyncIterator[tuple[RunState, list[tuple[int, Commit]]]]:
-        """:meth:`ReelClient.watch_commits` of the run (polled every :data:`POLL_S` s).
-
-        Raises:
-            RunCorrupt: the run is, or becomes, corrupt.
-        """
-        return self._client.watch_commits(check_run_id(run_id), poll_s=POLL_S)
 
     @contextlib.asynccontextmanager
     async def moved_runs(self) -> AsyncIterator[asyncio.Queue[str]]:

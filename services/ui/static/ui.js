@@ -1,20 +1,59 @@
 // Reel UI: progressive enhancement of the server-rendered pages (they work without this file).
-// Runs page: rows replaced/inserted live (SSE /events). Run page: lazy blob viewers paged by byte
-// range, the live commit log and body refresh (SSE /runs/<id>/events). Text is set with textContent
+// Both pages follow one live feed per browser (liveFeed: SSE /live shared through a SharedWorker, else
+// polling /heads), stopped while the page is hidden. Runs page: rows replaced/inserted as runs move
+// (/runs/<id>/row). Run page: lazy blob viewers paged by byte range, the live commit log
+// (/runs/<id>/commits) and body refresh (/runs/<id>/body). Text is set with textContent
 // only, never parsed as HTML, except row/body fragments the server rendered (and escaped).
 "use strict";
 
-function connect(url, handlers) {
-  let es = null;
-  const open = () => {
-    es = new EventSource(typeof url === "function" ? url() : url);
-    for (const [name, fn] of Object.entries(handlers)) {
-      es.addEventListener(name, (ev) => fn(JSON.parse(ev.data)));
-    }
-    es.onerror = () => { es.close(); setTimeout(open, 2000); };
+const POLL_MS = 2000;  // how often a page without a shared feed polls /heads
+
+// The live feed: onMoved([run ids]) when runs get commits, onReady(mode) when the feed (re)starts (the page
+// catches up then). Shared by every tab through one SharedWorker (static/live-worker.js: one SSE connection
+// per browser); where there is none, polling /heads. Returns stop().
+function liveFeed(onMoved, onReady) {
+  if (typeof SharedWorker === "function") {
+    try {
+      const w = new SharedWorker("/static/live-worker.js");
+      w.port.onmessage = (ev) => {
+        if (ev.data.type === "moved") onMoved(ev.data.run_ids);
+        else if (ev.data.type === "ready") onReady("shared");
+      };
+      w.port.start();
+      w.port.postMessage("hello");
+      return () => { w.port.postMessage("bye"); w.port.close(); };
+    } catch (err) { /* not allowed here: poll */ }
+  }
+  let heads = null, timer = null, stopped = false;
+  const poll = async () => {
+    try {
+      const r = await fetch("/heads");
+      if (r.ok) {
+        const now = await r.json();
+        if (heads === null) onReady("polling");
+        else {
+          const moved = Object.keys(now).filter((k) => now[k] !== heads[k]);
+          if (moved.length) onMoved(moved);
+        }
+        heads = now;
+      }
+    } catch (err) { /* the server is away: try again */ }
+    if (!stopped) timer = setTimeout(poll, POLL_MS);
   };
-  open();
+  poll();
+  return () => { stopped = true; clearTimeout(timer); };
 }
+
+// Follow the feed while the page is shown: stopped on pagehide (a page in the back/forward cache holds no
+// connection), restarted on pageshow when the page comes back from that cache.
+function follow(onMoved, onReady) {
+  let stop = liveFeed(onMoved, onReady);
+  window.addEventListener("pagehide", () => { if (stop) stop(); stop = null; });
+  window.addEventListener("pageshow", (ev) => { if (ev.persisted && !stop) stop = liveFeed(onMoved, onReady); });
+}
+
+function liveBadge(el, mode) { el.textContent = mode === "shared" ? "live" : "live (polling)"; el.dataset.live = "1";
+                               el.dataset.feed = mode; }
 
 function ages() {
   const now = Date.now();
@@ -31,17 +70,30 @@ function runsPage(table) {
   const body = table.tBodies[0];
   const live = document.getElementById("live-runs");
   const rowOf = (id) => body.querySelector(`tr[data-run="${CSS.escape(id)}"]`);
-  connect(table.dataset.events, {
-    ready: () => { live.textContent = "live"; live.dataset.live = "1"; },
-    run: (m) => {
-      const tpl = document.createElement("template");
-      tpl.innerHTML = m.html.trim();
-      const row = tpl.content.firstElementChild;
-      const old = rowOf(m.run_id);
-      if (old) old.replaceWith(row); else body.prepend(row);
-      document.getElementById("empty").hidden = true;
-    },
-    remove: (m) => { const old = rowOf(m.run_id); if (old) old.remove(); },
+  const filter = table.dataset.filter;
+  async function update(rid) {
+    const r = await fetch(`/runs/${encodeURIComponent(rid)}/row?${filter}`);
+    if (!r.ok) return;
+    const m = await r.json();
+    const old = rowOf(m.run_id);
+    if (m.remove) { if (old) old.remove(); return; }
+    const tpl = document.createElement("template");
+    tpl.innerHTML = m.html.trim();
+    const row = tpl.content.firstElementChild;
+    if (old) old.replaceWith(row); else body.prepend(row);
+    document.getElementById("empty").hidden = true;
+  }
+  let started = false;
+  window.addEventListener("pagehide", () => { live.dataset.live = "0"; });
+  follow((ids) => { for (const rid of ids) update(rid); }, async (mode) => {
+    liveBadge(live, mode);
+    if (!started) { started = true; return; }
+    // back from the cache or reconnected: rows may have moved meanwhile — take the page's rows afresh
+    const r = await fetch(location.href);
+    if (!r.ok) return;
+    const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+    const fresh = doc.querySelector("#runs tbody");
+    if (fresh) body.replaceChildren(...fresh.children);
   });
   setInterval(ages, 5000);
 }
@@ -125,22 +177,41 @@ function runPage(run) {
     }
   }
 
+  let fetching = false, again = false;
+  async function catchUp() {  // the commits above the head shown in the log, then the body at the new head
+    if (fetching) { again = true; return; }
+    fetching = true;
+    try {
+      do {
+        again = false;
+        const r = await fetch(`/runs/${encodeURIComponent(id)}/commits?after=${head}`);
+        const m = await r.json().catch(() => ({}));
+        if (!r.ok) { state.textContent = m.error || `HTTP ${r.status}`; state.classList.add("error"); return; }
+        for (const c of m.commits) {
+          if (c.lsn <= head) continue;
+          const li = document.createElement("li");
+          li.dataset.lsn = String(c.lsn);
+          li.textContent = `lsn ${c.lsn}  ${c.lines.join("\n          ")}`;
+          log.append(li);
+        }
+        if (m.more) again = true;  // a capped answer: ask for the rest
+        head = Math.max(head, m.head_lsn);
+        state.textContent = `live · head lsn ${head} · ${m.status}${m.outcome ? ` · outcome ${m.outcome}` : ""}`;
+        state.dataset.live = "1";
+        state.dataset.feed = mode;
+      } while (again);
+    } catch (err) {
+      state.textContent = `could not follow: ${err.message}`;
+    } finally {
+      fetching = false;
+    }
+    refresh();
+  }
+
+  let mode = "";
   viewers(document);
-  connect(() => `/runs/${encodeURIComponent(id)}/events?after=${head}`, {
-    commits: (m) => {
-      for (const c of m.commits) {
-        const li = document.createElement("li");
-        li.dataset.lsn = String(c.lsn);
-        li.textContent = `lsn ${c.lsn}  ${c.lines.join("\n          ")}`;
-        log.append(li);
-      }
-      head = Math.max(head, m.head_lsn);
-      state.textContent = `live · head lsn ${head} · ${m.status}${m.outcome ? ` · outcome ${m.outcome}` : ""}`;
-      state.dataset.live = "1";
-      refresh();
-    },
-    corrupt: (m) => { state.textContent = m.message; state.classList.add("error"); },
-  });
+  window.addEventListener("pagehide", () => { state.dataset.live = "0"; });
+  follow((ids) => { if (ids.includes(id)) catchUp(); }, (m) => { mode = m; catchUp(); });
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -1,0 +1,100 @@
+"""``reel ui`` never runs a browser out of connections: a run page's live feed is one SSE connection per browser,
+shared by every tab (a SharedWorker) and closed while a page is hidden, so going from run page to run page ten
+times with back and forward (pages in the back/forward cache) and then opening eight run tabs each load within
+:data:`LOAD_S` — Chromium allows six HTTP/1.1 connections per host, and a stream per page used them up (the
+seventh page view waited ~55 s, the sixth tab never loaded). The tabs still follow their runs live."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reel.services.timeline.render import open_requests
+from reel.shared.nats.eventlog import JetStreamEventLog
+from tests.ui.support import chromium, env_for, reel, reel_ui, until
+
+pytestmark = pytest.mark.ui
+
+HOSTILE = "tests/ui/hostile.yaml"
+LOAD_S = 5.0
+"""Bound on one page load and on its live feed starting (seconds); a load that had to wait for a connection
+to free up took ~55 s."""
+TABS = 8
+
+
+def _loaded(b: Any, what: str, go: Any) -> float:
+    """Run ``go()`` (a navigation) and return the seconds until the page's load event; fails past :data:`LOAD_S`."""
+    from selenium.common.exceptions import TimeoutException
+
+    t0 = time.monotonic()
+    try:
+        go()
+    except TimeoutException:
+        pytest.fail(f"{what}: not loaded within {LOAD_S} s (the browser ran out of connections)")
+    took = time.monotonic() - t0
+    assert took <= LOAD_S, (what, took)
+    return took
+
+
+async def _live(b: Any, what: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-live") == "1",
+                f"{what}: its live feed", timeout_s=LOAD_S)
+    assert b.find_element(By.ID, "live-state").get_attribute("data-feed") == "shared"
+
+
+async def test_back_forward_and_many_tabs_never_hang(cfg, event_log: JetStreamEventLog,  # type: ignore[no-untyped-def]
+                                                     tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    runs = []
+    for _ in range(3):  # runs waiting for approval: their pages stay live
+        code, out, err = await reel(cfg, "run", HOSTILE, "-q", env=env)
+        assert code == 6, (out, err)
+        runs.append(re.search(r"run (r-[0-9a-f]{20}) created", out).group(1))  # type: ignore[union-attr]
+    async with reel_ui(cfg, env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            b.set_page_load_timeout(LOAD_S * 2)
+            took = [_loaded(b, "the runs page", lambda: b.get(url + "/"))]
+            await until(b, lambda d: d.find_element(By.ID, "live-runs").get_attribute("data-live") == "1",
+                        "the runs page's live feed", timeout_s=LOAD_S)
+            # ten run pages in one tab (distinct history entries: a page per entry in the back/forward cache)
+            pages = [f"{url}/runs/{runs[i % len(runs)]}?branch=main&view={i}" for i in range(10)]
+            for i, page in enumerate(pages):
+                took.append(_loaded(b, f"run page {i + 1}", lambda page=page: b.get(page)))
+                await _live(b, f"run page {i + 1}")
+            for i in range(9, 0, -1):  # back to the first, then forward to the last: restored pages follow again
+                took.append(_loaded(b, f"back to run page {i}", b.back))
+                await until(b, lambda d, i=i: d.current_url == pages[i - 1], f"back to run page {i}", LOAD_S)
+                await _live(b, f"back to run page {i}")
+            for i in range(2, 11):
+                took.append(_loaded(b, f"forward to run page {i}", b.forward))
+                await until(b, lambda d, i=i: d.current_url == pages[i - 1], f"forward to run page {i}", LOAD_S)
+                await _live(b, f"forward to run page {i}")
+            # eight more tabs, each on a run
+            for t in range(TABS):
+                b.switch_to.new_window("tab")
+                rid = runs[t % len(runs)]
+                took.append(_loaded(b, f"run tab {t + 1}", lambda rid=rid: b.get(f"{url}/runs/{rid}")))
+                await _live(b, f"run tab {t + 1}")
+            print(f"page loads: {len(took)}, slowest {max(took):.2f} s, mean {sum(took) / len(took):.2f} s")
+
+            # every tab still follows its run: approving one moves the tabs on it (one feed fans out to all)
+            waiting = await event_log.load(runs[0])
+            (request,) = open_requests(waiting)
+            code, out, err = await reel(cfg, "approve", runs[0], request["request_id"], env=env)
+            assert code == 0, (out, err)
+            on_first = []
+            for handle in b.window_handles[1:]:
+                b.switch_to.window(handle)
+                if runs[0] in b.current_url:
+                    on_first.append(handle)
+                    await until(b, lambda d: d.find_element(By.ID, "run-status").text == "completed",
+                                "a tab on the approved run followed it", timeout_s=30)
+            assert len(on_first) == 3
