@@ -10,7 +10,7 @@ over server-sent events (sse-starlette). Routes:
   instead where it cannot share the stream;
 * ``GET /runs/{run_id}/row?status=&q=`` — ``{run_id, html}`` (its runs-page row) or ``{run_id, remove: true}``
   (it does not match the filter);
-* ``GET /runs/{run_id}?branch=`` — a run: lineage graph, timeline, partitions, viewers,
+* ``GET /runs/{run_id}?branch=`` — a run: failure summary, lineage graph, timeline, partitions, viewers,
   verdicts; ``GET /runs/{run_id}/body?branch=`` — the same page's body alone (what live updates swap in);
 * ``GET /runs/{run_id}/commits?after=LSN`` — ``{head_lsn, status, outcome, commits: [{lsn, lines}], more}``:
   the commits above ``after`` (at most :data:`MAX_COMMITS`; if ``more``, ``head_lsn`` is the last one's);
@@ -39,7 +39,7 @@ from starlette.staticfiles import StaticFiles
 from reel.services.timeline.render import event_line
 from reel.services.ui import pages
 from reel.services.ui.reader import NotARunId, RunReader, check_run_id
-from reel.services.ui.runview import run_page
+from reel.services.ui.runview import attempt_anchor, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
@@ -55,6 +55,7 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["age"] = lambda ms: pages.age(ms, int(time.time() * 1000))
+    env.globals["step_anchor"], env.globals["attempt_anchor"] = step_anchor, attempt_anchor
     env.filters["kib"] = lambda n: f"{n:,} B" if n < 10240 else f"{n / 1024:,.1f} KiB"
     return env
 

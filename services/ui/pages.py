@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from reel.shared.core.agent import turnfold
 from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.integrity import Corruption
-from reel.shared.core.run.state import RunState
+from reel.shared.core.run.state import RunState, branch_failed
 from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
 
-STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "cancelled", "corrupt")
-"""The runs page's status filter choices (``corrupt``: a run with a bad commit)."""
+STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "failed", "cancelled", "corrupt")
+"""The runs page's status filter choices (``failed``: outcome ``failed``, or a step failed for good on the
+active branch — :attr:`RunRow.failed`; ``corrupt``: a run with a bad commit)."""
 
 PAGE_BYTES = 64 * 1024
 """Default page of a blob viewer (bytes)."""
@@ -37,6 +38,8 @@ class RunRow:
         checks: its context checks' verdicts (``task-in-final-context=pass``), beside the outcome.
         created_ms: when the run was created (Unix ms; its ``run_created`` commit), 0 if unknown.
         corrupt: for a corrupt run, ``at lsn N: <kind>`` (its first bad commit).
+        failed: its reported outcome is ``failed``, or a step of its active branch failed for good.
+        errors: every attempt's error (``kind: message``) on any branch, one a line: what search also covers.
     """
 
     run_id: str
@@ -51,6 +54,8 @@ class RunRow:
     labels: dict[str, str] = field(default_factory=dict)
     corrupt: str = ""
     checks: str = ""
+    failed: bool = False
+    errors: str = ""
 
 
 def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | None = None) -> RunRow:
@@ -65,23 +70,38 @@ def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | N
                       branches=len(state.branches), active_branch=state.active_branch, labels=dict(state.labels),
                       corrupt=bad)
     assert state is not None
-    return RunRow(run_id=state.run_id, status=str(state.status), outcome=str(reported_outcome(state) or ""),
+    outcome = str(reported_outcome(state) or "")
+    return RunRow(run_id=state.run_id, status=str(state.status), outcome=outcome,
                   workflow=state.workflow_name, created_ms=state.created_ms, head_lsn=state.head_lsn,
                   commits=state.commits, branches=len(state.branches), active_branch=state.active_branch,
-                  labels=dict(state.labels), checks=checks_summary(state))
+                  labels=dict(state.labels), checks=checks_summary(state),
+                  failed=outcome == "failed" or (state.active_branch in state.branches
+                                                 and branch_failed(state, state.active_branch)),
+                  errors=_errors(state))
+
+
+def _errors(state: RunState) -> str:
+    lines = dict.fromkeys(f"{a.error_kind}: {a.error_message or ''}".rstrip(": ")
+                          for b in state.branches.values() for attempts in b.attempts.values() for a in attempts
+                          if a.error_kind)
+    return "\n".join(lines)
 
 
 def matches(row: RunRow, status: str = "", q: str = "") -> bool:
     """True if ``row`` passes the runs page's filter.
 
-    ``status``: one of :data:`STATUSES` or empty (any); ``q``: a case-insensitive substring of
-    the run id, workflow, outcome or a label's key or value, empty for any.
+    ``status``: one of :data:`STATUSES` or empty (any; ``failed`` matches :attr:`RunRow.failed`); ``q``: a
+    case-insensitive substring of the run id, workflow, outcome, a label's key or value, or an attempt's
+    error (:attr:`RunRow.errors`), empty for any.
     """
-    if status and row.status != status:
+    if status == "failed":
+        if not row.failed:
+            return False
+    elif status and row.status != status:
         return False
     if not q:
         return True
-    hay = " ".join([row.run_id, row.workflow, row.outcome, *row.labels, *row.labels.values()]).lower()
+    hay = " ".join([row.run_id, row.workflow, row.outcome, *row.labels, *row.labels.values(), row.errors]).lower()
     return q.lower() in hay
 
 

@@ -110,6 +110,37 @@ class Lineage:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """Why a run failed, for the top of its page.
+
+    Attributes:
+        step_id, attempt: the first step (workflow order) that failed for good on the branch shown, and its last
+            failed attempt (``None``: the step failed without one, e.g. an agent step's turn limit); ``""`` /
+            ``None`` when only verdicts failed.
+        error: that attempt's ``kind: message`` (or the step's error kind), ``""`` if none.
+        anchor: the element id the "jump" link goes to (:func:`attempt_anchor`, :func:`step_anchor`, else
+            ``verdicts``).
+        verdicts: the verdicts on that branch that did not pass (the latest per verifier).
+    """
+
+    step_id: str
+    attempt: int | None
+    error: str
+    anchor: str
+    verdicts: tuple[Verdict, ...] = ()
+
+
+def step_anchor(step_id: str) -> str:
+    """The element id of a step on the run page: ``step-<step id>``."""
+    return f"step-{step_id}"
+
+
+def attempt_anchor(step_id: str, attempt: int) -> str:
+    """The element id of an attempt on the run page: ``attempt-<step id>-<attempt no>``."""
+    return f"attempt-{step_id}-{attempt}"
+
+
+@dataclass(frozen=True)
 class RunPage:
     """Everything the run page renders for ``branch_id``.
 
@@ -130,6 +161,38 @@ class RunPage:
     usage_by_source: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = field(default=())
     outcome: str = ""
     checks: tuple[str, ...] = ()
+    failure: Failure | None = None
+
+
+def failure(steps: tuple[StepEntry, ...], verdicts: tuple[Verdict, ...], branch_id: str, outcome: str,
+            checks: tuple[str, ...] = ()) -> Failure | None:
+    """What the run page's failure summary shows: the first step that failed for good and its last failed
+    attempt, and the branch's verdicts that did not pass (context checks ``checks`` aside: they are reported
+    beside the outcome); ``None`` if no step failed, no verdict failed and ``outcome`` is not ``failed`` or
+    ``error``."""
+    latest: dict[str, Verdict] = {}
+    for v in verdicts:
+        if v.branch_id == branch_id and v.verifier not in checks:
+            latest[v.verifier] = v
+    bad = tuple(v for v in latest.values() if str(v.status) != "pass")
+    step = next((s for s in steps if str(s.view.status) == "failed"), None)
+    if step is None:
+        if outcome not in ("failed", "error") and not bad:
+            return None
+        if not bad:
+            return Failure(step_id="", attempt=None, error="", anchor="verdicts")
+        v = bad[0]
+        anchor = (attempt_anchor(v.step_id, v.attempt) if v.step_id and v.attempt else
+                  step_anchor(v.step_id) if v.step_id else "verdicts")
+        return Failure(step_id=v.step_id or "", attempt=v.attempt, error="", anchor=anchor, verdicts=bad)
+    failed = [e.view for e in step.attempts if str(e.view.status) == "failed"]
+    if failed:
+        a = failed[-1]
+        return Failure(step_id=str(step.view.step_id), attempt=int(a.attempt),
+                       error=f"{a.error_kind or 'failed'}: {a.error_message or ''}".rstrip(": "),
+                       anchor=attempt_anchor(str(step.view.step_id), int(a.attempt)), verdicts=bad)
+    return Failure(step_id=str(step.view.step_id), attempt=None, error=step.error_kind or "",
+                   anchor=step_anchor(str(step.view.step_id)), verdicts=bad)
 
 
 def partition(context: ContextPartition) -> Partition:
@@ -212,11 +275,13 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
             input=s.input if isinstance(s.input, InputRecord) else None,
             output_ref=s.output_ref if isinstance(s.output_ref, BlobRef) else None,
             error_kind=s.error_kind if isinstance(s.error_kind, str) else None))
+    outcome, checks = reported_outcome(state) or "", context_checks(state)
     return RunPage(state=state, branch_id=bid, view=view, steps=tuple(steps), lineage=lineage(state, bid),
                    verdicts=state.verdicts, corrupt=corrupt, usage=_usage(view.usage),
                    usage_by_source=tuple((k, _usage(msgspec.structs.replace(u, source=msgspec.UNSET)))
                                          for k, u in (view.usage_by_source or {}).items()),
-                   outcome=reported_outcome(state) or "", checks=context_checks(state))
+                   outcome=outcome, checks=checks,
+                   failure=failure(tuple(steps), state.verdicts, bid, outcome, checks))
 
 
 def _label(s: StepView) -> str:

@@ -4,6 +4,7 @@ notes, the lineage graph of a forked golden log, and every golden log rendered t
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,21 @@ def test_the_runs_filter_and_ages() -> None:
     assert [age(1_000, now) for now in (43_000, 301_000, 3 * 3_600_000, 2 * 86_400_000 + 5)] == [
         "42 s", "5 min", "2 h", "1 d"]
     assert age(0, 5) == "?"
+
+
+def test_the_failed_filter_and_error_search() -> None:
+    row = RunRow(run_id="r-1", status="completed", outcome="failed", workflow="w", created_ms=1, head_lsn=7,
+                 commits=7, branches=1, active_branch="main", failed=True,
+                 errors="rate_limited: 429 Too Many Requests\ncontext_overflow: window 8192")
+    ok = RunRow(run_id="r-2", status="completed", outcome="passed", workflow="w", created_ms=1, head_lsn=9,
+                commits=9, branches=1, active_branch="main", errors="rate_limited: 429 Too Many Requests")
+    assert matches(row, "failed") and not matches(ok, "failed") and matches(row, "completed")
+    assert matches(row, q="WINDOW 8192") and not matches(ok, q="window 8192")
+    assert matches(ok, q="429") and matches(row, "failed", "429") and not matches(ok, "failed", "429")
+    failing = next((st for st in GOLDEN.values() if run_row(st).failed), None)
+    assert failing is not None, "a golden log with a failed run"
+    page = run_page(failing)
+    assert page.failure is not None and page.failure.anchor
 
 
 def test_run_ids_are_one_subject_token() -> None:
@@ -123,6 +139,10 @@ def test_every_golden_log_renders_on_the_run_page(name: str) -> None:
             assert html.count(f'class="attempt st-{status}"') == sum(a.status == status for a in attempts)
         assert html.count('class="badge s-superseded"') == sum(a.superseded for a in attempts)
         assert html.count('<tr class="verdict"') == len(state.verdicts)
+        ids = re.findall(r' id="((?:step|attempt)-[^"]+)"', html)  # an anchor per step and per attempt, unique
+        assert len(ids) == len(set(ids)) == len(page.steps) + len(attempts)
+        if page.failure is not None:  # the summary's link goes to an element of the page
+            assert f'href="#{page.failure.anchor}"' in html and f' id="{page.failure.anchor}"' in html
         for sha in blob_refs(state):
             assert len(sha) == 64
     assert run_row(state).run_id == state.run_id
