@@ -98,3 +98,43 @@ async def test_back_forward_and_many_tabs_never_hang(cfg, event_log: JetStreamEv
                     await until(b, lambda d: d.find_element(By.ID, "run-status").text == "completed",
                                 "a tab on the approved run followed it", timeout_s=30)
             assert len(on_first) == 3
+
+
+async def test_without_a_shared_worker_pages_poll(cfg, event_log: JetStreamEventLog,  # type: ignore[no-untyped-def]
+                                                  tmp_path: Path) -> None:
+    """A browser without ``SharedWorker``: every page polls ``/heads`` (no connection held), eight run tabs load
+    within the bound, and the runs page and the run's tabs follow an approval."""
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    code, out, err = await reel(cfg, "run", HOSTILE, "-q", env=env)
+    assert code == 6, (out, err)
+    run_id = re.search(r"run (r-[0-9a-f]{20}) created", out).group(1)  # type: ignore[union-attr]
+    async with reel_ui(cfg, env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            b.set_page_load_timeout(LOAD_S * 2)
+            b.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": "delete window.SharedWorker;"})
+            _loaded(b, "the runs page", lambda: b.get(url + "/"))
+            await until(b, lambda d: d.find_element(By.ID, "live-runs").get_attribute("data-feed") == "polling",
+                        "the runs page polling", timeout_s=LOAD_S)
+            runs_tab = b.current_window_handle
+            for t in range(TABS):
+                b.switch_to.new_window("tab")
+                b.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                  {"source": "delete window.SharedWorker;"})
+                _loaded(b, f"run tab {t + 1}", lambda: b.get(f"{url}/runs/{run_id}"))
+                await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-feed") == "polling",
+                            f"run tab {t + 1} polling", timeout_s=LOAD_S)
+            (request,) = open_requests(await event_log.load(run_id))
+            code, out, err = await reel(cfg, "approve", run_id, request["request_id"], env=env)
+            assert code == 0, (out, err)
+            done = await event_log.load(run_id)
+            for handle in b.window_handles[1:]:
+                b.switch_to.window(handle)
+                await until(b, lambda d: d.find_element(By.ID, "run-status").text == "completed",
+                            "a polling tab followed the run", timeout_s=30)
+                lsns = [int(li.get_attribute("data-lsn")) for li in b.find_elements(By.CSS_SELECTOR, "#live-log li")]
+                assert lsns[-1] == done.head_lsn and lsns == sorted(set(lsns)), lsns
+            b.switch_to.window(runs_tab)
+            await until(b, lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]').get_attribute(
+                "data-status") == "completed", "the polling runs page's row followed", timeout_s=30)
