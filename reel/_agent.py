@@ -143,6 +143,15 @@ class Agent:
     step_id: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Raises TypeError: an entry of ``tools`` that is not a :class:`Tool` (e.g. a plain function)."""
+        for i, t in enumerate(self.tools):
+            if not isinstance(t, Tool):
+                what = f"the function {getattr(t, '__name__', '?')!r}" if callable(t) else f"a {type(t).__name__}"
+                hint = (f": decorate it with @reel.tool, or pass reel.tool({getattr(t, '__name__', 'fn')})"
+                        if callable(t) else "")
+                raise TypeError(f"Agent {self.name!r}: tools[{i}] is {what}, not a reel tool{hint}")
+
     @property
     def id(self) -> str:
         """The agent step's id (see ``step_id``)."""
@@ -172,4 +181,7 @@ class Agent:
         spec = WorkflowSpec(name=self.name, description=self.description, budget_tokens=self.budget_tokens,
                             steps=(step,), verifiers=tuple(self.verifiers), labels=dict(self.labels),
                             approval=self.approval)
+        if input is None and not any(i.kind == "task" for i in items):
+            raise WorkflowInvalid(f"agent {self.name!r} has no task: give the request as input=\"...\" (to "
+                                  "client.start or reel.run_sync), or a context item of kind `task`")
         return parse_workflow(msgspec.to_builtins(spec))  # decoded as a YAML file is: the same values, types, checks

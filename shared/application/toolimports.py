@@ -134,12 +134,17 @@ def resolve_tool(path: str, search: Sequence[str] | None = None) -> Callable[...
 
     Raises:
         ModuleNotFoundError: no such module, e.g. ``No module named 'mytools' (looked in /a/b, /a, /cwd)``;
-        ImportError: the module does not import (or is held from another run's folders, see :func:`_import_top`);
+        ImportError: a ``__main__:`` path (a script's function: only a process serving it can call it); the
+            module does not import (or is held from another run's folders, see :func:`_import_top`);
         AttributeError: it has no such attribute; TypeError: the attribute is not callable.
     """
     module_name, _, attr = path.partition(":")
     folders = tuple(search) if search is not None else tool_search_path(None)
     top = module_name.partition(".")[0]
+    if top == "__main__":  # the script that defined it is another process: this one's __main__ is not it
+        raise ImportError(f"{path!r} is a function of a script's __main__, which an executor in another process "
+                          "cannot import (it would find its own __main__): move it into a module, or serve it from "
+                          "the script with reel.Worker(client, tools=[...]) or reel.local()", name=top)
     try:
         _import_top(top, folders)
         module = importlib.import_module(module_name)

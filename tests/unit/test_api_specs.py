@@ -78,8 +78,16 @@ def test_agent_needs_only_name_instructions_model_and_input_is_the_task() -> Non
     spec = agent.workflow("Greet me.")
     step = spec.agent("hi")
     assert step.id == "hi" and step.context[0].kind == "task" and step.context[0].text == "Greet me."
-    with pytest.raises(reel.WorkflowInvalid, match="kind `task`"):
-        agent.workflow()  # no task at all: the loader's own message
+    with pytest.raises(reel.WorkflowInvalid, match=r"no task: give the request as input=.*kind `task`"):
+        agent.workflow()  # no task at all: says how to give one
+
+
+def test_a_plain_function_among_the_tools_says_to_decorate_it() -> None:
+    def shout(text: str) -> str:
+        return text.upper()
+    with pytest.raises(TypeError, match=r"tools\[0\] is the function 'shout'.*@reel\.tool"):
+        reel.Agent(name="a", instructions="x", model=reel.ScriptedModel(turns=[{"text": "ok"}]),
+                   tools=[shout])  # type: ignore[list-item]
 
 
 def test_openai_model_is_the_yaml_block() -> None:

@@ -175,3 +175,21 @@ def test_run_created_carries_the_source_dir_into_the_state_and_older_logs_read_t
     decoded = decode_commit(encode_commit(CommitBody(commit_id=CommitId("c"), run_id=RunId("r-1"), events=(with_dir,))))
     assert decoded.events[0] == with_dir
     assert create(LSN(1), with_dir).tool_source_dir == "/home/me/proj/flows"
+
+
+def test_a_scripts_main_function_is_refused_with_what_to_do_instead() -> None:
+    """A tool defined in a script is ``__main__:fn``; another process's ``__main__`` (the executor's own) is not
+    that script: it once resolved ``__main__:serve`` to the executor's own entry point."""
+    sys.modules["__main__"].serve = lambda: "the executor's own"  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(ImportError, match=r"script's __main__.*reel\.Worker"):
+            resolve_tool("__main__:serve")
+    finally:
+        del sys.modules["__main__"].serve  # type: ignore[attr-defined]
+    spec = parse_workflow({"name": "w", "steps": [{"kind": "agent", "id": "a", "instructions": "x",
+                                                   "model": {"adapter": "scripted", "turns": [{"text": "ok"}]},
+                                                   "context": [{"id": "t", "kind": "task", "text": "go"}],
+                                                   "tools": [{"name": "serve", "python": "__main__:serve"}]}]})
+    assert check_tool_imports(spec, {"__main__:serve": lambda: "served here"})[("a", "serve")]() == "served here"
+    with pytest.raises(WorkflowInvalid, match="__main__"):
+        check_tool_imports(spec)
