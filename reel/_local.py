@@ -153,7 +153,10 @@ def block_on(work: Awaitable[T] | Callable[[], Coroutine[Any, Any, T]]) -> T:
 
     try:
         asyncio.get_running_loop()
+        running = True
     except RuntimeError:
+        running = False
+    if not running:  # outside the handler: what ``work`` raises is not chained to "no running event loop"
         return asyncio.run(main())
     box: dict[str, Any] = {}
 

@@ -27,7 +27,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from reel.shared.core.errors import ReelError
-from reel.shared.nats.embedded import NatsServerNotFound, StoreInUse
+from reel.shared.nats.embedded import NatsServerNotFound, PortInUse, StoreInUse
 
 EXIT = {"passed": 0, "succeeded": 0, "unlabelled": 0, "failed": 3, "error": 3, "cancelled": 4, "timeout": 5,
         "awaiting_input": 6}
@@ -132,6 +132,9 @@ def run_async(coro: Awaitable[int | None], *, json_out: bool = False) -> None:
     except StoreInUse as exc:
         fail("store_in_use", f"{exc}; run `reel up` to share one server between commands, or set REEL_HOME to use "
              "another store", 1, json_out=json_out)
+    except PortInUse as exc:
+        fail("port_in_use", f"{exc}: use that server with --nats-url nats://{exc.address}, or pass --port N", 1,
+             json_out=json_out)
     except nats.errors.Error as exc:  # one outside a session (services/cli/embed.session maps its own, with the URL)
         fail("nats_error", f"NATS: {type(exc).__name__}: {str(exc).strip() or type(exc).__name__}", 1,
              json_out=json_out)

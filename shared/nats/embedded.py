@@ -44,6 +44,19 @@ class StoreInUse(RuntimeError):
         self.store_dir, self.holder = store_dir, holder
 
 
+class PortInUse(RuntimeError):
+    """The embedded nats-server's port is taken (another ``reel up`` or nats-server listens there).
+
+    Attributes: ``address`` (``host:port`` as the server reported it)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"the port of {address} is in use (another `reel up` or nats-server listens there)")
+        self.address = address
+
+
+_IN_USE = re.compile(rb"listen tcp (\S+): bind: address already in use")
+
+
 def _lock_store(store_dir: str) -> int:
     """Take an exclusive lock on ``<store_dir>/reel.lock``; returns the open fd (closing it releases).
 
@@ -152,6 +165,7 @@ async def embedded_server(
     Raises:
         NatsServerNotFound: no binary.
         StoreInUse: another process runs a server on ``store_dir``.
+        PortInUse: ``port`` is taken.
         RuntimeError: the server exited or did not report its port within ``start_timeout_s``.
     """
     tmp = None if store_dir else tempfile.mkdtemp(prefix="reel-js-")
@@ -210,6 +224,8 @@ async def _read_port(proc: asyncio.subprocess.Process, log: BinaryIO) -> int:
         line = await proc.stderr.readline()
         log.write(line)
         if not line:
+            if taken := _IN_USE.search(seen):
+                raise PortInUse(taken.group(1).decode(errors="replace"))
             raise RuntimeError(f"nats-server exited before listening: {seen[-2000:].decode(errors='replace')}")
         seen += line
         if m := _LISTEN.search(line):

@@ -68,3 +68,12 @@ async def test_reel_up_and_reel_run_on_an_unreachable_nats_url_fail_within_secon
         assert code != 0 and url in said and ("cannot reach" in said or "connection refused" in said), (cmd, said)
         assert took_s < 25, (cmd, url, took_s)  # 10 s at most waiting for an answer, the rest is start-up
         assert "Traceback" not in said, said
+
+
+async def test_reel_up_on_a_taken_port_says_so_in_one_line(tmp_path: Path, silent_url: str) -> None:
+    """A second ``reel up`` (another store, the same port) was a 95-line traceback ending in nats-server's log."""
+    port = silent_url.rsplit(":", 1)[1]
+    code, out, err = await reel("up", "--port", port, env={"REEL_HOME": str(tmp_path / "home")}, timeout_s=90)
+    said = out + err
+    assert code == 1 and "Traceback" not in said, said
+    assert f"127.0.0.1:{port} is in use" in said and f"--nats-url nats://127.0.0.1:{port}" in said, said
