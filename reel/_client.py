@@ -40,9 +40,9 @@ from reel.shared.auth.authdir import AuthDir
 from reel.shared.core.agent import turnfold
 from reel.shared.core.errors import ReelError, WorkflowInvalid
 from reel.shared.core.input import requestfold
-from reel.shared.core.run.eventfields import Usage
+from reel.shared.core.run.eventfields import Usage, Verdict
 from reel.shared.core.run.state import LIVE, RunState
-from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.run.views import EpisodeView, build_episode_view
 from reel.shared.core.verify.reportedoutcome import final_verdicts, reported_outcome
 from reel.shared.core.verify.verifiers.context import make_ctx
 from reel.shared.core.wire.commands import Reply
@@ -243,6 +243,25 @@ async def _check_reel_server(nc: Nats, cfg: Config) -> None:
         pass  # e.g. a role that may not read stream info: connecting worked, the commands will tell
 
 
+def _why(state: RunState, view: EpisodeView, verdicts: tuple[Verdict, ...]) -> str | None:
+    """One line saying why the run of ``view`` (a view of ``state``) did not pass (:attr:`RunResult.error`)."""
+    for step in view.steps:
+        if step.status != "failed":
+            continue
+        rec = turnfold.record(state.branches[view.branch_id], step.step_id) if step.kind == "agent" else None
+        if rec is not None and rec.finished is not None and rec.finished.error_kind is not None:
+            return f"{step.step_id} failed: {rec.finished.error_kind}: {rec.finished.message.strip()}"
+        errors = [a for a in step.attempts if a.error_kind is not None]
+        if errors:
+            last = errors[-1]
+            return f"{step.step_id} failed: {last.error_kind}: {(last.error_message or '').strip()}"
+        return f"{step.step_id} failed"
+    for v in verdicts:
+        if v.status != "pass":
+            return f"verdict {v.verifier}: {v.status}: {v.reason}"
+    return None
+
+
 class RunHandle:
     """One run: wait for it, follow it, answer it, rewind it, cancel it.
 
@@ -309,11 +328,13 @@ class RunHandle:
             body = await ctx.output()
             output = None if body is None else _answer_text(body, ctx.step_view.kind == "agent")
         verdicts = final_verdicts(state)
+        judged = tuple(verdicts[n] for n in state.verifiers if n in verdicts)
+        outcome = reported_outcome(state)
         return RunResult(run_id=state.run_id, status=cast(RunStatus, str(state.status)),
-                         outcome=cast("Outcome | None", reported_outcome(state)),
-                         verdicts=tuple(verdicts[n] for n in state.verifiers if n in verdicts),
-                         output=output, usage=view.usage if isinstance(view.usage, Usage) else Usage(),
-                         branch_id=str(branch), head_lsn=int(state.head_lsn))
+                         outcome=cast("Outcome | None", outcome),
+                         verdicts=judged, output=output, usage=view.usage if isinstance(view.usage, Usage) else Usage(),
+                         branch_id=str(branch), head_lsn=int(state.head_lsn),
+                         error=None if outcome in (None, "passed", "succeeded") else _why(state, view, judged))
 
     async def events(self, *, follow: bool = True) -> AsyncIterator[CommitEvent]:
         """The run's commits from its first, in LSN order, each as it lands; with ``follow`` until the run

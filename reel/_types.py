@@ -102,6 +102,9 @@ class RunResult:
         output: the final output text of the last step (an agent's last answer), ``None`` if it has none.
         usage: summed over every attempt, failed ones too (tokens, latency ms, cost USD).
         branch_id: the branch judged (or active); head_lsn: the run's last LSN.
+        error: why a run that did not pass did not, in one line — the first failed step's last error
+            (``<step> failed: <error_kind>: <message>``), else the first verdict that did not pass
+            (``verdict <verifier>: <status>: <reason>``); ``None`` for a run that passed or is not finished.
     """
 
     run_id: str
@@ -112,6 +115,7 @@ class RunResult:
     usage: Usage
     branch_id: str
     head_lsn: int
+    error: str | None = None
 
     @property
     def passed(self) -> bool:

@@ -58,6 +58,8 @@ async def test_an_agent_with_a_function_tool_runs_to_a_verdict(local: reel.Clien
     assert result.usage.input_tokens > 0
     calls = list(CALLS)
     assert calls == [(f"{handle.run_id}/main/adder:t1:c0", 1, 5)]  # it asked for both: it got both
+    assert result.error is None
+
     commits = [c async for c in handle.events()]
     assert [c.lsn for c in commits] == list(range(1, len(commits) + 1))
     assert isinstance(commits[0].events[0], RunCreated) and isinstance(commits[-1].events[-1], RunCompleted)
@@ -68,6 +70,15 @@ async def test_an_agent_with_a_function_tool_runs_to_a_verdict(local: reel.Clien
     with pytest.raises(reel.IdempotencyConflict) as conflict:
         await local.start(adder("= 6"), input="What is 2 + 3?", key="adder-1")
     assert conflict.value.code == "idempotency_conflict" and not conflict.value.retryable
+
+
+async def test_a_run_that_did_not_pass_says_why(local: reel.Client) -> None:
+    judged = await (await local.start(adder("= 6"), input="What is 2 + 3?")).result(timeout_s=60)
+    assert (judged.outcome, judged.error) == ("failed", "verdict says-5: fail: " + judged.verdicts[0].reason)
+    cut = reel.Agent(name="short", instructions="x", tools=[add], max_turns=1, model=reel.ScriptedModel(turns=[
+        {"text": "adding", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, {"text": "5"}]))
+    failed = await (await local.start(cut, input="What is 2 + 3?")).result(timeout_s=60)
+    assert failed.outcome == "failed" and failed.error is not None and failed.error.startswith("short failed: "), failed
 
 
 async def test_a_tool_may_close_over_the_applications_objects(local: reel.Client) -> None:
