@@ -243,12 +243,12 @@ async def test_calls_reuse_one_client_and_its_connection(chat_server: ChatServer
     spec = _spec(chat_server)
     model = make_chat_model(spec)
     chat_server.script(reply("one"), reply("two"), reply("three"))
-    before = CLIENTS.size()
     for _ in range(3):
         assert (await model.complete_chat(_turn1(spec))).text in ("one", "two", "three")
     assert len({r.peer for r in chat_server.requests}) == 1, [r.peer for r in chat_server.requests]
-    assert CLIENTS.size() == before + 1
-    other = _spec(chat_server, base_url=chat_server.url.replace("127.0.0.1", "localhost"))
-    chat_server.script(reply("four"))
-    await make_chat_model(other).complete_chat(_turn1(other))
-    assert CLIENTS.size() == before + 2
+    assert chat_server.url.endswith("/v1")
+    one = CLIENTS.get(chat_server.url, PLACEHOLDER_KEY, 10.0)
+    assert CLIENTS.get(chat_server.url, PLACEHOLDER_KEY, 10.0) is one  # the pool's, not a new one
+    assert 1 <= CLIENTS.size() <= CLIENTS.max_clients
+    other = CLIENTS.get(chat_server.url.replace("127.0.0.1", "localhost"), PLACEHOLDER_KEY, 10.0)
+    assert other is not one and CLIENTS.get(chat_server.url, "another-key", 10.0) is not one
