@@ -3,8 +3,10 @@
 It forwards each connection to the upstream server untouched (both directions, byte for byte) and, on the
 way up, parses the HTTP/1.1 requests (``Content-Length`` bodies, as the ``openai`` client sends them) to
 record ``(method, path, body)`` — so a test compares what reached the server with the prompt blob the
-executor stored. Requests on one keep-alive connection are recorded in order; what the server sent back on
-a connection is kept whole (``Conn.response``: status lines, headers, bodies or server-sent events).
+executor stored. Each request goes up with ``Connection: close`` (the one header changed), so the server
+closes the connection after its answer and a connection carries one request and its response, kept whole
+(``Conn.response``: status line, headers, body or server-sent events); the client's connection pool opens a
+new connection for its next request.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class RecordingProxy:
                 body = await reader.readexactly(length) if length else b""
                 method, path, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
                 conn.requests.append(Seen(method=method, path=path, body=body))
+                kept = [ln for ln in head[:-len(HEAD_END)].split(b"\r\n")
+                        if ln.partition(b":")[0].strip().lower() != b"connection"]
+                head = b"\r\n".join([*kept, b"Connection: close"]) + HEAD_END
                 writer.write(head + body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
