@@ -20,9 +20,10 @@ from tests.ui.support import chromium, env_for, reel, reel_ui, until
 pytestmark = pytest.mark.ui
 
 HOSTILE = "tests/ui/hostile.yaml"
-LOAD_S = 5.0
-"""Bound on one page load and on its live feed starting (seconds); a load that had to wait for a connection
-to free up took ~55 s."""
+LOAD_S = 15.0
+"""Bound on one page load and on its live feed starting (seconds): far above a load on a busy CI machine, far
+below the ~55 s a load waited for a connection to free up (it tells starvation from slowness; the times
+themselves are not a benchmark)."""
 TABS = 8
 
 
