@@ -61,10 +61,14 @@ def chromium(profile: Path, *, javascript: bool = True) -> Iterator[Any]:
 
 
 async def until(driver: Any, condition: Callable[[Any], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    """Wait (in a thread, so this event loop keeps serving) until ``condition(driver)`` is truthy; returns it."""
+    """Wait (in a thread, so this event loop keeps serving) until ``condition(driver)`` is truthy; returns it. An
+    element missing or gone stale meanwhile (a live page re-rendered it between lookup and read) is tried again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return await asyncio.to_thread(WebDriverWait(driver, timeout_s, poll_frequency=0.1).until, condition, what)
+    wait = WebDriverWait(driver, timeout_s, poll_frequency=0.1,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    return await asyncio.to_thread(wait.until, condition, what)
 
 
 def artifact(tmp_path: Path, name: str) -> Path:

@@ -134,7 +134,8 @@ async def test_without_a_shared_worker_pages_poll(cfg, event_log: JetStreamEvent
                 b.switch_to.window(handle)
                 await until(b, lambda d: d.find_element(By.ID, "run-status").text == "completed",
                             "a polling tab followed the run", timeout_s=30)
-                lsns = [int(li.get_attribute("data-lsn")) for li in b.find_elements(By.CSS_SELECTOR, "#live-log li")]
+                lsns = b.execute_script(  # in one read: a polled page may re-render between lookups
+                    "return [...document.querySelectorAll('#live-log li')].map(li => Number(li.dataset.lsn))")
                 assert lsns[-1] == done.head_lsn and lsns == sorted(set(lsns)), lsns
             b.switch_to.window(runs_tab)
             await until(b, lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]').get_attribute(
