@@ -41,7 +41,7 @@ from reel.shared.core.agent import turnfold
 from reel.shared.core.errors import ReelError, WorkflowInvalid
 from reel.shared.core.input import requestfold
 from reel.shared.core.run.eventfields import Usage, Verdict
-from reel.shared.core.run.state import LIVE, RunState
+from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import EpisodeView, build_episode_view
 from reel.shared.core.verify.reportedoutcome import final_verdicts, reported_outcome
 from reel.shared.core.verify.verifiers.context import make_ctx
@@ -357,13 +357,8 @@ class RunHandle:
 
     async def pending(self) -> list[PendingRequest]:
         """The run's open input requests (empty unless it is live and waiting for a human)."""
-        state = await self.state()
-        if state.status not in LIVE:
-            return []
-        branch = state.branches[state.active_branch]
         out = []
-        for r in requestfold.open_requests(branch):
-            decl = turnfold.declared(branch, r.step_id)
+        for r, decl in requestfold.open_calls(await self.state()):
             out.append(PendingRequest(
                 run_id=self.run_id, request_id=str(r.request_id), kind=str(r.kind), step_id=str(r.step_id),
                 tool=r.tool_name, call_id=r.call_id, question=r.question, asked=r.asked,

@@ -11,7 +11,6 @@ from rich.text import Text
 
 from reel.services.timeline import rows
 from reel.services.timeline.table import AttemptTable
-from reel.shared.core.agent import turnfold
 from reel.shared.core.input import requestfold
 from reel.shared.core.input.requeststate import InputRecord
 from reel.shared.core.run.events import (
@@ -36,7 +35,7 @@ from reel.shared.core.run.events import (
     VerdictRecorded,
 )
 from reel.shared.core.run.ids import BranchId
-from reel.shared.core.run.state import LIVE, BranchState, RunState
+from reel.shared.core.run.state import BranchState, RunState
 from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
 from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
 from reel.shared.core.workflow.spec import WorkflowSpec
@@ -304,12 +303,8 @@ def _agent_lines(view: EpisodeView) -> list[Text]:
 def open_requests(state: RunState) -> list[dict[str, Any]]:
     """The open input requests of a live run's active branch, one JSON-ready object each (``run_id``,
     ``request_id``, the call, who is asked, the deadline)."""
-    if state.status not in LIVE:
-        return []
-    branch = state.branches[state.active_branch]
     out = []
-    for r in requestfold.open_requests(branch):
-        decl = turnfold.declared(branch, r.step_id)
+    for r, decl in requestfold.open_calls(state):
         args = decl.arguments if decl is not None and decl.arguments is not None else None
         out.append({"run_id": state.run_id, "request_id": r.request_id, "run_status": str(state.status),
                     "step_id": r.step_id, "kind": r.kind, "tool": r.tool_name, "call_id": r.call_id,

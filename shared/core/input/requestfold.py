@@ -33,7 +33,7 @@ from reel.shared.core.input.requeststate import InputRecord, InputResponse
 from reel.shared.core.run.events import DeclaredStep
 from reel.shared.core.run.ids import LSN, RunId, StepId
 from reel.shared.core.run.persistent import FrozenMap
-from reel.shared.core.run.state import DRIVABLE, BranchState, RunStatus
+from reel.shared.core.run.state import DRIVABLE, LIVE, BranchState, RunState, RunStatus
 from reel.shared.core.run.stepids import order_key, parse_step_id
 
 Gate = Literal["none", "open", "approved", "rejected", "answered", "closed"]
@@ -61,6 +61,16 @@ def find(branch: BranchState, request_id: str) -> InputRecord | None:
 def open_requests(branch: BranchState) -> Iterator[InputRecord]:
     """The branch's requests still waiting for an answer, in request order."""
     return (r for r in requests_of(branch).values() if r.status == "open")
+
+
+def open_calls(state: RunState) -> list[tuple[InputRecord, DeclaredStep | None]]:
+    """The open requests of a live run's active branch, in request order, each with the call it asks about
+    (its declaration: tool, arguments; ``None`` for a request of no declared call). Empty unless the run is
+    live (``LIVE``). Pure."""
+    if state.status not in LIVE:
+        return []
+    branch = state.branches[state.active_branch]
+    return [(r, turnfold.declared(branch, r.step_id)) for r in open_requests(branch)]
 
 
 def gate(branch: BranchState, step_id: StepId) -> Gate:
