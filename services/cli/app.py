@@ -9,7 +9,7 @@ started for the duration of the command — or the one ``reel up`` is running on
 Exit codes: :mod:`reel.services.cli.console` (and the README's table).
 
 The commands live by job: :mod:`~reel.services.cli.runs` (run, show, ls, verdicts),
-:mod:`~reel.services.cli.replay`, :mod:`~reel.services.cli.control` (cancel, rewind),
+:mod:`~reel.services.cli.recordings`, :mod:`~reel.services.cli.mutating` (cancel, rewind),
 :mod:`~reel.services.cli.inputs` (pending, approve, reject, answer),
 :mod:`~reel.services.cli.supervisor` (up), :mod:`~reel.services.cli.serve` (serve <service>);
 ``reel crucible …`` is :mod:`reel.services.crucible.cli`.
@@ -22,7 +22,7 @@ import os
 
 import typer
 
-from reel.services.cli import auth, chaos, control, inputs, replay, runs, show, status, supervisor, trace, ui
+from reel.services.cli import auth, chaos, inputs, mutating, recordings, runs, show, status, supervisor, trace, ui
 from reel.services.cli.console import ReelGroup, reel_home
 from reel.services.cli.helptext import tidy
 from reel.services.cli.serve import serve_app
@@ -33,12 +33,12 @@ app = typer.Typer(help="Reel: durable, rewindable, verifiable AI-agent runs on N
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 
 app.command()(runs.run)
-app.command()(replay.replay)
+app.command()(recordings.replay)
 app.command()(show.show)
 app.command("ls")(runs.list_runs)
 app.command()(runs.verdicts)
-app.command()(control.cancel)
-app.command()(control.rewind)
+app.command()(mutating.cancel)
+app.command()(mutating.rewind)
 app.command()(inputs.pending)
 app.command()(inputs.approve)
 app.command()(inputs.reject)
