@@ -263,6 +263,15 @@ async def run_chaos(chaos: Chaos, *, runs: int, only: str | None, references: in
     return rep
 
 
+def _remedy(kind: str) -> str:
+    """What a user can do about a tool that ran twice (docs/chaos.md, "When a tool ran twice")."""
+    if kind == "python":
+        return ("give the function an `idempotency_key` parameter and dedupe on it (the same key for every attempt "
+                "of a call), or declare `retry_safe: true` if running it twice is harmless")
+    return ("make the command dedupe on $REEL_IDEMPOTENCY_KEY (the same for every attempt of a call) and declare "
+            "`retry_safe: true`, or declare it only if running it twice is harmless")
+
+
 def print_report(rep: core.Report) -> None:
     """The per-tool table, the differing end states, and the final line."""
     table = Table(title=f"side effects over {rep.killed} killed runs", title_justify="left")
@@ -287,6 +296,9 @@ def print_report(rep: core.Report) -> None:
     if rep.unreached:
         console.print(f"[yellow]crash points never reached[/]: {', '.join(rep.unreached)}")
     twice = [r.tool.label for r in rep.rows if not r.ok]
+    for r in rep.rows:
+        if not r.ok:
+            console.print(f"[yellow]{r.tool.label}[/]: {_remedy(r.tool.kind)}")
     same = rep.killed - len(rep.differing) - len(rep.unfinished)
     line = (f"{rep.killed} killed runs; {same} ended as the unkilled run did; "
             + (f"NOT exactly-once: {', '.join(twice)}" if twice else "no tool that is not retry-safe ran twice")

@@ -66,6 +66,8 @@ async def test_a_non_idempotent_command_tool_that_ran_twice_is_named(nats_url: s
     assert "append:1:after_output" not in append, out  # its stored output is adopted, not run again
     assert "repeated (retry-safe)" in _row(out, "note (command)"), out
     assert "NOT exactly-once: append" in out and "ended as the unkilled run did" in out, out
+    assert "append: make the command dedupe on $REEL_IDEMPOTENCY_KEY" in out, out
+    assert "note: make the command" not in out, out
 
     effects = [e for e in read_ledger(work / "side-effects.jsonl") if e.step_id == "append"]
     written = [ln for f in (tmp_path / "tmp" / "reel-chaos-append").iterdir() for ln in f.read_text().splitlines()]
