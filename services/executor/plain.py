@@ -159,7 +159,7 @@ class PlainSteps:
         items = plan.context_items(step, spec, outputs)
         reserved = a.facts(step.instructions)[0] if step.instructions else 0  # sent first, outside the items
         packed = accounted(pack(plan.candidates(items, a.facts), reserving(policy, reserved)), reserved,
-                           a.facts.counter.name)
+                           a.facts.counter.name, policy.budget_tokens)
         prompt = secrets.scrub(plan.render_prompt(step, items, packed.partition.packed))
         partition = packed.partition
         if outputs.trimmed:  # recorded beside the buckets: what was cut before packing (never silent)

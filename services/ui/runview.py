@@ -9,6 +9,7 @@ lanes on an LSN axis (what the page draws as inline SVG).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,18 +31,56 @@ LANE_H, LANE_PAD, AXIS_W, LABEL_W = 34, 22, 720, 200
 
 @dataclass(frozen=True)
 class PartitionItem:
-    """One context item of a partition and what the partition records about it (tokens, drop reason)."""
+    """One context item of a partition.
+
+    Attributes:
+        tokens: its tokens as the packer counted them (``None``: not recorded, an older partition).
+        reason: why it is where it is: a dropped item's drop reason (``stale``, ``over_budget``…); an available
+            item's shortfall (``needs 120 > 80 left``, or ``with its group > 80 left`` for a member of a turn's
+            group too large for what was left); ``""`` for a packed item or when not recorded.
+        trimmed: its text was cut to its head and tail before packing.
+    """
 
     item_id: str
-    notes: tuple[str, ...] = ()
+    tokens: int | None = None
+    reason: str = ""
+    trimmed: bool = False
 
 
 @dataclass(frozen=True)
 class Partition:
-    """A model attempt's partition: ids by group, per-item notes, and any scalar fields recorded."""
+    """A model attempt's partition: items by group (``packed``, ``available``, ``dropped``) and its token
+    accounting (tokens; ``None`` where the partition did not record it): the whole ``budget_tokens``, the
+    ``reserved_tokens`` counted first (tool schemas, instructions), ``packed_tokens``, by ``tokenizer``."""
 
     groups: tuple[tuple[str, tuple[PartitionItem, ...]], ...]
-    extra: tuple[tuple[str, str], ...] = ()
+    budget_tokens: int | None = None
+    reserved_tokens: int | None = None
+    packed_tokens: int | None = None
+    tokenizer: str = ""
+
+    @property
+    def left_tokens(self) -> int | None:
+        """What the budget had left after the reserved and packed tokens (≥ 0), ``None`` if not recorded."""
+        if self.budget_tokens is None or self.packed_tokens is None:
+            return None
+        return max(0, self.budget_tokens - (self.reserved_tokens or 0) - self.packed_tokens)
+
+    def group_tokens(self, group: str) -> int | None:
+        """The token total of a group's items, ``None`` unless every item's tokens were recorded."""
+        items = dict(self.groups)[group]
+        return sum(i.tokens for i in items) if all(i.tokens is not None for i in items) else None  # type: ignore[misc]
+
+    def bar(self) -> tuple[tuple[str, float], ...]:
+        """The budget bar: ``(part, percent of the budget)`` for ``reserved``, ``packed``, ``left`` (over
+        100 % in all when required items alone exceed the budget: then scaled to the total); empty without a
+        budget."""
+        if not self.budget_tokens or self.packed_tokens is None:
+            return ()
+        parts = (("reserved", self.reserved_tokens or 0), ("packed", self.packed_tokens),
+                 ("left", self.left_tokens or 0))
+        total = max(self.budget_tokens, sum(n for _, n in parts))
+        return tuple((k, round(100 * n / total, 2)) for k, n in parts)
 
 
 @dataclass(frozen=True)
@@ -196,52 +235,39 @@ def failure(steps: tuple[StepEntry, ...], verdicts: tuple[Verdict, ...], branch_
 
 
 def partition(context: ContextPartition) -> Partition:
-    """The partition's groups with per-item notes from whatever else it records about items.
+    """The partition's items by group with their tokens and reasons, and its token accounting (docs/context.md).
 
-    Besides ``packed``/``available``/``dropped``, a field that maps item ids to values (tokens,
-    reasons), lists values beside a group item for item (``drop_reasons`` beside ``dropped``:
-    same length, the name begins as the group's), or lists ``[id, value]`` pairs or objects
-    naming an item (``id`` / ``item_id`` / ``item``), becomes notes on those items; any other
-    scalar field (``packed_tokens``) is shown as is.
+    Item tokens come from ``item_tokens`` (packed, then available, then dropped); a dropped item's reason from
+    ``drop_reasons``; an available item's reason says what it needed against what the budget had left (an
+    item that alone would have fit was left out with its turn's group). Fields a partition did not record
+    (older logs) are left out, never guessed.
     """
-    data: dict[str, Any] = msgspec.to_builtins(context)
-    notes: dict[str, list[str]] = {}
-    extra: list[tuple[str, str]] = []
-    for key, value in data.items():
-        if key in PARTITION_GROUPS:
-            continue
-        if isinstance(value, dict):
-            for item, v in value.items():
-                notes.setdefault(str(item), []).append(f"{key}: {v}")
-        elif isinstance(value, (list, tuple)) and (group := _beside(key, value, data)) is not None:
-            for item, v in zip(data[group], value, strict=True):  # e.g. drop_reasons beside dropped
-                notes.setdefault(str(item), []).append(f"{key.removeprefix(group[:4]).strip('_') or key}: {v}")
-        elif isinstance(value, (list, tuple)):
-            for entry in value:
-                _note(notes, key, entry)
-        else:
-            extra.append((key, str(value)))
-    groups = tuple((g, tuple(PartitionItem(str(i), tuple(notes.get(str(i), ()))) for i in data.get(g, ())))
-                   for g in PARTITION_GROUPS)
-    return Partition(groups=groups, extra=tuple(extra))
+    n = len(context.packed) + len(context.available) + len(context.dropped)
+    tokens: tuple[int | None, ...] = (tuple(context.item_tokens) if isinstance(context.item_tokens, tuple)
+                                      and len(context.item_tokens) == n else (None,) * n)
+    reasons = dict(context.dropped_with_reasons())
+    trimmed = set(context.trimmed) if isinstance(context.trimmed, tuple) else set()
+    part = Partition(groups=(), budget_tokens=_int(context.budget_tokens), reserved_tokens=_int(
+        context.reserved_tokens), packed_tokens=_int(context.packed_tokens),
+        tokenizer=context.tokenizer if isinstance(context.tokenizer, str) else "")
+    left = part.left_tokens
+    groups: list[tuple[str, tuple[PartitionItem, ...]]] = []
+    at = 0
+    for g in PARTITION_GROUPS:
+        items = []
+        for item in getattr(context, g):
+            t = tokens[at]
+            at += 1
+            why = reasons.get(item, "") if g == "dropped" else ""
+            if g == "available" and t is not None and left is not None:
+                why = f"needs {t} > {left} left" if t > left else f"with its group > {left} left"
+            items.append(PartitionItem(item_id=str(item), tokens=t, reason=why, trimmed=item in trimmed))
+        groups.append((g, tuple(items)))
+    return dataclasses.replace(part, groups=tuple(groups))
 
 
-def _beside(key: str, value: list[Any] | tuple[Any, ...], data: dict[str, Any]) -> str | None:
-    """The group a list of plain values stands beside, item for item: same length, and its name begins as the
-    group's does (``drop_reasons`` beside ``dropped``)."""
-    if any(isinstance(v, (list, tuple, dict)) for v in value):
-        return None
-    return next((g for g in PARTITION_GROUPS if key.startswith(g[:4]) and len(data.get(g, ())) == len(value)), None)
-
-
-def _note(notes: dict[str, list[str]], key: str, entry: Any) -> None:
-    if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str):
-        notes.setdefault(entry[0], []).append(f"{key}: {entry[1]}")
-    elif isinstance(entry, dict):
-        ident = next((entry[k] for k in ("id", "item_id", "item") if k in entry), None)
-        if ident is not None:
-            rest = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("id", "item_id", "item"))
-            notes.setdefault(str(ident), []).append(f"{key}: {rest}" if rest else key)
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 def _usage(usage: Any) -> tuple[tuple[str, Any], ...]:

@@ -49,9 +49,11 @@ async def test_replayed_runs_are_agent_runs(cfg: Config, event_log: JetStreamEve
         for s in steps:
             if s["kind"] == "model":
                 part = s["attempts"][-1]["context"]
-                assert {"packed", "available", "dropped", "packed_tokens", "reserved_tokens", "tokenizer"} <= set(
-                    part) <= {"packed", "available", "dropped", "drop_reasons", "packed_tokens", "reserved_tokens",
-                              "tokenizer"}
+                assert {"packed", "available", "dropped", "packed_tokens", "reserved_tokens", "tokenizer",
+                        "item_tokens", "budget_tokens"} <= set(part) <= {
+                    "packed", "available", "dropped", "drop_reasons", "packed_tokens", "reserved_tokens", "tokenizer",
+                    "item_tokens", "budget_tokens"}
+                assert len(part["item_tokens"]) == len(part["packed"]) + len(part["available"]) + len(part["dropped"])
                 assert part["tokenizer"] == "heuristic-v1"
                 assert "instructions" in part["packed"] and part["packed_tokens"] > 0
                 assert len(part.get("drop_reasons", [])) == len(part["dropped"])  # a reason beside each drop

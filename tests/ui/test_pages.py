@@ -77,31 +77,27 @@ def test_run_ids_are_one_subject_token() -> None:
             check_run_id(bad)
 
 
-def test_a_partitions_other_fields_become_notes_on_its_items() -> None:
+def test_a_partition_shows_its_budget_and_each_items_tokens_and_reason() -> None:
     ids = tuple(ContextItemId(i) for i in ("a", "b"))
-    plain = partition(ContextPartition(packed=ids, available=(), dropped=(ContextItemId("c"),)))
+    plain = partition(ContextPartition(packed=ids, available=(), dropped=(ContextItemId("c"),)))  # an old one
     assert [(g, [i.item_id for i in items]) for g, items in plain.groups] == [
         ("packed", ["a", "b"]), ("available", []), ("dropped", ["c"])]
-    assert plain.extra == () and all(not i.notes for _, items in plain.groups for i in items)
+    assert all(i.tokens is None and not i.reason for _, items in plain.groups for i in items)
+    assert (plain.budget_tokens, plain.left_tokens, plain.bar()) == (None, None, ())
 
-    class Richer(ContextPartition, frozen=True, kw_only=True):  # what a partition may record beside the ids
-        tokens: dict[str, int]
-        reasons: tuple[tuple[str, str], ...]
-        packed_tokens: int
-
-    rich = partition(Richer(packed=ids, available=(), dropped=(ContextItemId("c"),), tokens={"a": 12, "c": 40},
-                            reasons=(("c", "stale"),), packed_tokens=30))
-    notes = {i.item_id: i.notes for _, items in rich.groups for i in items}
-    assert notes == {"a": ("tokens: 12",), "b": (), "c": ("tokens: 40", "reasons: stale")}
-    assert rich.extra == (("packed_tokens", "30"),)
-
-    class Beside(ContextPartition, frozen=True, kw_only=True):  # reasons in the order of `dropped`
-        drop_reasons: tuple[str, ...]
-
-    two = tuple(ContextItemId(i) for i in ("c", "d"))
-    beside = partition(Beside(packed=ids, available=(), dropped=two, drop_reasons=("stale", "over_budget")))
-    notes = {i.item_id: i.notes for _, items in beside.groups for i in items}
-    assert notes == {"a": (), "b": (), "c": ("reasons: stale",), "d": ("reasons: over_budget",)}
+    rich = partition(ContextPartition(
+        packed=ids, available=(ContextItemId("big"), ContextItemId("t1:msg")), dropped=(ContextItemId("c"),),
+        drop_reasons=("stale",), packed_tokens=500, reserved_tokens=300, budget_tokens=1000, tokenizer="heuristic-v1",
+        item_tokens=(200, 300, 450, 20, 9), trimmed=(ContextItemId("b"),)))
+    items = {i.item_id: i for _, group in rich.groups for i in group}
+    assert [(i.tokens, i.reason, i.trimmed) for i in items.values()] == [
+        (200, "", False), (300, "", True), (450, "needs 450 > 200 left", False),
+        (20, "with its group > 200 left", False), (9, "stale", False)]
+    assert (rich.left_tokens, rich.group_tokens("packed"), rich.group_tokens("available")) == (200, 500, 470)
+    assert rich.bar() == (("reserved", 30.0), ("packed", 50.0), ("left", 20.0))
+    html = _env().get_template("_macros.html").module.partition_view(rich)  # type: ignore[attr-defined]
+    assert 'data-budget="1000"' in html and "<b>200 left</b>" in html and "heuristic-v1 estimate" in html
+    assert '<span class="reason">needs 450 &gt; 200 left</span>' in html
 
 
 def test_the_lineage_of_a_forked_run() -> None:

@@ -77,11 +77,32 @@ async def test_agent_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs
                     ids = [i.get_attribute("data-item") for i in el.find_elements(
                         By.CSS_SELECTOR, f'.group[data-group="{group}"] .item')]
                     assert ids == list(getattr(a.context, group)), (a.step_id, group, ids)
-                reasons = getattr(a.context, "drop_reasons", None)  # recorded by packers that record them
-                if isinstance(reasons, tuple):
-                    notes = [n.text for n in el.find_elements(By.CSS_SELECTOR, '.group[data-group="dropped"] .note')]
-                    assert notes == [f"reasons: {r}" for r in reasons], notes
+                # the budget, each item's tokens and why a left-out item is where it is, as recorded
+                c = a.context
+                assert isinstance(c.budget_tokens, int) and isinstance(c.item_tokens, tuple)
+                assert isinstance(c.packed_tokens, int) and isinstance(c.reserved_tokens, int)
+                budget = el.find_element(By.CSS_SELECTOR, ".partition .budget")
+                left = c.budget_tokens - c.reserved_tokens - c.packed_tokens
+                assert (budget.get_attribute("data-budget"), budget.get_attribute("data-reserved"),
+                        budget.get_attribute("data-packed"), budget.get_attribute("data-left")) == (
+                    "1400", str(c.reserved_tokens), str(c.packed_tokens), str(left)), a.step_id
+                assert f"{left} left" in budget.text and "heuristic-v1 estimate" in budget.text
+                chips = el.find_elements(By.CSS_SELECTOR, ".partition .item")
+                assert [int(i.get_attribute("data-tokens")) for i in chips] == list(c.item_tokens)
+                reasons = [i.find_element(By.CSS_SELECTOR, ".reason").text if i.find_elements(
+                    By.CSS_SELECTOR, ".reason") else "" for i in chips]
+                n, k = len(c.packed), len(c.available)
+                assert reasons[:n] == [""] * n and reasons[n + k:] == [r for _, r in c.dropped_with_reasons()]
+                for t, why in zip(c.item_tokens[n:n + k], reasons[n:n + k], strict=True):
+                    assert why == (f"needs {t} > {left} left" if t > left else f"with its group > {left} left")
             assert "old-notes" in view.step("fix:t1").attempts[-1].context.dropped  # type: ignore[union-attr]
+            assert any(s.attempts[-1].context.available for s in view.steps  # type: ignore[union-attr]
+                       if s.kind == "model"), "a turn whose budget ran out"
+            t = next(s for s in view.steps if s.kind == "model" and s.attempts[-1].context.available)  # type: ignore[union-attr]
+            part = b.find_element(By.CSS_SELECTOR, f'div.attempt[data-step="{t.step_id}"] .partition')
+            b.execute_script("arguments[0].scrollIntoView()", part)
+            assert part.screenshot(str(artifact(tmp_path, "ui-partition-budget.png")))
+            print(f"screenshot: {artifact(tmp_path, 'ui-partition-budget.png')}")
 
             # the prompt viewer: nothing fetched until opened, then paged by 400 bytes to its end
             turn = view.step("fix:t2").attempts[-1]

@@ -186,9 +186,11 @@ def _full_pack(cands: list[Candidate], policy: PackPolicy, reasons: dict[Context
     ids = [c.id for c in cands]
     dropped = tuple(i for i in ids if i in reasons)
     tokens = sum(cands[p].tokens for p in packed_pos)
+    by_id = {c.id: c.tokens for c in cands}
     return Packed(partition=ContextPartition(
         packed=tuple(cands[p].id for p in packed_pos), available=tuple(available), dropped=dropped,
-        drop_reasons=tuple(reasons[i] for i in dropped) if dropped else msgspec.UNSET, packed_tokens=tokens),
+        drop_reasons=tuple(reasons[i] for i in dropped) if dropped else msgspec.UNSET, packed_tokens=tokens,
+        item_tokens=tuple(by_id[i] for i in (*(cands[p].id for p in packed_pos), *available, *dropped))),
         packed_tokens=tokens)
 
 

@@ -260,7 +260,7 @@ def test_default_budget_gives_real_partitions(loaded: dict[str, list[WorkflowSpe
     mini = _partitions(loaded[MINI_FAIL][0])
     first = mini[0][2]
     assert first == ContextPartition(packed=("m0000", "m0001"), available=(), dropped=(),
-                                     packed_tokens=first.packed_tokens)
+                                     packed_tokens=first.packed_tokens, item_tokens=first.item_tokens)
     assert isinstance(first.packed_tokens, int) and first.packed_tokens > 0
     assert mini[-1][2].dropped and mini[-1][2].available
     oh = _partitions(loaded[OH][2])

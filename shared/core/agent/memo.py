@@ -193,9 +193,9 @@ class ContextMemo:
         assert len(done) == len(groups)
         self._keep(plan.agent, done)
         head = head_items(agent, run_outputs)
-        policy, reserved = turn_policy(agent, spec, self.facts)
+        policy, reserved, budget = turn_policy(agent, spec, self.facts)
         packed = accounted(pack_groups(turn_candidates(head, self.facts), [g.facts_for(policy) for g in done],
-                                       policy), reserved, self.facts.counter.name)
+                                       policy), reserved, self.facts.counter.name, budget)
         ids = packed.partition.packed
         head_ids = {h.id for h in head}
         n_head = sum(1 for p in ids[:len(head)] if p in head_ids)  # head items come first: a prefix of ``ids``

@@ -264,11 +264,12 @@ def tools_tokens(tools: Sequence[ToolSchema], facts: TextFacts) -> int:
     return facts(msgspec.json.encode([wire_tool(t) for t in tools]).decode())[0]
 
 
-def turn_policy(agent: AgentStep, spec: WorkflowSpec, facts: TextFacts) -> tuple[PackPolicy, int]:
-    """The turn's packing policy, its budget less the tool schemas' tokens (:func:`tools_tokens`), and those
-    tokens (recorded as the partition's ``reserved_tokens``)."""
+def turn_policy(agent: AgentStep, spec: WorkflowSpec, facts: TextFacts) -> tuple[PackPolicy, int, int]:
+    """The turn's packing policy, its budget less the tool schemas' tokens (:func:`tools_tokens`); those
+    tokens (recorded as the partition's ``reserved_tokens``); and the whole budget (``budget_tokens``)."""
     reserved = tools_tokens(tool_schemas(agent), facts)
-    return reserving(policy_for(agent, spec), reserved), reserved
+    policy = policy_for(agent, spec)
+    return reserving(policy, reserved), reserved, policy.budget_tokens
 
 
 def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *, run_outputs: Mapping[
@@ -281,8 +282,8 @@ def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: Wo
     """
     items = turn_items(state, action.branch_id, agent, action.turn, outputs=run_outputs, blobs=blobs,
                        outcomes=outcomes)
-    policy, reserved = turn_policy(agent, spec, facts)
-    packed = accounted(pack(turn_candidates(items, facts), policy), reserved, facts.counter.name)
+    policy, reserved, budget = turn_policy(agent, spec, facts)
+    packed = accounted(pack(turn_candidates(items, facts), policy), reserved, facts.counter.name, budget)
     messages = turn_messages(items, packed.partition.packed)
     request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id, messages=messages,
                            tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)

@@ -16,8 +16,9 @@ What the three buckets mean in Reel:
 The partition records, beside ``dropped``, each dropped item's reason
 (``drop_reasons``, same order: the first that applies of ``excluded_kind``, ``stale``,
 ``duplicate``, ``over_item_cap``, ``over_budget``, or ``group_dropped`` for a member of a
-group another member took down) and the packed token total (``packed_tokens``): both are
-known only here, at pack time, and not derivable afterwards.
+group another member took down), the packed token total (``packed_tokens``) and each item's tokens
+(``item_tokens``, in the order packed, available, dropped): all are known only here, at pack time, and not
+derivable afterwards.
 
 Ranking: higher ``priority`` first, then more recent (later in the candidate
 list) first. Packing is greedy first-fit over the ranking: an item that does not
@@ -195,35 +196,40 @@ def pack(candidates: Sequence[Candidate], policy: PackPolicy) -> Packed:
         raise ValueError("budget_tokens must be >= 0")
     whole = _fits_whole(candidates, policy)
     if whole is not None:  # everything fits and nothing is dropped: no ranking, the result is known
-        partition = ContextPartition(packed=tuple(ids), available=(), dropped=(), packed_tokens=whole)
+        partition = ContextPartition(packed=tuple(ids), available=(), dropped=(), packed_tokens=whole,
+                                     item_tokens=tuple(c.tokens for c in candidates))
         return Packed(partition=partition, packed_tokens=whole)
     reasons, required, units = _classify(candidates, policy)
     ranked = sorted(units, key=lambda u: (-u.priority, -u.positions[0]))
     left = policy.budget_tokens - sum(candidates[p].tokens for p in required)
     packed_pos: list[int] = list(required)
-    available: list[ContextItemId] = []
+    available_pos: list[int] = []
     for unit in ranked:
         if unit.tokens <= left:
             left -= unit.tokens
             packed_pos.extend(unit.positions)
         else:
-            available.extend(candidates[p].id for p in unit.positions)
+            available_pos.extend(unit.positions)
     packed_pos.sort()
-    dropped = tuple(i for i in ids if i in reasons)
+    dropped_pos = [p for p, i in enumerate(ids) if i in reasons]
+    dropped = tuple(ids[p] for p in dropped_pos)
     packed_tokens = sum(candidates[p].tokens for p in packed_pos)
     partition = ContextPartition(
-        packed=tuple(candidates[p].id for p in packed_pos), available=tuple(available), dropped=dropped,
-        drop_reasons=tuple(reasons[i] for i in dropped) if dropped else msgspec.UNSET, packed_tokens=packed_tokens,
+        packed=tuple(candidates[p].id for p in packed_pos), available=tuple(candidates[p].id for p in available_pos),
+        dropped=dropped, drop_reasons=tuple(reasons[i] for i in dropped) if dropped else msgspec.UNSET,
+        packed_tokens=packed_tokens,
+        item_tokens=tuple(candidates[p].tokens for p in (*packed_pos, *available_pos, *dropped_pos)),
     )
     return Packed(partition=partition, packed_tokens=packed_tokens)
 
 
 class GroupFacts(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What :func:`pack_groups` needs of one group under one policy (:func:`group_facts`): its members' ids in
-    candidate order, their token total, its rank priority, and — when the group is dropped — each member's
-    reason (``None``: the group is eligible)."""
+    candidate order and their tokens (``member_tokens``, same order), their token total, its rank priority, and —
+    when the group is dropped — each member's reason (``None``: the group is eligible)."""
 
     ids: tuple[ContextItemId, ...]
+    member_tokens: tuple[int, ...]
     tokens: int
     priority: float
     reasons: tuple[str, ...] | None
@@ -243,8 +249,8 @@ def group_facts(members: Sequence[Candidate], policy: PackPolicy) -> GroupFacts:
     tokens = sum(c.tokens for c in members)
     reasons = tuple(r or "group_dropped" for r in own) if any(own) else \
         ("over_budget",) * len(members) if tokens > policy.budget_tokens else None
-    return GroupFacts(ids=tuple(c.id for c in members), tokens=tokens, priority=max(c.priority for c in members),
-                      reasons=reasons)
+    return GroupFacts(ids=tuple(c.id for c in members), member_tokens=tuple(c.tokens for c in members),
+                      tokens=tokens, priority=max(c.priority for c in members), reasons=reasons)
 
 
 def pack_groups(head: Sequence[Candidate], groups: Sequence[GroupFacts], policy: PackPolicy) -> Packed:
@@ -265,45 +271,53 @@ def pack_groups(head: Sequence[Candidate], groups: Sequence[GroupFacts], policy:
     if policy.budget_tokens < 0:
         raise ValueError("budget_tokens must be >= 0")
     reasons, required, head_units = _classify(head, policy)
-    units: list[tuple[float, int, int, tuple[ContextItemId, ...]]] = [  # (priority, position, tokens, ids)
-        (u.priority, u.positions[0], u.tokens, tuple(head[p].id for p in u.positions)) for u in head_units]
-    dropped: list[ContextItemId] = [i for i in ids[:len(head)] if i in reasons]
+    # (priority, position, tokens, ids, each id's tokens)
+    units: list[tuple[float, int, int, tuple[ContextItemId, ...], tuple[int, ...]]] = [
+        (u.priority, u.positions[0], u.tokens, tuple(head[p].id for p in u.positions),
+         tuple(head[p].tokens for p in u.positions)) for u in head_units]
+    dropped: list[ContextItemId] = [c.id for c in head if c.id in reasons]
+    dropped_tokens: list[int] = [c.tokens for c in head if c.id in reasons]
     why = [reasons[i] for i in dropped]
     pos = len(head)
     for g in groups:
         if g.reasons is None:
-            units.append((g.priority, pos, g.tokens, g.ids))
+            units.append((g.priority, pos, g.tokens, g.ids, g.member_tokens))
         else:
             dropped.extend(g.ids)
+            dropped_tokens.extend(g.member_tokens)
             why.extend(g.reasons)
         pos += len(g.ids)
     left = policy.budget_tokens - sum(head[p].tokens for p in required)
     chosen: set[int] = set()
     available: list[ContextItemId] = []
+    available_tokens: list[int] = []
     if sum(u[2] for u in units) <= left:  # all fit: no ranking
         chosen.update(u[1] for u in units)
     else:
-        for _, at, tokens, members in sorted(units, key=lambda u: (-u[0], -u[1])):
+        for _, at, tokens, members, each in sorted(units, key=lambda u: (-u[0], -u[1])):
             if tokens <= left:
                 left -= tokens
                 chosen.add(at)
             else:
                 available.extend(members)
+                available_tokens.extend(each)
     head_pos = list(required)  # head positions are below len(head), group positions not: one ``chosen``
     for u in head_units:
         if u.positions[0] in chosen:
             head_pos.extend(u.positions)
     head_pos.sort()
     packed = [head[p].id for p in head_pos]
-    packed_tokens = sum(head[p].tokens for p in head_pos)
+    item_tokens = [head[p].tokens for p in head_pos]
     pos = len(head)
     for g in groups:
         if pos in chosen:
             packed.extend(g.ids)
-            packed_tokens += g.tokens
+            item_tokens.extend(g.member_tokens)
         pos += len(g.ids)
+    packed_tokens = sum(item_tokens)
     partition = ContextPartition(packed=tuple(packed), available=tuple(available), dropped=tuple(dropped),
-                                 drop_reasons=tuple(why) if dropped else msgspec.UNSET, packed_tokens=packed_tokens)
+                                 drop_reasons=tuple(why) if dropped else msgspec.UNSET, packed_tokens=packed_tokens,
+                                 item_tokens=(*item_tokens, *available_tokens, *dropped_tokens))
     return Packed(partition=partition, packed_tokens=packed_tokens)
 
 
@@ -323,9 +337,11 @@ def reserving(policy: PackPolicy, reserved_tokens: int) -> PackPolicy:
     return msgspec.structs.replace(policy, budget_tokens=max(0, policy.budget_tokens - reserved_tokens))
 
 
-def accounted(packed: Packed, reserved_tokens: int, tokenizer: str) -> Packed:
-    """``packed`` with its partition naming the tokens reserved outside the candidates (``reserved_tokens``)
-    and the token counter that counted them all (``tokenizer``, e.g. ``heuristic-v1``)."""
-    partition = msgspec.structs.replace(packed.partition, reserved_tokens=reserved_tokens, tokenizer=tokenizer)
+def accounted(packed: Packed, reserved_tokens: int, tokenizer: str, budget_tokens: int) -> Packed:
+    """``packed`` with its partition naming the tokens reserved outside the candidates (``reserved_tokens``),
+    the token counter that counted them all (``tokenizer``, e.g. ``heuristic-v1``) and the step's whole budget
+    (``budget_tokens``: the policy's before :func:`reserving` took ``reserved_tokens`` off it)."""
+    partition = msgspec.structs.replace(packed.partition, reserved_tokens=reserved_tokens, tokenizer=tokenizer,
+                                        budget_tokens=budget_tokens)
     return msgspec.structs.replace(packed, partition=partition)
 

@@ -90,6 +90,12 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
             of the whole prompt. Unset in partitions recorded before it was.
         tokenizer: the token counter every count of this partition comes from (its ``name``, e.g.
             ``heuristic-v1``: an estimate, not the model's tokenizer); unset in older partitions.
+        item_tokens: each item's tokens as the packer counted them (tokens), in the order ``packed``, then
+            ``available``, then ``dropped`` (as long as the three together; a grouped item counts alone, its
+            group is packed or left out as the sum). Unset in partitions recorded before it was.
+        budget_tokens: the step's whole token budget (tokens), ``reserved_tokens`` included: what
+            ``reserved_tokens + packed_tokens`` had to fit in; an ``available`` item did not fit in what was
+            left. Unset in partitions recorded before it was.
     """
 
     packed: tuple[ContextItemId, ...]
@@ -100,6 +106,8 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
     trimmed: tuple[ContextItemId, ...] | msgspec.UnsetType = msgspec.UNSET
     reserved_tokens: int | msgspec.UnsetType = msgspec.UNSET
     tokenizer: str | msgspec.UnsetType = msgspec.UNSET
+    item_tokens: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
+    budget_tokens: int | msgspec.UnsetType = msgspec.UNSET
 
     def dropped_with_reasons(self) -> tuple[tuple[ContextItemId, str], ...]:
         """``(id, reason)`` per dropped item, in order; the reason is ``""`` where none was recorded."""
