@@ -45,12 +45,13 @@ import msgspec
 
 from reel.services.crucible import proc
 from reel.services.crucible.world import GitWorld, git
+from reel.shared.core.chat.messages import prompt_request
 from reel.shared.core.errors import ModelError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
 from reel.shared.crucible.config import ProposerSpec, Regime
 from reel.shared.crucible.errors import WorldError
 from reel.shared.crucible.state import Row
-from reel.shared.models import ModelRequest, make_adapter
+from reel.shared.models import make_chat_model
 
 ProposalKind = Literal["edited", "failed", "escalate", "done", "rescope", "blocked"]
 _FENCE = re.compile(r"```(?:diff|patch)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -185,7 +186,8 @@ class ModelProposer:
     def __init__(self, spec: ProposerSpec) -> None:
         assert spec.model is not None
         self.spec = spec
-        self.adapter = make_adapter(spec.model)
+        self.model = spec.model
+        self.adapter = make_chat_model(spec.model)
 
     async def prompt(self, ctx: ProposeContext) -> str:
         files = (await git(ctx.world.root, "ls-files")).splitlines()[:200]
@@ -209,8 +211,8 @@ class ModelProposer:
         prompt = await self.prompt(ctx)
         started = time.perf_counter()
         try:
-            resp = await self.adapter.complete(ModelRequest(
-                run_id=ctx.session_id, step_id="propose", attempt=ctx.it, prompt=prompt,
+            resp = await self.adapter.complete_chat(prompt_request(
+                self.model, run_id=ctx.session_id, step_id="propose", attempt=ctx.it, prompt=prompt,
                 prompt_tokens=DEFAULT_COUNTER.count(prompt)))
         except ModelError as exc:
             ms = int((time.perf_counter() - started) * 1000)

@@ -36,16 +36,16 @@ from reel.shared.core.run.events import AnyEvent, AttemptEnd, BlobRef, ContextPa
 from reel.shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import RunState
 from reel.shared.core.workflow.spec import WorkflowSpec
-from reel.shared.models import make_chat_model
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.control import Interrupt
 from reel.shared.runtime.clock import now_ms
 
+from . import modelout
 from .agenttools import CallContext, PythonTools, run_call
 from .attempts import OUTCOME_RECORDED, RUN_MOVED, Attempts
 from .bodies import Bodies
 from .interrupts import Interrupted
-from .streaming import StreamOut, streamed
+from .streaming import StreamOut
 
 JSON = "application/json"
 
@@ -165,23 +165,17 @@ def _stopped(interrupt: Interrupt | None) -> Interrupted:
 
 async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenCounter,
                      interrupt: Interrupt | None = None, out: StreamOut | None = None) -> TurnDone:
-    """One model call of a turn attempt (the step's chat model, port v2); an error is a result, and so is
+    """One model call of a turn attempt (the step's chat model: :func:`~reel.services.executor.modelout.ask`); an error is a result, and so is
     being cancelled (``interrupted``: the HTTP request is aborted). ``out``: where a streamed response's
     fragments go (services/executor/streaming.py)."""
     started = time.perf_counter()
     try:
-        model = make_chat_model(spec.agent(prepared.action.agent).model, counter)
-        call = model.complete_chat(prepared.request) if out is None else model.complete_chat(
-            prepared.request, on_delta=out)  # type: ignore[call-arg]  # a streaming adapter takes it
-        resp = await streamed(call, out, lambda r: r.finish_reason)
+        resp = await modelout.ask(spec.agent(prepared.action.agent).model, prepared.request, counter, out)
     except asyncio.CancelledError:
         stop = _stopped(interrupt)
         return TurnDone(prepared, None, ModelError(stop.message, kind=stop.kind), _ms_since(started))
     except ModelError as exc:
         return TurnDone(prepared, None, exc, _ms_since(started))
-    except Exception as exc:  # a custom adapter's bug: a failed attempt, never an executor crash
-        err = ModelError(f"adapter raised {type(exc).__name__}: {exc}", kind="adapter_error", retryable=False)
-        return TurnDone(prepared, None, err, _ms_since(started))
     return TurnDone(prepared, resp, None, _ms_since(started))
 
 

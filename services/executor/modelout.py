@@ -1,4 +1,9 @@
-"""The outcome of a model attempt (a plain ``kind: model`` step's, or an agent turn's), recorded honestly.
+"""A model attempt (a ``kind: model`` step's — one turn with no tools — or an agent turn's): the call, and its
+outcome recorded honestly.
+
+* One call (:func:`ask`): the step's chat model (the one model port), streamed when asked; an adapter's own
+  bug (any exception but a :class:`~reel.shared.core.errors.ModelError`) is a failed attempt
+  ``adapter_error`` (not retryable), never an executor crash.
 
 * The finish reason goes on the outcome exactly as the server sent it (``None``: it sent none).
 * An answer the server cut (``length``, ``content_filter``: :mod:`reel.shared.core.chat.finish`) is
@@ -14,22 +19,51 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import tenacity
 
 from reel.shared.auth import secrets
 from reel.shared.core.chat.finish import TRUNCATED, OnTruncated, is_truncated, truncation_message
+from reel.shared.core.chat.messages import ChatRequest, ChatResponse
 from reel.shared.core.errors import ModelError
+from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run.eventfields import UsageSource
 from reel.shared.core.run.events import AttemptFailed, AttemptSucceeded, BlobRef, Usage
 from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
+from reel.shared.core.workflow.modelspec import ModelSpec
+from reel.shared.models import make_chat_model
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.runtime.clock import now_ms
+
+from .streaming import StreamOut, streamed
 
 MAX_ERROR_CHARS = 4000
 """The longest one-line error message recorded (characters); the whole body is the ``error_ref`` blob."""
 
 Where = tuple[BranchId, StepId, AttemptNo]
+
+
+async def ask(spec: ModelSpec, request: ChatRequest, counter: TokenCounter, out: StreamOut | None = None
+              ) -> ChatResponse:
+    """One attempt's call of the chat model ``spec`` names; ``out``: where a streamed response's fragments go
+    (services/executor/streaming.py).
+
+    Raises:
+        ModelError: the call failed (an adapter's own exception: kind ``adapter_error``, not retryable).
+    """
+    try:
+        model = make_chat_model(spec, counter)
+        call: Any = model.complete_chat(request) if out is None else model.complete_chat(
+            request, on_delta=out)  # type: ignore[call-arg]  # a streaming adapter takes it (models/base.py)
+        response: ChatResponse = await streamed(call, out, lambda r: r.finish_reason)
+    except ModelError:
+        raise
+    except Exception as exc:  # a custom adapter's bug: a failed attempt, never an executor crash
+        raise ModelError(f"adapter raised {type(exc).__name__}: {exc}", kind="adapter_error",
+                         retryable=False) from exc
+    return response
 
 
 def answer_outcome(where: Where, *, body: bytes, media_type: str, finish_reason: str | None, usage: Usage,

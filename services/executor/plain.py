@@ -36,6 +36,7 @@ import structlog
 
 from reel.shared.application.fenced import Committed, Decide, Decided
 from reel.shared.auth import secrets
+from reel.shared.core.chat.messages import prompt_request
 from reel.shared.core.decision import Decision
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.packer import accounted, pack, reserving
@@ -57,7 +58,6 @@ from reel.shared.core.run.ids import CommitId
 from reel.shared.core.run.state import RunState
 from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
 from reel.shared.core.workflow.toolspec import output_limit
-from reel.shared.models import ModelRequest, make_adapter
 from reel.shared.nats.blobstore import is_inline, ref_for
 from reel.shared.nats.control import Interrupt
 from reel.shared.proc.tools import run_tool
@@ -66,7 +66,6 @@ from reel.shared.runtime.clock import now_ms
 from . import modelout
 from .attempts import Attempts, record_outcome
 from .interrupts import Interrupted, guarded
-from .streaming import streamed
 
 log = structlog.get_logger("reel.executor")
 
@@ -281,15 +280,13 @@ class PlainSteps:
             else:
                 await self._backoff(action, interrupt)
                 started = time.perf_counter()  # the call's own latency, without the wait before it
-                adapter = make_adapter(step.model, self.a.counter)
-                request = ModelRequest(run_id=state.run_id, step_id=step.id, attempt=action.attempt,
-                                       prompt=p.prompt, prompt_tokens=p.prompt_tokens)
+                request = prompt_request(step.model, run_id=state.run_id, step_id=step.id, attempt=action.attempt,
+                                         prompt=p.prompt, prompt_tokens=p.prompt_tokens)
                 instant = step.model.adapter in ("replay", "scripted")
                 out = self.a.stream_out(state.run_id, action.branch_id, action.step_id, action.attempt,
                                         step.model.streams)
-                call = adapter.complete(request) if out is None else adapter.complete(
-                    request, on_delta=out)  # type: ignore[call-arg]  # a streaming adapter takes it (models/base.py)
-                resp = await guarded(streamed(call, out, lambda r: r.finish_reason), None if instant else interrupt)
+                resp = await guarded(modelout.ask(step.model, request, self.a.counter, out),
+                                     None if instant else interrupt)
                 usage = modelout.answer_usage(resp.input_tokens, resp.output_tokens, _ms_since(started),
                                               resp.cost_usd, resp.usage_source)
         except (ToolError, ModelError, Interrupted) as exc:

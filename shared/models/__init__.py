@@ -1,4 +1,4 @@
-"""Model adapters: the ports model steps and agent turns call (docs/models.md).
+"""Model adapters: the one port model steps and agent turns call (docs/models.md).
 
 Shipped adapters: ``replay`` (recorded outputs or turns), ``scripted`` (answers written in
 the workflow, tool calls included), ``openai`` (any OpenAI-compatible chat-completions
@@ -8,12 +8,6 @@ endpoint); or your own by ``module:factory``.
 from __future__ import annotations
 
 from reel.shared.models.base import ChatModel as ChatModel
-from reel.shared.models.base import LegacyChat as LegacyChat
-from reel.shared.models.base import ModelAdapter as ModelAdapter
-from reel.shared.models.base import ModelRequest as ModelRequest
-from reel.shared.models.base import ModelResponse as ModelResponse
-from reel.shared.models.base import as_chat_model as as_chat_model
-from reel.shared.models.loader import make_adapter as make_adapter
 from reel.shared.models.loader import make_chat_model as make_chat_model
 from reel.shared.models.replay import ReplayAdapter as ReplayAdapter
 from reel.shared.models.scripted import ScriptedAdapter as ScriptedAdapter

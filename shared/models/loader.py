@@ -8,7 +8,7 @@ from typing import Any
 from reel.shared.core.errors import ModelError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.workflow.modelspec import ModelSpec
-from reel.shared.models.base import ChatModel, ModelAdapter, as_chat_model
+from reel.shared.models.base import ChatModel
 from reel.shared.models.replay import ReplayAdapter
 from reel.shared.models.scripted import ScriptedAdapter
 
@@ -33,27 +33,22 @@ def _load(spec: ModelSpec, counter: TokenCounter) -> Any:
     raise ValueError(f"unknown model adapter {spec.adapter!r}")
 
 
-def make_adapter(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> ModelAdapter:
-    """The port-v1 adapter a spec names: ``replay``, ``scripted``, ``openai``, or ``module:factory``.
+def make_chat_model(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> ChatModel:
+    """The model a spec names: ``replay``, ``scripted``, ``openai``, or ``module:factory``.
 
-    A ``module:factory`` adapter is your own model endpoint: ``factory(spec, counter)``
-    must return an object with ``name`` and ``async complete(ModelRequest) -> ModelResponse``
-    (and, for agent steps, ``async complete_chat(ChatRequest) -> ChatResponse``) that raises
+    A ``module:factory`` adapter is your own model endpoint: ``factory(spec, counter)`` must return
+    a :class:`~reel.shared.models.base.ChatModel` — an object with ``name`` and
+    ``async complete_chat(ChatRequest) -> ChatResponse`` that raises
     :class:`~reel.shared.core.errors.ModelError` on failure.
 
     Raises:
-        ModelError: a ``module:factory`` that cannot be imported (non-retryable, kind ``adapter_unavailable``).
+        ModelError: a ``module:factory`` that cannot be imported, or whose object has no ``complete_chat``
+            (non-retryable, kind ``adapter_unavailable``).
         ValueError: unknown built-in adapter (workflow validation rejects these earlier).
     """
-    adapter: ModelAdapter = _load(spec, counter)
-    return adapter
-
-
-def make_chat_model(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) -> ChatModel:
-    """The port-v2 model a spec names (a v1-only ``module:factory`` adapter wrapped in ``LegacyChat``).
-
-    Raises:
-        ModelError: as :func:`make_adapter`.
-        ValueError: as :func:`make_adapter`.
-    """
-    return as_chat_model(_load(spec, counter), counter)
+    model = _load(spec, counter)
+    if not isinstance(model, ChatModel):
+        raise ModelError(f"model adapter {spec.adapter!r} returned {type(model).__name__}, which has no "
+                         "`name` and `async complete_chat(ChatRequest) -> ChatResponse` (the model port, "
+                         "docs/models.md)", kind="adapter_unavailable", retryable=False)
+    return model

@@ -4,7 +4,8 @@ vLLM, llama.cpp's server, Ollama, LiteLLM and most hosted providers serve this w
 format. Each attempt is one HTTP call (the client's own retries are off, so every try
 is an attempt in the log) on a client opened and closed for it. The body sent is
 exactly :func:`reel.shared.core.chat.messages.wire_request` of the request — what the executor
-stored as the prompt blob — and the response message is returned exactly as sent.
+stored as an agent turn's prompt blob (a ``kind: model`` step's is its one user message's text) — and
+the response message is returned exactly as sent.
 
 The API key is read from the environment variable ``api_key_env`` names, at each call,
 in the executor's process; it is never put in an error message, a log line or
@@ -46,17 +47,15 @@ import openai
 from reel.shared.auth import secrets
 from reel.shared.core.chat.chunks import StreamAssembler, broken
 from reel.shared.core.chat.messages import (
-    ChatMessage,
     ChatRequest,
     ChatResponse,
-    chat_request,
     response_from_wire,
     wire_request,
 )
 from reel.shared.core.errors import ModelError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.workflow.modelspec import ModelSpec
-from reel.shared.models.base import DeltaSink, ModelRequest, ModelResponse
+from reel.shared.models.base import DeltaSink
 
 PLACEHOLDER_KEY = "reel-no-key"  # sent when no api_key_env is given (local servers ignore it)
 _CONTEXT = re.compile(r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long", re.I)
@@ -311,16 +310,6 @@ class OpenAIAdapter:
             cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
             return ModelError(_scrub(f"cannot reach {self._base_url}{cause}", key), kind="connection")
         return ModelError(_scrub(f"{self._base_url}: {exc.message}", key), kind="malformed_response")
-
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None) -> ModelResponse:
-        """Port v1 (a ``kind: model`` step): the packed prompt as one user message, the text back
-        (streamed like :meth:`complete_chat` when the spec sets ``stream: true``)."""
-        chat = chat_request(self._spec, run_id=request.run_id, step_id=request.step_id, attempt=request.attempt,
-                            messages=[ChatMessage(role="user", content=request.prompt)])
-        resp = await self.complete_chat(chat, on_delta)
-        return ModelResponse(text=resp.text, input_tokens=resp.input_tokens, output_tokens=resp.output_tokens,
-                             cost_usd=resp.cost_usd, model=resp.model, finish_reason=resp.finish_reason,
-                             usage_source=resp.usage_source)
 
 
 def _scrub(text: str | bytes, key: str) -> str:

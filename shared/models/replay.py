@@ -1,6 +1,6 @@
 """The ``replay`` adapter: plays what a real trajectory recorded.
 
-``output`` (one recorded answer, text) serves model steps and single-turn chat;
+``output`` (one recorded answer, text) serves a ``kind: model`` step (one turn);
 ``turns`` (recorded assistant messages, tool calls included, with their usage) serve
 an agent step turn by turn, exactly as the scripted adapter plays them.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.workflow.modelspec import ModelSpec, ScriptedTurn
-from reel.shared.models.base import ModelRequest, ModelResponse
 from reel.shared.models.scripted import play_turn, scripted_turn
 
 
@@ -23,21 +22,6 @@ class ReplayAdapter:
         if spec.output is None and not spec.scripted_turns:
             raise ValueError("replay adapter needs a recorded output")
         self._spec, self._output, self._counter = spec, spec.output or "", counter
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """The recorded ``output``; tokens and cost from the recorded usage (``usage_source`` ``recorded``), else
-        counted (input: the request's; ``estimated``)."""
-        usage = self._spec.usage
-        in_tokens = usage.input_tokens if usage and usage.input_tokens is not None else request.prompt_tokens
-        out_tokens = usage.output_tokens if usage and usage.output_tokens is not None else self._counter.count(
-            self._output
-        )
-        recorded = usage is not None and usage.input_tokens is not None and usage.output_tokens is not None
-        return ModelResponse(
-            text=self._output, input_tokens=in_tokens, output_tokens=out_tokens,
-            cost_usd=usage.cost_usd if usage else 0.0, model=self._spec.name or "replay", finish_reason="stop",
-            usage_source="recorded" if recorded else "estimated",
-        )
 
     async def complete_chat(self, request: ChatRequest) -> ChatResponse:
         """Turn *t* plays ``turns[t-1]``; without ``turns``, the recorded ``output`` as text."""

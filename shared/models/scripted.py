@@ -3,7 +3,7 @@
 Two shapes (docs/models.md):
 
 * ``outputs`` — per attempt: attempt *a* plays ``outputs[a-1]`` (the last repeats); a
-  ``{error, message, retryable}`` entry fails that attempt. Text only.
+  ``{error, message, retryable}`` entry fails that attempt. Text only (a ``kind: model`` step).
 * ``turns`` — per turn of an agent step: turn *t* plays ``turns[t-1]`` (the last repeats):
   attempts 1…len(``failures``) fail with those, the next answers with ``text`` and
   ``tool_calls`` ``{name, arguments, id?}``.
@@ -27,7 +27,6 @@ from reel.shared.core.chat.messages import (
 from reel.shared.core.errors import ModelError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.workflow.modelspec import ModelSpec, ScriptedFailure, ScriptedTurn
-from reel.shared.models.base import ModelRequest, ModelResponse
 
 
 def _fail(entry: ScriptedFailure) -> ModelError:
@@ -43,7 +42,8 @@ def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter
 
     Tokens: ``turn.usage`` when recorded, else counted (the flattened transcript in; text
     and arguments out); cost from the spec's price unless usage recorded one. ``usage_source``:
-    ``recorded`` when both counts come from ``turn.usage``, else ``estimated``. The finish reason is
+    ``recorded`` when both counts come from ``turn.usage``, else ``estimated`` (in: the request's
+    ``prompt_tokens`` when it has them). The finish reason is
     the turn's ``finish_reason`` when scripted (to play a cut answer), else ``tool_calls``/``stop``.
 
     Raises:
@@ -57,7 +57,8 @@ def play_turn(spec: ModelSpec, turn: ScriptedTurn, request: ChatRequest, counter
     if sent:
         message["tool_calls"] = [wire_call(c) for c in sent]
     u = turn.usage
-    tokens_in = u.input_tokens if u and u.input_tokens is not None else _transcript_tokens(request.messages, counter)
+    tokens_in = u.input_tokens if u and u.input_tokens is not None else request.prompt_tokens \
+        if request.prompt_tokens is not None else _transcript_tokens(request.messages, counter)
     tokens_out = u.output_tokens if u and u.output_tokens is not None else counter.count(
         " ".join([turn.text, *(c.arguments for c in sent)]))
     recorded = u is not None and u.input_tokens is not None and u.output_tokens is not None
@@ -102,7 +103,7 @@ def scripted_turn(spec: ModelSpec, turn: int) -> ScriptedTurn:
 
 
 class ScriptedAdapter:
-    """Plays ``outputs[attempt-1]`` (prompt port) or ``turns[turn-1]`` (chat port)."""
+    """Plays ``turns[turn-1]``, else ``outputs[attempt-1]``."""
 
     name = "scripted"
 
@@ -110,23 +111,6 @@ class ScriptedAdapter:
         if not spec.outputs and not spec.scripted_turns:
             raise ValueError("scripted adapter needs outputs or turns")
         self._spec, self._counter = spec, counter
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """Attempt *a* plays ``outputs[a-1]``; without ``outputs``, turn 1's text."""
-        outputs = self._spec.outputs
-        if not outputs:
-            chat = await self.complete_chat(ChatRequest(
-                run_id=request.run_id, step_id=request.step_id, attempt=request.attempt, turn=1, messages=()))
-            return ModelResponse(text=chat.text, input_tokens=request.prompt_tokens,
-                                 output_tokens=chat.output_tokens, cost_usd=chat.cost_usd, model=chat.model,
-                                 finish_reason=chat.finish_reason, usage_source="estimated")
-        entry = outputs[min(request.attempt, len(outputs)) - 1]
-        if isinstance(entry, ScriptedFailure):
-            raise _fail(entry)
-        return ModelResponse(
-            text=entry, input_tokens=request.prompt_tokens, output_tokens=self._counter.count(entry),
-            model=self._spec.name or "scripted", finish_reason="stop", usage_source="estimated",
-        )
 
     async def complete_chat(self, request: ChatRequest) -> ChatResponse:
         """Turn *t* plays ``turns[t-1]``; without ``turns``, attempt *a* plays ``outputs[a-1]`` as text."""

@@ -39,3 +39,18 @@ def test_an_adapter_that_is_neither_builtin_nor_an_import_path_is_refused() -> N
     with pytest.raises(WorkflowInvalid) as err:
         parse_workflow({"name": "x", "steps": [{"kind": "model", "id": "a", "model": {"adapter": "gpt-5"}}]})
     assert "module:factory" in err.value.message and "`$.steps[0].model.adapter`" in err.value.message
+
+
+@pytest.mark.parametrize("kind", ["model", "agent"])
+async def test_an_adapters_own_bug_fails_the_attempt_the_same_way_in_a_model_step_and_an_agent_turn(
+        executor: None, client: ReelClient, kind: str) -> None:
+    step: dict[str, object] = {"kind": kind, "id": "ask", "max_attempts": 2,
+                               "model": {"adapter": "tests.integration.echo_adapter:buggy"},
+                               "context": [{"id": "task", "kind": "task", "text": "say hi"}]}
+    reply = await client.start(parse_workflow({"name": f"buggy-{kind}", "steps": [step]}))
+    assert reply.run_id
+    state = await client.wait_for(reply.run_id, ("verifying",), timeout_s=30)
+    attempts = state.branches["main"].attempts["ask" if kind == "model" else "ask:t1"]
+    (only,) = attempts  # not retryable: one attempt
+    assert (only.status, only.error_kind) == ("failed", "adapter_error")
+    assert only.error_message is not None and "KeyError" in only.error_message

@@ -21,11 +21,12 @@ from reel.shared.core.chat.messages import (
     ChatResponse,
     ToolSchema,
     chat_request,
+    prompt_request,
     wire_request,
 )
 from reel.shared.core.errors import ModelError, ToolCallInvalid
 from reel.shared.core.workflow.modelspec import ModelSpec
-from reel.shared.models import ModelRequest, make_adapter, make_chat_model
+from reel.shared.models import make_chat_model
 from reel.shared.models.openai import CLIENTS, PLACEHOLDER_KEY, retry_after_s
 from tests.support.chat_server import (
     Behaviour,
@@ -221,10 +222,11 @@ async def test_an_unset_key_variable_is_a_non_retryable_auth_error(chat_server: 
     assert chat_server.requests == []
 
 
-async def test_a_model_step_can_use_the_endpoint_through_port_v1(chat_server: ChatServer) -> None:
+async def test_a_model_step_asks_the_endpoint_one_turn_with_no_tools(chat_server: ChatServer) -> None:
     chat_server.script(reply("hello"))
-    resp = await make_adapter(_spec(chat_server)).complete(
-        ModelRequest(run_id="r", step_id="ask", attempt=1, prompt="packed prompt", prompt_tokens=3))
+    spec = _spec(chat_server)
+    resp = await make_chat_model(spec).complete_chat(
+        prompt_request(spec, run_id="r", step_id="ask", attempt=1, prompt="packed prompt", prompt_tokens=3))
     assert (resp.text, resp.input_tokens, resp.output_tokens, resp.model) == ("hello", 12, 7, "loopback-1")
     assert chat_server.requests[0].body == {"model": "loopback-model", "temperature": 0,
                                             "messages": [{"role": "user", "content": "packed prompt"}]}

@@ -1,4 +1,4 @@
-"""Port v2 chat types, the wire format, call ids, prices, and the scripted/replay/legacy chat models."""
+"""The model port's chat types, the wire format, call ids, prices, and the scripted/replay chat models."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from reel.shared.core.chat.messages import (
     ToolSchema,
     assign_call_ids,
     chat_request,
-    flatten,
+    prompt_request,
     response_from_wire,
     wire_request,
 )
 from reel.shared.core.errors import ModelError, ToolCallInvalid, WorkflowInvalid
 from reel.shared.core.workflow.modelspec import ModelSpec, Price
 from reel.shared.core.workflow.spec import encode_workflow, parse_workflow
-from reel.shared.models import LegacyChat, ModelRequest, ModelResponse, make_adapter, make_chat_model
+from reel.shared.models import make_chat_model
 
 READ = ToolSchema(name="read_file", description="Read a file.",
                   parameters={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})
@@ -132,18 +132,35 @@ async def test_scripted_turns_play_by_turn_and_attempt() -> None:
         assert last.message == {"role": "assistant", "content": "Fixed."} and last.input_tokens > 0
 
 
-async def test_scripted_outputs_keep_their_meaning_on_both_ports() -> None:
+async def test_scripted_outputs_play_by_attempt_as_a_model_step_asks() -> None:
     spec = msgspec.convert({"adapter": "scripted", "outputs": [{"error": "boom"}, "second"]}, ModelSpec)
-    v1 = make_adapter(spec)
+    model = make_chat_model(spec)
     with pytest.raises(ModelError):
-        await v1.complete(ModelRequest(run_id="r", step_id="s", attempt=1, prompt="p", prompt_tokens=1))
-    ok = await v1.complete(ModelRequest(run_id="r", step_id="s", attempt=2, prompt="p", prompt_tokens=1))
-    assert (ok.text, ok.input_tokens, ok.model) == ("second", 1, "scripted")
-    chat = await make_chat_model(spec).complete_chat(_req(ChatMessage(role="user", content="go"), attempt=5))
+        await model.complete_chat(prompt_request(spec, run_id="r", step_id="s", attempt=1, prompt="p", prompt_tokens=1))
+    ok = await model.complete_chat(prompt_request(spec, run_id="r", step_id="s", attempt=2, prompt="p",
+                                                  prompt_tokens=1))
+    assert (ok.text, ok.input_tokens, ok.tool_calls, ok.usage_source) == ("second", 1, (), "estimated")
+    chat = await model.complete_chat(_req(ChatMessage(role="user", content="go"), attempt=5))
     assert (chat.text, chat.tool_calls) == ("second", ())
-    turns_only = make_adapter(msgspec.convert(SCRIPTED, ModelSpec))  # a model step on a turns script: turn 1
+    turns_only = msgspec.convert(SCRIPTED, ModelSpec)  # a model step on a turns script: turn 1 (attempt 1 fails)
     with pytest.raises(ModelError):
-        await turns_only.complete(ModelRequest(run_id="r", step_id="s", attempt=1, prompt="p", prompt_tokens=1))
+        await make_chat_model(turns_only).complete_chat(prompt_request(
+            turns_only, run_id="r", step_id="s", attempt=1, prompt="p", prompt_tokens=1))
+
+
+def test_a_model_steps_request_is_one_turn_with_its_prompt_as_the_one_user_message() -> None:
+    spec = ModelSpec(adapter="openai", base_url="http://h/v1", model="qwen", params={"temperature": 0})
+    req = prompt_request(spec, run_id="r", step_id="ask", attempt=3, prompt="packed prompt", prompt_tokens=7)
+    assert (req.turn, req.attempt, req.tools, req.prompt_tokens) == (1, 3, (), 7)
+    assert wire_request(req) == {"model": "qwen", "temperature": 0,
+                                 "messages": [{"role": "user", "content": "packed prompt"}]}
+
+
+async def test_a_factory_without_the_chat_port_is_refused_saying_what_it_lacks() -> None:
+    with pytest.raises(ModelError) as err:
+        make_chat_model(ModelSpec(adapter="tests.unit.test_chat:_old_style"))
+    assert err.value.kind == "adapter_unavailable" and not err.value.retryable
+    assert "complete_chat" in err.value.message and "_OldStyle" in err.value.message
 
 
 async def test_replay_plays_recorded_turns_with_their_usage() -> None:
@@ -159,28 +176,16 @@ async def test_replay_plays_recorded_turns_with_their_usage() -> None:
 
 
 class _OldStyle:
+    """An adapter of a port Reel no longer has (``complete(prompt)``)."""
+
     name = "old"
 
-    def __init__(self) -> None:
-        self.seen: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.seen.append(request)
-        return ModelResponse(text="old answer", input_tokens=request.prompt_tokens, output_tokens=2, cost_usd=0.5)
+    async def complete(self, request: object) -> object:
+        return request
 
 
-async def test_a_v1_adapter_serves_chat_through_the_shim() -> None:
-    old = _OldStyle()
-    call = ToolCall(id="c1", name="read_file", arguments="{}")
-    messages = (ChatMessage(role="system", content="sys"), ChatMessage(role="assistant", content="hm",
-                                                                       tool_calls=(call,)),
-                ChatMessage(role="tool", tool_call_id="c1", content="file text"))
-    resp = await LegacyChat(old).complete_chat(_req(*messages, attempt=2))
-    assert (resp.text, resp.tool_calls, resp.cost_usd, resp.output_tokens) == ("old answer", (), 0.5, 2)
-    assert resp.message == {"role": "assistant", "content": "old answer"}
-    (seen,) = old.seen
-    assert seen.attempt == 2 and seen.prompt == flatten(messages)
-    assert seen.prompt == "[system] sys\n\n[assistant] hm\ncall read_file({})\n\n[tool c1] file text"
+def _old_style(spec: ModelSpec, counter: object) -> _OldStyle:
+    return _OldStyle()
 
 
 def test_chat_request_takes_model_and_params_from_the_spec() -> None:

@@ -16,7 +16,7 @@ from reel.services.executor.modelout import (
 )
 from reel.services.timeline import rows
 from reel.shared.core.chat.finish import is_truncated, truncation_message
-from reel.shared.core.chat.messages import ChatRequest, response_from_wire
+from reel.shared.core.chat.messages import ChatRequest, prompt_request, response_from_wire
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.run.eventfields import Usage, usage_source
 from reel.shared.core.run.events import AttemptFailed
@@ -25,8 +25,7 @@ from reel.shared.core.run.state import AttemptStatus
 from reel.shared.core.run.views import AttemptView, usage_by_source
 from reel.shared.core.workflow.modelspec import ModelSpec
 from reel.shared.core.workflow.spec import AgentStep, parse_workflow
-from reel.shared.models import make_adapter, make_chat_model
-from reel.shared.models.base import ModelRequest
+from reel.shared.models import make_chat_model
 from reel.shared.models.openai import retry_after_s, server_message
 
 SPEC = ModelSpec(adapter="openai", base_url="http://127.0.0.1:1/v1", model="m")
@@ -79,8 +78,8 @@ def test_scripted_and_replayed_usage_say_what_they_are() -> None:
     assert (a.usage_source, a.finish_reason) == ("estimated", "stop")
     assert (b.usage_source, b.finish_reason, b.input_tokens) == ("recorded", "length", 5)
     plain = ModelSpec(adapter="scripted", outputs=("text",))
-    resp = asyncio.run(make_adapter(plain).complete(ModelRequest(run_id="r", step_id="s", attempt=1, prompt="p",
-                                                                 prompt_tokens=4)))
+    resp = asyncio.run(make_chat_model(plain).complete_chat(prompt_request(plain, run_id="r", step_id="s", attempt=1,
+                                                                            prompt="p", prompt_tokens=4)))
     assert (resp.usage_source, resp.finish_reason) == ("estimated", "stop")
 
 

@@ -1,4 +1,4 @@
-"""Chat types of the model port v2, and the OpenAI chat-completions wire format (docs/models.md).
+"""Chat types of the model port, and the OpenAI chat-completions wire format (docs/models.md).
 
 Pure: no I/O. A :class:`ChatRequest` is what an agent turn asks a model;
 :func:`wire_request` is the exact chat-completions body sent for it (the executor
@@ -107,6 +107,9 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
         tool_call_content: the ``content`` sent for an assistant message with tool calls and no text
             (``empty``: ``""``; ``null``; ``omit``: no key), from the spec's profile.
         parallel_tool_calls: sent as ``parallel_tool_calls`` when tools are offered (None: not sent).
+        prompt_tokens: the messages' tokens as Reel packed them (a ``kind: model`` step's packed context and
+            instructions; not sent): what an adapter that estimates usage counts in. ``None``: it counts the
+            messages itself.
     """
 
     run_id: str
@@ -120,6 +123,7 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False
     tool_call_content: ToolCallContent = "empty"
     parallel_tool_calls: bool | None = None
+    prompt_tokens: int | None = None
 
 
 class ChatResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,6 +166,14 @@ def chat_request(spec: ModelSpec, *, run_id: str, step_id: str, messages: Sequen
                        tools=tuple(tools), params=spec.request_params, model=spec.model_name,
                        stream=spec.streams and (compat.stream_tool_turns or not tools),
                        tool_call_content=compat.tool_call_content, parallel_tool_calls=compat.parallel_tool_calls)
+
+
+def prompt_request(spec: ModelSpec, *, run_id: str, step_id: str, attempt: int, prompt: str,
+                   prompt_tokens: int) -> ChatRequest:
+    """A ``kind: model`` step's request: one turn with no tools, its packed ``prompt`` the one user message
+    (``prompt_tokens``: its tokens as packed)."""
+    return msgspec.structs.replace(chat_request(spec, run_id=run_id, step_id=step_id, attempt=attempt, messages=(
+        ChatMessage(role="user", content=prompt),)), prompt_tokens=prompt_tokens)
 
 
 def wire_call(call: ToolCall) -> dict[str, Any]:
@@ -311,7 +323,7 @@ def finish_reason_of(choice: Mapping[str, Any]) -> str | None:
 
 
 def flatten(messages: Sequence[ChatMessage]) -> str:
-    """A transcript as one prompt text, for adapters of the old ``complete(ModelRequest)`` port.
+    """A transcript as one text (what an estimating adapter counts).
 
     Each message becomes ``[role] content`` (tool calls as ``call name(arguments)``,
     tool results as ``[tool <id>] content``), separated by blank lines.
