@@ -165,8 +165,8 @@ def _stopped(interrupt: Interrupt | None) -> Interrupted:
 
 async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenCounter,
                      interrupt: Interrupt | None = None, out: StreamOut | None = None) -> TurnDone:
-    """One model call of a turn attempt (the step's chat model: :func:`~reel.services.executor.modelout.ask`); an error is a result, and so is
-    being cancelled (``interrupted``: the HTTP request is aborted). ``out``: where a streamed response's
+    """One model call of a turn attempt (:func:`~reel.services.executor.modelout.ask`); an error is a result,
+    and so is being cancelled (``interrupted``: the HTTP request is aborted). ``out``: where a streamed response's
     fragments go (services/executor/streaming.py)."""
     started = time.perf_counter()
     try:
