@@ -48,6 +48,43 @@ class PartitionItem:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One item that differs from the partition a collapsed one is shown against: ``was`` and ``now`` are its
+    groups there and here (``None``: not a candidate there / here); same groups: its tokens or reason changed."""
+
+    item: PartitionItem
+    was: str | None
+    now: str | None
+
+    @property
+    def label(self) -> str:
+        """``new in packed``, ``packed → available``, ``gone from available``, ``changed in dropped``."""
+        if self.was is None:
+            return f"new in {self.now}"
+        if self.now is None:
+            return f"gone from {self.was}"
+        return f"changed in {self.now}" if self.was == self.now else f"{self.was} → {self.now}"
+
+
+@dataclass(frozen=True)
+class Collapsed:
+    """A partition shown as "same as <label> except <changes>": ``anchor`` is the earlier attempt's element id
+    (:func:`attempt_anchor`), ``label`` how the page names it (``turn 3``, ``turn 3 #2``), ``changes`` in the
+    order packed, available, dropped, then the items gone."""
+
+    anchor: str
+    label: str
+    changes: tuple[Change, ...]
+
+    def sections(self) -> tuple[tuple[Change, tuple[PartitionItem, ...]], ...]:
+        """The changes by kind (:attr:`Change.label`), in order of first appearance: ``(first change, items)``."""
+        by: dict[str, list[Change]] = {}
+        for c in self.changes:
+            by.setdefault(c.label, []).append(c)
+        return tuple((cs[0], tuple(c.item for c in cs)) for cs in by.values())
+
+
+@dataclass(frozen=True)
 class Partition:
     """A model attempt's partition: items by group (``packed``, ``available``, ``dropped``) and its token
     accounting (tokens; ``None`` where the partition did not record it): the whole ``budget_tokens``, the
@@ -58,6 +95,16 @@ class Partition:
     reserved_tokens: int | None = None
     packed_tokens: int | None = None
     tokenizer: str = ""
+    same_as: Collapsed | None = None
+
+    @property
+    def size(self) -> int:
+        """How many items (candidates) the partition has."""
+        return sum(len(items) for _, items in self.groups)
+
+    def count(self, group: str) -> int:
+        """How many items ``group`` holds."""
+        return len(dict(self.groups)[group])
 
     @property
     def left_tokens(self) -> int | None:
@@ -266,6 +313,34 @@ def partition(context: ContextPartition) -> Partition:
     return dataclasses.replace(part, groups=tuple(groups))
 
 
+def collapse(part: Partition, base: Partition, anchor: str, label: str) -> Partition:
+    """``part`` shown against ``base`` (the partition of an earlier attempt the page shows in full or collapsed):
+    ``part`` with :attr:`Partition.same_as` set when its items differ from ``base``'s in at most half of them
+    (group, tokens, drop reason or trim mark; an available item's shortfall follows the budget line and is
+    not compared) and the items both hold are in the same order in each group; else ``part`` unchanged."""
+    before = {i.item_id: (g, i) for g, items in base.groups for i in items}
+    after = {i.item_id: (g, i) for g, items in part.groups for i in items}
+    changes: list[Change] = []
+    for g, items in part.groups:
+        for i in items:
+            old = before.get(i.item_id)
+            if old is None or old[0] != g or _key(old[1], g) != _key(i, g):
+                changes.append(Change(item=i, was=old[0] if old else None, now=g))
+    changes += [Change(item=i, was=g, now=None) for g, items in base.groups for i in items if i.item_id not in after]
+    if 2 * len(changes) > max(part.size, 1):
+        return part
+    for g, items in part.groups:  # the same order where both hold an item in the same group
+        mine = [i.item_id for i in items if before.get(i.item_id, ("",))[0] == g]
+        theirs = [i.item_id for i in dict(base.groups).get(g, ()) if after.get(i.item_id, ("",))[0] == g]
+        if mine != theirs:
+            return part
+    return dataclasses.replace(part, same_as=Collapsed(anchor=anchor, label=label, changes=tuple(changes)))
+
+
+def _key(item: PartitionItem, group: str) -> tuple[int | None, str, bool]:
+    return item.tokens, item.reason if group == "dropped" else "", item.trimmed
+
+
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) else None
 
@@ -274,8 +349,13 @@ def _usage(usage: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(msgspec.to_builtins(usage).items())
 
 
-def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corruption | None = None) -> RunPage:
+def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corruption | None = None,
+             collapse_partitions: bool = True) -> RunPage:
     """The run page of ``branch_id`` (default: the active branch).
+
+    With ``collapse_partitions``, a model attempt's partition is shown against the one before it in the same
+    scope (an agent's turns, or the attempts of one model step) when little changed (:func:`collapse`): the
+    page then grows with the turns, not with their square.
 
     Raises:
         KeyError: no such branch.
@@ -285,14 +365,25 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
     view = build_episode_view(state, bid)
     lo, span = state.created_lsn, max(1, state.head_lsn - state.created_lsn)
     steps = []
+    last: dict[str, tuple[Partition, str, str]] = {}  # scope → (partition, anchor, label) of its latest attempt
     for s in view.steps:
         entries = []
+        scope = s.parent_step if isinstance(s.parent_step, str) else s.step_id
         for a in s.attempts:
             end = a.outcome_lsn if a.outcome_lsn is not None else state.head_lsn
+            part = partition(a.context) if a.context is not None else None
+            if part is not None:
+                anchor = attempt_anchor(a.step_id, a.attempt)
+                label = (f"turn {s.turn}" if isinstance(s.turn, int) and s.parent_step == scope else str(s.step_id)
+                         ) + (f" #{a.attempt}" if a.attempt > 1 else "")
+                prev = last.get(scope)
+                last[scope] = (part, anchor, label)
+                if collapse_partitions and prev is not None:
+                    part = collapse(part, *prev)
             entries.append(AttemptEntry(
                 view=a, bar_left=round(100 * (a.dispatched_lsn - lo) / span, 2),
                 bar_width=round(max(0.6, 100 * (end - a.dispatched_lsn) / span), 2), usage=_usage(a.usage),
-                partition=partition(a.context) if a.context is not None else None))
+                partition=part))
         decl = turnfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
         steps.append(StepEntry(
             view=s, depth=1 if isinstance(s.parent_step, str) else 0, label=_label(s), attempts=tuple(entries),

@@ -12,7 +12,7 @@ import pytest
 from reel.services.ui.app import _env
 from reel.services.ui.pages import MAX_PAGE_BYTES, RunRow, age, blob_page, blob_refs, matches, run_row
 from reel.services.ui.reader import NotARunId, check_run_id
-from reel.services.ui.runview import lineage, partition, run_page
+from reel.services.ui.runview import collapse, lineage, partition, run_page
 from reel.shared.core.run.events import BlobRef, ContextPartition
 from reel.shared.core.run.fold import fold
 from reel.shared.core.run.ids import ContextItemId
@@ -98,6 +98,55 @@ def test_a_partition_shows_its_budget_and_each_items_tokens_and_reason() -> None
     html = _env().get_template("_macros.html").module.partition_view(rich)  # type: ignore[attr-defined]
     assert 'data-budget="1000"' in html and "<b>200 left</b>" in html and "heuristic-v1 estimate" in html
     assert '<span class="reason">needs 450 &gt; 200 left</span>' in html
+
+
+def _part(packed: str, available: str = "", dropped: str = "", **kw: object) -> ContextPartition:
+    ids = [tuple(ContextItemId(i) for i in g.split()) for g in (packed, available, dropped)]
+    return ContextPartition(packed=ids[0], available=ids[1], dropped=ids[2], **kw)  # type: ignore[arg-type]
+
+
+def test_a_partition_like_the_one_before_collapses_to_its_differences() -> None:
+    base = partition(_part("sys task t1 t2", "", "old", drop_reasons=("stale",), item_tokens=(5, 5, 9, 9, 3),
+                           packed_tokens=28, budget_tokens=40, reserved_tokens=0))
+    nxt = partition(_part("sys task t2 t3", "t1", "old", drop_reasons=("stale",), item_tokens=(5, 5, 9, 9, 9, 3),
+                          packed_tokens=28, budget_tokens=40, reserved_tokens=0))
+    got = collapse(nxt, base, "attempt-a:t1-1", "turn 1")
+    assert got.same_as is not None and got.groups == nxt.groups  # the items are all still there, only not shown
+    assert [(c.item.item_id, c.label) for c in got.same_as.changes] == [("t3", "new in packed"),
+                                                                      ("t1", "packed → available")]
+    assert [(first.label, [i.item_id for i in items]) for first, items in got.same_as.sections()] == [
+        ("new in packed", ["t3"]), ("packed → available", ["t1"])]
+    # an item's tokens or drop reason changing counts; an available item's shortfall (the budget's) does not
+    moved = partition(_part("sys task t2 t3", "t1", "old", drop_reasons=("duplicate",),
+                            item_tokens=(5, 5, 9, 9, 9, 3), packed_tokens=28, budget_tokens=40, reserved_tokens=2))
+    assert [(c.item.item_id, c.label) for c in collapse(moved, nxt, "x", "turn 2").same_as.changes] == [  # type: ignore[union-attr]
+        ("old", "changed in dropped")]
+    assert [c.label for c in collapse(base, nxt, "x", "t").same_as.changes] == [  # type: ignore[union-attr]
+        "available → packed", "gone from packed"]
+    # too many differences, or the same items in another order: shown in full
+    assert collapse(partition(_part("a b c d")), base, "x", "t").same_as is None
+    assert collapse(partition(_part("sys t1 task t2", "", "old")), partition(_part("sys task t1 t2", "", "old")),
+                    "x", "t").same_as is None
+    html = _env().get_template("_macros.html").module.partition_view(got)  # type: ignore[attr-defined]
+    assert 'same as <a href="#attempt-a:t1-1">turn 1</a> except:' in html and html.count('class="item"') == 2
+
+
+def test_a_long_agent_runs_page_grows_with_its_turns() -> None:
+    """Each turn's partition (the golden agent logs') is shown against the turn before: no chip repeats an
+    unchanged item, so the chips are those of the first turn plus what changed."""
+    env, seen = _env(), 0
+    for name, state in GOLDEN.items():
+        full = run_page(state, collapse_partitions=False)
+        page = run_page(state)
+        parts = [e.partition for s in page.steps for e in s.attempts if e.partition is not None]
+        if len(parts) < 3:
+            continue
+        html = env.get_template("_run_body.html").render(p=page, page_bytes=400, namespace="reel", server="")
+        chips = sum(len(c.same_as.changes) if c.same_as else c.size for c in parts)
+        assert html.count('class="item"') == chips, name
+        assert chips < sum(p.size for s in full.steps for e in s.attempts if (p := e.partition) is not None), name
+        seen += 1
+    assert seen >= 2, "golden agent logs with three partitions or more"
 
 
 def test_the_lineage_of_a_forked_run() -> None:

@@ -1,0 +1,121 @@
+"""``reel ui`` keeps a long agent run readable, in a real browser: a 24-turn run under a small budget (its oldest
+turns are left out, ``available``) shows its first turn's partition in full and every later one as "same as turn
+k except …", listing exactly the items whose group, tokens or reason changed since the turn before — so the
+page's partition chips are the first turn's plus the changes, not the sum of every turn's items."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from reel.shared.core.run.events import ContextPartition
+from reel.shared.core.run.views import build_episode_view
+from reel.shared.nats.eventlog import JetStreamEventLog
+from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, until
+
+pytestmark = pytest.mark.ui
+
+TURNS = 24
+
+
+def long_workflow(turns: int = TURNS) -> str:
+    """An agent of ``turns`` scripted turns, each noting something with a recorded tool, then an answer; a budget
+    that fits about ten turns."""
+    calls = "\n".join(
+        f'        - {{text: "note {i}", tool_calls: [{{name: note, arguments: {{n: {i}, text: "<b>line {i}</b>\\n'
+        f'second line"}}}}]}}' for i in range(1, turns + 1))
+    return f"""name: ui-long
+budget_tokens: 900
+steps:
+  - kind: agent
+    id: long
+    max_turns: {turns + 1}
+    instructions: "Take {turns} notes, one a turn."
+    context:
+      - {{id: task, kind: task, text: "Write {turns} notes."}}
+    model:
+      adapter: scripted
+      turns:
+{calls}
+        - text: "Done: {turns} notes."
+    tools:
+      - name: note
+        description: Keep a note.
+        recorded: {{output: "noted <i>it</i>; {'x' * 120}"}}
+        parameters:
+          type: object
+          properties: {{n: {{type: integer}}, text: {{type: string}}}}
+          required: [n, text]
+verifiers:
+  - {{type: output_regex, name: says-done, pattern: "Done"}}
+"""
+
+
+def groups_of(c: ContextPartition) -> dict[str, tuple[str, int]]:
+    """Each item's (group, tokens) as the log recorded it."""
+    assert isinstance(c.item_tokens, tuple)
+    ids = [(i, g) for g in ("packed", "available", "dropped") for i in getattr(c, g)]
+    return {i: (g, t) for (i, g), t in zip(ids, c.item_tokens, strict=True)}
+
+
+def changes(before: ContextPartition, after: ContextPartition) -> set[tuple[str, str, str]]:
+    """(item, was, now) of every item whose group or tokens differ (``""``: not a candidate)."""
+    b, a = groups_of(before), groups_of(after)
+    out = {(i, b[i][0] if i in b else "", g) for i, (g, t) in a.items() if b.get(i) != (g, t)}
+    return out | {(i, g, "") for i, (g, _) in b.items() if i not in a}
+
+
+async def test_a_long_runs_partitions_collapse_to_their_differences(  # type: ignore[no-untyped-def]
+        cfg, event_log: JetStreamEventLog, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    wf = tmp_path / "long.yaml"
+    wf.write_text(long_workflow())
+    code, out, err = await reel(cfg, "run", str(wf), "-q", env=env)
+    assert code == 0, (out, err)
+    run_id = re.search(r"run (r-[0-9a-f]{20}) created", out).group(1)  # type: ignore[union-attr]
+    view = build_episode_view(await event_log.load(run_id))
+    turns = [s.attempts[-1] for s in view.steps if s.kind == "model"]
+    assert len(turns) == TURNS + 1 and all(len(s.attempts) == 1 for s in view.steps if s.kind == "model")
+    parts = [a.context for a in turns]
+    assert all(isinstance(c, ContextPartition) for c in parts)
+    assert parts[-1].available, "the budget ran out: the oldest turns were left out"  # type: ignore[union-attr]
+    async with reel_ui(cfg, env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            b.get(f"{url}/runs/{run_id}")
+            await until(b, lambda d: d.find_element(By.ID, "run-id").text == run_id, "the run page")
+            els = [b.find_element(By.CSS_SELECTOR, f'div.attempt[data-step="{a.step_id}"][data-attempt="1"] '
+                                                   f'.partition') for a in turns]
+            assert not els[0].find_elements(By.CSS_SELECTOR, ".same-as")  # the first turn: in full
+            assert len(els[0].find_elements(By.CSS_SELECTOR, ".item")) == len(groups_of(parts[0]))  # type: ignore[arg-type]
+            moved = 0
+            for k in range(1, len(turns)):
+                same = els[k].find_element(By.CSS_SELECTOR, ".same-as")
+                assert same.get_attribute("data-same-as") == f"attempt-{turns[k - 1].step_id}-1", k
+                assert same.text.startswith(f"same as turn {k} except:"), same.text
+                shown = {(i.get_attribute("data-item"), ch.get_attribute("data-was"), ch.get_attribute("data-now"))
+                         for ch in els[k].find_elements(By.CSS_SELECTOR, ".change")
+                         for i in ch.find_elements(By.CSS_SELECTOR, ".item")}
+                assert shown == changes(parts[k - 1], parts[k]), k  # type: ignore[arg-type]
+                moved += any(was == "packed" and now == "available" for _, was, now in shown)
+                # the budget line is every turn's own
+                assert els[k].find_element(By.CSS_SELECTOR, ".budget").get_attribute("data-packed") == str(
+                    parts[k].packed_tokens)  # type: ignore[union-attr]
+            assert moved >= 5, "turns that left the oldest one out"
+            chips = len(b.find_elements(By.CSS_SELECTOR, ".partition .item"))
+            every = sum(len(groups_of(c)) for c in parts)  # type: ignore[arg-type]
+            assert chips == len(groups_of(parts[0])) + sum(  # type: ignore[arg-type]
+                len(changes(parts[k - 1], parts[k])) for k in range(1, len(parts)))  # type: ignore[arg-type]
+            assert chips * 4 < every, (chips, every)
+            print(f"partition chips: {chips} collapsed, {every} in full")
+            # "same as turn k" jumps to turn k's attempt
+            last = els[-1]
+            b.execute_script("arguments[0].scrollIntoView()", last)
+            assert last.screenshot(str(artifact(tmp_path, "ui-partition-collapsed.png")))
+            print(f"screenshot: {artifact(tmp_path, 'ui-partition-collapsed.png')}")
+            last.find_element(By.CSS_SELECTOR, ".same-as a").click()
+            await until(b, lambda d: d.execute_script("return location.hash") == f"#attempt-{turns[-2].step_id}-1",
+                        "the jump to the turn before")
