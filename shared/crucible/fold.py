@@ -96,7 +96,7 @@ def _close(run: Run, row: Row) -> Run:
     segment, kept = run.segment, run.kept_shas
     if row.verdict is Fate.KEEP and row.kept_sha is not None and row.score is not None:
         readings = tuple(v for v in row.readings if v is not None)
-        segment = segment.promoted(row.score, WorldSha(row.kept_sha), readings)
+        segment = segment.promoted(row.score, WorldSha(row.kept_sha), readings, row.selecting)
         kept = (*kept, row.kept_sha)
     return replace(run, rows=(*run.rows, row), segment=segment, kept_shas=kept, open_it=None, pending_block=None,
                    solved_any=run.solved_any or row.goal_met, spent=_spend(run, wall_ms=row.wall_ms))

@@ -27,7 +27,17 @@ from msgspec.structs import replace
 
 from reel.shared.crucible.config import Direction, NoiseSpec
 from reel.shared.crucible.noise import goal_met, improvement, margin
-from reel.shared.crucible.state import Fate, InvalidReading, Measurement, Reading, Row, Run, Segment, WorldSha
+from reel.shared.crucible.state import (
+    Fate,
+    InvalidReading,
+    Measurement,
+    Reading,
+    Row,
+    Run,
+    Segment,
+    WorldSha,
+    estimate,
+)
 
 
 class CandidateChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,21 +180,49 @@ class Iteration(Generic[S]):
             row = replace(base, readings=(*first.values, *bad.values, None), reason=f"confirmation: {bad.reason}")
             return Decided(row=row, verdict=Fate.INVALID, reading=bad)
         reading = first if confirmation is None else combined(first, confirmation)
-        gain, need = keep_test(reading.values, best_values(segment), segment=segment, direction=direction,
-                               noise=noise)
+        ref = best_values(segment)
+        selecting = len(first.values) if confirmation is not None else 0
+        # "all" counts the selecting reading too (it must beat the best as well: stricter); "mean" leaves it out
+        judged = reading.values if noise.confirm_rule == "all" else reading.values[selecting:]
+        gain, need = keep_test(judged, ref, segment=segment, direction=direction, noise=noise)
         keep = gain > need
         verdict = Fate.KEEP if keep else Fate.DISCARD
-        rule = f"{noise.confirm_rule} of {len(reading.values)} vs {len(best_values(segment))}"
+        new_best = estimate(reading.values, selecting) if selecting else reading.score
         row = replace(base, verdict=verdict, readings=reading.values, score=reading.score,
-                      delta=reading.score - best, best_score=reading.score if keep else best,
-                      kept_sha=s.sha if keep else None, goal_met=keep and goal_met(direction, reading.score, goal),
-                      reason="" if keep else f"improvement {gain:+.6g} ≤ margin {need:.6g} ({rule})")
+                      delta=reading.score - best, best_score=new_best if keep else best,
+                      kept_sha=s.sha if keep else None, goal_met=keep and goal_met(direction, new_best, goal),
+                      reason="" if keep else discard_reason(judged, ref, gain=gain, need=need,
+                                                            direction=direction, noise=noise),
+                      selecting=selecting if keep else 0)
         return Decided(row=row, verdict=verdict, reading=reading)
 
 
 def best_values(segment: Segment) -> tuple[float, ...]:
-    """Every value measured on the segment's best snapshot (its score alone for a segment without them)."""
-    return segment.best_readings or (segment.best_score,)
+    """The values the best snapshot is judged by: every value measured on it but the reading that selected
+    it, while others exist (:func:`~reel.shared.crucible.state.estimate`); its score alone for a segment
+    without values."""
+    readings = segment.best_readings or (segment.best_score,)
+    return readings[segment.best_selecting:] or readings
+
+
+def discard_reason(values: Sequence[float], ref: Sequence[float], *, gain: float, need: float,
+                   direction: Direction, noise: NoiseSpec) -> str:
+    """A discard's reason as a sentence: both figures compared, the margin and the rule that compared them.
+
+    E.g. ``its worst reading 8 is not better than the best's best reading 9 by more than the margin 0
+    (rule "all": each of the candidate's 1 reading(s) must beat each of the best's 3; better = lower)``.
+    """
+    better = "higher" if direction == "maximize" else "lower"
+    if noise.confirm_rule == "all":
+        worst = min(values) if direction == "maximize" else max(values)
+        top = max(ref) if direction == "maximize" else min(ref)
+        return (f"its worst reading {worst:.6g} is not better than the best's best reading {top:.6g} by more "
+                f"than the margin {need:.6g} (improvement {gain:+.6g}; rule \"all\": each of the candidate's "
+                f"{len(values)} reading(s) must beat each of the best's {len(ref)}; better = {better})")
+    mine, theirs = math.fsum(values) / len(values), math.fsum(ref) / len(ref)
+    return (f"its mean {mine:.6g} is not better than the best's mean {theirs:.6g} by more than the margin "
+            f"{need:.6g} (improvement {gain:+.6g}; rule \"mean\": the mean of its {len(values)} reading(s) "
+            f"against the mean of the best's {len(ref)}; better = {better})")
 
 
 def combined(first: Reading, more: Reading) -> Reading:

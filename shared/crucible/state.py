@@ -101,6 +101,9 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
         cost_usd: what the proposer calls of this iteration cost, failed ones included.
         wall_ms: wall time of the iteration (proposer, apply, judge, waits) (ms).
         reason: why (for every verdict but keep/discard), one line.
+        selecting: how many leading values of ``readings`` are the first reading that selected the
+            candidate for confirmation (0: none is set apart — rows from before this field, or a keep
+            without confirmations). A kept snapshot's estimate leaves them out (:func:`estimate`).
     """
 
     it: int
@@ -119,6 +122,19 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
     cost_usd: float = 0.0
     wall_ms: int = 0
     reason: str = ""
+    selecting: int = 0
+
+
+def estimate(readings: tuple[float, ...], selecting: int) -> float:
+    """A snapshot's score from its readings, leaving out the ``selecting`` leading ones that selected it.
+
+    A reading that made a candidate look better than the best is biased upward by the selection
+    (the winner's curse): a lucky one is what gets confirmed. So once other readings of the snapshot
+    exist (confirmations, re-measurements), its score is their mean alone; with none, the mean of all.
+    """
+    rest = readings[selecting:]
+    use = rest or readings
+    return math.fsum(use) / len(use)
 
 
 class Segment(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +151,8 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
         baseline_readings: the baseline's repeated values (σ for the k·σ margin).
         best_readings: every value measured on ``best_snap`` so far (the reading that made
             it the best, its confirmations and every re-measurement of the incumbent).
+        best_selecting: how many leading values of ``best_readings`` are the reading that selected
+            ``best_snap``; ``best_score`` and the keep test leave them out (:func:`estimate`).
     """
 
     regime: str
@@ -145,6 +163,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
     best_snap: WorldSha
     baseline_readings: tuple[float, ...] = ()
     best_readings: tuple[float, ...] = ()
+    best_selecting: int = 0
 
     @classmethod
     def baseline(cls, *, regime: str, fingerprint: str, reading: Reading, snap: WorldSha) -> Segment:
@@ -157,15 +176,24 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
                    best_score=reading.score, baseline_total=reading.total or 0, best_snap=snap,
                    baseline_readings=reading.values, best_readings=reading.values)
 
-    def promoted(self, score: float, snap: WorldSha, readings: tuple[float, ...] = ()) -> Segment:
-        """The segment after a keep: best score, best snapshot and its readings move together."""
-        return msgspec.structs.replace(self, best_score=score, best_snap=snap, best_readings=readings or (score,))
+    def promoted(self, score: float, snap: WorldSha, readings: tuple[float, ...] = (), selecting: int = 0) -> Segment:
+        """The segment after a keep: best score, best snapshot and its readings move together.
+
+        ``selecting``: the leading readings that selected ``snap`` (left out of its estimate,
+        :func:`estimate`); with ``readings`` empty the best is ``score`` alone.
+        """
+        if not readings or not 0 < selecting < len(readings):
+            return msgspec.structs.replace(self, best_score=score, best_snap=snap, best_readings=readings or (score,),
+                                           best_selecting=0)
+        return msgspec.structs.replace(self, best_score=estimate(readings, selecting), best_snap=snap,
+                                       best_readings=readings, best_selecting=selecting)
 
     def remeasured(self, values: tuple[float, ...]) -> Segment:
         """The segment after the best snapshot was measured again: ``best_score`` corrected to the
         mean of every value it has had (a lucky reading does not crown a snapshot for good)."""
         readings = (*(self.best_readings or (self.best_score,)), *values)
-        return msgspec.structs.replace(self, best_readings=readings, best_score=math.fsum(readings) / len(readings))
+        return msgspec.structs.replace(self, best_readings=readings,
+                                       best_score=estimate(readings, self.best_selecting))
 
 
 class PendingProvisioning(msgspec.Struct, frozen=True, kw_only=True):

@@ -63,8 +63,8 @@ def test_rescope_replaces_every_segment_field_in_one_assignment() -> None:
     started = SessionStarted(session_id="s", config=CFG, base_sha="s0", world_dir="/w", protected=(), at_ms=0)
     first = SegmentOpened(regime="easy", reason="baseline", fingerprint="fp-easy", fingerprint_parts={},
                           reading=Reading(values=(1.0, 1.2), score=1.1, total=10), snap="s0", wall_ms=1, at_ms=1)
-    keep = IterationClosed(row=Row(it=1, regime="easy", verdict=Fate.KEEP, score=2.0, best_score=2.0, sha="s1",
-                                   kept_sha="s1"), at_ms=2)
+    keep = IterationClosed(row=Row(it=1, regime="easy", verdict=Fate.KEEP, readings=(3.0, 2.0, 2.0), selecting=1,
+                                   score=7 / 3, best_score=2.0, sha="s1", kept_sha="s1"), at_ms=2)
     rescope = SegmentOpened(regime="hard", reason="rescope", fingerprint="fp-hard", fingerprint_parts={},
                             reading=Reading(values=(7.0,), score=7.0, total=99), snap="s9", wall_ms=1, at_ms=3)
     commits = [(1, SessionCommit(commit_id="c1", session_id="s", events=(started, first))),
@@ -174,7 +174,8 @@ def test_confirmation_all_rule_and_the_incumbent_correction() -> None:
     d = lucky.decide(segment=corrected, direction="maximize", noise=noise, goal=None, wall_ms=0,
                      incumbent=Reading(values=(1.0, 0.98, 1.02), score=1.0), confirmation=conf)
     assert d.verdict is Fate.DISCARD and d.row.readings == (2.0, 1.01, 0.99, 1.03) and d.row.best_score == 1.0
-    assert d.row.incumbent == (1.0, 0.98, 1.02) and "all of 4 vs 4" in d.row.reason
+    assert d.row.incumbent == (1.0, 0.98, 1.02)
+    assert "each of the candidate's 4 reading(s) must beat each of the best's 4" in d.row.reason
     better = applied.measure(Reading(values=(1.5,), score=1.5)).decide(
         segment=corrected, direction="maximize", noise=noise, goal=None, wall_ms=0,
         confirmation=Reading(values=(1.4, 1.6, 1.5), score=1.5))
@@ -212,3 +213,33 @@ def test_a_proposer_and_park_probe_get_the_base_environment_and_their_pass_env_a
         with pytest.raises(ConfigInvalid, match=r"NATS credentials") as exc:
             parse_config({**base, **bad}, config_dir="/c", cwd="/w", environ={})
         assert f"(at `{at}`)" in exc.value.message
+
+
+def test_the_reading_that_selected_the_best_does_not_estimate_it() -> None:
+    """A candidate (true 9, minimize) read a lucky 5 first: kept on 5, 9, 9, 9 its best is 9, not the mean 8 that
+    stood on the 5; a later candidate truly at 8 is kept — before, it was discarded ("improvement -3")."""
+    noise = NoiseSpec()  # defaults: confirm 3, re-measure the incumbent, rule "all"
+    base = replace(seg(10.0), best_readings=(10.0, 10.0, 10.0))
+    first = Iteration.propose(1, "a", CandidateChange(note="lucky", paths=("x",))).apply(WorldSha("c1"))
+    lucky = first.measure(Reading(values=(5.0,), score=5.0))
+    assert lucky.promotes(segment=base, direction="minimize", noise=noise)
+    kept = lucky.decide(segment=base, direction="minimize", noise=noise, goal=None, wall_ms=0,
+                        confirmation=Reading(values=(9.0, 9.0, 9.0), score=9.0))
+    assert kept.verdict is Fate.KEEP and kept.row.readings == (5.0, 9.0, 9.0, 9.0) and kept.row.selecting == 1
+    assert kept.row.best_score == 9.0 and kept.row.score == 8.0  # the row's score is every value; the best is not
+    s = base.promoted(8.0, WorldSha("c1"), kept.row.readings, kept.row.selecting)  # what the fold does
+    assert s.best_score == 9.0 and s.best_readings == (5.0, 9.0, 9.0, 9.0)
+    nxt = Iteration.propose(2, "a", CandidateChange(note="better", paths=("x",))).apply(WorldSha("c2"))
+    truly_better = nxt.measure(Reading(values=(8.0,), score=8.0))
+    assert truly_better.promotes(segment=s, direction="minimize", noise=noise)
+    s = s.remeasured((9.0,))  # the incumbent measured again while confirming: still 9, the 5 still left out
+    assert s.best_score == 9.0
+    d = truly_better.decide(segment=s, direction="minimize", noise=noise, goal=None, wall_ms=0,
+                            confirmation=Reading(values=(8.0, 8.0, 8.0), score=8.0))
+    assert d.verdict is Fate.KEEP and d.row.best_score == 8.0
+    worse = nxt.measure(Reading(values=(9.5,), score=9.5)).decide(segment=s, direction="minimize", noise=noise,
+                                                                  goal=None, wall_ms=0)
+    assert worse.verdict is Fate.DISCARD
+    assert worse.row.reason == ("its worst reading 9.5 is not better than the best's best reading 9 by more than the "
+                                "margin 0 (improvement -0.5; rule \"all\": each of the candidate's 1 reading(s) must "
+                                "beat each of the best's 4; better = lower)")

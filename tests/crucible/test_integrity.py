@@ -6,6 +6,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from reel.services.crucible.world import git
 from reel.shared.crucible.events import MeasureFinished, ProposalMade
 from reel.shared.crucible.state import Fate, LoopExit
@@ -122,10 +124,11 @@ async def test_a_lucky_reading_is_confirmed_before_a_keep_and_the_incumbent_corr
     rows = o.state.run.rows
     assert verdicts(o) == ["discard", "keep", "keep"]
     assert rows[0].readings == (2.0, 1.0, 1.0, 1.0) and rows[0].incumbent == (1.0, 1.0, 1.0)
-    assert rows[0].best_score == 1.0 and "all of 4 vs 4" in rows[0].reason
+    assert rows[0].best_score == 1.0
+    assert "each of the candidate's 4 reading(s) must beat each of the best's 4" in rows[0].reason
     first = [e for e in o.of(MeasureFinished) if e.it == 1]
     assert [e.target for e in first] == ["candidate"] + ["incumbent", "candidate"] * 3  # alternately
-    assert rows[2].score == 1.6 and o.state.run.segment.best_score == 1.6
+    assert rows[2].score == 1.6 and o.state.run.segment.best_score == pytest.approx(1.6)
     assert o.state.run.segment.best_readings == (1.6,) * 4  # the kept reading is its four values
     assert rows[2].verdict is Fate.KEEP and rows[1].incumbent == (1.0,) * 3
 
