@@ -68,6 +68,10 @@ async def _propose(d: Driver, tally: Tally) -> Proposal | LoopExit:
         waited = await wait_block(d, tally)
         if waited is not None:
             return waited
+        why = budget.retry_exhausted(d.run, d.cfg.budget, proposal.cost_usd, d.cfg.proposer.max_cost_usd)
+        if why is not None:
+            return await close_and_end(d, tally, LoopExit.BUDGET, Fate.ABANDONED,
+                                       f"{why} (the proposer was blocked: {proposal.detail})")
 
 
 @dataclass(frozen=True)

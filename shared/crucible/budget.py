@@ -22,6 +22,23 @@ def next_cost_usd(run: Run, spec: BudgetSpec, call_cap_usd: float | None = None)
     return max([spec.cost_estimate_usd, *(r.cost_usd for r in run.rows)])
 
 
+def retry_exhausted(run: Run, spec: BudgetSpec, last_call_usd: float,
+                    call_cap_usd: float | None = None) -> str | None:
+    """Why the cost budget forbids retrying a blocked call, or ``None`` to retry.
+
+    A blocked proposer (a missing resource) is called again within the same iteration, and
+    each call is paid: the retry's worst case is the declared per-call cap, else the larger of
+    the configured estimate and what the blocked call just cost (``last_call_usd``, USD).
+    """
+    if spec.cost_usd is None:
+        return None
+    est = call_cap_usd if call_cap_usd is not None else max(spec.cost_estimate_usd, last_call_usd)
+    if run.spent.cost_usd + est <= spec.cost_usd:
+        return None
+    what = "cap" if call_cap_usd is not None else "≈"
+    return f"cost budget: spent ${run.spent.cost_usd:.4f} + a retry {what} ${est:.4f} > ${spec.cost_usd:.4f}"
+
+
 def next_wall_ms(run: Run, spec: BudgetSpec) -> int:
     """Estimated active wall time of the next iteration (ms)."""
     return max([int(spec.wall_estimate_s * 1000), *(r.wall_ms for r in run.rows)])

@@ -16,7 +16,7 @@ import pytest
 from reel.services.crucible.session import backend
 from reel.services.crucible.world import git
 from reel.shared.crucible.config import SessionConfig, parse_config
-from reel.shared.crucible.events import MeasureFinished, ProposalMade, SegmentOpened
+from reel.shared.crucible.events import MeasureFinished, ProposalMade, ProvisioningBlocked, SegmentOpened
 from reel.shared.crucible.state import InvalidReading, LoopExit
 from reel.shared.runtime.config import Config
 from tests.crucible.conftest import Crucible
@@ -114,3 +114,17 @@ async def test_a_model_proposer_is_told_the_budget_left_in_its_prompt(crucible: 
     async with backend(cfg, writer="test") as b:
         texts = [(await b.blobs.get(p)).decode() for p in prompts if p is not None]
     assert "Budget left: 5 iterations, 2.000000 USD." in texts[0] and "Budget left: 4 iterations" in texts[1]
+
+
+async def test_a_blocked_proposers_retries_recheck_the_cost_budget(crucible: Crucible, root: Path) -> None:
+    """A proposer that reports a missing resource (exit 75) is retried; each retry is a paid call, so the cost
+    budget is checked again before each: it ends the session instead of retrying until ``max_block_s``."""
+    repo = await make_repo(root, "1")
+    plan = [{"cost_usd": 0.4, "exit": 75}]
+    cfg = with_proposer(root, repo, plan, {}, budget={"iterations": 10, "cost_usd": 1.0, "wall_s": 600})
+    o = await crucible.run(cfg)
+    blocked = o.of(ProvisioningBlocked)
+    assert o.exit is LoopExit.BUDGET and len(blocked) == 2, (o.exit, blocked)  # 0.4 + 0.4, then ≈ 0.4 more > 1.0
+    assert o.state.run.spent.cost_usd == pytest.approx(0.8)
+    assert verdicts(o) == ["abandoned"] and "cost budget" in o.state.ended.reason
+    assert "the proposer was blocked" in o.state.ended.reason
