@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from reel._types import RunStatus as RunStatus
     from reel._types import StartReply as StartReply
     from reel._types import Token as Token
+    from reel.shared.core.run.eventfields import Budget as Budget
     from reel.shared.core.run.eventfields import Usage as Usage
     from reel.shared.core.run.eventfields import Verdict as Verdict
     from reel.shared.core.workflow.agentspec import InputSpec as Ask
@@ -95,6 +96,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     **{n: ("reel._types", n) for n in (
         "CancelReply", "CommitEvent", "Outcome", "PendingRequest", "RespondReply", "RewindReply", "RunResult",
         "RunStatus", "StartReply", "Token")},
+    "Budget": ("reel.shared.core.run.eventfields", "Budget"),
     "Usage": ("reel.shared.core.run.eventfields", "Usage"),
     "Verdict": ("reel.shared.core.run.eventfields", "Verdict"),
     "Ask": ("reel.shared.core.workflow.agentspec", "InputSpec"),
@@ -108,8 +110,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     "load_workflow": ("reel.shared.core.workflow.spec", "load_workflow"),
 }
 
-__all__ = ["Agent", "AgentStep", "Ask", "CancelReply", "Client", "CommandRefused", "CommandTimeout", "CommitEvent",
-           "ContextItem", "FunctionTool", "IdempotencyConflict", "InvalidCommand", "InvalidTransition",
+__all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "CommandRefused", "CommandTimeout",
+           "CommitEvent", "ContextItem", "FunctionTool", "IdempotencyConflict", "InvalidCommand", "InvalidTransition",
            "LsnNotInLineage", "Model", "ModelSpec", "ModelStep", "OpenAIModel", "Outcome", "PendingRequest",
            "Policy", "Price", "ReelError", "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply",
            "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",

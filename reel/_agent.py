@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from reel._tool import FunctionTool, Tool
 from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.run.events import Budget
 from reel.shared.core.run.ids import is_token
 from reel.shared.core.workflow.agentspec import ApprovalPolicy
 from reel.shared.core.workflow.spec import (
@@ -125,6 +126,11 @@ class Agent:
         max_attempts: attempts of each turn; max_parallel_tools: calls of one turn at once.
         budget_tokens: context budget of each turn (tokens); policy: packing policy (docs/context.md).
         approval: the tools whose calls wait for a human (names or patterns); labels: the run's labels.
+        budget: what one run may spend (``reel.Budget``: ``max_tokens``, ``max_cost_usd``, ``max_wall_s``,
+            ``max_tool_calls``; docs/workflow.md "Budgets") — not ``budget_tokens``; ``None``: the namespace's.
+        prices: model name → ``reel.Price``, extending the built-in price table.
+        on_code_change: ``continue`` or ``fail`` (``None``: continue): what an attempt does whose tool's code
+            changed since the run's earlier attempts of it.
     """
 
     name: str
@@ -142,6 +148,9 @@ class Agent:
     description: str = ""
     step_id: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    budget: Budget | None = None
+    prices: Mapping[str, Price] | None = None
+    on_code_change: Literal["continue", "fail"] | None = None
 
     def __post_init__(self) -> None:
         """Raises TypeError: an entry of ``tools`` that is not a :class:`Tool` (e.g. a plain function)."""
@@ -180,7 +189,10 @@ class Agent:
                          max_parallel_tools=self.max_parallel_tools)
         spec = WorkflowSpec(name=self.name, description=self.description, budget_tokens=self.budget_tokens,
                             steps=(step,), verifiers=tuple(self.verifiers), labels=dict(self.labels),
-                            approval=self.approval)
+                            approval=self.approval,
+                            budget=msgspec.UNSET if self.budget is None else self.budget,
+                            prices=msgspec.UNSET if self.prices is None else dict(self.prices),
+                            on_code_change=msgspec.UNSET if self.on_code_change is None else self.on_code_change)
         if input is None and not any(i.kind == "task" for i in items):
             raise WorkflowInvalid(f"agent {self.name!r} has no task: give the request as input=\"...\" (to "
                                   "client.start or reel.run_sync), or a context item of kind `task`")

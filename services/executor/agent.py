@@ -48,6 +48,7 @@ from reel.shared.core.agent import turnfold
 from reel.shared.core.agent.memo import ContextMemo
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.input import requestfold
+from reel.shared.core.run import budget
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.crashpoints import commit_points, point_name
 from reel.shared.core.run.events import (
@@ -61,6 +62,8 @@ from reel.shared.core.run.events import (
 )
 from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import DRIVABLE, RunState
+from reel.shared.core.run.stepids import parse_step_id
+from reel.shared.core.workflow.prices import price_for
 from reel.shared.core.workflow.spec import WorkflowSpec
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.control import Interrupt
@@ -195,6 +198,9 @@ class AgentRun:
         """One round trip: store ``bodies`` (and the prompt of ``turn``), publish the ``markers`` of successes,
         commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
         if the planned events were committed. A Decided: nothing was recorded (the run moved)."""
+        halted = self._budget_halt(state, events, outcomes, branch_id, calls, turn)
+        if halted is not None:  # the run's budget would be exceeded: its outcomes and the halt, nothing started
+            events, calls, turn = halted, (), None
         points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/run/crashpoints.py)
         self.attempts.crash_if(*points.before_intent)
         prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
@@ -208,6 +214,35 @@ class AgentRun:
             log.debug("agent.replanned", lsn=done.state.head_lsn, recorded=len(done.events))
             return done.state
         return await self._started(done, branch_id, calls, turn, prompt_result)
+
+    def _budget_halt(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd],
+                     branch_id: BranchId, calls: Sequence[plan.CallAttempt], turn: PreparedTurn | None,
+                     ) -> tuple[AnyEvent, ...] | None:
+        """The commit recording a ``budget_exhausted`` halt in place of ``events`` when the model call of ``turn``
+        (its worst case: packed prompt tokens + ``max_tokens``, priced) or the tool ``calls`` they start would
+        exceed the run's budget, counting ``outcomes`` as spent (:func:`reel.shared.core.run.budget.check`);
+        ``None`` when they fit (or the run has no budget)."""
+        if (turn is None and not calls) or budget.budget_of(state) is None:
+            return None
+        worst = None
+        if turn is not None:
+            model = self.spec.agent(turn.action.agent).model
+            worst = budget.worst_case(turn.packed_tokens, model, price_for(model, self.spec.price_table))
+        at = now_ms()
+        found = budget.check(state, at, model_call=worst, tool_calls=len(calls), pending=[o.usage for o in outcomes])
+        if found is None:
+            return None
+        if turn is not None:
+            step, agent = turn.action.step_id, turn.action.agent
+            turns = turn.action.turn - 1 if turn.action.declare else turn.action.turn
+        else:
+            step = calls[0].step_id
+            parsed = parse_step_id(step)
+            assert parsed is not None, step
+            agent, turns = parsed[0], parsed[1]
+        log.info("run.budget_exhausted", step_id=step, budget=found.budget, limit=found.limit, spent=found.spent,
+                 needed=found.needed)
+        return budget.halted_commit(events, found.event(branch_id, step, at), agent, turns)
 
     async def _started(self, done: Committed, branch_id: BranchId, calls: Sequence[plan.CallAttempt],
                        turn: PreparedTurn | None, prompt_result: Any) -> RunState:

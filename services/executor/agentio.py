@@ -35,6 +35,7 @@ from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import AnyEvent, AttemptEnd, BlobRef, ContextPartition, DeclaredStep
 from reel.shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.prices import priced
 from reel.shared.core.workflow.spec import WorkflowSpec
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.control import Interrupt
@@ -170,7 +171,8 @@ async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenC
     fragments go (services/executor/streaming.py)."""
     started = time.perf_counter()
     try:
-        resp = await modelout.ask(spec.agent(prepared.action.agent).model, prepared.request, counter, out)
+        resp = await modelout.ask(priced(spec.agent(prepared.action.agent).model, spec.price_table), prepared.request,
+                                  counter, out)
     except asyncio.CancelledError:
         stop = _stopped(interrupt)
         return TurnDone(prepared, None, ModelError(stop.message, kind=stop.kind), _ms_since(started))

@@ -15,6 +15,7 @@ import asyncio
 import re
 from collections.abc import Container
 
+import msgspec
 import structlog
 
 from reel.shared.application.fenced import commit_new
@@ -31,7 +32,7 @@ from reel.shared.core.errors import (
 from reel.shared.core.mutators import cancel
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.ports import BlobStore, EventLog
-from reel.shared.core.run.events import BlobRef, RunCreated
+from reel.shared.core.run.events import BlobRef, Budget, RunCreated
 from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
@@ -86,6 +87,7 @@ class Executor:
         self.unserved: dict[str, int] = {}  # module:function → when a run last waited for it here (epoch ms)
         self.specs = WorkflowCache(blobs, registered=tools)
         self.inline_max = cfg.inline_max_bytes
+        self.default_budget = cfg.budget  # the namespace's (REEL_BUDGET): what a workflow's budget leaves unset
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
                             tool_output=cfg.tool_output, lease=lease)
         self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since, check_s=cfg.cancel_check_s)
@@ -161,7 +163,7 @@ class Executor:
             run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
-            source_dir=start.source_dir,
+            source_dir=start.source_dir, budget=_budget(spec, self.default_budget),
         )
         self.driver.attempts.check_lease()
         done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
@@ -303,3 +305,10 @@ class Executor:
             return await self.specs.load(ref)
         except BlobMissing as exc:
             raise type(exc)(f"workflow_ref: {exc.message}; upload the workflow first (at `$.workflow_ref`)") from exc
+
+
+def _budget(spec: WorkflowSpec, default: Budget | None) -> Budget | msgspec.UnsetType:
+    """The run's budget: the workflow's limits over the namespace's ``default``; unset when it has none."""
+    own = spec.budget if isinstance(spec.budget, Budget) else Budget()
+    budget = own.over(default)
+    return budget if budget.limits else msgspec.UNSET

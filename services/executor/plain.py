@@ -40,6 +40,7 @@ from reel.shared.core.chat.messages import prompt_request
 from reel.shared.core.decision import Decision
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.packer import accounted, pack, reserving
+from reel.shared.core.run import budget
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import (
     AnyEvent,
@@ -51,11 +52,13 @@ from reel.shared.core.run.events import (
     BlobRef,
     Commit,
     RunStarted,
+    StepHalted,
     Usage,
 )
 from reel.shared.core.run.fold import apply_commit
 from reel.shared.core.run.ids import CommitId
 from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.prices import price_for, priced
 from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
 from reel.shared.core.workflow.toolspec import output_limit
 from reel.shared.nats.blobstore import is_inline, ref_for
@@ -169,6 +172,7 @@ class PlainSteps:
             branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=a.executor_id,
             at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max), context=partition,
         )
+        step = msgspec.structs.replace(step, model=priced(step.model, spec.price_table))  # what its calls cost
         return Prepared(action=action, step=step, intent=intent, prompt=prompt,
                         prompt_tokens=packed.packed_tokens + reserved)
 
@@ -196,6 +200,9 @@ class PlainSteps:
                     return recorded.state
                 return recorded
             p = await self.prepare(state, spec, action)
+            halt = halt_of(state, p)
+            if halt is not None:  # the run's budget would be exceeded: the step fails before its call is made
+                return await self.a.intent(state, [halt])
             done = await self._commit_intent(state, p)
             if not isinstance(done, RunState):
                 return done
@@ -330,7 +337,8 @@ class PlainSteps:
         action = plan.next_action(preview, self.a.executor_id, start=cursor.peek(preview))
         if not isinstance(action, plan.Dispatch) or action.supersedes is not None:
             return None  # an orphan's successor is never chained: its marker is read first (run)
-        return await self.prepare(preview, spec, action)
+        nxt = await self.prepare(preview, spec, action)
+        return None if halt_of(preview, nxt) is not None else nxt  # a halt is committed by run(), alone
 
     async def _commit_outcome(self, state: RunState, p: Prepared, event: AttemptEnd, body: bytes | None,
                               nxt: Prepared | None) -> RunState | Chained:
@@ -372,6 +380,25 @@ class PlainSteps:
         if isinstance(done, Committed) and nxt is not None and len(done.events) == 2:
             return Chained(done.state, nxt)
         return done.state
+
+
+def halt_of(state: RunState, p: Prepared) -> StepHalted | None:
+    """The ``step_halted`` (``budget_exhausted``) that takes the place of ``p``'s intent on ``state`` when its call
+    would exceed the run's budget (a model step: its prompt tokens plus its ``max_tokens``, priced; a tool step:
+    one tool call), else ``None``."""
+    if budget.budget_of(state) is None:
+        return None
+    at = now_ms()
+    if isinstance(p.step, ModelStep):
+        worst = budget.worst_case(p.prompt_tokens, p.step.model, price_for(p.step.model))
+        found = budget.check(state, at, model_call=worst)
+    else:
+        found = budget.check(state, at, tool_calls=1)
+    if found is None:
+        return None
+    log.info("run.budget_exhausted", step_id=p.action.step_id, budget=found.budget, limit=found.limit,
+             spent=found.spent, needed=found.needed)
+    return found.event(p.action.branch_id, p.action.step_id, at)
 
 
 def _ms_since(started: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -13,6 +14,7 @@ from reel.services.timeline import rows
 from reel.services.timeline.table import AttemptTable
 from reel.shared.core.input import requestfold
 from reel.shared.core.input.requeststate import InputRecord
+from reel.shared.core.run import budget
 from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
@@ -30,6 +32,7 @@ from reel.shared.core.run.events import (
     RunCreated,
     RunStarted,
     RunVerifying,
+    StepHalted,
     StepsDeclared,
     Verdict,
     VerdictRecorded,
@@ -104,6 +107,8 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
                 t.append(f": {event.error_kind}: {clip(event.message)}", style="red")
         case InputRequested() | InputAnswered() | RunAwaitingInput():
             _input(t, event)
+        case StepHalted():
+            t.append(f"halted before {event.step_id}: {event.reason}: {clip(event.message, 160)}", style="red")
         case BranchForked():
             t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
                      + (f" (step {event.from_step})" if event.from_step else ""), style="cyan")
@@ -184,8 +189,8 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
     u = view.usage
     footer = Text(f"usage: {rows.tokens_by_source(view)}, "
                   f"{rows.fmt_ms(u.latency_ms)} ms, ${u.cost_usd:.4f}; failed attempts: {view.failed_attempts}")
-    parts: list[Text | Table | AttemptTable] = [_header(state), _branches(state, bid), table, *notes, *drops, footer,
-                                 *_agent_lines(view)]
+    parts: list[Text | Table | AttemptTable] = [_header(state), *_budget_lines(state, branch), _branches(state, bid),
+                                                table, *notes, *drops, footer, *_agent_lines(view)]
     if state.verdicts:
         parts.append(verdict_table(state.verdicts))
     return Group(*parts)
@@ -205,6 +210,18 @@ def _header(state: RunState) -> Text:
         header.append(f"  context check {checks}", style="dim")
     header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
     return header
+
+
+def _budget_lines(state: RunState, branch: BranchState) -> list[Text]:
+    """The run's spend against its budget (none: no line), and the halt that ended the branch shown, if any: its
+    end reason (``budget_exhausted``, ``code_changed``) and message, whole."""
+    out = []
+    if line := budget.summary(state, int(time.time() * 1000)):
+        out.append(Text(f"budget: {line}", style="dim"))
+    if isinstance(branch.halt, StepHalted):
+        out.append(Text(f"end reason {branch.halt.reason} (before {branch.halt.step_id}): {branch.halt.message}",
+                        style="red"))
+    return out
 
 
 def _branches(state: RunState, bid: BranchId) -> Text:

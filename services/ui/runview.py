@@ -10,6 +10,7 @@ lanes on an LSN axis (what the page draws as inline SVG).
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,8 @@ import msgspec
 
 from reel.shared.core.agent import turnfold
 from reel.shared.core.input.requeststate import InputRecord
-from reel.shared.core.run.events import BlobRef, ContextPartition, Verdict
+from reel.shared.core.run import budget
+from reel.shared.core.run.events import BlobRef, ContextPartition, StepHalted, Verdict
 from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption
 from reel.shared.core.run.state import RunState
@@ -234,6 +236,8 @@ class RunPage:
         outcome: the reported outcome (:func:`reel.shared.core.verify.reportedoutcome.reported_outcome`), ``""`` until
         completed.
         checks: the names of the run's context checks (verifiers reported beside the outcome, not as it).
+        budget: the run's spend against its budget (:func:`reel.shared.core.run.budget.summary`; ``""``: none).
+        halt: the end reason of the branch shown when a ``step_halted`` ended it (``budget_exhausted: …``).
     """
 
     state: RunState
@@ -248,6 +252,8 @@ class RunPage:
     outcome: str = ""
     checks: tuple[str, ...] = ()
     failure: Failure | None = None
+    budget: str = ""
+    halt: str = ""
 
 
 def failure(steps: tuple[StepEntry, ...], verdicts: tuple[Verdict, ...], branch_id: str, outcome: str,
@@ -398,7 +404,9 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
                    usage_by_source=tuple((k, _usage(msgspec.structs.replace(u, source=msgspec.UNSET)))
                                          for k, u in (view.usage_by_source or {}).items()),
                    outcome=outcome, checks=checks,
-                   failure=failure(tuple(steps), state.verdicts, bid, outcome, checks))
+                   failure=failure(tuple(steps), state.verdicts, bid, outcome, checks),
+                   budget=budget.summary(state, int(time.time() * 1000)),
+                   halt=f"{branch.halt.reason}: {branch.halt.message}" if isinstance(branch.halt, StepHalted) else "")
 
 
 def _label(s: StepView) -> str:

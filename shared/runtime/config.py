@@ -34,6 +34,9 @@ variable                 default                    meaning
 ``REEL_PARTITIONS``      ``0``                      executor command partitions N (0: one shared durable)
 ``REEL_EXECUTOR_PARTITIONS`` all                   an executor's own partitions, e.g. ``0,2`` (others'
                                                     are adopted while no live executor owns them)
+``REEL_BUDGET``          unset                      the namespace's default run budget, JSON, e.g.
+                                                    ``{"max_cost_usd": 5}``: the limits a workflow's
+                                                    ``budget:`` leaves unset (docs/workflow.md "Budgets")
 =======================  =========================  ===========================================
 
 Credentials and TLS (:class:`NatsAuth`, docs/security.md; all unset by default — an auth-off server):
@@ -61,6 +64,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
+from reel.shared.core.run.events import Budget
 from reel.shared.core.wire.subjects import Names
 from reel.shared.core.workflow.toolspec import DEFAULT_MAX_OUTPUT_BYTES, ON_OVERFLOW, OutputLimit
 
@@ -137,6 +143,7 @@ class Config:
     failover_s: float = 30.0
     executor_partitions: tuple[int, ...] | None = None  # None: all of names.partitions
     tool_output: OutputLimit = field(default_factory=OutputLimit)
+    budget: Budget | None = None  # the namespace's default run budget (REEL_BUDGET)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -161,6 +168,7 @@ class Config:
             "failover_s": float(os.environ.get("REEL_FAILOVER_S", "30")),
             "executor_partitions": _partition_set(os.environ.get("REEL_EXECUTOR_PARTITIONS", "")),
             "tool_output": tool_output_from_env(os.environ),
+            "budget": budget_from_env(os.environ),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -169,6 +177,26 @@ class Config:
 def _partition_set(text: str) -> tuple[int, ...] | None:
     """``REEL_EXECUTOR_PARTITIONS`` (``0,2``) as a tuple; empty: ``None`` (all)."""
     return tuple(sorted({int(x) for x in text.split(",") if x.strip()})) or None
+
+
+def budget_from_env(env: Mapping[str, str]) -> Budget | None:
+    """The namespace's default run budget from ``REEL_BUDGET`` (JSON of a workflow's ``budget:``); ``None``: unset.
+
+    Raises:
+        ValueError: not such JSON, or a limit not > 0 (named in the message).
+    """
+    raw = env.get("REEL_BUDGET", "").strip()
+    if not raw:
+        return None
+    try:
+        budget = msgspec.json.decode(raw, type=Budget)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"REEL_BUDGET must be JSON such as {{\"max_cost_usd\": 5}}: {exc}") from None
+    for name in budget.__struct_fields__:
+        value = getattr(budget, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"REEL_BUDGET: {name} must be > 0, not {value!r}")
+    return budget if budget.limits else None
 
 
 def tool_output_from_env(env: Mapping[str, str]) -> OutputLimit:

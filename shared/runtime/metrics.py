@@ -12,6 +12,11 @@ metric                              type       labels / meaning
 ``reel_attempts_total``             counter    ``kind`` (model, tool), ``outcome`` (succeeded, failed, cancelled)
 ``reel_attempt_duration_seconds``   histogram  ``kind``: dispatch → outcome, from the events' ``at_ms`` (s)
 ``reel_verdicts_total``             counter    ``verifier``, ``status`` (pass, fail, error)
+``reel_spend_tokens_total``         counter    ``source`` (reported, estimated, recorded, none): model tokens
+``reel_spend_usd_total``            counter    ``source``: USD of model outcomes (what budgets count)
+``reel_halts_total``                counter    ``reason`` (budget_exhausted, code_changed), ``budget`` (the limit,
+                                               or ``-``): runs stopped before a call (``step_halted``)
+``reel_budget_spent_ratio``         histogram  ``budget``: at a ``budget_exhausted`` halt, spent ÷ limit
 ``reel_consumer_pending``           gauge      ``durable``: commands queued, not yet delivered
 ``reel_consumer_ack_pending``       gauge      ``durable``: delivered, not yet acked (in flight)
 ==================================  =========  =============================================================
@@ -35,12 +40,14 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from reel.shared.core.run.eventfields import usage_source
 from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
     AttemptDispatched,
     AttemptFailed,
     AttemptSucceeded,
+    StepHalted,
     VerdictRecorded,
 )
 
@@ -58,6 +65,12 @@ ATTEMPTS = Counter("reel_attempts", "Attempt outcomes recorded by this process",
 DURATION = Histogram("reel_attempt_duration_seconds", "Attempt latency, dispatch to outcome (s)", ["kind"],
                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900), registry=REGISTRY)
 VERDICTS = Counter("reel_verdicts", "Verdicts recorded by this process", ["verifier", "status"], registry=REGISTRY)
+SPEND_TOKENS = Counter("reel_spend_tokens", "Tokens of model outcomes recorded by this process", ["source"],
+                       registry=REGISTRY)
+SPEND_USD = Counter("reel_spend_usd", "USD of model outcomes recorded by this process", ["source"], registry=REGISTRY)
+HALTS = Counter("reel_halts", "Runs stopped before a call (step_halted)", ["reason", "budget"], registry=REGISTRY)
+SPENT_RATIO = Histogram("reel_budget_spent_ratio", "At a budget_exhausted halt: spent / limit", ["budget"],
+                        buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0, 1.5), registry=REGISTRY)
 PENDING = Gauge("reel_consumer_pending", "Commands queued on the durable consumer, not yet delivered", ["durable"],
                 registry=REGISTRY)
 ACK_PENDING = Gauge("reel_consumer_ack_pending", "Commands delivered, not yet acked", ["durable"], registry=REGISTRY)
@@ -88,6 +101,15 @@ def observe_commit(run_id: str, events: Sequence[AnyEvent]) -> None:
             seconds = (ev.at_ms - at_ms) / 1000 if at_ms is not None else ev.usage.latency_ms / 1000
             if seconds > 0 or at_ms is not None:
                 DURATION.labels(kind=kind).observe(max(0.0, seconds))
+            if kind == "model":
+                source = usage_source(ev.usage)
+                SPEND_TOKENS.labels(source=source).inc(ev.usage.input_tokens + ev.usage.output_tokens)
+                SPEND_USD.labels(source=source).inc(max(0.0, ev.usage.cost_usd))
+        elif isinstance(ev, StepHalted):
+            limit = ev.budget if isinstance(ev.budget, str) else "-"
+            HALTS.labels(reason=ev.reason, budget=limit).inc()
+            if isinstance(ev.limit, float | int) and isinstance(ev.spent, float | int) and ev.limit > 0:
+                SPENT_RATIO.labels(budget=limit).observe(ev.spent / ev.limit)
         elif isinstance(ev, VerdictRecorded):
             VERDICTS.labels(verifier=ev.verdict.verifier, status=ev.verdict.status).inc()
 

@@ -156,3 +156,78 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     score: float = 0.0
     reason: str = ""
     at_ms: int = 0
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What one run may spend (docs/workflow.md, "Budgets"): every limit is optional (``None``: no limit).
+
+    Not the packer's ``budget_tokens`` (how many tokens of context one model call may carry): this is the
+    run's total spend, across every branch.
+
+    Attributes:
+        max_tokens: input + output tokens of every model attempt (tokens).
+        max_cost_usd: the cost of every model attempt (USD).
+        max_wall_s: seconds from the run's creation to the start of a model or tool call (s).
+        max_tool_calls: tool attempts dispatched (an agent's tool calls and tool steps, every attempt).
+    """
+
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    max_wall_s: float | None = None
+    max_tool_calls: int | None = None
+
+    def over(self, default: Budget | None) -> Budget:
+        """This budget with each limit it leaves unset taken from ``default`` (a namespace's)."""
+        if default is None:
+            return self
+        return Budget(**{f: getattr(self, f) if getattr(self, f) is not None else getattr(default, f)
+                         for f in self.__struct_fields__})
+
+    @property
+    def limits(self) -> bool:
+        """True when at least one limit is set."""
+        return any(getattr(self, f) is not None for f in self.__struct_fields__)
+
+
+HaltReason = Literal["budget_exhausted", "code_changed"]
+"""Why a run stopped before a step's next attempt (``step_halted``): its budget would be exceeded, or the code
+the attempt would run differs from what its earlier attempts ran under ``on_code_change: fail``."""
+
+
+class CodeIdentity(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The code one attempt ran (``attempt_dispatched.code``), as the executor resolved it.
+
+    Attributes:
+        kind: ``python`` (a Python tool), ``command`` (a command tool or a plain tool step), ``model`` (a model
+            attempt: its adapter), ``builtin`` (Reel's own: a recorded or scripted tool, ``ask_user``).
+        name: the tool's name, or the model adapter's (``openai``, ``module:factory``).
+        path: a Python tool's module file, or the executable a command resolved to (absolute); ``None`` for
+            code that is Reel's own.
+        sha256: hex digest of the file at ``path``.
+        version: the installed distribution the code belongs to, ``name==version`` (``None``: a file of no
+            installed distribution, such as a tool module beside the workflow).
+        reel: the Reel version that ran the attempt.
+    """
+
+    kind: str
+    name: str = ""
+    path: str | None = None
+    sha256: str | None = None
+    version: str | None = None
+    reel: str = ""
+
+    @property
+    def subject(self) -> tuple[str, str]:
+        """What the identity is of: ``(kind, name)`` — attempts of the same subject are compared."""
+        return self.kind, self.name
+
+    def differs(self, other: CodeIdentity) -> list[str]:
+        """What changed from ``other`` to this identity, one ``field a → b`` each (empty: the same code)."""
+        out = []
+        for f in ("path", "sha256", "version", "reel"):
+            a, b = getattr(other, f), getattr(self, f)
+            if a != b:
+                if f == "sha256":
+                    a, b = (v[:12] if isinstance(v, str) else v for v in (a, b))
+                out.append(f"{f} {a} → {b}")
+        return out

@@ -24,7 +24,10 @@ from reel.shared.core.input.requestevents import InputRequested as InputRequeste
 from reel.shared.core.input.requestevents import RunAwaitingInput as RunAwaitingInput
 from reel.shared.core.run.eventbase import Event as Event
 from reel.shared.core.run.eventfields import BlobRef as BlobRef  # value types: shared/core/run/eventfields.py
+from reel.shared.core.run.eventfields import Budget as Budget
+from reel.shared.core.run.eventfields import CodeIdentity as CodeIdentity
 from reel.shared.core.run.eventfields import ContextPartition as ContextPartition
+from reel.shared.core.run.eventfields import HaltReason as HaltReason
 from reel.shared.core.run.eventfields import StepDecl as StepDecl
 from reel.shared.core.run.eventfields import StepKind as StepKind
 from reel.shared.core.run.eventfields import Usage as Usage
@@ -47,6 +50,8 @@ class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
     ``source_dir``: the folder of the workflow's file, from the start command (where its ``python:`` tools are
     looked up first, whichever executor drives the run); unset (not encoded) for a run started without a file,
     so older logs read the same.
+    ``budget``: the run's spend limits (the workflow's ``budget:`` over the namespace's default, decided when the
+    run was created); unset (not encoded) for a run without limits, and in older logs.
     """
 
     run_id: RunId
@@ -59,6 +64,7 @@ class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
     created_ms: int
     labels: dict[str, str] = {}
     source_dir: str | msgspec.UnsetType = msgspec.UNSET
+    budget: Budget | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
@@ -72,8 +78,9 @@ class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=Tr
     """The intent, committed *before* the side effect.
 
     For model steps ``prompt_ref`` and ``context`` are set, in this same commit
-    (the partition is known only at pack time). A new attempt of a step supersedes any earlier attempt of
-    that step that is still ``dispatched`` (its executor died).
+    (the partition is known only at pack time). ``code``: the identity of the code the attempt runs
+    (:class:`~reel.shared.core.run.eventfields.CodeIdentity`); unset (not encoded) in older logs. A new attempt
+    of a step supersedes any earlier attempt of that step that is still ``dispatched`` (its executor died).
     """
 
     branch_id: BranchId
@@ -83,6 +90,7 @@ class AttemptDispatched(Event, tag="attempt_dispatched", kw_only=True, frozen=Tr
     at_ms: int
     prompt_ref: BlobRef | None = None
     context: ContextPartition | None = None
+    code: CodeIdentity | msgspec.UnsetType = msgspec.UNSET
 
 
 class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True):
@@ -257,13 +265,37 @@ class AgentFinished(Event, tag="agent_finished", kw_only=True, frozen=True):
     at_ms: int
 
 
+class StepHalted(Event, tag="step_halted", kw_only=True, frozen=True):
+    """The run stopped before the next attempt of ``step_id`` on ``branch_id``: that step fails (the branch ends).
+
+    Attributes:
+        reason: ``budget_exhausted`` (the attempt's worst case would exceed a limit of the run's budget) or
+            ``code_changed`` (the attempt would run other code than the step's tool ran before, under
+            ``on_code_change: fail``).
+        message: one line naming the limit and the figures, or the code that changed.
+        budget: the limit (``max_tokens``, ``max_cost_usd``, ``max_wall_s``, ``max_tool_calls``); ``limit`` its
+            value, ``spent`` what the run had spent of it, ``needed`` what the next attempt would take at worst
+            (tokens, USD, seconds or calls); unset (not encoded) for ``code_changed``.
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    reason: HaltReason
+    message: str = ""
+    budget: str | msgspec.UnsetType = msgspec.UNSET
+    limit: float | msgspec.UnsetType = msgspec.UNSET
+    spent: float | msgspec.UnsetType = msgspec.UNSET
+    needed: float | msgspec.UnsetType = msgspec.UNSET
+    at_ms: int
+
+
 AttemptEnd = AttemptSucceeded | AttemptFailed
 """How an attempt ended, as its outcome event says (``AttemptCancelled`` is a cancel's, not the executor's)."""
 
 AnyEvent = (
     RunCreated | RunStarted | AttemptDispatched | AttemptSucceeded | AttemptFailed | AttemptCancelled | RunVerifying
     | VerdictRecorded | RunCompleted | RunCancelled | BranchForked | StepsDeclared | AgentFinished
-    | InputRequested | InputAnswered | RunAwaitingInput
+    | InputRequested | InputAnswered | RunAwaitingInput | StepHalted
 )
 
 

@@ -41,6 +41,7 @@ from reel.shared.core.run.events import (
     RunCreated,
     RunStarted,
     RunVerifying,
+    StepHalted,
     StepsDeclared,
     Verdict,
     VerdictRecorded,
@@ -167,7 +168,7 @@ def create(lsn: LSN, event: RunCreated) -> RunState:
         idempotency_key=event.idempotency_key, labels=FrozenMap.of(event.labels), created_ms=event.created_ms,
         created_lsn=lsn, head_lsn=lsn, active_branch=event.branch_id,
         branches=FrozenMap.of({event.branch_id: BranchState(branch_id=event.branch_id, created_lsn=lsn)}),
-        source_dir=event.source_dir,
+        source_dir=event.source_dir, budget=event.budget,
     )
 
 
@@ -192,7 +193,8 @@ def _dispatched(run: _Run, lsn: LSN, event: AttemptDispatched) -> None:
     run.status = RUNNING if run.status == PENDING else run.status
     branch.changed[event.step_id] = (*branch.get(event.step_id), AttemptState(
         step_id=event.step_id, attempt=event.attempt, status=DISPATCHED, executor_id=event.executor_id,
-        dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context))
+        dispatched_lsn=lsn, dispatched_ms=event.at_ms, prompt_ref=event.prompt_ref, context=event.context,
+        code=event.code))
 
 
 def _resolved(run: _Run, lsn: LSN, event: AttemptSucceeded | AttemptFailed | AttemptCancelled, **outcome: Any) -> None:
@@ -264,6 +266,17 @@ def _agent_finished(run: _Run, lsn: LSN, event: AgentFinished) -> None:
     branch.agents[step] = turnfold.finish(run.base.steps, branch.agent(step), event, lsn, run.base.run_id)
 
 
+def _halted(run: _Run, lsn: LSN, event: StepHalted) -> None:
+    """The branch stops at ``event.step_id``: that step is failed (:func:`reel.shared.core.run.state.own_status`)."""
+    branch = _on(run, event.branch_id, "step_halted")
+    steps = run.base.steps
+    parsed = parse_step_id(event.step_id)
+    known = steps.declares(event.step_id) or (parsed is not None and steps.declares(parsed[0]))
+    if not known:
+        raise InvalidTransition(f"step_halted at unknown step {event.step_id!r}", run_id=run.base.run_id)
+    branch.base = msgspec.structs.replace(branch.base, halt=event)
+
+
 def _input(run: _Run, lsn: LSN, event: InputRequested | InputAnswered | RunAwaitingInput) -> None:
     """Human input: a request, an answer, the run resting (:func:`reel.shared.core.input.requestfold.apply`)."""
     b = _on(run, event.branch_id, "input event")
@@ -277,6 +290,7 @@ _APPLY: dict[type, Callable[[_Run, LSN, Any], None]] = {
     AttemptFailed: _failed, RunVerifying: _verifying, VerdictRecorded: _verdict, RunCompleted: _completed,
     RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: _declared, AgentFinished: _agent_finished,
     AttemptCancelled: _attempt_cancelled, InputRequested: _input, InputAnswered: _input, RunAwaitingInput: _input,
+    StepHalted: _halted,
 }
 
 

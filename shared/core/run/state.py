@@ -21,7 +21,17 @@ import msgspec
 
 from reel.shared.core.agent.turnstate import AgentRecord
 from reel.shared.core.input.requeststate import InputRecord
-from reel.shared.core.run.events import BlobRef, ContextPartition, RunOutcome, StepDecl, Usage, Verdict
+from reel.shared.core.run.events import (
+    BlobRef,
+    Budget,
+    CodeIdentity,
+    ContextPartition,
+    RunOutcome,
+    StepDecl,
+    StepHalted,
+    Usage,
+    Verdict,
+)
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from reel.shared.core.run.persistent import FrozenMap, MapBuilder
 from reel.shared.core.run.stepids import cutoff_key, order_key
@@ -139,6 +149,7 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     truncated: bool | msgspec.UnsetType = msgspec.UNSET  # the output is a head (attempt_succeeded.truncated)
     finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET  # a model attempt's, as the server sent it
     error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET  # the whole body behind a failure (attempt_failed)
+    code: CodeIdentity | msgspec.UnsetType = msgspec.UNSET  # the code it ran (attempt_dispatched.code)
 
 
 class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -146,7 +157,7 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     calls too); ``agents``: the agent steps' declarations and outcomes (:mod:`reel.shared.core.agent.turnfold`);
     ``requests``:
     the input requests by call step id (:mod:`reel.shared.core.input.requestfold`) — the last two unset (not encoded) if
-    none."""
+    none; ``halt``: the ``step_halted`` that ended the branch (its step fails), unset (not encoded) if none."""
 
     branch_id: BranchId
     parent_branch_id: BranchId | None = None
@@ -156,6 +167,7 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     attempts: FrozenMap[StepId, tuple[AttemptState, ...]] = FrozenMap()
     agents: FrozenMap[StepId, AgentRecord] | msgspec.UnsetType = msgspec.UNSET
     requests: FrozenMap[StepId, InputRecord] | msgspec.UnsetType = msgspec.UNSET
+    halt: StepHalted | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -189,6 +201,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cancel_reason: str | None = None
     finished_ms: int | None = None
     source_dir: str | msgspec.UnsetType = msgspec.UNSET  # RunCreated.source_dir (unset: not encoded)
+    budget: Budget | msgspec.UnsetType = msgspec.UNSET  # RunCreated.budget (unset: not encoded)
 
     @property
     def tool_source_dir(self) -> str | None:
@@ -246,7 +259,10 @@ def final_success(attempts: Sequence[AttemptState]) -> AttemptState | None:
 
 
 def own_status(branch: BranchState, decl: StepDecl) -> StepStatus:
-    """Status of one step from its own records on ``branch`` (not ``skipped``: see :func:`step_statuses`)."""
+    """Status of one step from its own records on ``branch`` (not ``skipped``: see :func:`step_statuses`); a step
+    the branch halted at (``step_halted``) is ``failed``."""
+    if branch.halt is not msgspec.UNSET and branch.halt.step_id == decl.step_id:
+        return STEP_FAILED
     if decl.kind == "agent":
         return agent_status(branch, decl.step_id)
     return attempts_status(branch.attempts.get(decl.step_id), decl.max_attempts)

@@ -22,7 +22,7 @@ from reel.shared.core.chat.finish import OnTruncated
 from reel.shared.core.env import interpolate
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import InvalidCommand, WorkflowInvalid
-from reel.shared.core.run.events import StepDecl
+from reel.shared.core.run.events import Budget, StepDecl
 from reel.shared.core.run.ids import StepId, is_token
 from reel.shared.core.verify.verifierspec import VerifierSpec as VerifierSpec
 from reel.shared.core.verify.verifierspec import VerifierType as VerifierType
@@ -144,6 +144,15 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         verifiers: run when the run rests in ``Verifying``.
         source: where a replayed workflow came from (file, format, outcome label).
         approval: the tools (by name, in every agent step) whose calls wait for a human's approval.
+        budget: what the run may spend (:class:`~reel.shared.core.run.events.Budget`: tokens, USD, wall seconds,
+            tool calls) — not ``budget_tokens``, the context one model call may carry; unset: the namespace's
+            default (``REEL_BUDGET``), if any.
+        prices: model name → :class:`Price`, extending the built-in table
+            (:data:`reel.shared.core.workflow.prices.PRICES`); a model's own ``price`` wins.
+        on_code_change: what an attempt does whose code (a Python tool's module, a command's executable, the
+            model adapter, Reel's version) differs from what the step's tool ran before in the run:
+            ``continue`` (unset: the default; ``reel show`` marks it) or ``fail`` (the run stops there, with
+            ``step_halted`` ``code_changed``).
     """
 
     name: str
@@ -154,6 +163,19 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     labels: dict[str, str] = {}
     source: dict[str, Any] = {}
     approval: ApprovalPolicy | None = None
+    budget: Budget | msgspec.UnsetType = msgspec.UNSET
+    prices: dict[str, Price] | msgspec.UnsetType = msgspec.UNSET
+    on_code_change: Literal["continue", "fail"] | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def price_table(self) -> dict[str, Price]:
+        """``prices``, empty when unset."""
+        return self.prices if isinstance(self.prices, dict) else {}
+
+    @property
+    def code_change_policy(self) -> Literal["continue", "fail"]:
+        """``on_code_change``, ``continue`` when unset."""
+        return "continue" if isinstance(self.on_code_change, msgspec.UnsetType) else self.on_code_change
 
     def step(self, step_id: str) -> ModelStep | ToolStep:
         """The model or tool step named ``step_id`` (what a ``Dispatch`` names). Raises KeyError (also for an
@@ -196,6 +218,18 @@ def encode_workflow(spec: WorkflowSpec) -> bytes:
     return _json_encoder.encode(spec)
 
 
+def check_budget(budget: Budget, where: str) -> None:
+    """A budget's limits are > 0 where set.
+
+    Raises:
+        WorkflowInvalid: naming the limit, e.g. ``max_cost_usd must be > 0 (at `$.budget.max_cost_usd`)``.
+    """
+    for field in budget.__struct_fields__:
+        value = getattr(budget, field)
+        if value is not None and value <= 0:
+            raise WorkflowInvalid(f"{field} must be > 0 (at `{where}.{field}`)")
+
+
 def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
     """Semantic checks msgspec cannot express (unique ids, references to earlier steps…).
 
@@ -223,6 +257,12 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
     check_verifiers(spec.verifiers, seen, {s.id for s in spec.steps if isinstance(s, AgentStep)})
     if spec.approval is not None:
         check_input(spec.approval, "approval", "$.approval")
+    if isinstance(spec.budget, Budget):
+        check_budget(spec.budget, "$.budget")
+    for name, price in spec.price_table.items():
+        for field in ("input_usd_per_mtok", "output_usd_per_mtok"):
+            if getattr(price, field) < 0:
+                raise WorkflowInvalid(f"price may not be negative (at `$.prices.{name}.{field}`)")
     return spec
 
 
