@@ -227,3 +227,13 @@ def test_templates_and_script_ship_with_the_package() -> None:
     ui = Path(__file__).resolve().parents[2] / "services" / "ui"
     assert {p.name for p in (ui / "templates").iterdir()} >= {"base.html", "runs.html", "run.html", "_run_body.html"}
     assert (ui / "static" / "ui.js").read_text().count("innerHTML") == 2  # server-rendered fragments only
+
+
+def test_the_run_header_shows_spend_against_budget_and_the_end_reason() -> None:
+    state = GOLDEN["hand_budget_halt"]
+    html = _env().get_template("_run_body.html").render(p=run_page(state), branch_param="main", page_bytes=100)
+    assert '<dd id="run-budget">$0.0001 of $0.001, 2 of 10 tool calls</dd>' in html
+    assert '<dd id="run-halt">budget_exhausted: max_cost_usd 0.001: spent 9.6e-05' in html
+    plain = _env().get_template("_run_body.html").render(p=run_page(GOLDEN["hand_recovery"]), branch_param="main",
+                                                         page_bytes=100)
+    assert 'id="run-budget"' not in plain and 'id="run-halt"' not in plain
