@@ -46,18 +46,21 @@ def _cancelled_line(reply: Reply) -> str:
 def _rewound_line(reply: Reply, at_step: str | None, at_lsn: int | None) -> str:
     """``reel rewind``'s line: the new branch, where it forked, and the LSN of the fork (none: the key's branch)."""
     where = f"from step {at_step}" if at_step is not None else f"at lsn {at_lsn}"
-    made = (f" (lsn {reply.lsn}); the run continues on it" if reply.lsn
-            else " (it already existed: same idempotency key)")
+    made = (f" (lsn {reply.lsn}); the run continues on it" if reply.created is not False
+            else f" (it already existed, made at lsn {reply.lsn}: same idempotency key)")
     return f"run {reply.run_id} rewound {where}: branch {reply.branch_id}{made}"
 
 
+By = typer.Option("", "--by", help="who acts (recorded with the command's commit)")
+
+
 def cancel(run_id: str = typer.Argument(...), reason: str = typer.Option("", help="why"),
-           json_out: bool = JsonOut,
+           by: str = By, json_out: bool = JsonOut,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
     """Cancel a run (legal from Pending, Running, Awaiting input and Verifying); one line says what happened."""
     async def body() -> int:
         async with session(nats_url, namespace, services=("cancel",)) as s:
-            reply = await s.client.cancel(run_id, reason)
+            reply = await s.client.cancel(run_id, reason, by=by)
         if json_out:
             return _print_reply(reply)
         console.print(_cancelled_line(_accepted(reply)), markup=False, highlight=False)
@@ -72,6 +75,7 @@ def rewind(
     at_lsn: int | None = typer.Option(None, "--at-lsn", help="fork at this LSN"),
     branch: str | None = typer.Option(None, "--branch", help="branch to fork (default: active)"),
     key: str | None = typer.Option(None, "--key", help="idempotency key"),
+    by: str = By,
     json_out: bool = JsonOut,
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
@@ -83,7 +87,7 @@ def rewind(
     async def body() -> int:
         async with session(nats_url, namespace, services=("rewind",)) as s:
             reply = _accepted(await s.client.rewind(run_id, at_step=at_step, at_lsn=at_lsn, branch=branch,
-                                                    idempotency_key=key))
+                                                    idempotency_key=key, by=by))
             if json_out:
                 _print_reply(reply)
             else:

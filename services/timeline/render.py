@@ -97,7 +97,7 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
         case RunCompleted():
             t.append(f"completed: {event.outcome}", style=STATUS_STYLE.get(event.outcome, "bold"))
         case RunCancelled():
-            t.append(f"cancelled: {event.reason}" if event.reason else "cancelled", style="red")
+            t.append("cancelled" + _by(event.by) + (f": {event.reason}" if event.reason else ""), style="red")
         case StepsDeclared():
             _declared(t, event)
         case AgentFinished():
@@ -111,8 +111,13 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             t.append(f"halted before {event.step_id}: {event.reason}: {clip(event.message, 160)}", style="red")
         case BranchForked():
             t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
-                     + (f" (step {event.from_step})" if event.from_step else ""), style="cyan")
+                     + (f" (step {event.from_step})" if event.from_step else "") + _by(event.by), style="cyan")
     return t
+
+
+def _by(by: str | msgspec.UnsetType) -> str:
+    """`` by NAME`` for a command's recorded sender, ``""`` when none was named."""
+    return f" by {by}" if isinstance(by, str) and by else ""
 
 
 def _declared(t: Text, event: StepsDeclared) -> None:

@@ -218,17 +218,20 @@ class ReelClient:
                 return False
         return self._keyed
 
-    async def cancel(self, run_id: str, reason: str = "", *, timeout_s: float = 30.0) -> Reply:
-        """Cancel a run."""
-        return await self.command("cancel", encode(CancelRun(run_id=RunId(run_id), reason=reason)), timeout_s=timeout_s)
+    async def cancel(self, run_id: str, reason: str = "", *, by: str = "", timeout_s: float = 30.0) -> Reply:
+        """Cancel a run; ``by``: who cancels (recorded on the ``run_cancelled``; ``""``: nobody named, not sent)."""
+        cmd = CancelRun(run_id=RunId(run_id), reason=reason, by=by or msgspec.UNSET)
+        return await self.command("cancel", encode(cmd), timeout_s=timeout_s)
 
     async def rewind(self, run_id: str, *, at_step: str | None = None, at_lsn: int | None = None,
-                     branch: str | None = None, idempotency_key: str | None = None,
+                     branch: str | None = None, idempotency_key: str | None = None, by: str = "",
                      timeout_s: float = 30.0) -> Reply:
-        """Fork a new branch of a run at a step or LSN."""
+        """Fork a new branch of a run at a step or LSN; ``by``: who rewinds (recorded on the ``branch_forked``;
+        ``""``: nobody named, not sent)."""
         cmd = RewindRun(run_id=RunId(run_id), at_step=None if at_step is None else StepId(at_step),
                         at_lsn=None if at_lsn is None else LSN(at_lsn),
-                        branch=None if branch is None else BranchId(branch), idempotency_key=idempotency_key)
+                        branch=None if branch is None else BranchId(branch), idempotency_key=idempotency_key,
+                        by=by or msgspec.UNSET)
         return await self.command("rewind", encode(cmd), timeout_s=timeout_s)
 
     async def respond(self, run_id: str, request_id: str, decision: str, *, arguments: dict[str, Any] | None = None,

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from reel.shared.core.run.events import RunCancelled
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.runtime.config import Config
 
@@ -54,10 +55,14 @@ async def test_run_show_rewind_cancel_from_the_command_line(cfg: Config, event_l
     state = await event_log.load(run_id)
     assert reply["branch_id"] in state.branches
     assert state.branches[reply["branch_id"]].parent_branch_id == "main"
+    code, out, err = await reel(cfg, "rewind", run_id, "--at-step", "summarize", "--key", "k1")
+    assert code == 0 and "(it already existed, made at lsn" in out, (out, err)  # a repeat says so
 
-    code, out, err = await reel(cfg, "cancel", run_id, "--reason", "from the test")
+    code, out, err = await reel(cfg, "cancel", run_id, "--reason", "from the test", "--by", "bob")
     assert code == 0, err
     assert re.fullmatch(rf"run {run_id} cancelled at lsn \d+ \(was \w+\)", out.strip()), out
+    (cancelled,) = [e for _, c in await event_log.read(run_id) for e in c.events if isinstance(e, RunCancelled)]
+    assert (cancelled.by, cancelled.reason) == ("bob", "from the test")  # who, recorded with the commit
     code, out, err = await reel(cfg, "cancel", run_id, "--json")
     assert code == 0, err
     reply = json.loads(out.strip().splitlines()[-1])

@@ -23,10 +23,11 @@ from reel.shared.core.run.events import (
     RunStarted,
     RunVerifying,
     StepDecl,
+    encode_commit,
 )
 from reel.shared.core.run.fold import fold
 from reel.shared.core.run.state import RunState
-from reel.shared.core.wire.commands import CancelRun, RewindRun
+from reel.shared.core.wire.commands import CancelRun, RewindRun, encode
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
 OTHER_REF = BlobRef(sha256="b" * 64, size_bytes=5)
@@ -64,6 +65,20 @@ def ok(step: str, n: int, branch: str = "main", ref: BlobRef = REF) -> AttemptSu
 def test_cancel_decision(events: list[list[AnyEvent]], expect: type) -> None:
     state, _ = folded(*events)
     assert isinstance(decide_cancel(state, CancelRun(run_id="r-1"), at_ms=5), expect)
+
+
+def test_who_cancels_or_rewinds_is_recorded_and_nobody_named_encodes_as_before() -> None:
+    state, lsns = ran_a_then_b()
+    (cancelled,) = decide_cancel(state, CancelRun(run_id="r-1", reason="stop", by="alice"), at_ms=5)  # type: ignore[misc]
+    (forked,) = rewind.decide(state, lsns, RewindRun(run_id="r-1", at_step="b", by="alice"),  # type: ignore[misc]
+                              branch_id="b-new", at_ms=1)
+    assert (cancelled.by, forked.by) == ("alice", "alice")
+    assert b'"by":"alice"' in encode_commit(Commit(commit_id="c", run_id="r-1", events=(cancelled, forked)))
+    (anon,) = decide_cancel(state, CancelRun(run_id="r-1", reason="stop"), at_ms=5)  # type: ignore[misc]
+    assert encode_commit(Commit(commit_id="c", run_id="r-1", events=(anon,))) == (
+        b'{"v":1,"commit_id":"c","run_id":"r-1","writer":"","events":[{"type":"run_cancelled","reason":"stop",'
+        b'"at_ms":5}]}')
+    assert encode(CancelRun(run_id="r-1")) == b'{"run_id":"r-1","reason":""}'  # what an older service decodes
 
 
 # ---- rewind ---------------------------------------------------------------------------------

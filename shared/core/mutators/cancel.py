@@ -32,7 +32,7 @@ from reel.shared.core.wire.commands import CancelRun
 def decide(state: RunState, cmd: CancelRun, *, at_ms: int) -> Decision:
     """Pure: ``(run_cancelled,)`` cancelling ``state`` (at ``at_ms``, epoch ms), or ``Skip`` (the run ended)."""
     if state.status in LIVE:
-        return (RunCancelled(reason=cmd.reason, at_ms=at_ms),)
+        return (RunCancelled(reason=cmd.reason, at_ms=at_ms, by=cmd.by),)
     return Skip(f"run is already {state.status}")
 
 

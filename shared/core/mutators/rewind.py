@@ -179,7 +179,7 @@ def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRu
         assert cmd.at_step is not None
         fork_lsn, from_step = _step_fork_lsn(state, lineage, parent, cmd.at_step), cmd.at_step
     return (BranchForked(branch_id=branch_id, parent_branch_id=parent, fork_lsn=fork_lsn, from_step=from_step,
-                         at_ms=at_ms),)
+                         at_ms=at_ms, by=cmd.by),)
 
 
 def _check_lsn(state: RunState, lineage: Sequence[int], owned: Sequence[tuple[int, frozenset[BranchId]]],

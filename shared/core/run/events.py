@@ -182,10 +182,14 @@ class RunCompleted(Event, tag="run_completed", kw_only=True, frozen=True):
 
 
 class RunCancelled(Event, tag="run_cancelled", kw_only=True, frozen=True):
-    """Terminal: cancelled from ``Pending``, ``Running`` or ``Verifying``."""
+    """Terminal: cancelled from ``Pending``, ``Running``, ``Awaiting input`` or ``Verifying``.
+
+    ``by``: who cancelled, as the cancel command named them (free text; unset: not encoded — nobody was named,
+    as in every log written before the field existed)."""
 
     reason: str = ""
     at_ms: int
+    by: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
@@ -194,6 +198,7 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
     The new branch inherits the parent's records up to ``fork_lsn`` and, when
     ``from_step`` is set, only the steps before ``from_step``. The parent's
     records never change. The run goes back to ``Running`` on the new branch.
+    ``by``: who rewound, as the rewind command named them (free text; unset: not encoded).
     """
 
     branch_id: BranchId
@@ -201,6 +206,7 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
     fork_lsn: LSN
     from_step: StepId | None = None
     at_ms: int
+    by: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -73,16 +73,25 @@ def check_source_dir(path: str) -> str:
 
 
 class CancelRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Cancel a run (``<ns>.cmd.cancel``); legal from Pending, Running, AwaitingInput, Verifying."""
+    """Cancel a run (``<ns>.cmd.cancel``); legal from Pending, Running, AwaitingInput, Verifying.
+
+    Attributes:
+        reason: why (recorded on the ``run_cancelled``).
+        by: who cancels, as the sender names them (free text, recorded on the ``run_cancelled``; unset: not
+            encoded, nobody named). The sender's NATS role decides whether it may cancel at all; ``by`` is what
+            it says about the person behind it.
+    """
 
     run_id: RunId
     reason: str = ""
+    by: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Fork a new branch of a run at a step or an LSN (``<ns>.cmd.rewind``).
 
-    Exactly one of ``at_step`` / ``at_lsn``. ``branch`` defaults to the run's active branch.
+    Exactly one of ``at_step`` / ``at_lsn``. ``branch`` defaults to the run's active branch. ``by``: who
+    rewinds, as the sender names them (free text, recorded on the ``branch_forked``; unset: not encoded).
     """
 
     run_id: RunId
@@ -90,6 +99,7 @@ class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     at_step: StepId | None = None
     at_lsn: LSN | None = None
     idempotency_key: str | None = None
+    by: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class RespondRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
