@@ -1,8 +1,10 @@
-"""``reel ui``: serve the read-only web UI (docs/ui.md) over the connection every command uses."""
+"""``reel ui``: serve the web UI (docs/ui.md) over the connection every command uses: read-only unless
+``--allow-actions``."""
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 from typing import Any
 
 import typer
@@ -18,25 +20,41 @@ def ui(
     port: int = typer.Option(8765, "--port", help="TCP port to listen on (0: a free one, printed)"),
     page_bytes: int = typer.Option(PAGE_BYTES, "--page-bytes", min=1, max=MAX_PAGE_BYTES,
                                    help="bytes per page of a prompt/output viewer"),
+    allow_actions: bool = typer.Option(False, "--allow-actions",
+                                       help="render approve/reject/answer, cancel and rewind forms and send them "
+                                            "(as the client role with --auth; off: read-only, every action 403)"),
+    operator: str | None = typer.Option(None, "--operator",
+                                        help="who the actions are recorded as (default: your user name)"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
-    """Serve a read-only web UI of the runs: the runs page, each run's lineage, timeline, partitions, prompts,
-    outputs and verdicts, live while runs move. Connects like every command — with an auth directory as its
-    read-only viewer role, which may send no command — and never sends a command. Ctrl-C stops it."""
+    """Serve a web UI of the runs: the runs page, each run's lineage, timeline, partitions, prompts, outputs and
+    verdicts, live while runs move. Read-only by default: connects like every command — with an auth directory
+    as its viewer role, which may send no command — and sends none. With --allow-actions an operator can
+    approve, reject, answer, cancel and rewind from the pages, each sent as the CLI sends it and recorded with
+    --operator as who; with an auth directory it then connects as the client role. Ctrl-C stops it."""
+    from reel.services.ui.actions import Actions
     from reel.services.ui.app import create_app, serve  # the web stack is imported by `reel ui` only
+    from reel.services.ui.forms import allowed_hosts
     from reel.services.ui.reader import RunReader
 
+    who = (operator if operator is not None else _user()).strip()
+    if allow_actions and not who:
+        raise typer.BadParameter("--operator must name who acts (it is recorded with every action)")
+
     async def body() -> int:
-        async with session(nats_url, namespace, services=(), role="viewer") as s:
-            app = create_app(RunReader(s.client), page_bytes=page_bytes, server=redact_url(s.cfg.nats_url))
+        async with session(nats_url, namespace, services=(), role="client" if allow_actions else "viewer") as s:
+            actions = Actions(s.client, who) if allow_actions else None
+            app = create_app(RunReader(s.client), page_bytes=page_bytes, server=redact_url(s.cfg.nats_url),
+                             actions=actions, hosts=allowed_hosts(host))
             started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(serve(app, host, port, started=started))
             first: list[asyncio.Future[Any]] = [task, started]
             await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             if started.done():
                 console.print(f"reel ui: {started.result()}  (NATS {redact_url(s.cfg.nats_url)}, namespace "
-                              f"{namespace}{', embedded' if s.embedded else ''}; read-only; Ctrl-C stops)",
+                              f"{namespace}{', embedded' if s.embedded else ''}; "
+                              f"{f'actions allowed, as {who}' if allow_actions else 'read-only'}; Ctrl-C stops)",
                               markup=False, highlight=False, soft_wrap=True)
             try:
                 await task
@@ -45,3 +63,11 @@ def ui(
         return 0
 
     run_async(body())
+
+
+def _user() -> str:
+    """The OS user's name (``""`` if it cannot be told)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""

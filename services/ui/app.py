@@ -15,13 +15,16 @@ over server-sent events (sse-starlette). Routes:
 * ``GET /runs/{run_id}/commits?after=LSN`` — ``{head_lsn, status, outcome, commits: [{lsn, lines}], more}``:
   the commits above ``after`` (at most :data:`MAX_COMMITS`; if ``more``, ``head_lsn`` is the last one's);
 * ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
-  run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`).
+  run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`);
+* ``POST /runs/{run_id}/actions/respond|cancel|rewind`` — the operator's actions, with ``--allow-actions`` only
+  (:mod:`reel.services.ui.forms`; without it each answers 403 and no action is rendered).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -36,8 +39,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from reel.services.timeline.render import event_line
+from reel.services.timeline.render import event_line, how_to_answer
 from reel.services.ui import pages
+from reel.services.ui.actions import Actions
+from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, check_run_id
 from reel.services.ui.runview import attempt_anchor, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
@@ -57,14 +62,24 @@ def _env() -> jinja2.Environment:
     env.filters["age"] = lambda ms: pages.age(ms, int(time.time() * 1000))
     env.globals["step_anchor"], env.globals["attempt_anchor"] = step_anchor, attempt_anchor
     env.filters["kib"] = lambda n: f"{n:,} B" if n < 10240 else f"{n / 1024:,.1f} KiB"
+    env.filters["utc"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+    env.filters["iso"] = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+    env.globals["how_to_answer"] = how_to_answer
+    env.globals["form_key"] = lambda: secrets.token_hex(8)  # a rewind form's idempotency key: one per rendering
+    env.globals["actions_by"], env.globals["csrf_token"] = "", ""  # read-only unless create_app says who acts
     return env
 
 
-def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server: str = "") -> Starlette:
+def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server: str = "",
+               actions: Actions | None = None, hosts: frozenset[str] | None = LOOPBACK) -> Starlette:
     """The app over ``reader``; viewers page bodies by ``page_bytes`` bytes; ``server`` is shown in the header
-    (the NATS server's URL, credentials redacted)."""
+    (the NATS server's URL, credentials redacted). With ``actions`` the pages render the operator's forms and the
+    action routes send them (:mod:`reel.services.ui.forms`); a post must name one of ``hosts`` as its ``Host``
+    (``None``: any)."""
     env = _env()
-    common = {"namespace": reader.namespace, "server": server, "statuses": pages.STATUSES}
+    token = new_token() if actions is not None else ""
+    common = {"namespace": reader.namespace, "server": server, "statuses": pages.STATUSES,
+              "actions_by": actions.operator if actions is not None else "", "csrf_token": token}
 
     def html(name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(**common, **ctx), status_code=status_code)
@@ -173,6 +188,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         Route("/runs/{run_id}/row", row), Route("/runs/{run_id}/body", run_body),
         Route("/runs/{run_id}/commits", run_commits),
         Route("/runs/{run_id}/blobs/{sha256}", blob),
+        *action_routes(reader, actions, html, token, hosts),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)

@@ -118,7 +118,7 @@ async def reel_ui(cfg: Config, *args: str, env: dict[str, str]) -> AsyncIterator
         if found is None:
             rest = (await asyncio.wait_for(proc.stderr.read(), 10)).decode() if proc.returncode is not None else ""
             raise AssertionError(f"reel ui printed {line!r} {rest}")
-        assert "read-only" in line, line
+        assert ("actions allowed, as " if "--allow-actions" in args else "read-only") in line, line
         yield found.group(1)
     finally:
         if proc.returncode is None:

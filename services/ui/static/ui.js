@@ -135,6 +135,15 @@ function viewers(root) {
   });
 }
 
+// An operator's half-filled action form (reel ui --allow-actions) is never swapped away under their hands: while
+// one holds typed text or the focus, the body waits.
+function editing(root) {
+  for (const f of root.querySelectorAll("form.act input[type=text], form.act textarea")) {
+    if (f.value !== f.defaultValue || f === document.activeElement) return true;
+  }
+  return false;
+}
+
 function runPage(run) {
   const id = run.dataset.run;
   const branch = run.dataset.branch;
@@ -147,6 +156,7 @@ function runPage(run) {
 
   async function refresh() {
     if (busy || head <= shown) return;
+    if (editing(body)) { setTimeout(refresh, 500); return; }
     busy = true;
     const want = head;
     try {
