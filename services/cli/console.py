@@ -100,6 +100,10 @@ class ReelGroup(TyperGroup):
     """The ``reel`` group: a click usage error (unknown option, missing argument) of a command given ``--json`` is
     also printed as :func:`json_error` (code ``usage``, exit 2) on stdout before click reports it on stderr."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _untyped_flags(self)
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         ctx.meta["reel.args"] = list(args)
         return super().parse_args(ctx, args)
@@ -111,6 +115,33 @@ class ReelGroup(TyperGroup):
             if "--json" in ctx.meta.get("reel.args", ()):
                 json_error("usage", exc.format_message(), exc.exit_code)  # type: ignore[attr-defined]
             raise
+
+
+def _untyped_flags(group: Any) -> None:
+    """A flag's help row shows no type (typer prints ``<bool>`` beside ``--quiet`` and ``--help``, as if they took
+    a value): every flag of ``group``'s commands, recursively, and each command's ``--help``, gets an empty metavar."""
+    for cmd in (group, *group.commands.values()):
+        for param in cmd.params:
+            _untyped(param)
+        _untyped_help(cmd)
+        if cmd is not group and isinstance(getattr(cmd, "commands", None), dict):  # a typer group
+            _untyped_flags(cmd)
+
+
+def _untyped(param: Any) -> None:
+    if param is not None and getattr(param, "is_flag", False) and param.metavar is None:
+        param.metavar = ""
+
+
+def _untyped_help(cmd: Any) -> None:
+    make = cmd.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:
+        opt = make(ctx)
+        _untyped(opt)
+        return opt
+
+    setattr(cmd, "get_help_option", get_help_option)  # noqa: B010 (an instance's own method, not the class's)
 
 
 def run_async(coro: Awaitable[int | None], *, json_out: bool = False) -> None:

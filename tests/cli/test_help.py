@@ -53,6 +53,7 @@ def test_help_renders_whole_sentences(path: str) -> None:
         for line, nxt in itertools.pairwise(para):  # a line ends where the next word would not fit
             assert len(line) + 1 + len(nxt.split()[0]) > WIDTH - 2, f"{path}: broken after {line!r}:\n{result.output}"
         assert para[-1].endswith((".", ")", ":", "?", "!")), f"{path}: {para[-1]!r} ends mid-sentence"
+    assert "<bool>" not in result.output, f"{path}: a flag shown as taking a value:\n{result.output}"
     prose = " ".join(" ".join(p) for p in paras)
     for markup in ("``", ":mod:", ":func:", ":class:", ":data:"):
         assert markup not in prose, f"{path}: {markup} in {prose!r}"
@@ -60,3 +61,10 @@ def test_help_renders_whole_sentences(path: str) -> None:
 
 def test_every_command_is_checked() -> None:
     assert {"run", "show", "ls", "ui", "status", "serve executor", "auth init", "crucible run"} <= set(PATHS)
+
+
+def test_a_flag_shows_no_type_and_an_option_its_type() -> None:
+    out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "120", "TERM": "dumb"}).output
+    quiet = next(line for line in out.splitlines() if "--quiet" in line)
+    timeout = next(line for line in out.splitlines() if "--timeout" in line)
+    assert "<" not in quiet and "<float>" in timeout, out
