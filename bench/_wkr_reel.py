@@ -47,7 +47,7 @@ from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.embedded import EmbeddedServer, embedded_server
 from reel.shared.nats.infra import Infra, connect, ensure_infra
-from reel.shared.runtime.config import Config
+from reel.shared.runtime.config import DEFAULT_PARTITIONS, Config
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120.0
@@ -203,24 +203,27 @@ def _log_file(workdir: str, name: str) -> BinaryIO:
 
 
 @contextlib.asynccontextmanager
-async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int = 1,
-                     partitions: int = 0, repo: Path = REPO) -> AsyncIterator[Stack]:
+async def reel_stack(sync: str, workdir: str, concurrency: int | None, executors: int = 1,
+                     partitions: int | None = 0, repo: Path = REPO) -> AsyncIterator[Stack]:
     """A server (``sync_interval: always`` if ``sync == "always"``), its infra, ``executors`` executors
     (roles ``executor``, ``executor-2``, …) and one verifier. ``partitions`` ≥ 1: ``REEL_PARTITIONS``, the
-    partitions dealt round-robin to the executors (``REEL_EXECUTOR_PARTITIONS``). ``repo``: the code tree the
+    partitions dealt round-robin to the executors (``REEL_EXECUTOR_PARTITIONS``). ``concurrency`` or
+    ``partitions`` ``None``: the variable is not set (the services' defaults). ``repo``: the code tree the
     services run from (another checkout of Reel: a baseline measured beside this one)."""
     conf = _write_conf(workdir) if sync == "always" else None
     store = tempfile.mkdtemp(prefix=f"js-{sync}-", dir=workdir)
     async with embedded_server(store_dir=store, config_file=conf) as srv:
-        cfg = Config(nats_url=srv.url, names=Names("reel", partitions), replicas=1, storage="file")
+        n_parts = DEFAULT_PARTITIONS if partitions is None else partitions
+        cfg = Config(nats_url=srv.url, names=Names("reel", n_parts), replicas=1, storage="file")
         nc = await connect(cfg, name=f"w_kr-{sync}")
         infra = await ensure_infra(nc, cfg)
         stack = Stack(sync=sync, srv=srv, cfg=cfg, infra=infra,
                       client=ReelClient(nc, cfg, JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket)))
         sub = await nc.subscribe(cfg.names.events("*"), cb=stack.on_commit)
-        env = {**os.environ, "NATS_URL": srv.url, "REEL_NAMESPACE": "reel", "REEL_LOG_FORMAT": "json",
-               "REEL_MAX_CONCURRENT_RUNS": str(concurrency), "PYTHONPATH": str(repo),
-               "REEL_PARTITIONS": str(partitions)}
+        env = {k: v for k, v in os.environ.items() if k not in ("REEL_MAX_CONCURRENT_RUNS", "REEL_PARTITIONS")}
+        env |= {"NATS_URL": srv.url, "REEL_NAMESPACE": "reel", "REEL_LOG_FORMAT": "json", "PYTHONPATH": str(repo)}
+        env |= {} if concurrency is None else {"REEL_MAX_CONCURRENT_RUNS": str(concurrency)}
+        env |= {} if partitions is None else {"REEL_PARTITIONS": str(partitions)}
         roles = [("executor" if i == 0 else f"executor-{i + 1}", "executor") for i in range(executors)]
         roles.append(("verifier", "verifier"))
         tag = f"{sync}-{executors}" + ("" if repo == REPO else f"-{repo.name}")
@@ -231,6 +234,9 @@ async def reel_stack(sync: str, workdir: str, concurrency: int, executors: int =
                 if partitions and name == "executor":
                     i = len(stack.procs)
                     own = {"REEL_EXECUTOR_PARTITIONS": ",".join(str(p) for p in range(i, partitions, executors))}
+                elif n_parts and name == "executor" and executors > 1:  # the default N, dealt the same way
+                    i = len(stack.procs)
+                    own = {"REEL_EXECUTOR_PARTITIONS": ",".join(str(p) for p in range(i, n_parts, executors))}
                 prof = os.environ.get(PROFILE_ENV)  # cProfile each service into <dir>/<role>-<sync>-<n>.prof
                 wrap = [str(REPO / "bench" / "_cprof.py"), f"{prof}/{role}-{tag}.prof"] if prof else ["-m"]
                 stack.procs[role] = await asyncio.create_subprocess_exec(

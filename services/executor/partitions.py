@@ -10,6 +10,9 @@ partition ``p = partition(N, R)`` (shared/core/wire/subjects.py), and partition 
 * the durable of any partition no live lease names for at least one lease TTL (its owner died or was
   never started): adopted, and released (drained: runs in flight finish) once a live lease names it again.
 
+All of them draw on one limit, ``REEL_MAX_CONCURRENT_RUNS`` (default 1,000 for an executor:
+:data:`~reel.shared.runtime.config.DEFAULT_EXECUTOR_RUNS`): the runs the executor drives at once.
+
 Ownership is affinity, never correctness: every commit is fenced (shared/application/fenced.py), so two executors on
 one partition durable only share its messages. A dead owner's un-acked commands are redelivered after
 the ack wait to whoever binds the durable then (docs/architecture.md, "Executor partitions").
@@ -27,7 +30,7 @@ import structlog
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
-from reel.shared.nats.consumer import CommandConsumer, Handler
+from reel.shared.nats.consumer import CommandConsumer, Handler, Slots
 from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
 
@@ -78,11 +81,12 @@ class PartitionConsumers:
         self.adopted: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self._uncovered_since: dict[int, float] = {}
         self._released: set[asyncio.Task[None]] = set()  # adopted consumers draining after their release
+        self.slots = Slots(cfg.executor_max_runs)  # one limit for the executor, across all its durables
 
     def _consumer(self, service: str, subjects: list[str]) -> CommandConsumer:
         return CommandConsumer(self.infra, self.cfg, service, subjects, self.handler,
-                               concurrency=self.cfg.max_concurrent_runs, ack_wait_s=self.cfg.command_ack_wait_s,
-                               instance_id=self.executor_id)
+                               ack_wait_s=self.cfg.command_ack_wait_s, instance_id=self.executor_id,
+                               slots=self.slots)
 
     def _partition_consumer(self, p: int) -> CommandConsumer:
         names = self.cfg.names

@@ -226,6 +226,39 @@ class _KeepAlive:
             self._sending.cancel()
 
 
+class Slots:
+    """A limit on the commands handled at once, shared by the consumers of one process (an executor's shared
+    durable and its partitions' durables draw on one :class:`Slots`).
+
+    A consumer takes a slot before each fetch (one message) and gives it back if none came, so the commands
+    handled never pass ``limit``; near it, a consumer whose durable is empty holds a slot for one fetch
+    timeout (:data:`FETCH_TIMEOUT_S`).
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"a concurrency limit must be at least 1, got {limit}")
+        self.limit, self.taken = limit, 0
+        self._freed = asyncio.Event()
+
+    def free(self) -> int:
+        """Slots free now (≤ 0: none)."""
+        return self.limit - self.taken
+
+    def take(self) -> None:
+        self.taken += 1
+
+    def give(self) -> None:
+        self.taken -= 1
+        self._freed.set()
+
+    async def wait_free(self) -> None:
+        """Return once a slot is free."""
+        while self.free() <= 0:
+            self._freed.clear()
+            await self._freed.wait()
+
+
 class CommandConsumer:
     """Consume ``subjects`` of a stream (default: the commands stream) with a shared durable consumer.
 
@@ -233,6 +266,8 @@ class CommandConsumer:
         stream: the stream to consume (e.g. the events stream for the verifier).
         service: durable name suffix (``<ns>_<service>``).
         concurrency: commands handled at once by this instance.
+        slots: the limit shared with the process's other consumers (:class:`Slots`); ``None``: one of its
+            own of ``concurrency``.
         ack_wait_s: redelivery delay if this instance dies mid-command; long handlers
             are kept alive with in-progress acks every ``ack_wait_s / 3``.
         instance_id: this instance's id (an executor's ``x-…``): its NATS micro instance id.
@@ -244,8 +279,9 @@ class CommandConsumer:
 
     def __init__(self, infra: Infra, cfg: Config, service: str, subjects: list[str], handler: Handler, *,
                  concurrency: int = 8, ack_wait_s: float = 30.0, max_deliver: int = 20,
-                 stream: str | None = None, instance_id: str | None = None) -> None:
+                 stream: str | None = None, instance_id: str | None = None, slots: Slots | None = None) -> None:
         self.infra, self.cfg, self.service, self.instance_id = infra, cfg, service, instance_id
+        self.slots = slots if slots is not None else Slots(concurrency)
         self.stream = stream or cfg.names.commands_stream
         self.subjects, self.handler = subjects, handler
         self.concurrency, self.ack_wait_s, self.max_deliver = concurrency, ack_wait_s, max_deliver
@@ -268,7 +304,7 @@ class CommandConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle commands until ``stop`` is set, then drain in-flight work.
 
-        Fetches one message at a time while a handler slot is free (``concurrency``).
+        Fetches one message at a time while a handler slot is free (``concurrency``, or the shared ``slots``).
         A fetch is never abandoned half-way: a cancelled fetch leaves its pull
         request on the server, which would strand the next command until its ack
         wait expires (nats.py#986); a message that arrives while stopping is nak'ed
@@ -285,27 +321,36 @@ class CommandConsumer:
         depth = asyncio.create_task(self._poll_depth(durable)) if metrics.enabled() else None
         try:
             while not stop.is_set():
-                free = self.concurrency - len(self._tasks)
-                if free <= 0:
-                    await asyncio.wait({*self._tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if self.slots.free() <= 0:
+                    freed = asyncio.ensure_future(self.slots.wait_free())
+                    await asyncio.wait({freed, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    freed.cancel()
                     continue
+                self.slots.take()  # reserved for the one message this fetch may bring
                 try:
                     msgs = await psub.fetch(1, timeout=FETCH_TIMEOUT_S)  # type: ignore[attr-defined]
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                    self.slots.give()
                     continue
                 except Exception as exc:  # connection trouble: back off, the client reconnects
+                    self.slots.give()
                     log.warning("service.fetch_failed", error=str(exc))
                     await asyncio.sleep(0.5)
                     continue
-                if stop.is_set():  # arrived while stopping: hand it straight back for another instance
+                if stop.is_set() or not msgs:  # arrived while stopping: hand it straight back for another instance
+                    self.slots.give()
                     for m in msgs:
                         with contextlib.suppress(Exception):
                             await m.nak()
-                    break
-                for m in msgs:
+                    if stop.is_set():
+                        break
+                    continue
+                for i, m in enumerate(msgs):
+                    if i:
+                        self.slots.take()
                     task = asyncio.create_task(self._handle(m))
                     self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    task.add_done_callback(self._done)
         except asyncio.CancelledError:  # cancelled (not stopped): cancel the handlers too, don't drain them
             for task in self._tasks:
                 task.cancel()
@@ -319,6 +364,10 @@ class CommandConsumer:
             await unregister(micro)
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()  # type: ignore[attr-defined]
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self.slots.give()
 
     async def _poll_depth(self, durable: str) -> None:
         """Keep the queue-depth gauges of this durable fresh while idle (shared/runtime/metrics.py)."""

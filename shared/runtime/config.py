@@ -11,7 +11,9 @@ variable                 default                    meaning
 ``REEL_REPLICAS``        ``1``                      stream/bucket replicas (3 in a cluster)
 ``REEL_STORAGE``         ``file``                   ``file`` or ``memory``
 ``REEL_LEASE_TTL_S``     ``5``                      executor lease TTL, whole seconds (≥ 1)
-``REEL_MAX_CONCURRENT_RUNS`` ``16``                commands one instance handles at once (runs, jobs)
+``REEL_MAX_CONCURRENT_RUNS`` ``16`` / ``1000``     commands one instance handles at once: jobs of a verifier
+                                                    or crucible (16); runs an executor drives, across all
+                                                    its durables (1000: runs mostly wait on models)
 ``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose executor, verifier
                                                     or crucible instance died (long handlers are kept
                                                     alive by in-progress acks every third of it)
@@ -124,6 +126,14 @@ class NatsAuth:
                    js_api_prefix=get("JS_API_PREFIX"), inbox_prefix=get("INBOX_PREFIX"))
 
 
+DEFAULT_EXECUTOR_RUNS = 1000
+"""``REEL_MAX_CONCURRENT_RUNS`` of an executor when unset: the runs it drives at once. A live agent run mostly
+waits on its model (an idle run costs a few KB and no CPU), so the bound is memory, not cores."""
+
+DEFAULT_PARTITIONS = 0
+"""``REEL_PARTITIONS`` when unset: executor command partitions N (docs/architecture.md, "Executor partitions")."""
+
+
 @dataclass(frozen=True)
 class Config:
     """Connection and JetStream settings shared by every service."""
@@ -134,6 +144,7 @@ class Config:
     storage: str = "file"
     lease_ttl_s: int = 5
     max_concurrent_runs: int = 16
+    executor_max_runs: int = DEFAULT_EXECUTOR_RUNS
     command_ack_wait_s: float = 30.0
     mutator_ack_wait_s: float = 5.0
     cancel_check_s: float = 1.0
@@ -154,11 +165,13 @@ class Config:
         """
         values: dict[str, object] = {
             "nats_url": os.environ.get("NATS_URL", cls.nats_url),
-            "names": Names(os.environ.get("REEL_NAMESPACE", "reel"), int(os.environ.get("REEL_PARTITIONS", "0"))),
+            "names": Names(os.environ.get("REEL_NAMESPACE", "reel"),
+                           int(os.environ.get("REEL_PARTITIONS", DEFAULT_PARTITIONS))),
             "replicas": int(os.environ.get("REEL_REPLICAS", "1")),
             "storage": os.environ.get("REEL_STORAGE", "file"),
             "lease_ttl_s": max(1, int(os.environ.get("REEL_LEASE_TTL_S", "5"))),
             "max_concurrent_runs": int(os.environ.get("REEL_MAX_CONCURRENT_RUNS", "16")),
+            "executor_max_runs": int(os.environ.get("REEL_MAX_CONCURRENT_RUNS", DEFAULT_EXECUTOR_RUNS)),
             "command_ack_wait_s": float(os.environ.get("REEL_COMMAND_ACK_WAIT_S", "30")),
             "mutator_ack_wait_s": float(os.environ.get("REEL_MUTATOR_ACK_WAIT_S", "5")),
             "cancel_check_s": float(os.environ.get("REEL_CANCEL_CHECK_S", "1")),
