@@ -174,6 +174,7 @@ async def test_an_operator_acts_from_the_ui(cfg, infra: Infra, client: ReelClien
                 assert cancel.at_ms > 0
                 await back()
                 assert not b.find_elements(By.CSS_SELECTOR, "#act-cancel, button.rewind")  # an ended, cancelled run
+                assert b.find_element(By.ID, "run-cancelled").text == f"by {OPERATOR}: wrong branch"
 
                 # rewind the first run from its agent step: a new branch, and the agent asks again
                 await go(f"{url}/runs/{first}")
@@ -183,6 +184,8 @@ async def test_an_operator_acts_from_the_ui(cfg, infra: Infra, client: ReelClien
                 again = await client.wait_for(first, ("awaiting_input",), timeout_s=60)
                 (fork,) = [e for e in await all_events(event_log, first) if isinstance(e, BranchForked)]
                 assert (fork.by, fork.from_step, again.active_branch) == (OPERATOR, "ship", fork.branch_id)
+                await go(f"{url}/runs/{first}")
+                assert f"(re-running from step ship) by {OPERATOR}" in b.find_element(By.ID, "forked").text
 
                 # a post whose token was taken out is refused, with the reason, and changes nothing
                 await go(f"{url}/runs/{first}")

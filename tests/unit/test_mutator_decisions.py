@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from reel.shared.core.decision import Skip
@@ -27,6 +28,7 @@ from reel.shared.core.run.events import (
 )
 from reel.shared.core.run.fold import fold
 from reel.shared.core.run.state import RunState
+from reel.shared.core.run.statecodec import encode_state
 from reel.shared.core.wire.commands import CancelRun, RewindRun, encode
 
 REF = BlobRef(sha256="a" * 64, size_bytes=3)
@@ -79,6 +81,11 @@ def test_who_cancels_or_rewinds_is_recorded_and_nobody_named_encodes_as_before()
         b'{"v":1,"commit_id":"c","run_id":"r-1","writer":"","events":[{"type":"run_cancelled","reason":"stop",'
         b'"at_ms":5}]}')
     assert encode(CancelRun(run_id="r-1")) == b'{"run_id":"r-1","reason":""}'  # what an older service decodes
+    after, _ = folded([RunStarted(executor_id="x-1", at_ms=1)], [dispatch("a", 1)], [ok("a", 1)],
+                      [forked], [cancelled])
+    assert (after.cancelled_by, after.branches["b-new"].forked_by) == ("alice", "alice")  # the state says who
+    unnamed, _ = folded([RunStarted(executor_id="x-1", at_ms=1)], [anon])
+    assert unnamed.cancelled_by is msgspec.UNSET and b"cancelled_by" not in encode_state(unnamed)
 
 
 # ---- rewind ---------------------------------------------------------------------------------

@@ -108,14 +108,15 @@ class _Branch:
 class _Run:
     """The fold's private, mutable working copy of one run: the fields events change, over a frozen base."""
 
-    __slots__ = ("active_branch", "base", "cancel_reason", "commits", "executor_id", "finished_ms", "head_lsn",
-                 "outcome", "status", "touched", "verdicts", "verifying_branch", "verifying_lsn")
+    __slots__ = ("active_branch", "base", "cancel_reason", "cancelled_by", "commits", "executor_id", "finished_ms",
+                 "head_lsn", "outcome", "status", "touched", "verdicts", "verifying_branch", "verifying_lsn")
 
     def __init__(self, base: RunState) -> None:
         self.base = base
         self.status, self.executor_id, self.active_branch = base.status, base.executor_id, base.active_branch
         self.verifying_lsn, self.verifying_branch = base.verifying_lsn, base.verifying_branch
         self.outcome, self.cancel_reason, self.finished_ms = base.outcome, base.cancel_reason, base.finished_ms
+        self.cancelled_by = base.cancelled_by
         self.head_lsn, self.commits = base.head_lsn, base.commits
         self.verdicts: list[Verdict] = []  # recorded since ``base``
         self.touched: dict[BranchId, _Branch] = {}  # branches changed (or created) since ``base``
@@ -138,8 +139,8 @@ class _Run:
         return msgspec.structs.replace(
             self.base, status=self.status, executor_id=self.executor_id, active_branch=self.active_branch,
             verifying_lsn=self.verifying_lsn, verifying_branch=self.verifying_branch, outcome=self.outcome,
-            cancel_reason=self.cancel_reason, finished_ms=self.finished_ms, head_lsn=self.head_lsn,
-            commits=self.commits, verdicts=verdicts, branches=branches)
+            cancel_reason=self.cancel_reason, cancelled_by=self.cancelled_by, finished_ms=self.finished_ms,
+            head_lsn=self.head_lsn, commits=self.commits, verdicts=verdicts, branches=branches)
 
 
 def _on(run: _Run, branch_id: BranchId, what: str) -> _Branch:
@@ -232,6 +233,7 @@ def _completed(run: _Run, lsn: LSN, event: RunCompleted) -> None:
 
 def _cancelled(run: _Run, lsn: LSN, event: RunCancelled) -> None:
     run.status, run.cancel_reason, run.finished_ms = lifecycle.cancelled(run), event.reason, event.at_ms
+    run.cancelled_by = event.by
     active = _on(run, run.active_branch, "run_cancelled")  # its open input requests close with the run
     active.base = requestfold.close_open(active.base, lsn)
 
@@ -244,7 +246,7 @@ def _forked(run: _Run, lsn: LSN, event: BranchForked) -> None:
     cutoff = cutoff_key(steps.positions, event.from_step)
     run.touched[event.branch_id] = _Branch(BranchState(
         branch_id=event.branch_id, parent_branch_id=event.parent_branch_id,
-        fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn,
+        fork_lsn=event.fork_lsn, from_step=event.from_step, created_lsn=lsn, forked_by=event.by,
         attempts=inherited(steps, frozen, event.fork_lsn, event.from_step),
         agents=turnfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),
         requests=requestfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),

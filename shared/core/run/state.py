@@ -167,6 +167,7 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     attempts: FrozenMap[StepId, tuple[AttemptState, ...]] = FrozenMap()
     agents: FrozenMap[StepId, AgentRecord] | msgspec.UnsetType = msgspec.UNSET
     requests: FrozenMap[StepId, InputRecord] | msgspec.UnsetType = msgspec.UNSET
+    forked_by: str | msgspec.UnsetType = msgspec.UNSET  # BranchForked.by: who rewound (unset: not named)
     halt: StepHalted | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -199,6 +200,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     verdicts: tuple[Verdict, ...] = ()
     outcome: RunOutcome | None = None
     cancel_reason: str | None = None
+    cancelled_by: str | msgspec.UnsetType = msgspec.UNSET  # RunCancelled.by: who cancelled (unset: not named)
     finished_ms: int | None = None
     source_dir: str | msgspec.UnsetType = msgspec.UNSET  # RunCreated.source_dir (unset: not encoded)
     budget: Budget | msgspec.UnsetType = msgspec.UNSET  # RunCreated.budget (unset: not encoded)
