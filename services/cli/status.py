@@ -219,6 +219,10 @@ def waiting_lines(leases: list[dict[str, Any]]) -> list[Text]:
                  "docs/python.md)", style="red") for t in waiting]
 
 
+NO_SERVICE = 3
+"""``reel status``'s exit code when no service answers discovery (as ``systemctl status`` of a stopped unit)."""
+
+
 def status(
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
     timeout: float = typer.Option(0.5, help="seconds to wait for the services' discovery answers"),
@@ -229,6 +233,8 @@ def status(
 
     The first line names the server read (and whether it is an embedded one started for this
     command only, where nothing else runs); an empty table is a line saying why it is empty.
+    Exit code 0 when some service answers discovery, 3 when none does (the report is printed
+    either way), so `reel status` serves as a liveness check in scripts.
     """
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
@@ -242,6 +248,6 @@ def status(
                 console.print(table)
             for line in jetstream_lines(report["jetstream"]):
                 console.print(line)
-        return 0
+        return 0 if report["services"] else NO_SERVICE
 
     run_async(body(), json_out=json_out)

@@ -97,7 +97,7 @@ async def test_a_command_on_a_full_store_is_refused_at_once_naming_it(small: Sma
     code, out, err = await reel("status", "--nats-url", small.cfg.nats_url, env={"REEL_HOME": str(tmp_path / "home")},
                                 timeout_s=90)
     said = " ".join(out.split())
-    assert code == 0 and "JetStream storage: 8.0 MiB used (no account limit: the server's max_file_store" in said, \
+    assert code == 3 and "JetStream storage: 8.0 MiB used (no account limit: the server's max_file_store" in said, \
         (out, err)
 
 
