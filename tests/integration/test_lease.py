@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 
 import pytest
 
 from reel.shared.core.errors import LeaseLost
 from reel.shared.nats.infra import Infra
 from reel.shared.nats.leases import Lease, executor_alive
+from reel.shared.runtime.config import Config
 from tests.integration.scenarios import wait_until
 
 
@@ -60,3 +62,45 @@ async def test_a_stopping_holder_deletes_its_lease(infra: Infra) -> None:
     stop.set()
     await asyncio.wait_for(keeper, 5)
     assert not await executor_alive(infra.leases, "x-stopping")
+
+
+async def test_a_consumer_that_raises_stops_the_executor_and_its_lease(
+        infra: Infra, cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor's consumers and its lease run in one task group: a consumer that raises ends ``serve`` with
+    its error, and the lease is renewed no more (recovery must not believe a dead executor alive)."""
+    from reel.services.executor import app
+    from reel.shared.nats import consumer
+
+    consuming, fail = asyncio.Event(), asyncio.Event()
+
+    async def broken(self: consumer.CommandConsumer, stop: asyncio.Event) -> None:  # fault injected in Reel's code
+        consuming.set()
+        await fail.wait()
+        raise RuntimeError("the consumer broke")
+
+    monkeypatch.setattr(consumer.CommandConsumer, "run", broken)
+    stop = asyncio.Event()
+    served = asyncio.create_task(app.serve(infra, cfg, stop, executor_id="x-broken-consumer"))
+    try:
+        await asyncio.wait_for(consuming.wait(), 30)
+        assert await executor_alive(infra.leases, "x-broken-consumer")
+        fail.set()
+        raised: list[BaseException] = []
+        try:
+            await asyncio.wait_for(asyncio.shield(served), 10)
+        except* RuntimeError as group:  # within the consumers' own task group
+            raised += group.exceptions
+        assert [str(e) for e in raised] == ["the consumer broke"]
+        ended = time.monotonic()
+        await wait_until(lambda: _not(executor_alive(infra.leases, "x-broken-consumer")),
+                         timeout_s=cfg.lease_ttl_s * 3, what="the lease to expire, unrenewed")
+        assert time.monotonic() - ended <= cfg.lease_ttl_s * 2
+    finally:
+        stop.set()
+        if not served.done():
+            served.cancel()
+        await asyncio.gather(served, return_exceptions=True)
+
+
+async def _not(alive: Awaitable[bool]) -> bool:
+    return not await alive
