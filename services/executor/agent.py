@@ -90,7 +90,6 @@ from .interrupts import stopped_within
 
 log = structlog.get_logger("reel.executor")
 
-MAX_ERROR_CHARS = 4000
 
 
 class AgentRun:
@@ -357,10 +356,7 @@ class AgentRun:
             bid, sid, attempt = d.key
             if d.error is not None or d.text is None:
                 err = d.error or ToolError("no result", kind="tool_error")
-                outcomes.append(AttemptFailed(branch_id=bid, step_id=sid, attempt=attempt, error_kind=err.kind,
-                                              message=secrets.scrub(err.message)[:MAX_ERROR_CHARS],
-                                              retryable=err.retryable, usage=Usage(latency_ms=d.latency_ms),
-                                              at_ms=now_ms()))
+                outcomes.append(modelout.tool_failure(d.key, err, d.latency_ms))
                 log.info("attempt.failed", step_id=sid, attempt=attempt, error_kind=err.kind, retryable=err.retryable,
                          reason=err.message[:200])
                 continue

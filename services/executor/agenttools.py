@@ -25,19 +25,20 @@ model is shown the head followed by :func:`~reel.shared.core.workflow.toolspec.t
 silent cut. A Python tool's result text is capped only by a ``max_output_bytes`` of its own (UTF-8 bytes).
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
-call's attempts, so an outside service can dedupe a retry — and its attempt number:
-keywords ``idempotency_key=`` / ``attempt=`` for a Python tool that names them in its
-signature; ``REEL_IDEMPOTENCY_KEY`` / ``REEL_ATTEMPT`` in a command's environment
-(with ``REEL_TOOL_ARGS``, the arguments' JSON text, also sent on stdin; never a
-shell). A command's environment is an allow-list (:mod:`reel.shared.core.env.toolenv`): the executor's
-``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``, the tool's ``pass_env`` names and ``env``
-values, and the variables above — never the executor's NATS credentials or a model's key
-unless the tool names it.
+call's attempts, so an outside service can dedupe a retry — and its attempt number
+(:class:`~reel.shared.proc.tools.CallId`, as a tool step's): keywords ``idempotency_key=`` /
+``attempt=`` for a Python tool that names them in its signature; in a command's environment the
+variables of :meth:`~reel.shared.proc.tools.CallId.env` (with ``REEL_TOOL_ARGS``, the arguments'
+JSON text, also sent on stdin; never a shell). A command's environment is an allow-list
+(:mod:`reel.shared.core.env.toolenv`): the executor's ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``,
+``TMPDIR``, the tool's ``pass_env`` names and ``env`` values, and the variables above — never the
+executor's NATS credentials or a model's key unless the tool names it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import json
@@ -57,16 +58,11 @@ from reel.shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
 from reel.shared.core.workflow.spec import AgentStep
 from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, output_limit, truncation_note
 from reel.shared.proc import ledger
-from reel.shared.proc.tools import Command, run_command
-
-
-def idempotency_key(run_id: str, branch_id: str, step_id: str) -> str:
-    """The call's idempotency key: ``<run>/<branch>/<step>`` (the same for every attempt of the call)."""
-    return f"{run_id}/{branch_id}/{step_id}"
+from reel.shared.proc.tools import CallId, Command, run_command
 
 
 class CallContext:
-    """Who a call attempt is, for its keys, environment and logs.
+    """Who a call attempt is (:class:`~reel.shared.proc.tools.CallId`: its keys and environment), for its tool.
 
     Args:
         run_id, branch_id, step_id: the call step; attempt: 1-based.
@@ -75,8 +71,9 @@ class CallContext:
     """
 
     def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> None:
+        self.call = CallId(run_id, branch_id, step_id, attempt)
         self.run_id, self.branch_id, self.step_id, self.attempt = run_id, branch_id, step_id, attempt
-        self.key = idempotency_key(run_id, branch_id, step_id)
+        self.key = self.call.key
         self.truncated = False
 
 
@@ -154,10 +151,9 @@ def _capped(text: str, tool: AgentToolSpec, ctx: CallContext) -> str:
 
 async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContext) -> str:
     assert tool.command is not None
-    cmd = Command(argv=tool.command, name=tool.name, timeout_s=tool.timeout_s, spec=tool, reel={
-        "REEL_TOOL_ARGS": arguments_text, "REEL_IDEMPOTENCY_KEY": ctx.key, "REEL_ATTEMPT": str(ctx.attempt),
-        "REEL_RUN_ID": ctx.run_id, "REEL_BRANCH_ID": ctx.branch_id, "REEL_STEP_ID": ctx.step_id,
-        "REEL_TOOL_NAME": tool.name}, limit=output_limit(tool, AGENT_TOOL_OUTPUT))
+    call = dataclasses.replace(ctx.call, tool=tool.name)
+    cmd = Command(argv=tool.command, name=tool.name, timeout_s=tool.timeout_s, spec=tool,
+                  reel=call.env(REEL_TOOL_ARGS=arguments_text), limit=output_limit(tool, AGENT_TOOL_OUTPUT))
     with await run_command(cmd, stdin=arguments_text.encode()) as out:
         text = out.read().decode("utf-8", errors="replace")
         ctx.truncated = out.truncated

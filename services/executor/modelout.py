@@ -14,6 +14,7 @@ outcome recorded honestly.
   only what it reported — by default ``none`` and 0 tokens (a refused connection processed nothing).
 * A failed call's whole error body (a server's error response) becomes the ``error_ref`` blob, and its
   one-line message keeps the server's own message (head and tail when long: :func:`one_line`).
+* A failed tool attempt (:func:`tool_failure`) is recorded the same way whether a tool step's or an agent's call.
 * A retry waits (:func:`retry_delay_s`): the server's ``Retry-After`` when it sent one, else full jitter.
 """
 
@@ -27,7 +28,7 @@ import tenacity
 from reel.shared.auth import secrets
 from reel.shared.core.chat.finish import TRUNCATED, OnTruncated, is_truncated, truncation_message
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse
-from reel.shared.core.errors import ModelError
+from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run.eventfields import UsageSource
 from reel.shared.core.run.events import AttemptFailed, AttemptSucceeded, BlobRef, Usage
@@ -37,6 +38,7 @@ from reel.shared.models import make_chat_model
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.runtime.clock import now_ms
 
+from .interrupts import Interrupted
 from .streaming import StreamOut, streamed
 
 MAX_ERROR_CHARS = 4000
@@ -117,6 +119,16 @@ def failure(where: Where, exc: ModelError | BaseException, usage: Usage, *, inli
                          error_kind=str(getattr(exc, "kind", "model_error")), message=message,
                          retryable=bool(getattr(exc, "retryable", True)), usage=usage, at_ms=now_ms(),
                          error_ref=ref), body
+
+
+def tool_failure(where: Where, exc: ToolError | Interrupted, latency_ms: float) -> AttemptFailed:
+    """A failed tool attempt (a tool step's, or an agent's tool call): its kind and retryability as the tool
+    runner said (:func:`reel.shared.proc.tools.run_command`'s vocabulary, an agent tool's own kinds, or
+    ``interrupted``), the message scrubbed and cut at :data:`MAX_ERROR_CHARS`."""
+    branch_id, step_id, attempt = where
+    return AttemptFailed(branch_id=branch_id, step_id=step_id, attempt=attempt, error_kind=exc.kind,
+                         message=secrets.scrub(exc.message)[:MAX_ERROR_CHARS], retryable=exc.retryable,
+                         usage=Usage(latency_ms=latency_ms), at_ms=now_ms())
 
 
 def one_line(message: str, max_chars: int = MAX_ERROR_CHARS) -> str:

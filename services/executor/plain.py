@@ -63,7 +63,7 @@ from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
 from reel.shared.core.workflow.toolspec import output_limit
 from reel.shared.nats.blobstore import is_inline, ref_for
 from reel.shared.nats.control import Interrupt
-from reel.shared.proc.tools import run_tool
+from reel.shared.proc.tools import CallId, run_tool
 from reel.shared.runtime.clock import now_ms
 
 from . import modelout
@@ -259,8 +259,8 @@ class PlainSteps:
         if isinstance(done, Decided) or not isinstance(stored, BaseException):
             return done
         event = AttemptFailed(branch_id=p.action.branch_id, step_id=p.action.step_id, attempt=p.action.attempt,
-                              error_kind="prompt_store_failed", message=str(stored)[:2000], retryable=True,
-                              usage=Usage(), at_ms=now_ms())
+                              error_kind="prompt_store_failed", message=str(stored)[:modelout.MAX_ERROR_CHARS],
+                              retryable=True, usage=Usage(), at_ms=now_ms())
         failed = await self._commit_outcome(done, p, event, None, None)
         return failed if isinstance(failed, RunState) else failed.state
 
@@ -275,10 +275,10 @@ class PlainSteps:
         try:
             if isinstance(step, ToolStep):
                 stdin = self.a.stdin_of(state, action.branch_id, step.tool.stdin_from) if step.tool.stdin_from else None
-                spool = await guarded(run_tool(step.tool, attempt=action.attempt, stdin=stdin, env={
-                    "REEL_RUN_ID": state.run_id, "REEL_BRANCH_ID": action.branch_id, "REEL_STEP_ID": step.id,
-                    "REEL_ATTEMPT": str(action.attempt)}, limit=output_limit(step.tool, self.a.tool_output)),
-                    interrupt if step.tool.type == "command" else None)
+                call = CallId(state.run_id, action.branch_id, step.id, action.attempt, tool=step.tool.name)
+                spool = await guarded(run_tool(step.tool, call, stdin=stdin,
+                                               limit=output_limit(step.tool, self.a.tool_output)),
+                                      interrupt if step.tool.type == "command" else None)
                 usage = Usage(latency_ms=_ms_since(started))
                 ref, body = await self.a.tool_body(spool, self.inline_max)  # a large one is stored now, streamed
                 return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
@@ -305,10 +305,8 @@ class PlainSteps:
                 if delay > 0:
                     self._not_before[(action.branch_id, action.step_id)] = time.monotonic() + delay
                 return failed, error_body
-            return AttemptFailed(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
-                                 error_kind=exc.kind, message=secrets.scrub(exc.message)[:2000],
-                                 retryable=exc.retryable, usage=Usage(latency_ms=_ms_since(started)),
-                                 at_ms=now_ms()), None
+            assert not isinstance(exc, ModelError), exc
+            return modelout.tool_failure(where, exc, _ms_since(started)), None
         body = resp.text.encode()
         event, ref = modelout.answer_outcome((action.branch_id, action.step_id, action.attempt), body=body,
                                              media_type="text/plain", finish_reason=resp.finish_reason, usage=usage,

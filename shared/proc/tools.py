@@ -1,7 +1,8 @@
 """The one command runner of every tool — a tool step's ``command`` and an agent's command tool
 (:func:`run_command`) — and the tool step's recorded and scripted tools (:func:`run_tool`).
 
-One environment policy (:func:`reel.shared.core.env.toolenv.spec_env`, applied in :func:`run_command`), one
+One call identity (:class:`CallId`: the ``REEL_*`` variables every tool call gets, its idempotency key), one
+environment policy (:func:`reel.shared.core.env.toolenv.spec_env`, applied in :func:`run_command`), one
 output-limit policy (the tool's ``max_output_bytes``/``on_overflow``, else its caller's default:
 8 MiB ``fail`` for a tool step, 1 MiB ``truncate`` for an agent tool, whose output goes into a
 prompt), one error vocabulary (:func:`run_command`'s ``Raises``).
@@ -14,7 +15,7 @@ parent-death signal kills the tool's direct child, and the next executor started
 on the host kills the rest of the group (:func:`reap_orphaned_tools`, i.e.
 :func:`reel.shared.proc.reaper.reap_orphans`).
 Tool steps run at least once per attempt: a step that must not repeat a side
-effect should be idempotent (e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``).
+effect should be idempotent (e.g. keyed by ``REEL_IDEMPOTENCY_KEY``: :attr:`CallId.key`).
 
 A command's output (stdout and stderr merged) is never held whole: it streams into a
 spool (:class:`ToolOutput`: memory up to :data:`SPOOL_MEMORY_BYTES`, then a temporary
@@ -44,7 +45,7 @@ from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
 from reel.shared.proc.group import Stdin, run_group
 from reel.shared.proc.reaper import reap_orphans as reap_orphaned_tools
 
-__all__ = ["SPOOL_MEMORY_BYTES", "Command", "ToolOutput", "reap_orphaned_tools", "run_command", "run_tool"]
+__all__ = ["SPOOL_MEMORY_BYTES", "CallId", "Command", "ToolOutput", "reap_orphaned_tools", "run_command", "run_tool"]
 
 SPOOL_MEMORY_BYTES = 1024 * 1024
 """An output up to this many bytes stays in memory; a longer one rolls over to a temporary file."""
@@ -138,6 +139,37 @@ class ToolOutput:
 
 
 @dataclass(frozen=True)
+class CallId:
+    """One attempt of one tool call — a tool step's, or an agent's call step ``<agent>:t<turn>:c<i>`` — as its
+    tool is told it.
+
+    Attributes:
+        run_id, branch_id, step_id: the step the call is; attempt: 1-based; tool: the tool's name (a tool
+            step's ``name``, else its step id).
+    """
+
+    run_id: str
+    branch_id: str
+    step_id: str
+    attempt: int
+    tool: str = ""
+
+    @property
+    def key(self) -> str:
+        """The call's idempotency key, ``<run>/<branch>/<step>``: the same for every attempt of the call, so an
+        outside service can dedupe a retry."""
+        return f"{self.run_id}/{self.branch_id}/{self.step_id}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The variables Reel defines for the call (a command's environment): ``REEL_RUN_ID``, ``REEL_BRANCH_ID``,
+        ``REEL_STEP_ID``, ``REEL_ATTEMPT``, ``REEL_IDEMPOTENCY_KEY``, ``REEL_TOOL_NAME``, and ``extra`` (an agent
+        tool's ``REEL_TOOL_ARGS``)."""
+        return {"REEL_RUN_ID": self.run_id, "REEL_BRANCH_ID": self.branch_id, "REEL_STEP_ID": self.step_id,
+                "REEL_ATTEMPT": str(self.attempt), "REEL_IDEMPOTENCY_KEY": self.key,
+                "REEL_TOOL_NAME": self.tool or self.step_id, **extra}
+
+
+@dataclass(frozen=True)
 class Command:
     """One command call of a tool — a tool step's (:class:`ToolSpec`) or an agent's command tool
     (:class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`) — as :func:`run_command` runs it.
@@ -160,14 +192,13 @@ class Command:
     limit: OutputLimit = field(default_factory=OutputLimit)
 
 
-async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: dict[str, str] | None = None,
-                   limit: OutputLimit | None = None) -> ToolOutput:
-    """Run one attempt (1-based) of a tool step; returns its output (the caller closes it).
+async def run_tool(spec: ToolSpec, call: CallId, *, stdin: Stdin = None, limit: OutputLimit | None = None
+                   ) -> ToolOutput:
+    """Run attempt ``call.attempt`` (1-based) of a tool step; returns its output (the caller closes it).
 
     ``stdin``: a command's standard input — bytes, or chunks as they come (``stdin_from``: the earlier
     output streamed from the blob store, checked against its sha256 as it goes; never held whole).
-    ``env``: the variables Reel defines for the call (the executor passes ``REEL_RUN_ID``,
-    ``REEL_BRANCH_ID``, ``REEL_STEP_ID``, ``REEL_ATTEMPT``). ``limit``: the command's output cap and
+    ``call``: who the call is (its variables: :meth:`CallId.env`). ``limit``: the command's output cap and
     overflow policy (default 8 MiB, ``fail``). A ``command`` runs on :func:`run_command`.
 
     Raises:
@@ -176,12 +207,12 @@ async def run_tool(spec: ToolSpec, *, attempt: int, stdin: Stdin = None, env: di
     if spec.type == "recorded":
         return ToolOutput.of((spec.output or "").encode())
     if spec.type == "scripted":
-        entry = spec.outputs[min(attempt, len(spec.outputs)) - 1]
+        entry = spec.outputs[min(call.attempt, len(spec.outputs)) - 1]
         if isinstance(entry, ScriptedFailure):
             raise ToolError(entry.message or entry.error, kind=entry.error, retryable=entry.retryable)
         return ToolOutput.of(entry.encode())
     return await run_command(Command(argv=spec.argv, name=spec.name or spec.argv[0], timeout_s=spec.timeout_s,
-                                     spec=spec, reel=env or {}, limit=limit or OutputLimit()), stdin=stdin)
+                                     spec=spec, reel=call.env(), limit=limit or OutputLimit()), stdin=stdin)
 
 
 async def run_command(cmd: Command, *, stdin: Stdin = None) -> ToolOutput:

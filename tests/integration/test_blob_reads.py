@@ -28,11 +28,13 @@ from reel.shared.nats.blobstore import CHUNK_BYTES, JetStreamBlobStore, ref_for
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra
-from reel.shared.proc.tools import run_tool
+from reel.shared.proc.tools import CallId, run_tool
 from reel.shared.runtime.config import Config
 from tests.integration.test_cli import reel
 from tests.refold import assert_refold_identical
 from tests.support import print_bytes
+
+CALL = CallId("r-1", "main", "s", 1)
 
 PRINTER = str(Path(__file__).parents[1] / "support" / "print_bytes.py")
 DIGEST = ("import hashlib, sys\nh, n = hashlib.sha256(), 0\nwhile b := sys.stdin.buffer.read1(1 << 20):\n"
@@ -94,7 +96,7 @@ async def test_a_corrupt_stdin_fails_the_tool_before_it_sees_the_end(infra: Infr
     marker = tmp_path / "acted"
     script = f"import sys, pathlib; sys.stdin.buffer.read(); pathlib.Path({str(marker)!r}).write_text('x')"
     with pytest.raises(ToolError) as info:
-        await run_tool(ToolSpec(type="command", argv=(sys.executable, "-c", script), timeout_s=60), attempt=1,
+        await run_tool(ToolSpec(type="command", argv=(sys.executable, "-c", script), timeout_s=60), CALL,
                        stdin=fresh(infra, cfg).chunks(ref))
     assert info.value.kind == "stdin_blob_corrupt" and "sha256 mismatch" in info.value.message
     assert not marker.exists()

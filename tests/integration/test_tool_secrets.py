@@ -56,6 +56,10 @@ async def test_a_command_step_and_an_agent_command_tool_printing_env_show_no_nat
     assert f"REEL_TEST_PASSED={secrets['REEL_TEST_PASSED']}" in plain and "SET_BY_SPEC=yes" in plain
     assert "REEL_TEST_PASSED" not in agent  # the agent's tool did not list it
     assert "REEL_IDEMPOTENCY_KEY=" in agent and "REEL_TOOL_NAME=env" in agent
+    reel = {name: {n for n in env_names(text) if n.startswith("REEL_")} for name, text in (("plain", plain),
+                                                                                             ("agent", agent))}
+    assert reel["plain"] - {"REEL_TEST_PASSED"} == reel["agent"] - {"REEL_TOOL_ARGS"}, reel  # one call identity
+    assert f"REEL_IDEMPOTENCY_KEY={started.run_id}/main/env" in plain and "REEL_TOOL_NAME=env" in plain
 
 
 async def test_canary_secrets_reach_no_stream_bucket_blob_or_log_line(

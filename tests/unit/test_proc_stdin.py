@@ -17,7 +17,9 @@ import pytest
 from reel.shared.core.errors import BlobCorrupt, ToolError
 from reel.shared.core.workflow.spec import ToolSpec
 from reel.shared.proc.group import run_group
-from reel.shared.proc.tools import run_tool
+from reel.shared.proc.tools import CallId, run_tool
+
+CALL = CallId("r-1", "main", "s", 1)
 
 PY = sys.executable
 MIB = 1 << 20
@@ -82,7 +84,7 @@ async def test_a_failing_source_kills_the_child_before_it_sees_an_eof(tmp_path: 
 
     spec = ToolSpec(type="command", argv=(PY, "-c", script), timeout_s=60)
     with pytest.raises(ToolError) as info:
-        await run_tool(spec, attempt=1, stdin=source())
+        await run_tool(spec, CALL, stdin=source())
     assert info.value.kind == "stdin_blob_corrupt" and not info.value.retryable
     assert "could not be read and checked whole (the command was killed)" in info.value.message
     assert "is corrupt" in info.value.message
@@ -97,7 +99,7 @@ async def test_a_streamed_stdin_reaches_the_tool_byte_for_byte() -> None:
             yield b
 
     spec = ToolSpec(type="command", argv=(PY, "-c", COUNTER), timeout_s=60)
-    with await run_tool(spec, attempt=1, stdin=source()) as out:
+    with await run_tool(spec, CALL, stdin=source()) as out:
         last = out.read().decode().splitlines()[-1]
     body = b"".join(blocks)
     assert last == f"eof {len(body)} {hashlib.sha256(body).hexdigest()}"

@@ -13,8 +13,10 @@ import pytest
 from reel.shared.core.errors import ToolError
 from reel.shared.core.workflow.spec import ToolSpec
 from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, OutputLimit
-from reel.shared.proc.tools import SPOOL_MEMORY_BYTES, reap_orphaned_tools, run_tool
+from reel.shared.proc.tools import SPOOL_MEMORY_BYTES, CallId, reap_orphaned_tools, run_tool
 from tests.support import print_bytes
+
+CALL = CallId("r-1", "main", "s", 1)
 
 
 def _alive(pid: int) -> bool:
@@ -59,7 +61,7 @@ def _spawning(pidfile: Path, timeout_s: float = 60) -> ToolSpec:
 
 async def test_cancelling_an_attempt_kills_the_whole_tool_process_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
-    task = asyncio.create_task(run_tool(_spawning(pidfile), attempt=1))
+    task = asyncio.create_task(run_tool(_spawning(pidfile), CALL))
     child = await _pid_from(pidfile)
     assert _alive(child)
     task.cancel()
@@ -71,20 +73,21 @@ async def test_cancelling_an_attempt_kills_the_whole_tool_process_group(tmp_path
 async def test_a_timed_out_tool_is_killed_with_its_children(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     with pytest.raises(ToolError) as err:
-        await run_tool(_spawning(pidfile, timeout_s=0.5), attempt=1)
+        await run_tool(_spawning(pidfile, timeout_s=0.5), CALL)
     assert err.value.kind == "timeout"
     assert await _gone(await _pid_from(pidfile))
 
 
 async def test_the_attempt_identity_is_in_the_tool_environment() -> None:
-    spec = ToolSpec(type="command", argv=("sh", "-c", "echo $REEL_RUN_ID/$REEL_STEP_ID/$REEL_ATTEMPT"))
-    with await run_tool(spec, attempt=2, env={"REEL_RUN_ID": "r-1", "REEL_STEP_ID": "s", "REEL_ATTEMPT": "2"}) as out:
-        assert out.read().strip() == b"r-1/s/2"
+    spec = ToolSpec(type="command", argv=("sh", "-c", "echo $REEL_RUN_ID/$REEL_STEP_ID/$REEL_ATTEMPT"
+                                                      " $REEL_IDEMPOTENCY_KEY $REEL_TOOL_NAME"))
+    with await run_tool(spec, CallId("r-1", "main", "s", 2)) as out:
+        assert out.read().strip() == b"r-1/s/2 r-1/main/s s"  # unnamed: the tool step's id
 
 
 async def test_a_failing_command_reports_its_exit_code() -> None:
     with pytest.raises(ToolError) as err:
-        await run_tool(ToolSpec(type="command", argv=("sh", "-c", "echo boom; exit 7")), attempt=1)
+        await run_tool(ToolSpec(type="command", argv=("sh", "-c", "echo boom; exit 7")), CALL)
     assert err.value.kind == "exit_7" and "boom" in err.value.message
 
 
@@ -102,7 +105,7 @@ def _expected(n_bytes: int) -> bytes:
 
 async def test_an_output_under_its_cap_is_spooled_whole_with_its_sha256() -> None:
     n = 3 * SPOOL_MEMORY_BYTES + 123  # past the in-memory part: it rolled over to a temp file
-    with await run_tool(_printing(n), attempt=1, limit=OutputLimit(max_bytes=n + 3)) as out:
+    with await run_tool(_printing(n), CALL, limit=OutputLimit(max_bytes=n + 3)) as out:
         whole = out.read()
         assert whole == _expected(n) and not out.truncated
         assert (out.size_bytes, out.seen_bytes) == (n + 3, n + 3)
@@ -111,13 +114,13 @@ async def test_an_output_under_its_cap_is_spooled_whole_with_its_sha256() -> Non
 
 async def test_an_output_past_its_cap_fails_output_too_large_by_default() -> None:
     with pytest.raises(ToolError) as err:
-        await run_tool(_printing(100_000), attempt=1, limit=OutputLimit(max_bytes=4096))
+        await run_tool(_printing(100_000), CALL, limit=OutputLimit(max_bytes=4096))
     assert err.value.kind == OUTPUT_TOO_LARGE and err.value.retryable
     assert "100003 bytes" in err.value.message and "4096" in err.value.message
 
 
 async def test_truncate_keeps_the_head_and_says_so() -> None:
-    with await run_tool(_printing(100_000), attempt=1, limit=OutputLimit(max_bytes=4096,
+    with await run_tool(_printing(100_000), CALL, limit=OutputLimit(max_bytes=4096,
                                                                           on_overflow="truncate")) as out:
         head = out.read()
         assert head == _expected(100_000)[:4096] and out.truncated
@@ -128,7 +131,7 @@ async def test_truncate_keeps_the_head_and_says_so() -> None:
 async def test_a_command_exiting_nonzero_past_its_cap_reports_its_last_words() -> None:
     spec = ToolSpec(type="command", argv=("sh", "-c", f"{sys.executable} {PRINTER} 50000; echo last-words; exit 3"))
     with pytest.raises(ToolError) as err:
-        await run_tool(spec, attempt=1, limit=OutputLimit(max_bytes=1000, on_overflow="truncate"))
+        await run_tool(spec, CALL, limit=OutputLimit(max_bytes=1000, on_overflow="truncate"))
     assert err.value.kind == "exit_3" and err.value.message.rstrip().endswith("last-words")
 
 
@@ -140,10 +143,10 @@ async def test_tool_groups_left_by_a_killed_executor_are_reaped(tmp_path: Path,
     pidfile = tmp_path / "grandchild.pid"
     executor = (
         "import asyncio\n"
-        "from reel.shared.proc.tools import reap_orphaned_tools, run_tool\n"
+        "from reel.shared.proc.tools import CallId, reap_orphaned_tools, run_tool\n"
         "from reel.shared.core.workflow.spec import ToolSpec\n"
         f"spec = ToolSpec(type='command', argv=('sh', '-c', 'sleep 60 & echo $! > {pidfile}; wait'))\n"
-        "asyncio.run(run_tool(spec, attempt=1, env={'REEL_RUN_ID': 'r-x', 'REEL_ATTEMPT': '1'}))\n"
+        "asyncio.run(run_tool(spec, CallId('r-x', 'main', 's', 1)))\n"
     )
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", executor, cwd=Path(__file__).parents[2])
     grandchild = await _pid_from(pidfile)

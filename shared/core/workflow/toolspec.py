@@ -42,8 +42,8 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             from the executor's environment. Nothing else of it reaches the command
             (:mod:`reel.shared.core.env.toolenv`); a ``REEL_NATS_*`` name is refused at load.
         retry_safe: running the command again has the same effect as running it once (it is idempotent,
-            e.g. keyed by ``REEL_RUN_ID``/``REEL_STEP_ID``). A tool step runs at least once per attempt
-            either way (after an executor crash mid-command it runs again); ``reel chaos`` accepts the
+            e.g. keyed by ``REEL_IDEMPOTENCY_KEY``, the same for every attempt). A tool step runs at least once
+            per attempt either way (after an executor crash mid-command it runs again); ``reel chaos`` accepts the
             repeats of a retry-safe tool and names any other tool that ran twice (docs/chaos.md).
     """
 
