@@ -16,6 +16,8 @@ over server-sent events (sse-starlette). Routes:
   the commits above ``after`` (at most :data:`MAX_COMMITS`; if ``more``, ``head_lsn`` is the last one's);
 * ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
   run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`);
+  ``?format=chat`` — the body (a chat request or message) as a conversation (:mod:`reel.services.ui.chat`),
+  ``&fragment=1`` without the page around it; 422 with the reason if it is not one.
 * ``POST /runs/{run_id}/actions/respond|cancel|rewind`` — the operator's actions, with ``--allow-actions`` only
   (:mod:`reel.services.ui.forms`; without it each answers 403 and no action is rendered).
 """
@@ -27,7 +29,7 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from reel.services.timeline.render import event_line, how_to_answer
-from reel.services.ui import pages
+from reel.services.ui import chat, pages
 from reel.services.ui.actions import Actions
 from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, check_run_id
@@ -166,6 +168,8 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
 
         if len(sha) != 64 or not set(sha) <= SHA256_HEX:
             return fail(400, "not a sha256 (64 lower-case hex digits)")
+        if q.get("format") == "chat":
+            return await chat_view(run_id, sha, fragment=q.get("fragment") == "1", fail=fail)
         try:
             offset, length = int(q.get("offset", "0")), int(q.get("length", str(page_bytes)))
         except ValueError:
@@ -182,6 +186,21 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
             return JSONResponse({"sha256": page.sha256, "media_type": page.media_type, "offset": page.offset,
                                  "end": page.end, "total": page.total, "text": page.text})
         return html("blob.html", run_id=run_id, page=page, length=length)
+
+    async def chat_view(run_id: str, sha: str, *, fragment: bool, fail: Callable[[int, str], Response]) -> Response:
+        try:
+            ref, body = await reader.whole(run_id, sha)
+        except NotARunId as exc:
+            return fail(400, str(exc))
+        except (RunNotFound, BlobMissing) as exc:
+            return fail(404, str(exc))
+        except (RunCorrupt, BlobCorrupt, BlobTimeout) as exc:
+            return fail(502 if isinstance(exc, BlobTimeout) else 409, str(exc))
+        convo = chat.conversation(body) if body is not None else None
+        why = ("" if convo is not None else f"{ref.size_bytes:,} bytes: too large to read whole, only paged"
+               if body is None else "not a chat request or message")
+        return html("_chat.html" if fragment else "chat.html", 200 if convo is not None else 422, run_id=run_id,
+                    ref=ref, c=convo, why=why, page_bytes=page_bytes)
 
     routes = [
         Route("/", runs), Route("/live", live), Route("/heads", heads), Route("/runs/{run_id}", run),

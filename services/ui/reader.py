@@ -125,15 +125,7 @@ class RunReader:
             BlobMissing: the run references no blob ``sha256``, or the store has no such object.
             BlobCorrupt, BlobTimeout: as :meth:`JetStreamBlobStore.get`.
         """
-        try:
-            state = await self.state(run_id)
-        except RunCorrupt as exc:
-            if exc.state is None:
-                raise
-            state = exc.state
-        ref = blob_refs(state).get(sha256)
-        if ref is None:
-            raise BlobMissing(f"run {run_id} references no blob {sha256[:12]}…")
+        ref = await self._ref(run_id, sha256)
         if ref.size_bytes <= WHOLE_MAX_BYTES:
             return blob_page(await self._body(ref), ref, offset, length)
         index = self._indexes.pop(ref.sha256, None)
@@ -147,6 +139,29 @@ class RunReader:
         assert self._client.blobs is not None
         window = await self._client.blobs.read_range(index, start, stop - start)  # only the chunks holding it
         return blob_page(window, ref, offset, length, base=start, total=ref.size_bytes)
+
+    async def whole(self, run_id: str, sha256: str) -> tuple[BlobRef, bytes | None]:
+        """A body the run's log references, whole — ``None`` for one over :data:`WHOLE_MAX_BYTES`, which is
+        only ever paged (what a conversation view reads).
+
+        Raises:
+            As :meth:`blob`.
+        """
+        ref = await self._ref(run_id, sha256)
+        return ref, (await self._body(ref) if ref.size_bytes <= WHOLE_MAX_BYTES else None)
+
+    async def _ref(self, run_id: str, sha256: str) -> BlobRef:
+        """The ref of blob ``sha256`` if the run's log (as of its last good commit) references it."""
+        try:
+            state = await self.state(run_id)
+        except RunCorrupt as exc:
+            if exc.state is None:
+                raise
+            state = exc.state
+        ref = blob_refs(state).get(sha256)
+        if ref is None:
+            raise BlobMissing(f"run {run_id} references no blob {sha256[:12]}…")
+        return ref
 
     async def _body(self, ref: BlobRef) -> bytes:
         data = self._blobs.pop(ref.sha256, None)

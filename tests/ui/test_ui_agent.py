@@ -111,14 +111,17 @@ async def test_agent_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs
             assert part.screenshot(str(artifact(tmp_path, "ui-partition-budget.png")))
             print(f"screenshot: {artifact(tmp_path, 'ui-partition-budget.png')}")
 
-            # the prompt viewer: nothing fetched until opened, then paged by 400 bytes to its end
+            # the prompt viewer: nothing fetched until opened, its raw bytes paged by 400 bytes to their end
             turn = view.step("fix:t2").attempts[-1]
             assert turn.prompt_ref is not None and turn.prompt_ref.size_bytes > 800
             body = (await blobs.get(turn.prompt_ref)).decode()
             viewer = b.find_element(By.CSS_SELECTOR, '.viewer[data-key="fix:t2#1:prompt"]')
             pre = viewer.find_element(By.CSS_SELECTOR, "pre.blob-text")
             assert b.execute_script("return arguments[0].textContent", pre) == ""
-            viewer.find_element(By.TAG_NAME, "summary").click()
+            viewer.find_element(By.TAG_NAME, "summary").click()  # a conversation (test_ui_read.py); the bytes:
+            await until(b, lambda d: viewer.find_elements(By.CSS_SELECTOR, ".chat .msg"), "the conversation")
+            assert b.execute_script("return arguments[0].textContent", pre) == ""
+            viewer.find_element(By.CSS_SELECTOR, "details.raw-bytes summary").click()
             await until(b, lambda d: viewer.get_attribute("data-next") == "400", "the first page")
             assert b.execute_script("return arguments[0].textContent", pre) == body[:400]
             more = viewer.find_element(By.CSS_SELECTOR, "button.more")

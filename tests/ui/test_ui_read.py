@@ -1,10 +1,12 @@
-"""``reel ui`` keeps a long agent run readable, in a real browser: a 24-turn run under a small budget (its oldest
+"""``reel ui`` keeps agent runs readable, in a real browser. A 24-turn run under a small budget (its oldest
 turns are left out, ``available``) shows its first turn's partition in full and every later one as "same as turn
 k except …", listing exactly the items whose group, tokens or reason changed since the turn before — so the
-page's partition chips are the first turn's plus the changes, not the sum of every turn's items."""
+page's partition chips are the first turn's plus the changes, not the sum of every turn's items. A turn's prompt
+and output read as a conversation, with the raw bytes one click away."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from reel.shared.core.run.events import ContextPartition
 from reel.shared.core.run.views import build_episode_view
+from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, until
 
@@ -119,3 +122,79 @@ async def test_a_long_runs_partitions_collapse_to_their_differences(  # type: ig
             last.find_element(By.CSS_SELECTOR, ".same-as a").click()
             await until(b, lambda d: d.execute_script("return location.hash") == f"#attempt-{turns[-2].step_id}-1",
                         "the jump to the turn before")
+
+
+async def test_prompts_and_outputs_read_as_a_conversation(  # type: ignore[no-untyped-def]
+        cfg, event_log: JetStreamEventLog, blobs: JetStreamBlobStore, tmp_path: Path) -> None:
+    """A turn's prompt opens as its messages (system, user, each earlier assistant message with its tool calls
+    and their arguments, each tool result named by its call), its output as the assistant's message; markup in
+    them is text; the raw bytes are one click away, and the conversation is a page of its own without
+    JavaScript."""
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    wf = tmp_path / "short.yaml"
+    wf.write_text(long_workflow(3))
+    code, out, err = await reel(cfg, "run", str(wf), "-q", env=env)
+    assert code == 0, (out, err)
+    run_id = re.search(r"run (r-[0-9a-f]{20}) created", out).group(1)  # type: ignore[union-attr]
+    view = build_episode_view(await event_log.load(run_id))
+    turn = view.step("long:t3").attempts[-1]
+    assert turn.prompt_ref is not None and turn.output_ref is not None
+    body = await blobs.get(turn.prompt_ref)
+    sent = json.loads(body)["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    async with reel_ui(cfg, env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            b.get(f"{url}/runs/{run_id}")
+            viewer = b.find_element(By.CSS_SELECTOR, '.viewer[data-key="long:t3#1:prompt"]')
+            viewer.find_element(By.TAG_NAME, "summary").click()
+            await until(b, lambda d: viewer.find_elements(By.CSS_SELECTOR, ".chat .msg"), "the conversation")
+            msgs = viewer.find_elements(By.CSS_SELECTOR, ".chat .msg")
+            assert [m.get_attribute("data-role") for m in msgs] == [m["role"] for m in sent]
+            text = [b.execute_script("const t = arguments[0].querySelector('.msg-text'); return t ? t.textContent "
+                                     ": null", m) for m in msgs]
+            for m, got in zip(sent, text, strict=True):
+                assert got == (m["content"] or None), (m, got)  # the text as sent, its newlines as lines
+            assert "\n" in text[1] and "<context id='task'" in text[1]
+            calls = viewer.find_elements(By.CSS_SELECTOR, ".chat .tool-call")
+            want = [c for m in sent for c in m.get("tool_calls", ())]
+            assert [(c.get_attribute("data-tool"), c.get_attribute("data-call-id")) for c in calls] == [
+                (c["function"]["name"], c["id"]) for c in want]
+            for el, c in zip(calls, want, strict=True):
+                args = {d.get_attribute("data-arg"): b.execute_script("return arguments[0].textContent", d)
+                        for d in el.find_elements(By.CSS_SELECTOR, "dd.arg")}
+                assert args == {k: v if isinstance(v, str) else json.dumps(v)
+                                for k, v in json.loads(c["function"]["arguments"]).items()}
+                assert args["text"].endswith("</b>\nsecond line")  # markup as text, a newline as a line break
+            assert not viewer.find_elements(By.CSS_SELECTOR, ".chat b:not(.mono), .chat i")  # nothing ran as markup
+            for el, m in zip(msgs, sent, strict=True):
+                if m["role"] == "tool":
+                    assert el.get_attribute("data-tool-call-id") == m["tool_call_id"]
+                    head = " ".join(b.execute_script("return arguments[0].textContent", el.find_element(
+                        By.CSS_SELECTOR, ".msg-head")).split())
+                    assert head == f"tool result of note call {m['tool_call_id']}", head
+            b.execute_script("arguments[0].scrollIntoView()", viewer)
+            shot = artifact(tmp_path, "ui-conversation.png")
+            assert viewer.screenshot(str(shot))
+            print(f"screenshot: {shot}")
+            # the raw bytes, one click away
+            pre = viewer.find_element(By.CSS_SELECTOR, "pre.blob-text")
+            assert b.execute_script("return arguments[0].textContent", pre) == ""
+            viewer.find_element(By.CSS_SELECTOR, "details.raw-bytes summary").click()
+            await until(b, lambda d: viewer.get_attribute("data-loaded") == "1", "the raw bytes")
+            assert b.execute_script("return arguments[0].textContent", pre) == body.decode()
+            # the output: the assistant's message as the model sent it, its call and arguments
+            output = b.find_element(By.CSS_SELECTOR, '.viewer[data-key="long:t3#1:output"]')
+            output.find_element(By.TAG_NAME, "summary").click()
+            await until(b, lambda d: output.find_elements(By.CSS_SELECTOR, ".chat .msg"), "the output")
+            assert output.find_element(By.CSS_SELECTOR, ".chat").get_attribute("data-kind") == "message"
+            assert output.find_element(By.CSS_SELECTOR, ".msg").get_attribute("data-role") == "assistant"
+            assert output.find_element(By.CSS_SELECTOR, ".tool-call").get_attribute("data-tool") == "note"
+            as_page = viewer.find_element(By.CSS_SELECTOR, "a.as-chat").get_attribute("href")
+        with chromium(tmp_path / "profile-nojs", javascript=False) as b:  # a page of its own, no script needed
+            b.get(as_page)
+            assert [m.get_attribute("data-role") for m in b.find_elements(By.CSS_SELECTOR, ".chat .msg")] == [
+                m["role"] for m in sent]
+            assert b.find_element(By.ID, "raw-bytes").get_attribute("href").endswith(
+                f"/blobs/{turn.prompt_ref.sha256}?length=65536")

@@ -82,7 +82,10 @@ async def test_a_replayed_run_in_the_browser(cfg, event_log: JetStreamEventLog, 
             assert last.prompt_ref is not None
             prompt = (await blobs.get(last.prompt_ref)).decode()
             viewer = b.find_element(By.CSS_SELECTOR, f'.viewer[data-key="{last.step_id}#{last.attempt}:prompt"]')
-            viewer.find_element(By.TAG_NAME, "summary").click()
+            viewer.find_element(By.TAG_NAME, "summary").click()  # the recorded messages, as a conversation
+            await until(b, lambda d: len(viewer.find_elements(By.CSS_SELECTOR, ".chat .msg")) == len(
+                json.loads(prompt)["messages"]), "the prompt as a conversation")
+            viewer.find_element(By.CSS_SELECTOR, "details.raw-bytes summary").click()  # and its bytes
             pre = viewer.find_element(By.CSS_SELECTOR, "pre.blob-text")
             await until(b, lambda d: viewer.get_attribute("data-loaded") == "1", "the prompt's first page")
             shown = b.execute_script("return arguments[0].textContent", pre)

@@ -3,7 +3,7 @@
 // polling /heads), stopped while the page is hidden. Runs page: rows replaced/inserted as runs move
 // (/runs/<id>/row). Run page: lazy blob viewers paged by byte range, the live commit log
 // (/runs/<id>/commits) and body refresh (/runs/<id>/body). Text is set with textContent
-// only, never parsed as HTML, except row/body fragments the server rendered (and escaped).
+// only, never parsed as HTML, except row/body/conversation fragments the server rendered (and escaped).
 "use strict";
 
 const POLL_MS = 2000;  // how often a page without a shared feed polls /heads
@@ -121,13 +121,36 @@ async function loadPage(viewer) {
   }
 }
 
+// A prompt or output that is a chat request or message (data-chat) opens as a conversation the server rendered
+// (/runs/<id>/blobs/<sha>?format=chat&fragment=1, escaped); its raw bytes page in the nested "raw bytes" details.
+async function loadChat(viewer) {
+  const pane = viewer.querySelector(".chat-pane");
+  viewer.dataset.chatLoading = "1";
+  try {
+    const r = await fetch(viewer.dataset.chat);
+    pane.innerHTML = await r.text();
+    viewer.dataset.chatLoaded = r.ok ? "1" : "none";
+    if (!r.ok) viewer.querySelector("details.raw-bytes").open = true;  // not a conversation: the bytes instead
+  } catch (err) {
+    pane.textContent = `could not load: ${err.message}`;
+  } finally {
+    delete viewer.dataset.chatLoading;
+  }
+}
+
 function viewers(root) {
+  const page = (v) => {
+    if (v.dataset.loaded || v.dataset.loading) return;
+    v.dataset.loading = "1";
+    loadPage(v).finally(() => { delete v.dataset.loading; });
+  };
   root.addEventListener("toggle", (ev) => {
     const v = ev.target;
-    if (v.matches && v.matches("details.viewer") && v.open && !v.dataset.loaded && !v.dataset.loading) {
-      v.dataset.loading = "1";
-      loadPage(v).finally(() => { delete v.dataset.loading; });
-    }
+    if (!v.matches || !v.open) return;
+    if (v.matches("details.viewer") && v.dataset.chat) {
+      if (!v.dataset.chatLoaded && !v.dataset.chatLoading) loadChat(v);
+    } else if (v.matches("details.viewer")) page(v);
+    else if (v.matches("details.raw-bytes")) page(v.closest("details.viewer"));
   }, true);
   root.addEventListener("click", (ev) => {
     const b = ev.target.closest && ev.target.closest("button.more");
