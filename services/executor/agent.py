@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from reel.shared.application import codeid
 from reel.shared.application.fenced import Committed, Decided
 from reel.shared.auth import secrets
 from reel.shared.core.agent import commits as ac
@@ -48,16 +49,19 @@ from reel.shared.core.agent import turnfold
 from reel.shared.core.agent.memo import ContextMemo
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.input import requestfold
-from reel.shared.core.run import budget
+from reel.shared.core.run import budget, codeids
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.crashpoints import commit_points, point_name
 from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
+    AttemptDispatched,
     AttemptEnd,
     AttemptFailed,
     AttemptSucceeded,
     BlobRef,
+    CodeIdentity,
+    StepsDeclared,
     Usage,
 )
 from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
@@ -198,7 +202,10 @@ class AgentRun:
         commit ``events`` (decided by :func:`planned_or_facts`); then start ``calls`` and ``turn`` — only
         if the planned events were committed. A Decided: nothing was recorded (the run moved)."""
         halted = self._budget_halt(state, events, outcomes, branch_id, calls, turn)
-        if halted is not None:  # the run's budget would be exceeded: its outcomes and the halt, nothing started
+        if halted is None:
+            events = self._with_code(state, events, branch_id)  # each intent names the code it runs
+            halted = self._code_halt(state, events, branch_id, calls, turn)
+        if halted is not None:  # a budget exceeded, or changed code under on_code_change fail: nothing started
             events, calls, turn = halted, (), None
         points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/run/crashpoints.py)
         self.attempts.crash_if(*points.before_intent)
@@ -231,17 +238,55 @@ class AgentRun:
         found = budget.check(state, at, model_call=worst, tool_calls=len(calls), pending=[o.usage for o in outcomes])
         if found is None:
             return None
-        if turn is not None:
-            step, agent = turn.action.step_id, turn.action.agent
-            turns = turn.action.turn - 1 if turn.action.declare else turn.action.turn
-        else:
-            step = calls[0].step_id
-            parsed = parse_step_id(step)
-            assert parsed is not None, step
-            agent, turns = parsed[0], parsed[1]
+        step = turn.action.step_id if turn is not None else calls[0].step_id
         log.info("run.budget_exhausted", step_id=step, budget=found.budget, limit=found.limit, spent=found.spent,
                  needed=found.needed)
-        return budget.halted_commit(events, found.event(branch_id, step, at), agent, turns)
+        return budget.halted_commit(events, found.event(branch_id, step, at), *_ended(step, turn))
+
+    def _with_code(self, state: RunState, events: Sequence[AnyEvent], branch_id: BranchId) -> Sequence[AnyEvent]:
+        """``events`` with each ``attempt_dispatched`` carrying the identity of the code it runs
+        (:mod:`reel.shared.application.codeid`): a turn's model adapter, a call's tool."""
+        if not any(isinstance(e, AttemptDispatched) for e in events):
+            return events
+        declared = {d.step_id: d for e in events if isinstance(e, StepsDeclared) for d in e.steps}
+        branch = state.branches.get(branch_id)
+        out: list[AnyEvent] = []
+        for e in events:
+            if isinstance(e, AttemptDispatched) and e.code is msgspec.UNSET:
+                parsed = parse_step_id(e.step_id)
+                if parsed is not None:
+                    agent = self.spec.agent(parsed[0])
+                    if parsed[2] < 0:
+                        code = codeid.model_identity(agent.model)
+                    else:
+                        decl = declared.get(e.step_id) or (turnfold.declared(branch, e.step_id) if branch else None)
+                        name = (decl.tool_name if decl is not None else None) or ""
+                        tool = next((t for t in agent.tools if t.name == name), None)
+                        code = (codeid.agent_tool_identity(tool, self.python_tools.get((agent.id, name)))
+                                if tool is not None else codeid.builtin_identity(name))
+                    e = msgspec.structs.replace(e, code=code)
+            out.append(e)
+        return out
+
+    def _code_halt(self, state: RunState, events: Sequence[AnyEvent], branch_id: BranchId,
+                   calls: Sequence[plan.CallAttempt], turn: PreparedTurn | None) -> tuple[AnyEvent, ...] | None:
+        """Under ``on_code_change: fail``, the commit recording a ``code_changed`` halt in place of ``events`` when
+        an attempt they dispatch would run other code than its tool's (or adapter's) earlier attempts on the branch
+        (:func:`reel.shared.core.run.codeids.first_change`); else ``None``."""
+        if self.spec.code_change_policy != "fail" or (turn is None and not calls):
+            return None
+        branch = state.branches.get(branch_id)
+        if branch is None:
+            return None
+        intents = [(e.step_id, e.attempt, e.code) for e in events
+                   if isinstance(e, AttemptDispatched) and isinstance(e.code, CodeIdentity)]
+        change = codeids.first_change(branch, intents)
+        if change is None:
+            return None
+        log.warning("run.code_changed", step_id=change.step_id, attempt=change.attempt, kind=change.now.kind,
+                    name=change.now.name, what=list(change.what))
+        step = turn.action.step_id if turn is not None else calls[0].step_id
+        return budget.halted_commit(events, codeids.halt(change, branch_id, now_ms()), *_ended(step, turn))
 
     async def _started(self, done: Committed, branch_id: BranchId, calls: Sequence[plan.CallAttempt],
                        turn: PreparedTurn | None, prompt_result: Any) -> RunState:
@@ -394,3 +439,13 @@ class AgentRun:
                         branch_id: BranchId, **starting: Any) -> RunState:
         done = await self._commit_starting(state, events, outcomes, branch_id=branch_id, **starting)
         return done.state if isinstance(done, Decided) else done
+
+
+def _ended(step: StepId, turn: PreparedTurn | None) -> tuple[StepId, int]:
+    """The agent step a halt before ``step`` ends, and how many turns it ran (``turn``: the turn about to start,
+    whose declaration the halt drops when it was new)."""
+    if turn is not None:
+        return turn.action.agent, turn.action.turn - 1 if turn.action.declare else turn.action.turn
+    parsed = parse_step_id(step)
+    assert parsed is not None, step
+    return parsed[0], parsed[1]

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
+from reel.shared.application import codeid
 from reel.shared.application.fenced import Committed, Decide, Decided
 from reel.shared.auth import secrets
 from reel.shared.core.chat.messages import prompt_request
 from reel.shared.core.decision import Decision
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.packer import accounted, pack, reserving
-from reel.shared.core.run import budget
+from reel.shared.core.run import budget, codeids
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import (
     AnyEvent,
@@ -50,6 +51,7 @@ from reel.shared.core.run.events import (
     AttemptFailed,
     AttemptSucceeded,
     BlobRef,
+    CodeIdentity,
     Commit,
     RunStarted,
     StepHalted,
@@ -154,7 +156,7 @@ class PlainSteps:
         if isinstance(step, ToolStep):
             return Prepared(action=action, step=step, intent=AttemptDispatched(
                 branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
-                executor_id=a.executor_id, at_ms=now_ms()))
+                executor_id=a.executor_id, at_ms=now_ms(), code=codeid.tool_step_identity(step.id, step.tool)))
         policy = plan.policy_for(step, spec)
         outputs = await a.outputs(state, action.branch_id, plan.needed_outputs(step, spec),
                                   max_bytes=plan.read_bound(policy))
@@ -171,6 +173,7 @@ class PlainSteps:
         intent = AttemptDispatched(
             branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=a.executor_id,
             at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max), context=partition,
+            code=codeid.model_identity(step.model),
         )
         step = msgspec.structs.replace(step, model=priced(step.model, spec.price_table))  # what its calls cost
         return Prepared(action=action, step=step, intent=intent, prompt=prompt,
@@ -200,8 +203,8 @@ class PlainSteps:
                     return recorded.state
                 return recorded
             p = await self.prepare(state, spec, action)
-            halt = halt_of(state, p)
-            if halt is not None:  # the run's budget would be exceeded: the step fails before its call is made
+            halt = halt_of(state, p, spec.code_change_policy)
+            if halt is not None:  # a budget exceeded, or changed code (fail): the step fails before its call
                 return await self.a.intent(state, [halt])
             done = await self._commit_intent(state, p)
             if not isinstance(done, RunState):
@@ -336,7 +339,8 @@ class PlainSteps:
         if not isinstance(action, plan.Dispatch) or action.supersedes is not None:
             return None  # an orphan's successor is never chained: its marker is read first (run)
         nxt = await self.prepare(preview, spec, action)
-        return None if halt_of(preview, nxt) is not None else nxt  # a halt is committed by run(), alone
+        halted = halt_of(preview, nxt, spec.code_change_policy) is not None
+        return None if halted else nxt  # a halt is committed by run(), alone
 
     async def _commit_outcome(self, state: RunState, p: Prepared, event: AttemptEnd, body: bytes | None,
                               nxt: Prepared | None) -> RunState | Chained:
@@ -380,13 +384,21 @@ class PlainSteps:
         return done.state
 
 
-def halt_of(state: RunState, p: Prepared) -> StepHalted | None:
-    """The ``step_halted`` (``budget_exhausted``) that takes the place of ``p``'s intent on ``state`` when its call
+def halt_of(state: RunState, p: Prepared, on_code_change: str = "continue") -> StepHalted | None:
+    """The ``step_halted`` that takes the place of ``p``'s intent on ``state``: ``budget_exhausted`` when its call
     would exceed the run's budget (a model step: its prompt tokens plus its ``max_tokens``, priced; a tool step:
-    one tool call), else ``None``."""
+    one tool call); under ``on_code_change`` ``fail``, ``code_changed`` when its code differs from its tool's (or
+    adapter's) earlier attempts on the branch; else ``None``."""
+    at = now_ms()
+    code = p.intent.code
+    if on_code_change == "fail" and isinstance(code, CodeIdentity):
+        change = codeids.change_before(state.branches[p.action.branch_id], p.action.step_id, p.action.attempt, code)
+        if change is not None:
+            log.warning("run.code_changed", step_id=change.step_id, attempt=change.attempt, kind=code.kind,
+                        name=code.name, what=list(change.what))
+            return codeids.halt(change, p.action.branch_id, at)
     if budget.budget_of(state) is None:
         return None
-    at = now_ms()
     if isinstance(p.step, ModelStep):
         worst = budget.worst_case(p.prompt_tokens, p.step.model, price_for(p.step.model))
         found = budget.check(state, at, model_call=worst)

@@ -14,7 +14,7 @@ from reel.services.timeline import rows
 from reel.services.timeline.table import AttemptTable
 from reel.shared.core.input import requestfold
 from reel.shared.core.input.requeststate import InputRecord
-from reel.shared.core.run import budget
+from reel.shared.core.run import budget, codeids
 from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
@@ -37,7 +37,7 @@ from reel.shared.core.run.events import (
     Verdict,
     VerdictRecorded,
 )
-from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
 from reel.shared.core.run.state import BranchState, RunState
 from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
 from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
@@ -183,13 +183,14 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
     table = AttemptTable(f"branch {bid}")  # fitted to the width it is printed at
     notes: list[Text] = []  # messages too long for the table's last cell, whole, below it
     drops: list[Text] = []  # each model attempt's dropped ids with their reasons, below the notes
+    changed = codeids.changes(branch)  # attempts whose code differs from their tool's earlier attempts
     for step in view.steps:
         name, kind = _labels(step)
         if not step.attempts:
             table.add_row(*_plain((name, kind, "-", Text(step.status, style="dim"), *[""] * 9,
                                    _cell(_answer(step), step.step_id, notes))))
         for a in step.attempts:
-            table.add_row(*_plain(_row(spec, branch, step, name, kind, a, notes)))
+            table.add_row(*_plain(_row(spec, branch, step, name, kind, a, notes, changed)))
             _dropped_note(drops, a)
     u = view.usage
     footer = Text(f"usage: {rows.tokens_by_source(view)}, "
@@ -243,9 +244,14 @@ def _plain(cells: tuple[str | Text, ...]) -> tuple[Text, ...]:
 
 
 def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: str, kind: str,
-         a: AttemptView, notes: list[Text]) -> tuple[str | Text, ...]:
+         a: AttemptView, notes: list[Text], changed: dict[tuple[StepId, AttemptNo], codeids.CodeChange] | None = None,
+         ) -> tuple[str | Text, ...]:
     c = a.context
     status = a.status + (" (superseded)" if a.superseded else "") + (" (recovered)" if a.recovered else "")
+    change = (changed or {}).get((a.step_id, a.attempt))
+    if change is not None:
+        status += " (code changed)"
+        notes.append(Text(f"{step.step_id}#{a.attempt}: {change.message}", style="magenta"))
     if a.truncated is True and a.output_ref:
         status += " (truncated)"
         if isinstance(a.finish_reason, str):  # a model's answer cut by the server, taken (on_truncated: continue)

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from reel.shared.core.run import budget
-from reel.shared.core.run.events import StepHalted
+from reel.shared.core.run.events import CodeIdentity, StepHalted
 from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
@@ -111,3 +111,6 @@ async def test_plain_steps_halt_before_the_call_that_would_exceed(client: ReelCl
     assert halt.needed is not msgspec.UNSET and halt.needed > 4096
     assert attempt_of(state, "think", 1).usage.source == "estimated"  # scripted: Reel's own count, labelled
     assert "estimated" in halt.message
+    fetch, think = attempt_of(state, "fetch", 1).code, attempt_of(state, "think", 1).code
+    assert isinstance(fetch, CodeIdentity) and (fetch.kind, fetch.name) == ("builtin", "fetch")
+    assert isinstance(think, CodeIdentity) and (think.kind, think.name) == ("model", "scripted")

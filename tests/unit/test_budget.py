@@ -152,3 +152,16 @@ def test_reel_run_and_show_print_the_end_reason_and_the_spend() -> None:
     assert "budget: $0.0001 of $0.001, 2 of 10 tool calls" in shown
     assert "end reason budget_exhausted (before solve:t2): max_cost_usd 0.001" in shown
     assert "agent solve: failed, 1 turns, 1 tool calls (0 error observations), budget_exhausted" in shown
+
+
+def test_the_python_api_carries_budget_prices_and_code_policy() -> None:
+    import reel
+
+    agent = reel.Agent(name="a", instructions="i", model=reel.ScriptedModel(turns=[{"text": "x"}]),
+                       budget=reel.Budget(max_cost_usd=1.0, max_tool_calls=3),
+                       prices={"m": reel.Price(input_usd_per_mtok=1.0)}, on_code_change="fail")
+    spec = agent.workflow("go")
+    assert spec.budget == Budget(max_cost_usd=1.0, max_tool_calls=3)
+    assert spec.price_table == {"m": Price(input_usd_per_mtok=1.0)} and spec.code_change_policy == "fail"
+    bare = reel.Agent(name="a", instructions="i", model=reel.ScriptedModel(turns=[{"text": "x"}])).workflow("go")
+    assert bare.budget is msgspec.UNSET and bare.code_change_policy == "continue"
