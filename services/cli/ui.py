@@ -23,8 +23,11 @@ def ui(
     allow_actions: bool = typer.Option(False, "--allow-actions",
                                        help="render approve/reject/answer, cancel and rewind forms and send them "
                                             "(as the client role with --auth; off: read-only, every action 403)"),
-    operator: str | None = typer.Option(None, "--operator",
+    operator: str | None = typer.Option(None, "--operator", metavar="WHO",
                                         help="who the actions are recorded as (default: your user name)"),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME",
+                                           help="a further Host name an action post may carry (repeatable; e.g. a "
+                                                "proxy's name)"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
@@ -46,7 +49,7 @@ def ui(
         async with session(nats_url, namespace, services=(), role="client" if allow_actions else "viewer") as s:
             actions = Actions(s.client, who) if allow_actions else None
             app = create_app(RunReader(s.client), page_bytes=page_bytes, server=redact_url(s.cfg.nats_url),
-                             actions=actions, hosts=allowed_hosts(host))
+                             actions=actions, hosts=allowed_hosts(host, allowed_host))
             started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(serve(app, host, port, started=started))
             first: list[asyncio.Future[Any]] = [task, started]

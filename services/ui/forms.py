@@ -29,7 +29,7 @@ import hmac
 import ipaddress
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.datastructures import FormData
@@ -59,17 +59,19 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def allowed_hosts(host: str) -> frozenset[str] | None:
+def allowed_hosts(host: str, more: Iterable[str] = ()) -> frozenset[str] | None:
     """The ``Host`` names a post may carry when the UI listens on ``host``: the loopback names for a loopback
-    address, ``host`` itself for another one; ``None`` (any) for every interface (``0.0.0.0``, ``::``)."""
+    address, ``host`` itself for another one, and each of ``more`` (``--allowed-host``: a proxy's name); ``None``
+    (any) for every interface (``0.0.0.0``, ``::``)."""
     name = host.strip("[]").lower()
+    extra = frozenset(_hostname(m) for m in more if m.strip())
     try:
         addr = ipaddress.ip_address(name)
     except ValueError:
-        return LOOPBACK if name == "localhost" else frozenset({name})
+        return (LOOPBACK if name == "localhost" else frozenset({name})) | extra
     if addr.is_unspecified:
         return None
-    return LOOPBACK | {name} if addr.is_loopback else frozenset({name})
+    return (LOOPBACK | {name} if addr.is_loopback else frozenset({name})) | extra
 
 
 def _hostname(host_header: str) -> str:

@@ -76,7 +76,8 @@ async def test_an_operator_acts_from_the_ui(cfg, infra: Infra, client: ReelClien
     async with services(infra, cfg):
         first, approval, question = await waiting_run(client)
         second, approval2, question2 = await waiting_run(client)
-        async with reel_ui(cfg, "--allow-actions", "--operator", OPERATOR, env=env) as url:
+        async with reel_ui(cfg, "--allow-actions", "--operator", OPERATOR, "--allowed-host", "proxy.example",
+                           env=env) as url:
             with chromium(tmp_path / "profile") as b:
                 # the browser is driven from threads: the services run in this event loop, and a click waits for
                 # the page, which waits for the command's reply
@@ -221,9 +222,9 @@ async def test_an_operator_acts_from_the_ui(cfg, infra: Infra, client: ReelClien
                         assert r.status == 200 and made in html.unescape(await r.text())
                 assert len((await event_log.load(first)).branches) == 3
                 assert (await event_log.load(first)).status == "awaiting_input"
-                # the token, the UI's own origin: acts (what the browser's form sends)
+                # the token, the UI's own origin — here through a proxy named by --allowed-host: acts
                 async with http.post(cancel_url, data={"reason": "done here", "csrf_token": token},
-                                     headers={"Origin": f"http://{host}"}) as r:
+                                     headers={"Origin": "http://proxy.example", "Host": "proxy.example"}) as r:
                     assert r.status == 200, await r.text()
                 assert (await event_log.load(first)).status == "cancelled"
 

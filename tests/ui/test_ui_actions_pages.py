@@ -69,6 +69,7 @@ def test_the_hosts_a_post_may_name() -> None:
     assert allowed_hosts("127.0.0.1") == allowed_hosts("localhost") == LOOPBACK
     assert allowed_hosts("::1") == LOOPBACK and allowed_hosts("0.0.0.0") is None and allowed_hosts("::") is None
     assert allowed_hosts("10.0.0.7") == {"10.0.0.7"} and allowed_hosts("ui.example") == {"ui.example"}
+    assert allowed_hosts("127.0.0.1", ["reel.example.org", "Proxy:8443"]) == LOOPBACK | {"reel.example.org", "proxy"}
     assert [_hostname(h) for h in ("127.0.0.1:8765", "[::1]:8765", "LocalHost", "evil.example:80")] == [
         "127.0.0.1", "::1", "localhost", "evil.example"]
 
