@@ -109,8 +109,12 @@ def python_identity(name: str, fn: Callable[..., Any]) -> CodeIdentity:
 
 
 def _python_identity(name: str, fn: Callable[..., Any]) -> CodeIdentity:
-    module = inspect.getmodule(fn)
-    module_name = module.__name__ if module is not None else getattr(fn, "__module__", "") or ""
+    target: Any = fn
+    while not inspect.isroutine(target) and callable(getattr(target, "fn", None)):  # a reel.tool's FunctionTool
+        target = target.fn
+    target = inspect.unwrap(target)
+    module = inspect.getmodule(target)
+    module_name = module.__name__ if module is not None else getattr(target, "__module__", "") or ""
     path, sha = _module_file(module, module_name)
     return CodeIdentity(kind="python", name=name, path=path, sha256=sha, version=_distribution(module_name, path),
                         reel=reel_version())

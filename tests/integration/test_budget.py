@@ -5,6 +5,7 @@ its worst case; a call that would exceed it is never made.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -15,8 +16,10 @@ from reel.shared.core.run.events import CodeIdentity, StepHalted
 from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 from tests.integration.agent_support import KEY_ENV, LOOKUP, start_and_rest
 from tests.integration.scenarios import attempt_of
+from tests.integration.test_cli import reel
 from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, call, reply
 
@@ -114,3 +117,15 @@ async def test_plain_steps_halt_before_the_call_that_would_exceed(client: ReelCl
     fetch, think = attempt_of(state, "fetch", 1).code, attempt_of(state, "think", 1).code
     assert isinstance(fetch, CodeIdentity) and (fetch.kind, fetch.name) == ("builtin", "fetch")
     assert isinstance(think, CodeIdentity) and (think.kind, think.name) == ("model", "scripted")
+
+
+async def test_reel_run_prints_the_end_reason(cfg: Config, tmp_path: Path) -> None:
+    wf = tmp_path / "capped.yaml"
+    wf.write_text("name: capped\nbudget: {max_tool_calls: 1}\nsteps:\n"
+                  "  - {kind: tool, id: a, tool: {type: recorded, output: one}}\n"
+                  "  - {kind: tool, id: b, tool: {type: recorded, output: two}}\n")
+    code, out, err = await reel(cfg, "run", str(wf))
+    flat = " ".join(out.split())
+    assert "halted before b: budget_exhausted: max_tool_calls 1: spent 1 + next tool call at worst 1 > 1" in flat, out
+    assert "end reason budget_exhausted (before b)" in flat and "budget: 1 of 1 tool calls" in flat, out
+    assert code == 3, (code, out, err)  # a failed run's exit code

@@ -165,3 +165,22 @@ def test_the_python_api_carries_budget_prices_and_code_policy() -> None:
     assert spec.price_table == {"m": Price(input_usd_per_mtok=1.0)} and spec.code_change_policy == "fail"
     bare = reel.Agent(name="a", instructions="i", model=reel.ScriptedModel(turns=[{"text": "x"}])).workflow("go")
     assert bare.budget is msgspec.UNSET and bare.code_change_policy == "continue"
+
+
+def test_metrics_count_spend_by_source_and_halts_by_budget() -> None:
+    from reel.shared.runtime import metrics
+
+    def value(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (value("reel_spend_usd_total", source="estimated"), value("reel_halts_total", reason="budget_exhausted",
+                                                                        budget="max_cost_usd"))
+    metrics.observe_commit("r-m", [dispatched("think", 1)])
+    metrics.observe_commit("r-m", [AttemptSucceeded(branch_id="main", step_id="think", attempt=1, output_ref=OUT,
+                                                    usage=ESTIMATED, at_ms=3000),
+                                   StepHalted(branch_id="main", step_id="say", reason="budget_exhausted",
+                                              budget="max_cost_usd", limit=0.01, spent=0.009, needed=0.002,
+                                              at_ms=3000)])
+    assert value("reel_spend_usd_total", source="estimated") == pytest.approx(before[0] + 0.0001)
+    assert value("reel_halts_total", reason="budget_exhausted", budget="max_cost_usd") == before[1] + 1
+    assert value("reel_budget_spent_ratio_count", budget="max_cost_usd") >= 1

@@ -68,3 +68,15 @@ def test_reel_show_marks_the_attempt_whose_code_changed() -> None:
     shown = out.getvalue()
     assert shown.count("(code changed)") == 1
     assert "solve:t1:c0#2: the code of python 'lookup' changed since solve:t1:c0#1: sha256 dddddddddddd" in shown
+
+
+def test_a_reel_tool_is_identified_by_its_function_not_the_wrapper() -> None:
+    import reel
+
+    @reel.tool
+    def double(x: int) -> int:
+        """Double it."""
+        return 2 * x
+
+    code = codeid.python_identity("double", double)
+    assert code.path == os.path.realpath(__file__) and code.version is None
