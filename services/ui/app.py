@@ -18,6 +18,8 @@ over server-sent events (sse-starlette). Routes:
   run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`);
   ``?format=chat`` — the body (a chat request or message) as a conversation (:mod:`reel.services.ui.chat`),
   ``&fragment=1`` without the page around it; 422 with the reason if it is not one.
+* ``GET /runs/{run_id}/partitions/{step_id}/{attempt}?branch=&fragment=1`` — one attempt's partition in full
+  (a page; with ``fragment=1`` the partition alone): what a collapsed one ("same as turn k except …") opens;
 * ``POST /runs/{run_id}/actions/respond|cancel|rewind`` — the operator's actions, with ``--allow-actions`` only
   (:mod:`reel.services.ui.forms`; without it each answers 403 and no action is rendered).
 """
@@ -46,7 +48,7 @@ from reel.services.ui import chat, pages
 from reel.services.ui.actions import Actions
 from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, check_run_id
-from reel.services.ui.runview import attempt_anchor, run_page, step_anchor
+from reel.services.ui.runview import attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
@@ -144,6 +146,26 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
     async def run_body(request: Request) -> Response:
         return await _page(request, "_run_body.html")
 
+    async def run_partition(request: Request) -> Response:
+        run_id, step_id = request.path_params["run_id"], request.path_params["step_id"]
+        try:
+            attempt = int(request.path_params["attempt"])
+            state = await reader.state(run_id)
+        except (ValueError, NotARunId) as exc:
+            return error(400, str(exc))
+        except RunNotFound:
+            return error(404, f"no run {run_id!r} in namespace {reader.namespace}")
+        except RunCorrupt as exc:
+            if exc.state is None:
+                return error(409, exc.corruption.describe())
+            state = exc.state
+        bid = request.query_params.get("branch") or state.active_branch
+        found = attempt_partition(state, bid, step_id, attempt) if bid in state.branches else None
+        if found is None:
+            return error(404, f"run {run_id} has no partition of {step_id} #{attempt} on branch {bid}")
+        return html("_partition.html" if request.query_params.get("fragment") == "1" else "partition.html",
+                    part=found, run_id=run_id, step_id=step_id, attempt=attempt, branch_id=bid)
+
     async def run_commits(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
@@ -206,6 +228,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         Route("/", runs), Route("/live", live), Route("/heads", heads), Route("/runs/{run_id}", run),
         Route("/runs/{run_id}/row", row), Route("/runs/{run_id}/body", run_body),
         Route("/runs/{run_id}/commits", run_commits),
+        Route("/runs/{run_id}/partitions/{step_id}/{attempt}", run_partition),
         Route("/runs/{run_id}/blobs/{sha256}", blob),
         *action_routes(reader, actions, html, token, hosts),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

@@ -343,6 +343,22 @@ def collapse(part: Partition, base: Partition, anchor: str, label: str) -> Parti
     return dataclasses.replace(part, same_as=Collapsed(anchor=anchor, label=label, changes=tuple(changes)))
 
 
+def attempt_partition(state: RunState, branch_id: str, step_id: str, attempt: int) -> Partition | None:
+    """The partition of attempt ``attempt`` of ``step_id`` on ``branch_id``, in full; ``None`` if that attempt
+    is not on the branch's timeline or recorded none.
+
+    Raises:
+        KeyError: no such branch.
+    """
+    view = build_episode_view(state, BranchId(branch_id))
+    for s in view.steps:
+        if s.step_id == step_id:
+            for a in s.attempts:
+                if a.attempt == attempt and a.context is not None:
+                    return partition(a.context)
+    return None
+
+
 def _key(item: PartitionItem, group: str) -> tuple[int | None, str, bool]:
     return item.tokens, item.reason if group == "dropped" else "", item.trimmed
 

@@ -1,5 +1,6 @@
 """``reel ui`` over plain HTTP (no browser): bad input gets a clear error and the right status, a corrupt run is
-listed as corrupt and shown as of its last good commit, a body the run does not reference is not served."""
+listed as corrupt and shown as of its last good commit, a body the run does not reference is not served (nor as a
+conversation), one attempt's partition is a page of its own."""
 
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ async def test_errors_and_a_corrupt_run(cfg, infra: Infra, event_log: JetStreamE
             page = await r.json()
         assert r.status == 200 and (page["offset"], page["end"], page["total"]) == (0, 10, prompt.size_bytes)
         assert (await get(f"/runs/{run_id}/blobs/{prompt.sha256}?offset=x"))[0] == 400
+        # a body that is no chat request is not a conversation, and says why; one the run does not name: 404
+        status, text = await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&fragment=1")
+        assert status == 422 and "not shown as a conversation: not a chat request or message" in text
+        assert (await get(f"/runs/{run_id}/blobs/{'0' * 64}?format=chat"))[0] == 404
+        # one attempt's partition in full, a page of its own
+        status, text = await get(f"/runs/{run_id}/partitions/plan/1")
+        assert status == 200 and 'class="partition"' in text and 'data-budget="' in text
+        assert '<h1>partition of <span class="mono">plan</span> #1' in text
+        status, text = await get(f"/runs/{run_id}/partitions/plan/1?fragment=1")
+        assert status == 200 and text.lstrip().startswith('<div class="partition">')
+        assert (await get(f"/runs/{run_id}/partitions/plan/x"))[0] == 400
+        status, text = await get(f"/runs/{run_id}/partitions/nope/1?branch=main")
+        assert status == 404 and f"run {run_id} has no partition of nope #1 on branch main" in text
 
         # a commit that does not decode: listed as corrupt at its LSN, shown as of the last good commit
         ack = await infra.js.publish(cfg.names.events(run_id), b"{not a commit")

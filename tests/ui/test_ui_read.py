@@ -1,7 +1,8 @@
 """``reel ui`` keeps agent runs readable, in a real browser. A 24-turn run under a small budget (its oldest
 turns are left out, ``available``) shows its first turn's partition in full and every later one as "same as turn
 k except …", listing exactly the items whose group, tokens or reason changed since the turn before — so the
-page's partition chips are the first turn's plus the changes, not the sum of every turn's items. A turn's prompt
+page's partition chips are the first turn's plus the changes, not the sum of every turn's items (each collapsed one
+opens in full on a click). A turn's prompt
 and output read as a conversation, with the raw bytes one click away."""
 
 from __future__ import annotations
@@ -119,9 +120,22 @@ async def test_a_long_runs_partitions_collapse_to_their_differences(  # type: ig
             b.execute_script("arguments[0].scrollIntoView()", last)
             assert last.screenshot(str(artifact(tmp_path, "ui-partition-collapsed.png")))
             print(f"screenshot: {artifact(tmp_path, 'ui-partition-collapsed.png')}")
+            # all of a collapsed partition's items, one click away (fetched when opened), and as a page
+            every_item = last.find_element(By.CSS_SELECTOR, "details.all-items")
+            assert every_item.find_element(By.TAG_NAME, "summary").text == f"all {len(groups_of(parts[-1]))} items"  # type: ignore[arg-type]
+            every_item.find_element(By.TAG_NAME, "summary").click()
+            await until(b, lambda d: every_item.find_elements(By.CSS_SELECTOR, ".group .item"), "every item")
+            for group in ("packed", "available", "dropped"):
+                ids = [i.get_attribute("data-item") for i in every_item.find_elements(
+                    By.CSS_SELECTOR, f'.group[data-group="{group}"] .item')]
+                assert ids == list(getattr(parts[-1], group)), group
+            as_page = every_item.find_element(By.CSS_SELECTOR, "a.as-page").get_attribute("href")
             last.find_element(By.CSS_SELECTOR, ".same-as a").click()
             await until(b, lambda d: d.execute_script("return location.hash") == f"#attempt-{turns[-2].step_id}-1",
                         "the jump to the turn before")
+            b.get(as_page)
+            assert [i.get_attribute("data-item") for i in b.find_elements(By.CSS_SELECTOR, ".partition .item")] == [
+                i for g in ("packed", "available", "dropped") for i in getattr(parts[-1], g)]
 
 
 async def test_prompts_and_outputs_read_as_a_conversation(  # type: ignore[no-untyped-def]

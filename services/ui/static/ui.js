@@ -121,21 +121,30 @@ async function loadPage(viewer) {
   }
 }
 
-// A prompt or output that is a chat request or message (data-chat) opens as a conversation the server rendered
-// (/runs/<id>/blobs/<sha>?format=chat&fragment=1, escaped); its raw bytes page in the nested "raw bytes" details.
-async function loadChat(viewer) {
-  const pane = viewer.querySelector(".chat-pane");
-  viewer.dataset.chatLoading = "1";
+// A fragment the server rendered (escaped) into a pane of an opened <details>, once: a prompt or output that
+// is a chat request or message (data-chat: <data-blob>?format=chat&fragment=1, its raw bytes paging in the nested
+// "raw bytes" details), or a collapsed partition's items in full (its "open as a page" link &fragment=1).
+// Resolves r.ok.
+async function loadFragment(el, url, pane) {
+  if (el.dataset.fragmentLoaded || el.dataset.fragmentLoading) return true;
+  el.dataset.fragmentLoading = "1";
   try {
-    const r = await fetch(viewer.dataset.chat);
+    const r = await fetch(url);
     pane.innerHTML = await r.text();
-    viewer.dataset.chatLoaded = r.ok ? "1" : "none";
-    if (!r.ok) viewer.querySelector("details.raw-bytes").open = true;  // not a conversation: the bytes instead
+    el.dataset.fragmentLoaded = r.ok ? "1" : "none";
+    return r.ok;
   } catch (err) {
     pane.textContent = `could not load: ${err.message}`;
+    return false;
   } finally {
-    delete viewer.dataset.chatLoading;
+    delete el.dataset.fragmentLoading;
   }
+}
+
+async function loadChat(viewer) {
+  const ok = await loadFragment(viewer, `${viewer.dataset.blob}?format=chat&fragment=1`,
+                                viewer.querySelector(".chat-pane"));
+  if (!ok) viewer.querySelector("details.raw-bytes").open = true;  // not a conversation: the bytes instead
 }
 
 function viewers(root) {
@@ -147,10 +156,12 @@ function viewers(root) {
   root.addEventListener("toggle", (ev) => {
     const v = ev.target;
     if (!v.matches || !v.open) return;
-    if (v.matches("details.viewer") && v.dataset.chat) {
-      if (!v.dataset.chatLoaded && !v.dataset.chatLoading) loadChat(v);
-    } else if (v.matches("details.viewer")) page(v);
+    if (v.matches("details.viewer") && v.dataset.chat) loadChat(v);
+    else if (v.matches("details.viewer")) page(v);
     else if (v.matches("details.raw-bytes")) page(v.closest("details.viewer"));
+    else if (v.matches("details.all-items")) {
+      loadFragment(v, `${v.querySelector("a.as-page").getAttribute("href")}&fragment=1`, v.querySelector(".fragment-pane"));
+    }
   }, true);
   root.addEventListener("click", (ev) => {
     const b = ev.target.closest && ev.target.closest("button.more");
