@@ -1,4 +1,6 @@
-"""The ``reel ui`` web app: Starlette routes over a :class:`~reel.services.ui.reader.RunReader` (read-only).
+"""The ``reel ui`` web app: Starlette routes over a :class:`~reel.services.ui.reader.RunReader` (reads), and with
+``--allow-actions`` an :class:`~reel.services.ui.actions.Actions` (the operator's commands; the form posts:
+:mod:`~reel.services.ui.forms`).
 
 Pages are rendered on the server (Jinja2, autoescaped: a tool output holding ``<script>``
 is text) and work without JavaScript; ``static/ui.js`` enhances them with live updates
