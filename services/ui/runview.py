@@ -71,8 +71,8 @@ class Change:
 @dataclass(frozen=True)
 class Collapsed:
     """A partition shown as "same as <label> except <changes>": ``anchor`` is the earlier attempt's element id
-    (:func:`attempt_anchor`), ``label`` how the page names it (``turn 3``, ``turn 3 #2``), ``changes`` in the
-    order packed, available, dropped, then the items gone."""
+    (:func:`attempt_anchor`), ``label`` how the page names it (an agent's ``turn 3``, ``turn 3 #2``; a model
+    step's ``plan #1``), ``changes`` in the order packed, available, dropped, then the items gone."""
 
     anchor: str
     label: str
@@ -396,8 +396,8 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
             part = partition(a.context) if a.context is not None else None
             if part is not None:
                 anchor = attempt_anchor(a.step_id, a.attempt)
-                label = (f"turn {s.turn}" if isinstance(s.turn, int) and s.parent_step == scope else str(s.step_id)
-                         ) + (f" #{a.attempt}" if a.attempt > 1 else "")
+                label = (f"turn {s.turn}" + (f" #{a.attempt}" if a.attempt > 1 else "")
+                         if isinstance(s.turn, int) and s.parent_step == scope else f"{s.step_id} #{a.attempt}")
                 prev = last.get(scope)
                 last[scope] = (part, anchor, label)
                 if collapse_partitions and prev is not None:

@@ -147,6 +147,10 @@ def test_a_long_agent_runs_page_grows_with_its_turns() -> None:
         assert chips < sum(p.size for s in full.steps for e in s.attempts if (p := e.partition) is not None), name
         seen += 1
     assert seen >= 2, "golden agent logs with three partitions or more"
+    retried = next(s for s in run_page(GOLDEN["hand_recovery"]).steps if s.view.step_id == "think")
+    shown = [(e.view.attempt, e.partition.same_as.label, e.partition.same_as.anchor)  # type: ignore[union-attr]
+             for e in retried.attempts if e.partition is not None and e.partition.same_as is not None]
+    assert shown[0] == (2, "think #1", "attempt-think-1"), shown  # a model step's attempts: each against the last
 
 
 def test_the_lineage_of_a_forked_run() -> None:
