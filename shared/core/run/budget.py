@@ -221,7 +221,8 @@ def summary(state: RunState, now_ms: int) -> str:
         est = f" ({s.estimated_tokens} estimated)" if s.estimated_tokens else ""
         parts.append(f"{s.tokens} of {budget.max_tokens} tokens{est}")
     if budget.max_cost_usd is not None:
-        parts.append(f"${s.cost_usd:.4f} of ${budget.max_cost_usd:g}")
+        est = " (with estimated usage)" if s.estimated_tokens else ""
+        parts.append(f"${s.cost_usd:.4f} of ${budget.max_cost_usd:g}{est}")
     if budget.max_wall_s is not None:
         parts.append(f"{s.wall_s:.1f} of {budget.max_wall_s:g} s")
     if budget.max_tool_calls is not None:
