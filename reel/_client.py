@@ -398,31 +398,34 @@ class RunHandle:
         return RespondReply(run_id=self.run_id, request_id=request_id, decision=decision, answered=not d.get("noop"),
                             status=reply.status or "", lsn=int(reply.lsn), reason=str(d.get("reason") or ""))
 
-    async def rewind(self, *, at: str | int, branch: str | None = None, key: str | None = None) -> RewindReply:
+    async def rewind(self, *, at: str | int, branch: str | None = None, key: str | None = None,
+                     by: str = "") -> RewindReply:
         """Fork a new branch and continue the run on it.
 
         Args:
             at: a step id (re-run from that step: ``"fix"``, ``"fix:t2"``) or an LSN (``int``: fork after it).
             branch: the branch to fork (default: the active one); key: idempotency key (a repeat: same branch).
+            by: who rewinds (recorded on the ``branch_forked``; ``""``: nobody named).
 
         Raises:
             StepNotFound, LsnNotInLineage, RunNotFound, InvalidTransition: refused (nothing changed).
         """
         reply = self._accepted(await self._rc.rewind(
             self.run_id, at_step=at if isinstance(at, str) else None, at_lsn=at if isinstance(at, int) else None,
-            branch=branch, idempotency_key=key))
+            branch=branch, idempotency_key=key, by=by))
         d = reply.detail
         return RewindReply(run_id=self.run_id, branch_id=str(reply.branch_id), created=bool(reply.created),
                            status=reply.status or "", lsn=int(reply.lsn), parent_branch_id=d.get("parent_branch_id"),
                            fork_lsn=d.get("fork_lsn"), from_step=d.get("from_step"))
 
-    async def cancel(self, reason: str = "") -> CancelReply:
-        """Cancel the run (legal while pending, running, awaiting input or verifying; else nothing changes).
+    async def cancel(self, reason: str = "", *, by: str = "") -> CancelReply:
+        """Cancel the run (legal while pending, running, awaiting input or verifying; else nothing changes);
+        ``by``: who cancels (recorded on the ``run_cancelled``; ``""``: nobody named).
 
         Raises:
             RunNotFound: no such run.
         """
-        reply = self._accepted(await self._rc.cancel(self.run_id, reason))
+        reply = self._accepted(await self._rc.cancel(self.run_id, reason, by=by))
         d = reply.detail
         return CancelReply(run_id=self.run_id, cancelled=not d.get("noop"), status=reply.status or "",
                            lsn=int(reply.lsn), previous_status=str(d.get("previous_status") or ""),

@@ -136,8 +136,11 @@ async def test_approval_and_a_question_wait_for_a_human(local: reel.Client) -> N
 async def test_rewind_cancel_and_errors_are_typed(local: reel.Client) -> None:
     handle = await local.start(adder(), input="What is 2 + 3?")
     first = await handle.result(timeout_s=60)
-    rewound = await handle.rewind(at="adder")
+    rewound = await handle.rewind(at="adder", by="bob")
     assert rewound.created and rewound.branch_id != first.branch_id and rewound.from_step == "adder"
+    forks = [e for c in [c async for c in handle.events(follow=False)] for e in c.events
+             if isinstance(e, reel.events.BranchForked)]
+    assert [(f.branch_id, f.by) for f in forks] == [(rewound.branch_id, "bob")]  # who, in the log
     second = await handle.result(timeout_s=60)
     assert second.status == "completed" and second.branch_id == rewound.branch_id
     done = await handle.cancel("too late")
@@ -159,8 +162,11 @@ async def test_cancel_a_waiting_run(local: reel.Client) -> None:
                                                        {"text": "ok"}]))
     handle = await local.start(agent, input="Ask me.")
     assert (await handle.result(timeout_s=60)).status == "awaiting_input"
-    cancelled = await handle.cancel("no one answers")
+    cancelled = await handle.cancel("no one answers", by="bob")
     assert cancelled.cancelled and cancelled.previous_status == "awaiting_input" and cancelled.lsn > 0
+    ends = [e for c in [c async for c in handle.events(follow=False)] for e in c.events
+            if isinstance(e, reel.events.RunCancelled)]
+    assert [(e.reason, e.by) for e in ends] == [("no one answers", "bob")]
     assert (await handle.result(timeout_s=10)).status == "cancelled"
     assert await handle.pending() == []
 
