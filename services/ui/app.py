@@ -50,7 +50,7 @@ from reel.services.ui import chat, pages
 from reel.services.ui.actions import Actions
 from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, check_run_id
-from reel.services.ui.runview import attempt_anchor, attempt_partition, run_page, step_anchor
+from reel.services.ui.runview import DROP_REASONS, attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
@@ -67,6 +67,7 @@ def _env() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["age"] = lambda ms: pages.age(ms, int(time.time() * 1000))
     env.globals["step_anchor"], env.globals["attempt_anchor"] = step_anchor, attempt_anchor
+    env.globals["drop_reasons"] = DROP_REASONS
     env.filters["kib"] = lambda n: f"{n:,} B" if n < 10240 else f"{n / 1024:,.1f} KiB"
     env.filters["utc"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
     env.filters["iso"] = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))

@@ -27,6 +27,15 @@ from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build
 from reel.shared.core.verify.reportedoutcome import context_checks, reported_outcome
 
 PARTITION_GROUPS = ("packed", "available", "dropped")
+DROP_REASONS = {
+    "excluded_kind": "its kind is excluded by the step's policy (exclude_kinds)",
+    "stale": "marked stale by its producer, and the policy drops stale items (drop_stale)",
+    "duplicate": "the same text as an earlier eligible item (dedupe)",
+    "over_item_cap": "more tokens than the policy's max_item_tokens",
+    "over_budget": "alone (or with its group) larger than the whole budget",
+    "group_dropped": "another item of its group (its turn) was dropped, so the whole group was",
+}
+"""What each drop reason the packer records means (docs/context.md): the title of a dropped item's reason."""
 LANE_H, LANE_PAD, AXIS_W, LABEL_W = 34, 22, 720, 200
 """Lineage graph geometry (SVG user units): lane height, top padding, LSN axis width, label column."""
 

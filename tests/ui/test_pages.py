@@ -98,6 +98,7 @@ def test_a_partition_shows_its_budget_and_each_items_tokens_and_reason() -> None
     html = _env().get_template("_macros.html").module.partition_view(rich)  # type: ignore[attr-defined]
     assert 'data-budget="1000"' in html and "<b>200 left</b>" in html and "heuristic-v1 estimate" in html
     assert '<span class="reason">needs 450 &gt; 200 left</span>' in html
+    assert '<span class="reason" title="marked stale by its producer, and the policy drops stale items' in html
 
 
 def _part(packed: str, available: str = "", dropped: str = "", **kw: object) -> ContextPartition:
