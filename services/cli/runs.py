@@ -30,16 +30,20 @@ from reel.services.cli.embed import SERVICES, Session, session, wait_states
 from reel.services.cli.tokens import TokenPrinter
 from reel.services.timeline.render import STATUS_STYLE, event_line, print_timeline, print_waiting, verdict_table
 from reel.shared.core.errors import RunNotFound
+from reel.shared.core.run import timers
 from reel.shared.core.run.events import Verdict
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
 from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
 from reel.shared.core.workflow.spec import load_workflow
+from reel.shared.runtime.clock import now_ms
 
 
 async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: float, quiet: bool = False,
                  history: bool | None = None) -> RunState | None:
     """Print each new commit of ``run_id`` (unless ``quiet``) until its status is in ``until``; ``None`` on timeout.
+
+    While the run sleeps (``sleeping``) the timeout counts from its wake time, not from now.
 
     Built on :meth:`ReelClient.watch_commits`: without ``quiet`` the run is printed
     from its first commit (``history=False``: from now on), and the tokens of streamed model
@@ -58,6 +62,11 @@ async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: 
                             console.print(event_line(lsn, ev))
                 if state.status in until:
                     return state
+                if (wake := timers.next_wake(state)) is not None:  # a sleep does not count against the timeout
+                    loop = asyncio.get_running_loop()
+                    later = loop.time() + max(0.0, (wake - now_ms()) / 1000) + timeout_s
+                    if (when := deadline.when()) is not None and later > when:
+                        deadline.reschedule(later)
     except TimeoutError:
         if deadline.expired():
             return None

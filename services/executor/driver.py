@@ -34,9 +34,18 @@ from reel.shared.application.workflows import WorkflowCache
 from reel.shared.core.errors import RunNotFound, WorkflowInvalid
 from reel.shared.core.ports import EventLog
 from reel.shared.core.run import planning as plan
-from reel.shared.core.run.events import RunVerifying
+from reel.shared.core.run import timers
+from reel.shared.core.run.events import (
+    AnyEvent,
+    AttemptDispatched,
+    AttemptSucceeded,
+    RunSleeping,
+    RunVerifying,
+    RunWoke,
+)
 from reel.shared.core.run.state import DRIVABLE, RunState
 from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.control import ControlHub, Interrupt
 from reel.shared.runtime.clock import now_ms
 
@@ -209,6 +218,8 @@ class Driver:
             await asyncio.gather(self._snapshot(done.state, done.commit_id),
                                  self.attempts.trigger_verification(done.state))
             return done.state
+        if isinstance(action, plan.Sleep | plan.FinishSleep):
+            return await self._timer(state, spec, action)
         if not isinstance(action, plan.Dispatch):  # inside an agent step (services/executor/agent.py)
             return await agents.perform(state, action)
         structlog.contextvars.bind_contextvars(step_id=action.step_id, attempt=action.attempt,
@@ -217,6 +228,37 @@ class Driver:
             return await self.plain.run(state, spec, action, cursor, prepared, interrupt)
         finally:
             structlog.contextvars.unbind_contextvars("step_id", "attempt", "branch_id")
+
+    async def _timer(self, state: RunState, spec: WorkflowSpec, action: plan.Sleep | plan.FinishSleep,
+                     ) -> RunState | Decided:
+        """Set a timer (``run_sleeping``; with its ``run_woke`` when the time has passed already) or record a woken
+        sleep step's attempt (intent and success in one commit): the state after, or the Decided that committed
+        nothing (the run moved)."""
+        now = now_ms()
+        events: list[AnyEvent]
+        if isinstance(action, plan.Sleep):
+            wake = action.wake_ms if action.wake_ms is not None else spec.sleep(action.step_id).wake_ms(now)
+            events = [RunSleeping(branch_id=action.branch_id, step_id=action.step_id, wake_ms=wake,
+                                  reason=action.reason, at_ms=now)]
+            if wake <= now:
+                events.append(RunWoke(branch_id=action.branch_id, step_id=action.step_id, at_ms=now))
+        else:
+            body = timers.sleep_output(action.wake_ms, action.woke_ms)
+            events = [AttemptDispatched(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                        executor_id=self.executor_id, at_ms=now),
+                      AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
+                                       output_ref=ref_for(body, media_type="application/json", inline_max=max(
+                                           len(body), self.plain.inline_max)), at_ms=now)]
+        done = await self.attempts.commit(state, on_head(state.head_lsn, events))
+        if isinstance(done, Decided):
+            return done
+        if isinstance(action, plan.Sleep):
+            log.info("run.sleeping", step_id=action.step_id, reason=action.reason, wake_ms=events[0].wake_ms
+                     if isinstance(events[0], RunSleeping) else None, woke=len(events) > 1, lsn=done.state.head_lsn)
+        else:
+            log.info("attempt.succeeded", step_id=action.step_id, attempt=action.attempt, slept=True,
+                     late_ms=max(0, action.woke_ms - action.wake_ms), lsn=done.state.head_lsn)
+        return done.state
 
     async def _snapshot(self, state: RunState, commit_id: str) -> None:
         """Snapshot the state every verifier of this run pins (best effort: readers fall back to the log)."""

@@ -38,10 +38,10 @@ from reel.shared.application import codeid
 from reel.shared.application.fenced import Committed, Decide, Decided
 from reel.shared.auth import secrets
 from reel.shared.core.chat.messages import prompt_request
-from reel.shared.core.decision import Decision
+from reel.shared.core.decision import Decision, Skip
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.packer import accounted, pack, reserving
-from reel.shared.core.run import budget, codeids
+from reel.shared.core.run import budget, codeids, timers
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import (
     AnyEvent,
@@ -53,19 +53,21 @@ from reel.shared.core.run.events import (
     BlobRef,
     CodeIdentity,
     Commit,
+    RunSleeping,
     RunStarted,
+    RunWoke,
     StepHalted,
     Usage,
 )
 from reel.shared.core.run.fold import apply_commit
 from reel.shared.core.run.ids import CommitId
-from reel.shared.core.run.state import RunState
+from reel.shared.core.run.state import RESUME_AFTER, RunState, RunStatus
 from reel.shared.core.workflow.prices import price_for, priced
 from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
 from reel.shared.core.workflow.toolspec import output_limit
 from reel.shared.nats.blobstore import is_inline, ref_for
 from reel.shared.nats.control import Interrupt
-from reel.shared.proc.tools import CallId, run_tool
+from reel.shared.proc.tools import CallId, ToolOutput, run_tool
 from reel.shared.runtime.clock import now_ms
 
 from . import modelout
@@ -128,6 +130,45 @@ def outcome_then(event: AttemptEnd, head_lsn: int, nxt: Prepared | None) -> Deci
             return (event, nxt.intent)
         return alone(state)
     return decide
+
+
+def resume_then(event: AttemptFailed, now: int) -> Decide:
+    """``event`` (a ``resume_after`` outcome) with its timer (``run_sleeping``, and ``run_woke`` if the time is
+    ``now`` or past: epoch ms) while the run is driven on that branch; else the outcome alone."""
+    alone = record_outcome(event)
+    wake = event.resume_at_ms if isinstance(event.resume_at_ms, int) else event.at_ms
+
+    def decide(state: RunState) -> Decision:
+        if state.status != RunStatus.RUNNING or state.active_branch != event.branch_id:
+            return alone(state)
+        out = alone(state)
+        if isinstance(out, Skip):
+            return out
+        timer: list[AnyEvent] = [RunSleeping(branch_id=event.branch_id, step_id=event.step_id, wake_ms=wake,
+                                             reason="resume_after", at_ms=event.at_ms)]
+        if wake <= now:
+            timer.append(RunWoke(branch_id=event.branch_id, step_id=event.step_id, at_ms=now))
+        return (*out, *timer)
+    return decide
+
+
+def _resume_after(action: plan.Dispatch, stdout: bytes, usage: Usage) -> AttemptFailed | None:
+    """The ``resume_after`` outcome when a command's whole stdout asks to be run again later
+    (``{"reel": {"resume_after_s": N, "reason": "…"}}``: :func:`reel.shared.core.run.timers.resume_request`);
+    a malformed ask fails the attempt for good, saying why; ``None``: an ordinary output."""
+    b, s, n = action.branch_id, action.step_id, action.attempt
+    try:
+        asked = timers.resume_request(stdout.decode("utf-8", errors="replace"))
+    except ValueError as exc:
+        return AttemptFailed(branch_id=b, step_id=s, attempt=n, error_kind="invalid_resume", message=str(exc),
+                             retryable=False, usage=usage, at_ms=now_ms())
+    if asked is None:
+        return None
+    seconds, reason = asked
+    at = now_ms()
+    return AttemptFailed(branch_id=b, step_id=s, attempt=n, error_kind=RESUME_AFTER,
+                         message=timers.resume_message(seconds, reason), retryable=True, usage=usage, at_ms=at,
+                         resume_at_ms=at + round(seconds * 1000))
 
 
 def needs_marker(step: ModelStep | ToolStep) -> bool:
@@ -217,7 +258,21 @@ class PlainSteps:
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
         event, body = await self._side_effect(state, p, interrupt)
         self.a.crash_if(f"{action.step_id}:{action.attempt}:after_run")
+        if isinstance(event, AttemptFailed) and event.error_kind == RESUME_AFTER:
+            return await self._commit_resume(state, event)
         return await self._commit_outcome(state, p, event, body, await self._next(state, spec, event, cursor))
+
+    async def _commit_resume(self, state: RunState, event: AttemptFailed) -> RunState | Decided:
+        """The tool asked to be run again later: its ``resume_after`` outcome and the timer in one commit (with
+        ``run_woke`` when that time has passed already) — the run sleeps; on any other head (a cancel, a rewind)
+        the outcome alone, as any outcome (:func:`record_outcome`)."""
+        done = await self.a.commit(state, resume_then(event, now_ms()))
+        if isinstance(done, Decided):
+            log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
+            return done
+        log.info("attempt.resume_after", lsn=done.state.head_lsn, resume_at_ms=event.resume_at_ms,
+                 reason=event.message[:200], sleeping=done.state.status == "sleeping")
+        return done.state
 
     async def adopted(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> AttemptSucceeded | None:
         """The success of the orphan ``action`` supersedes, for a command tool not declared ``retry_safe``
@@ -283,6 +338,13 @@ class PlainSteps:
                                                limit=output_limit(step.tool, self.a.tool_output)),
                                       interrupt if step.tool.type == "command" else None)
                 usage = Usage(latency_ms=_ms_since(started))
+                if step.tool.type == "command" and spool.size_bytes < 4096 and not spool.truncated:
+                    with spool:
+                        text = spool.read()
+                    asked = _resume_after(action, text, usage)
+                    if asked is not None:
+                        return asked, None
+                    spool = ToolOutput.of(text)
                 ref, body = await self.a.tool_body(spool, self.inline_max)  # a large one is stored now, streamed
                 return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt,
                                         output_ref=ref, usage=usage, at_ms=now_ms(),

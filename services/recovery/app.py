@@ -20,7 +20,8 @@ commit of the resolutions (:func:`reel.shared.application.fenced.commit_decided`
   stream, and replies with what it resolved, resumed and left waiting.
 
 The same pass commits the declared default of every input request whose deadline
-has passed (services/recovery/deadlines.py); the sweep wakes for the earliest one.
+has passed, and wakes every sleeping run whose timer is due (``run_woke``; services/recovery/deadlines.py);
+the sweep wakes for the earliest of them.
 
 Liveness is the executor's lease in the leases KV (an entry exists while the
 executor heartbeats; the bucket's max age is the lease TTL). A lease that cannot
@@ -44,9 +45,9 @@ from nats.js.errors import NotFoundError
 
 from reel.shared.application.fenced import Decided, commit_decided
 from reel.shared.core.errors import ReelError
-from reel.shared.core.input import respond
 from reel.shared.core.mutators import recovery
 from reel.shared.core.ports import CommandBus, EventLog, Liveness, OutcomeMarkers
+from reel.shared.core.run import timers
 from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import ExecutorId
 from reel.shared.core.run.integrity import RunCorrupt
@@ -113,7 +114,7 @@ class RecoveryService:
         """Resolve what can be resolved in ``run_id`` now: load, look up leases and markers,
         :func:`reel.shared.core.mutators.recovery.decide`, one fenced commit
         (:func:`reel.shared.application.fenced.commit_decided`);
-        then the defaults of the input requests whose deadline has passed (:meth:`_deadlines`).
+        then the defaults of the input requests whose deadline has passed and the timer, if due (:meth:`_deadlines`).
 
         Raises:
             RunNotFound: no such run.
@@ -169,8 +170,9 @@ class RecoveryService:
         return report
 
     async def _deadlines(self, state: RunState, report: RunReport) -> RunReport:
-        """``report`` with the defaults committed for the requests of ``state``'s run due now."""
-        deadline, now = respond.next_deadline(state), now_ms()
+        """``report`` with the defaults committed for the requests of ``state``'s run due now, and its timer's
+        ``run_woke`` if due."""
+        deadline, now = timers.next_due(state), now_ms()
         if deadline is not None and deadline <= now:
             report.deadlines = await fire_due(self.infra, self.cfg, self.log, state, now, writer=WRITER)
         return report
@@ -302,7 +304,7 @@ class RecoveryService:
                 log.info("recovery.swept", runs=len(reports), resolved=sum(len(r.resolved) for r in reports),
                          deadlines=sum(len(r.deadlines) for r in reports))
             self.index.deadlines_changed.clear()
-            deadline = self.index.next_deadline()  # wake for the earliest input deadline, not a sweep later
+            deadline = self.index.next_deadline()  # wake for the earliest deadline or timer, not a sweep later
             wait_s = interval_s if deadline is None else min(interval_s, max(0.02, (deadline - now_ms()) / 1000))
             await nap(stop, self.index.deadlines_changed, wait_s)
 

@@ -4,8 +4,9 @@ The index is a *hint* that tells the sweep which runs may need recovery without
 re-reading every run each time; every decision is then made on a cold fold of
 the run's own subject (the log is the truth). It keeps the folded state of
 every run that is live or still has an open intent, and forgets a run once it
-rests (awaiting_input/verifying/completed/cancelled) with no open intent and no
-open input request with a deadline (:meth:`IntentIndex.due` finds those for the sweep). A commit it cannot
+rests (awaiting_input/sleeping/verifying/completed/cancelled) with no open intent, no
+open input request with a deadline and no timer to fire (:meth:`IntentIndex.due` finds those for the sweep).
+A commit it cannot
 apply — a run it forgot that is forked again, a run whose first commits aged out
 of the stream — marks the run *stale*: the next sweep loads it from the log. A
 bad commit (one that does not decode, names another run or is an illegal
@@ -30,7 +31,6 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from reel.shared.core.input.respond import next_deadline
 from reel.shared.core.run import integrity
 from reel.shared.core.run.events import (
     AttemptDispatched,
@@ -39,9 +39,11 @@ from reel.shared.core.run.events import (
     RunCancelled,
     RunCompleted,
     RunCreated,
+    RunSleeping,
 )
 from reel.shared.core.run.planning import has_open_intent
 from reel.shared.core.run.state import DRIVABLE, RESTING, VERIFYING, RunState
+from reel.shared.core.run.timers import next_due
 
 log = structlog.get_logger("reel.recovery")
 
@@ -55,11 +57,11 @@ class IntentIndex:
         self.stale: set[str] = set()
         self.verifying: dict[str, int] = {}  # run id → LSN of its run_verifying commit, while it rests there
         self.corrupt: dict[str, integrity.Corruption] = {}
-        self._deadlines: dict[str, int] = {}  # run id → its earliest open input deadline (epoch ms), tracked runs only
+        self._deadlines: dict[str, int] = {}  # run id → its earliest input deadline or wake time (epoch ms), tracked
         self._seen: dict[str, int] = {}
         self.last_seq = 0
         self._progress = asyncio.Condition()
-        self.deadlines_changed = asyncio.Event()  # set when a request with a deadline is observed (the sweep wakes)
+        self.deadlines_changed = asyncio.Event()  # set when a deadline or a timer is observed (the sweep wakes)
 
     async def on_msg(self, msg: Msg) -> None:
         """Ordered-consumer callback: apply one commit message."""
@@ -83,7 +85,8 @@ class IntentIndex:
             if isinstance(commit, integrity.Corruption):
                 self.mark_corrupt(commit)
                 return
-            if any(isinstance(e, InputRequested) and e.deadline_ms is not None for e in commit.events):
+            if any((isinstance(e, InputRequested) and e.deadline_ms is not None) or isinstance(e, RunSleeping)
+                   for e in commit.events):
                 self.deadlines_changed.set()
             if state is None and run_id in self.verifying and any(
                     isinstance(e, RunCompleted | RunCancelled | BranchForked) for e in commit.events):
@@ -131,7 +134,7 @@ class IntentIndex:
             self.verifying[state.run_id] = state.verifying_lsn
         else:
             self.verifying.pop(state.run_id, None)
-        deadline = next_deadline(state)
+        deadline = next_due(state)  # an input deadline, or a sleeping run's wake time
         if deadline is not None:
             self._deadlines[state.run_id] = deadline
             return
@@ -140,11 +143,12 @@ class IntentIndex:
             self.states.pop(state.run_id, None)
 
     def due(self, now_ms: int) -> set[str]:
-        """Tracked runs with an open input request whose deadline is at or before ``now_ms`` (epoch ms)."""
+        """Tracked runs with an open input request whose deadline, or a timer whose wake time, is at or before
+        ``now_ms`` (epoch ms)."""
         return {run_id for run_id, d in self._deadlines.items() if d <= now_ms}
 
     def next_deadline(self) -> int | None:
-        """The earliest deadline of an open input request of a tracked run (epoch ms), if any."""
+        """The earliest input deadline or wake time of a tracked run (epoch ms), if any."""
         return min(self._deadlines.values(), default=None)
 
     def candidates(self) -> list[RunState]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -14,7 +15,7 @@ from reel.services.timeline import rows
 from reel.services.timeline.table import AttemptTable
 from reel.shared.core.input import requestfold
 from reel.shared.core.input.requeststate import InputRecord
-from reel.shared.core.run import budget, codeids
+from reel.shared.core.run import budget, codeids, timers
 from reel.shared.core.run.events import (
     AgentFinished,
     AnyEvent,
@@ -30,8 +31,10 @@ from reel.shared.core.run.events import (
     RunCancelled,
     RunCompleted,
     RunCreated,
+    RunSleeping,
     RunStarted,
     RunVerifying,
+    RunWoke,
     StepHalted,
     StepsDeclared,
     Verdict,
@@ -45,7 +48,8 @@ from reel.shared.core.workflow.spec import WorkflowSpec
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
                 "error": "magenta", "passed": "green", "completed": "green", "cancelled": "red",
-                "verifying": "cyan", "running": "yellow", "pending": "dim", "awaiting_input": "magenta"}
+                "verifying": "cyan", "running": "yellow", "pending": "dim", "awaiting_input": "magenta",
+                "sleeping": "blue"}
 
 
 def clip(text: str, n: int = 80) -> str:
@@ -109,6 +113,14 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             _input(t, event)
         case StepHalted():
             t.append(f"halted before {event.step_id}: {event.reason}: {clip(event.message, 160)}", style="red")
+
+
+        case RunSleeping():
+            t.append(f"sleeping until {utc(event.wake_ms)} ({(event.wake_ms - event.at_ms) / 1000:g} s; "
+                     f"{event.step_id}{': asked to be resumed' if event.reason == 'resume_after' else ''})",
+                     style="blue")
+        case RunWoke():
+            t.append(f"woke ({event.step_id})", style="blue")
         case BranchForked():
             t.append(f"branch {event.branch_id} forked from {event.parent_branch_id} at lsn {event.fork_lsn}"
                      + (f" (step {event.from_step})" if event.from_step else "") + _by(event.by), style="cyan")
@@ -118,6 +130,9 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
 def _by(by: str | msgspec.UnsetType) -> str:
     """`` by NAME`` for a command's recorded sender, ``""`` when none was named."""
     return f" by {by}" if isinstance(by, str) and by else ""
+def utc(ms: int) -> str:
+    """Epoch ms as an ISO-8601 UTC time to the millisecond (``2026-12-02T08:00:00.000Z``)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _declared(t: Text, event: StepsDeclared) -> None:
@@ -214,6 +229,8 @@ def _header(state: RunState) -> Text:
         header.append(f"  outcome {outcome}", style=STATUS_STYLE.get(outcome, ""))
     if checks := checks_summary(state):
         header.append(f"  context check {checks}", style="dim")
+    if (timer := timers.sleeping_timer(state)) is not None:
+        header.append(f"  wakes {utc(timer.wake_ms)} ({timer.step_id})", style="blue")
     header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
     return header
 

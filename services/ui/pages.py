@@ -17,7 +17,8 @@ from reel.shared.core.run.integrity import Corruption
 from reel.shared.core.run.state import RunState, branch_failed
 from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
 
-STATUSES = ("pending", "running", "awaiting_input", "verifying", "completed", "failed", "cancelled", "corrupt")
+STATUSES = ("pending", "running", "awaiting_input", "sleeping", "verifying", "completed", "failed", "cancelled",
+            "corrupt")
 """The runs page's status filter choices (``failed``: outcome ``failed``, or a step failed for good on the
 active branch — :attr:`RunRow.failed`; ``corrupt``: a run with a bad commit)."""
 

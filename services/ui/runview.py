@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from reel.shared.core.agent import turnfold
 from reel.shared.core.input.requeststate import InputRecord
-from reel.shared.core.run import budget
+from reel.shared.core.run import budget, timers
 from reel.shared.core.run.events import BlobRef, ContextPartition, StepHalted, Verdict
 from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption
@@ -247,6 +248,7 @@ class RunPage:
         checks: the names of the run's context checks (verifiers reported beside the outcome, not as it).
         budget: the run's spend against its budget (:func:`reel.shared.core.run.budget.summary`; ``""``: none).
         halt: the end reason of the branch shown when a ``step_halted`` ended it (``budget_exhausted: …``).
+        wakes: a sleeping run's wake time (ISO-8601 UTC) and the step it sleeps in; ``""`` unless it sleeps.
     """
 
     state: RunState
@@ -263,6 +265,7 @@ class RunPage:
     failure: Failure | None = None
     budget: str = ""
     halt: str = ""
+    wakes: str = ""  # a sleeping run's wake time (ISO-8601 UTC) and the step it sleeps in; "" otherwise
 
 
 def failure(steps: tuple[StepEntry, ...], verdicts: tuple[Verdict, ...], branch_id: str, outcome: str,
@@ -431,7 +434,16 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
                    outcome=outcome, checks=checks,
                    failure=failure(tuple(steps), state.verdicts, bid, outcome, checks),
                    budget=budget.summary(state, int(time.time() * 1000)),
-                   halt=f"{branch.halt.reason}: {branch.halt.message}" if isinstance(branch.halt, StepHalted) else "")
+                   halt=f"{branch.halt.reason}: {branch.halt.message}" if isinstance(branch.halt, StepHalted) else "",
+                   wakes=_wakes(state))
+
+
+def _wakes(state: RunState) -> str:
+    timer = timers.sleeping_timer(state)
+    if timer is None:
+        return ""
+    at = datetime.fromtimestamp(timer.wake_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{at} ({timer.step_id}{', asked to be resumed' if timer.reason == 'resume_after' else ''})"
 
 
 def _label(s: StepView) -> str:

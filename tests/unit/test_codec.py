@@ -36,8 +36,10 @@ from reel.shared.core.run.events import (
     RunCancelled,
     RunCompleted,
     RunCreated,
+    RunSleeping,
     RunStarted,
     RunVerifying,
+    RunWoke,
     StepDecl,
     StepHalted,
     StepsDeclared,
@@ -93,6 +95,8 @@ SAMPLES: list[AnyEvent] = [
     RunAwaitingInput(branch_id="main", at_ms=14),
     StepHalted(branch_id="main", step_id="s:t2", reason="budget_exhausted", message="max_cost_usd 0.5: ✋",
                budget="max_cost_usd", limit=0.5, spent=0.25, needed=0.3, at_ms=15),
+    RunSleeping(branch_id="main", step_id="nap", wake_ms=60_015, reason="sleep", at_ms=15),
+    RunWoke(branch_id="main", step_id="nap", at_ms=60_016),
 ]
 
 

@@ -11,7 +11,7 @@ import msgspec
 
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ContextItemId, RunId, StepId
 
-StepKind = Literal["model", "tool", "agent"]
+StepKind = Literal["model", "tool", "agent", "sleep"]
 UsageSource = Literal["reported", "estimated", "recorded", "none"]
 """Where an attempt's token counts come from (docs/models.md, "Usage"): the server's ``usage``
 (``reported``); Reel's own token counter, in part or whole (``estimated``: the server sent none, a

@@ -126,6 +126,9 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
             ``content_filter``), the reason as the server sent it; unset (not encoded) otherwise.
         error_ref: the whole body behind the error (a server's error response, or the cut answer of a
             ``truncated`` attempt), in the blob store; unset (not encoded) when there is none.
+        resume_at_ms: with ``error_kind`` ``resume_after``: the tool asked to be run again at this time (epoch
+            ms) — not a failure of the step, never counted against ``max_attempts``; unset (not encoded)
+            otherwise.
     """
 
     branch_id: BranchId
@@ -139,6 +142,7 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
     recovered: bool = False
     finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
     error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET
+    resume_at_ms: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class AttemptCancelled(Event, tag="attempt_cancelled", kw_only=True, frozen=True):
@@ -295,13 +299,45 @@ class StepHalted(Event, tag="step_halted", kw_only=True, frozen=True):
     at_ms: int
 
 
+TimerReason = Literal["sleep", "resume_after"]
+"""Why a run sleeps: a ``kind: sleep`` step, or a tool's result that asked to be resumed later (docs/workflow.md)."""
+
+
+class RunSleeping(Event, tag="run_sleeping", kw_only=True, frozen=True):
+    """Nothing of ``branch_id`` runs before ``wake_ms``: the run rests in ``sleeping`` and no process holds it.
+
+    Attributes:
+        step_id: the ``kind: sleep`` step (``reason`` ``sleep``), or the tool step or agent call whose attempt
+            asked to be resumed later (``resume_after``; that attempt's ``attempt_failed`` is in the same commit).
+        wake_ms: when the run is to wake (epoch ms); the waker (recovery) commits ``run_woke`` once its clock
+            reads this time or later.
+        at_ms: when the executor committed it (epoch ms).
+    """
+
+    branch_id: BranchId
+    step_id: StepId
+    wake_ms: int
+    reason: TimerReason = "sleep"
+    at_ms: int
+
+
+class RunWoke(Event, tag="run_woke", kw_only=True, frozen=True):
+    """The timer of ``run_sleeping`` fired: the run is ``running`` again. ``at_ms`` minus the timer's ``wake_ms``
+    is how late the waker was (epoch ms; its clock). Written by recovery, or by the executor itself when the
+    time had already passed as it set the timer."""
+
+    branch_id: BranchId
+    step_id: StepId
+    at_ms: int
+
+
 AttemptEnd = AttemptSucceeded | AttemptFailed
 """How an attempt ended, as its outcome event says (``AttemptCancelled`` is a cancel's, not the executor's)."""
 
 AnyEvent = (
     RunCreated | RunStarted | AttemptDispatched | AttemptSucceeded | AttemptFailed | AttemptCancelled | RunVerifying
     | VerdictRecorded | RunCompleted | RunCancelled | BranchForked | StepsDeclared | AgentFinished
-    | InputRequested | InputAnswered | RunAwaitingInput | StepHalted
+    | InputRequested | InputAnswered | RunAwaitingInput | StepHalted | RunSleeping | RunWoke
 )
 
 

@@ -39,8 +39,10 @@ from reel.shared.core.run.events import (
     RunCancelled,
     RunCompleted,
     RunCreated,
+    RunSleeping,
     RunStarted,
     RunVerifying,
+    RunWoke,
     StepHalted,
     StepsDeclared,
     Verdict,
@@ -54,12 +56,14 @@ from reel.shared.core.run.state import (
     FAILED,
     PENDING,
     RUNNING,
+    SLEEPING,
     SUCCEEDED,
     VERIFYING,
     AttemptState,
     BranchState,
     RunState,
     Steps,
+    Timer,
     inherited,
 )
 from reel.shared.core.run.stepids import cutoff_key, parse_step_id
@@ -212,7 +216,8 @@ def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
 
 def _failed(run: _Run, lsn: LSN, event: AttemptFailed) -> None:
     _resolved(run, lsn, event, status=FAILED, error_kind=event.error_kind, error_message=event.message,
-              retryable=event.retryable, finish_reason=event.finish_reason, error_ref=event.error_ref)
+              retryable=event.retryable, finish_reason=event.finish_reason, error_ref=event.error_ref,
+              resume_at_ms=event.resume_at_ms)
 
 
 def _attempt_cancelled(run: _Run, lsn: LSN, event: AttemptCancelled) -> None:
@@ -286,6 +291,29 @@ def _input(run: _Run, lsn: LSN, event: InputRequested | InputAnswered | RunAwait
                                          agent=b.agent, attempts=b.get)
 
 
+def _sleeping(run: _Run, lsn: LSN, event: RunSleeping) -> None:
+    """A timer: the driven run rests in ``sleeping`` on its active branch until ``run_woke``."""
+    b = _on(run, event.branch_id, "run_sleeping")
+    if run.status != RUNNING or event.branch_id != run.active_branch:
+        raise InvalidTransition(f"run_sleeping on a {run.status} run (branch {event.branch_id!r}, active"
+                                f" {run.active_branch!r})", run_id=run.base.run_id)
+    run.status = SLEEPING
+    b.base = msgspec.structs.replace(b.base, timer=Timer(step_id=event.step_id, reason=event.reason,
+                                                         wake_ms=event.wake_ms, set_lsn=lsn))
+
+
+def _woke(run: _Run, lsn: LSN, event: RunWoke) -> None:
+    """The timer fired: the run is ``running`` again (only a sleeping run's own timer wakes it)."""
+    b = _on(run, event.branch_id, "run_woke")
+    timer = b.base.timer
+    if run.status != SLEEPING or event.branch_id != run.active_branch or isinstance(timer, msgspec.UnsetType) \
+            or timer.step_id != event.step_id:
+        raise InvalidTransition(f"run_woke of {event.step_id!r} on a {run.status} run with no such timer",
+                                run_id=run.base.run_id)
+    run.status = RUNNING
+    b.base = msgspec.structs.replace(b.base, timer=msgspec.structs.replace(timer, woke_lsn=lsn, woke_ms=event.at_ms))
+
+
 # one case per event type, looked up by type (every event type has one: test_codec checks the union)
 _APPLY: dict[type, Callable[[_Run, LSN, Any], None]] = {
     RunCreated: _created, RunStarted: _started, AttemptDispatched: _dispatched, AttemptSucceeded: _succeeded,
@@ -293,6 +321,7 @@ _APPLY: dict[type, Callable[[_Run, LSN, Any], None]] = {
     RunCancelled: _cancelled, BranchForked: _forked, StepsDeclared: _declared, AgentFinished: _agent_finished,
     AttemptCancelled: _attempt_cancelled, InputRequested: _input, InputAnswered: _input, RunAwaitingInput: _input,
     StepHalted: _halted,
+    RunSleeping: _sleeping, RunWoke: _woke,
 }
 
 

@@ -39,7 +39,8 @@ from reel.shared.core.agent.actions import (
 )
 from reel.shared.core.pack.packer import Candidate, PackPolicy
 from reel.shared.core.pack.tokencount import TokenCounter
-from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run import timers
+from reel.shared.core.run.events import BlobRef, TimerReason
 from reel.shared.core.run.ids import AttemptNo, BranchId, ContextItemId, StepId
 from reel.shared.core.run.state import (
     DRIVABLE,
@@ -54,7 +55,7 @@ from reel.shared.core.run.state import (
 from reel.shared.core.workflow.spec import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
 
 __all__ = ["Action", "AdoptTurn", "AwaitInput", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
-           "EnterVerifying", "FinishAgent", "ResolveUnknown", "Rest", "Wait", "next_action"]
+           "EnterVerifying", "FinishAgent", "FinishSleep", "ResolveUnknown", "Rest", "Sleep", "Wait", "next_action"]
 
 
 class Claim(msgspec.Struct, frozen=True):
@@ -84,7 +85,30 @@ class Rest(msgspec.Struct, frozen=True):
     status: RunStatus
 
 
-Action = Claim | Dispatch | EnterVerifying | Rest | AgentAction
+class Sleep(msgspec.Struct, frozen=True):
+    """Commit ``run_sleeping`` for ``step_id`` on ``branch_id`` (:mod:`reel.shared.core.run.timers`): a sleep step's
+    timer (``wake_ms`` ``None``: the executor computes it from the step's ``for_s`` / ``until`` and its clock), or
+    a ``resume_after`` attempt's (``wake_ms``: the time it asked for) whose timer was not set or not for it.
+    A wake time already past is committed with its ``run_woke`` at once."""
+
+    branch_id: BranchId
+    step_id: StepId
+    reason: TimerReason
+    wake_ms: int | None = None
+
+
+class FinishSleep(msgspec.Struct, frozen=True):
+    """The sleep step's timer fired: commit attempt ``attempt`` of ``step_id`` — its intent and its success (the
+    step's output, :func:`reel.shared.core.run.timers.sleep_output`) in one commit."""
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    wake_ms: int
+    woke_ms: int
+
+
+Action = Claim | Dispatch | EnterVerifying | Rest | Sleep | FinishSleep | AgentAction
 
 
 def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, start: int = 0) -> Action:
@@ -115,6 +139,13 @@ def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, 
         if decl.kind == "agent":
             return agent_action(state, bid, decl, in_flight)
         attempts = branch.attempts.get(decl.step_id, ())
+        if decl.kind == "sleep":
+            woke = timers.woke_for(branch, decl.step_id)
+            if woke is None or woke.woke_ms is None:
+                return Sleep(bid, decl.step_id, "sleep")
+            return FinishSleep(bid, decl.step_id, AttemptNo(len(attempts) + 1), woke.wake_ms, woke.woke_ms)
+        if attempts and timers.waits(attempts[-1]) and not timers.resumable(branch, attempts[-1]):
+            return Sleep(bid, decl.step_id, "resume_after", timers.resume_at(attempts[-1]))
         if attempts and attempts[-1].status == AttemptStatus.DISPATCHED and (
                 bid, decl.step_id, attempts[-1].attempt) in in_flight:
             return Wait()

@@ -29,6 +29,7 @@ from reel.shared.core.run.events import (
     RunOutcome,
     StepDecl,
     StepHalted,
+    TimerReason,
     Usage,
     Verdict,
 )
@@ -40,11 +41,13 @@ T = TypeVar("T")
 
 
 class RunStatus(StrEnum):
-    """A run's lifecycle: ``pending → running (⇄ awaiting_input) → verifying → completed``, or ``cancelled``."""
+    """A run's lifecycle: ``pending → running (⇄ awaiting_input, ⇄ sleeping) → verifying → completed``, or
+    ``cancelled``."""
 
     PENDING = "pending"
     RUNNING = "running"
     AWAITING_INPUT = "awaiting_input"
+    SLEEPING = "sleeping"
     VERIFYING = "verifying"
     COMPLETED = "completed"
     CANCELLED = "cancelled"
@@ -80,6 +83,7 @@ class StepStatus(StrEnum):
 # ``AttemptStatus.SUCCEEDED`` goes through the enum's metaclass (~90 ns on CPython 3.11), a global ~10 ns.
 PENDING, RUNNING, VERIFYING = RunStatus.PENDING, RunStatus.RUNNING, RunStatus.VERIFYING
 COMPLETED, CANCELLED, AWAITING_INPUT = RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.AWAITING_INPUT
+SLEEPING = RunStatus.SLEEPING
 DISPATCHED, SUCCEEDED, FAILED = AttemptStatus.DISPATCHED, AttemptStatus.SUCCEEDED, AttemptStatus.FAILED
 ATTEMPT_CANCELLED, STEP_CANCELLED = AttemptStatus.CANCELLED, StepStatus.CANCELLED
 STEP_PENDING, STEP_RUNNING, STEP_RETRYING = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
@@ -88,12 +92,15 @@ STEP_SUCCEEDED, STEP_FAILED, STEP_SKIPPED = StepStatus.SUCCEEDED, StepStatus.FAI
 INTERRUPTED = "interrupted"
 """``error_kind`` of an attempt its executor interrupted at shutdown (the drain deadline passed): retryable,
 and not a try of the step (never counted against ``max_attempts``); another executor runs a new attempt."""
+RESUME_AFTER = "resume_after"
+"""``error_kind`` of an attempt whose tool asked to be run again later (``reel.resume_after``, or a command's
+``{"reel": {"resume_after_s": N}}`` stdout): not a try of the step; its ``resume_at_ms`` says when."""
 
-LIVE: frozenset[RunStatus] = frozenset({PENDING, RUNNING, AWAITING_INPUT, VERIFYING})
+LIVE: frozenset[RunStatus] = frozenset({PENDING, RUNNING, AWAITING_INPUT, SLEEPING, VERIFYING})
 """Statuses a run can leave: cancel is legal in each."""
 DRIVABLE: frozenset[RunStatus] = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
 """Statuses in which an executor drives the run."""
-RESTING: frozenset[RunStatus] = frozenset({AWAITING_INPUT, VERIFYING, COMPLETED, CANCELLED})
+RESTING: frozenset[RunStatus] = frozenset({AWAITING_INPUT, SLEEPING, VERIFYING, COMPLETED, CANCELLED})
 """Statuses in which no executor drives the run."""
 STEP_TERMINAL: frozenset[StepStatus] = frozenset({StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED})
 """Step statuses that no further attempt changes (a branch whose steps are all terminal is done)."""
@@ -150,6 +157,24 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET  # a model attempt's, as the server sent it
     error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET  # the whole body behind a failure (attempt_failed)
     code: CodeIdentity | msgspec.UnsetType = msgspec.UNSET  # the code it ran (attempt_dispatched.code)
+    resume_at_ms: int | msgspec.UnsetType = msgspec.UNSET  # a resume_after failure: when the tool runs again
+
+
+class Timer(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A branch's latest timer (``run_sleeping``), and its firing (``run_woke``) once it fired.
+
+    Attributes:
+        step_id: the sleep step, or the step whose attempt asked to be resumed; reason: ``sleep`` or
+            ``resume_after``; wake_ms: when it is due (epoch ms); set_lsn: the ``run_sleeping`` commit.
+        woke_lsn, woke_ms: the ``run_woke`` commit and its time (epoch ms); ``None`` while it sleeps.
+    """
+
+    step_id: StepId
+    reason: TimerReason
+    wake_ms: int
+    set_lsn: LSN
+    woke_lsn: LSN | None = None
+    woke_ms: int | None = None
 
 
 class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -157,7 +182,8 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     calls too); ``agents``: the agent steps' declarations and outcomes (:mod:`reel.shared.core.agent.turnfold`);
     ``requests``:
     the input requests by call step id (:mod:`reel.shared.core.input.requestfold`) — the last two unset (not encoded) if
-    none; ``halt``: the ``step_halted`` that ended the branch (its step fails), unset (not encoded) if none."""
+    none; ``halt``: the ``step_halted`` that ended the branch (its step fails), unset (not encoded) if none;
+    ``timer``: its latest timer (:class:`Timer`), unset (not encoded) if it never slept."""
 
     branch_id: BranchId
     parent_branch_id: BranchId | None = None
@@ -169,6 +195,7 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     requests: FrozenMap[StepId, InputRecord] | msgspec.UnsetType = msgspec.UNSET
     forked_by: str | msgspec.UnsetType = msgspec.UNSET  # BranchForked.by: who rewound (unset: not named)
     halt: StepHalted | msgspec.UnsetType = msgspec.UNSET
+    timer: Timer | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -291,8 +318,8 @@ def attempts_status(attempts: Sequence[AttemptState] | None, max_attempts: int) 
         return STEP_CANCELLED
     # a superseded attempt (its executor died, a later attempt replaced it) was not a try of the step:
     # recovery's late verdict on it does not count against max_attempts; nor does an attempt interrupted
-    # by its executor's shutdown, nor a cancelled one
-    failed = sum(1 for a in attempts if a.status == FAILED and a.error_kind != INTERRUPTED
+    # by its executor's shutdown, nor a cancelled one, nor one whose tool asked to be resumed later
+    failed = sum(1 for a in attempts if a.status == FAILED and a.error_kind not in (INTERRUPTED, RESUME_AFTER)
                  and not (a.recovered and a is not last))
     if not last.retryable or failed >= max_attempts:
         return STEP_FAILED
@@ -319,7 +346,7 @@ def inherited(steps: Steps, parent: BranchState, fork_lsn: LSN, from_step: StepI
             if a.outcome_lsn is not None and a.outcome_lsn > fork_lsn:  # its outcome came later: still open
                 a = msgspec.structs.replace(a, status=DISPATCHED, outcome_lsn=None, finished_ms=None, output_ref=None,
                                             usage=Usage(), error_kind=None, error_message=None, retryable=True,
-                                            recovered=False)
+                                            recovered=False, resume_at_ms=msgspec.UNSET)
             kept.append(a)
         if kept:
             out[step_id] = tuple(kept)

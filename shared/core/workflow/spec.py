@@ -3,7 +3,8 @@
 A workflow is an ordered list of steps. A **model step** packs candidate context
 under a token budget and calls a model adapter; a **tool step** calls a tool; an
 **agent step** loops model turns and the tool calls they ask for (see
-:mod:`reel.shared.core.workflow.agentspec`).
+:mod:`reel.shared.core.workflow.agentspec`); a **sleep step** waits, durably, for a time
+(:mod:`reel.shared.core.run.timers`).
 Validation happens once at the edge (:func:`parse_workflow`), with an error that
 names the offending field, e.g.
 ``workflow_invalid: Expected `int`, got `str` - at `$.steps[0].max_attempts```.
@@ -12,6 +13,7 @@ names the offending field, e.g.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -131,7 +133,57 @@ class AgentStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         return "fail" if isinstance(self.on_truncated, msgspec.UnsetType) else self.on_truncated
 
 
-Step = ModelStep | ToolStep | AgentStep
+class SleepStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="sleep",
+                tag_field="kind"):
+    """Wait, durably: the run rests in ``sleeping`` (no process holds it) until the time, then goes on.
+
+    Exactly one of:
+
+    Attributes:
+        for_s: how long (seconds, ≥ 0), counted from when the executor reaches the step.
+        until: an ISO-8601 time with a UTC offset (``2026-12-02T08:00:00Z``, ``…+01:00``); a time already
+            past does not wait.
+
+    The step's output is a JSON object ``{"wake_ms", "woke_ms", "late_ms"}`` (epoch ms; ``late_ms``: how much
+    later than ``wake_ms`` the run woke).
+    """
+
+    id: str
+    for_s: float | None = None
+    until: str | None = None
+
+    @property
+    def max_attempts(self) -> int:
+        """A sleep step is one attempt (recorded when it wakes)."""
+        return 1
+
+    def wake_ms(self, now_ms: int) -> int:
+        """When a sleep reached at ``now_ms`` (epoch ms) ends (epoch ms). Pure.
+
+        Raises:
+            WorkflowInvalid: ``until`` is not an ISO-8601 time with an offset (checked at load already).
+        """
+        if self.for_s is not None:
+            return now_ms + round(self.for_s * 1000)
+        return until_ms(self.until or "", "until")
+
+
+def until_ms(text: str, where: str) -> int:
+    """An ISO-8601 time with a UTC offset as epoch ms (``Z`` is UTC). Pure (no clock).
+
+    Raises:
+        WorkflowInvalid: not such a time (naming ``where``).
+    """
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError as exc:
+        raise WorkflowInvalid(f"{text!r} is not an ISO-8601 time (at `{where}`)") from exc
+    if at.tzinfo is None:
+        raise WorkflowInvalid(f"{text!r} has no UTC offset: write e.g. {text}Z or {text}+00:00 (at `{where}`)")
+    return round(at.timestamp() * 1000)
+
+
+Step = ModelStep | ToolStep | AgentStep | SleepStep
 
 
 class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -179,9 +231,16 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def step(self, step_id: str) -> ModelStep | ToolStep:
         """The model or tool step named ``step_id`` (what a ``Dispatch`` names). Raises KeyError (also for an
-        agent step: see :meth:`agent`)."""
+        agent or a sleep step: see :meth:`agent`, :meth:`sleep`)."""
         for s in self.steps:
-            if s.id == step_id and not isinstance(s, AgentStep):
+            if s.id == step_id and isinstance(s, ModelStep | ToolStep):
+                return s
+        raise KeyError(step_id)
+
+    def sleep(self, step_id: str) -> SleepStep:
+        """The sleep step named ``step_id``. Raises KeyError."""
+        for s in self.steps:
+            if s.id == step_id and isinstance(s, SleepStep):
                 return s
         raise KeyError(step_id)
 
@@ -204,6 +263,7 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return tuple(
             StepDecl(step_id=StepId(s.id), kind="agent", max_attempts=s.max_attempts, max_turns=s.max_turns,
                      max_parallel_tools=s.max_parallel_tools) if isinstance(s, AgentStep)
+            else StepDecl(step_id=StepId(s.id), kind="sleep") if isinstance(s, SleepStep)
             else StepDecl(step_id=StepId(s.id), kind="model" if isinstance(s, ModelStep) else "tool",
                           max_attempts=s.max_attempts)
             for s in self.steps
@@ -211,6 +271,8 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 _json_encoder = msgspec.json.Encoder()
+MAX_SLEEP_S = 366 * 24 * 3600.0
+"""The longest ``for_s`` a sleep step takes (a year and a day, seconds)."""
 
 
 def encode_workflow(spec: WorkflowSpec) -> bytes:
@@ -251,6 +313,8 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
             _check_model(step, seen, where)
             if isinstance(step, AgentStep):
                 _check_agent(step, where)
+        elif isinstance(step, SleepStep):
+            _check_sleep(step, where)
         else:
             _check_tool(step, seen, where)
         seen.add(step.id)
@@ -264,6 +328,20 @@ def validate_workflow(spec: WorkflowSpec) -> WorkflowSpec:
             if getattr(price, field) < 0:
                 raise WorkflowInvalid(f"price may not be negative (at `$.prices.{name}.{field}`)")
     return spec
+
+
+def _check_sleep(step: SleepStep, where: str) -> None:
+    """Exactly one of ``for_s`` (≥ 0) and ``until`` (an ISO-8601 time with an offset).
+
+    Raises:
+        WorkflowInvalid: naming the field, e.g. ``a sleep step needs exactly one of `for_s` or `until```.
+    """
+    if (step.for_s is None) == (step.until is None):
+        raise WorkflowInvalid(f"a sleep step needs exactly one of `for_s` or `until` (at `{where}`)")
+    if step.for_s is not None and not 0 <= step.for_s <= MAX_SLEEP_S:
+        raise WorkflowInvalid(f"for_s must be between 0 and {MAX_SLEEP_S} seconds (at `{where}.for_s`)")
+    if step.until is not None:
+        until_ms(step.until, f"{where}.until")
 
 
 def _check_agent(step: AgentStep, where: str) -> None:
@@ -355,7 +433,7 @@ def parse_workflow(
                 and "Expected `object`" in msg and "$." not in msg:
             msg += " (the file must hold one mapping with `name` and `steps`)"
         if "`$.steps[" in msg and ".kind`" in msg:
-            msg += " (a step's `kind` must be `model`, `tool` or `agent`)"
+            msg += " (a step's `kind` must be `model`, `tool`, `agent` or `sleep`)"
         if ".tools[" in msg and "unknown field" in msg:
             msg += " (a tool's type is one of `python`, `command`, `recorded` or `builtin`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc

@@ -1,0 +1,141 @@
+"""Durable timers' pure core: when a sleeping run is due, what wakes it, and what a woken step does next.
+
+A run sleeps for two reasons (:data:`~reel.shared.core.run.events.TimerReason`):
+
+* a ``kind: sleep`` step (``for_s`` / ``until``): the executor commits ``run_sleeping`` with the wake
+  time it computed (``for_s`` from its clock as it reaches the step, ``until`` as written); once woken it
+  records the step's one attempt — intent and success in one commit, its output ``{"wake_ms", "woke_ms",
+  "late_ms"}``;
+* a tool's result that asks to be run again later (``reel.resume_after(seconds)`` from a Python tool, a
+  command's stdout ``{"reel": {"resume_after_s": N}}``): the attempt is recorded ``attempt_failed`` with
+  error kind ``resume_after`` and ``resume_at_ms`` (not a try of the step), and ``run_sleeping`` rides the
+  same commit; once woken the step (or agent call) gets a new attempt.
+
+While it sleeps the run rests (``sleeping``: :data:`~reel.shared.core.run.state.RESTING`, ``LIVE``): no
+executor drives it and no process holds it; the wake time is in the log. The waker is recovery's sweep
+(services/recovery): :func:`wake_events` is a pure decision over the folded state and the time it read,
+committed fenced on the head, so a timer fires once, and a cancel or a rewind committed first makes it
+not due (a cancelled run stays cancelled; a rewound one runs on its new branch, where a sleep step sleeps
+again — ``for_s`` counted from the rewind, ``until`` the same time). No clock, I/O or randomness here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from reel.shared.core.decision import Decision, Skip, events_or_skip
+from reel.shared.core.input import respond
+from reel.shared.core.run.events import AnyEvent, RunWoke
+from reel.shared.core.run.state import RESUME_AFTER, SLEEPING, AttemptState, AttemptStatus, BranchState, RunState, Timer
+
+RESUME_AFTER_KEY = "resume_after_s"
+"""The key of a command tool's stdout that asks to be resumed: ``{"reel": {"resume_after_s": N}}``
+(docs/workflow.md)."""
+MAX_RESUME_AFTER_S = 366 * 24 * 3600.0
+"""The longest wait a tool may ask for (seconds)."""
+
+
+def timer_of(branch: BranchState) -> Timer | None:
+    """The branch's latest timer, if it ever slept."""
+    return None if isinstance(branch.timer, msgspec.UnsetType) else branch.timer
+
+
+def sleeping_timer(state: RunState) -> Timer | None:
+    """The timer a ``sleeping`` run waits on (its active branch's), else ``None``."""
+    return timer_of(state.branches[state.active_branch]) if state.status == SLEEPING else None
+
+
+def next_wake(state: RunState) -> int | None:
+    """When a sleeping run is due (epoch ms), else ``None``."""
+    timer = sleeping_timer(state)
+    return timer.wake_ms if timer is not None else None
+
+
+def wake_events(state: RunState, now_ms: int) -> Decision:
+    """``(run_woke,)`` if ``state`` sleeps and its timer is due at ``now_ms`` (epoch ms), else a Skip (why)."""
+    timer = sleeping_timer(state)
+    if timer is None:
+        return Skip(f"the run is {state.status}, not sleeping")
+    if timer.wake_ms > now_ms:
+        return Skip(f"the timer of {timer.step_id} is due in {timer.wake_ms - now_ms} ms")
+    return (RunWoke(branch_id=state.active_branch, step_id=timer.step_id, at_ms=now_ms),)
+
+
+def next_due(state: RunState) -> int | None:
+    """The earliest time recovery must look at the run again (epoch ms): its wake time or its earliest
+    input deadline, whichever comes first; ``None``: neither."""
+    times = [t for t in (next_wake(state), respond.next_deadline(state)) if t is not None]
+    return min(times) if times else None
+
+
+def due_events(state: RunState, now_ms: int) -> Decision:
+    """Everything due at ``now_ms`` in one commit: the default answer of each input request past its deadline
+    (:func:`reel.shared.core.input.respond.deadline_events`), then the timer's ``run_woke``; else a Skip."""
+    out: list[AnyEvent] = []
+    for decided in (respond.deadline_events(state, now_ms), wake_events(state, now_ms)):
+        if not isinstance(decided, Skip):
+            out.extend(decided)
+    return events_or_skip(out, "nothing due")
+
+
+def waits(attempt: AttemptState) -> bool:
+    """True when ``attempt`` ended asking to be resumed later (error kind ``resume_after``)."""
+    return attempt.status == AttemptStatus.FAILED and attempt.error_kind == RESUME_AFTER
+
+
+def resumable(branch: BranchState, attempt: AttemptState) -> bool:
+    """True when the ``resume_after`` ``attempt`` of ``branch`` may run again: a timer of the branch woke after
+    its outcome, at or after the time it asked for (a fork inherits the attempt but not the timer: it sleeps
+    again until that time, at once if it passed)."""
+    timer, at = timer_of(branch), attempt.resume_at_ms
+    if timer is None or timer.woke_lsn is None or timer.woke_ms is None or attempt.outcome_lsn is None:
+        return False
+    return timer.woke_lsn > attempt.outcome_lsn and (isinstance(at, msgspec.UnsetType) or timer.woke_ms >= at)
+
+
+def resume_at(attempt: AttemptState) -> int:
+    """When a ``resume_after`` attempt asked to run again (epoch ms; its outcome's time when unrecorded)."""
+    at = attempt.resume_at_ms
+    return at if isinstance(at, int) else (attempt.finished_ms or 0)
+
+
+def woke_for(branch: BranchState, step_id: str) -> Timer | None:
+    """The timer of the sleep step ``step_id`` on ``branch`` once it fired, else ``None``."""
+    timer = timer_of(branch)
+    if timer is None or timer.step_id != step_id or timer.reason != "sleep" or timer.woke_lsn is None:
+        return None
+    return timer
+
+
+def sleep_output(wake_ms: int, woke_ms: int) -> bytes:
+    """A sleep step's output (JSON, epoch ms): when it was due, when it woke, how late."""
+    return msgspec.json.encode({"wake_ms": wake_ms, "woke_ms": woke_ms, "late_ms": max(0, woke_ms - wake_ms)})
+
+
+def resume_request(text: str) -> tuple[float, str] | None:
+    """``(seconds, reason)`` when a command tool's whole stdout (``text``, stripped) is the JSON object
+    ``{"reel": {"resume_after_s": N, "reason": "…"}}`` (``reason`` optional), else ``None``.
+
+    Raises:
+        ValueError: it is that shape but ``N`` is not a number in ``[0, MAX_RESUME_AFTER_S]``.
+    """
+    body = text.strip()
+    if not (body.startswith("{") and RESUME_AFTER_KEY in body and len(body) < 4096):
+        return None
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    inner = doc.get("reel") if isinstance(doc, dict) and set(doc) == {"reel"} else None
+    if not isinstance(inner, dict) or RESUME_AFTER_KEY not in inner:
+        return None
+    seconds, reason = inner[RESUME_AFTER_KEY], inner.get("reason", "")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_RESUME_AFTER_S:
+        raise ValueError(f"`reel.{RESUME_AFTER_KEY}` must be a number of seconds in [0, {MAX_RESUME_AFTER_S:.0f}],"
+                         f" not {seconds!r}")
+    return float(seconds), reason if isinstance(reason, str) else str(reason)
+
+
+def resume_message(seconds: float, reason: str) -> str:
+    """The ``attempt_failed`` message of a ``resume_after`` attempt."""
+    return f"the tool asked to be run again in {seconds:g} s" + (f": {reason}" if reason else "")
