@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from reel._tool import ask_user as ask_user
     from reel._tool import command_tool as command_tool
     from reel._tool import recorded_tool as recorded_tool
+    from reel._tool import resume_after as resume_after
     from reel._tool import tool as tool
     from reel._types import CancelReply as CancelReply
     from reel._types import CommitEvent as CommitEvent
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from reel.shared.core.workflow.spec import ModelStep as ModelStep
     from reel.shared.core.workflow.spec import PolicySpec as Policy
     from reel.shared.core.workflow.spec import Price as Price
+    from reel.shared.core.workflow.spec import SleepStep as SleepStep
     from reel.shared.core.workflow.spec import ToolSpec as ToolSpec
     from reel.shared.core.workflow.spec import ToolStep as ToolStep
     from reel.shared.core.workflow.spec import VerifierSpec as Verifier
@@ -92,7 +94,8 @@ _WHERE: dict[str, tuple[str, str]] = {
         "LsnNotInLineage", "ReelError", "RequestAnswered", "RequestNotFound", "RunNotFound", "RunTimeout",
         "ServiceUnavailable", "StepNotFound", "WorkflowInvalid")},
     **{n: ("reel._local", n) for n in ("Worker", "block_on", "local", "run", "run_sync")},
-    **{n: ("reel._tool", n) for n in ("FunctionTool", "Tool", "ask_user", "command_tool", "recorded_tool", "tool")},
+    **{n: ("reel._tool", n) for n in ("FunctionTool", "Tool", "ask_user", "command_tool", "recorded_tool",
+                                           "resume_after", "tool")},
     **{n: ("reel._types", n) for n in (
         "CancelReply", "CommitEvent", "Outcome", "PendingRequest", "RespondReply", "RewindReply", "RunResult",
         "RunStatus", "StartReply", "Token")},
@@ -104,7 +107,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ModelSpec": ("reel.shared.core.workflow.spec", "ModelSpec"),
     "Policy": ("reel.shared.core.workflow.spec", "PolicySpec"),
     "Price": ("reel.shared.core.workflow.spec", "Price"),
-    **{n: ("reel.shared.core.workflow.spec", n) for n in ("AgentStep", "ModelStep", "ToolSpec", "ToolStep")},
+    **{n: ("reel.shared.core.workflow.spec", n) for n in ("AgentStep", "ModelStep", "SleepStep", "ToolSpec",
+                                                          "ToolStep")},
     "Verifier": ("reel.shared.core.workflow.spec", "VerifierSpec"),
     "Workflow": ("reel.shared.core.workflow.spec", "WorkflowSpec"),
     "load_workflow": ("reel.shared.core.workflow.spec", "load_workflow"),
@@ -115,9 +119,9 @@ __all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "Comm
            "LsnNotInLineage", "Model", "ModelSpec", "ModelStep", "OpenAIModel", "Outcome", "PendingRequest",
            "Policy", "Price", "ReelError", "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply",
            "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",
-           "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage", "Verdict",
-           "Verifier", "Worker", "Workflow", "WorkflowInvalid", "ask_user", "block_on", "command_tool", "events",
-           "load_workflow", "local", "recorded_tool", "run", "run_sync", "tool"]
+           "SleepStep", "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage",
+           "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "ask_user", "block_on", "command_tool",
+           "events", "load_workflow", "local", "recorded_tool", "resume_after", "run", "run_sync", "tool"]
 
 
 _MODULES = frozenset({"events"})

@@ -24,6 +24,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import msgspec
 
+from reel.shared.core.run.timers import ResumeAfter
 from reel.shared.core.workflow.agentspec import AgentToolSpec, InputSpec, RecordedToolSpec, check_tool
 
 P = ParamSpec("P")
@@ -169,6 +170,18 @@ def recorded_tool(name: str, output: str, *, description: str = "", parameters: 
     """
     return Tool(AgentToolSpec(name=name, description=description, parameters=_object(parameters),
                               recorded=RecordedToolSpec(output=output), needs_approval=needs_approval, input=ask))
+
+
+def resume_after(seconds: float, reason: str = "") -> ResumeAfter:
+    """What a ``@reel.tool`` function returns to be run again later: ``return reel.resume_after(30, "not ready")``.
+
+    The call's attempt is recorded ``attempt_failed`` with error kind ``resume_after`` (not a try: it never counts
+    against ``max_attempts``); the run sleeps (status ``sleeping``, nothing holds it) until then, once nothing
+    else of its turn can run, and the call is then run again with the same arguments (its ``attempt`` one
+    higher). ``seconds``: in [0, a year and a day]; another value fails the call ``invalid_resume``
+    (docs/workflow.md, "Sleep steps").
+    """
+    return ResumeAfter(seconds=seconds, reason=reason)
 
 
 def ask_user(*, ask: InputSpec | None = None) -> Tool:

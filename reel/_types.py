@@ -12,8 +12,9 @@ from typing import Literal
 from reel.shared.core.run.eventfields import Usage, Verdict
 from reel.shared.core.run.events import AnyEvent
 
-RunStatus = Literal["pending", "running", "awaiting_input", "verifying", "completed", "cancelled"]
-"""A run's lifecycle: ``pending → running (⇄ awaiting_input) → verifying → completed``, or ``cancelled``."""
+RunStatus = Literal["pending", "running", "awaiting_input", "sleeping", "verifying", "completed", "cancelled"]
+"""A run's lifecycle: ``pending → running (⇄ awaiting_input, ⇄ sleeping) → verifying → completed``, or
+``cancelled``."""
 
 Outcome = Literal["passed", "failed", "error", "succeeded", "unlabelled"]
 """A completed run's outcome: ``passed``/``failed``/``error`` over its verifiers (``failed`` also when a step

@@ -53,6 +53,7 @@ from reel.shared.application.toolimports import (
 )
 from reel.shared.core.chat.messages import ToolCall
 from reel.shared.core.errors import ToolCallInvalid, ToolError
+from reel.shared.core.run import timers
 from reel.shared.core.run.crashpoints import SideEffect
 from reel.shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
 from reel.shared.core.workflow.spec import AgentStep
@@ -131,6 +132,8 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
         raise ToolError(f"{tool.name} did not return within {tool.timeout_s:g} s", kind="timeout") from None
     except Exception as exc:  # the tool's own failure: an observation for the model
         raise ToolError(f"{tool.name} raised {type(exc).__name__}: {exc}", kind="tool_error") from None
+    if isinstance(result, timers.ResumeAfter):  # reel.resume_after(seconds): run this call again later
+        raise timers.check_resume(result)
     return _capped(encode_result(result), tool, ctx)
 
 
@@ -157,6 +160,12 @@ async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContex
     with await run_command(cmd, stdin=arguments_text.encode()) as out:
         text = out.read().decode("utf-8", errors="replace")
         ctx.truncated = out.truncated
+        try:
+            asked = None if out.truncated else timers.resume_request(text)
+        except ValueError as exc:
+            raise ToolError(str(exc), kind="invalid_resume", retryable=False) from None
+        if asked is not None:  # {"reel": {"resume_after_s": N}}: run this call again later
+            raise timers.ResumeRequested(*asked)
         return text + truncation_note(out.size_bytes) if out.truncated else text
 
 

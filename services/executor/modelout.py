@@ -30,6 +30,7 @@ from reel.shared.core.chat.finish import TRUNCATED, OnTruncated, is_truncated, t
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.tokencount import TokenCounter
+from reel.shared.core.run import timers
 from reel.shared.core.run.eventfields import UsageSource
 from reel.shared.core.run.events import AttemptFailed, AttemptSucceeded, BlobRef, Usage
 from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
@@ -124,11 +125,15 @@ def failure(where: Where, exc: ModelError | BaseException, usage: Usage, *, inli
 def tool_failure(where: Where, exc: ToolError | Interrupted, latency_ms: float) -> AttemptFailed:
     """A failed tool attempt (a tool step's, or an agent's tool call): its kind and retryability as the tool
     runner said (:func:`reel.shared.proc.tools.run_command`'s vocabulary, an agent tool's own kinds, or
-    ``interrupted``), the message scrubbed and cut at :data:`MAX_ERROR_CHARS`."""
+    ``interrupted``), the message scrubbed and cut at :data:`MAX_ERROR_CHARS`. A tool that asked to be run again
+    later (:class:`~reel.shared.core.run.timers.ResumeRequested`) gets its ``resume_at_ms``."""
     branch_id, step_id, attempt = where
+    at = now_ms()
     return AttemptFailed(branch_id=branch_id, step_id=step_id, attempt=attempt, error_kind=exc.kind,
                          message=secrets.scrub(exc.message)[:MAX_ERROR_CHARS], retryable=exc.retryable,
-                         usage=Usage(latency_ms=latency_ms), at_ms=now_ms())
+                         usage=Usage(latency_ms=latency_ms), at_ms=at,
+                         resume_at_ms=at + round(exc.seconds * 1000) if isinstance(exc, timers.ResumeRequested)
+                         else msgspec.UNSET)
 
 
 def one_line(message: str, max_chars: int = MAX_ERROR_CHARS) -> str:

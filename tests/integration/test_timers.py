@@ -168,3 +168,32 @@ async def test_a_command_tool_asks_to_be_resumed_later(infra: Infra, cfg: Config
         assert isinstance(a.resume_at_ms, int) and woke.at_ms >= a.resume_at_ms
         assert a.finished_ms is not None and a.resume_at_ms - a.finished_ms == 500
     await assert_refold_identical(event_log, done)
+
+
+async def test_a_python_tool_of_an_agent_returns_resume_after_and_its_call_runs_again_later(
+        infra: Infra, cfg: Config, client: ReelClient, event_log: JetStreamEventLog) -> None:
+    spec = parse_workflow({"name": "poller", "steps": [{
+        "kind": "agent", "id": "poller", "context": [{"id": "task", "kind": "task", "text": "is the build done?"}],
+        "model": {"adapter": "scripted", "turns": [{"tool_calls": [{"name": "poll", "arguments": {"job": "build"}}]},
+                                                   {"text": "it is done"}]},
+        "tools": [{"name": "poll", "python": "tests.integration.timer_tools:poll",
+                   "parameters": {"type": "object", "properties": {"job": {"type": "string"}}}}]}]})
+    async with services(infra, cfg):
+        reply = await client.start(spec)
+        assert reply.run_id
+        asleep = await wait_state(event_log, reply.run_id, lambda s: s.status == "sleeping", what="the run to sleep")
+        assert not has_open_intent(asleep)
+        done = await wait_state(event_log, reply.run_id, lambda s: s.status == "completed", timeout_s=30,
+                                what="the agent to finish")
+    call = done.branches[done.active_branch].attempts["poller:t1:c0"]
+    assert [(a.status, a.error_kind) for a in call] == [("failed", RESUME_AFTER), ("failed", RESUME_AFTER),
+                                                        ("succeeded", None)]
+    assert "build not ready (1)" in (call[0].error_message or "")
+    assert (await client.blobs.get(call[2].output_ref)).decode() == "build done after 3 attempts"
+    events = await commits(event_log, reply.run_id)
+    woke = [e for e in events if isinstance(e, RunWoke)]
+    assert [e.step_id for e in woke] == ["poller:t1:c0"] * 2
+    for a, w in zip(call[:2], woke, strict=True):
+        assert isinstance(a.resume_at_ms, int) and w.at_ms >= a.resume_at_ms
+    assert attempt_of(done, "poller:t2", 1).status == "succeeded"
+    await assert_refold_identical(event_log, done)

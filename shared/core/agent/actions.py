@@ -47,6 +47,9 @@ action                 what the executor does (the events come from :mod:`~reel.
                        ``outcome=None`` (the declarations and intents only).
 ``FinishAgent``        the loop is over but the log does not say so (a failure recovery recorded):
                        commit ``action.event(at_ms)``.
+``Sleep``              nothing of the turn can run or is running, and calls asked to be run again later
+                       (``resume_after``, :mod:`reel.shared.core.run.timers`): commit ``run_sleeping`` until the
+                       earliest of their times; once woken, those due get new attempts.
 ``AwaitInput``         nothing of the turn can run or is running, and calls wait for a human
                        (their input requests are open, :mod:`reel.shared.core.input.requestevents`): commit
                        ``action.event(at_ms)`` (``run_awaiting_input``); the run rests.
@@ -72,11 +75,13 @@ import msgspec
 from reel.shared.core.agent import turnfold
 from reel.shared.core.agent.turnstate import TurnRecord
 from reel.shared.core.input import requestfold
+from reel.shared.core.run import timers
 from reel.shared.core.run.events import AgentFinished, AgentStatus, BlobRef, RunAwaitingInput, StepDecl
 from reel.shared.core.run.ids import AttemptNo, BranchId, RequestId, StepId
 from reel.shared.core.run.state import STEP_TERMINAL, AttemptStatus, BranchState, RunState, StepStatus, attempts_status
 from reel.shared.core.run.state import final_success as _final_success
 from reel.shared.core.run.stepids import turn_step_id
+from reel.shared.core.run.timers import Sleep
 
 InFlight = Collection[tuple[BranchId, StepId, AttemptNo]]
 DEFAULT_MAX_TURNS = 12
@@ -165,7 +170,7 @@ class AwaitInput(msgspec.Struct, frozen=True, kw_only=True):
         return RunAwaitingInput(branch_id=self.branch_id, at_ms=at_ms)
 
 
-AgentAction = Wait | DispatchTurn | DispatchCalls | ResolveUnknown | AdoptTurn | FinishAgent | AwaitInput
+AgentAction = Wait | DispatchTurn | DispatchCalls | ResolveUnknown | AdoptTurn | FinishAgent | AwaitInput | Sleep
 
 
 def limits(decl: StepDecl) -> tuple[int, int]:
@@ -220,6 +225,7 @@ def _calls_action(branch: BranchState, bid: BranchId, decl: StepDecl, turn: Turn
     start: list[CallAttempt] = []
     unknown: list[CallAttempt] = []
     asked: list[RequestId] = []
+    waking: list[tuple[int, StepId]] = []  # calls that asked to be run again later: (the time, the call)
     running = 0
     for c in turn.calls:
         sid = c.decl.step_id
@@ -242,7 +248,9 @@ def _calls_action(branch: BranchState, bid: BranchId, decl: StepDecl, turn: Turn
             start.append(CallAttempt(sid, AttemptNo(1)))
             continue
         last = attempts[-1]
-        if last.status != AttemptStatus.DISPATCHED:
+        if timers.waits(last) and not timers.resumable(branch, last):
+            waking.append((timers.resume_at(last), sid))                      # asked to be run again later
+        elif last.status != AttemptStatus.DISPATCHED:
             start.append(CallAttempt(sid, AttemptNo(last.attempt + 1)))       # retrying
         elif (bid, sid, last.attempt) in in_flight:
             running += 1
@@ -252,6 +260,9 @@ def _calls_action(branch: BranchState, bid: BranchId, decl: StepDecl, turn: Turn
             unknown.append(CallAttempt(sid, last.attempt))
     if unknown:
         return ResolveUnknown(branch_id=bid, agent=agent, calls=tuple(unknown))
+    if not start and not running and waking:                                  # (a human's answer can wait)
+        at, sid = min(waking)
+        return Sleep(bid, sid, "resume_after", at)
     if not start and not running and asked:
         return AwaitInput(branch_id=bid, agent=agent, requests=tuple(asked))
     if not start and not running:                                             # every call is terminal

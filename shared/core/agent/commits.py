@@ -20,6 +20,7 @@ from reel.shared.core.agent.turnstate import Declared
 from reel.shared.core.chat.finish import TRUNCATED
 from reel.shared.core.chat.messages import ToolCall, assign_call_ids
 from reel.shared.core.input import requestfold, requesting
+from reel.shared.core.run import timers
 from reel.shared.core.run.events import (
     ARGUMENTS_INLINE_MAX,
     AgentFinished,
@@ -284,6 +285,9 @@ def follow_up_calls(state: RunState, outcomes: Sequence[AttemptEnd], in_flight: 
         o = mine.get(sid)
         if _status_with(attempts, c.decl.max_attempts, o) in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             continue
+        if timers.asks_resume(o) or (o is None and attempts and timers.waits(attempts[-1])
+                                     and not timers.resumable(branch, attempts[-1])):
+            continue                                                      # runs again once its timer fires
         if not attempts:
             start.append(CallAttempt(sid, AttemptNo(1)))
         elif o is not None or attempts[-1].status != AttemptStatus.DISPATCHED:

@@ -40,7 +40,7 @@ from reel.shared.core.agent.actions import (
 from reel.shared.core.pack.packer import Candidate, PackPolicy
 from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run import timers
-from reel.shared.core.run.events import BlobRef, TimerReason
+from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import AttemptNo, BranchId, ContextItemId, StepId
 from reel.shared.core.run.state import (
     DRIVABLE,
@@ -52,6 +52,7 @@ from reel.shared.core.run.state import (
     final_success,
     own_status,
 )
+from reel.shared.core.run.timers import FinishSleep, Sleep
 from reel.shared.core.workflow.spec import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
 
 __all__ = ["Action", "AdoptTurn", "AwaitInput", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
@@ -85,30 +86,7 @@ class Rest(msgspec.Struct, frozen=True):
     status: RunStatus
 
 
-class Sleep(msgspec.Struct, frozen=True):
-    """Commit ``run_sleeping`` for ``step_id`` on ``branch_id`` (:mod:`reel.shared.core.run.timers`): a sleep step's
-    timer (``wake_ms`` ``None``: the executor computes it from the step's ``for_s`` / ``until`` and its clock), or
-    a ``resume_after`` attempt's (``wake_ms``: the time it asked for) whose timer was not set or not for it.
-    A wake time already past is committed with its ``run_woke`` at once."""
-
-    branch_id: BranchId
-    step_id: StepId
-    reason: TimerReason
-    wake_ms: int | None = None
-
-
-class FinishSleep(msgspec.Struct, frozen=True):
-    """The sleep step's timer fired: commit attempt ``attempt`` of ``step_id`` — its intent and its success (the
-    step's output, :func:`reel.shared.core.run.timers.sleep_output`) in one commit."""
-
-    branch_id: BranchId
-    step_id: StepId
-    attempt: AttemptNo
-    wake_ms: int
-    woke_ms: int
-
-
-Action = Claim | Dispatch | EnterVerifying | Rest | Sleep | FinishSleep | AgentAction
+Action = Claim | Dispatch | EnterVerifying | Rest | FinishSleep | AgentAction
 
 
 def next_action(state: RunState, executor_id: str, in_flight: InFlight = (), *, start: int = 0) -> Action:

@@ -24,8 +24,10 @@ from __future__ import annotations
 import msgspec
 
 from reel.shared.core.decision import Decision, Skip, events_or_skip
+from reel.shared.core.errors import ToolError
 from reel.shared.core.input import respond
-from reel.shared.core.run.events import AnyEvent, RunWoke
+from reel.shared.core.run.events import AnyEvent, AttemptEnd, AttemptFailed, RunWoke, TimerReason
+from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
 from reel.shared.core.run.state import RESUME_AFTER, SLEEPING, AttemptState, AttemptStatus, BranchState, RunState, Timer
 
 RESUME_AFTER_KEY = "resume_after_s"
@@ -33,6 +35,29 @@ RESUME_AFTER_KEY = "resume_after_s"
 (docs/workflow.md)."""
 MAX_RESUME_AFTER_S = 366 * 24 * 3600.0
 """The longest wait a tool may ask for (seconds)."""
+
+
+class Sleep(msgspec.Struct, frozen=True):
+    """Commit ``run_sleeping`` for ``step_id`` on ``branch_id``: a sleep step's timer (``wake_ms`` ``None``: the
+    executor computes it from the step's ``for_s`` / ``until`` and its clock), or a ``resume_after`` attempt's
+    (``wake_ms``: the time it asked for — a tool step's, or the earliest of an agent turn's waiting calls) when
+    nothing else of the branch can run. A wake time already past is committed with its ``run_woke`` at once."""
+
+    branch_id: BranchId
+    step_id: StepId
+    reason: TimerReason
+    wake_ms: int | None = None
+
+
+class FinishSleep(msgspec.Struct, frozen=True):
+    """The sleep step's timer fired: commit attempt ``attempt`` of ``step_id`` — its intent and its success (the
+    step's output, :func:`sleep_output`) in one commit."""
+
+    branch_id: BranchId
+    step_id: StepId
+    attempt: AttemptNo
+    wake_ms: int
+    woke_ms: int
 
 
 def timer_of(branch: BranchState) -> Timer | None:
@@ -81,6 +106,11 @@ def due_events(state: RunState, now_ms: int) -> Decision:
 def waits(attempt: AttemptState) -> bool:
     """True when ``attempt`` ended asking to be resumed later (error kind ``resume_after``)."""
     return attempt.status == AttemptStatus.FAILED and attempt.error_kind == RESUME_AFTER
+
+
+def asks_resume(outcome: AttemptEnd | None) -> bool:
+    """True when ``outcome`` (about to be committed) is a ``resume_after`` one."""
+    return isinstance(outcome, AttemptFailed) and outcome.error_kind == RESUME_AFTER
 
 
 def resumable(branch: BranchState, attempt: AttemptState) -> bool:
@@ -134,6 +164,35 @@ def resume_request(text: str) -> tuple[float, str] | None:
         raise ValueError(f"`reel.{RESUME_AFTER_KEY}` must be a number of seconds in [0, {MAX_RESUME_AFTER_S:.0f}],"
                          f" not {seconds!r}")
     return float(seconds), reason if isinstance(reason, str) else str(reason)
+
+
+class ResumeAfter(msgspec.Struct, frozen=True, kw_only=True):
+    """What a Python tool returns to be run again later (``reel.resume_after``): seconds (≥ 0), reason (free text)."""
+
+    seconds: float
+    reason: str = ""
+
+
+class ResumeRequested(ToolError):
+    """A tool's result asked to be run again in ``seconds`` (``reason`` says why): the attempt is recorded
+    ``resume_after`` (error kind :data:`~reel.shared.core.run.state.RESUME_AFTER`, not a try of the call)."""
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        super().__init__(resume_message(seconds, reason), kind=RESUME_AFTER, retryable=True)
+        self.seconds, self.reason = seconds, reason
+
+
+def check_resume(value: ResumeAfter) -> ResumeRequested:
+    """The :class:`ResumeRequested` of a Python tool's :class:`ResumeAfter`.
+
+    Raises:
+        ToolError: ``invalid_resume`` (not retryable): ``seconds`` is not a number in [0, MAX_RESUME_AFTER_S].
+    """
+    s = value.seconds
+    if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s <= MAX_RESUME_AFTER_S:
+        raise ToolError(f"reel.resume_after takes seconds in [0, {MAX_RESUME_AFTER_S:.0f}], not {s!r}",
+                        kind="invalid_resume", retryable=False)
+    return ResumeRequested(float(s), value.reason)
 
 
 def resume_message(seconds: float, reason: str) -> str:

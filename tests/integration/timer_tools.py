@@ -1,0 +1,14 @@
+"""Python tools of tests/integration/test_timers.py: a poller that asks to be run again until its third attempt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import reel
+
+
+def poll(job: str, attempt: int) -> Any:
+    """Whether ``job`` is done; asks to be run again 0.5 s later until its third attempt."""
+    if attempt < 3:
+        return reel.resume_after(0.5, f"{job} not ready ({attempt})")
+    return f"{job} done after {attempt} attempts"
