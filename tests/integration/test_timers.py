@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import attempt_of, wait_state, wait_until
+from tests.integration.test_cli import reel as reel_cli
 from tests.refold import assert_refold_identical
 
 
@@ -197,3 +199,26 @@ async def test_a_python_tool_of_an_agent_returns_resume_after_and_its_call_runs_
         assert isinstance(a.resume_at_ms, int) and w.at_ms >= a.resume_at_ms
     assert attempt_of(done, "poller:t2", 1).status == "succeeded"
     await assert_refold_identical(event_log, done)
+
+
+SLEEPY_YAML = """\
+name: nap-cli
+steps:
+  - {kind: tool, id: before, tool: {type: recorded, output: one}}
+  - {kind: sleep, id: nap, for_s: 3}
+  - {kind: tool, id: after, tool: {type: recorded, output: two}}
+"""
+
+
+async def test_reel_run_follows_a_sleeping_run_to_its_end_past_its_timeout(cfg: Config, tmp_path: Path,
+                                                                          event_log: JetStreamEventLog) -> None:
+    """``reel run --timeout 2`` of a 3 s sleep: the timeout counts from the wake time, the run finishes, exit 0."""
+    path = tmp_path / "nap.yaml"
+    path.write_text(SLEEPY_YAML)
+    code, out, err = await reel_cli(cfg, "run", str(path), "--timeout", "2")
+    assert code == 0, (out, err)
+    assert "sleeping until" in out and "woke (nap)" in out and "completed" in out, out
+    run_id = re.search(r"run (r-[0-9a-f]{20})", out)
+    assert run_id is not None
+    state = await event_log.load(run_id.group(1))
+    assert state.status == "completed" and attempt_of(state, "after", 1).status == "succeeded"
