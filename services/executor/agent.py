@@ -33,7 +33,6 @@ orphans of a dead executor      ``attempt_failed(outcome_unknown)`` per non-retr
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -90,7 +89,6 @@ from .agentio import (
 from .agenttools import CallContext, PythonTools
 from .attempts import Attempts
 from .bodies import Bodies
-from .interrupts import stopped_within
 
 log = structlog.get_logger("reel.executor")
 
@@ -113,7 +111,7 @@ class AgentRun:
         self.bodies, self.stopping, self.interrupt = bodies, stopping, interrupt
         self.me = ExecutorId(attempts.executor_id)
         self.tasks: dict[Key, asyncio.Task[Done]] = {}
-        self._not_before: dict[tuple[BranchId, StepId], float] = {}  # Retry-After: monotonic time of next attempt
+        self.waits = modelout.RetryWaits()  # a failed turn's Retry-After or backoff, waited before the next intent
         self.contexts = ContextMemo(attempts.facts)  # earlier turns' items, kept from turn to turn of this drive
 
     async def __aenter__(self) -> AgentRun:
@@ -182,13 +180,8 @@ class AgentRun:
         return state
 
     async def _dispatch_turn(self, state: RunState, action: plan.DispatchTurn) -> RunState | Decided:
-        due = self._not_before.get((action.branch_id, action.step_id))
-        if due is not None and due > time.monotonic():
-            log.info("agent.turn_delayed", step_id=action.step_id, attempt=action.attempt,
-                     delay_s=round(due - time.monotonic(), 3))
-            if await stopped_within(due - time.monotonic(), self.stopping, self.interrupt):
-                return state  # the driver sees ``stopping`` and hands the run back
-        self._not_before.pop((action.branch_id, action.step_id), None)
+        if await self.waits.wait(action.branch_id, action.step_id, action.attempt, self.stopping, self.interrupt):
+            return state  # the driver sees ``stopping`` (or the cancel) and plans again
         prepared = await prepare_turn(state, self.spec, action, attempts=self.attempts, bodies=self.bodies,
                                       memo=self.contexts)
         return await self._commit_starting(state, prepared.events, (), turn=prepared, branch_id=action.branch_id)
@@ -354,9 +347,7 @@ class AgentRun:
         if done.error is not None or done.response is None:
             exc = done.error or ModelError("no response", kind="empty_response")
             failure, error_body = modelout.failure(where, exc, modelout.failure_usage(exc, done.latency_ms))
-            delay = modelout.retry_delay_s(failure, exc.retry_after_s, self.spec.agent(a.agent).model.adapter)
-            if delay > 0:
-                self._not_before[(a.branch_id, a.step_id)] = time.monotonic() + delay
+            delay = self.waits.failed(failure, exc, self.spec.agent(a.agent).model.adapter)
             log.info("attempt.failed", step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
                      retryable=exc.retryable, retry_after_s=exc.retry_after_s, retry_in_s=round(delay, 3),
                      reason=exc.message[:200])

@@ -15,14 +15,18 @@ outcome recorded honestly.
 * A failed call's whole error body (a server's error response) becomes the ``error_ref`` blob, and its
   one-line message keeps the server's own message (head and tail when long: :func:`one_line`).
 * A failed tool attempt (:func:`tool_failure`) is recorded the same way whether a tool step's or an agent's call.
-* A retry waits (:func:`retry_delay_s`): the server's ``Retry-After`` when it sent one, else full jitter.
+* A retry waits (:func:`retry_delay_s`): the server's ``Retry-After`` when it sent one, else full jitter —
+  before its intent is committed (:class:`RetryWaits`), for a model step as for an agent turn.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import msgspec
+import structlog
 import tenacity
 
 from reel.shared.auth import secrets
@@ -37,10 +41,13 @@ from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
 from reel.shared.core.workflow.modelspec import ModelSpec
 from reel.shared.models import make_chat_model
 from reel.shared.nats.blobstore import ref_for
+from reel.shared.nats.control import Interrupt
 from reel.shared.runtime.clock import now_ms
 
-from .interrupts import Interrupted
+from .interrupts import Interrupted, stopped_within
 from .streaming import StreamOut, streamed
+
+log = structlog.get_logger("reel.executor")
 
 MAX_ERROR_CHARS = 4000
 """The longest one-line error message recorded (characters); the whole body is the ``error_ref`` blob."""
@@ -169,3 +176,36 @@ def retry_delay_s(failure: AttemptFailed, retry_after_s: float | None, adapter: 
     state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]  # only attempt_number is read
     state.attempt_number = int(failure.attempt)
     return float(_JITTER(state))
+
+
+class RetryWaits:
+    """When each step's next model attempt may go (one per drive, or per executor for plain steps): a failed
+    attempt's wait (:func:`retry_delay_s`), kept per ``(branch, step)`` as a monotonic time and waited out
+    before the next attempt's intent is committed — a ``kind: model`` step's and an agent turn's alike."""
+
+    def __init__(self) -> None:
+        self._due: dict[tuple[str, str], float] = {}
+
+    def failed(self, failure: AttemptFailed, exc: BaseException, adapter: str) -> float:
+        """Note ``failure`` (its call raised ``exc``; ``adapter``: the step's): how long (s) its step's next
+        attempt waits."""
+        delay = retry_delay_s(failure, getattr(exc, "retry_after_s", None), adapter)
+        if delay > 0:
+            self._due[(failure.branch_id, failure.step_id)] = time.monotonic() + delay
+        return delay
+
+    def pending(self, branch_id: str, step_id: str) -> bool:
+        """True while ``(branch, step)``'s next attempt must still wait."""
+        due = self._due.get((branch_id, step_id))
+        return due is not None and due > time.monotonic()
+
+    async def wait(self, branch_id: str, step_id: str, attempt: int, stopping: asyncio.Event | None,
+                   interrupt: Interrupt | None) -> bool:
+        """Wait until ``(branch, step)``'s attempt ``attempt`` may go, unless ``stopping`` is set or ``interrupt``
+        fires first: then ``True`` (the attempt must not start; the driver plans again). Forgets the wait."""
+        due = self._due.pop((branch_id, step_id), None)
+        left = 0.0 if due is None else due - time.monotonic()
+        if left <= 0:
+            return False
+        log.info("attempt.backoff", step_id=step_id, attempt=attempt, delay_s=round(left, 3))
+        return await stopped_within(left, stopping, interrupt)

@@ -187,7 +187,7 @@ class PlainSteps:
 
     def __init__(self, attempts: Attempts, *, inline_max: int, stopping: asyncio.Event | None = None) -> None:
         self.a, self.inline_max, self.stopping = attempts, inline_max, stopping
-        self._not_before: dict[tuple[str, str], float] = {}  # (branch, step) → monotonic time its retry may go
+        self.waits = modelout.RetryWaits()  # a failed model call's Retry-After or backoff, waited before the retry
 
     async def prepare(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> Prepared:
         """The intent of ``action`` on ``state`` (a model step's context packed and its prompt rendered)."""
@@ -235,6 +235,8 @@ class PlainSteps:
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         if prepared is None:
+            if await self.waits.wait(action.branch_id, action.step_id, action.attempt, self.stopping, interrupt):
+                return state  # stopping, or a cancel: the driver plans again
             adopted = await self.adopted(state, spec, action)
             if adopted is not None:
                 recorded = await self.a.commit(state, record_outcome(adopted))
@@ -350,8 +352,6 @@ class PlainSteps:
                                         output_ref=ref, usage=usage, at_ms=now_ms(),
                                         truncated=True if spool.truncated else msgspec.UNSET), body
             else:
-                await self._backoff(action, interrupt)
-                started = time.perf_counter()  # the call's own latency, without the wait before it
                 request = prompt_request(step.model, run_id=state.run_id, step_id=step.id, attempt=action.attempt,
                                          prompt=p.prompt, prompt_tokens=p.prompt_tokens)
                 instant = step.model.adapter in ("replay", "scripted")
@@ -366,9 +366,7 @@ class PlainSteps:
             if isinstance(p.step, ModelStep) and isinstance(exc, ModelError | Interrupted):
                 failed, error_body = modelout.failure(where, exc, modelout.failure_usage(exc, _ms_since(started)),
                                                       inline_max=self.inline_max)
-                delay = modelout.retry_delay_s(failed, getattr(exc, "retry_after_s", None), p.step.model.adapter)
-                if delay > 0:
-                    self._not_before[(action.branch_id, action.step_id)] = time.monotonic() + delay
+                self.waits.failed(failed, exc, p.step.model.adapter)
                 return failed, error_body
             assert not isinstance(exc, ModelError), exc
             return modelout.tool_failure(where, exc, _ms_since(started)), None
@@ -378,16 +376,6 @@ class PlainSteps:
                                              policy=step.truncation_policy, inline_max=self.inline_max)
         self.a.bodies.keep(body, ref)
         return event, body
-
-    async def _backoff(self, action: plan.Dispatch, interrupt: Interrupt | None) -> None:
-        """Wait until this step's retry may go (the last failure's Retry-After or jittered backoff,
-        :func:`~reel.services.executor.modelout.retry_delay_s`); stopped as the side effect is, if ``interrupt``
-        fires (:class:`~reel.services.executor.interrupts.Interrupted`)."""
-        due = self._not_before.pop((action.branch_id, action.step_id), None)
-        wait_s = 0.0 if due is None else due - time.monotonic()
-        if wait_s > 0:
-            log.info("attempt.backoff", step_id=action.step_id, attempt=action.attempt, delay_s=round(wait_s, 3))
-            await guarded(asyncio.sleep(wait_s), interrupt)
 
     async def _next(self, state: RunState, spec: WorkflowSpec, event: AttemptEnd | RunStarted,
                     cursor: Cursor) -> Prepared | None:
@@ -400,6 +388,8 @@ class PlainSteps:
         action = plan.next_action(preview, self.a.executor_id, start=cursor.peek(preview))
         if not isinstance(action, plan.Dispatch) or action.supersedes is not None:
             return None  # an orphan's successor is never chained: its marker is read first (run)
+        if self.waits.pending(action.branch_id, action.step_id):
+            return None  # a retry that must wait: its intent is committed once the wait is over (run)
         nxt = await self.prepare(preview, spec, action)
         halted = halt_of(preview, nxt, spec.code_change_policy) is not None
         return None if halted else nxt  # a halt is committed by run(), alone

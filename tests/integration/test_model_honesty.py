@@ -236,6 +236,8 @@ async def test_a_retry_waits_for_retry_after(
     assert first.finished_ms is not None and second.finished_ms is not None
     assert second.finished_ms - first.finished_ms >= 1000, "the retry went before the server's Retry-After: 1"
     assert second.usage.latency_ms < 1000  # the wait is not the call's latency
+    assert second.dispatched_ms is not None and second.dispatched_ms - first.finished_ms >= 1000, \
+        "the retry's intent was committed before the wait (an agent turn's waits first: one rule for both)"
 
 
 # ---- the context budget counts what is sent ----------------------------------------------------------------
