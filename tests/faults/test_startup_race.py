@@ -28,11 +28,12 @@ from tests.faults.checks import read_side_effects, side_effect_tool
 from tests.integration.scenarios import wait_until
 from tests.integration.test_auth_cli import _free_port, reel
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.slow,
+              pytest.mark.timeout(1200)]  # 50 runs: 503 s on a 2-core machine at load 20-34 (about 100 s a wave)
 
 REPO = Path(__file__).resolve().parents[2]
-WAVES = 2
-RUNS_PER_WAVE = 10
+WAVES = 5
+RUNS_PER_WAVE = 10  # 50 runs in all, each wave a fresh ``reel up`` started together with its ``reel run``s
 
 
 def _workflow(path: Path, effects: Path) -> Path:
