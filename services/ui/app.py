@@ -19,7 +19,8 @@ over server-sent events (sse-starlette). Routes:
 * ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
   run references (bytes ``offset``..; default :data:`~reel.services.ui.pages.PAGE_BYTES`);
   ``?format=chat`` — the body (a chat request or message) as a conversation (:mod:`reel.services.ui.chat`),
-  ``&fragment=1`` without the page around it; 422 with the reason if it is not one.
+  ``&role=user|assistant`` a text body as one such message, ``&fragment=1`` without the page around it; 422
+  with the reason if it is not one.
 * ``GET /runs/{run_id}/partitions/{step_id}/{attempt}?branch=&fragment=1`` — one attempt's partition in full
   (a page; with ``fragment=1`` the partition alone): what a collapsed one ("same as turn k except …") opens;
 * ``POST /runs/{run_id}/actions/respond|cancel|rewind`` — the operator's actions, with ``--allow-actions`` only
@@ -194,7 +195,10 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         if len(sha) != 64 or not set(sha) <= SHA256_HEX:
             return fail(400, "not a sha256 (64 lower-case hex digits)")
         if q.get("format") == "chat":
-            return await chat_view(run_id, sha, fragment=q.get("fragment") == "1", fail=fail)
+            role = q.get("role", "")
+            if role not in ("", "user", "assistant"):
+                return fail(400, "role is user or assistant")
+            return await chat_view(run_id, sha, fragment=q.get("fragment") == "1", fail=fail, role=role)
         try:
             offset, length = int(q.get("offset", "0")), int(q.get("length", str(page_bytes)))
         except ValueError:
@@ -212,7 +216,8 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
                                  "end": page.end, "total": page.total, "text": page.text})
         return html("blob.html", run_id=run_id, page=page, length=length)
 
-    async def chat_view(run_id: str, sha: str, *, fragment: bool, fail: Callable[[int, str], Response]) -> Response:
+    async def chat_view(run_id: str, sha: str, *, fragment: bool, fail: Callable[[int, str], Response],
+                        role: str = "") -> Response:
         try:
             ref, body = await reader.whole(run_id, sha)
         except NotARunId as exc:
@@ -221,7 +226,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
             return fail(404, str(exc))
         except (RunCorrupt, BlobCorrupt, BlobTimeout) as exc:
             return fail(502 if isinstance(exc, BlobTimeout) else 409, str(exc))
-        convo = chat.conversation(body) if body is not None else None
+        convo = None if body is None else chat.as_message(body, role) if role else chat.conversation(body)
         why = ("" if convo is not None else f"{ref.size_bytes:,} bytes: too large to read whole, only paged"
                if body is None else "not a chat request or message")
         return html("_chat.html" if fragment else "chat.html", 200 if convo is not None else 422, run_id=run_id,

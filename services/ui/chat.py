@@ -57,8 +57,9 @@ class Message:
 @dataclass(frozen=True)
 class Conversation:
     """A request (``kind == "request"``: messages sent, the ``model`` asked and the ``tools`` offered, by
-    name) or one response message (``kind == "message"``); ``params``: every other top-level field as
-    ``(key, JSON text)`` (``tool_choice``, ``temperature``, ``stream``…)."""
+    name), one response message (``kind == "message"``) or a text body as one message (``kind == "text"``,
+    :func:`as_message`); ``params``: every other top-level field as ``(key, JSON text)`` (``tool_choice``,
+    ``temperature``, ``stream``…)."""
 
     kind: str
     messages: tuple[Message, ...]
@@ -89,6 +90,19 @@ def conversation(body: bytes) -> Conversation | None:
     if isinstance(data.get("role"), str):
         return Conversation(kind="message", messages=(_message(data, {}),))
     return None
+
+
+def as_message(body: bytes, role: str) -> Conversation | None:
+    """``body`` as :func:`conversation` reads it, else its UTF-8 text as one ``role`` message (``kind ==
+    "text"``): a model step's prompt, sent as the one user message of its request, or its output, the
+    assistant's text. ``None`` if neither (not UTF-8)."""
+    found = conversation(body)
+    if found is not None:
+        return found
+    try:
+        return Conversation(kind="text", messages=(Message(role=role, content=body.decode("utf-8")),))
+    except UnicodeDecodeError:
+        return None
 
 
 def _message(m: dict[str, Any], names: dict[str, str]) -> Message:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from reel.services.ui.app import _env
-from reel.services.ui.chat import Call, Message, conversation
+from reel.services.ui.chat import Call, Conversation, Message, as_message, conversation
 from reel.shared.core.chat.messages import ChatMessage, ChatRequest, ToolCall, ToolSchema, wire_request
 
 
@@ -50,3 +50,13 @@ def test_a_response_message_and_what_is_not_a_conversation() -> None:
         assert conversation(body) is None, body[:20]
     html = _env().get_template("_chat.html").render(c=None, why="not a chat request or message")
     assert "not shown as a conversation: not a chat request or message" in html
+
+
+def test_a_text_body_as_one_message() -> None:
+    text = "Write a command.\n\n<context id='task'>\nGreet.\n</context>"
+    assert as_message(text.encode(), "user") == Conversation(kind="text", messages=(Message(role="user",
+                                                                                           content=text),))
+    assert as_message(b'{"role": "assistant", "content": "hi"}', "assistant").kind == "message"  # type: ignore[union-attr]
+    assert as_message(b"\xff\xfe", "user") is None
+    html = _env().get_template("_chat.html").render(c=as_message(b"<b>x</b>", "assistant"), why="")
+    assert "the model&#39;s text" in html and "&lt;b&gt;x&lt;/b&gt;" in html

@@ -44,6 +44,11 @@ async def test_errors_and_a_corrupt_run(cfg, infra: Infra, event_log: JetStreamE
         status, text = await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&fragment=1")
         assert status == 422 and "not shown as a conversation: not a chat request or message" in text
         assert (await get(f"/runs/{run_id}/blobs/{'0' * 64}?format=chat"))[0] == 404
+        # a model step's text prompt as the one user message it was sent as
+        status, text = await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&role=user&fragment=1")
+        assert status == 200 and "the prompt, sent as the one user message of a chat request" in text
+        assert 'data-role="user"' in text and "Write a shell command that prints a greeting." in text
+        assert (await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&role=system"))[0] == 400
         # one attempt's partition in full, a page of its own
         status, text = await get(f"/runs/{run_id}/partitions/plan/1")
         assert status == 200 and 'class="partition"' in text and 'data-budget="' in text

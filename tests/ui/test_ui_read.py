@@ -212,3 +212,30 @@ async def test_prompts_and_outputs_read_as_a_conversation(  # type: ignore[no-un
                 m["role"] for m in sent]
             assert b.find_element(By.ID, "raw-bytes").get_attribute("href").endswith(
                 f"/blobs/{turn.prompt_ref.sha256}?length=65536")
+
+
+async def test_a_model_steps_text_prompt_reads_as_its_one_user_message(  # type: ignore[no-untyped-def]
+        cfg, event_log: JetStreamEventLog, blobs: JetStreamBlobStore, tmp_path: Path) -> None:
+    """A ``kind: model`` step's prompt is text sent as the one user message of its request, its output the model's
+    text: each opens as that one message, its text as lines."""
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    code, out, err = await reel(cfg, "run", "examples/hello.yaml", "-q", env=env)
+    assert code == 0, (out, err)
+    run_id = re.search(r"run (r-[0-9a-f]{20}) created", out).group(1)  # type: ignore[union-attr]
+    plan = build_episode_view(await event_log.load(run_id)).step("plan").attempts[-1]
+    assert plan.prompt_ref is not None and plan.output_ref is not None
+    prompt, output = (await blobs.get(plan.prompt_ref)).decode(), (await blobs.get(plan.output_ref)).decode()
+    assert "\n" in prompt
+    async with reel_ui(cfg, env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            b.get(f"{url}/runs/{run_id}")
+            for key, role, body in (("plan#1:prompt", "user", prompt), ("plan#1:output", "assistant", output)):
+                viewer = b.find_element(By.CSS_SELECTOR, f'.viewer[data-key="{key}"]')
+                assert viewer.get_attribute("data-chat") == role
+                viewer.find_element(By.TAG_NAME, "summary").click()
+                await until(b, lambda d, v=viewer: v.find_elements(By.CSS_SELECTOR, ".chat .msg"), key)
+                (msg,) = viewer.find_elements(By.CSS_SELECTOR, ".chat .msg")
+                assert msg.get_attribute("data-role") == role
+                assert b.execute_script("return arguments[0].querySelector('.msg-text').textContent", msg) == body

@@ -121,10 +121,10 @@ async function loadPage(viewer) {
   }
 }
 
-// A fragment the server rendered (escaped) into a pane of an opened <details>, once: a prompt or output that
-// is a chat request or message (data-chat: <data-blob>?format=chat&fragment=1, its raw bytes paging in the nested
-// "raw bytes" details), or a collapsed partition's items in full (its "open as a page" link &fragment=1).
-// Resolves r.ok.
+// A fragment the server rendered (escaped) into a pane of an opened <details>, once: a prompt or output as a
+// conversation (data-chat: <data-blob>?format=chat&fragment=1, with &role=… for a text body shown as one message;
+// its raw bytes page in the nested "raw bytes" details), or a collapsed partition's items in full (its "open as a
+// page" link &fragment=1). Resolves r.ok.
 async function loadFragment(el, url, pane) {
   if (el.dataset.fragmentLoaded || el.dataset.fragmentLoading) return true;
   el.dataset.fragmentLoading = "1";
@@ -142,7 +142,8 @@ async function loadFragment(el, url, pane) {
 }
 
 async function loadChat(viewer) {
-  const ok = await loadFragment(viewer, `${viewer.dataset.blob}?format=chat&fragment=1`,
+  const role = viewer.dataset.chat === "1" ? "" : `&role=${encodeURIComponent(viewer.dataset.chat)}`;
+  const ok = await loadFragment(viewer, `${viewer.dataset.blob}?format=chat&fragment=1${role}`,
                                 viewer.querySelector(".chat-pane"));
   if (!ok) viewer.querySelector("details.raw-bytes").open = true;  // not a conversation: the bytes instead
 }
