@@ -41,8 +41,9 @@ SERVICES = tuple(SERVICE_ROLE)
 
 async def gather(infra: Infra, cfg: Config, *, timeout_s: float = 0.5, expected: int | None = None) -> dict[str, Any]:
     """The status report (the ``--json`` document, to which ``reel status`` adds ``"server": {"url", "origin"}``):
-    ``{"namespace", "services": [...], "consumers": [...], "leases": [...]}``; times in ms, processing times in
-    ms (micro reports ns).
+    ``{"namespace", "services": [...], "consumers": [...], "leases": [...], "jetstream": {...}, "timers": [...]}``
+    (``timers``: per recovery instance, ``{"instance_id", "sleeping", "next_wake"}`` — the sleeping runs it
+    will wake); times in ms, processing times in ms (micro reports ns).
 
     ``expected``: stop waiting for discovery answers once this many instances answered.
     """
@@ -73,13 +74,17 @@ async def gather(infra: Infra, cfg: Config, *, timeout_s: float = 0.5, expected:
                           "num_pending": info.num_pending or 0, "num_ack_pending": info.num_ack_pending or 0,
                           "num_redelivered": info.num_redelivered or 0, "num_waiting": info.num_waiting or 0})
     answering = {str(s["instance_id"]) for s in services}
-    full = {}
+    full, timers = {}, []
     for s in stats:
         meta = s.get("metadata")
         if isinstance(meta, dict) and meta.get("store_full"):
             full[f"{str(s.get('name', '')).removeprefix('reel-')} {s.get('id')}"] = str(meta["store_full"])
+        if isinstance(meta, dict) and "sleeping" in meta:  # a recovery instance: the runs it will wake
+            timers.append({"instance_id": s.get("id"), "sleeping": int(meta["sleeping"]),
+                           "next_wake": meta.get("next_wake")})
     return {"namespace": names.namespace, "services": services, "consumers": consumers,
-            "leases": await _leases(infra, cfg, answering), "jetstream": await _jetstream(infra, cfg, full)}
+            "leases": await _leases(infra, cfg, answering), "jetstream": await _jetstream(infra, cfg, full),
+            "timers": timers}
 
 
 async def _jetstream(infra: Infra, cfg: Config, full: dict[str, str]) -> dict[str, Any]:
@@ -207,7 +212,13 @@ def render(report: dict[str, Any]) -> list[Table | Text]:
                        ", ".join(x.get("tools", [])), ", ".join(x.get("waiting_for", [])))
     out: list[Table | Text] = [t if report[key] else Text(f"{t.title}: {EMPTY[key]}")
                                for key, t in (("services", svc), ("consumers", lag), ("leases", leases))]
-    return out + waiting_lines(report["leases"])
+    return out + waiting_lines(report["leases"]) + timer_lines(report.get("timers", []))
+
+
+def timer_lines(timers: list[dict[str, Any]]) -> list[Text]:
+    """One line per recovery instance: how many sleeping runs it will wake, and the next wake time and run."""
+    return [Text(f"timers (recovery {t['instance_id']}): {t['sleeping']} run{'s' * (t['sleeping'] != 1)} sleeping"
+                 + (f", next wake {t['next_wake']}" if t.get("next_wake") else ""), style="blue") for t in timers]
 
 
 def waiting_lines(leases: list[dict[str, Any]]) -> list[Text]:

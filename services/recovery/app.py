@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -308,6 +309,17 @@ class RecoveryService:
             wait_s = interval_s if deadline is None else min(interval_s, max(0.02, (deadline - now_ms()) / 1000))
             await nap(stop, self.index.deadlines_changed, wait_s)
 
+    def timer_report(self) -> dict[str, str]:
+        """What ``reel status`` shows of the timers (``$SRV.STATS`` metadata): ``sleeping`` (how many runs this
+        instance's index holds asleep) and ``next_wake`` (the earliest wake time, ISO-8601 UTC, and its run)."""
+        asleep = self.index.sleeping()
+        out = {"sleeping": str(len(asleep))}
+        if asleep:
+            wake, run_id = asleep[0]
+            at = datetime.fromtimestamp(wake / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            out["next_wake"] = f"{at} {run_id}"
+        return out
+
     # ---- the recover command -----------------------------------------------------------------
     async def recover(self, req: RecoverRuns, _: Delivery) -> Reply:
         """``RecoverRuns{run_id?}``: scan now, reply with what was resolved."""
@@ -346,7 +358,7 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, sweep: bool =
     router = Router(infra)
     router.route(names.command("recover"), RecoverRuns, service.recover, rejected="recover.rejected")
     consumer = CommandConsumer(infra, cfg, "recovery", router.subjects, router,
-                               ack_wait_s=cfg.mutator_ack_wait_s)
+                               ack_wait_s=cfg.mutator_ack_wait_s, report=service.timer_report)
     try:
         async with consumer_gate(infra.nc, names), asyncio.TaskGroup() as tg:  # clients' consumers, vetted
             tg.create_task(consumer.run(stop))

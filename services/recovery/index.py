@@ -43,7 +43,7 @@ from reel.shared.core.run.events import (
 )
 from reel.shared.core.run.planning import has_open_intent
 from reel.shared.core.run.state import DRIVABLE, RESTING, VERIFYING, RunState
-from reel.shared.core.run.timers import next_due
+from reel.shared.core.run.timers import next_due, next_wake
 
 log = structlog.get_logger("reel.recovery")
 
@@ -150,6 +150,10 @@ class IntentIndex:
     def next_deadline(self) -> int | None:
         """The earliest input deadline or wake time of a tracked run (epoch ms), if any."""
         return min(self._deadlines.values(), default=None)
+
+    def sleeping(self) -> list[tuple[int, str]]:
+        """``(wake_ms, run id)`` of each tracked run resting in ``sleeping``, earliest first (epoch ms)."""
+        return sorted((w, run_id) for run_id, s in self.states.items() if (w := next_wake(s)) is not None)
 
     def candidates(self) -> list[RunState]:
         """Tracked runs that have at least one open intent."""

@@ -271,6 +271,7 @@ class CommandConsumer:
         ack_wait_s: redelivery delay if this instance dies mid-command; long handlers
             are kept alive with in-progress acks every ``ack_wait_s / 3``.
         instance_id: this instance's id (an executor's ``x-…``): its NATS micro instance id.
+        report: more ``$SRV.STATS`` metadata, asked at each request (recovery: its sleeping runs).
 
     While it runs it is the NATS micro service ``reel-<service>`` (:mod:`reel.shared.nats.micro`):
     ``counters`` holds what ``$SRV.STATS`` reports per subject. Each delivery's log context
@@ -279,8 +280,9 @@ class CommandConsumer:
 
     def __init__(self, infra: Infra, cfg: Config, service: str, subjects: list[str], handler: Handler, *,
                  concurrency: int = 8, ack_wait_s: float = 30.0, max_deliver: int = 20,
-                 stream: str | None = None, instance_id: str | None = None, slots: Slots | None = None) -> None:
-        self.infra, self.cfg, self.service, self.instance_id = infra, cfg, service, instance_id
+                 stream: str | None = None, instance_id: str | None = None, slots: Slots | None = None,
+                 report: Callable[[], dict[str, str]] | None = None) -> None:
+        self.infra, self.cfg, self.service, self.instance_id, self.report = infra, cfg, service, instance_id, report
         self.slots = slots if slots is not None else Slots(concurrency)
         self.stream = stream or cfg.names.commands_stream
         self.subjects, self.handler = subjects, handler
@@ -316,7 +318,7 @@ class CommandConsumer:
         self._context = structlog.contextvars.get_contextvars()
         micro = await register(self.infra.nc, service=self.service, namespace=self.cfg.names.namespace,
                                counters=self.counters, durable=durable, stream=self.stream,
-                               instance_id=self.instance_id)
+                               instance_id=self.instance_id, report=self.report)
         stopper = asyncio.create_task(stop.wait())
         depth = asyncio.create_task(self._poll_depth(durable)) if metrics.enabled() else None
         try:

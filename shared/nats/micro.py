@@ -29,6 +29,7 @@ import contextvars
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -127,11 +128,11 @@ class ReelService(Service):
     """A micro service whose INFO and STATS also list the JetStream-consumed subjects (see module doc)."""
 
     def __init__(self, nc: Client, config: ServiceConfig, counters: Counters, *, durable: str, stream: str,
-                 instance_id: str | None = None) -> None:
+                 instance_id: str | None = None, report: Callable[[], dict[str, str]] | None = None) -> None:
         super().__init__(nc, config)
         if instance_id and is_token(instance_id):
             self._id = instance_id
-        self.counters, self.durable, self.stream = counters, durable, stream
+        self.counters, self.durable, self.stream, self.report = counters, durable, stream, report
 
     def _consumed(self) -> dict[str, str]:
         return {"transport": "jetstream", "stream": self.stream, "durable": self.durable}
@@ -151,6 +152,8 @@ class ReelService(Service):
         full = STORE.report()
         if full is not None:
             stats.metadata = {**(stats.metadata or {}), "store_full": full}
+        if self.report is not None:  # the service's own facts (recovery: its sleeping runs, the next wake)
+            stats.metadata = {**(stats.metadata or {}), **self.report()}
         stats.endpoints = [*stats.endpoints, *(
             EndpointStats(name=endpoint_name(s), subject=s, queue_group=self.durable, num_requests=c.num_requests,
                           num_errors=c.num_errors, processing_time=c.processing_time_ns,
@@ -161,8 +164,11 @@ class ReelService(Service):
 
 
 async def register(nc: Client, *, service: str, namespace: str, counters: Counters, durable: str, stream: str,
-                   instance_id: str | None = None) -> ReelService | None:
+                   instance_id: str | None = None, report: Callable[[], dict[str, str]] | None = None,
+                   ) -> ReelService | None:
     """Register ``reel-<service>`` on ``nc`` and start answering ``$SRV.*``; ``None`` (logged) if it cannot.
+
+    ``report``: more STATS metadata, asked at each STATS request (string values).
 
     Discovery is an operator's aid: a server that refuses the ``$SRV`` subscriptions (a role
     without them, docs/security.md) costs a ``micro.unavailable`` warning, never the service.
@@ -172,7 +178,7 @@ async def register(nc: Client, *, service: str, namespace: str, counters: Counte
     config = ServiceConfig(name=f"{SERVICE_PREFIX}{service}", version=version(),
                            description=f"Reel {service} (commands through JetStream consumer {durable})",
                            metadata=meta)
-    svc = ReelService(nc, config, counters, durable=durable, stream=stream, instance_id=instance_id)
+    svc = ReelService(nc, config, counters, durable=durable, stream=stream, instance_id=instance_id, report=report)
     try:
         await svc.start()
     except Exception as exc:

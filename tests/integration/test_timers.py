@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reel.services.cancel.app import serve as cancel_serve
+from reel.services.cli.status import gather, timer_lines
 from reel.services.executor.app import serve as executor_serve
 from reel.services.recovery.app import serve as recovery_serve
 from reel.services.rewind.app import serve as rewind_serve
@@ -75,6 +76,14 @@ async def test_a_sleep_step_rests_the_run_and_recovery_wakes_it_at_its_time(
         assert "nap" not in asleep.branches[asleep.active_branch].attempts
         wake = timers.next_wake(asleep)
         assert wake is not None
+
+        async def reported() -> dict[str, Any] | None:  # reel status: recovery's timers line
+            report = await gather(infra, cfg, timeout_s=0.5)
+            return next((t for t in report["timers"] if t["sleeping"] == 1), None)
+        line = await wait_until(reported, timeout_s=10, what="reel status to report the sleeping run")
+        assert line["next_wake"].endswith(run_id), line
+        assert f"timers (recovery {line['instance_id']}): 1 run sleeping, next wake" in str(
+            timer_lines([line])[0])
         done = await wait_state(event_log, run_id, lambda s: s.status == "completed", timeout_s=30,
                                 what="the run to wake and finish")
     woke = next(e for e in await commits(event_log, run_id) if isinstance(e, RunWoke))
