@@ -134,3 +134,23 @@ def test_a_sleep_step_wakes_for_s_after_it_is_reached_or_at_its_time() -> None:
     assert nap.wake_ms(1000) == 2500
     until = parse_workflow(_sleep(until="2026-12-02T08:00:00+01:00")).sleep("nap")
     assert until.wake_ms(0) == until.wake_ms(10**13) == 1796194800000
+
+
+def test_reel_show_and_the_ui_say_when_a_sleeping_run_wakes() -> None:
+    from rich.console import Console
+
+    from reel.services.timeline.render import event_line, timeline, utc
+    from reel.services.ui.app import _env
+    from reel.services.ui.runview import run_page
+
+    asleep, at_time = at(103), utc(T + 60_003)
+    assert at_time == "2026-09-21T14:14:20.003Z"
+    console = Console(width=200, record=True)
+    console.print(timeline(asleep))
+    shown = console.export_text()
+    assert f"status sleeping  wakes {at_time} (nap)" in shown
+    assert str(event_line(103, LOG[3][1].events[0])).endswith(f"sleeping until {at_time} (60 s; nap)")
+    html = _env().get_template("_run_body.html").render(p=run_page(asleep), branch_param="main", page_bytes=100)
+    assert f'<dd id="run-wakes">{at_time} (nap)</dd>' in html and 'class="badge s-sleeping">sleeping<' in html
+    assert "run-wakes" not in _env().get_template("_run_body.html").render(p=run_page(at(104)), branch_param="main",
+                                                                              page_bytes=100)
