@@ -73,8 +73,6 @@ class CallContext:
 
     def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> None:
         self.call = CallId(run_id, branch_id, step_id, attempt)
-        self.run_id, self.branch_id, self.step_id, self.attempt = run_id, branch_id, step_id, attempt
-        self.key = self.call.key
         self.truncated = False
 
 
@@ -115,12 +113,13 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
 async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: dict[str, Any],
                       ctx: CallContext) -> str:
     kwargs = dict(arguments)
-    ledger.record(SideEffect(kind="python", run_id=ctx.run_id, branch_id=ctx.branch_id, step_id=ctx.step_id,
-                             attempt=ctx.attempt, tool=tool.name))  # reel chaos counts calls (off by default)
+    c = ctx.call
+    ledger.record(SideEffect(kind="python", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
+                             attempt=c.attempt, tool=tool.name))  # reel chaos counts calls (off by default)
     if _accepts(fn, "idempotency_key"):
-        kwargs["idempotency_key"] = ctx.key
+        kwargs["idempotency_key"] = c.key
     if _accepts(fn, "attempt"):
-        kwargs["attempt"] = ctx.attempt
+        kwargs["attempt"] = c.attempt
     try:
         if inspect.iscoroutinefunction(fn):
             result = await asyncio.wait_for(fn(**kwargs), tool.timeout_s)
@@ -182,7 +181,7 @@ def _run_recorded(tool: AgentToolSpec, call_id: str) -> str:
 
 
 async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_tools: PythonTools) -> str:
-    """Run attempt ``ctx.attempt`` of ``call`` (name and raw arguments as declared); its output text.
+    """Run attempt ``ctx.call.attempt`` of ``call`` (name and raw arguments as declared); its output text.
 
     Raises:
         ToolError: with the kinds of the module docstring (never anything else for what a model
