@@ -13,7 +13,9 @@ over server-sent events (sse-starlette). Routes:
 * ``GET /runs/{run_id}/row?status=&q=`` — ``{run_id, html}`` (its runs-page row) or ``{run_id, remove: true}``
   (it does not match the filter);
 * ``GET /runs/{run_id}?branch=`` — a run: failure summary, lineage graph, timeline, partitions, viewers,
-  verdicts; ``GET /runs/{run_id}/body?branch=`` — the same page's body alone (what live updates swap in);
+  verdicts; ``GET /runs/{run_id}/body?branch=`` — the same page's body alone; ``GET
+  /runs/{run_id}/delta?since=LSN&branch=`` — what changed in that body since the render at head ``since``
+  (:mod:`reel.services.ui.fragments`), or the whole body when the server no longer has that render;
 * ``GET /runs/{run_id}/commits?after=LSN`` — ``{head_lsn, status, outcome, commits: [{lsn, lines}], more}``:
   the commits above ``after`` (at most :data:`MAX_COMMITS`; if ``more``, ``head_lsn`` is the last one's);
 * ``GET /runs/{run_id}/blobs/{sha256}?offset=&length=&format=json|html`` — a page of a body the
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -47,11 +50,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from reel.services.timeline.render import event_line, how_to_answer
-from reel.services.ui import chat, pages
+from reel.services.ui import chat, fragments, pages
 from reel.services.ui.actions import Actions
 from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, check_run_id
-from reel.services.ui.runview import DROP_REASONS, attempt_anchor, attempt_partition, run_page, step_anchor
+from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
@@ -86,6 +89,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
     (``None``: any)."""
     env = _env()
     token = new_token() if actions is not None else ""
+    renders = fragments.Renders()
     common = {"namespace": reader.namespace, "server": server, "statuses": pages.STATUSES,
               "actions_by": actions.operator if actions is not None else "", "csrf_token": token}
 
@@ -126,7 +130,8 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
             return JSONResponse({"run_id": run_id, "remove": True})
         return JSONResponse({"run_id": run_id, "html": env.get_template("_row.html").render(**common, r=found)})
 
-    async def _page(request: Request, template: str) -> Response:
+    async def _body(request: Request) -> tuple[RunPage, str, str] | Response:
+        """(the page, the branch parameter, the rendered body) of a run page, or the error page."""
         run_id, branch = request.path_params["run_id"], request.query_params.get("branch") or None
         corrupt = None
         try:
@@ -141,14 +146,47 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
             state, corrupt = exc.state, exc.corruption
         if branch is not None and branch not in state.branches:
             return error(404, f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
-        return html(template, p=run_page(state, branch, corrupt=corrupt), branch_param=branch or "",
-                    page_bytes=page_bytes)
+        p = run_page(state, branch, corrupt=corrupt)
+        body = env.get_template("_run_body.html").render(**common, p=p, branch_param=branch or "",
+                                                         page_bytes=page_bytes)
+        return p, branch or "", body
+
+    def _remember(state: RunState, branch: str, body: str) -> list[fragments.Fragment]:
+        parts = fragments.split(body)
+        renders.put((state.run_id, branch), state.head_lsn, fragments.manifest(parts))
+        return parts
 
     async def run(request: Request) -> Response:
-        return await _page(request, "run.html")
+        got = await _body(request)
+        if isinstance(got, Response):
+            return got
+        p, branch, body = got
+        _remember(p.state, branch, body)
+        return html("run.html", p=p, body=markupsafe.Markup(body), branch_param=branch, page_bytes=page_bytes)
 
     async def run_body(request: Request) -> Response:
-        return await _page(request, "_run_body.html")
+        got = await _body(request)
+        return got if isinstance(got, Response) else HTMLResponse(got[2])
+
+    async def run_delta(request: Request) -> Response:
+        try:
+            since = int(request.query_params.get("since", "-1"))
+        except ValueError as exc:
+            return JSONResponse({"error": f"since is an LSN: {exc}"}, 400)
+        got = await _body(request)
+        if isinstance(got, Response):
+            return JSONResponse({"error": "the run page cannot be rendered", "status": got.status_code},
+                                got.status_code)
+        state, branch, body = got[0].state, got[1], got[2]
+        old = renders.get((state.run_id, branch), since)
+        d = None if old is None else fragments.delta(old, _remember(state, branch, body))
+        if old is None:
+            _remember(state, branch, body)
+        axis = {"lo": state.created_lsn, "hi": state.head_lsn, "n": max(1, state.head_lsn - state.created_lsn)}
+        if d is None:
+            return JSONResponse({"head_lsn": state.head_lsn, "axis": axis, "full": body})
+        return JSONResponse({"head_lsn": state.head_lsn, "axis": axis, "removed": [list(r) for r in d.removed],
+                             "changes": [list(c) for c in d.changes]})
 
     async def run_partition(request: Request) -> Response:
         run_id, step_id = request.path_params["run_id"], request.path_params["step_id"]
@@ -235,6 +273,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
     routes = [
         Route("/", runs), Route("/live", live), Route("/heads", heads), Route("/runs/{run_id}", run),
         Route("/runs/{run_id}/row", row), Route("/runs/{run_id}/body", run_body),
+        Route("/runs/{run_id}/delta", run_delta),
         Route("/runs/{run_id}/commits", run_commits),
         Route("/runs/{run_id}/partitions/{step_id}/{attempt}", run_partition),
         Route("/runs/{run_id}/blobs/{sha256}", blob),

@@ -231,8 +231,8 @@ def test_markup_in_a_run_is_escaped_by_the_templates() -> None:
 def test_templates_and_script_ship_with_the_package() -> None:
     ui = Path(__file__).resolve().parents[2] / "services" / "ui"
     assert {p.name for p in (ui / "templates").iterdir()} >= {"base.html", "runs.html", "run.html", "_run_body.html"}
-    assert (ui / "static" / "ui.js").read_text().count("innerHTML") == 3  # server-rendered fragments only: a row,
-    # the run body, a conversation (/runs/<id>/blobs/<sha>?format=chat&fragment=1)
+    assert (ui / "static" / "ui.js").read_text().count("innerHTML") == 4  # server-rendered fragments only: a row,
+    # the run body, a fragment of it (/runs/<id>/delta), a conversation (/runs/<id>/blobs/<sha>?format=chat&fragment=1)
 
 
 def test_the_run_header_shows_spend_against_budget_and_the_end_reason() -> None:

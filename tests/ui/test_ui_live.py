@@ -1,6 +1,7 @@
 """``reel ui`` live, and escaped: a run waiting for approval is open in the browser; approving it from the
 command line moves the page (new commits in the live log, the request answered, the run completed) with no
-reload; markup in a tool's arguments and output, and in the approver's name, shows as text and never runs."""
+reload, by deltas (a step that was over keeps its element; the whole body is never fetched again); markup in
+a tool's arguments and output, and in the approver's name, shows as text and never runs."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ async def test_a_run_moves_live_and_markup_stays_text(cfg, event_log: JetStreamE
             assert b.find_element(By.CSS_SELECTOR, 'article[data-step="ship:t1:c0"] pre.tool-args').text == ARGS
             assert not b.find_elements(By.CSS_SELECTOR, "#live-log li")
 
+            # a step that is over: the updates to come leave its element alone (they send only what changed)
+            kept = b.execute_script("const a = [...document.querySelectorAll('article.step')].find("
+                                    "e => e.dataset.status === 'succeeded'); a.__kept = 1; return a.id")
             code, out, err = await reel(cfg, "approve", run_id, request["request_id"], "--by", BY, env=env)
             assert code == 0, (out, err)
             done = await event_log.load(run_id)
@@ -62,6 +66,11 @@ async def test_a_run_moves_live_and_markup_stays_text(cfg, event_log: JetStreamE
             new = [lsn for lsn, _ in await event_log.read(run_id, from_lsn=waiting.head_lsn + 1)]
             assert lsns == new and lsns[-1] == done.head_lsn, (lsns, new)
             assert b.find_element(By.ID, "run-head").get_attribute("data-head") == str(done.head_lsn)
+            assert b.execute_script("return document.getElementById(arguments[0]).__kept", kept) == 1, kept
+            fetched = b.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+            assert any("/delta?since=" in u for u in fetched), fetched
+            assert not any(u.split("?")[0].endswith("/body") for u in fetched), fetched  # never the whole body
+            assert b.find_element(By.ID, "run").get_attribute("data-last-update") == "delta"
             answered = b.find_element(By.CSS_SELECTOR, f'.input[data-request="{request["request_id"]}"]')
             assert answered.get_attribute("data-request-status") == "approved"
             assert f"approved by {BY} at lsn" in answered.text

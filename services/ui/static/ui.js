@@ -2,7 +2,7 @@
 // Both pages follow one live feed per browser (liveFeed: SSE /live shared through a SharedWorker, else
 // polling /heads), stopped while the page is hidden. Runs page: rows replaced/inserted as runs move
 // (/runs/<id>/row). Run page: lazy blob viewers paged by byte range, the live commit log
-// (/runs/<id>/commits) and body refresh (/runs/<id>/body). Text is set with textContent
+// (/runs/<id>/commits) and the body's changed fragments (/runs/<id>/delta). Text is set with textContent
 // only, never parsed as HTML, except row/body/conversation fragments the server rendered (and escaped).
 "use strict";
 
@@ -179,6 +179,42 @@ function editing(root) {
   return false;
 }
 
+// The run body's fragments by key, as services/ui/fragments.py keys them: a container's (the body's, or the
+// timeline's) child elements by id, or "~N" for the N-th child without one.
+function fragmentsOf(container) {
+  const map = new Map();
+  let n = 0;
+  for (const el of container.children) map.set(el.id || `~${n++}`, el);
+  return map;
+}
+
+// Apply a /runs/<id>/delta answer to the body: remove, then replace or insert each changed fragment (HTML the
+// server rendered and escaped). False if the page does not hold what the delta refers to (take the whole body).
+function applyDelta(body, m) {
+  const parentOf = (c) => (c ? body.querySelector(`#${CSS.escape(c)}`) : body);
+  const maps = new Map();
+  for (const [c] of [...m.removed, ...m.changes]) {
+    if (maps.has(c)) continue;
+    const parent = parentOf(c);
+    if (!parent) return false;
+    maps.set(c, fragmentsOf(parent));
+  }
+  for (const [c, k] of m.removed) { const el = maps.get(c).get(k); if (el) el.remove(); maps.get(c).delete(k); }
+  for (const [c, k, after, html] of m.changes) {
+    const map = maps.get(c);
+    const tpl = document.createElement("template");
+    tpl.innerHTML = html;
+    const el = tpl.content.firstElementChild;
+    const old = map.get(k);
+    if (old) old.replaceWith(el);
+    else if (after === null) parentOf(c).prepend(el);
+    else if (map.get(after)) map.get(after).after(el);
+    else return false;
+    map.set(k, el);
+  }
+  return true;
+}
+
 function runPage(run) {
   const id = run.dataset.run;
   const branch = run.dataset.branch;
@@ -189,23 +225,24 @@ function runPage(run) {
   let head = shown;
   let busy = false;
 
-  async function refresh() {
+  async function refresh() {  // the body at the new head: only the fragments that changed (/runs/<id>/delta)
     if (busy || head <= shown) return;
     if (editing(body)) { setTimeout(refresh, 500); return; }
     busy = true;
-    const want = head;
     try {
-      const r = await fetch(`/runs/${encodeURIComponent(id)}/body${branch ? `?branch=${encodeURIComponent(branch)}` : ""}`);
+      const q = new URLSearchParams({ since: String(shown) });
+      if (branch) q.set("branch", branch);
+      const r = await fetch(`/runs/${encodeURIComponent(id)}/delta?${q}`);
       if (!r.ok) return;
-      const html = await r.text();
+      const m = await r.json();
       const kept = new Map();  // open viewers keep their text and place
       for (const v of body.querySelectorAll("details.viewer[open]")) {
         kept.set(v.dataset.key, { text: v.querySelector("pre.blob-text").textContent, next: v.dataset.next,
                                   loaded: v.dataset.loaded, progress: v.querySelector(".progress").textContent,
                                   more: v.querySelector("button.more").hidden });
       }
-      body.innerHTML = html;
-      for (const v of body.querySelectorAll("details.viewer")) {
+      if (typeof m.full === "string" || !applyDelta(body, m)) body.innerHTML = m.full ?? await wholeBody();
+      for (const v of body.querySelectorAll("details.viewer:not([open])")) {  // the re-rendered ones
         const k = kept.get(v.dataset.key);
         if (!k) continue;
         v.querySelector("pre.blob-text").textContent = k.text;
@@ -214,12 +251,21 @@ function runPage(run) {
         v.querySelector("button.more").hidden = k.more;
         v.open = true;
       }
-      shown = Number(document.getElementById("run-head").dataset.head) || want;
+      for (const k of ["lo", "hi", "n"]) body.style.setProperty(`--${k}`, String(m.axis[k]));  // the bars' LSN axis
+      shown = m.head_lsn;
       run.dataset.shown = String(shown);
+      run.dataset.updates = String(Number(run.dataset.updates || 0) + 1);
+      run.dataset.lastUpdate = typeof m.full === "string" ? "full" : "delta";
     } finally {
       busy = false;
       if (head > shown) setTimeout(refresh, 200);
     }
+  }
+
+  async function wholeBody() {
+    const r = await fetch(`/runs/${encodeURIComponent(id)}/body${branch ? `?branch=${encodeURIComponent(branch)}` : ""}`);
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    return r.text();
   }
 
   let fetching = false, again = false;
