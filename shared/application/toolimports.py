@@ -129,7 +129,9 @@ def _folders_of(spec: ModuleSpec) -> list[str]:
 
 
 def resolve_tool(path: str, search: Sequence[str] | None = None) -> Callable[..., Any]:
-    """The callable named by ``module:function``, its module looked up in ``search`` (default: the working folder
+    """The callable named by ``module:function`` (of a ``@reel.tool`` function, the tool's ``served`` callable: the
+    model's arguments converted to the hinted types, ``attempt`` and ``idempotency_key`` filled in — what an
+    in-process executor calls), its module looked up in ``search`` (default: the working folder
     only, :func:`tool_search_path` of ``None``) and then among the installed packages.
 
     Raises:
@@ -155,7 +157,8 @@ def resolve_tool(path: str, search: Sequence[str] | None = None) -> Callable[...
     fn = getattr(module, attr)
     if not callable(fn):
         raise TypeError(f"{path} is a {type(fn).__name__}, not a callable")
-    return fn  # type: ignore[no-any-return]
+    served = getattr(fn, "served", None)  # a @reel.tool (reel.FunctionTool): what reel.local() and Worker call too
+    return served if callable(served) and isinstance(getattr(fn, "path", None), str) else fn  # type: ignore[no-any-return]
 
 
 PythonTools = Mapping[tuple[str, str], Callable[..., Any]]

@@ -1,4 +1,5 @@
-"""Python tools of tests/integration/test_timers.py: a poller that asks to be run again until its third attempt."""
+"""Python tools of tests/integration/test_timers.py: a poller that asks to be run again until its third attempt
+(a ``@reel.tool`` named by its path, as a ``reel up`` executor imports it: its ``attempt`` is filled in)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import reel
 
 
+@reel.tool
 def poll(job: str, attempt: int) -> Any:
     """Whether ``job`` is done; asks to be run again 0.5 s later until its third attempt."""
     if attempt < 3:
