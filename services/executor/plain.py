@@ -43,6 +43,7 @@ from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.packer import accounted, pack, reserving
 from reel.shared.core.run import budget, codeids, timers
 from reel.shared.core.run import planning as plan
+from reel.shared.core.run.crashpoints import commit_points, point_name
 from reel.shared.core.run.events import (
     AnyEvent,
     AttemptCancelled,
@@ -255,11 +256,11 @@ class PlainSteps:
             state = done
         else:
             p = prepared
-        self.a.crash_if(f"{action.step_id}:{action.attempt}:after_intent")
+        self.a.crash_if(point_name(action.step_id, action.attempt, "after_intent"))
         kind = {"tool": p.step.tool.type} if isinstance(p.step, ToolStep) else {"prompt_tokens": p.prompt_tokens}
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
         event, body = await self._side_effect(state, p, interrupt)
-        self.a.crash_if(f"{action.step_id}:{action.attempt}:after_run")
+        self.a.crash_if(point_name(action.step_id, action.attempt, "after_run"))
         if isinstance(event, AttemptFailed) and event.error_kind == RESUME_AFTER:
             return await self._commit_resume(state, event)
         return await self._commit_outcome(state, p, event, body, await self._next(state, spec, event, cursor))
@@ -311,7 +312,7 @@ class PlainSteps:
         whose prompt is missing (a prompt the store refused fails the attempt, retryable)."""
         ref = p.intent.prompt_ref
         events = [*before, p.intent]
-        self.a.crash_if(f"{p.action.step_id}:{p.action.attempt}:before_intent")
+        self.a.crash_if(*commit_points(events).before_intent)
         blob = None if ref is None or is_inline(ref) else await self.a.blobs.put_async(p.prompt.encode())
         sent = await self.a.send(state, events)
         stored = (await asyncio.gather(blob, return_exceptions=True))[0] if blob is not None else None
@@ -400,7 +401,7 @@ class PlainSteps:
         (each if needed), then the commit of the outcome (and ``nxt``'s intent). A blob refused while the
         commit lands is written again (its ref is content-addressed) before the run moves on; a lost
         marker only matters if the commit is lost too."""
-        a, action = self.a, p.action
+        a = self.a
         bodies: list[tuple[bytes, str]] = []
         if isinstance(event, AttemptSucceeded) and body is not None and not is_inline(event.output_ref):
             bodies.append((body, event.output_ref.media_type))
@@ -412,13 +413,13 @@ class PlainSteps:
             bodies.append((nxt.prompt.encode(), nref.media_type))
         marks = [event] if isinstance(event, AttemptSucceeded) and needs_marker(p.step) else []
         head = state.head_lsn
-        if nxt is not None:
-            a.crash_if(f"{nxt.action.step_id}:{nxt.action.attempt}:before_intent")
-        sent = await a.send_with(state, [event, nxt.intent] if nxt is not None else [event], bodies, marks,
-                                 crash_point=f"{action.step_id}:{action.attempt}:after_output")
+        events: list[AnyEvent] = [event, nxt.intent] if nxt is not None else [event]
+        points = commit_points(events)  # fault injection, as for every commit (shared/core/run/crashpoints.py)
+        a.crash_if(*points.before_intent)
+        sent = await a.send_with(state, events, bodies, marks, crash_point=points.after_output)
         done = await a.commit(state, outcome_then(event, head, nxt), sent=sent)
         if isinstance(done, Committed):
-            a.crash_if(f"{action.step_id}:{action.attempt}:after_outcome")
+            a.crash_if(*commit_points(done.events).after_commit)
         if isinstance(done, Decided):
             log.info("attempt.outcome_already_recorded", lsn=done.state.head_lsn)
         elif any(isinstance(e, AttemptCancelled) for e in done.events):
