@@ -141,3 +141,16 @@ async def test_a_command_past_its_cap_shows_the_model_its_head_marked_truncated(
 def test_an_agent_tool_cap_below_one_byte_is_refused_at_load() -> None:
     with pytest.raises(WorkflowInvalid, match=r"max_output_bytes must be >= 1 \(at `\$\.steps\[0\]\.tools\[0\]"):
         _agent([{"name": "big", "command": ["true"], "max_output_bytes": 0}])
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [("timeout_s", 0, "timeout_s must be > 0"),
+                                                      ("timeout_s", -1, "timeout_s must be > 0"),
+                                                      ("max_output_bytes", 0, "max_output_bytes must be >= 1")])
+def test_a_tool_step_and_an_agent_tool_refuse_the_same_limits_alike(field: str, value: int, says: str) -> None:
+    with pytest.raises(WorkflowInvalid) as plain:
+        parse_workflow({"name": "w", "steps": [{"kind": "tool", "id": "t", "tool": {
+            "type": "command", "argv": ["true"], field: value}}]})
+    with pytest.raises(WorkflowInvalid) as agent:
+        _agent([{"name": "x", "command": ["true"], field: value}])
+    assert f"{says} (at `$.steps[0].tool.{field}`)" in plain.value.message
+    assert f"{says} (at `$.steps[0].tools[0].{field}`)" in agent.value.message

@@ -29,7 +29,7 @@ import msgspec
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.input.requestevents import DECISIONS, Decision, RequestKind
-from reel.shared.core.workflow.toolspec import OnOverflow, OutputLimit
+from reel.shared.core.workflow.toolspec import OnOverflow, OutputLimit, check_limits
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What chat-completions endpoints accept as a function name."""
@@ -196,10 +196,7 @@ def check_tool(tool: AgentToolSpec, at: str) -> None:
                               f" {tool.parameters.get('type')!r} (at `{at}.parameters.type`)")
     if tool.max_attempts < 1:
         raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{at}.max_attempts`)")
-    if tool.timeout_s <= 0:
-        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
-    if isinstance(tool.max_output_bytes, int) and tool.max_output_bytes < 1:
-        raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{at}.max_output_bytes`)")
+    check_limits(tool, at)
     check_process_env(tool, tool.command is not None, at)
 
 

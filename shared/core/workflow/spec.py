@@ -49,6 +49,7 @@ from reel.shared.core.workflow.modelspec import ScriptedToolCall as ScriptedTool
 from reel.shared.core.workflow.modelspec import ScriptedTurn as ScriptedTurn
 from reel.shared.core.workflow.modelspec import check_model_spec
 from reel.shared.core.workflow.toolspec import ToolSpec as ToolSpec
+from reel.shared.core.workflow.toolspec import check_limits
 
 
 class ContextItemSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -394,8 +395,7 @@ def _check_tool(step: ToolStep, earlier: set[str], where: str) -> None:
         raise WorkflowInvalid(f"command tool needs `argv` (at `{where}.tool.argv`)")
     if t.stdin_from is not None and t.stdin_from not in earlier:
         raise WorkflowInvalid(f"stdin_from {t.stdin_from!r} is not an earlier step (at `{where}.tool.stdin_from`)")
-    if isinstance(t.max_output_bytes, int) and t.max_output_bytes < 1:
-        raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{where}.tool.max_output_bytes`)")
+    check_limits(t, f"{where}.tool")
     check_process_env(t, t.type == "command", f"{where}.tool")
 
 

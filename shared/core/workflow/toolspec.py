@@ -14,6 +14,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.workflow.modelspec import ScriptedOutput
 
 OnOverflow = Literal["fail", "truncate"]
@@ -70,14 +71,30 @@ class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Capped(Protocol):
-    """A tool spec with an output cap: :class:`ToolSpec`,
+    """A tool spec with a deadline and an output cap: :class:`ToolSpec`,
         :class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`."""
+
+    @property
+    def timeout_s(self) -> float: ...
 
     @property
     def max_output_bytes(self) -> int | msgspec.UnsetType: ...
 
     @property
     def on_overflow(self) -> OnOverflow | msgspec.UnsetType: ...
+
+
+def check_limits(tool: Capped, at: str) -> None:
+    """The checks of a tool's deadline and output cap at field path ``at`` — a tool step's ``tool`` and an agent's
+    tool alike.
+
+    Raises:
+        WorkflowInvalid: ``timeout_s`` not > 0, or ``max_output_bytes`` < 1 (naming the field).
+    """
+    if tool.timeout_s <= 0:
+        raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")
+    if isinstance(tool.max_output_bytes, int) and tool.max_output_bytes < 1:
+        raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{at}.max_output_bytes`)")
 
 
 def output_limit(tool: Capped, default: OutputLimit) -> OutputLimit:
