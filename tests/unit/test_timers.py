@@ -154,3 +154,13 @@ def test_reel_show_and_the_ui_say_when_a_sleeping_run_wakes() -> None:
     assert f'<dd id="run-wakes">{at_time} (nap)</dd>' in html and 'class="badge s-sleeping">sleeping<' in html
     assert "run-wakes" not in _env().get_template("_run_body.html").render(p=run_page(at(104)), branch_param="main",
                                                                               page_bytes=100)
+
+
+def test_the_step_a_run_sleeps_on_reads_sleeping_until_it_wakes() -> None:
+    from reel.shared.core.run.views import build_episode_view
+
+    def status_of(lsn: int, step: str) -> str:
+        return next(s.status for s in build_episode_view(at(lsn)).steps if s.step_id == step)
+
+    assert status_of(103, "nap") == "sleeping" and status_of(104, "nap") == "pending"
+    assert status_of(107, "poll") == "sleeping" and status_of(108, "poll") == "retrying"

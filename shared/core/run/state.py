@@ -77,6 +77,7 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
     AWAITING_INPUT = "awaiting_input"  # a tool call whose input request is open
+    SLEEPING = "sleeping"  # the step a sleeping run's timer waits on (views only: its sleep, or its resume_after)
 
 
 # The members again as module names, for the per-step loops below and in the fold: reading

@@ -25,6 +25,7 @@ from reel.shared.core.run.state import (
     RunState,
     RunStatus,
     StepStatus,
+    Timer,
     attempts_status,
     step_statuses,
 )
@@ -209,8 +210,10 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
     steps: list[StepView] = []
     totals = [0, 0, 0.0, 0.0]
     cancelled = state.status == RunStatus.CANCELLED and bid == state.active_branch  # cancel stops the active one
+    timer = branch.timer if state.status == RunStatus.SLEEPING and bid == state.active_branch else None
+    asleep = timer.step_id if isinstance(timer, Timer) else None  # the step the run's timer waits on
     for decl, derived in zip(state.steps, step_statuses(state, bid), strict=True):
-        status = stopped_by_cancel(derived, cancelled)
+        status = StepStatus.SLEEPING if decl.step_id == asleep else stopped_by_cancel(derived, cancelled)
         if decl.kind == "agent":
             steps.extend(_agent_views(branch, decl.step_id, status, totals, cancelled))
             continue
