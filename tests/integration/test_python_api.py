@@ -352,6 +352,35 @@ async def test_a_kept_store_resumes_a_run_in_a_later_local_block(tmp_path: Path)
         assert (await client.get(run_id).result(timeout_s=10)).status == "completed"
 
 
+async def test_a_sleep_step_and_a_tool_that_asks_to_be_resumed_wait_and_result_waits_through_them(
+        local: reel.Client) -> None:
+    """``reel.SleepStep`` in a ``reel.Workflow`` and ``reel.resume_after`` from a function tool: the run sleeps
+    (status ``sleeping``), recovery wakes it, ``handle.result()`` returns the finished run."""
+    flow = reel.Workflow(name="nap", steps=(
+        reel.ToolStep(id="before", tool=reel.ToolSpec(type="recorded", output="one")),
+        reel.SleepStep(id="nap", for_s=0.5)))
+    handle = await local.start(flow)
+    done = await handle.result(timeout_s=60)
+    assert done.status == "completed" and done.passed, done
+    state = await handle.state()
+    assert [a.status for a in state.branches[state.active_branch].attempts["nap"]] == ["succeeded"]
+
+    polls: list[int] = []
+
+    @reel.tool
+    def build_ready(attempt: int) -> str:
+        """Whether the build is ready."""
+        polls.append(attempt)
+        return "ready" if attempt >= 2 else reel.resume_after(0.3, "still building")  # type: ignore[return-value]
+
+    agent = reel.Agent(name="waiter", instructions="Wait for the build.", tools=[build_ready],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "build_ready", "arguments": {}}]},
+                                                       {"text": "the build is ready"}]))
+    result = await (await local.start(agent, input="Is the build ready?")).result(timeout_s=60)
+    assert result.status == "completed" and result.output == "the build is ready", result
+    assert polls == [1, 2]
+
+
 async def test_connect_with_an_auth_directory(tmp_path: Path) -> None:
     """``Client.connect(auth=DIR)`` logs in as the directory's client role on an auth-on server."""
     from tests.integration.authserver import auth_server, services_as_roles
