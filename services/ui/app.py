@@ -7,9 +7,11 @@ is text) and work without JavaScript; ``static/ui.js`` enhances them with live u
 over server-sent events (sse-starlette). Routes:
 
 * ``GET /`` — the runs (id, status, outcome, workflow, age, head LSN); filter ``?status=&q=``;
-* ``GET /live`` — SSE, one per browser (the pages share it, ``static/live-worker.js``): ``moved``
-  ``{run_ids}`` (runs that got a commit); ``GET /heads`` — ``{run_id: head_lsn}``, what a page polls
-  instead where it cannot share the stream;
+* ``GET /live?tokens=r-…,r-…`` — SSE, one per browser (the pages share it, ``static/live-worker.js``): ``ready``
+  ``{tokens}`` once it follows (the runs whose tokens it forwards), ``moved`` ``{run_ids}`` (runs that got a
+  commit), ``tokens`` ``{chunks: [{run_id, branch, step, attempt, seq, content?, tool_calls?, done?, …}]}``
+  (what the runs' model attempts stream on core NATS, docs/subjects.md);
+  ``GET /heads`` — ``{run_id: head_lsn}``, what a page polls instead where it cannot share the stream;
 * ``GET /runs/{run_id}/row?status=&q=`` — ``{run_id, html}`` (its runs-page row) or ``{run_id, remove: true}``
   (it does not match the filter);
 * ``GET /runs/{run_id}?branch=`` — a run: failure summary, lineage graph, timeline, partitions, viewers,
@@ -42,6 +44,7 @@ from typing import Any
 
 import jinja2
 import markupsafe
+import msgspec
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -53,7 +56,7 @@ from reel.services.timeline.render import event_line, how_to_answer
 from reel.services.ui import chat, fragments, pages
 from reel.services.ui.actions import Actions
 from reel.services.ui.forms import LOOPBACK, action_routes, new_token
-from reel.services.ui.reader import NotARunId, RunReader, check_run_id
+from reel.services.ui.reader import NotARunId, RunReader, StreamedChunk, check_run_id
 from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
@@ -64,6 +67,8 @@ HERE = Path(__file__).parent
 SHA256_HEX = frozenset("0123456789abcdef")
 MAX_COMMITS = 500
 """Most commits one ``/runs/<id>/commits`` answer carries (the page asks again from the last one's LSN)."""
+MAX_TOKEN_RUNS = 32
+"""Most runs one ``/live`` stream forwards streamed tokens of."""
 
 
 def _env() -> jinja2.Environment:
@@ -105,14 +110,37 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return html("runs.html", rows=rows, status=status, q=q)
 
     async def live(request: Request) -> Response:
+        try:
+            token_runs = sorted({check_run_id(r) for r in request.query_params.get("tokens", "").split(",") if r})
+        except NotARunId as exc:
+            return JSONResponse({"error": f"tokens: {exc}"}, 400)
+        if len(token_runs) > MAX_TOKEN_RUNS:
+            return JSONResponse({"error": f"tokens: {len(token_runs)} runs, at most {MAX_TOKEN_RUNS}"}, 400)
+
         async def gen() -> AsyncIterator[ServerSentEvent]:
-            async with reader.moved_runs() as moved:
-                yield ServerSentEvent(event="ready", data="{}")
+            merged: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=1000)  # full: the readers queue, then drop
+
+            async def pump(kind: str, q: asyncio.Queue[Any]) -> None:
                 while True:
-                    ids = {await moved.get()}
-                    while not moved.empty():
-                        ids.add(moved.get_nowait())
-                    yield ServerSentEvent(event="moved", data=json.dumps({"run_ids": sorted(ids)}))
+                    await merged.put((kind, await q.get()))
+
+            async with reader.moved_runs() as moved, reader.tokens(token_runs) as streamed:
+                pumps = [asyncio.create_task(pump("moved", moved)), asyncio.create_task(pump("tokens", streamed))]
+                try:
+                    yield ServerSentEvent(event="ready", data=json.dumps({"tokens": token_runs}))
+                    while True:
+                        got = [await merged.get()]
+                        while not merged.empty():
+                            got.append(merged.get_nowait())
+                        ids = sorted({v for k, v in got if k == "moved"})
+                        chunks = [_token(v) for k, v in got if k == "tokens"]
+                        if chunks:
+                            yield ServerSentEvent(event="tokens", data=json.dumps({"chunks": chunks}))
+                        if ids:
+                            yield ServerSentEvent(event="moved", data=json.dumps({"run_ids": ids}))
+                finally:
+                    for t in pumps:
+                        t.cancel()
 
         return EventSourceResponse(gen(), ping=10)
 
@@ -281,6 +309,12 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)
+
+
+def _token(s: StreamedChunk) -> dict[str, Any]:
+    """A streamed message as ``/live`` sends it: the attempt it belongs to and the chunk's fields that are set."""
+    return {"run_id": s.run_id, "branch": s.branch_id, "step": s.step_id, "attempt": s.attempt,
+            **msgspec.to_builtins(s.chunk)}
 
 
 def _commits(state: RunState, new: list[tuple[int, Any]]) -> dict[str, Any]:

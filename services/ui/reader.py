@@ -7,6 +7,9 @@ and exposes nothing that publishes: no ``command``, ``start``, ``cancel``, ``rew
 reads are Direct Gets on the events, snapshots and blobs streams and its own ordered
 consumers.
 
+Streamed tokens (:meth:`RunReader.tokens`) are read from their core-NATS subjects, which the ``viewer``
+role may subscribe to; nothing is published.
+
 Caches (all bounded): the folded state of the last :data:`STATE_CACHE` runs viewed,
 brought up to date with only the commits above it (:meth:`JetStreamEventLog.refresh`),
 and the last blob bodies read, up to :data:`BLOB_CACHE_BYTES` in total. A body larger than
@@ -19,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nats.js import api as jsapi
 
 from reel.services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_span, run_row
@@ -30,6 +35,7 @@ from reel.shared.core.run.events import BlobRef, Commit
 from reel.shared.core.run.ids import is_token
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
 from reel.shared.nats.blobread import ChunkIndex
 from reel.shared.nats.client import ReelClient
 
@@ -41,6 +47,22 @@ WHOLE_MAX_BYTES = 4 * 1024 * 1024
 """A body up to this size is read whole (and cached) to page it; a larger one is paged by byte range (bytes)."""
 INDEX_CACHE = 64
 """Chunk indexes of large bodies kept (:meth:`~reel.shared.nats.blobread.BlobReads.index`: a few ints per chunk)."""
+
+
+TOKEN_QUEUE = 10_000
+"""Streamed messages a :meth:`RunReader.tokens` queue holds before it drops new ones."""
+
+
+@dataclass(frozen=True)
+class StreamedChunk:
+    """One message of a model attempt's stream and the parts of its subject
+    (``<ns>.stream.<run_id>.<branch_id>.<step_id>.<attempt>``)."""
+
+    run_id: str
+    branch_id: str
+    step_id: str
+    attempt: int
+    chunk: StreamChunk
 
 
 class NotARunId(ValueError):
@@ -180,6 +202,46 @@ class RunReader:
         if upto_lsn <= after_lsn:
             return []
         return await self._client.log.read(check_run_id(run_id), from_lsn=after_lsn + 1, upto_lsn=upto_lsn)
+
+    @contextlib.asynccontextmanager
+    async def tokens(self, run_ids: Sequence[str]) -> AsyncIterator[asyncio.Queue[StreamedChunk]]:
+        """A queue of the streamed tokens of the runs' model attempts from now on, for the block.
+
+        One core-NATS subscription per run on ``<ns>.stream.<run_id>.>`` (docs/subjects.md; the ``viewer``
+        role's grant), at the server before this yields. Best effort, as the stream itself: a message that
+        does not decode, or one that finds the queue full (:data:`TOKEN_QUEUE`), is dropped — the page sees
+        the gap in ``seq`` — and the log keeps the whole response either way.
+
+        Raises:
+            NotARunId: a run id is not one token.
+        """
+        runs = [check_run_id(r) for r in run_ids]
+        queue: asyncio.Queue[StreamedChunk] = asyncio.Queue(maxsize=TOKEN_QUEUE)
+        prefix = self._names.stream_all.removesuffix(">")
+
+        async def on_msg(msg: Any) -> None:
+            parts = msg.subject.removeprefix(prefix).split(".")
+            if len(parts) != 4 or not parts[3].isdigit():
+                return
+            try:
+                chunk = decode_chunk(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(StreamedChunk(run_id=parts[0], branch_id=parts[1], step_id=parts[2],
+                                               attempt=int(parts[3]), chunk=chunk))
+
+        subs = []
+        try:
+            for rid in runs:
+                subs.append(await self._client.nc.subscribe(self._names.stream_run(rid), cb=on_msg))
+            if subs:
+                await self._client.nc.flush()  # the server has them: what is streamed from here on arrives
+            yield queue
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     @contextlib.asynccontextmanager
     async def moved_runs(self) -> AsyncIterator[asyncio.Queue[str]]:

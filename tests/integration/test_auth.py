@@ -192,6 +192,34 @@ async def test_a_client_receives_the_streamed_tokens_of_a_run_it_started(server:
     assert denied == [], f"a role lacks a permission it uses: {denied}"
 
 
+async def test_the_ui_reads_a_run_s_streamed_tokens_as_the_viewer_role(server: AuthServer,
+                                                                       chat_server: ChatServer) -> None:
+    """``reel ui``'s reader (:meth:`RunReader.tokens`, what ``/live?tokens=`` forwards) as the read-only viewer."""
+    from reel.services.ui.reader import RunReader
+
+    gate = asyncio.Event()
+    chat_server.script(streamed("Streamed to the viewer.", chunks=8, gate=gate))
+    spec = parse_workflow({"name": "streamed", "steps": [{"kind": "model", "id": "say", "context": [
+        {"id": "task", "text": "say it"}], "model": {"adapter": "openai", "base_url": chat_server.url,
+                                                    "model": "loopback-1", "timeout_s": 10, "stream": True}}]})
+    with info_logs() as logs:
+        async with services_as_roles(server, "executor"), client_of(server) as client, \
+                connected(server, "viewer") as nc:
+            reply = await client.start(spec, timeout_s=30)
+            assert reply.ok and reply.run_id
+            reader = RunReader(ReelClient(nc, server.cfg("viewer")))
+            got = []
+            async with reader.tokens([reply.run_id]) as queue:
+                gate.set()  # subscribed (the reader flushed): the model streams from here on
+                while not (got and got[-1].chunk.done):
+                    got.append(await asyncio.wait_for(queue.get(), 30))
+    assert "".join(c.chunk.content for c in got) == "Streamed to the viewer." and got[-1].chunk.finish_reason
+    assert {(c.run_id, c.branch_id, c.step_id, c.attempt) for c in got} == {(reply.run_id, "main", "say", 1)}
+    assert [c.chunk.seq for c in got] == list(range(len(got)))
+    denied = [line for line in logs if line["event"] == "nats.permission_denied"]
+    assert denied == [], f"a role lacks a permission it uses: {denied}"
+
+
 async def test_recovery_as_mutators_resolves_the_attempt_of_an_executor_that_died(
     server: AuthServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,6 +45,15 @@ class Hang:
         self.closed_at = 0.0
 
 
+class Pause:
+    """A :func:`streamed` response's stop mid-way: ``reached`` once the server has sent the chunks before it,
+    the rest sent once the test sets ``resume``."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.resume = asyncio.Event()
+
+
 @dataclass(frozen=True)
 class Behaviour:
     """What the server does with one request.
@@ -63,6 +72,8 @@ class Behaviour:
     chunks: tuple[dict[str, Any], ...] = ()
     cut_at: int | None = None
     gate: asyncio.Event | None = None
+    pause_at: int = 0
+    pause: Pause | None = None
 
 
 @dataclass(frozen=True)
@@ -160,17 +171,17 @@ def stream_deltas(text: str, tool_calls: Iterable[dict[str, Any]], chunks: int) 
 
 def streamed(text: str = "", tool_calls: Iterable[dict[str, Any]] = (), *, chunks: int = 20,
              cut_at: int | None = None, usage: tuple[int, int] = (12, 7), model: str = "loopback-1",
-             gate: asyncio.Event | None = None) -> Behaviour:
+             gate: asyncio.Event | None = None, pause_at: int = 0, pause: Pause | None = None) -> Behaviour:
     """A streamed 200 (``text/event-stream``): ``chunks`` chunks (:func:`stream_deltas`), then a usage chunk
     and ``[DONE]``; with ``cut_at``, the connection is cut after that many chunks; with ``gate``, the first
-    chunk waits until it is set."""
+    chunk waits until it is set; with ``pause``, the stream stops after ``pause_at`` chunks until it resumes."""
     frames = [{"id": "chatcmpl-loopback", "object": "chat.completion.chunk", "created": 0, "model": model,
                "choices": [{"index": 0, "delta": d["delta"], "finish_reason": d.get("finish_reason")}]}
               for d in stream_deltas(text, tool_calls, chunks)]
     frames.append({"id": "chatcmpl-loopback", "object": "chat.completion.chunk", "created": 0, "model": model,
                    "choices": [], "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1],
                                             "total_tokens": sum(usage)}})
-    return Behaviour(chunks=tuple(frames), cut_at=cut_at, gate=gate)
+    return Behaviour(chunks=tuple(frames), cut_at=cut_at, gate=gate, pause_at=pause_at, pause=pause)
 
 
 def empty(no_choices: bool = False) -> Behaviour:
@@ -242,6 +253,9 @@ class ChatServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         for i, frame in enumerate(b.chunks):
+            if b.pause is not None and i == b.pause_at:
+                b.pause.reached.set()
+                await b.pause.resume.wait()
             if b.cut_at is not None and i == b.cut_at:
                 assert request.transport is not None
                 request.transport.close()  # mid-way, no terminating chunk: the client sees the stream break

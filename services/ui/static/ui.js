@@ -2,26 +2,31 @@
 // Both pages follow one live feed per browser (liveFeed: SSE /live shared through a SharedWorker, else
 // polling /heads), stopped while the page is hidden. Runs page: rows replaced/inserted as runs move
 // (/runs/<id>/row). Run page: lazy blob viewers paged by byte range, the live commit log
-// (/runs/<id>/commits) and the body's changed fragments (/runs/<id>/delta). Text is set with textContent
-// only, never parsed as HTML, except row/body/conversation fragments the server rendered (and escaped).
+// (/runs/<id>/commits), the body's changed fragments (/runs/<id>/delta) and the streamed tokens of the attempts
+// in flight. Text is set with textContent only, never parsed as HTML, except row/body/conversation fragments the
+// server rendered (and escaped).
 "use strict";
 
 const POLL_MS = 2000;  // how often a page without a shared feed polls /heads
 
-// The live feed: onMoved([run ids]) when runs get commits, onReady(mode) when the feed (re)starts (the page
-// catches up then). Shared by every tab through one SharedWorker (static/live-worker.js: one SSE connection
-// per browser); where there is none, polling /heads. Returns stop().
-function liveFeed(onMoved, onReady) {
+// The live feed: onMoved([run ids]) when runs get commits, onReady(mode, tokenRuns) when the feed (re)starts (the
+// page catches up then; tokenRuns: the runs whose streamed tokens it forwards), onTokens(chunks) with what the
+// model attempts of the run tokens() names (null: none) stream. Shared by every tab through one SharedWorker
+// (static/live-worker.js: one SSE connection per browser); where there is none, polling /heads (no tokens).
+// Returns {stop(), rejoin()}: rejoin asks again for tokens() (when the page's run has ended: none).
+function liveFeed(onMoved, onReady, tokens, onTokens) {
   if (typeof SharedWorker === "function") {
     try {
       const w = new SharedWorker("/static/live-worker.js");
       w.port.onmessage = (ev) => {
         if (ev.data.type === "moved") onMoved(ev.data.run_ids);
-        else if (ev.data.type === "ready") onReady("shared");
+        else if (ev.data.type === "ready") onReady("shared", ev.data.tokens || []);
+        else if (ev.data.type === "tokens") onTokens(ev.data.chunks);
       };
       w.port.start();
-      w.port.postMessage("hello");
-      return () => { w.port.postMessage("bye"); w.port.close(); };
+      const hello = () => w.port.postMessage({ type: "hello", tokens: tokens() });
+      hello();
+      return { stop: () => { w.port.postMessage("bye"); w.port.close(); }, rejoin: hello };
     } catch (err) { /* not allowed here: poll */ }
   }
   let heads = null, timer = null, stopped = false;
@@ -30,7 +35,7 @@ function liveFeed(onMoved, onReady) {
       const r = await fetch("/heads");
       if (r.ok) {
         const now = await r.json();
-        if (heads === null) onReady("polling");
+        if (heads === null) onReady("polling", []);
         else {
           const moved = Object.keys(now).filter((k) => now[k] !== heads[k]);
           if (moved.length) onMoved(moved);
@@ -41,15 +46,18 @@ function liveFeed(onMoved, onReady) {
     if (!stopped) timer = setTimeout(poll, POLL_MS);
   };
   poll();
-  return () => { stopped = true; clearTimeout(timer); };
+  return { stop: () => { stopped = true; clearTimeout(timer); }, rejoin: () => {} };
 }
 
 // Follow the feed while the page is shown: stopped on pagehide (a page in the back/forward cache holds no
-// connection), restarted on pageshow when the page comes back from that cache.
-function follow(onMoved, onReady) {
-  let stop = liveFeed(onMoved, onReady);
-  window.addEventListener("pagehide", () => { if (stop) stop(); stop = null; });
-  window.addEventListener("pageshow", (ev) => { if (ev.persisted && !stop) stop = liveFeed(onMoved, onReady); });
+// connection), restarted on pageshow when the page comes back from that cache. Returns rejoin().
+function follow(onMoved, onReady, tokens = () => null, onTokens = () => {}) {
+  let feed = liveFeed(onMoved, onReady, tokens, onTokens);
+  window.addEventListener("pagehide", () => { if (feed) feed.stop(); feed = null; });
+  window.addEventListener("pageshow", (ev) => {
+    if (ev.persisted && !feed) feed = liveFeed(onMoved, onReady, tokens, onTokens);
+  });
+  return () => { if (feed) feed.rejoin(); };
 }
 
 function liveBadge(el, mode) { el.textContent = mode === "shared" ? "live" : "live (polling)"; el.dataset.live = "1";
@@ -256,6 +264,8 @@ function runPage(run) {
       run.dataset.shown = String(shown);
       run.dataset.updates = String(Number(run.dataset.updates || 0) + 1);
       run.dataset.lastUpdate = typeof m.full === "string" ? "full" : "delta";
+      placeStreams();
+      if (askedTokens && !inFlight()) { askedTokens = false; rejoin(); }  // ended: no more tokens to forward
     } finally {
       busy = false;
       if (head > shown) setTimeout(refresh, 200);
@@ -299,10 +309,82 @@ function runPage(run) {
     refresh();
   }
 
+  // Streamed tokens of the attempts in flight (shared feed only): one block per attempt, inside the attempt on
+  // the timeline once it is shown there (else in #live-tokens), gone when the attempt's outcome commit is shown.
+  const streams = new Map();  // "branch/step/attempt" → {el, text, note, calls, next}
+  const tokensBox = document.getElementById("live-tokens");
+  const inFlight = () => !["completed", "cancelled"].includes(document.getElementById("run-head")?.dataset.status);
+  let askedTokens = false;
+
+  function attemptOf(s) {
+    if (s.branch !== (document.getElementById("shown-branch")?.textContent || "")) return null;
+    return body.querySelector(`div.attempt[data-step="${CSS.escape(s.step)}"][data-attempt="${s.attempt}"]`);
+  }
+
+  function placeStreams() {
+    for (const [k, s] of streams) {
+      const a = attemptOf(s);
+      if (a && a.dataset.outcomeLsn) { s.el.remove(); streams.delete(k); continue; }  // its outcome is shown
+      const home = a || tokensBox;
+      if (s.el.parentElement !== home) home.append(s.el);
+    }
+  }
+
+  function newStream(c) {
+    const el = document.createElement("div");
+    el.className = "tokens";
+    Object.assign(el.dataset, { branch: c.branch, step: c.step, attempt: String(c.attempt) });
+    const head = document.createElement("div");
+    head.className = "tokens-head dim";
+    head.textContent = `streaming · ${c.step} #${c.attempt} `;
+    const note = document.createElement("span");
+    head.append(note);
+    const text = document.createElement("pre");
+    text.className = "tokens-text";
+    el.append(head, text);
+    return { el, text, note, calls: new Map(), next: 0, branch: c.branch, step: c.step, attempt: c.attempt };
+  }
+
+  function onTokens(chunks) {
+    for (const c of chunks) {
+      const k = `${c.branch}/${c.step}/${c.attempt}`;
+      if (!streams.has(k)) streams.set(k, newStream(c));
+      const s = streams.get(k);
+      if (c.seq !== s.next) {  // joined mid-way, or messages lost: the output blob has it all once committed
+        s.el.dataset.gap = "1";
+        s.note.textContent = "(some of the stream was not seen) ";
+      }
+      s.next = c.seq + 1;
+      s.el.dataset.seq = String(c.seq);
+      if (c.content) s.text.append(c.content);
+      for (const t of c.tool_calls || []) {
+        if (!s.calls.has(t.index)) {
+          const line = document.createElement("pre");
+          line.className = "tokens-call";
+          s.el.append(line);
+          s.calls.set(t.index, { line, name: "", args: "" });
+        }
+        const call = s.calls.get(t.index);
+        call.name += t.name || "";
+        call.args += t.arguments || "";
+        call.line.textContent = `→ ${call.name}(${call.args})`;
+      }
+      if (c.done) {
+        s.el.dataset.done = "1";
+        s.note.textContent = c.error ? `stopped: ${c.error}` : `done (${c.finish_reason ?? "no finish reason sent"}) · its outcome commit follows`;
+      }
+    }
+    placeStreams();
+  }
+
   let mode = "";
   viewers(document);
   window.addEventListener("pagehide", () => { state.dataset.live = "0"; });
-  follow((ids) => { if (ids.includes(id)) catchUp(); }, (m) => { mode = m; catchUp(); });
+  const rejoin = follow((ids) => { if (ids.includes(id)) catchUp(); }, (m, tokenRuns) => {
+    mode = m;
+    tokensBox.dataset.subscribed = tokenRuns.includes(id) ? "1" : "0";
+    catchUp();
+  }, () => { askedTokens = inFlight(); return askedTokens ? id : null; }, onTokens);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
