@@ -10,6 +10,8 @@ processes. Variants, one after the other in one invocation, each on a fresh serv
 * ``model only`` (the baseline): the same N × K calls from this process (aiohttp, one session, N at once,
   each run's calls in sequence, the same script) — the load with the model latency alone;
 * ``defaults``: one executor with no ``REEL_MAX_CONCURRENT_RUNS`` / ``REEL_PARTITIONS`` set;
+* ``defaults @REV`` (``--baseline REV``): the same, the services run from git revision REV of this
+  repository (``git archive``): a before beside the after, in one invocation;
 * ``E exec, P parts`` for each E of ``--executors`` with ``--partitions`` P (dealt round-robin).
 
 Per variant: time to drain (first start sent → last ``run_completed`` seen, s) and its ratio to the
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +46,7 @@ from typing import Any
 
 import aiohttp
 from _bench_common import machine_note, pct
-from _wkr_reel import NOOP_TOOL, Stack, reel_stack
+from _wkr_reel import NOOP_TOOL, REPO, Stack, reel_stack
 from nats.aio.msg import Msg
 
 from reel.shared.core.run.ids import run_id_for_key
@@ -52,6 +55,7 @@ from reel.shared.runtime.config import DEFAULT_PARTITIONS
 
 HERE = Path(__file__).resolve().parent
 WARMUP_RUNS = 8
+STALL_S = 60.0
 VERIFIER = VerifierSpec(type="output_regex", name="done", pattern="finished after [0-9]+ turns")
 
 
@@ -214,14 +218,19 @@ async def drive(stack: Stack, base: str, keys: list[str], runs: list[int], turns
     await asyncio.gather(*(start(k, r) for k, r in zip(keys, runs, strict=True)))
     if done.expect <= done.at.keys():
         done.all_done.set()
-    await asyncio.wait_for(done.all_done.wait(), 1800)
+    seen = -1
+    while not done.all_done.is_set() and len(done.at) > seen:  # give up after a minute without a completion
+        seen = len(done.at)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.all_done.wait(), STALL_S)
     return starts
 
 
 async def reel_variant(name: str, base: str, args: argparse.Namespace, workdir: str, executors: int,
-                       partitions: int | None, concurrency: int | None) -> Result:
+                       partitions: int | None, concurrency: int | None, repo: Path = REPO) -> Result:
     async with contextlib.AsyncExitStack() as es:
-        stack = await es.enter_async_context(reel_stack("default", workdir, concurrency, executors, partitions))
+        stack = await es.enter_async_context(reel_stack("default", workdir, concurrency, executors, partitions,
+                                                        repo=repo))
         done = Completions()
         await stack.client.nc.subscribe(stack.cfg.names.events("*"), cb=done.on_commit)
         session = await es.enter_async_context(aiohttp.ClientSession())
@@ -304,20 +313,31 @@ def report(results: list[Result], args: argparse.Namespace, load0: str, load1: s
 async def main(args: argparse.Namespace) -> None:
     load0 = machine_note()
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="live-agents-") as tmp:
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="live-agents-") as tmp:
         async with chat_server(args.latency, args.chunks, args.turns) as base:
             results.append(await model_only(base, args.runs, args.turns))
             print(f"model only: {results[-1].drain_s:.1f} s", file=sys.stderr)
-            variants: list[tuple[str, int, int | None, int | None]] = []
+            variants: list[tuple[str, int, int | None, int | None, Path]] = []
+            if args.baseline:
+                variants.append((f"defaults @{args.baseline}", 1, None, None, baseline_tree(args.baseline, Path(tmp))))
             if not args.no_defaults:
-                variants.append((f"defaults (1 exec, {DEFAULT_PARTITIONS} parts)", 1, None, None))
+                variants.append((f"defaults (1 exec, {DEFAULT_PARTITIONS} parts)", 1, None, None, REPO))
             for e in args.executors:
-                variants.append((f"{e} exec, {args.partitions} parts", e, args.partitions, args.concurrency))
-            for i, (name, e, parts, conc) in enumerate(variants):
+                variants.append((f"{e} exec, {args.partitions} parts", e, args.partitions, args.concurrency, REPO))
+            for i, (name, e, parts, conc, repo) in enumerate(variants):
                 d = tempfile.mkdtemp(prefix=f"v{i}-", dir=tmp)
-                results.append(await reel_variant(name, base, args, d, e, parts, conc))
+                results.append(await reel_variant(name, base, args, d, e, parts, conc, repo))
                 print(f"{name}: {results[-1].drain_s:.1f} s", file=sys.stderr)
     report(results, args, load0, machine_note())
+
+
+def baseline_tree(rev: str, into: Path) -> Path:
+    """The source tree of git revision ``rev`` of this repository (``git archive``), extracted under ``into``."""
+    tree = into / f"reel-{rev}"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -330,8 +350,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=4, help="REEL_PARTITIONS of the E-executor variants")
     ap.add_argument("--concurrency", type=int, default=None,
                     help="REEL_MAX_CONCURRENT_RUNS of the E-executor variants (default: unset)")
+    ap.add_argument("--baseline", default="", help="git revision whose services run a 'defaults' variant too")
     ap.add_argument("--no-defaults", action="store_true", help="skip the one-executor default-settings variant")
     ap.add_argument("--profile", default="", help="py-spy (on PATH) records each executor into this folder")
+    ap.add_argument("--keep", default="", help="keep the services' logs in this folder (default: a temp dir)")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds after the drain before RSS is read")
     return ap.parse_args(argv)
 

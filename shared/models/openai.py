@@ -189,6 +189,41 @@ CLIENTS = ClientPool()
 """The process's pool (:class:`ClientPool`): every :class:`OpenAIAdapter` call goes through it."""
 
 
+class ChunkDicts(openai.AsyncStream[dict[str, Any]]):
+    """A streamed chat completion's chunks as the JSON objects the server sent (msgspec-decoded), not SDK models.
+
+    The SDK's own stream builds a pydantic ``ChatCompletionChunk`` per event, which :class:`StreamAssembler` turns
+    back into the dict it was (with the request's own transform, ≈ 20 % of an executor's CPU per streamed turn
+    of bench/live_agents.py, py-spy); the body is sent as is, exactly the prompt blob. Server-sent events are read
+    and their transport errors mapped by the SDK (``_iter_events``: ``APITimeoutError``, ``APIConnectionError``); an
+    event whose object carries ``error`` raises ``APIError`` with it, and so does one that is not JSON; ``[DONE]``
+    ends the stream (read to its end, so the connection is reused), as in the SDK.
+    """
+
+    async def __stream__(self) -> Any:  # an async generator of dict chunks (the base class types it as _T)
+        events = self._iter_events()
+        try:
+            async for sse in events:
+                if sse.data.startswith("[DONE]"):
+                    async for _ in events:  # read to the end: the connection is kept alive for the next call
+                        pass
+                    break
+                try:
+                    data = msgspec.json.decode(sse.data)
+                except msgspec.DecodeError as exc:
+                    raise openai.APIError(message=f"a streamed chunk is not JSON: {sse.data[:200]!r}",
+                                          request=self.response.request, body=None) from exc
+                if isinstance(data, dict) and data.get("error"):
+                    error = data["error"]
+                    message = error.get("message") if isinstance(error, dict) else None
+                    raise openai.APIError(message=message if isinstance(message, str) and message else
+                                          "An error occurred during streaming", request=self.response.request,
+                                          body=error)
+                yield data
+        finally:
+            await self.response.aclose()
+
+
 class OpenAIAdapter:
     """A chat-completions endpoint (``base_url``, ``model``, ``api_key_env``, ``params``, ``timeout_s``, ``price``)."""
 
@@ -268,15 +303,13 @@ class OpenAIAdapter:
                       ) -> tuple[dict[str, Any] | None, ModelError | None]:
         """The streamed call: the assembled response body, or the error (a break mid-way: ``stream_broken``)."""
         acc = StreamAssembler()
-        rest = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
         try:
             client = self._client(key)
-            stream = await client.chat.completions.create(
-                model=body["model"], messages=body["messages"], stream=True,
-                stream_options=body["stream_options"], extra_body=rest)
+            stream = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
+                                       stream_cls=ChunkDicts)
             async with stream:  # closed however it ends: its connection goes back to the pool
                 async for chunk in stream:
-                    fragment = acc.add(chunk.to_dict())
+                    fragment = acc.add(chunk)
                     if fragment is not None and on_delta is not None:
                         await on_delta(fragment)
         except ModelError as exc:

@@ -17,6 +17,7 @@ log context, calls the service's handler (which returns the :class:`Reply`, or
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import time
@@ -44,6 +45,9 @@ log = structlog.get_logger(__name__)
 
 
 FETCH_TIMEOUT_S = 0.5
+FETCH_BATCH = 64
+"""At most this many messages per fetch (never more than the free slots): what is queued comes at once, so a
+burst of a thousand starts is taken in a few round trips, not a thousand."""
 
 
 class Ack(enum.Enum):
@@ -230,33 +234,55 @@ class Slots:
     """A limit on the commands handled at once, shared by the consumers of one process (an executor's shared
     durable and its partitions' durables draw on one :class:`Slots`).
 
-    A consumer takes a slot before each fetch (one message) and gives it back if none came, so the commands
-    handled never pass ``limit``; near it, a consumer whose durable is empty holds a slot for one fetch
-    timeout (:data:`FETCH_TIMEOUT_S`).
+    A consumer takes the slots of a fetch before it and gives back those no message came for, so the commands
+    handled never pass ``limit``. Slots freed while consumers wait go to them first come, first served (a
+    consumer whose durable is empty cannot starve one whose durable has work).
     """
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"a concurrency limit must be at least 1, got {limit}")
         self.limit, self.taken = limit, 0
-        self._freed = asyncio.Event()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def free(self) -> int:
         """Slots free now (≤ 0: none)."""
         return self.limit - self.taken
 
-    def take(self) -> None:
-        self.taken += 1
+    def take_now(self, most: int) -> int:
+        """Take up to ``most`` free slots at once (0 if none is free or consumers wait for one): how many."""
+        n = 0 if self._waiters else max(0, min(most, self.free()))
+        self.taken += n
+        return n
 
-    def give(self) -> None:
-        self.taken -= 1
-        self._freed.set()
+    async def take(self, most: int) -> int:
+        """Take between 1 and ``most`` slots, waiting in turn for the first: how many."""
+        got = self.take_now(most)
+        if got:
+            return got
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut  # resolved by give() with one slot taken for us
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.give(1)  # handed one we will not use
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+            raise
+        more = max(0, min(most - 1, self.free()))
+        self.taken += more
+        return 1 + more
 
-    async def wait_free(self) -> None:
-        """Return once a slot is free."""
-        while self.free() <= 0:
-            self._freed.clear()
-            await self._freed.wait()
+    def give(self, n: int = 1) -> None:
+        """Give back ``n`` slots (to the consumers waiting first)."""
+        self.taken -= n
+        while self._waiters and self.free() > 0:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.taken += 1
+                fut.set_result(None)
 
 
 class CommandConsumer:
@@ -306,7 +332,8 @@ class CommandConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle commands until ``stop`` is set, then drain in-flight work.
 
-        Fetches one message at a time while a handler slot is free (``concurrency``, or the shared ``slots``).
+        Fetches what is queued, up to the free handler slots (``concurrency``, or the shared ``slots``) and
+        :data:`FETCH_BATCH`, while a slot is free.
         A fetch is never abandoned half-way: a cancelled fetch leaves its pull
         request on the server, which would strand the next command until its ack
         wait expires (nats.py#986); a message that arrives while stopping is nak'ed
@@ -323,33 +350,37 @@ class CommandConsumer:
         depth = asyncio.create_task(self._poll_depth(durable)) if metrics.enabled() else None
         try:
             while not stop.is_set():
-                if self.slots.free() <= 0:
-                    freed = asyncio.ensure_future(self.slots.wait_free())
-                    await asyncio.wait({freed, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    freed.cancel()
-                    continue
-                self.slots.take()  # reserved for the one message this fetch may bring
+                want = self.slots.take_now(FETCH_BATCH)  # reserved for the messages this fetch may bring
+                if not want:
+                    taking = asyncio.ensure_future(self.slots.take(FETCH_BATCH))
+                    await asyncio.wait({taking, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    if not taking.done():
+                        taking.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await taking
+                        continue
+                    want = taking.result()
+                    if stop.is_set():
+                        self.slots.give(want)
+                        break
                 try:
-                    msgs = await psub.fetch(1, timeout=FETCH_TIMEOUT_S)  # type: ignore[attr-defined]
+                    msgs = await psub.fetch(want, timeout=FETCH_TIMEOUT_S)  # type: ignore[attr-defined]
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-                    self.slots.give()
+                    self.slots.give(want)
                     continue
                 except Exception as exc:  # connection trouble: back off, the client reconnects
-                    self.slots.give()
+                    self.slots.give(want)
                     log.warning("service.fetch_failed", error=str(exc))
                     await asyncio.sleep(0.5)
                     continue
-                if stop.is_set() or not msgs:  # arrived while stopping: hand it straight back for another instance
-                    self.slots.give()
+                if stop.is_set():  # arrived while stopping: hand them straight back for another instance
+                    self.slots.give(want)
                     for m in msgs:
                         with contextlib.suppress(Exception):
                             await m.nak()
-                    if stop.is_set():
-                        break
-                    continue
-                for i, m in enumerate(msgs):
-                    if i:
-                        self.slots.take()
+                    break
+                self.slots.give(want - len(msgs))
+                for m in msgs:
                     task = asyncio.create_task(self._handle(m))
                     self._tasks.add(task)
                     task.add_done_callback(self._done)
