@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from reel._tool import Tool as Tool
     from reel._tool import ask_user as ask_user
     from reel._tool import command_tool as command_tool
+    from reel._tool import mcp_tools as mcp_tools
     from reel._tool import recorded_tool as recorded_tool
     from reel._tool import resume_after as resume_after
     from reel._tool import tool as tool
@@ -94,8 +95,8 @@ _WHERE: dict[str, tuple[str, str]] = {
         "LsnNotInLineage", "ReelError", "RequestAnswered", "RequestNotFound", "RunNotFound", "RunTimeout",
         "ServiceUnavailable", "StepNotFound", "WorkflowInvalid")},
     **{n: ("reel._local", n) for n in ("Worker", "block_on", "local", "run", "run_sync")},
-    **{n: ("reel._tool", n) for n in ("FunctionTool", "Tool", "ask_user", "command_tool", "recorded_tool",
-                                           "resume_after", "tool")},
+    **{n: ("reel._tool", n) for n in ("FunctionTool", "Tool", "ask_user", "command_tool", "mcp_tools",
+                                           "recorded_tool", "resume_after", "tool")},
     **{n: ("reel._types", n) for n in (
         "CancelReply", "CommitEvent", "Outcome", "PendingRequest", "RespondReply", "RewindReply", "RunResult",
         "RunStatus", "StartReply", "Token")},
@@ -121,7 +122,7 @@ __all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "Comm
            "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",
            "SleepStep", "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage",
            "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "ask_user", "block_on", "command_tool",
-           "events", "load_workflow", "local", "recorded_tool", "resume_after", "run", "run_sync", "tool"]
+           "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after", "run", "run_sync", "tool"]
 
 
 _MODULES = frozenset({"events"})

@@ -26,6 +26,7 @@ import msgspec
 
 from reel.shared.core.run.timers import ResumeAfter
 from reel.shared.core.workflow.agentspec import AgentToolSpec, InputSpec, RecordedToolSpec, check_tool
+from reel.shared.core.workflow.mcpspec import McpServerSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -170,6 +171,38 @@ def recorded_tool(name: str, output: str, *, description: str = "", parameters: 
     """
     return Tool(AgentToolSpec(name=name, description=description, parameters=_object(parameters),
                               recorded=RecordedToolSpec(output=output), needs_approval=needs_approval, input=ask))
+
+
+def mcp_tools(*, command: Sequence[str] | None = None, url: str | None = None, name: str = "",
+              env: Mapping[str, str] | None = None, pass_env: Sequence[str] | None = None,
+              include: Sequence[str] = (), exclude: Sequence[str] = (),
+              retry_safe: bool | Mapping[str, bool] | None = None, needs_approval: bool = False,
+              timeout_s: float = 60.0, max_attempts: int = 1, fatal: bool = False,
+              startup_timeout_s: float = 30.0) -> Tool:
+    """Every tool an MCP server lists, as the YAML ``- {name: …, mcp: {…}}`` entry (docs/workflow.md "MCP tools").
+
+    Args:
+        command: a stdio server's argv (the executor starts it; no shell); url: a streamable-HTTP server's
+            endpoint — exactly one.
+        name: the prefix of the tools' names (``time`` → ``time__get_current_time``); empty: the command's last
+            word, or the URL's host.
+        env, pass_env: the stdio server's variables, and names passed through from the executor's environment.
+        include, exclude: ``fnmatch`` patterns over the server's tool names.
+        retry_safe: overrides the annotations (``readOnlyHint``/``idempotentHint``): for all, or by pattern.
+        Others: as :func:`tool`, for every call of every tool of the server.
+
+    Raises:
+        WorkflowInvalid: not exactly one of ``command``/``url``, an invalid name, a ``REEL_NATS_*`` variable.
+    """
+    server = McpServerSpec(
+        command=None if command is None else tuple(command), url=url,
+        env=msgspec.UNSET if env is None else dict(env),
+        pass_env=msgspec.UNSET if pass_env is None else tuple(pass_env), include=tuple(include),
+        exclude=tuple(exclude), startup_timeout_s=startup_timeout_s,
+        retry_safe=msgspec.UNSET if retry_safe is None else retry_safe if isinstance(retry_safe, bool)
+        else dict(retry_safe))
+    return Tool(AgentToolSpec(name=name, mcp=server, needs_approval=needs_approval, timeout_s=timeout_s,
+                              max_attempts=max_attempts, fatal=fatal))
 
 
 def resume_after(seconds: float, reason: str = "") -> ResumeAfter:

@@ -206,4 +206,10 @@ async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_to
         return await _run_python(fn, tool, arguments, ctx)
     if tool.command is not None:
         return await _run_command(tool, call.arguments if call.arguments.strip() else "{}", ctx)
+    if tool.type == "mcp":  # a tool an MCP server lists (services/executor/mcptools.py)
+        from . import mcptools  # the mcp SDK is an optional extra: imported by a workflow that names one
+        c = ctx.call
+        ledger.record(SideEffect(kind="mcp", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
+                                 attempt=c.attempt, tool=tool.name))
+        return _capped(await mcptools.servers().call(tool, arguments), tool, ctx)
     return _run_recorded(tool, call.id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import sys
 from typing import Any
 
 import structlog
@@ -110,6 +111,8 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
             raise
         finally:
             await ex.control.stop()
+            if "reel.services.executor.mcptools" in sys.modules:  # its MCP servers (stdio: killed) go with it
+                await sys.modules["reel.services.executor.mcptools"].close_servers()
 
 
 async def _fail_when_lost(lease: Lease, done: asyncio.Event) -> None:

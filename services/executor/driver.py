@@ -44,7 +44,7 @@ from reel.shared.core.run.events import (
     RunWoke,
 )
 from reel.shared.core.run.state import DRIVABLE, RunState
-from reel.shared.core.workflow.spec import WorkflowSpec
+from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.control import ControlHub, Interrupt
 from reel.shared.runtime.clock import now_ms
@@ -82,6 +82,26 @@ class OwnedElsewhere(Exception):
     def __init__(self, run_id: str, owner: str) -> None:
         super().__init__(f"run {run_id} is driven by live executor {owner}")
         self.run_id, self.owner = run_id, owner
+
+
+def uses_mcp(spec: WorkflowSpec) -> bool:
+    """Whether an agent step of ``spec`` has an ``mcp:`` entry."""
+    return any(t.type == "mcp" for s in spec.steps if isinstance(s, AgentStep) for t in s.tools)
+
+
+async def with_mcp_tools(run_id: str, spec: WorkflowSpec) -> WorkflowSpec:
+    """``spec`` with its ``mcp:`` entries expanded into the tools their servers list (services/executor/mcptools.py).
+
+    Raises:
+        ToolsUnserved: a server cannot be started or listed now (the run waits: its command is redelivered).
+    """
+    if not uses_mcp(spec):
+        return spec
+    from . import mcptools  # the mcp SDK is an optional extra
+    try:
+        return await mcptools.servers().expand(spec)
+    except WorkflowInvalid as exc:
+        raise ToolsUnserved(run_id, ("mcp",), exc.message) from exc
 
 
 class Driver:
@@ -135,7 +155,7 @@ class Driver:
             except RunNotFound:
                 log.warning("run.not_found")
                 return None
-        spec = await self.specs.load(state.workflow_ref)
+        spec = await with_mcp_tools(run_id, await self.specs.load(state.workflow_ref))
         try:
             tools = await self.specs.python_tools(state.workflow_ref, state.tool_source_dir)
         except WorkflowInvalid as exc:  # resolved at its start elsewhere: a function only a worker serves

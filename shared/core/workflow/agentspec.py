@@ -7,7 +7,9 @@ An agent step (:class:`reel.shared.core.workflow.spec.AgentStep`) declares ``too
 * ``command: [argv…]`` — run without a shell, arguments as JSON on stdin;
 * ``recorded: {…}`` — returns recorded results (replay);
 * ``builtin: ask_user`` — the model asks a question; a human's answer is the result
-  (:mod:`reel.shared.core.input.requestevents`).
+  (:mod:`reel.shared.core.input.requestevents`);
+* ``mcp: {command: […]}`` / ``mcp: {url: …}`` — every tool an MCP server lists, each a tool of its own
+  once the executor listed them (:mod:`reel.shared.core.workflow.mcpspec`, :func:`expand_mcp`).
 
 A tool with ``needs_approval: true`` (or named by the workflow's ``approval`` policy,
 :class:`ApprovalPolicy`) runs only once a human approves the call; ``input:`` says who is
@@ -29,13 +31,14 @@ import msgspec
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.input.requestevents import DECISIONS, Decision, RequestKind
+from reel.shared.core.workflow.mcpspec import PREFIX, ListedTool, McpServerSpec, check_server, default_prefix, tool_name
 from reel.shared.core.workflow.toolspec import OnOverflow, OutputLimit, check_limits
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What chat-completions endpoints accept as a function name."""
 PYTHON_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 RESERVED_ITEM_IDS = frozenset({"instructions"})
-ToolType = Literal["python", "command", "recorded", "builtin"]
+ToolType = Literal["python", "command", "recorded", "builtin", "mcp"]
 ASK_USER_PARAMETERS: dict[str, Any] = {
     "type": "object", "required": ["question"],
     "properties": {"question": {"type": "string", "description": "The question, in full."}}}
@@ -94,10 +97,13 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """One tool the model of an agent step may call.
 
     Attributes:
-        name: the function name the model sees (``[A-Za-z0-9_-]{1,64}``, unique in the step).
+        name: the function name the model sees (``[A-Za-z0-9_-]{1,64}``, unique in the step); of an ``mcp``
+            entry: the prefix of its tools' names (``[A-Za-z0-9_-]{1,40}``; unset: :func:`default_prefix`).
         description: shown to the model.
         parameters: JSON Schema of the arguments object (checked as a schema at load).
-        python, command, recorded, builtin: the implementation — exactly one (``builtin``: ``ask_user``).
+        python, command, recorded, builtin, mcp: the implementation — exactly one (``builtin``: ``ask_user``;
+            ``mcp``: an MCP server, standing for the tools it lists).
+        mcp_tool: the server's name of the tool (set by :func:`expand_mcp`, never in a workflow).
         retry_safe: may be re-run after an executor crash (default false: the in-flight
             attempt is recorded ``outcome_unknown`` and the model told).
         fatal: a failure of this tool (after its attempts) fails the agent step; otherwise
@@ -114,7 +120,7 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             environment (:mod:`reel.shared.core.env.toolenv`; a ``REEL_NATS_*`` name is refused at load).
     """
 
-    name: str
+    name: str = ""
     description: str = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=_empty_object_schema)
     python: str | None = None
@@ -131,10 +137,14 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
     env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
     pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    mcp: McpServerSpec | msgspec.UnsetType = msgspec.UNSET
+    mcp_tool: str | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def type(self) -> ToolType:
         """Which implementation the tool has (valid after :func:`check_tool`)."""
+        if isinstance(self.mcp, McpServerSpec):
+            return "mcp"
         if self.python is not None:
             return "python"
         if self.builtin is not None:
@@ -168,12 +178,19 @@ def check_tool(tool: AgentToolSpec, at: str) -> None:
     Raises:
         WorkflowInvalid: naming the field path of the first problem.
     """
+    if isinstance(tool.mcp, McpServerSpec):
+        _check_mcp_entry(tool, tool.mcp, at)
+        return
     if not TOOL_NAME.match(tool.name):
         raise WorkflowInvalid(f"tool name {tool.name!r} must match [A-Za-z0-9_-]{{1,64}} (at `{at}.name`)")
+    if isinstance(tool.mcp_tool, str):
+        raise WorkflowInvalid(f"`mcp_tool` is set by the executor for a tool an mcp server lists, never in a"
+                              f" workflow (at `{at}.mcp_tool`)")
     kinds = [k for k in ("python", "command", "recorded", "builtin") if getattr(tool, k) is not None]
     if len(kinds) != 1:
         got = f"got {', '.join(kinds)}" if kinds else "got none"
-        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command`, `recorded` or `builtin`, {got}"
+        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command`, `recorded`, `builtin` or `mcp`,"
+                              f" {got}"
                               f" (at `{at}`)")
     if tool.builtin is not None and (tool.needs_approval or tool.parameters != _empty_object_schema()):
         raise WorkflowInvalid(f"builtin {tool.builtin} takes no `needs_approval` or `parameters` (it always asks;"
@@ -211,3 +228,60 @@ def check_input(spec: InputSpec, kind: RequestKind, at: str) -> None:
     if spec.default not in DECISIONS[kind]:
         raise WorkflowInvalid(f"an {'ask_user question' if kind == 'question' else 'approval'}'s default must be "
                               f"{' or '.join(DECISIONS[kind])}, got {spec.default!r} (at `{at}.default`)")
+
+
+def mcp_prefix(tool: AgentToolSpec) -> str:
+    """The prefix of an ``mcp`` entry's tool names: its ``name``, else :func:`default_prefix` of its server."""
+    assert isinstance(tool.mcp, McpServerSpec)
+    return tool.name or default_prefix(tool.mcp)
+
+
+def _check_mcp_entry(tool: AgentToolSpec, server: McpServerSpec, at: str) -> None:
+    others = [k for k in ("python", "command", "recorded", "builtin") if getattr(tool, k) is not None]
+    others += ["mcp_tool"] if isinstance(tool.mcp_tool, str) else []
+    if others:
+        raise WorkflowInvalid(f"a tool needs exactly one type: `python`, `command`, `recorded`, `builtin` or `mcp`,"
+                              f" got mcp, {', '.join(others)} (at `{at}`)")
+    if tool.name and not PREFIX.match(tool.name):
+        raise WorkflowInvalid(f"an mcp entry's name (its tools' prefix) {tool.name!r} must match"
+                              f" [A-Za-z0-9_-]{{1,40}} (at `{at}.name`)")
+    if tool.description or tool.parameters != _empty_object_schema():
+        raise WorkflowInvalid(f"an mcp entry takes no `description` or `parameters` (its server lists them)"
+                              f" (at `{at}`)")
+    if tool.retry_safe:
+        raise WorkflowInvalid(f"an mcp entry's retry_safe goes in its `mcp:` (`retry_safe: true` or"
+                              f" {{tool: bool}}; the server's annotations are the default) (at `{at}.retry_safe`)")
+    if tool.input is not None:
+        check_input(tool.input, "approval", f"{at}.input")
+    if tool.max_attempts < 1:
+        raise WorkflowInvalid(f"max_attempts must be >= 1 (at `{at}.max_attempts`)")
+    check_limits(tool, at)
+    check_process_env(tool, False, at)  # the server's env/pass_env go in its `mcp:`
+    check_server(server, f"{at}.mcp")
+
+
+def _listed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A listed tool's ``inputSchema`` if it is a JSON Schema of an object, else an open object schema."""
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError:
+        return {"type": "object"}
+    return schema if schema.get("type", "object") == "object" else {"type": "object"}
+
+
+def expand_mcp(entry: AgentToolSpec, listed: list[ListedTool]) -> tuple[AgentToolSpec, ...]:
+    """The tools an ``mcp`` entry stands for, given its server's ``tools/list`` (in the server's order; the
+    ones its ``include``/``exclude`` keep; a second tool whose name maps to the same model name is left out).
+    """
+    server = entry.mcp
+    assert isinstance(server, McpServerSpec)
+    prefix, out, seen = mcp_prefix(entry), [], set()
+    for t in listed:
+        name = tool_name(prefix, t.name)
+        if not server.offers(t.name) or name in seen:
+            continue
+        seen.add(name)
+        out.append(msgspec.structs.replace(
+            entry, name=name, description=t.description, parameters=_listed_schema(t.input_schema),
+            retry_safe=server.retry_safe_of(t.name, t.hinted_retry_safe), mcp_tool=t.name))
+    return tuple(out)

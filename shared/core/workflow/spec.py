@@ -36,7 +36,9 @@ from reel.shared.core.workflow.agentspec import (
     ApprovalPolicy,
     check_input,
     check_tool,
+    mcp_prefix,
 )
+from reel.shared.core.workflow.mcpspec import SEPARATOR
 
 # Re-exported (`X as X`): these lived here before reel.shared.core.workflow.modelspec.
 from reel.shared.core.workflow.modelspec import MODEL_ADAPTERS as MODEL_ADAPTERS
@@ -365,9 +367,10 @@ def _check_agent(step: AgentStep, where: str) -> None:
     names: set[str] = set()
     for j, tool in enumerate(step.tools):
         at = f"{where}.tools[{j}]"
-        if tool.name in names:
-            raise WorkflowInvalid(f"duplicate tool name {tool.name!r} (at `{at}.name`)")
-        names.add(tool.name)
+        name = f"{mcp_prefix(tool)}{SEPARATOR}*" if tool.type == "mcp" else tool.name
+        if name in names:
+            raise WorkflowInvalid(f"duplicate tool name {name!r} (at `{at}.name`)")
+        names.add(name)
         check_tool(tool, at)
 
 
