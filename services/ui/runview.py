@@ -144,11 +144,9 @@ class Partition:
 
 @dataclass(frozen=True)
 class AttemptEntry:
-    """One attempt on the timeline: the view, its bar on the run's LSN axis (percent) and its usage fields."""
+    """One attempt on the timeline: the view and its usage fields (its bar is placed by CSS from its LSNs)."""
 
     view: AttemptView
-    bar_left: float
-    bar_width: float
     usage: tuple[tuple[str, Any], ...]
     partition: Partition | None
 
@@ -397,14 +395,12 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
     bid = BranchId(branch_id) if branch_id else state.active_branch
     branch = state.branches[bid]
     view = build_episode_view(state, bid)
-    lo, span = state.created_lsn, max(1, state.head_lsn - state.created_lsn)
     steps = []
     last: dict[str, tuple[Partition, str, str]] = {}  # scope → (partition, anchor, label) of its latest attempt
     for s in view.steps:
         entries = []
         scope = s.parent_step if isinstance(s.parent_step, str) else s.step_id
         for a in s.attempts:
-            end = a.outcome_lsn if a.outcome_lsn is not None else state.head_lsn
             part = partition(a.context) if a.context is not None else None
             if part is not None:
                 anchor = attempt_anchor(a.step_id, a.attempt)
@@ -415,9 +411,7 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
                 if collapse_partitions and prev is not None:
                     part = collapse(part, *prev)
             entries.append(AttemptEntry(
-                view=a, bar_left=round(100 * (a.dispatched_lsn - lo) / span, 2),
-                bar_width=round(max(0.6, 100 * (end - a.dispatched_lsn) / span), 2), usage=_usage(a.usage),
-                partition=part))
+                view=a, usage=_usage(a.usage), partition=part))
         decl = turnfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
         steps.append(StepEntry(
             view=s, depth=1 if isinstance(s.parent_step, str) else 0, label=_label(s), attempts=tuple(entries),
