@@ -162,8 +162,7 @@ class AgentRun:
         result's marker before dying: then the result is known, and recorded (``recovered``)."""
         refs = await asyncio.gather(*(self.attempts.marker(state.run_id, action.branch_id, c.step_id, c.attempt)
                                       for c in action.calls))
-        known: list[AnyEvent] = [AttemptSucceeded(branch_id=action.branch_id, step_id=c.step_id, attempt=c.attempt,
-                                                  output_ref=ref, at_ms=now_ms(), recovered=True)
+        known: list[AnyEvent] = [AttemptSucceeded.from_marker(action.branch_id, c.step_id, c.attempt, ref, now_ms())
                                  for c, ref in zip(action.calls, refs, strict=True) if ref is not None]
         unknown = tuple(c for c, ref in zip(action.calls, refs, strict=True) if ref is None)
         log.warning("agent.orphaned_calls", branch_id=action.branch_id, unknown=[c.step_id for c in unknown],

@@ -292,8 +292,7 @@ class PlainSteps:
         ref = await self.a.marker(state.run_id, action.branch_id, action.step_id, action.supersedes)
         if ref is None:
             return None
-        return AttemptSucceeded(branch_id=action.branch_id, step_id=action.step_id, attempt=action.supersedes,
-                                output_ref=ref, at_ms=now_ms(), recovered=True)
+        return AttemptSucceeded.from_marker(action.branch_id, action.step_id, action.supersedes, ref, now_ms())
 
     async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | Decided | Chained:
         """Commit ``run_started`` for this executor, with the first attempt's intent when that is a plain

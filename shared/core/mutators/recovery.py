@@ -219,8 +219,7 @@ def resolution_events(
         if origin is not None and origin.status != AttemptStatus.DISPATCHED:
             event = _copy_outcome(intent, origin, at_ms)
         elif ref is not None:
-            event = AttemptSucceeded(branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,
-                                     output_ref=ref, at_ms=at_ms, recovered=True)
+            event = AttemptSucceeded.from_marker(intent.branch_id, intent.step_id, intent.attempt, ref, at_ms)
         else:
             event = AttemptFailed(
                 branch_id=intent.branch_id, step_id=intent.step_id, attempt=intent.attempt,

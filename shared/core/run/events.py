@@ -115,6 +115,15 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
     truncated: bool | msgspec.UnsetType = msgspec.UNSET
     finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
 
+    @classmethod
+    def from_marker(cls, branch_id: BranchId, step_id: StepId, attempt: AttemptNo, output_ref: BlobRef,
+                    at_ms: int) -> AttemptSucceeded:
+        """The success of an attempt whose executor stored its output's recovery marker (``output_ref``) but
+        never committed the outcome: ``recovered``, no usage (what the call cost was never recorded). The one
+        shape recovery, an adopting tool step and an agent's orphaned call give it."""
+        return cls(branch_id=branch_id, step_id=step_id, attempt=attempt, output_ref=output_ref, at_ms=at_ms,
+                   recovered=True)
+
 
 class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
     """The outcome of a dispatched attempt: failure, kept in the log forever.
