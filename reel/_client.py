@@ -456,7 +456,9 @@ class TokenStream:
             branch, step, attempt = str(msg.subject).removeprefix(prefix).rsplit(".", 2)
             self._queue.put_nowait(Token(branch_id=branch, step_id=step, attempt=int(attempt), text=chunk.content,
                                          tool_calls=tuple((t.name, t.arguments) for t in chunk.tool_calls),
-                                         done=chunk.done, error=chunk.error or ""))
+                                         done=chunk.done, error=chunk.error or "",
+                                         progress=None if chunk.progress is None else (
+                                             chunk.progress.progress, chunk.progress.total, chunk.progress.message)))
 
     async def __aenter__(self) -> TokenStream:
         if self._sub is None and not self._closed:

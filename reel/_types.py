@@ -148,6 +148,8 @@ class Token:
         step_id, attempt, branch_id: the attempt (``solve:t1``, 1-based).
         text: a fragment of the assistant text; tool_calls: ``(name, arguments fragment)`` pairs.
         done: the attempt's last fragment; error: why its stream ended early, if it did.
+        progress: of an MCP tool call's attempt (``solve:t1:c0``): ``(progress, total or None, message)`` as its
+            server reported it.
     """
 
     branch_id: str
@@ -157,6 +159,7 @@ class Token:
     tool_calls: tuple[tuple[str, str], ...] = ()
     done: bool = False
     error: str = ""
+    progress: tuple[float, float | None, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

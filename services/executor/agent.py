@@ -125,6 +125,11 @@ class AgentRun:
         await asyncio.gather(*pending, return_exceptions=True)
         self.tasks.clear()
 
+    def _mcp_tool(self, step_id: str, tool_name: str | None) -> bool:
+        """Whether the call ``step_id`` is of a tool an MCP server lists."""
+        agent = self.spec.agent(step_id.split(":", 1)[0])
+        return any(t.name == tool_name and t.type == "mcp" for t in agent.tools)
+
     @property
     def in_flight(self) -> frozenset[Key]:
         """``(branch, step, attempt)`` of every attempt running (or finished, not yet recorded)."""
@@ -290,6 +295,9 @@ class AgentRun:
             decl = requestfold.effective_decl(branch, decl)  # an approval's edited arguments
             key = (branch_id, c.step_id, c.attempt)
             ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt)
+            if self._mcp_tool(c.step_id, decl.tool_name):  # an MCP tool's progress goes to its attempt's subject
+                out = self.attempts.stream_out(self.run_id, branch_id, c.step_id, c.attempt, True)
+                ctx.progress = None if out is None else out.progress
             self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies,
                                                             self.interrupt), name=f"call {c.step_id}#{c.attempt}")
         if calls:

@@ -1,4 +1,5 @@
-"""Streamed model responses (a model spec's ``stream: true``): each fragment out on core NATS as it arrives.
+"""Streamed model responses (a model spec's ``stream: true``): each fragment out on core NATS as it arrives;
+and an MCP tool call's progress (:meth:`StreamOut.progress`), on the call attempt's subject.
 
 The adapter hands every fragment of the response to a :class:`StreamOut` (its ``on_delta``),
 which publishes it on the attempt's subject ``<ns>.stream.<run>.<branch>.<step>.<attempt>``
@@ -21,7 +22,7 @@ import structlog
 from nats.aio.client import Client
 
 from reel.shared.core.errors import ModelError
-from reel.shared.core.wire.livemessages import StreamChunk, encode_live
+from reel.shared.core.wire.livemessages import StreamChunk, ToolProgress, encode_live
 
 from .interrupts import Interrupted
 
@@ -40,6 +41,11 @@ class StreamOut:
 
     async def __call__(self, chunk: StreamChunk) -> None:
         await self._publish(msgspec.structs.replace(chunk, seq=self.sent))
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """A tool call's progress (an MCP server's ``notifications/progress``), as a fragment of its own."""
+        await self._publish(StreamChunk(seq=self.sent, progress=ToolProgress(progress=progress, total=total,
+                                                                             message=message or "")))
 
     async def end(self, *, finish_reason: str | None = None, error: str | None = None) -> None:
         """The attempt's last message (``done``): its finish reason, or what ended it."""

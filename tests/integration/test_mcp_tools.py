@@ -16,6 +16,7 @@ import uvicorn
 
 import reel
 from reel.events import AttemptFailed, AttemptSucceeded, StepsDeclared
+from reel.shared.core.run.ids import run_id_for_key
 from tests.support import mcp_server
 
 pytestmark = pytest.mark.timeout(180)
@@ -154,3 +155,22 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_progress_goes_to_the_calls_stream_subject(local: reel.Client) -> None:
+    tools = reel.mcp_tools(name="own", command=[sys.executable, "-m", "tests.support.mcp_server"], include=["count"])
+    agent = reel.Agent(name="counter", instructions=".", tools=[tools], model=reel.ScriptedModel(
+        turns=[{"tool_calls": [{"name": "own__count", "arguments": {"n": 3}}]}, {"text": "ok"}]))
+    key = "mcp-progress-1"
+    async with local.get(run_id_for_key(key)).stream() as stream:  # subscribed before the run exists
+        handle = await local.start(agent, input="count", key=key)
+        seen: list[tuple[str, int, tuple[float, float | None, str] | None, bool]] = []
+        async for token in stream:
+            if token.step_id == "counter:t1:c0":
+                seen.append((token.step_id, token.attempt, token.progress, token.done))
+                if len(seen) == 3:
+                    break
+    assert seen == [("counter:t1:c0", 1, (float(i), 3.0, f"at {i}"), False) for i in (1, 2, 3)]
+    result = await handle.result(timeout_s=90)
+    out, _, _ = await _facts(handle)
+    assert result.status == "completed" and out["counter:t1:c0"] == "counted to 3"

@@ -46,6 +46,15 @@ class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     arguments: str = ""
 
 
+class ToolProgress(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A tool call's progress as its MCP server reported it (``notifications/progress``): ``progress`` so far,
+    of ``total`` when the server knows it, and its ``message``."""
+
+    progress: float
+    total: float | None = None
+    message: str = ""
+
+
 class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One message of an attempt's stream.
 
@@ -53,6 +62,7 @@ class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         seq: 0-based position in the attempt's stream (a subscriber sees them in order on one connection).
         content: a fragment of the assistant text.
         tool_calls: fragments of tool calls; concatenating each index's ``arguments`` gives the call's.
+        progress: an MCP tool call's progress (on the call attempt's subject; not stored).
         done: the last message of the attempt: ``finish_reason`` when the response is complete, else
             ``error`` (the stream broke, the call failed, or the attempt was interrupted) — a failed
             attempt is retried as a new attempt, on its own subject.
@@ -61,6 +71,7 @@ class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     seq: int
     content: str = ""
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    progress: ToolProgress | None = None
     done: bool = False
     finish_reason: str | None = None
     error: str | None = None
