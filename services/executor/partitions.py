@@ -10,7 +10,7 @@ partition ``p = partition(N, R)`` (shared/core/wire/subjects.py), and partition 
 * the durable of any partition no live lease names for at least one lease TTL (its owner died or was
   never started): adopted, and released (drained: runs in flight finish) once a live lease names it again.
 
-All of them draw on one limit, ``REEL_MAX_CONCURRENT_RUNS`` (default 1,000 for an executor:
+All of them draw on one limit, ``REEL_MAX_CONCURRENT_RUNS`` (default 256 for an executor:
 :data:`~reel.shared.runtime.config.DEFAULT_EXECUTOR_RUNS`): the runs the executor drives at once.
 
 Ownership is affinity, never correctness: every commit is fenced (shared/application/fenced.py), so two executors on

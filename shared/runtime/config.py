@@ -11,9 +11,9 @@ variable                 default                    meaning
 ``REEL_REPLICAS``        ``1``                      stream/bucket replicas (3 in a cluster)
 ``REEL_STORAGE``         ``file``                   ``file`` or ``memory``
 ``REEL_LEASE_TTL_S``     ``5``                      executor lease TTL, whole seconds (≥ 1)
-``REEL_MAX_CONCURRENT_RUNS`` ``16`` / ``1000``     commands one instance handles at once: jobs of a verifier
+``REEL_MAX_CONCURRENT_RUNS`` ``16`` / ``256``      commands one instance handles at once: jobs of a verifier
                                                     or crucible (16); runs an executor drives, across all
-                                                    its durables (1000: runs mostly wait on models)
+                                                    its durables (256: runs mostly wait on models)
 ``REEL_COMMAND_ACK_WAIT_S`` ``30``                 redelivery delay of a command whose executor, verifier
                                                     or crucible instance died (long handlers are kept
                                                     alive by in-progress acks every third of it)
@@ -126,9 +126,11 @@ class NatsAuth:
                    js_api_prefix=get("JS_API_PREFIX"), inbox_prefix=get("INBOX_PREFIX"))
 
 
-DEFAULT_EXECUTOR_RUNS = 1000
+DEFAULT_EXECUTOR_RUNS = 256
 """``REEL_MAX_CONCURRENT_RUNS`` of an executor when unset: the runs it drives at once. A live agent run mostly
-waits on its model (an idle run costs a few KB and no CPU), so the bound is memory, not cores."""
+waits on its model (≈ 20 KB and no CPU while it waits), so 16 left cores idle: 1,000 two-turn runs against a
+1 s model took 147 s at 16 and 38 s at 256 (docs/benchmarks.md section 10). At 1,000 the burst of turns all
+answered at once starved the event loop on a loaded machine past the lease TTL (lease lost, runs handed back)."""
 
 DEFAULT_PARTITIONS = 0
 """``REEL_PARTITIONS`` when unset: executor command partitions N (docs/architecture.md, "Executor partitions")."""
