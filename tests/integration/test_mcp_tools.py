@@ -9,6 +9,7 @@ import json
 import socket
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,3 +175,17 @@ async def test_progress_goes_to_the_calls_stream_subject(local: reel.Client) -> 
     result = await handle.result(timeout_s=90)
     out, _, _ = await _facts(handle)
     assert result.status == "completed" and out["counter:t1:c0"] == "counted to 3"
+
+
+async def test_a_call_past_its_timeout_is_cancelled_at_the_server(local: reel.Client, tmp_path: Path) -> None:
+    marker = str(tmp_path / "held")
+    tools = reel.mcp_tools(name="own", command=[sys.executable, "-m", "tests.support.mcp_server"],
+                           include=["hold", "was_cancelled"], timeout_s=1.0)
+    agent = reel.Agent(name="holder", instructions=".", tools=[tools], model=reel.ScriptedModel(
+        turns=[{"tool_calls": [{"name": "own__hold", "arguments": {"marker": marker}}]},
+               {"tool_calls": [{"name": "own__was_cancelled", "arguments": {}}]}, {"text": "ok"}]))
+    handle = await local.start(agent, input="hold")
+    result = await handle.result(timeout_s=90)
+    out, failed, _ = await _facts(handle)
+    assert result.status == "completed" and failed["holder:t1:c0"].error_kind == "timeout"
+    assert out.get("holder:t2:c0") == marker, failed  # the server got notifications/cancelled for the held call

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -17,8 +18,11 @@ class Choice(BaseModel):
 
 def server() -> MCPServer:
     """``add`` (idempotent), ``explode`` (an isError result), ``pid`` (the server's process id), ``die`` (the
-    server exits at once), ``paint`` (asks the user a colour: an elicitation), ``count`` (reports progress)."""
+    server exits at once), ``paint`` (asks the user a colour: an elicitation), ``count`` (reports progress),
+    ``hold`` (writes its pid to a file, then waits; at once when the file exists), ``was_cancelled`` (the holds
+    the client cancelled with ``notifications/cancelled``)."""
     s = MCPServer("reel-test")
+    cancelled: list[str] = []  # the markers of the holds whose call the client cancelled
 
     @s.tool(annotations=ToolAnnotations(idempotent_hint=True))
     def add(a: int, b: int) -> int:
@@ -54,6 +58,25 @@ def server() -> MCPServer:
         for i in range(1, n + 1):
             await ctx.report_progress(i, n, f"at {i}")
         return f"counted to {n}"
+
+    @s.tool()
+    async def hold(marker: str, seconds: float = 600.0) -> str:
+        """Write the server's pid to ``marker`` and wait ``seconds``; at once if ``marker`` exists already."""
+        path = anyio.Path(marker)
+        if await path.exists():
+            return f"held before by {await path.read_text()}"
+        await path.write_text(str(os.getpid()))
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(marker)
+            raise
+        return "held"
+
+    @s.tool()
+    def was_cancelled() -> str:
+        """The markers of the holds the client cancelled."""
+        return ",".join(cancelled) or "none"
 
     return s
 
