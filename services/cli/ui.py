@@ -48,7 +48,8 @@ def ui(
     async def body() -> int:
         async with session(nats_url, namespace, services=(), role="client" if allow_actions else "viewer") as s:
             actions = Actions(s.client, who) if allow_actions else None
-            app = create_app(RunReader(s.client), page_bytes=page_bytes, server=redact_url(s.cfg.nats_url),
+            reader = RunReader(s.client)
+            app = create_app(reader, page_bytes=page_bytes, server=redact_url(s.cfg.nats_url),
                              actions=actions, hosts=allowed_hosts(host, allowed_host))
             started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(serve(app, host, port, started=started))
@@ -60,7 +61,8 @@ def ui(
                               f"{f'actions allowed, as {who}' if allow_actions else 'read-only'}; Ctrl-C stops)",
                               markup=False, highlight=False, soft_wrap=True)
             try:
-                await task
+                async with reader.indexing():  # the runs page's index, built from the stream and following it
+                    await task
             except OSError as exc:
                 raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         return 0

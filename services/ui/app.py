@@ -6,14 +6,17 @@ Pages are rendered on the server (Jinja2, autoescaped: a tool output holding ``<
 is text) and work without JavaScript; ``static/ui.js`` enhances them with live updates
 over server-sent events (sse-starlette). Routes:
 
-* ``GET /`` — the runs (id, status, outcome, workflow, age, head LSN); filter ``?status=&q=``;
+* ``GET /`` — a page of the runs (id, status, outcome, workflow, created, duration, head LSN), at most
+  :data:`~reel.services.ui.runindex.PAGE_RUNS`, newest first, from the reader's index; filter
+  ``?status=&outcome=&label=&q=``, page ``?before=KEY`` (older) / ``?after=KEY`` (newer): a run's key is the LSN of
+  its first commit;
 * ``GET /live?tokens=r-…,r-…`` — SSE, one per browser (the pages share it, ``static/live-worker.js``): ``ready``
   ``{tokens}`` once it follows (the runs whose tokens it forwards), ``moved`` ``{run_ids}`` (runs that got a
   commit), ``tokens`` ``{chunks: [{run_id, branch, step, attempt, seq, content?, tool_calls?, done?, …}]}``
   (what the runs' model attempts stream on core NATS, docs/subjects.md);
   ``GET /heads`` — ``{run_id: head_lsn}``, what a page polls instead where it cannot share the stream;
-* ``GET /runs/{run_id}/row?status=&q=`` — ``{run_id, html}`` (its runs-page row) or ``{run_id, remove: true}``
-  (it does not match the filter);
+* ``GET /runs/{run_id}/row?status=&outcome=&label=&q=&upper=`` — ``{run_id, key, html}`` (its runs-page row) or
+  ``{run_id, remove: true}`` (it does not match the filter, or its key is ``upper`` or more: newer than the page);
 * ``GET /runs/{run_id}?branch=`` — a run: failure summary, lineage graph, timeline, partitions, viewers,
   verdicts; ``GET /runs/{run_id}/body?branch=`` — the same page's body alone; ``GET
   /runs/{run_id}/delta?since=LSN&branch=`` — what changed in that body since the render at head ``since``
@@ -48,7 +51,7 @@ import msgspec
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -57,6 +60,7 @@ from reel.services.ui import chat, fragments, pages
 from reel.services.ui.actions import Actions
 from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, StreamedChunk, check_run_id
+from reel.services.ui.runindex import PAGE_RUNS, RunFilter, row_key
 from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run.integrity import RunCorrupt
@@ -75,10 +79,12 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["age"] = lambda ms: pages.age(ms, int(time.time() * 1000))
+    env.filters["since"] = lambda ms: pages.duration(int(time.time() * 1000) - ms)
+    env.filters["utc"], env.filters["iso_utc"], env.filters["duration"] = pages.utc, pages.iso_utc, pages.duration
+    env.filters["row_key"] = row_key
     env.globals["step_anchor"], env.globals["attempt_anchor"] = step_anchor, attempt_anchor
     env.globals["drop_reasons"] = DROP_REASONS
     env.filters["kib"] = lambda n: f"{n:,} B" if n < 10240 else f"{n / 1024:,.1f} KiB"
-    env.filters["utc"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
     env.filters["iso"] = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
     env.globals["how_to_answer"] = how_to_answer
     env.globals["form_key"] = lambda: secrets.token_hex(8)  # a rewind form's idempotency key: one per rendering
@@ -104,10 +110,32 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
     def error(status_code: int, message: str) -> HTMLResponse:
         return html("error.html", status_code, message=message)
 
+    def run_filter(request: Request) -> RunFilter:
+        qp = request.query_params
+        return RunFilter(status=qp.get("status", ""), outcome=qp.get("outcome", ""), label=qp.get("label", ""),
+                         q=qp.get("q", ""))
+
     async def runs(request: Request) -> Response:
-        status, q = request.query_params.get("status", ""), request.query_params.get("q", "")
-        rows = [r for r in await reader.rows() if pages.matches(r, status, q)]
-        return html("runs.html", rows=rows, status=status, q=q)
+        t0 = time.perf_counter()
+        f = run_filter(request)
+        try:
+            before, after = (_key(request.query_params.get(k)) for k in ("before", "after"))
+        except ValueError:
+            return error(400, "before and after are run keys (the LSN of a run's first commit)")
+        caught_up = await reader.caught_up()
+        t1 = time.perf_counter()
+        page = reader.index.query(f, before=before, after=after)
+        t2 = time.perf_counter()
+        filt = {k: v for k, v in (("status", f.status), ("outcome", f.outcome), ("label", f.label), ("q", f.q)) if v}
+        indexed, listed = reader.index_progress
+        out = html("runs.html", page=page, rows=page.rows, f=f, status=f.status, q=f.q, filt=filt,
+                   outcomes=reader.index.outcomes(), caught_up=caught_up, index_ready=reader.index_ready,
+                   indexed=indexed, listed=listed, first_page=page.newer is None, page_size=PAGE_RUNS,
+                   upper="" if page.newer is None or not page.rows else str(row_key(page.rows[0]) + 1))
+        t3 = time.perf_counter()
+        out.headers["Server-Timing"] = (f"catchup;dur={(t1 - t0) * 1000:.2f}, index;dur={(t2 - t1) * 1000:.2f}, "
+                                        f"render;dur={(t3 - t2) * 1000:.2f}, total;dur={(t3 - t0) * 1000:.2f}")
+        return out
 
     async def live(request: Request) -> Response:
         try:
@@ -145,18 +173,21 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return EventSourceResponse(gen(), ping=10)
 
     async def heads(request: Request) -> Response:
-        return JSONResponse({r.run_id: r.head_lsn for r in await reader.rows()})
+        await reader.caught_up()
+        return JSONResponse(reader.index.heads())
 
     async def row(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        status, q = request.query_params.get("status", ""), request.query_params.get("q", "")
+        f = run_filter(request)
         try:
+            upper = _key(request.query_params.get("upper"))
             found = await reader.row(check_run_id(run_id))
-        except NotARunId as exc:
+        except ValueError as exc:  # NotARunId too
             return JSONResponse({"error": str(exc)}, 400)
-        if found is None or not pages.matches(found, status, q):
+        if found is None or not reader.index.matches(found, f) or (upper is not None and row_key(found) >= upper):
             return JSONResponse({"run_id": run_id, "remove": True})
-        return JSONResponse({"run_id": run_id, "html": env.get_template("_row.html").render(**common, r=found)})
+        return JSONResponse({"run_id": run_id, "key": row_key(found),
+                             "html": env.get_template("_row.html").render(**common, r=found)})
 
     async def _body(request: Request) -> tuple[RunPage, str, str] | Response:
         """(the page, the branch parameter, the rendered body) of a run page, or the error page."""
@@ -298,8 +329,12 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return html("_chat.html" if fragment else "chat.html", 200 if convo is not None else 422, run_id=run_id,
                     ref=ref, c=convo, why=why, page_bytes=page_bytes)
 
+    async def favicon(request: Request) -> Response:
+        return RedirectResponse("/static/favicon.svg", 301)
+
     routes = [
-        Route("/", runs), Route("/live", live), Route("/heads", heads), Route("/runs/{run_id}", run),
+        Route("/", runs), Route("/favicon.ico", favicon), Route("/live", live), Route("/heads", heads),
+        Route("/runs/{run_id}", run),
         Route("/runs/{run_id}/row", row), Route("/runs/{run_id}/body", run_body),
         Route("/runs/{run_id}/delta", run_delta),
         Route("/runs/{run_id}/commits", run_commits),
@@ -315,6 +350,20 @@ def _token(s: StreamedChunk) -> dict[str, Any]:
     """A streamed message as ``/live`` sends it: the attempt it belongs to and the chunk's fields that are set."""
     return {"run_id": s.run_id, "branch": s.branch_id, "step": s.step_id, "attempt": s.attempt,
             **msgspec.to_builtins(s.chunk)}
+
+
+def _key(value: str | None) -> int | None:
+    """A keyset key from a query parameter (``None`` if absent or empty).
+
+    Raises:
+        ValueError: not a non-negative integer.
+    """
+    if not value:
+        return None
+    key = int(value)
+    if key < 0:
+        raise ValueError(f"not a run key: {value!r}")
+    return key
 
 
 def _commits(state: RunState, new: list[tuple[int, Any]]) -> dict[str, Any]:

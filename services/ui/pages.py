@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from reel.shared.core.agent import turnfold
 from reel.shared.core.run.events import BlobRef
@@ -41,6 +42,9 @@ class RunRow:
         corrupt: for a corrupt run, ``at lsn N: <kind>`` (its first bad commit).
         failed: its reported outcome is ``failed``, or a step of its active branch failed for good.
         errors: every attempt's error (``kind: message``) on any branch, one a line: what search also covers.
+        created_lsn: the LSN of its first commit (``run_created``), 0 if unknown: the runs page's keyset key.
+        finished_ms: when it completed or was cancelled (Unix ms), ``None`` while it is not finished.
+        verifiers: how many verifiers it declares.
     """
 
     run_id: str
@@ -57,6 +61,9 @@ class RunRow:
     checks: str = ""
     failed: bool = False
     errors: str = ""
+    created_lsn: int = 0
+    finished_ms: int | None = None
+    verifiers: int = 0
 
 
 def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | None = None) -> RunRow:
@@ -69,7 +76,7 @@ def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | N
         return RunRow(run_id=state.run_id, status="corrupt", outcome="", workflow=state.workflow_name,
                       created_ms=state.created_ms, head_lsn=corrupt.lsn, commits=state.commits,
                       branches=len(state.branches), active_branch=state.active_branch, labels=dict(state.labels),
-                      corrupt=bad)
+                      corrupt=bad, created_lsn=state.created_lsn)
     assert state is not None
     outcome = str(reported_outcome(state) or "")
     return RunRow(run_id=state.run_id, status=str(state.status), outcome=outcome,
@@ -78,7 +85,8 @@ def run_row(state: RunState | None, *, run_id: str = "", corrupt: Corruption | N
                   labels=dict(state.labels), checks=checks_summary(state),
                   failed=outcome == "failed" or (state.active_branch in state.branches
                                                  and branch_failed(state, state.active_branch)),
-                  errors=_errors(state))
+                  errors=_errors(state), created_lsn=state.created_lsn, finished_ms=state.finished_ms,
+                  verifiers=len(state.verifiers))
 
 
 def _errors(state: RunState) -> str:
@@ -88,22 +96,44 @@ def _errors(state: RunState) -> str:
     return "\n".join(lines)
 
 
-def matches(row: RunRow, status: str = "", q: str = "") -> bool:
+def row_text(row: RunRow) -> str:
+    """What ``q`` searches in a row, lower-cased: id, workflow, outcome, each label as ``k``, ``v`` and ``k=v`` (as
+    the page shows it), every attempt's error; fields joined by a newline."""
+    labels = [x for k, v in row.labels.items() for x in (k, v, f"{k}={v}")]
+    return "\n".join([row.run_id, row.workflow, row.outcome, *labels, row.errors]).lower()
+
+
+def postings(row: RunRow) -> set[str]:
+    """The exact-match filter values ``row`` has: ``status:<s>``, ``outcome:<o>``, ``label:<k>``, ``label:<k>=<v>``,
+    and ``failed`` (:attr:`RunRow.failed`)."""
+    names = {f"status:{row.status}", *(f"label:{k}" for k in row.labels),
+             *(f"label:{k}={v}" for k, v in row.labels.items())}
+    if row.outcome:
+        names.add(f"outcome:{row.outcome}")
+    if row.failed:
+        names.add("failed")
+    return names
+
+
+def status_posting(status: str) -> str:
+    """The posting the status filter ``status`` selects (``failed``: :attr:`RunRow.failed`)."""
+    return "failed" if status == "failed" else f"status:{status}"
+
+
+def matches(row: RunRow, status: str = "", q: str = "", *, outcome: str = "", label: str = "") -> bool:
     """True if ``row`` passes the runs page's filter.
 
-    ``status``: one of :data:`STATUSES` or empty (any; ``failed`` matches :attr:`RunRow.failed`); ``q``: a
-    case-insensitive substring of the run id, workflow, outcome, a label's key or value, or an attempt's
-    error (:attr:`RunRow.errors`), empty for any.
+    ``status``: one of :data:`STATUSES` or empty (any; ``failed`` matches :attr:`RunRow.failed`); ``outcome``: a
+    reported outcome or empty; ``label``: ``k=v`` or a label key ``k``, or empty; ``q``: a case-insensitive
+    substring of :func:`row_text` (the run id, workflow, outcome, a label as ``k``, ``v`` or ``k=v``, or an
+    attempt's error), empty for any.
     """
-    if status == "failed":
-        if not row.failed:
-            return False
-    elif status and row.status != status:
+    names = postings(row)
+    if (status and status_posting(status) not in names) or (outcome and f"outcome:{outcome}" not in names) \
+            or (label and f"label:{label}" not in names):
         return False
-    if not q:
-        return True
-    hay = " ".join([row.run_id, row.workflow, row.outcome, *row.labels, *row.labels.values(), row.errors]).lower()
-    return q.lower() in hay
+    q = q.strip().lower()
+    return not q or q in row_text(row)
 
 
 def age(created_ms: int, now_ms: int) -> str:
@@ -115,6 +145,34 @@ def age(created_ms: int, now_ms: int) -> str:
         if s >= size:
             return f"{s // size} {unit}"
     return f"{s} s"
+
+
+def utc(ms: int) -> str:
+    """A Unix-ms moment as ``2026-12-02 06:14:33 UTC`` (seconds; ``?`` if unknown)."""
+    if ms <= 0:
+        return "?"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def iso_utc(ms: int) -> str:
+    """A Unix-ms moment as ISO 8601 in UTC with milliseconds (``2026-12-02T06:14:33.123Z``: a ``<time>``'s
+    ``datetime``)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def duration(ms: int) -> str:
+    """A span of ``ms`` milliseconds: ``850 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``, ``3 d 4 h``."""
+    ms = max(0, ms)
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    s = ms // 1000
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
 def _refs(state: RunState) -> Iterator[BlobRef]:

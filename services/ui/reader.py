@@ -9,6 +9,13 @@ consumers.
 
 Streamed tokens (:meth:`RunReader.tokens`) are read from their core-NATS subjects, which the ``viewer``
 role may subscribe to; nothing is published.
+The runs page reads an in-process :class:`~reel.services.ui.runindex.RunIndex` that each reader keeps
+from the events stream (:meth:`RunReader.indexing`): it notes the stream's last sequence ``S``, follows
+the stream from ``S + 1`` with one ordered, headers-only consumer, and loads every run listed at that point
+once (snapshot-aware) into a row; a run that gets a commit is re-read into its row. A page asks the stream's
+last sequence first and waits (up to :data:`CATCH_UP_S`) until the index has applied it, so it shows every
+commit that landed before the request. Every UI process keeps its own index and rebuilds it when it
+starts: the stream is the only truth, nothing is written, and the ``viewer`` role suffices.
 
 Caches (all bounded): the folded state of the last :data:`STATE_CACHE` runs viewed,
 brought up to date with only the commits above it (:meth:`JetStreamEventLog.refresh`),
@@ -27,9 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import structlog
 from nats.js import api as jsapi
 
 from reel.services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_span, run_row
+from reel.services.ui.runindex import RunFilter, RunIndex, RunsPage
 from reel.shared.core.errors import BlobMissing, RunNotFound
 from reel.shared.core.run.events import BlobRef, Commit
 from reel.shared.core.run.ids import is_token
@@ -38,6 +47,8 @@ from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
 from reel.shared.nats.blobread import ChunkIndex
 from reel.shared.nats.client import ReelClient
+
+log = structlog.get_logger(__name__)
 
 STATE_CACHE = 64
 """Runs whose folded state is kept between page loads."""
@@ -63,6 +74,14 @@ class StreamedChunk:
     step_id: str
     attempt: int
     chunk: StreamChunk
+CATCH_UP_S = 2.0
+"""How long a runs page waits for the index to apply the commits that landed before the request (s); after
+that it shows the index as it stands, saying so."""
+BUILD_WAIT_S = 20.0
+"""The same wait while the index is still being built (s): a page right after a start waits for the whole index
+(10,000 runs take some 7 s: docs/benchmarks.md) rather than show part of it."""
+INDEX_LOADS = 16
+"""Runs loaded at once while the index is built."""
 
 
 class NotARunId(ValueError):
@@ -90,6 +109,14 @@ class RunReader:
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
         self._indexes: OrderedDict[str, ChunkIndex] = OrderedDict()
         self._blob_bytes = 0
+        self.index = RunIndex()
+        self._listed = 0  # runs listed when the index was built (0 until then)
+        self._applied = -1  # every commit up to this stream sequence is in the index (-1: not built yet)
+        self._seen = 0  # the last stream sequence the index's consumer delivered
+        self._dirty: dict[str, None] = {}
+        self._progress = asyncio.Condition()
+        self._wake = asyncio.Event()
+        self._index_task: asyncio.Task[None] | None = None
 
     @property
     def namespace(self) -> str:
@@ -115,8 +142,136 @@ class RunReader:
             self._states.popitem(last=False)
         return state
 
+    @contextlib.asynccontextmanager
+    async def indexing(self) -> AsyncIterator[RunIndex]:
+        """Build :attr:`index` and keep it current for the block (see the module doc); yields it at once, while it
+        is still being built."""
+        self._ensure_index()
+        try:
+            yield self.index
+        finally:
+            task, self._index_task = self._index_task, None
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _ensure_index(self) -> None:
+        if self._index_task is None or self._index_task.done():
+            self._index_task = asyncio.create_task(self._keep_index(), name="ui-run-index")
+
+    @property
+    def index_ready(self) -> bool:
+        """True once the index holds every run listed when it was built."""
+        return self._applied >= 0
+
+    @property
+    def index_progress(self) -> tuple[int, int]:
+        """(runs indexed, runs listed when the build began; 0 until listed)."""
+        return len(self.index), self._listed
+
+    async def _keep_index(self) -> None:
+        """Build the index and follow the stream; on a failure (the connection lost, a JetStream error) log it,
+        wait (1 s, doubling up to 30 s) and build afresh — the old index serves meanwhile."""
+        delay = 1.0
+        while True:
+            try:
+                await self._build_and_follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: rebuild, never a dead index
+                log.warning("ui.index_failed", error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(30.0, delay * 2)
+
+    async def _build_and_follow(self) -> None:
+        info = await self._client.js.stream_info(self._names.events_stream)
+        start = info.state.last_seq
+        self._seen = start
+        prefix = self._names.events("")
+        self._dirty.clear()
+
+        async def on_msg(msg: Any) -> None:
+            self._dirty[msg.subject.removeprefix(prefix)] = None
+            self._seen = max(self._seen, msg.metadata.sequence.stream)
+            self._wake.set()
+
+        config = jsapi.ConsumerConfig(deliver_policy=jsapi.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1,
+                                      headers_only=True)
+        sub = await self._client.js.subscribe(self._names.events("*"), stream=self._names.events_stream, cb=on_msg,
+                                              ordered_consumer=True, config=config)
+        try:
+            index = self.index if not self.index_ready else RunIndex()  # a rebuild: the old one serves meanwhile
+            ids = await self._client.log.list_runs()
+            self._listed = len(ids)
+            gate = asyncio.Semaphore(INDEX_LOADS)
+
+            async def build(rid: str) -> None:
+                async with gate:
+                    row = await self._load_row(rid)
+                if row is not None:
+                    index.put(row)
+
+            await asyncio.gather(*(build(rid) for rid in ids))
+            self.index = index
+            await self._applied_up_to(start)
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                upto, moved = self._seen, list(self._dirty)
+                self._dirty.clear()
+
+                async def reread(rid: str) -> None:
+                    async with gate:
+                        row = await self.row(rid)
+                    if row is None:
+                        self.index.drop(rid)
+                    else:
+                        self.index.put(row)
+
+                await asyncio.gather(*(reread(rid) for rid in moved))
+                await self._applied_up_to(upto)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _applied_up_to(self, seq: int) -> None:
+        async with self._progress:
+            self._applied = max(self._applied, seq)
+            self._progress.notify_all()
+
+    async def _load_row(self, run_id: str) -> RunRow | None:
+        """The run's row from a load of its own (the state cache is left to the pages people open)."""
+        try:
+            return run_row(await self._client.log.load(check_run_id(run_id)))
+        except RunCorrupt as exc:
+            return run_row(exc.state, run_id=run_id, corrupt=exc.corruption)
+        except (RunNotFound, NotARunId):
+            return None
+
+    async def caught_up(self, timeout_s: float | None = None) -> bool:
+        """Wait until the index holds every commit in the events stream now (at most ``timeout_s``; default
+        :data:`CATCH_UP_S`, :data:`BUILD_WAIT_S` while it is being built); True if it does (False: it is still
+        being built or behind, and shows what it has)."""
+        self._ensure_index()
+        if timeout_s is None:
+            timeout_s = CATCH_UP_S if self.index_ready else BUILD_WAIT_S
+        last = (await self._client.js.stream_info(self._names.events_stream)).state.last_seq
+        async with self._progress:
+            try:
+                await asyncio.wait_for(self._progress.wait_for(lambda: self._applied >= last), timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    async def runs_page(self, f: RunFilter, *, before: int | None = None, after: int | None = None) -> RunsPage:
+        """A page of the runs page (:meth:`RunIndex.query`), once the index has caught up (:meth:`caught_up`)."""
+        await self.caught_up()
+        return self.index.query(f, before=before, after=after)
+
     async def rows(self) -> list[RunRow]:
-        """One :class:`RunRow` per run with a commit, newest first (corrupt runs too: status ``corrupt``)."""
+        """One :class:`RunRow` per run with a commit, newest first (corrupt runs too: status ``corrupt``), each
+        loaded now: a scan of every run (the runs page reads :attr:`index` instead)."""
         ids = await self._client.log.list_runs()
         gate = asyncio.Semaphore(16)
 

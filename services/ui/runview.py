@@ -149,6 +149,8 @@ class AttemptEntry:
     view: AttemptView
     usage: tuple[tuple[str, Any], ...]
     partition: Partition | None
+    started_ms: int = 0
+    finished_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class StepEntry:
     Attributes:
         depth: 1 for an agent's turns and calls, else 0.
         arguments, arguments_ref: a tool call's raw JSON arguments, inline or by blob.
+        started_ms, finished_ms: from its first attempt's dispatch to its last attempt's outcome (an agent step:
+            over its turns and calls; Unix ms; 0 / ``None``: not started / not finished).
     """
 
     view: StepView
@@ -171,6 +175,8 @@ class StepEntry:
     input: InputRecord | None = None
     output_ref: BlobRef | None = None
     error_kind: str | None = None
+    started_ms: int = 0
+    finished_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -400,7 +406,9 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
     for s in view.steps:
         entries = []
         scope = s.parent_step if isinstance(s.parent_step, str) else s.step_id
+        times = {int(x.attempt): x for x in branch.attempts.get(s.step_id, ())}
         for a in s.attempts:
+            at = times.get(int(a.attempt))
             part = partition(a.context) if a.context is not None else None
             if part is not None:
                 anchor = attempt_anchor(a.step_id, a.attempt)
@@ -411,7 +419,9 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
                 if collapse_partitions and prev is not None:
                     part = collapse(part, *prev)
             entries.append(AttemptEntry(
-                view=a, usage=_usage(a.usage), partition=part))
+                view=a, usage=_usage(a.usage), partition=part,
+                started_ms=at.dispatched_ms if at is not None else 0,
+                finished_ms=at.finished_ms if at is not None and a.outcome_lsn is not None else None))
         decl = turnfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
         steps.append(StepEntry(
             view=s, depth=1 if isinstance(s.parent_step, str) else 0, label=_label(s), attempts=tuple(entries),
@@ -419,7 +429,10 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
             call_id=s.call_id if isinstance(s.call_id, str) else "", is_error=s.is_error is True,
             input=s.input if isinstance(s.input, InputRecord) else None,
             output_ref=s.output_ref if isinstance(s.output_ref, BlobRef) else None,
-            error_kind=s.error_kind if isinstance(s.error_kind, str) else None))
+            error_kind=s.error_kind if isinstance(s.error_kind, str) else None,
+            started_ms=entries[0].started_ms if entries else 0,
+            finished_ms=entries[-1].finished_ms if entries and str(s.status) in _ENDED else None))
+    steps = _agent_spans(steps)
     outcome, checks = reported_outcome(state) or "", context_checks(state)
     return RunPage(state=state, branch_id=bid, view=view, steps=tuple(steps), lineage=lineage(state, bid),
                    verdicts=state.verdicts, corrupt=corrupt, usage=_usage(view.usage),
@@ -438,6 +451,29 @@ def _wakes(state: RunState) -> str:
         return ""
     at = datetime.fromtimestamp(timer.wake_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return f"{at} ({timer.step_id}{', asked to be resumed' if timer.reason == 'resume_after' else ''})"
+
+
+_ENDED = frozenset({"succeeded", "failed", "cancelled", "skipped"})
+"""Step statuses after which a step's span has an end."""
+
+
+def _agent_spans(steps: list[StepEntry]) -> list[StepEntry]:
+    """Give each agent step (no attempts of its own) the span of its turns and calls: the first one's start to
+    the last one's end (``None`` while one is unfinished or the agent has not finished)."""
+    out = []
+    for e in steps:
+        if e.attempts or e.view.kind != "agent":
+            out.append(e)
+            continue
+        kids = [k for k in steps if k.view.parent_step == e.view.step_id and k.started_ms]
+        if not kids:
+            out.append(e)
+            continue
+        ends = [k.finished_ms for k in kids]
+        done = str(e.view.status) in _ENDED and None not in ends
+        out.append(dataclasses.replace(e, started_ms=min(k.started_ms for k in kids),
+                                       finished_ms=max(x for x in ends if x is not None) if done else None))
+    return out
 
 
 def _label(s: StepView) -> str:

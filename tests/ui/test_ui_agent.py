@@ -45,7 +45,8 @@ async def test_agent_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs
             row = b.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')
             cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
             assert cells[:4] == [run_id, "completed", "passed", "fix-typo"], cells
-            assert re.fullmatch(r"\d+ (s|min)", cells[4]) and cells[5] == str(state.head_lsn), cells
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d+ (s|min)", cells[4]), cells  # local time, age
+            assert re.fullmatch(r"\d+(\.\d)? m?s|\d+ min \d\d s", cells[5]) and cells[6] == str(state.head_lsn), cells
             b.get(url + "/?status=running")
             assert not b.find_elements(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')
             assert b.find_element(By.ID, "empty").is_displayed()

@@ -65,13 +65,58 @@ function liveBadge(el, mode) { el.textContent = mode === "shared" ? "live" : "li
 
 function ages() {
   const now = Date.now();
-  for (const td of document.querySelectorAll("tr[data-created-ms] td.age")) {
-    const ms = Number(td.parentElement.dataset.createdMs);
-    if (!ms) continue;
-    const s = Math.max(0, Math.floor((now - ms) / 1000));
-    td.textContent = s >= 86400 ? `${Math.floor(s / 86400)} d` : s >= 3600 ? `${Math.floor(s / 3600)} h`
-      : s >= 60 ? `${Math.floor(s / 60)} min` : `${s} s`;
+  for (const el of document.querySelectorAll("tr[data-created-ms] .age")) {
+    const ms = Number(el.closest("tr").dataset.createdMs);
+    if (ms) el.textContent = span(now - ms, true);
   }
+  for (const el of document.querySelectorAll(".dur.running[data-from-ms]")) {
+    el.textContent = `${span(now - Number(el.dataset.fromMs))}…`;
+  }
+}
+
+// A span of ms as the server writes it (pages.duration); short: the runs page's age (pages.age).
+function span(ms, short) {
+  ms = Math.max(0, ms);
+  const s = Math.floor(ms / 1000), pad = (n) => String(n).padStart(2, "0");
+  if (short) return s >= 86400 ? `${Math.floor(s / 86400)} d` : s >= 3600 ? `${Math.floor(s / 3600)} h`
+    : s >= 60 ? `${Math.floor(s / 60)} min` : `${s} s`;
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${pad(s % 60)} s`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ${pad(Math.floor(s % 3600 / 60))} min`;
+  return `${Math.floor(s / 86400)} d ${Math.floor(s % 86400 / 3600)} h`;
+}
+
+// <time datetime> in local time (YYYY-MM-DD HH:MM:SS), UTC kept on hover (the title the server wrote).
+function localTimes(root) {
+  const pad = (n) => String(n).padStart(2, "0");
+  for (const t of root.querySelectorAll("time.ts[datetime]:not([data-local])")) {
+    const d = new Date(t.getAttribute("datetime"));
+    t.textContent = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} `
+      + `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+    t.dataset.local = "1";
+  }
+}
+
+// Copy buttons (button.copy[data-copy]): the value to the clipboard; the button says so for a moment.
+function copyButtons(root) {
+  root.addEventListener("click", async (ev) => {
+    const b = ev.target.closest && ev.target.closest("button.copy[data-copy]");
+    if (!b) return;
+    ev.preventDefault();
+    const value = b.dataset.copy;
+    let ok = false;
+    try { await navigator.clipboard.writeText(value); ok = true; } catch (err) {
+      const ta = document.createElement("textarea");  // no clipboard API here (not a secure context): the old way
+      ta.value = value; ta.setAttribute("readonly", ""); ta.style.position = "fixed"; ta.style.opacity = "0";
+      document.body.append(ta); ta.select();
+      try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+      ta.remove();
+    }
+    b.dataset.copied = ok ? "1" : "0";
+    b.title = ok ? "copied" : "could not copy";
+    setTimeout(() => { delete b.dataset.copied; }, 2000);
+  });
 }
 
 function runsPage(table) {
@@ -79,8 +124,10 @@ function runsPage(table) {
   const live = document.getElementById("live-runs");
   const rowOf = (id) => body.querySelector(`tr[data-run="${CSS.escape(id)}"]`);
   const filter = table.dataset.filter;
+  const upper = table.dataset.upper;  // a page of older runs: newer ones are not its to show
+  const size = Number(table.dataset.pageSize) || 100;
   async function update(rid) {
-    const r = await fetch(`/runs/${encodeURIComponent(rid)}/row?${filter}`);
+    const r = await fetch(`/runs/${encodeURIComponent(rid)}/row?${filter}${upper ? `&upper=${upper}` : ""}`);
     if (!r.ok) return;
     const m = await r.json();
     const old = rowOf(m.run_id);
@@ -88,7 +135,15 @@ function runsPage(table) {
     const tpl = document.createElement("template");
     tpl.innerHTML = m.html.trim();
     const row = tpl.content.firstElementChild;
-    if (old) old.replaceWith(row); else body.prepend(row);
+    localTimes(tpl.content);
+    if (old) old.replaceWith(row);
+    else {  // newest first by key: in its place, unless it belongs to a later page
+      const next = [...body.rows].find((tr) => Number(tr.dataset.key) < m.key);
+      if (next) body.insertBefore(row, next);
+      else if (body.rows.length < size) body.append(row);
+      else return;
+      while (body.rows.length > size) body.rows[body.rows.length - 1].remove();
+    }
     document.getElementById("empty").hidden = true;
   }
   let started = false;
@@ -101,9 +156,8 @@ function runsPage(table) {
     if (!r.ok) return;
     const doc = new DOMParser().parseFromString(await r.text(), "text/html");
     const fresh = doc.querySelector("#runs tbody");
-    if (fresh) body.replaceChildren(...fresh.children);
+    if (fresh) { localTimes(fresh); body.replaceChildren(...fresh.children); }
   });
-  setInterval(ages, 5000);
 }
 
 async function loadPage(viewer) {
@@ -250,6 +304,7 @@ function runPage(run) {
                                   more: v.querySelector("button.more").hidden });
       }
       if (typeof m.full === "string" || !applyDelta(body, m)) body.innerHTML = m.full ?? await wholeBody();
+      localTimes(body);  // the re-rendered times (those kept are marked data-local already)
       for (const v of body.querySelectorAll("details.viewer:not([open])")) {  // the re-rendered ones
         const k = kept.get(v.dataset.key);
         if (!k) continue;
@@ -388,6 +443,9 @@ function runPage(run) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  localTimes(document);
+  copyButtons(document);
+  setInterval(ages, 5000);  // ages on the runs page, the durations of what is still going
   const table = document.getElementById("runs");
   if (table) runsPage(table);
   const run = document.getElementById("run");
