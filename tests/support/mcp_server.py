@@ -61,11 +61,13 @@ def server() -> MCPServer:
 
     @s.tool()
     async def hold(marker: str, seconds: float = 600.0) -> str:
-        """Write the server's pid to ``marker`` and wait ``seconds``; at once if ``marker`` exists already."""
-        path = anyio.Path(marker)
-        if await path.exists():
-            return f"held before by {await path.read_text()}"
-        await path.write_text(str(os.getpid()))
+        """Write the server's pid to ``marker`` (a file, or a FIFO a test reads: the call has started), then wait
+        ``seconds``; at once when a call with this ``marker`` held before (``<marker>.held`` exists)."""
+        held = anyio.Path(marker + ".held")
+        if await held.exists():
+            return f"held before by {await held.read_text()}"
+        await held.write_text(str(os.getpid()))
+        await anyio.to_thread.run_sync(_write_pid, marker)  # a FIFO's open waits for its reader
         try:
             await anyio.sleep(seconds)
         except anyio.get_cancelled_exc_class():
@@ -79,6 +81,11 @@ def server() -> MCPServer:
         return ",".join(cancelled) or "none"
 
     return s
+
+
+def _write_pid(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
 
 
 if __name__ == "__main__":
