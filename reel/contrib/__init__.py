@@ -1,0 +1,1 @@
+"""Integrations of Reel with other agent frameworks (each needs its own optional extra)."""

@@ -1,0 +1,94 @@
+"""The OpenAI Agents SDK on Reel (reel.contrib.openai_agents) with the real ``openai-agents`` package against
+the loopback chat-completions server: parallel function tools, a handoff, journal replay after a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import set_tracing_disabled
+
+import reel
+from reel.contrib import openai_agents
+from tests.contrib.oa_app import build
+from tests.support.chat_server import ChatServer, call, reply
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def script(server: ChatServer) -> None:
+    """Turn 1: two parallel calls (ids out of order); turn 2: the handoff; turn 3: the writer's answer."""
+    server.script(reply(tool_calls=[call("mul", {"a": 4, "b": 5}, id="call_b"),
+                                    call("add", {"a": 2, "b": 3}, id="call_a")]),
+                  reply(tool_calls=[call("transfer_to_writer", {}, id="call_h")]),
+                  reply("2+3=5 and 4*5=20"))
+
+
+async def test_parallel_tools_and_handoff_are_reel_steps(chat_server: ChatServer, tmp_path: Path) -> None:
+    set_tracing_disabled(True)
+    script(chat_server)
+    effects = tmp_path / "effects"
+    agent = build(chat_server.url, effects)
+    async with reel.local() as client:
+        result = await openai_agents.run(agent, "What are 2+3 and 4*5?", client=client, key="k1")
+        assert (result.final_output, result.last_agent.name) == ("2+3=5 and 4*5=20", "writer")
+        [run_id] = await client.runs()
+        state = await client.get(run_id).state()
+        branch = state.branches[state.active_branch]
+        blobs = client._rc.blobs
+        assert blobs is not None
+        outputs = {s: await blobs.get_text(branch.attempts[s][-1].output_ref)  # type: ignore[arg-type]
+                   for s in ("triage:t1:c0", "triage:t1:c1", "triage:t2:c0")}
+        turn1 = json.loads(await blobs.get_text(branch.attempts["triage:t1"][-1].output_ref))  # type: ignore[arg-type]
+    assert outputs == {"triage:t1:c0": "5", "triage:t1:c1": "20", "triage:t2:c0": '{"assistant": "writer"}'}
+    request = turn1["openai_agents"]["request"]  # the SDK's own request, as the turn's record
+    assert (request["system_instructions"], request["tools"], request["handoffs"]) == (
+        "Compute, then hand off to the writer.", ["add", "mul"], ["transfer_to_writer"])
+    assert request["input"] == [{"content": "What are 2+3 and 4*5?", "role": "user"}]
+    rec = branch.agents["triage"]
+    calls = [(c.decl.step_id, c.decl.tool_name, c.decl.call_id) for t in rec.turns for c in t.calls]
+    assert calls == [("triage:t1:c0", "add", "call_a"), ("triage:t1:c1", "mul", "call_b"),
+                     ("triage:t2:c0", "transfer_to_writer", "call_h")]
+    assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
+    assert len(chat_server.requests) == 3
+    assert str(state.status) == "completed"
+
+
+async def test_killed_mid_tool_resumes_with_each_finished_call_done_once(chat_server: ChatServer,
+                                                                         tmp_path: Path) -> None:
+    """The process running the SDK agent is SIGKILLed while ``mul`` runs (``add`` recorded); run again, the
+    SDK is answered turn 1 and ``add`` from the log: the server sees 3 requests, each tool finishes once."""
+    script(chat_server)
+    store, effects = tmp_path / "js", tmp_path / "effects"
+    argv = [sys.executable, "-m", "tests.contrib.oa_app", chat_server.url, str(store), str(effects)]
+    env = {**os.environ, "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    first = await asyncio.create_subprocess_exec(*argv, "block", env=env, cwd=ROOT,
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert first.stdout is not None
+    line = await asyncio.wait_for(first.stdout.readline(), 60)  # mul is running, add's outcome is logged
+    assert line == b"IN-MUL\n", (await first.communicate())[1].decode()[-3000:]
+    first.send_signal(signal.SIGKILL)
+    await first.wait()
+    assert effects.read_text().splitlines() == ["add 2 3"]
+    assert len(chat_server.requests) == 1
+    t0 = time.monotonic()
+    second = await asyncio.create_subprocess_exec(*argv, env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                  stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(second.communicate(), 150)
+    resumed_s = time.monotonic() - t0
+    assert second.returncode == 0, err.decode()[-3000:]
+    assert out.decode().strip().splitlines()[-1] == "FINAL writer: 2+3=5 and 4*5=20"
+    assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
+    assert len(chat_server.requests) == 3, [r.body["messages"][-1] for r in chat_server.requests]
+    print(f"resumed in {resumed_s:.1f} s")
