@@ -189,3 +189,14 @@ async def test_a_call_past_its_timeout_is_cancelled_at_the_server(local: reel.Cl
     out, failed, _ = await _facts(handle)
     assert result.status == "completed" and failed["holder:t1:c0"].error_kind == "timeout"
     assert out.get("holder:t2:c0") == marker, failed  # the server got notifications/cancelled for the held call
+
+
+async def test_a_server_that_elicits_gets_no_answer_and_the_call_fails(local: reel.Client) -> None:
+    tools = reel.mcp_tools(name="own", command=[sys.executable, "-m", "tests.support.mcp_server"], include=["paint"])
+    agent = reel.Agent(name="painter", instructions=".", tools=[tools], model=reel.ScriptedModel(
+        turns=[{"tool_calls": [{"name": "own__paint", "arguments": {"thing": "door"}}]}, {"text": "ok"}]))
+    handle = await local.start(agent, input="paint")
+    result = await handle.result(timeout_s=90)
+    _, failed, _ = await _facts(handle)
+    bad = failed["painter:t1:c0"]  # the executor announces no elicitation capability: the server refuses to ask
+    assert result.status == "completed" and bad.error_kind == "mcp_error" and "Elicitation not supported" in bad.message
