@@ -70,7 +70,7 @@ class ToolsUnserved(Exception):
     """
 
     def __init__(self, run_id: str, paths: tuple[str, ...], reason: str) -> None:
-        super().__init__(f"run {run_id} waits for an executor serving {', '.join(paths)}: {reason}")
+        super().__init__(f"run {run_id} waits for an executor serving {', '.join(paths) or 'its tools'}: {reason}")
         self.run_id, self.paths, self.reason = run_id, paths, reason
 
 
@@ -89,19 +89,35 @@ def uses_mcp(spec: WorkflowSpec) -> bool:
     return any(t.type == "mcp" for s in spec.steps if isinstance(s, AgentStep) for t in s.tools)
 
 
-async def with_mcp_tools(run_id: str, spec: WorkflowSpec) -> WorkflowSpec:
-    """``spec`` with its ``mcp:`` entries expanded into the tools their servers list (services/executor/mcptools.py).
+async def mcp_expanded(spec: WorkflowSpec) -> WorkflowSpec:
+    """``spec`` with its ``mcp:`` entries expanded into the tools their servers list (services/executor/mcptools.py;
+    ``spec`` itself when it has none).
 
     Raises:
-        ToolsUnserved: a server cannot be started or listed now (the run waits: its command is redelivered).
+        WorkflowInvalid: a server cannot be started or listed (naming the entry), or the ``mcp`` package (the
+            optional extra ``reel[mcp]``) is not installed.
     """
     if not uses_mcp(spec):
         return spec
-    from . import mcptools  # the mcp SDK is an optional extra
     try:
-        return await mcptools.servers().expand(spec)
+        from . import mcptools  # the mcp SDK is an optional extra
+    except ImportError as exc:
+        raise WorkflowInvalid(f"the workflow names mcp tools but this executor cannot load the mcp SDK ({exc}):"
+                              " install reel[mcp]") from None
+    return await mcptools.servers().expand(spec)
+
+
+async def with_mcp_tools(run_id: str, spec: WorkflowSpec) -> WorkflowSpec:
+    """:func:`mcp_expanded` for a drive.
+
+    Raises:
+        ToolsUnserved: a server cannot be started or listed now (the run waits: its command is redelivered,
+            with backoff; no tool path is named in the lease — no worker serves an MCP server).
+    """
+    try:
+        return await mcp_expanded(spec)
     except WorkflowInvalid as exc:
-        raise ToolsUnserved(run_id, ("mcp",), exc.message) from exc
+        raise ToolsUnserved(run_id, (), exc.message) from exc
 
 
 class Driver:

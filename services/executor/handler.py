@@ -47,7 +47,7 @@ from reel.shared.runtime.clock import now_ms
 from reel.shared.runtime.config import Config
 
 from .attempts import LOG_NAME, Attempts
-from .driver import Driver, HandedBack, OwnedElsewhere, ToolsUnserved, uses_mcp
+from .driver import Driver, HandedBack, OwnedElsewhere, ToolsUnserved, mcp_expanded
 from .orphans import Orphans
 
 log = structlog.get_logger("reel.executor")
@@ -149,9 +149,7 @@ class Executor:
         spec = await self._spec_of_command(start)
         search = tool_search_path(start.source_dir or None)  # the file's folder, up to its project root; our cwd
         tools = await self._tools_of(spec, search)  # a python tool that does not resolve: refused now, naming it
-        if uses_mcp(spec):  # a server that cannot start or list its tools: refused now, naming the entry
-            from . import mcptools
-            await mcptools.servers().expand(spec)
+        await mcp_expanded(spec)  # a server that cannot start or list its tools: refused now, naming the entry
         key = start.idempotency_key or f"cmd:{delivery.identity}"  # no key: the command message is the identity
         run_id = run_id_for_key(key)
         self._check_keyed(delivery, run_id)
