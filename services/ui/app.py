@@ -14,7 +14,9 @@ over server-sent events (sse-starlette). Routes:
   ``{tokens}`` once it follows (the runs whose tokens it forwards), ``moved`` ``{run_ids}`` (runs that got a
   commit), ``tokens`` ``{chunks: [{run_id, branch, step, attempt, seq, content?, tool_calls?, done?, …}]}``
   (what the runs' model attempts stream on core NATS, docs/subjects.md);
-  ``GET /heads`` — ``{run_id: head_lsn}``, what a page polls instead where it cannot share the stream;
+  ``GET /heads?after=SEQ&limit=N`` — ``{run_id: head_lsn}`` of the runs with a commit above stream sequence
+  ``SEQ`` (default: every run; at most ``N``), header ``X-Reel-Applied``: the sequence the answer covers — what a
+  page polls instead where it cannot share the stream, each time from the last answer's ``X-Reel-Applied``;
 * ``GET /runs/{run_id}/row?status=&outcome=&label=&q=&upper=`` — ``{run_id, key, html}`` (its runs-page row) or
   ``{run_id, remove: true}`` (it does not match the filter, or its key is ``upper`` or more: newer than the page);
 * ``GET /runs/{run_id}?branch=`` — a run: failure summary, lineage graph, timeline, partitions, viewers,
@@ -173,8 +175,17 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return EventSourceResponse(gen(), ping=10)
 
     async def heads(request: Request) -> Response:
+        try:
+            after = int(request.query_params.get("after", "-1"))
+            limit = int(request.query_params.get("limit", "-1"))
+        except ValueError:
+            return JSONResponse({"error": "after and limit are integers (a stream sequence, a count)"}, 400)
         await reader.caught_up()
-        return JSONResponse(reader.index.heads())
+        applied = reader.applied  # before reading the rows: every commit up to it is in them
+        found = reader.index.heads(after=after)
+        if limit >= 0:
+            found = dict(list(found.items())[:limit])
+        return JSONResponse(found, headers={"X-Reel-Applied": str(applied)})
 
     async def row(request: Request) -> Response:
         run_id = request.path_params["run_id"]

@@ -166,6 +166,11 @@ class RunReader:
         return self._applied >= 0
 
     @property
+    def applied(self) -> int:
+        """The stream sequence up to which every commit is in :attr:`index` (-1 until it is built)."""
+        return self._applied
+
+    @property
     def index_progress(self) -> tuple[int, int]:
         """(runs indexed, runs listed when the build began; 0 until listed)."""
         return len(self.index), self._listed

@@ -94,9 +94,9 @@ class RunIndex:
         key = self._key_of.get(run_id)
         return None if key is None else self._rows[key]
 
-    def heads(self) -> dict[str, int]:
-        """``{run_id: head_lsn}`` of every indexed run."""
-        return {r.run_id: r.head_lsn for r in self._rows.values()}
+    def heads(self, *, after: int = -1) -> dict[str, int]:
+        """``{run_id: head_lsn}`` of the indexed runs whose head LSN is above ``after`` (default: every one)."""
+        return {r.run_id: r.head_lsn for r in self._rows.values() if r.head_lsn > after}
 
     def outcomes(self) -> list[str]:
         """The outcomes some indexed run has, sorted."""

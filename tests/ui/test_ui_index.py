@@ -1,6 +1,7 @@
 """The runs index over HTTP, with more than one ``reel ui``: each process builds its own from the stream, so two
 processes — one started before runs arrived and following them, one started after — and a restarted one answer
-every page and filter with the same runs; a page asked right after commits landed shows them."""
+every page and filter with the same runs; a page asked right after commits landed shows them; ``/heads?after=``
+names only the runs that moved since the sequence its last answer covered."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ async def test_ui_processes_agree_and_a_restart_rebuilds(cfg, event_log: JetStre
         runs += await fill(event_log, 90, t0_ms=t0, start=130)  # while the first one follows the stream
         now = await _pages(http, first, "/")  # asked right after: the index has caught up with them
         assert [x for p in now for x in p] == [r.run_id for r in reversed(runs)]
+        # what a polling page asks: only the runs with a commit above the sequence the last answer covered
+        async with http.get(first + "/heads?after=-1&limit=0") as r:
+            assert await r.json() == {}
+            covered = int(r.headers["X-Reel-Applied"])
+        assert covered >= max(r.created_lsn for r in runs)
+        two = await fill(event_log, 2, t0_ms=t0, start=220)
+        async with http.get(f"{first}/heads?after={covered}") as r:
+            assert set(await r.json()) == {x.run_id for x in two} and int(r.headers["X-Reel-Applied"]) > covered
+        async with http.get(f"{first}/heads?after=x") as r:
+            assert r.status == 400
+        runs += two
         async with reel_ui(cfg, env=env) as second:
             for q in QUERIES:
                 a, b = await _pages(http, first, q), await _pages(http, second, q)
@@ -57,4 +69,4 @@ async def test_ui_processes_agree_and_a_restart_rebuilds(cfg, event_log: JetStre
     expected = {r.run_id for r in runs if r.team == "infra"}
     async with reel_ui(cfg, env=env) as again, aiohttp.ClientSession() as http:
         got = await _pages(http, again, "/?label=team%3Dinfra")
-        assert {x for p in got for x in p} == expected and len(expected) == 55
+        assert {x for p in got for x in p} == expected and len(expected) == 56

@@ -29,18 +29,17 @@ function liveFeed(onMoved, onReady, tokens, onTokens) {
       return { stop: () => { w.port.postMessage("bye"); w.port.close(); }, rejoin: hello };
     } catch (err) { /* not allowed here: poll */ }
   }
-  let heads = null, timer = null, stopped = false;
+  // each poll asks only for the runs with a commit above the stream sequence the last answer covered
+  let last = null, timer = null, stopped = false;
   const poll = async () => {
     try {
-      const r = await fetch("/heads");
-      if (r.ok) {
-        const now = await r.json();
-        if (heads === null) onReady("polling", []);
-        else {
-          const moved = Object.keys(now).filter((k) => now[k] !== heads[k]);
-          if (moved.length) onMoved(moved);
-        }
-        heads = now;
+      const r = await fetch(last === null ? "/heads?after=-1&limit=0" : `/heads?after=${last}`);
+      const covered = r.ok ? Number(r.headers.get("X-Reel-Applied")) : NaN;
+      if (r.ok && Number.isFinite(covered)) {
+        const moved = Object.keys(await r.json());
+        if (last === null) onReady("polling", []);
+        else if (moved.length) onMoved(moved);
+        last = Math.max(last ?? covered, covered);
       }
     } catch (err) { /* the server is away: try again */ }
     if (!stopped) timer = setTimeout(poll, POLL_MS);
