@@ -28,7 +28,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agents import Agent, FunctionTool, Handoff, Runner, RunResult
@@ -337,9 +337,24 @@ def _call_of(idempotency_key: str) -> tuple[str, int, int]:
     return run_id, int(turn_part[1:]), int(call_part[1:])
 
 
+_PROXIES: dict[tuple[str, str | None], Callable[..., Any]] = {}
+"""One proxy function per tool name (and handoff target): what the in-process executor serves, the same
+object for every run (it routes by the call's run id), so runs of one process never serve two functions
+under one path."""
+
+
+def proxy_path(tool_name: str, handoff_to: str | None) -> str:
+    """The ``python:`` path the Reel tool of ``tool_name`` names its proxy by."""
+    digest = hashlib.sha256(f"{tool_name}\0{handoff_to}".encode()).hexdigest()[:12]
+    return f"{__name__}:sdk_tool_{digest}"
+
+
 def _proxy(tool_name: str, handoff_to: str | None, spec: AgentToolSpec) -> ReelFunctionTool[..., Any]:
     """The Reel function tool a call of ``tool_name`` runs: the SDK's invocation of that call (handed over by the
     runner's wrapped tool), or, for a handoff, a note naming the agent handed to (the SDK makes the handoff)."""
+    held = _PROXIES.get((tool_name, handoff_to))
+    if held is not None:
+        return ReelFunctionTool(held, spec, None)
 
     async def call(*, idempotency_key: str, **arguments: Any) -> str:
         run_id, turn, index = _call_of(idempotency_key)
@@ -363,8 +378,8 @@ def _proxy(tool_name: str, handoff_to: str | None, spec: AgentToolSpec) -> ReelF
             done.set_result(value)
         return value if isinstance(value, str) else json.dumps(value, default=str)
 
-    call.__name__ = f"sdk_tool_{hashlib.sha256(tool_name.encode()).hexdigest()[:12]}"
-    call.__qualname__ = call.__name__
+    call.__name__ = call.__qualname__ = proxy_path(tool_name, handoff_to).rpartition(":")[2]
+    _PROXIES[(tool_name, handoff_to)] = call
     return ReelFunctionTool(call, spec, None)
 
 
@@ -395,14 +410,14 @@ def _reel_agent(root: Agent[Any], *, max_turns: int, retry_safe: bool) -> ReelAg
                 continue
             gated = t.needs_approval is not False
             spec = AgentToolSpec(name=t.name, description=t.description, parameters=dict(t.params_json_schema),
-                                 python=f"{__name__}:{t.name}", retry_safe=retry_safe, needs_approval=gated)
+                                 python=proxy_path(t.name, None), retry_safe=retry_safe, needs_approval=gated)
             tools[t.name] = _proxy(t.name, None, spec)
         for h in a.handoffs:
             ho = make_handoff(h) if isinstance(h, Agent) else h
             if ho.tool_name not in tools:
                 spec = AgentToolSpec(name=ho.tool_name, description=ho.tool_description,
                                      parameters=dict(ho.input_json_schema) or {"type": "object", "properties": {}},
-                                     python=f"{__name__}:{ho.tool_name}", retry_safe=True)
+                                     python=proxy_path(ho.tool_name, ho.agent_name), retry_safe=True)
                 tools[ho.tool_name] = _proxy(ho.tool_name, ho.agent_name, spec)
     step = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in root.name)[:64] or "agent"
     instructions = root.instructions if isinstance(root.instructions, str) else f"(instructions of {root.name})"

@@ -1,5 +1,6 @@
 """The OpenAI Agents SDK on Reel (reel.contrib.openai_agents) with the real ``openai-agents`` package against
-the loopback chat-completions server: parallel function tools, a handoff, journal replay after a kill."""
+the loopback chat-completions server: parallel function tools, a handoff, journal replay after a kill, a
+``needs_approval`` tool approved through Reel, a rewind at turn 1."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("agents")
-
-from agents import set_tracing_disabled
+from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 import reel
 from reel.contrib import openai_agents
@@ -92,3 +92,74 @@ async def test_killed_mid_tool_resumes_with_each_finished_call_done_once(chat_se
     assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
     assert len(chat_server.requests) == 3, [r.body["messages"][-1] for r in chat_server.requests]
     print(f"resumed in {resumed_s:.1f} s")
+
+
+class Refund(BaseModel):
+    """The writer's structured answer (the SDK's output_type)."""
+
+    order: str
+    approved: bool
+
+
+async def test_needs_approval_tool_waits_for_reel_approve(chat_server: ChatServer, tmp_path: Path) -> None:
+    """A ``needs_approval`` tool's call is a Reel input request: the run rests ``awaiting_input`` until
+    ``approve``; then the tool runs once and the agent's output type is the SDK's final output."""
+    set_tracing_disabled(True)
+    refunds: list[str] = []
+
+    @function_tool(needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        refunds.append(order)
+        return f"refunded {order}"
+
+    model = OpenAIChatCompletionsModel(model="loopback-1",
+                                       openai_client=AsyncOpenAI(base_url=chat_server.url, api_key="loopback"))
+    agent = Agent(name="support", instructions="Refund when asked.", model=model, tools=[refund],
+                  output_type=Refund)
+    chat_server.script(reply(tool_calls=[call("refund", {"order": "A-17"}, id="call_r")]),
+                       reply('{"order": "A-17", "approved": true}'))
+    async with reel.local() as client:
+        task = asyncio.ensure_future(openai_agents.run(agent, "Refund A-17.", client=client, key="k-refund"))
+        handle = None
+        while handle is None:
+            runs = await client.runs()
+            handle = client.get(runs[0]) if runs else None
+            await asyncio.sleep(0.05)
+        await handle.wait(("awaiting_input",), timeout_s=60)
+        [pending] = await handle.pending()
+        assert (pending.kind, pending.tool, pending.call_id, refunds) == ("approval", "refund", "call_r", [])
+        await handle.approve(pending.request_id, by="test")
+        result = await asyncio.wait_for(task, 60)
+    assert result.final_output == Refund(order="A-17", approved=True)
+    assert refunds == ["A-17"]
+    assert len(chat_server.requests) == 2
+
+
+async def test_rewind_at_turn_1_reruns_the_sdk_on_a_new_branch(chat_server: ChatServer, tmp_path: Path) -> None:
+    """After a finished run, a rewind at turn 1 and the same ``run`` call again re-run the SDK from its first
+    model call on a new branch; the old branch keeps its turns and calls."""
+    set_tracing_disabled(True)
+    script(chat_server)
+    effects = tmp_path / "effects"
+    agent = build(chat_server.url, effects)
+    async with reel.local() as client:
+        first = await openai_agents.run(agent, "What are 2+3 and 4*5?", client=client, key="k-rw")
+        [run_id] = await client.runs()
+        handle = client.get(run_id)
+        old = (await handle.state()).active_branch
+        rewound = await handle.rewind(at="triage:t1", by="test")
+        chat_server.script(reply(tool_calls=[call("add", {"a": 1, "b": 1}, id="call_c")]),
+                           reply(tool_calls=[call("transfer_to_writer", {}, id="call_h2")]),
+                           reply("1+1=2"))
+        second = await openai_agents.run(agent, "What are 2+3 and 4*5?", client=client, key="k-rw")
+        state = await handle.state()
+    assert (first.final_output, second.final_output) == ("2+3=5 and 4*5=20", "1+1=2")
+    assert state.active_branch == rewound.branch_id != old
+    def calls(branch: str) -> list[tuple[str, str | None]]:
+        rec = state.branches[branch].agents["triage"]  # type: ignore[index]
+        return [(c.decl.step_id, c.decl.call_id) for t in rec.turns for c in t.calls]
+    assert calls(old) == [("triage:t1:c0", "call_a"), ("triage:t1:c1", "call_b"), ("triage:t2:c0", "call_h")]
+    assert calls(rewound.branch_id) == [("triage:t1:c0", "call_c"), ("triage:t2:c0", "call_h2")]
+    assert sorted(effects.read_text().splitlines()) == ["add 1 1", "add 2 3", "mul 4 5"]
+    assert len(chat_server.requests) == 6
