@@ -22,7 +22,20 @@ import os
 
 import typer
 
-from reel.services.cli import auth, chaos, inputs, mutating, recordings, runs, show, status, supervisor, trace, ui
+from reel.services.cli import (
+    archive,
+    auth,
+    chaos,
+    inputs,
+    mutating,
+    recordings,
+    runs,
+    show,
+    status,
+    supervisor,
+    trace,
+    ui,
+)
 from reel.services.cli.console import ReelGroup, reel_home
 from reel.services.cli.helptext import tidy
 from reel.services.cli.serve import serve_app
@@ -48,6 +61,11 @@ app.command()(ui.ui)
 app.command()(trace.trace)
 app.command()(status.status)
 app.command()(chaos.chaos)
+app.command()(archive.archive)
+app.command("import")(archive.import_)
+app.command()(archive.pin)
+app.command()(archive.unpin)
+app.command()(archive.gc)
 app.add_typer(serve_app, name="serve")
 auth.install(app)  # connection options (reel --nats-user … CMD), reel auth init
 

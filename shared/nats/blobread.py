@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ GET_TIMEOUT_S = 30.0
 _UNANSWERED = (nats_errors.NoRespondersError, ServiceUnavailableError, nats_errors.ConnectionClosedError,
                nats_errors.ConnectionReconnectingError, nats_errors.StaleConnectionError)
 KNOWN_CACHE = 4096
+KNOWN_TTL_S = 300.0
+"""How long (s) a name stays in a writer's cache of stored bodies (:meth:`BlobReads._remember`): a put of a body
+found there writes nothing and touches nothing, so the blob collector's grace (``REEL_BLOB_GRACE_S``, at least
+twice this) must outlast it (docs/operations.md, "Blob collection")."""
 T = TypeVar("T")
 
 
@@ -74,18 +79,29 @@ class BlobReads:
     _js: jsclient.JetStreamContext
     _bucket: str
     _timeout_s: float
-    _known: OrderedDict[str, None]
+    _known: OrderedDict[str, float]
 
     def _remember(self, sha: str) -> None:
-        """Note ``sha`` as stored (an LRU of :data:`KNOWN_CACHE` names: such a body is not written again)."""
-        self._known[sha] = None
+        """Note ``sha`` as stored (an LRU of :data:`KNOWN_CACHE` names, each for :data:`KNOWN_TTL_S` seconds: such a
+        body is not written again)."""
+        self._known[sha] = time.monotonic()
         self._known.move_to_end(sha)
         if len(self._known) > KNOWN_CACHE:
             self._known.popitem(last=False)
 
+    def _is_known(self, sha: str) -> bool:
+        """Whether ``sha`` was stored or touched by this process less than :data:`KNOWN_TTL_S` seconds ago."""
+        at = self._known.get(sha)
+        if at is None:
+            return False
+        if time.monotonic() - at < KNOWN_TTL_S:
+            return True
+        del self._known[sha]
+        return False
+
     async def exists(self, ref: BlobRef) -> bool:
         """True if the store holds the body of ``ref``."""
-        if is_inline(ref) or ref.sha256 in self._known:
+        if is_inline(ref) or self._is_known(ref.sha256):
             return True
         try:
             await asyncio.wait_for(self._obs.get_info(ref.sha256), self._timeout_s)

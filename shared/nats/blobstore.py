@@ -85,7 +85,7 @@ class JetStreamBlobStore(BlobReads):
         self._js = obs._js  # the store's own context (a client's carries its account's API prefix)
         self._bucket = bucket
         self._timeout_s = timeout_s
-        self._known: OrderedDict[str, None] = OrderedDict()
+        self._known: OrderedDict[str, float] = OrderedDict()
 
     async def put(self, data: bytes, media_type: str = "text/plain") -> BlobRef:
         """Store ``data`` (idempotent: an existing body is not written again); returns its ref."""
@@ -99,7 +99,7 @@ class JetStreamBlobStore(BlobReads):
         """
         ref = ref_for(data, media_type)
         done: asyncio.Future[BlobRef] = asyncio.get_running_loop().create_future()
-        if ref.sha256 in self._known:
+        if self._is_known(ref.sha256):
             done.set_result(ref)
             return done
         return asyncio.ensure_future(self._put(ref, data))
@@ -115,7 +115,7 @@ class JetStreamBlobStore(BlobReads):
                 (nothing is stored: the chunks are purged).
             nats.js.errors.APIError, nats.errors.TimeoutError: the object store refused or did not ack.
         """
-        if is_inline(ref) or ref.sha256 in self._known:
+        if is_inline(ref) or self._is_known(ref.sha256):
             return ref
         nuid, chunk_subject, _ = self._subjects(ref)
         digest, size, n = hashlib.sha256(), 0, 0
@@ -201,14 +201,18 @@ class JetStreamBlobStore(BlobReads):
             BlobTimeout: the existing object could not be read back in time.
         """
         stream = f"OBJ_{self._bucket}"
+        looked = False
         for _ in range(3):
             try:
                 found = await self._nc.jetstream().get_last_msg(stream, meta_subject)
             except NotFoundError:
                 found = None
             why = "the object is gone" if found is None else await self._why_not_intact(ref)
-            if why is None:
-                return False
+            if why is None and found is not None:
+                if looked or await self._touch(meta_subject, found):
+                    return False  # touched by us, or written since our first look (so as young as a touch)
+                looked = True
+                continue  # it changed since we looked (the collector deleted it, or another writer touched it)
             expected = 0 if found is None else found.seq or 0
             try:
                 await publish_pipelined(self._nc, meta_subject, meta_body, _meta_headers(expected), self._timeout_s)
@@ -221,6 +225,23 @@ class JetStreamBlobStore(BlobReads):
             self._remember(ref.sha256)
             return True
         raise BlobCorrupt(f"blob {ref.sha256[:12]}… kept changing while it was written (not stored)")
+
+    async def _touch(self, meta_subject: str, found: Any) -> bool:
+        """Write the existing object's meta record again with a fresh mtime, fenced on the record found: a writer
+        about to reference an existing body makes it young, so the blob collector (which deletes only objects older
+        than its grace, fenced on the record it judged) keeps it. False: the record changed since it was read.
+
+        The collector's side of this guard: :mod:`reel.shared.nats.retention`."""
+        info = json.loads(found.data)
+        info["mtime"] = datetime.now(UTC).isoformat()
+        try:
+            await publish_pipelined(self._nc, meta_subject, json.dumps(info).encode(),
+                                    _meta_headers(found.seq or 0), self._timeout_s)
+        except APIError as exc:
+            if exc.err_code == 10071:
+                return False
+            raise
+        return True
 
     async def _why_not_intact(self, ref: BlobRef) -> str | None:
         """Why the object under ``ref``'s name is not ``ref``'s body, or ``None`` if it is."""

@@ -39,6 +39,11 @@ variable                 default                    meaning
 ``REEL_BUDGET``          unset                      the namespace's default run budget, JSON, e.g.
                                                     ``{"max_cost_usd": 5}``: the limits a workflow's
                                                     ``budget:`` leaves unset (docs/workflow.md "Budgets")
+``REEL_RETENTION_KEEP_DAYS`` unset                 retention: finished runs older than this (days) go
+``REEL_RETENTION_KEEP_NEWEST`` unset               retention: the newest N finished runs stay
+``REEL_RETENTION_SWEEP_S`` ``60``                  how often the retention service sweeps (s)
+``REEL_BLOB_GRACE_S``    ``3600``                   a blob younger than this (s) is never collected
+                                                    (≥ 2 × the writers' 300 s cache; docs/operations.md)
 =======================  =========================  ===========================================
 
 Credentials and TLS (:class:`NatsAuth`, docs/security.md; all unset by default — an auth-off server):
@@ -69,6 +74,7 @@ from pathlib import Path
 import msgspec
 
 from reel.shared.core.run.events import Budget
+from reel.shared.core.run.retention import RetentionPolicy
 from reel.shared.core.wire.subjects import Names
 from reel.shared.core.workflow.toolspec import DEFAULT_MAX_OUTPUT_BYTES, ON_OVERFLOW, OutputLimit
 
@@ -227,3 +233,42 @@ def tool_output_from_env(env: Mapping[str, str]) -> OutputLimit:
     if policy not in ON_OVERFLOW:
         raise ValueError(f"REEL_TOOL_ON_OVERFLOW must be one of {', '.join(ON_OVERFLOW)}, not {policy!r}")
     return OutputLimit(max_bytes=int(raw), on_overflow=policy)  # policy checked just above
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """The retention service's settings (docs/operations.md, "Retention and archives")."""
+
+    policy: RetentionPolicy = field(default_factory=RetentionPolicy)
+    sweep_s: float = 60.0
+    blob_grace_s: float = 3600.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RetentionConfig:
+        """Read ``REEL_RETENTION_KEEP_DAYS``, ``REEL_RETENTION_KEEP_NEWEST``, ``REEL_RETENTION_SWEEP_S`` and
+        ``REEL_BLOB_GRACE_S`` (empty: unset).
+
+        Raises:
+            ValueError: a value that is not a number > 0 (``KEEP_NEWEST``: a whole number ≥ 0), named in the message.
+        """
+        e = os.environ if env is None else env
+
+        def positive(name: str) -> float | None:
+            raw = e.get(name, "").strip()
+            if not raw:
+                return None
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{name} must be a number, not {raw!r}") from None
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, not {raw!r}")
+            return value
+
+        newest = e.get("REEL_RETENTION_KEEP_NEWEST", "").strip()
+        if newest and not newest.isdigit():
+            raise ValueError(f"REEL_RETENTION_KEEP_NEWEST must be a whole number >= 0, not {newest!r}")
+        return cls(policy=RetentionPolicy(keep_days=positive("REEL_RETENTION_KEEP_DAYS"),
+                                          keep_newest=int(newest) if newest else None),
+                   sweep_s=positive("REEL_RETENTION_SWEEP_S") or 60.0,
+                   blob_grace_s=positive("REEL_BLOB_GRACE_S") or 3600.0)

@@ -95,6 +95,11 @@ class Names:
     def snapshot_bucket(self) -> str:
         return f"{self.namespace}_snapshots"
 
+    @property
+    def pin_bucket(self) -> str:
+        """Pinned runs (key = run id): retention never drops them (docs/operations.md, "Retention and archives")."""
+        return f"{self.namespace}_pins"
+
     # subjects
     def events(self, run_id: str) -> str:
         """The subject of one run's commits."""
