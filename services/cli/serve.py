@@ -32,5 +32,5 @@ def _service_command(name: str) -> None:
     serve_app.command(name)(cmd)
 
 
-for _name in SERVICES:
+for _name in (*SERVICES, "retention"):  # retention: not among reel up's, it needs a policy (docs/operations.md)
     _service_command(_name)

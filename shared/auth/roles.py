@@ -6,8 +6,9 @@ names), so a new subject gets a permission here or no role may use it.
 Two NATS accounts per namespace (``<NS>`` and ``<NS>_CLIENTS``):
 
 * the **Reel account** holds the JetStream data and the service roles — ``executor``,
-  ``verifier``, ``mutators`` (rewind, cancel, recovery), ``crucible`` and ``operator``
-  (everything) — each with an allow-list of subjects (:func:`grants`);
+  ``verifier``, ``mutators`` (rewind, cancel, recovery), ``crucible``, ``retention`` (reads every stream,
+  purges runs and blobs: the only service role that may purge) and ``operator`` (everything) — each with an
+  allow-list of subjects (:func:`grants`);
 * the **client account** holds ``client`` and ``viewer`` (``client``'s reads without its command
   subjects and blob writes: ``reel ui``, dashboards). It has no JetStream of its own: it reaches
   the Reel account only through the service imports of :func:`client_imports` (its
@@ -33,14 +34,14 @@ from dataclasses import dataclass
 from reel.shared.core.wire.subjects import Names, subject_matches
 from reel.shared.crucible.names import CrucibleNames
 
-ROLES = ("client", "viewer", "executor", "verifier", "mutators", "crucible", "operator")
+ROLES = ("client", "viewer", "executor", "verifier", "mutators", "crucible", "retention", "operator")
 """Every role of ``reel auth init``, in the order of docs/security.md's matrix."""
 
 CLIENT_ROLES = ("client", "viewer")
 """The roles of the client account (they share its imports; :func:`account_grant`)."""
 
 SERVICE_ROLE = {"executor": "executor", "verifier": "verifier", "rewind": "mutators", "cancel": "mutators",
-                "recovery": "mutators", "crucible": "crucible"}
+                "recovery": "mutators", "crucible": "crucible", "retention": "retention"}
 """The role each service connects as."""
 
 CLIENT_COMMANDS = ("start", "cancel", "rewind", "respond", "crucible.run", "crucible.resume")
@@ -171,6 +172,12 @@ def grants(names: Names) -> dict[str, Grant]:
         "crucible": service("crucible", [
             *_durable(s["commands"], n.consumer(cru.consumer_service)), f"{cru.sessions_prefix}*",
             *_read(s["crucible"]), *blob_read, *blob_write, *replies]),
+        "retention": service("retention", [  # drops runs and collects blobs (shared/nats/retention.py)
+            *_read(s["events"]), *_ordered(s["events"]), *_read(s["crucible"]), *_ordered(s["crucible"]),
+            *blob_read, f"$O.{blobs}.M.*",  # a blob's delete marker, fenced on the record judged
+            f"{API}.STREAM.INFO.KV_{n.pin_bucket}",  # the pinned runs: its subjects
+            *(f"{API}.STREAM.PURGE.{x}" for x in (s["events"], s["verdicts"], s["blobs"], s["snapshots"],
+                                                  s["outcomes"], f"KV_{n.pin_bucket}"))]),
         "operator": Grant(publish=(">",), subscribe=(">",)),
     }
     return out

@@ -65,16 +65,14 @@ class SweepReport:
 
 
 async def pinned(infra: Infra, names: Names) -> set[str]:
-    """The run ids in the pin bucket (none if it was never created)."""
+    """The run ids in the pin bucket (none if it was never created): the keys with a value (an unpin purges its key),
+    read from the bucket's stream info (one request)."""
+    prefix = f"$KV.{names.pin_bucket}."
     try:
-        kv = await infra.js.key_value(names.pin_bucket)
-        return set(await kv.keys())
+        info = await infra.js.stream_info(f"KV_{names.pin_bucket}", subjects_filter=prefix + ">")
     except NotFoundError:
         return set()
-    except Exception as exc:  # nats-py raises NoKeysError for an empty bucket
-        if type(exc).__name__ == "NoKeysError":
-            return set()
-        raise
+    return {s[len(prefix):] for s in (info.state.subjects or {})}
 
 
 async def pin(infra: Infra, names: Names, run_id: str, *, by: str = "") -> None:

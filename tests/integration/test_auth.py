@@ -23,9 +23,10 @@ from reel.shared.core.run.events import Verdict
 from reel.shared.core.wire.commands import CancelRun, RecoverRuns, ResumeRun, encode
 from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
 from reel.shared.core.wire.subjects import REPLY_TO_HEADER
-from reel.shared.core.workflow.spec import parse_workflow
+from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from reel.shared.nats.access import PermissionDenied
 from reel.shared.nats.client import INLINE_WORKFLOW_MAX_BYTES, ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import open_infra
 from tests.integration.authserver import (
     AuthServer,
@@ -278,3 +279,37 @@ async def test_the_crucible_service_as_its_role_runs_a_session_a_client_asks_for
             await wait_until(ended, timeout_s=60, what="the session to end")
     denied = [line for line in logs if line["event"] == "nats.permission_denied"]
     assert denied == [], f"the crucible role lacks a permission it uses: {denied}"
+
+
+async def test_retention_as_its_role_drops_an_unpinned_finished_run_and_its_blobs(server: AuthServer) -> None:
+    from reel.shared.core.run.retention import RetentionPolicy
+    from reel.shared.nats.infra import ensure_infra
+    from reel.shared.nats.retention import pin, stored_blobs, sweep
+    from reel.shared.runtime.clock import now_ms
+
+    n = server.base.names
+
+    def workflow(word: str) -> WorkflowSpec:
+        return parse_workflow({"name": word, "steps": [
+            {"kind": "tool", "id": "say", "tool": {"type": "recorded", "output": word * 3000}}]})
+
+    async with services_as_roles(server, "executor", "verifier"), client_of(server) as client:
+        runs = []
+        for word in ("a", "b"):
+            reply = await client.start(workflow(word), timeout_s=30)
+            assert reply.ok and reply.run_id, reply
+            runs.append(reply.run_id)
+            await client.wait_for(reply.run_id, ("completed",), timeout_s=60)
+    await pin(server.operator, n, runs[1], by="ops")
+    before = {b.sha256 for b, _ in await stored_blobs(server.operator, n)}
+    async with connected(server, "retention") as nc:
+        infra = await ensure_infra(nc, server.cfg("retention"))
+        report = await sweep(infra, n, RetentionPolicy(keep_newest=0), now_ms=now_ms() + 1, grace_s=0.001)
+        with pytest.raises(PermissionDenied):  # it purges; it never commits
+            await infra.js.publish(n.events(runs[0]), b"{}")
+    assert report.dropped == [runs[0]] and report.pinned == 1, report
+    assert report.deleted >= 1, report  # the dropped run's output blob
+    assert runs[0] not in await JetStreamEventLog(server.operator.nc, n).list_runs()
+    assert runs[1] in await JetStreamEventLog(server.operator.nc, n).list_runs()
+    after = {b.sha256 for b, _ in await stored_blobs(server.operator, n)}
+    assert after < before and len(before - after) == report.deleted

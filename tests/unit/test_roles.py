@@ -57,12 +57,13 @@ def _writers(subject: str) -> set[str]:
     ("reel.ctl.r-1", {"mutators", "operator"}),  # the cancel service's signal to the executor
     ("reel.stream.r-1.main.solve:t1.1", {"executor", "operator"}),  # streamed tokens
     ("$O.reel_blobs.C.abc", {"client", "executor", "crucible", "operator"}),
-    ("$JS.API.STREAM.CREATE.REEL_EVENTS", {"executor", "verifier", "mutators", "crucible", "operator"}),
+    ("$O.reel_blobs.M.abc", {"client", "executor", "crucible", "retention", "operator"}),  # retention: delete markers
+    ("$JS.API.STREAM.CREATE.REEL_EVENTS", {"executor", "verifier", "mutators", "crucible", "retention", "operator"}),
     ("$JS.API.STREAM.UPDATE.REEL_EVENTS", {"operator"}),
     ("$JS.API.STREAM.DELETE.REEL_EVENTS", {"operator"}),
-    ("$JS.API.STREAM.PURGE.REEL_EVENTS", {"operator"}),
+    ("$JS.API.STREAM.PURGE.REEL_EVENTS", {"retention", "operator"}),  # retention drops runs
     ("$JS.API.STREAM.MSG.DELETE.REEL_EVENTS", {"operator"}),
-    ("$JS.API.STREAM.PURGE.OBJ_reel_blobs", {"operator"}),  # a purge's filter is in its body: no service may
+    ("$JS.API.STREAM.PURGE.OBJ_reel_blobs", {"retention", "operator"}),  # its filter is in its body: the collector only
     ("$JS.API.CONSUMER.DELETE.REEL_EVENTS.reel_verifier", {"verifier", "operator"}),  # its old durable
     ("$JS.API.CONSUMER.DELETE.REEL_CMDS.reel_executor", {"operator"}),
     ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.reel_verifier", {"operator"}),
@@ -75,7 +76,8 @@ def _writers(subject: str) -> set[str]:
     ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.x", {"operator"}),
     ("$JS.API.CONSUMER.CREATE.REEL_EVENTS.x.reel.ev.r-1", {"operator"}),
     ("$JS.API.CONSUMER.DURABLE.CREATE.REEL_EVENTS.x", {"operator"}),
-    ("$JS.API.DIRECT.GET.REEL_EVENTS", {"client", "viewer", "executor", "verifier", "mutators", "operator"}),
+    ("$JS.API.DIRECT.GET.REEL_EVENTS", {"client", "viewer", "executor", "verifier", "mutators", "retention",
+                                        "operator"}),
     ("$SRV.PING", {"client", "viewer", "operator"}),  # discovery (the services answer it)
     ("$SRV.INFO.reel-executor", {"client", "viewer", "operator"}),
 ])
