@@ -18,6 +18,7 @@ kept. Purging needs the right to purge streams, which only the operator has when
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -176,17 +177,28 @@ async def archive_runs(infra: Infra, names: Names, run_ids: list[str], out: Path
     return manifest
 
 
-async def purge_run(infra: Infra, names: Names, run_id: str) -> None:
+async def purge_run(infra: Infra, names: Names, run_id: str, *, has: frozenset[str] | None = None) -> None:
     """Drop a run from the hot streams: its commits, its verdicts, its snapshot, its outcome markers and its pin.
-    Its blobs stay until the collector finds no kept run referencing them (:mod:`reel.shared.nats.retention`)."""
+    Its blobs stay until the collector finds no kept run referencing them (:mod:`reel.shared.nats.retention`).
+
+    ``has`` (a sweep that listed the streams' subjects first): which of ``verdicts``, ``snapshot``, ``outcomes``,
+    ``pin`` the run has; the others are not purged (``None``: all are)."""
     js = infra.js
-    await js.purge_stream(names.events_stream, subject=names.events(run_id))
-    await js.purge_stream(names.verdicts_stream, subject=names.verdict(run_id))
-    await js.purge_stream(f"KV_{names.snapshot_bucket}", subject=f"$KV.{names.snapshot_bucket}.{run_id}")
-    await js.purge_stream(f"KV_{names.outcome_bucket}", subject=f"$KV.{names.outcome_bucket}.{run_id}.>")
-    with contextlib.suppress(NotFoundError):  # no run was ever pinned here
-        await js.purge_stream(f"KV_{names.pin_bucket}", subject=f"$KV.{names.pin_bucket}.{run_id}")
-    log.info("run.purged", run_id=run_id)
+    want = has if has is not None else frozenset({"verdicts", "snapshot", "outcomes", "pin"})
+
+    async def pin() -> None:
+        with contextlib.suppress(NotFoundError):  # no run was ever pinned here
+            await js.purge_stream(f"KV_{names.pin_bucket}", subject=f"$KV.{names.pin_bucket}.{run_id}")
+
+    jobs = [js.purge_stream(names.events_stream, subject=names.events(run_id))]
+    if "verdicts" in want:
+        jobs.append(js.purge_stream(names.verdicts_stream, subject=names.verdict(run_id)))
+    if "snapshot" in want:
+        jobs.append(js.purge_stream(f"KV_{names.snapshot_bucket}", subject=f"$KV.{names.snapshot_bucket}.{run_id}"))
+    if "outcomes" in want:
+        jobs.append(js.purge_stream(f"KV_{names.outcome_bucket}", subject=f"$KV.{names.outcome_bucket}.{run_id}.>"))
+    await asyncio.gather(*jobs, *([pin()] if "pin" in want else []))
+    log.debug("run.purged", run_id=run_id)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

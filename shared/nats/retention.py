@@ -8,8 +8,9 @@ collects blobs (:func:`collect_blobs`).
 
 **The collector's guard** against a writer about to reference a blob it judged garbage:
 
-1. *Mark*: the events stream's last sequence S is read first, then the blobs every kept run's commits (and every
-   crucible session's records) reference.
+1. *Mark*: the events stream's last sequence S is read first, then the whole stream once (one ordered consumer:
+   every run's commits, folded per run) and the blobs every kept run's commits (and every crucible session's records)
+   reference.
 2. *Candidates*: live objects not marked whose meta record is older than ``grace_s`` — a writer's put of a body
    that exists already writes its meta record again (:meth:`JetStreamBlobStore._touch`), so a body put within the
    grace is young, and a writer's cache of stored names lasts :data:`~reel.shared.nats.blobread.KNOWN_TTL_S`,
@@ -30,9 +31,10 @@ import base64
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 import structlog
 from nats.js import api as jsapi
@@ -43,12 +45,12 @@ from reel.shared.core.run.fold import fold
 from reel.shared.core.run.integrity import decode_log
 from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, Names
 from reel.shared.nats.archive import purge_run
-from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_GRACE_S = 3600.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -98,13 +100,15 @@ async def _last_seq(infra: Infra, stream: str) -> int:
 async def _stream_msgs(infra: Infra, stream: str, subject: str, *, after: int = 0,
                        last_per_subject: bool = False) -> list[tuple[str, int, bytes]]:
     """Every message (subject, seq, body) of ``stream`` on ``subject`` after sequence ``after`` (or the last of each
-    subject), read with one ordered consumer; empty if the stream does not exist."""
+    subject) up to the stream's last sequence when called (later writes are not chased), read with one ordered
+    consumer; empty if the stream does not exist."""
     try:
         info = await infra.js.stream_info(stream)
     except NotFoundError:
         return []
     if info.state.messages == 0 or info.state.last_seq <= after:
         return []
+    end = info.state.last_seq
     policy = jsapi.DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else jsapi.DeliverPolicy.BY_START_SEQUENCE
     config = jsapi.ConsumerConfig(deliver_policy=policy, opt_start_seq=None if last_per_subject else after + 1)
     sub = await infra.js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
@@ -116,11 +120,25 @@ async def _stream_msgs(infra: Infra, stream: str, subject: str, *, after: int = 
             except TimeoutError:
                 return out  # nothing (more) on that subject
             md = msg.metadata
+            if md.sequence.stream > end:
+                return out
             out.append((msg.subject, md.sequence.stream, msg.data))
-            if md.num_pending == 0:
+            if md.num_pending == 0 or md.sequence.stream == end:
                 return out
     finally:
         await sub.unsubscribe()
+
+
+async def _runs_holding(infra: Infra, names: Names) -> dict[str, set[str]]:
+    """Which runs have verdicts, a snapshot, outcome markers (from the streams' subjects: one request each)."""
+    async def runs(stream: str, prefix: str) -> set[str]:
+        info = await infra.js.stream_info(stream, subjects_filter=prefix + ">")
+        return {s[len(prefix):].split(".", 1)[0] for s in (info.state.subjects or {})}
+
+    return {"verdicts": await runs(names.verdicts_stream, names.verdict("")),
+            "snapshot": await runs(f"KV_{names.snapshot_bucket}", f"$KV.{names.snapshot_bucket}."),
+            "outcomes": await runs(f"KV_{names.outcome_bucket}", f"$KV.{names.outcome_bucket}."),
+            "pin": set()}  # a dropped run is never pinned
 
 
 def _mtime_ms(text: str) -> int | None:
@@ -176,15 +194,15 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
     ``after_mark`` (tests only) is awaited between the mark and the deletes: a rendezvous for the race test.
     """
     report = SweepReport()
-    elog = JetStreamEventLog(infra.nc, names)
     mark_seq = await _last_seq(infra, names.events_stream)
     pins = await pinned(infra, names)
     summaries: list[retention.RunSummary] = []
     refs_of: dict[str, set[str]] = {}
-    for run_id in await elog.list_runs():
-        raw = await elog.subjects.read_raw(run_id)
-        if not raw:
-            continue
+    by_run: dict[str, list[tuple[int, bytes]]] = {}
+    prefix = names.events("")
+    for subject, seq, body in await _stream_msgs(infra, names.events_stream, names.events_all):
+        by_run.setdefault(subject[len(prefix):], []).append((seq, body))  # one pass over the stream, in order
+    for run_id, raw in by_run.items():
         refs_of[run_id] = set().union(*(retention.blob_refs(body) for _, body in raw))
         commits, bad = decode_log(run_id, raw)
         state = fold(commits) if bad is None else None
@@ -193,8 +211,11 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
     report.runs = len(refs_of)
     report.pinned = len(pins & refs_of.keys())
     report.dropped = retention.expired(summaries, policy, now_ms, kept=frozenset(pins))
+    if report.dropped:
+        held = await _runs_holding(infra, names)
+        await _bounded(purge_run(infra, names, run_id, has=frozenset(k for k, runs in held.items() if run_id in runs))
+                       for run_id in report.dropped)
     for run_id in report.dropped:
-        await purge_run(infra, names, run_id)
         refs_of.pop(run_id, None)
     if not collect:
         return report
@@ -210,8 +231,8 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
         late: set[str] = set().union(*(retention.blob_refs(body) for _, _, body in recheck))
         report.saved_by_guard += sum(1 for c in candidates if c.sha256 in late)
         candidates = [c for c in candidates if c.sha256 not in late]
-    for blob in candidates:
-        if await _delete(infra, names, blob, nuid_of[blob.sha256], fenced=guard):
+    for deleted in await _bounded(_delete(infra, names, b, nuid_of[b.sha256], fenced=guard) for b in candidates):
+        if deleted:
             report.deleted += 1
         else:
             report.saved_by_guard += 1
@@ -219,6 +240,21 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
         log.info("retention.swept", runs=report.runs, dropped=len(report.dropped), blobs=report.blobs,
                  deleted=report.deleted, saved_by_guard=report.saved_by_guard)
     return report
+
+
+IN_FLIGHT = 32
+"""Purges and deletes one sweep has in flight at once."""
+
+
+async def _bounded(jobs: Iterable[Awaitable[T]]) -> list[T]:
+    """Await ``jobs`` with at most :data:`IN_FLIGHT` at once; their results in order."""
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(job: Awaitable[T]) -> T:
+        async with gate:
+            return await job
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
 
 
 async def _delete(infra: Infra, names: Names, blob: retention.StoredBlob, nuid: str, *, fenced: bool) -> bool:

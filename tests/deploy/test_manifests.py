@@ -29,6 +29,7 @@ from reel.shared.nats.embedded import find_binary
 from tests.deploy import dockerfile
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOYED = (*SERVICES, "retention")  # retention is not among reel up's services (it needs a policy)
 BIN = Path(sys.executable).parent
 IMAGE = dockerfile.read()
 K8S_FILES = sorted((DEPLOY / "k8s").rglob("*.yaml"))
@@ -110,7 +111,7 @@ def test_every_service_is_its_own_deployment_with_probes_limits_and_a_locked_dow
     docs = k8s_resources()
     deployments = {d["spec"]["template"]["spec"]["containers"][0]["args"][-1]: d
                    for d in docs if d["kind"] == "Deployment"}
-    assert sorted(deployments) == sorted(SERVICES)  # the mutators too, each deployable on its own
+    assert sorted(deployments) == sorted(DEPLOYED)  # the mutators too, each deployable on its own
     budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
     for service, dep in deployments.items():
         pod = dep["spec"]["template"]["spec"]
@@ -126,7 +127,7 @@ def test_every_service_is_its_own_deployment_with_probes_limits_and_a_locked_dow
             assert set(c["resources"][kind]) == {"cpu", "memory"}, (service, kind)
         assert c["startupProbe"]["exec"]["command"] == [*HEALTH, "--live"]
         assert c["livenessProbe"]["exec"]["command"] == [*HEALTH, "--live"]
-        assert c["readinessProbe"]["exec"]["command"] == [*HEALTH, service]
+        assert c["readinessProbe"]["exec"]["command"] == [*HEALTH, *([] if service == "retention" else [service])]
         assert c["readinessProbe"]["timeoutSeconds"] > 5, "the readiness check may take its 5 s timeout"
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
@@ -146,14 +147,14 @@ def test_compose_waits_for_a_healthy_nats_cluster_and_checks_every_service() -> 
     for n in nats:
         assert services[n]["healthcheck"]["test"][-1].endswith("/healthz") and services[n]["restart"]
         assert "./nats-cluster.conf:/etc/nats/nats.conf:ro" in services[n]["volumes"]
-    assert sorted(set(services) - set(nats) - {"auth"}) == sorted(SERVICES)
+    assert sorted(set(services) - set(nats) - {"auth"}) == sorted(DEPLOYED)
     assert services["auth"]["command"][-1].startswith("reel auth init /auth") and "--if-missing" in \
         services["auth"]["command"][-1]
     for n in nats:  # auth on: each node loads the generated users
         assert services[n]["command"][:2] == ["-c", "/etc/nats/nats-auth.conf"]
         assert services[n]["depends_on"] == {"auth": {"condition": "service_completed_successfully"}}
     uid, gid = IMAGE.uid_gid
-    for name in SERVICES:
+    for name in DEPLOYED:
         s = services[name]
         assert s["command"] == ["serve", name]
         assert s["depends_on"] == {n: {"condition": "service_healthy"} for n in nats}, name
@@ -161,7 +162,7 @@ def test_compose_waits_for_a_healthy_nats_cluster_and_checks_every_service() -> 
         assert (s["environment"]["REEL_NATS_USER"], s["environment"]["REEL_NATS_PASSWORD_FILE"]) == (
             role, f"/auth/{role}.password"), name
         assert s["restart"] == "unless-stopped"
-        assert s["healthcheck"]["test"] == ["CMD", *HEALTH, name]
+        assert s["healthcheck"]["test"] == ["CMD", *HEALTH, *([] if name == "retention" else [name])]
         assert s["read_only"] and s["cap_drop"] == ["ALL"]
         assert f"{IMAGE.env['HOME']}:uid={uid},gid={gid},mode=0700" in s["tmpfs"] and "/tmp" in s["tmpfs"]
 
