@@ -45,8 +45,9 @@ from reel._client import Client
 from reel._tool import FunctionTool as ReelFunctionTool
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall
 from reel.shared.core.errors import ModelError
+from reel.shared.core.input import requestfold
 from reel.shared.core.pack.tokencount import TokenCounter
-from reel.shared.core.run.ids import StepId
+from reel.shared.core.run.ids import StepId, run_id_for_key
 from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.run.state import RunState
 from reel.shared.core.workflow.agentspec import AgentToolSpec
@@ -69,14 +70,14 @@ class _Bridge:
     """The meeting point of one Reel run's executor side and the SDK runner driving it (one per run id)."""
 
     def __init__(self) -> None:
-        self.asks: dict[int, asyncio.Future[tuple[Model, dict[str, Any]]]] = {}
+        self.asks: dict[int, asyncio.Future[tuple[Model, dict[str, Any]] | None]] = {}
         self.answers: dict[int, asyncio.Future[ModelResponse]] = {}
         self.calls: dict[str, asyncio.Future[tuple[FunctionTool, Any, str]]] = {}
         self.done: dict[str, asyncio.Future[Any]] = {}
         self.turn_calls: dict[int, asyncio.Future[list[str]]] = {}
         self.finished: str | None = None
 
-    def ask(self, turn: int) -> asyncio.Future[tuple[Model, dict[str, Any]]]:
+    def ask(self, turn: int) -> asyncio.Future[tuple[Model, dict[str, Any]] | None]:
         return self.asks.setdefault(turn, asyncio.get_running_loop().create_future())
 
     def answer(self, turn: int) -> asyncio.Future[ModelResponse]:
@@ -123,15 +124,16 @@ class _BridgeModel:
         bridge = _bridge(request.run_id)
         ask = bridge.ask(request.turn)
         try:
-            model, kwargs = await asyncio.wait_for(asyncio.shield(ask), BRIDGE_WAIT_S)
+            asked = await asyncio.wait_for(asyncio.shield(ask), BRIDGE_WAIT_S)
         except TimeoutError:
             if bridge.finished is not None:
                 return ChatResponse(text=bridge.finished, finish_reason="stop", model=self.name)
             raise ModelError(f"no OpenAI Agents SDK runner asked for turn {request.turn} of run {request.run_id} "
                              f"within {BRIDGE_WAIT_S:g} s (re-run reel.contrib.openai_agents.run with its key to "
                              "resume it)", kind="runner_absent", retryable=True) from None
-        if model is None:  # the SDK runner finished without this turn (e.g. a tool's output was final)
+        if asked is None:  # the SDK runner finished without this turn (e.g. a tool's output was final)
             return ChatResponse(text=bridge.finished or "", finish_reason="stop", model=self.name)
+        model, kwargs = asked
         try:
             response = await model.get_response(**kwargs)
         except Exception as exc:
@@ -202,7 +204,7 @@ class _Journal:
             if record is None:
                 continue
             u = record.get("usage", {})
-            j.turns[t.turn if hasattr(t, "turn") else t.decl.turn] = ModelResponse(
+            j.turns[t.decl.turn] = ModelResponse(
                 output=_OUTPUT_ITEMS.validate_python(record["output"]),
                 usage=Usage(requests=1, input_tokens=int(u.get("input_tokens", 0)),
                             output_tokens=int(u.get("output_tokens", 0)),
@@ -210,9 +212,14 @@ class _Journal:
                 response_id=record.get("response_id"))
             for c in t.calls:
                 ok = [a for a in branch.attempts.get(c.decl.step_id, ()) if a.status == "succeeded" and a.output_ref]
-                if ok and c.decl.call_id is not None:
+                ended = requestfold.observation(branch, c.decl.step_id)
+                if c.decl.call_id is None:
+                    continue
+                if ok:
                     assert ok[-1].output_ref is not None
                     j.calls[c.decl.call_id] = await blobs.get_text(ok[-1].output_ref)
+                elif ended is not None:
+                    j.calls[c.decl.call_id] = ended[0]
         return j
 
 
@@ -305,7 +312,9 @@ class _SdkRun:
         return result.result() if result in done else settled.result()
 
     async def _settled(self, call_id: str) -> str:
-        """The observation Reel recorded for a call it did not hand to the SDK (rejected, outcome unknown)."""
+        """What the model is told of a call Reel did not hand to the SDK: a human's rejection (the text Reel's own
+        agent loop gives, ``error (rejected): …``), or its last failure once a later turn exists (an
+        ``outcome_unknown`` after a crash)."""
         async for state in self.client._rc.watch(self.run_id, poll_s=0.2):
             branch = state.branches[state.active_branch]
             rec = branch.agents.get(StepId(self.step_id)) if isinstance(branch.agents, FrozenMap) else None
@@ -315,6 +324,9 @@ class _SdkRun:
                 for c in t.calls:
                     if c.decl.call_id != call_id:
                         continue
+                    ended = requestfold.observation(branch, c.decl.step_id)  # rejected (or answered) by a human
+                    if ended is not None:
+                        return ended[0]
                     later = any(u.decl.turn > t.decl.turn for u in rec.turns) or rec.finished is not None
                     failed = [a for a in branch.attempts.get(c.decl.step_id, ()) if a.status == "failed"]
                     if later and failed:
@@ -426,6 +438,12 @@ def _reel_agent(root: Agent[Any], *, max_turns: int, retry_safe: bool) -> ReelAg
                      tools=list(tools.values()), max_turns=max_turns, max_parallel_tools=16)
 
 
+def run_id(key: str) -> str:
+    """The id of the Reel run :func:`run` drives under ``key`` (``reel show``/``reel pending`` it, or
+    ``client.get(run_id(key))``)."""
+    return str(run_id_for_key(key))
+
+
 async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, client: Client, key: str | None = None,
               context: Any = None, max_turns: int = 10, run_config: RunConfig | None = None,
               retry_safe: bool = True, timeout_s: float | None = None) -> RunResult:
@@ -445,8 +463,8 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
         timeout_s: bound on the whole run (s; ``None``: none).
 
     Returns:
-        the SDK's ``RunResult`` (its ``final_output``, items, last agent); the Reel run's id is in
-        ``result.context_wrapper.context`` only if you put it there — use ``key`` to find the run again.
+        the SDK's ``RunResult`` (its ``final_output``, items, last agent); the Reel run is
+        :func:`run_id` of the key.
 
     Raises:
         TypeError: an agent holds a tool that is not a function tool (hosted, MCP: not yet supported).
@@ -467,10 +485,10 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
             out = result.final_output
             bridge.finished = out if isinstance(out, str) else json.dumps(
                 out.model_dump(mode="json") if hasattr(out, "model_dump") else out, default=str)
-            for fut in bridge.asks.values():  # Reel's step may ask for one more turn: it ends with the output
+            bridge.ask(sdk.turn + 1)  # Reel's step may ask for one more turn (a tool's output was final):
+            for fut in bridge.asks.values():  # it ends with the SDK's output
                 if not fut.done():
-                    fut.set_result((None, {}))  # type: ignore[arg-type]
-            bridge.ask(sdk.turn + 1).done() or bridge.ask(sdk.turn + 1).set_result((None, {}))  # type: ignore[arg-type,func-returns-value]
+                    fut.set_result(None)
             await handle.wait(("completed", "cancelled"), timeout_s=60)
             return result
     finally:

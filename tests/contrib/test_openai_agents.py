@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+from agents import Agent, OpenAIChatCompletionsModel, OpenAIProvider, RunConfig, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
@@ -121,11 +121,7 @@ async def test_needs_approval_tool_waits_for_reel_approve(chat_server: ChatServe
                        reply('{"order": "A-17", "approved": true}'))
     async with reel.local() as client:
         task = asyncio.ensure_future(openai_agents.run(agent, "Refund A-17.", client=client, key="k-refund"))
-        handle = None
-        while handle is None:
-            runs = await client.runs()
-            handle = client.get(runs[0]) if runs else None
-            await asyncio.sleep(0.05)
+        handle = client.get(openai_agents.run_id("k-refund"))
         await handle.wait(("awaiting_input",), timeout_s=60)
         [pending] = await handle.pending()
         assert (pending.kind, pending.tool, pending.call_id, refunds) == ("approval", "refund", "call_r", [])
@@ -163,3 +159,34 @@ async def test_rewind_at_turn_1_reruns_the_sdk_on_a_new_branch(chat_server: Chat
     assert calls(rewound.branch_id) == [("triage:t1:c0", "call_c"), ("triage:t2:c0", "call_h2")]
     assert sorted(effects.read_text().splitlines()) == ["add 1 1", "add 2 3", "mul 4 5"]
     assert len(chat_server.requests) == 6
+
+
+async def test_rejected_call_and_a_model_named_by_string(chat_server: ChatServer) -> None:
+    """An agent whose ``model`` is a name (resolved by the run config's provider: chat completions on the
+    loopback server); ``reject`` of its ``needs_approval`` call: the tool never runs, the SDK's tool output is
+    Reel's recorded refusal, and the model's next request carries it."""
+    set_tracing_disabled(True)
+    refunds: list[str] = []
+
+    @function_tool(needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        refunds.append(order)
+        return f"refunded {order}"
+
+    agent = Agent(name="support", instructions="Refund when asked.", model="loopback-1", tools=[refund])
+    config = RunConfig(model_provider=OpenAIProvider(
+        openai_client=AsyncOpenAI(base_url=chat_server.url, api_key="loopback"), use_responses=False))
+    chat_server.script(reply(tool_calls=[call("refund", {"order": "B-2"}, id="call_r")]), reply("not refunded"))
+    async with reel.local() as client:
+        task = asyncio.ensure_future(openai_agents.run(agent, "Refund B-2.", client=client, key="k-rej",
+                                                       run_config=config))
+        handle = client.get(openai_agents.run_id("k-rej"))
+        await handle.wait(("awaiting_input",), timeout_s=60)
+        [pending] = await handle.pending()
+        await handle.reject(pending.request_id, note="no refunds today", by="test")
+        result = await asyncio.wait_for(task, 60)
+    assert (result.final_output, refunds) == ("not refunded", [])
+    [tool_message] = [m for m in chat_server.requests[1].body["messages"] if m["role"] == "tool"]
+    assert "no refunds today" in tool_message["content"], tool_message
+    assert chat_server.requests[0].body["model"] == "loopback-1"
