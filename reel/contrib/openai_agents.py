@@ -136,7 +136,10 @@ class _BridgeModel:
         model, kwargs = asked
         try:
             response = await model.get_response(**kwargs)
-        except Exception as exc:
+        except Exception as exc:  # the SDK's runner raises it too (as Runner.run would); Reel records the failure
+            answer = bridge.answer(request.turn)
+            if not answer.done():
+                answer.set_exception(exc)
             status = getattr(exc, "status_code", None)
             raise ModelError(f"{type(exc).__name__}: {exc}", kind="model_error",
                              retryable=not (isinstance(status, int) and 400 <= status < 500 and status != 429)

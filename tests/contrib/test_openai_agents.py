@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, OpenAIProvider, RunConfig, function_tool, set_tracing_disabled
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 from pydantic import BaseModel
 
 import reel
 from reel.contrib import openai_agents
 from tests.contrib.oa_app import build
-from tests.support.chat_server import ChatServer, call, reply
+from tests.support.chat_server import ChatServer, call, error, reply
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -85,7 +85,12 @@ async def test_killed_mid_tool_resumes_with_each_finished_call_done_once(chat_se
     t0 = time.monotonic()
     second = await asyncio.create_subprocess_exec(*argv, env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
                                                   stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(second.communicate(), 150)
+    try:
+        out, err = await asyncio.wait_for(second.communicate(), 150)
+    finally:
+        if second.returncode is None:  # a resume that hangs fails the test and leaves no process behind
+            second.kill()
+            await second.wait()
     resumed_s = time.monotonic() - t0
     assert second.returncode == 0, err.decode()[-3000:]
     assert out.decode().strip().splitlines()[-1] == "FINAL writer: 2+3=5 and 4*5=20"
@@ -190,3 +195,19 @@ async def test_rejected_call_and_a_model_named_by_string(chat_server: ChatServer
     [tool_message] = [m for m in chat_server.requests[1].body["messages"] if m["role"] == "tool"]
     assert "no refunds today" in tool_message["content"], tool_message
     assert chat_server.requests[0].body["model"] == "loopback-1"
+
+
+async def test_a_model_error_is_the_sdk_s_error_and_the_turn_s_failure(chat_server: ChatServer) -> None:
+    """A 400 from the server: ``run`` raises the SDK's own exception and the Reel turn is recorded failed."""
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(model="loopback-1",
+                                       openai_client=AsyncOpenAI(base_url=chat_server.url, api_key="loopback",
+                                                                 max_retries=0))
+    chat_server.script(error(400, "bad request, scripted"))
+    async with reel.local() as client:
+        with pytest.raises(BadRequestError, match="bad request, scripted"):
+            await openai_agents.run(Agent(name="solo", instructions="Answer.", model=model), "Hi.", client=client,
+                                    key="k-err")
+        state = await client.get(openai_agents.run_id("k-err")).wait(("completed",), timeout_s=60)
+    [attempt] = state.branches[state.active_branch].attempts["solo:t1"]  # type: ignore[index]
+    assert (attempt.status, attempt.error_kind) == ("failed", "model_error")
