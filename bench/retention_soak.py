@@ -54,6 +54,7 @@ from reel.shared.core.run.retention import RetentionPolicy
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.retention import sweep
+from reel.shared.runtime.logging import setup_logging
 
 EXECUTOR = ExecutorId("x-soak00000000")
 MAIN = BranchId("main")
@@ -189,4 +190,5 @@ if __name__ == "__main__":
                    help="runs written per second (0: as fast as they go); the collector must keep up with it")
     p.add_argument("--grace-s", type=float, default=1.0, help="the blob collector's grace (s)")
     p.add_argument("--sweep-s", type=float, default=1.0, help="pause between sweeps (s)")
+    setup_logging("bench", level="WARNING")
     sys.exit(asyncio.run(main(p.parse_args())))
