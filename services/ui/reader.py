@@ -14,7 +14,9 @@ from the events stream (:meth:`RunReader.indexing`): it notes the stream's last 
 the stream from ``S + 1`` with one ordered, headers-only consumer, and loads every run listed at that point
 once (snapshot-aware) into a row; a run that gets a commit is re-read into its row. A page asks the stream's
 last sequence first and waits (up to :data:`CATCH_UP_S`) until the index has applied it, so it shows every
-commit that landed before the request. Every UI process keeps its own index and rebuilds it when it
+commit that landed before the request; when the stream's holes changed (its first sequence or deleted count: a
+run archived or dropped by retention, whose purge sends nothing to follow) it forgets the runs with no commit left.
+Every UI process keeps its own index and rebuilds it when it
 starts: the stream is the only truth, nothing is written, and the ``viewer`` role suffices.
 
 Caches (all bounded): the folded state of the last :data:`STATE_CACHE` runs viewed,
@@ -117,6 +119,7 @@ class RunReader:
         self._progress = asyncio.Condition()
         self._wake = asyncio.Event()
         self._index_task: asyncio.Task[None] | None = None
+        self._holes: tuple[int, int] = (0, 0)  # the events stream's (first_seq, num_deleted) at the last forget
 
     @property
     def namespace(self) -> str:
@@ -261,13 +264,28 @@ class RunReader:
         self._ensure_index()
         if timeout_s is None:
             timeout_s = CATCH_UP_S if self.index_ready else BUILD_WAIT_S
-        last = (await self._client.js.stream_info(self._names.events_stream)).state.last_seq
+        state = (await self._client.js.stream_info(self._names.events_stream)).state
+        last = state.last_seq
         async with self._progress:
             try:
                 await asyncio.wait_for(self._progress.wait_for(lambda: self._applied >= last), timeout_s)
             except TimeoutError:
                 return False
+        holes = (state.first_seq, state.num_deleted or 0)
+        if holes != self._holes:  # commits were purged (a run archived or dropped by retention): forget those runs
+            await self._forget_purged(last)
+            self._holes = holes
         return True
+
+    async def _forget_purged(self, upto: int) -> None:
+        """Drop from :attr:`index` and the state cache every run with no commit left in the events stream (purged
+        by ``reel archive`` or the retention service: a purge sends no message to follow); a run whose head is above
+        ``upto`` (created after the stream was listed) is left alone."""
+        alive = set(await self._client.log.list_runs())
+        for run_id, head in self.index.heads().items():
+            if run_id not in alive and head <= upto:
+                self.index.drop(run_id)
+                self._states.pop(run_id, None)
 
     async def runs_page(self, f: RunFilter, *, before: int | None = None, after: int | None = None) -> RunsPage:
         """A page of the runs page (:meth:`RunIndex.query`), once the index has caught up (:meth:`caught_up`)."""

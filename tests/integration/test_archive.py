@@ -157,3 +157,30 @@ async def test_a_live_run_is_not_archived(event_log: JetStreamEventLog, cfg: Con
     assert code != 0 and "is pending: only a completed or cancelled run is archived" in err + out, (out, err)
     assert not (tmp_path / "a.tar").exists()
     assert run_id in await event_log.list_runs()
+
+
+async def test_the_ui_index_forgets_an_archived_run_and_shows_it_again_once_imported(
+        client: ReelClient, event_log: JetStreamEventLog, infra: Infra, cfg: Config, tmp_path: Path) -> None:
+    from reel.services.ui.reader import RunReader
+    from reel.shared.core.run.events import RunCancelled, RunCreated, StepDecl
+    from reel.shared.nats.archive import archive_runs, import_archive
+
+    run_id, other = "r-ui-archived", "r-ui-stays"
+    workflow = await client.blobs.put(b'{"name": "w", "steps": []}' * 200, "application/json")
+    for rid in (run_id, other):
+        created = RunCreated(run_id=rid, branch_id="main", workflow_name="w", created_ms=1, workflow_ref=workflow,
+                             steps=(StepDecl(step_id="a", kind="tool"),))
+        lsn = await event_log.commit(rid, [created], expected_lsn=0, writer="test")
+        await event_log.commit(rid, [RunCancelled(reason="done", at_ms=1)], expected_lsn=lsn, writer="test")
+    reader = RunReader(client)
+    async with reader.indexing():
+        assert await reader.caught_up(30)
+        assert reader.index.get(run_id) is not None and (await reader.state(run_id)).status == "cancelled"
+        await archive_runs(infra, cfg.names, [run_id], tmp_path / "ui.tar", now_ms=1)
+        assert await reader.caught_up(30)
+        assert reader.index.get(run_id) is None, "the runs page no longer lists it"
+        assert reader.index.get(other) is not None
+        await import_archive(infra, cfg.names, tmp_path / "ui.tar")
+        assert await reader.caught_up(30)
+        row = reader.index.get(run_id)
+        assert row is not None and row.status == "cancelled"
