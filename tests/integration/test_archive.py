@@ -184,3 +184,30 @@ async def test_the_ui_index_forgets_an_archived_run_and_shows_it_again_once_impo
         assert await reader.caught_up(30)
         row = reader.index.get(run_id)
         assert row is not None and row.status == "cancelled"
+
+
+async def test_reel_pin_keeps_a_run_through_reel_gc_and_unpin_lets_it_go(
+        client: ReelClient, event_log: JetStreamEventLog, cfg: Config) -> None:
+    from reel.shared.core.run.events import RunCancelled, RunCreated, StepDecl
+
+    workflow = await client.blobs.put(b'{"name": "w", "steps": []}' * 200, "application/json")
+    pinned, loose = "r-pinned", "r-loose"
+    for rid in (pinned, loose):
+        created = RunCreated(run_id=rid, branch_id="main", workflow_name="w", created_ms=1, workflow_ref=workflow,
+                             steps=(StepDecl(step_id="a", kind="tool"),))
+        lsn = await event_log.commit(rid, [created], expected_lsn=0, writer="test")
+        await event_log.commit(rid, [RunCancelled(reason="done", at_ms=1)], expected_lsn=lsn, writer="test")
+    code, out, err = await reel(cfg, "pin", pinned, "--by", "ops")
+    assert code == 0 and f"pinned {pinned}" in out, (out, err)
+    code, out, err = await reel(cfg, "gc", "--keep-newest", "0", "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["dropped"] == [loose] and report["pinned"] == 1 and report["deleted"] == 0, report  # grace 1 h
+    assert set(await event_log.list_runs()) == {pinned}
+    code, out, err = await reel(cfg, "unpin", pinned)
+    assert code == 0, (out, err)
+    code, out, err = await reel(cfg, "gc", "--keep-newest", "0", "--grace-s", "0.001", "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["dropped"] == [pinned] and report["deleted"] == 1, report  # the workflow blob, named by no run now
+    assert await event_log.list_runs() == []
