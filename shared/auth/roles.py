@@ -173,7 +173,7 @@ def grants(names: Names) -> dict[str, Grant]:
             *_durable(s["commands"], n.consumer(cru.consumer_service)), f"{cru.sessions_prefix}*",
             *_read(s["crucible"]), *blob_read, *blob_write, *replies]),
         "retention": service("retention", [  # drops runs and collects blobs (shared/nats/retention.py)
-            *_read(s["events"]), *_ordered(s["events"]), *_read(s["crucible"]), *_ordered(s["crucible"]),
+            *(x for k in ("events", "crucible", "snapshots", "outcomes") for x in (*_read(s[k]), *_ordered(s[k]))),
             *blob_read, f"$O.{blobs}.M.*",  # a blob's delete marker, fenced on the record judged
             f"{API}.STREAM.INFO.KV_{n.pin_bucket}",  # the pinned runs: its subjects
             *(f"{API}.STREAM.PURGE.{x}" for x in (s["events"], s["verdicts"], s["blobs"], s["snapshots"],

@@ -9,8 +9,8 @@ collects blobs (:func:`collect_blobs`).
 **The collector's guard** against a writer about to reference a blob it judged garbage:
 
 1. *Mark*: the events stream's last sequence S is read first, then the whole stream once (one ordered consumer:
-   every run's commits, folded per run) and the blobs every kept run's commits (and every crucible session's records)
-   reference.
+   every run's commits, folded per run) and the blobs every kept run's commits, every crucible session's records
+   and the snapshot and outcome-marker buckets (a state snapshot; an output recorded before its commit) reference.
 2. *Candidates*: live objects not marked whose meta record is older than ``grace_s`` — a writer's put of a body
    that exists already writes its meta record again (:meth:`JetStreamBlobStore._touch`), so a body put within the
    grace is young, and a writer's cache of stored names lasts :data:`~reel.shared.nats.blobread.KNOWN_TTL_S`,
@@ -186,6 +186,16 @@ async def _crucible_refs(infra: Infra, names: Names) -> set[str]:
     return refs
 
 
+async def _kv_refs(infra: Infra, names: Names) -> set[str]:
+    """Blobs the snapshot and outcome-marker buckets name: a kept run's snapshot body, and an attempt's output an
+    executor recorded before its commit (recovery may commit it later)."""
+    refs: set[str] = set()
+    for bucket in (names.snapshot_bucket, names.outcome_bucket):
+        for _, _, body in await _stream_msgs(infra, f"KV_{bucket}", f"$KV.{bucket}.>", last_per_subject=True):
+            refs.update(retention.blob_refs(body))
+    return refs
+
+
 async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *, now_ms: int,
                 grace_s: float = DEFAULT_GRACE_S, collect: bool = True,
                 after_mark: Callable[[], Awaitable[None]] | None = None, guard: bool = True) -> SweepReport:
@@ -219,7 +229,8 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
         refs_of.pop(run_id, None)
     if not collect:
         return report
-    marked: set[str] = set().union(*refs_of.values()) | await _crucible_refs(infra, names)
+    marked: set[str] = set().union(*refs_of.values())
+    marked |= await _crucible_refs(infra, names) | await _kv_refs(infra, names)
     blobs = await stored_blobs(infra, names)
     report.blobs = len(blobs)
     nuid_of = {b.sha256: nuid for b, nuid in blobs}

@@ -105,3 +105,13 @@ async def test_a_referenced_or_young_blob_is_never_collected_and_a_collected_one
     assert info.state.messages == 2, "the collected blob's chunks and meta record are gone, no marker left"
     assert await store(infra, cfg).put(body) == young  # stored again: a live object
     assert await store(infra, cfg).get(young) == body
+
+
+async def test_a_blob_only_an_outcome_marker_names_is_kept(infra: Infra, cfg: Config) -> None:
+    """An executor records an output's ref in its outcome marker before the commit; recovery may commit it later."""
+    import msgspec
+
+    recorded = await store(infra, cfg).put(os.urandom(3000))
+    await infra.outcomes.put("r-x.main.a.1", msgspec.json.encode(recorded))
+    report = await sweep(infra, cfg.names, RetentionPolicy(), now_ms=now(), grace_s=0)
+    assert report.deleted == 0 and recorded.sha256 in await names_in_store(infra, cfg)
