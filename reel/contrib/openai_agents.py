@@ -13,11 +13,13 @@ of one ``kind: agent`` step (the agent's name as its step id), and the two go in
   SDK's own ``ToolContext``), then records the outcome; a handoff is a call too (``transfer_to_…``,
   its result naming the agent handed to), so it is in the timeline;
 - a tool with ``needs_approval`` is gated by Reel (its calls wait as input requests: ``reel pending`` /
-  ``reel approve``), not by the SDK's interruptions.
+  ``reel approve``), not by the SDK's interruptions; a rejection's text is the SDK's tool output.
 
 Re-running ``run`` with the same ``key`` after the process died resumes the Reel run: every turn and call
 already recorded is answered from the run's log (the SDK is not asked to repeat it; journal replay), the
 rest run as before. Code outside model and tool calls (guardrails, hooks, dynamic instructions) runs again.
+After a rewind of the Reel run (:func:`run_id` of the key) at ``<step>:t1``, the same call runs the SDK again
+on the new branch.
 
 Needs the ``openai-agents`` package (``pip install 'reel[openai-agents]'``); docs/integrations.md.
 """

@@ -96,6 +96,14 @@ async def test_killed_mid_tool_resumes_with_each_finished_call_done_once(chat_se
     assert out.decode().strip().splitlines()[-1] == "FINAL writer: 2+3=5 and 4*5=20"
     assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
     assert len(chat_server.requests) == 3, [r.body["messages"][-1] for r in chat_server.requests]
+    async with reel.local(store_dir=store) as client:  # the log both processes wrote
+        state = await client.get(openai_agents.run_id("oa-test")).state()
+    attempts = state.branches[state.active_branch].attempts
+    tries = {s: [(a.attempt, str(a.status)) for a in attempts[s]]  # type: ignore[index]
+             for s in ("triage:t1", "triage:t1:c0", "triage:t1:c1", "triage:t2", "triage:t3")}
+    assert tries == {"triage:t1": [(1, "succeeded")], "triage:t1:c0": [(1, "succeeded")],
+                     "triage:t1:c1": [(1, "dispatched"), (2, "succeeded")],  # killed in flight (no outcome), re-run
+                     "triage:t2": [(1, "succeeded")], "triage:t3": [(1, "succeeded")]}, tries
     print(f"resumed in {resumed_s:.1f} s")
 
 
