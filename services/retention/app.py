@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from reel.shared.nats.blobread import KNOWN_TTL_S
 from reel.shared.nats.infra import Infra
 from reel.shared.nats.retention import serve_loop
 from reel.shared.runtime.config import Config, RetentionConfig
@@ -30,4 +31,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **_: Any) -> Non
     rc = RetentionConfig.from_env()
     log.info("retention.policy", keep_days=rc.policy.keep_days, keep_newest=rc.policy.keep_newest,
              sweep_s=rc.sweep_s, blob_grace_s=rc.blob_grace_s)
+    if rc.blob_grace_s < 2 * KNOWN_TTL_S:
+        log.warning("retention.grace_short", blob_grace_s=rc.blob_grace_s, writer_cache_s=KNOWN_TTL_S,
+                    reason="a writer may name a blob it cached as stored this long ago without touching it: a grace "
+                           "under twice that may collect a blob a commit is about to name")
     await serve_loop(infra, cfg.names, rc.policy, stop, every_s=rc.sweep_s, grace_s=rc.blob_grace_s)

@@ -211,3 +211,29 @@ async def test_reel_pin_keeps_a_run_through_reel_gc_and_unpin_lets_it_go(
     report = json.loads(out)
     assert report["dropped"] == [pinned] and report["deleted"] == 1, report  # the workflow blob, named by no run now
     assert await event_log.list_runs() == []
+
+
+async def test_the_retention_service_drops_what_its_policy_lets_go(
+        client: ReelClient, event_log: JetStreamEventLog, infra: Infra, cfg: Config,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from reel.services.retention.app import serve as retention_serve
+    from reel.shared.core.run.events import RunCancelled, RunCreated, StepDecl
+    from tests.integration.scenarios import wait_until
+
+    workflow = await client.blobs.put(b'{"name": "w", "steps": []}' * 200, "application/json")
+    for i, rid in enumerate(("r-old", "r-new", "r-live")):
+        created = RunCreated(run_id=rid, branch_id="main", workflow_name="w", created_ms=1, workflow_ref=workflow,
+                             steps=(StepDecl(step_id="a", kind="tool"),))
+        lsn = await event_log.commit(rid, [created], expected_lsn=0, writer="test")
+        if rid != "r-live":
+            await event_log.commit(rid, [RunCancelled(reason="done", at_ms=1 + i)], expected_lsn=lsn, writer="test")
+    for name, value in (("REEL_RETENTION_KEEP_NEWEST", "1"), ("REEL_RETENTION_SWEEP_S", "0.2"),
+                        ("REEL_BLOB_GRACE_S", "3600")):
+        monkeypatch.setenv(name, value)
+    async with running(retention_serve, infra, cfg):
+        async def dropped() -> bool:
+            return "r-old" not in await event_log.list_runs()
+
+        await wait_until(dropped, timeout_s=30, what="the retention service dropped r-old")
+    assert set(await event_log.list_runs()) == {"r-new", "r-live"}, "the newest finished run and a live one stay"
+    assert await client.blobs.get(workflow), "a blob a kept run names stays"
