@@ -219,3 +219,20 @@ async def test_a_model_error_is_the_sdk_s_error_and_the_turn_s_failure(chat_serv
         state = await client.get(openai_agents.run_id("k-err")).wait(("completed",), timeout_s=60)
     [attempt] = state.branches[state.active_branch].attempts["solo:t1"]  # type: ignore[index]
     assert (attempt.status, attempt.error_kind) == ("failed", "model_error")
+
+
+async def test_rewind_at_a_later_turn_replays_the_earlier_ones(chat_server: ChatServer, tmp_path: Path) -> None:
+    """A rewind at turn 3 (the writer's answer): run again, turns 1–2 and their calls are answered from the
+    new branch's inherited log — one new model request, no tool runs again."""
+    set_tracing_disabled(True)
+    script(chat_server)
+    effects = tmp_path / "effects"
+    agent = build(chat_server.url, effects)
+    async with reel.local() as client:
+        await openai_agents.run(agent, "What are 2+3 and 4*5?", client=client, key="k-rw3")
+        await client.get(openai_agents.run_id("k-rw3")).rewind(at="triage:t3", by="test")
+        chat_server.script(reply("the same, rewritten"))
+        second = await openai_agents.run(agent, "What are 2+3 and 4*5?", client=client, key="k-rw3")
+    assert (second.final_output, second.last_agent.name) == ("the same, rewritten", "writer")
+    assert len(chat_server.requests) == 4
+    assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
