@@ -143,8 +143,7 @@ class Executor:
                 of an agent step that does not import included), or a keyed start names another run.
             IdempotencyConflict: the key's run exists with another workflow (sha256 of the encoded body);
                 that run is untouched and not driven.
-            Deferred: a python tool is served by another live executor only (a ``reel.Worker``): left to it; or
-                this executor lost its lease (nothing was written): redelivered, to it anew or to another.
+            Deferred: a python tool is served by another live executor only (a ``reel.Worker``): left to it.
         """
         spec = await self._spec_of_command(start)
         search = tool_search_path(start.source_dir or None)  # the file's folder, up to its project root; our cwd
@@ -167,11 +166,8 @@ class Executor:
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
             source_dir=start.source_dir, budget=_budget(spec, self.default_budget),
         )
-        try:
-            self.driver.attempts.check_lease()
-            done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
-        except LeaseLost as exc:  # this incarnation may not write: the start is redelivered, never refused
-            raise Deferred(f"not created here: {exc.message}") from None
+        self.driver.attempts.check_lease()
+        done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
         if stored is not None:
             await stored
         if done.commit is not None:

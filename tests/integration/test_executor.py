@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -523,25 +522,3 @@ async def test_an_outcome_resolved_meanwhile_is_not_recorded_twice(
         == ["executor.conflict", "attempt.outcome_already_recorded"]
     assert step_status(state, "main", "c") == "succeeded"
     await assert_refold_identical(event_log, state)
-
-
-async def test_a_start_taken_after_the_lease_was_lost_is_redelivered_not_refused(
-        infra: Infra, cfg: Config, event_log: JetStreamEventLog) -> None:
-    from reel.shared.nats.consumer import Ack, Delivery
-    from reel.shared.nats.leases import Lease
-
-    lease = Lease(infra.leases, "x-lost-start", 1)
-    assert await lease.acquire(asyncio.Event())
-    time.sleep(1.2)  # noqa: ASYNC251 -- the loop blocked past the lease (a starved or frozen executor): lost
-    ex = Executor(infra, cfg, *ports(infra, cfg), executor_id="x-lost-start", lease=lease)
-    body = encode(StartRun(workflow=parse_workflow(json.dumps({"name": "late", "steps": [recorded("a")]}),
-                                                   fmt="json"), idempotency_key="lost-lease-start"))
-    inbox = infra.nc.new_inbox()
-    replies = await infra.nc.subscribe(inbox)
-    delivery = Delivery(subject=cfg.names.command("start"), data=body, reply_to=inbox, stream_seq=1, stored_ns=1,
-                        num_delivered=1, msg_id=None)
-    assert await ex.handle(delivery) is Ack.NAK  # back to the queue, for this executor anew or another one
-    assert lease.lost.is_set()
-    await infra.nc.flush()
-    assert replies.pending_msgs == 0, "no refusal was sent: the client's start is still answered once created"
-    assert await event_log.head(run_id_for_key("lost-lease-start")) is None
