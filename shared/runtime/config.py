@@ -135,7 +135,7 @@ class NatsAuth:
 DEFAULT_EXECUTOR_RUNS = 256
 """``REEL_MAX_CONCURRENT_RUNS`` of an executor when unset: the runs it drives at once. A live agent run mostly
 waits on its model (≈ 20 KB and no CPU while it waits), so 16 left cores idle: 1,000 two-turn runs against a
-1 s model took 147 s at 16 and 38 s at 256 (docs/benchmarks.md section 10). At 1,000 the burst of turns all
+1 s model took 147 s at 16 and 38 s at 256 (docs/benchmarks.md section 13). At 1,000 the burst of turns all
 answered at once starved the event loop on a loaded machine past the lease TTL (lease lost, runs handed back)."""
 
 DEFAULT_PARTITIONS = 0
