@@ -30,7 +30,7 @@ import msgspec
 import structlog
 from nats.js.errors import NotFoundError
 
-from reel.shared.core.errors import ReelError
+from reel.shared.core.errors import ReelError, RunNotFound
 from reel.shared.core.run import retention
 from reel.shared.core.run.events import BlobRef, Verdict, decode_commit, encode_commit
 from reel.shared.core.run.fold import fold
@@ -101,7 +101,7 @@ async def read_run(elog: JetStreamEventLog, run_id: str) -> tuple[list[tuple[int
     """
     raw = await elog.subjects.read_raw(run_id)
     if not raw:
-        raise ArchiveRefused(f"run {run_id!r} has no commits here (not found, or archived already)")
+        raise RunNotFound(f"run {run_id} not found (no commits here: never run, or archived already)")
     commits, bad = decode_log(run_id, raw)
     if bad is not None:
         raise ArchiveRefused(f"run {run_id!r} is corrupt at LSN {bad.lsn} ({bad.kind}): not archived")
@@ -132,7 +132,8 @@ async def archive_runs(infra: Infra, names: Names, run_ids: list[str], out: Path
     purged, so a failure loses nothing.
 
     Raises:
-        ArchiveRefused: a run is live, has no commits, or is corrupt (nothing is written or purged).
+        RunNotFound: a run has no commits here (nothing is written or purged).
+        ArchiveRefused: a run is live or corrupt (nothing is written or purged).
         BlobMissing / BlobCorrupt: a referenced blob cannot be read (nothing is purged).
     """
     elog = JetStreamEventLog(infra.nc, names)

@@ -20,7 +20,7 @@ from tests.ui.support import REPO, env_for, reel
 from tests.unit.test_trajectories_swe1 import _history, _write
 
 UNKNOWN = "r-00000000000000000000"
-ARGS = {"run_id": UNKNOWN, "request_id": "q-1", "text": "yes"}
+ARGS = {"run_id": UNKNOWN, "run_ids": UNKNOWN, "request_id": "q-1", "text": "yes"}
 """What each command's arguments get: a run that does not exist."""
 
 
@@ -43,21 +43,29 @@ def _one_json_error(out: str) -> dict[str, Any]:
 async def test_every_json_command_prints_one_json_error(cfg: Config, tmp_path: Path) -> None:
     env = env_for(tmp_path)
     found = _json_commands()
-    assert set(found) == {"show", "cancel", "rewind", "pending", "approve", "reject", "answer", "status", "trace"}
+    assert set(found) == {"show", "cancel", "rewind", "pending", "approve", "reject", "answer", "status", "trace",
+                          "archive", "import", "gc"}
 
     async def call(path: str, cmd: Any) -> tuple[str, int, str, str]:
         args = [*path.split(), *(ARGS[p.name] for p in cmd.params if p.param_type_name == "argument")]
-        args += {"rewind": ["--at-step", "a"], "reject": ["--note", "no"]}.get(path, [])
+        args += {"rewind": ["--at-step", "a"], "reject": ["--note", "no"],
+                 "archive": ["-o", str(tmp_path / "never.tar")]}.get(path, [])
         code, out, err = await reel(cfg, *args, "--json", env=env)
         return path, code, out, err
 
     for path, cmd in found.items():  # one at a time: each runs the service it needs in its own process
-        if path in ("pending", "status"):
+        if path in ("pending", "status", "import", "gc"):  # no run id: import and gc below, the others unreachable
             continue
         path, code, out, err = await call(path, cmd)
         doc = _one_json_error(out)
         assert (code, doc["exit"], doc["code"]) == (1, 1, "run_not_found"), (path, out, err)
         assert UNKNOWN in doc["reason"] and err.strip().splitlines()[-1].startswith("error: run_not_found"), path
+
+    code, out, err = await reel(cfg, "import", str(tmp_path / "missing.tar"), "--json", env=env)
+    doc = _one_json_error(out)
+    assert (code, doc["code"]) == (1, "archive_refused") and "is not a Reel archive" in doc["reason"], (out, err)
+    code, out, err = await reel(cfg, "gc", "--json", env=env)
+    assert code == 0 and json.loads(out)["dropped"] == [], (out, err)  # no policy: nothing is dropped
 
     async def unreachable(path: str) -> tuple[str, int, str]:
         proc = await asyncio.create_subprocess_exec(
