@@ -143,8 +143,8 @@ async def test_agent_run_in_the_browser(cfg, event_log: JetStreamEventLog, blobs
             lane = b.find_element(By.CSS_SELECTOR, 'svg.lineage g.lane[data-branch="main"]')
             assert b.execute_script("return arguments[0].querySelector('rect.mark title').textContent", lane) == (
                 f"tests-pass: pass at lsn {verdict.snapshot_lsn}")
-            await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-live") == "1",
-                        "the live connection")
+            await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-ended") == "1",
+                        "the ended run's page following nothing")
             shot = screenshot(b, artifact(tmp_path, "ui-agent-run.png"))
             assert shot.stat().st_size > 20_000
 

@@ -98,7 +98,32 @@ async def test_back_forward_and_many_tabs_never_hang(cfg, event_log: JetStreamEv
                     on_first.append(handle)
                     await until(b, lambda d: d.find_element(By.ID, "run-status").text == "completed",
                                 "a tab on the approved run followed it", timeout_s=30)
+                    await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-ended") == "1",
+                                "a tab on the ended run stopped following it", timeout_s=30)
             assert len(on_first) == 3
+
+
+async def test_a_page_of_an_ended_run_holds_no_live_connection(cfg, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A completed run can change no more but by a rewind: its page joins no feed (no SharedWorker, no SSE stream,
+    no polling) and says so; a reload shows a rewind."""
+    from selenium.webdriver.common.by import By
+
+    env = env_for(tmp_path)
+    code, out, err = await reel(cfg, "run", "examples/hello.yaml", "-q", env=env)
+    assert code == 0, (out, err)
+    run_id = re.search(r"run (r-[0-9a-f]{20}) created", out).group(1)  # type: ignore[union-attr]
+    async with reel_ui(cfg, env=env) as url:
+        with chromium(tmp_path / "profile") as b:
+            _loaded(b, "the ended run's page", lambda: b.get(f"{url}/runs/{run_id}"))
+            await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-ended") == "1",
+                        "the page saying the run ended")
+            state = b.find_element(By.ID, "live-state")
+            assert state.get_attribute("data-live") == "0" and "reload" in state.text, state.text
+            workers = [t for t in b.execute_cdp_cmd("Target.getTargets", {})["targetInfos"]
+                       if t["type"] in ("shared_worker", "worker")]
+            assert not workers, workers
+            fetched = b.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+            assert not [u for u in fetched if "/live" in u or "/heads" in u], fetched
 
 
 async def test_without_a_shared_worker_pages_poll(cfg, event_log: JetStreamEventLog,  # type: ignore[no-untyped-def]

@@ -50,13 +50,26 @@ function liveFeed(onMoved, onReady, tokens, onTokens) {
 
 // Follow the feed while the page is shown: stopped on pagehide (a page in the back/forward cache holds no
 // connection), restarted on pageshow when the page comes back from that cache. Returns rejoin().
+// Returns rejoin(), whose .stop() leaves the feed for good (the page's run has ended).
 function follow(onMoved, onReady, tokens = () => null, onTokens = () => {}) {
   let feed = liveFeed(onMoved, onReady, tokens, onTokens);
+  let done = false;
   window.addEventListener("pagehide", () => { if (feed) feed.stop(); feed = null; });
   window.addEventListener("pageshow", (ev) => {
-    if (ev.persisted && !feed) feed = liveFeed(onMoved, onReady, tokens, onTokens);
+    if (ev.persisted && !feed && !done) feed = liveFeed(onMoved, onReady, tokens, onTokens);
   });
-  return () => { if (feed) feed.rejoin(); };
+  const rejoin = () => { if (feed) feed.rejoin(); };
+  rejoin.stop = () => { done = true; if (feed) feed.stop(); feed = null; };
+  return rejoin;
+}
+
+// A run at rest for good: its page follows nothing (no live connection is held for it). A rewind or a late
+// verdict shows on reload.
+const ENDED = new Set(["completed", "cancelled"]);
+function ended(state, status) {
+  state.textContent = `${status} · ended: this page no longer follows the run (reload to see a rewind)`;
+  state.dataset.live = "0";
+  state.dataset.ended = "1";
 }
 
 function liveBadge(el, mode) { el.textContent = mode === "shared" ? "live" : "live (polling)"; el.dataset.live = "1";
@@ -354,6 +367,7 @@ function runPage(run) {
         state.textContent = `live · head lsn ${head} · ${m.status}${m.outcome ? ` · outcome ${m.outcome}` : ""}`;
         state.dataset.live = "1";
         state.dataset.feed = mode;
+        if (ENDED.has(m.status) && !again) { rejoin.stop(); ended(state, m.status); }
       } while (again);
     } catch (err) {
       state.textContent = `could not follow: ${err.message}`;
@@ -433,6 +447,8 @@ function runPage(run) {
 
   let mode = "";
   viewers(document);
+  const status = document.getElementById("run-head")?.dataset.status || "";
+  if (ENDED.has(status)) { ended(state, status); return; }
   window.addEventListener("pagehide", () => { state.dataset.live = "0"; });
   const rejoin = follow((ids) => { if (ids.includes(id)) catchUp(); }, (m, tokenRuns) => {
     mode = m;
