@@ -86,10 +86,14 @@ async def test_an_operator_acts_from_the_ui(cfg, infra: Infra, client: ReelClien
                     return str((await until(b, lambda d: d.find_element(By.ID, "action-result"),
                                             "the action's answer")).text)
 
-                async def settled() -> None:  # live, and showing the run's head: no re-render is on its way
+                def following(d: Any) -> bool:  # live, or ended (then it follows nothing: docs/ui.md)
+                    state = d.find_element(By.ID, "live-state")
+                    return bool(state.get_attribute("data-live") == "1" or state.get_attribute("data-ended") == "1")
+
+                async def settled() -> None:  # showing the run's head: no re-render is on its way
                     run_id = b.find_element(By.ID, "run").get_attribute("data-run")
                     head = str((await event_log.load(run_id)).head_lsn)
-                    await until(b, lambda d: d.find_element(By.ID, "live-state").get_attribute("data-live") == "1"
+                    await until(b, lambda d: following(d)
                                 and d.find_element(By.ID, "run-head").get_attribute("data-head") == head,
                                 "the run page, live at the run's head")
 
