@@ -367,7 +367,10 @@ function runPage(run) {
         state.textContent = `live · head lsn ${head} · ${m.status}${m.outcome ? ` · outcome ${m.outcome}` : ""}`;
         state.dataset.live = "1";
         state.dataset.feed = mode;
-        if (ENDED.has(m.status) && !again) { rejoin.stop(); ended(state, m.status); }
+        if (ENDED.has(m.status) && !again) {  // ended: leave once a fetch finds nothing newer (the status may be
+          if (m.commits.length) again = true;  // read past the commits the answer holds)
+          else { rejoin.stop(); ended(state, m.status); }
+        }
       } while (again);
     } catch (err) {
       state.textContent = `could not follow: ${err.message}`;
