@@ -25,6 +25,7 @@ LOAD_S = 15.0
 below the ~55 s a load waited for a connection to free up (it tells starvation from slowness; the times
 themselves are not a benchmark)."""
 TABS = 8
+LOG_LSNS = "return [...document.querySelectorAll('#live-log li')].map(li => Number(li.dataset.lsn))"
 
 
 def _loaded(b: Any, what: str, go: Any) -> float:
@@ -159,9 +160,11 @@ async def test_without_a_shared_worker_pages_poll(cfg, event_log: JetStreamEvent
                 b.switch_to.window(handle)
                 await until(b, lambda d: d.find_element(By.ID, "run-status").text == "completed",
                             "a polling tab followed the run", timeout_s=30)
-                lsns = b.execute_script(  # in one read: a polled page may re-render between lookups
-                    "return [...document.querySelectorAll('#live-log li')].map(li => Number(li.dataset.lsn))")
-                assert lsns[-1] == done.head_lsn and lsns == sorted(set(lsns)), lsns
+                # the body may show the end a poll before the log has its last commits: wait for the log's head
+                await until(b, lambda d: (d.execute_script(LOG_LSNS) or [0])[-1] == done.head_lsn,
+                            "the polling tab's log at the run's head", timeout_s=30)
+                lsns = b.execute_script(LOG_LSNS)  # in one read: a polled page may re-render between lookups
+                assert lsns == sorted(set(lsns)), lsns
             b.switch_to.window(runs_tab)
             await until(b, lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"]').get_attribute(
                 "data-status") == "completed", "the polling runs page's row followed", timeout_s=30)
