@@ -47,6 +47,9 @@ the one that went away."""
 
 log = structlog.get_logger("reel.client")
 
+START_TRIES = 3
+"""How often :meth:`ReelClient.start` sends a start refused ``lease_lost`` (waiting 0.25 s, then 0.5 s)."""
+
 
 class CommandTimeout(ReelError, TimeoutError):
     """No service answered the command in time (it stays queued; a service will pick it up)."""
@@ -175,9 +178,24 @@ class ReelClient:
         ``source_dir``: the absolute folder of the workflow's file, where the executor looks for its ``python:``
         tools first (:class:`~reel.shared.core.wire.commands.StartRun`); ``None``: its working folder only.
 
+        A start refused ``lease_lost`` (the executor that took it was starved past its lease: it wrote
+        nothing, the refusal is retryable) is sent again, at most :data:`START_TRIES` times in all, as a new
+        command (a keyed start is answered by the run its key names either way).
+
         Raises:
             ValueError: ``source_dir`` is not an absolute, normalised path.
         """
+        for attempt in range(START_TRIES):
+            reply = await self._start_once(spec, idempotency_key=idempotency_key, labels=labels, timeout_s=timeout_s,
+                                           source_dir=source_dir)
+            if reply.ok or reply.error is None or reply.error.code != "lease_lost" or attempt == START_TRIES - 1:
+                return reply
+            log.warning("start.retried", reason=reply.error.message[:200], attempt=attempt + 1)
+            await asyncio.sleep(0.25 * 2 ** attempt)
+        raise AssertionError("unreachable")  # the loop returns on its last try
+
+    async def _start_once(self, spec: WorkflowSpec, *, idempotency_key: str | None,
+                          labels: dict[str, str] | None, timeout_s: float, source_dir: str | None) -> Reply:
         body = encode_workflow(spec)
         where: str | msgspec.UnsetType = msgspec.UNSET if source_dir is None else source_dir
         if len(body) > INLINE_WORKFLOW_MAX_BYTES and self.blobs is not None:
