@@ -500,8 +500,13 @@ async def test_an_outcome_resolved_meanwhile_is_not_recorded_twice(
             while not any(isinstance(e, AttemptDispatched) and e.step_id == "b"
                           for e in decode_commit((await commits.next_msg(timeout=30)).data).events):
                 pass
-            head = await event_log.head(run_id)  # b#1 is inside its side effect now
-            assert head is not None
+            # b#1 is inside its side effect now; the core subscription can see the commit before the
+            # stream's head read does, so the head is read until it holds the dispatch
+            while True:
+                head = await event_log.head(run_id)
+                assert head is not None
+                if any(isinstance(e, AttemptDispatched) and e.step_id == "b" for e in head[1].events):
+                    break
             theirs = await blobs.put(b"recovered output")
             await event_log.commit(run_id, [AttemptSucceeded(branch_id="main", step_id="b", attempt=1,
                                                              output_ref=theirs, at_ms=1, recovered=True)],
