@@ -44,6 +44,7 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ from reel.services.ui.reader import NotARunId, RunReader, StreamedChunk, check_r
 from reel.services.ui.runindex import PAGE_RUNS, RunFilter, row_key
 from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
-from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.integrity import Corruption, RunCorrupt
 from reel.shared.core.run.state import RunState
 from reel.shared.core.verify.reportedoutcome import reported_outcome
 
@@ -75,6 +76,14 @@ MAX_COMMITS = 500
 """Most commits one ``/runs/<id>/commits`` answer carries (the page asks again from the last one's LSN)."""
 MAX_TOKEN_RUNS = 32
 """Most runs one ``/live`` stream forwards streamed tokens of."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unshown:
+    """Why a run page or feed has no run to show: its HTTP status and a message for the user."""
+
+    status: int
+    message: str
 
 
 def _env() -> jinja2.Environment:
@@ -200,20 +209,28 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return JSONResponse({"run_id": run_id, "key": row_key(found),
                              "html": env.get_template("_row.html").render(**common, r=found)})
 
+    async def _load(run_id: str) -> tuple[RunState, Corruption | None] | Unshown:
+        """The run's state and, for a run whose log is corrupt past a readable prefix, its corruption (the
+        state is that prefix's); or why there is none to show, as (HTTP status, message): 400 for an id that
+        is not one, 404 for no such run, 409 for a log corrupt from its first commit."""
+        try:
+            return await reader.state(run_id), None
+        except NotARunId as exc:
+            return Unshown(400, str(exc))
+        except RunNotFound:
+            return Unshown(404, f"no run {run_id!r} in namespace {reader.namespace}")
+        except RunCorrupt as exc:
+            if exc.state is None:
+                return Unshown(409, exc.corruption.describe())
+            return exc.state, exc.corruption
+
     async def _body(request: Request) -> tuple[RunPage, str, str] | Response:
         """(the page, the branch parameter, the rendered body) of a run page, or the error page."""
         run_id, branch = request.path_params["run_id"], request.query_params.get("branch") or None
-        corrupt = None
-        try:
-            state = await reader.state(run_id)
-        except NotARunId as exc:
-            return error(400, str(exc))
-        except RunNotFound:
-            return error(404, f"no run {run_id!r} in namespace {reader.namespace}")
-        except RunCorrupt as exc:
-            if exc.state is None:
-                return error(409, exc.corruption.describe())
-            state, corrupt = exc.state, exc.corruption
+        got = await _load(run_id)
+        if isinstance(got, Unshown):
+            return error(got.status, got.message)
+        state, corrupt = got
         if branch is not None and branch not in state.branches:
             return error(404, f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
         p = run_page(state, branch, corrupt=corrupt)
@@ -262,15 +279,12 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         run_id, step_id = request.path_params["run_id"], request.path_params["step_id"]
         try:
             attempt = int(request.path_params["attempt"])
-            state = await reader.state(run_id)
-        except (ValueError, NotARunId) as exc:
+        except ValueError as exc:
             return error(400, str(exc))
-        except RunNotFound:
-            return error(404, f"no run {run_id!r} in namespace {reader.namespace}")
-        except RunCorrupt as exc:
-            if exc.state is None:
-                return error(409, exc.corruption.describe())
-            state = exc.state
+        got = await _load(run_id)
+        if isinstance(got, Unshown):
+            return error(got.status, got.message)
+        state = got[0]
         bid = request.query_params.get("branch") or state.active_branch
         found = attempt_partition(state, bid, step_id, attempt) if bid in state.branches else None
         if found is None:
@@ -282,13 +296,15 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         run_id = request.path_params["run_id"]
         try:
             after = int(request.query_params.get("after", "0"))
-            state = await reader.state(run_id)
-        except (ValueError, NotARunId) as exc:
+        except ValueError as exc:
             return JSONResponse({"error": str(exc)}, 400)
-        except RunNotFound as exc:
-            return JSONResponse({"error": str(exc)}, 404)
-        except RunCorrupt as exc:
-            return JSONResponse({"error": exc.corruption.describe(), "corrupt": True}, 409)
+        got = await _load(run_id)
+        if isinstance(got, Unshown):
+            return JSONResponse({"error": got.message, **({"corrupt": True} if got.status == 409 else {})},
+                                got.status)
+        state, corrupt = got
+        if corrupt is not None:  # the commits feed serves whole logs only
+            return JSONResponse({"error": corrupt.describe(), "corrupt": True}, 409)
         new = await reader.commits(run_id, after_lsn=after, upto_lsn=state.head_lsn)
         return JSONResponse({**_commits(state, new[:MAX_COMMITS]), "more": len(new) > MAX_COMMITS})
 
