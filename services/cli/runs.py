@@ -90,7 +90,8 @@ def exit_code(state: RunState | None) -> int:
 def run(
     file: Path = typer.Argument(..., help="workflow spec (YAML or JSON, see docs/workflow.md)"),
     key: str | None = typer.Option(None, "--key", help="idempotency key: a repeated start returns the same run"),
-    timeout: float = typer.Option(300.0, help="seconds to wait for the run to finish"),
+    timeout: float = typer.Option(300.0, help="seconds to wait for the run to finish (exit 5); while the run "
+                                  "sleeps, counted from its wake time"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines, only the timeline"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
