@@ -46,7 +46,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jsonschema
-import msgspec
 
 from reel.shared.application.toolimports import (
     PythonTools as PythonTools,  # re-exported: the agent modules import it here
@@ -139,18 +138,20 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
 
 
 def _capped(text: str, tool: AgentToolSpec, ctx: CallContext) -> str:
-    """A Python tool's result text within its own ``max_output_bytes`` (UTF-8 bytes; none set: uncapped): past
-    it, the head and :func:`truncation_note` (``on_overflow: fail``: a ``output_too_large`` ToolError)."""
-    if isinstance(tool.max_output_bytes, msgspec.UnsetType):
+    """A Python tool's result text within the cap a command tool's output has (:func:`output_limit`: its own
+    ``max_output_bytes`` and ``on_overflow``, else 1 MiB, truncate; UTF-8 bytes): past it, the head and
+    :func:`truncation_note` (``on_overflow: fail``: a ``output_too_large`` ToolError)."""
+    limit = output_limit(tool, AGENT_TOOL_OUTPUT)
+    if len(text) * 4 <= limit.max_bytes:  # a str of n code points encodes to at most 4n bytes
         return text
     data = text.encode()
-    if len(data) <= tool.max_output_bytes:
+    if len(data) <= limit.max_bytes:
         return text
-    if tool.on_overflow == "fail":
+    if limit.on_overflow == "fail":
         raise ToolError(f"{tool.name} returned {len(data)} bytes, over its max_output_bytes of "
-                        f"{tool.max_output_bytes}", kind=OUTPUT_TOO_LARGE)
+                        f"{limit.max_bytes}", kind=OUTPUT_TOO_LARGE)
     ctx.truncated = True
-    return data[:tool.max_output_bytes].decode(errors="ignore") + truncation_note(tool.max_output_bytes)
+    return data[:limit.max_bytes].decode(errors="ignore") + truncation_note(limit.max_bytes)
 
 
 async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContext) -> str:

@@ -294,6 +294,20 @@ async def test_a_python_tools_own_output_cap_and_two_functions_under_one_name(lo
               if isinstance(e, AttemptSucceeded) and e.step_id == "shouter:t1:c0"]
     assert done.truncated is True and done.output_ref.size_bytes < 200  # the head and the note, not 1000 bytes
 
+    @reel.tool
+    def flood() -> str:
+        """Say far too much."""
+        return "b" * (3 * 1024 * 1024)
+
+    agent = reel.Agent(name="flooder", instructions="Flood.", tools=[flood],
+                       model=reel.ScriptedModel(turns=[{"tool_calls": [{"name": "flood"}]}, {"text": "done"}]))
+    handle = await local.start(agent, input="Flood.")
+    assert (await handle.result(timeout_s=60)).outcome == "succeeded"
+    [done] = [e for c in [c async for c in handle.events(follow=False)] for e in c.events
+              if isinstance(e, AttemptSucceeded) and e.step_id == "flooder:t1:c0"]
+    assert done.truncated is True  # no cap of its own: a command tool's default, 1 MiB, and the note
+    assert 1024 * 1024 < done.output_ref.size_bytes < 1024 * 1024 + 200
+
     def make(n: int) -> reel.FunctionTool[[], int]:
         @reel.tool
         def value() -> int:
