@@ -1,6 +1,6 @@
 """Follow one run id through the code: ``reel run WORKFLOW`` in this process (its own embedded server and
 in-process services), with a profile hook on every thread that notes each call of a function of this
-repository whose arguments hold the run id (the id itself, or an object whose ``run_id`` is it).
+repository whose arguments hold the id of the run it starts (the id itself, or an object whose ``run_id`` is it).
 
 Prints the walk's figures: the modules visited (distinct files), the hops (calls that enter a module other
 than the caller's module in the walk) and the returns (hops back into a module the walk had already left).
@@ -31,9 +31,8 @@ SKIP = re.compile(r"services/(cli|timeline)[/.]")
 def main() -> None:
     cli, workflow = sys.argv[1], sys.argv[2]
     listing, pairing = "--list" in sys.argv, "--pairs" in sys.argv
-    walk: list[str] = []
+    seen: list[tuple[str, str, str]] = []  # (run id, module, function) of each call, in order
     files: dict[str, str | None] = {}
-    funcs: dict[str, set[str]] = {}
 
     def module_of(filename: str) -> str | None:
         if filename not in files:
@@ -44,26 +43,21 @@ def main() -> None:
             files[filename] = rel if ok else None
         return files[filename]
 
-    def holds_run_id(frame: FrameType) -> bool:
+    def run_id_held(frame: FrameType) -> str | None:
         code = frame.f_code
         for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
             v = frame.f_locals.get(name)
-            if isinstance(v, str):
-                if RUN_ID.fullmatch(v):
-                    return True
-            else:
-                rid = getattr(v, "run_id", None)
-                if isinstance(rid, str) and RUN_ID.fullmatch(rid):
-                    return True
-        return False
+            rid = v if isinstance(v, str) else getattr(v, "run_id", None)
+            if isinstance(rid, str) and RUN_ID.fullmatch(rid):
+                return rid
+        return None
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
         if event != "call":
             return
         mod = module_of(frame.f_code.co_filename)
-        if mod is not None and holds_run_id(frame):
-            walk.append(mod)
-            funcs.setdefault(mod, set()).add(frame.f_code.co_name)
+        if mod is not None and (rid := run_id_held(frame)) is not None:
+            seen.append((rid, mod, frame.f_code.co_name))
 
     sys.argv = ["reel", "run", workflow]
     threading.setprofile(hook)
@@ -79,6 +73,14 @@ def main() -> None:
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
+    m = re.search(r"run (r-[0-9a-f]{20}) created", out.getvalue())
+    if m is None:
+        sys.exit(f"no run created: {out.getvalue()[-500:]}")
+    walk = [mod for rid, mod, _ in seen if rid == m.group(1)]  # this run's id only (the store may hold others)
+    funcs: dict[str, set[str]] = {}
+    for rid, mod, fn in seen:
+        if rid == m.group(1):
+            funcs.setdefault(mod, set()).add(fn)
     hops, returns, left = 0, 0, set[str]()
     for prev, cur in itertools.pairwise(walk):
         if cur != prev:
