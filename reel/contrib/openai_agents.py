@@ -33,13 +33,21 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
 from agents import Agent, FunctionTool, Handoff, Runner, RunResult
 from agents.handoffs import handoff as make_handoff
 from agents.items import ModelResponse, TResponseInputItem
 from agents.models.interface import Model, ModelTracing
 from agents.run import RunConfig
 from agents.usage import Usage
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputItem
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionToolCall,
+    ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
+    ResponseTextDeltaEvent,
+)
 from pydantic import TypeAdapter
 
 from reel._agent import Agent as ReelAgent
@@ -52,8 +60,10 @@ from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run.ids import StepId, run_id_for_key
 from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.run.state import RunState
+from reel.shared.core.wire.livemessages import StreamChunk, ToolCallDelta
 from reel.shared.core.workflow.agentspec import AgentToolSpec
 from reel.shared.core.workflow.spec import ModelSpec
+from reel.shared.models.base import DeltaSink
 
 ADAPTER = "reel.contrib.openai_agents:bridge_model"
 """The ``module:factory`` model adapter of the Reel run (what its workflow names)."""
@@ -116,8 +126,10 @@ class _BridgeModel:
     def __init__(self, spec: ModelSpec, counter: TokenCounter) -> None:
         self.name = spec.name or "openai-agents"
 
-    async def complete_chat(self, request: ChatRequest) -> ChatResponse:
-        """Wait for the SDK runner's call of this turn, make it, return it as Reel's response.
+    async def complete_chat(self, request: ChatRequest, on_delta: DeltaSink | None = None) -> ChatResponse:
+        """Wait for the SDK runner's call of this turn, make it, return it as Reel's response. With ``on_delta``
+        (the run streams: ``run(…, stream=True)``) the call is the SDK model's ``stream_response``, its text and
+        tool-call argument deltas sent to ``on_delta`` as they arrive, its completed response the answer.
 
         Raises:
             ModelError: no runner asked within :data:`BRIDGE_WAIT_S` (retryable, ``runner_absent``); the
@@ -137,7 +149,7 @@ class _BridgeModel:
             return ChatResponse(text=bridge.finished or "", finish_reason="stop", model=self.name)
         model, kwargs = asked
         try:
-            response = await model.get_response(**kwargs)
+            response = await (model.get_response(**kwargs) if on_delta is None else _streamed(model, kwargs, on_delta))
         except Exception as exc:  # the SDK's runner raises it too (as Runner.run would); Reel records the failure
             answer = bridge.answer(request.turn)
             if not answer.done():
@@ -165,6 +177,34 @@ class _BridgeModel:
         return ChatResponse(text=text, tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else "stop",
                             input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens,
                             model=str(getattr(model, "model", "") or self.name), message=message)
+
+
+async def _streamed(model: Model, kwargs: Mapping[str, Any], on_delta: DeltaSink) -> ModelResponse:
+    """The SDK model's streamed response to ``kwargs``: each output-text delta and function-call arguments
+    delta to ``on_delta`` (a call's id and name first, with its item's index), the completed response built
+    as ``get_response`` returns it.
+
+    Raises:
+        ModelError: the stream ended without a ``response.completed`` event (retryable, ``stream_incomplete``).
+    """
+    indexes: dict[int, int] = {}  # output index of a function call → Reel's call index (order of appearance)
+    async for event in model.stream_response(**kwargs):
+        if isinstance(event, ResponseTextDeltaEvent):
+            await on_delta(StreamChunk(seq=0, content=event.delta))
+        elif isinstance(event, ResponseOutputItemAddedEvent) and isinstance(event.item, ResponseFunctionToolCall):
+            i = indexes.setdefault(event.output_index, len(indexes))
+            await on_delta(StreamChunk(seq=0, tool_calls=(ToolCallDelta(index=i, id=event.item.call_id,
+                                                                        name=event.item.name),)))
+        elif isinstance(event, ResponseFunctionCallArgumentsDeltaEvent):
+            i = indexes.setdefault(event.output_index, len(indexes))
+            await on_delta(StreamChunk(seq=0, tool_calls=(ToolCallDelta(index=i, arguments=event.delta),)))
+        elif isinstance(event, ResponseCompletedEvent):
+            r, u = event.response, event.response.usage
+            return ModelResponse(output=list(r.output), response_id=r.id, usage=Usage(
+                requests=1, input_tokens=u.input_tokens if u else 0, output_tokens=u.output_tokens if u else 0,
+                total_tokens=u.total_tokens if u else 0))
+    raise ModelError("the model's stream ended before its response completed", kind="stream_incomplete",
+                     retryable=True)
 
 
 def bridge_model(spec: ModelSpec, counter: TokenCounter) -> _BridgeModel:
@@ -415,7 +455,7 @@ def _agents(root: Agent[Any]) -> list[Agent[Any]]:
     return out
 
 
-def _reel_agent(root: Agent[Any], *, max_turns: int, retry_safe: bool) -> ReelAgent:
+def _reel_agent(root: Agent[Any], *, max_turns: int, retry_safe: bool, stream: bool = False) -> ReelAgent:
     """The Reel agent step mirroring ``root``: every tool and handoff of every reachable agent, proxied."""
     tools: dict[str, ReelFunctionTool[..., Any]] = {}
     for a in _agents(root):
@@ -439,7 +479,8 @@ def _reel_agent(root: Agent[Any], *, max_turns: int, retry_safe: bool) -> ReelAg
     step = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in root.name)[:64] or "agent"
     instructions = root.instructions if isinstance(root.instructions, str) else f"(instructions of {root.name})"
     return ReelAgent(name=root.name, step_id=step, instructions=instructions or root.name,
-                     model=ModelSpec(adapter=ADAPTER, name=f"openai-agents:{root.name}"),
+                     model=ModelSpec(adapter=ADAPTER, name=f"openai-agents:{root.name}",
+                                     stream=True if stream else msgspec.UNSET),
                      tools=list(tools.values()), max_turns=max_turns, max_parallel_tools=16)
 
 
@@ -451,7 +492,7 @@ def run_id(key: str) -> str:
 
 async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, client: Client, key: str | None = None,
               context: Any = None, max_turns: int = 10, run_config: RunConfig | None = None,
-              retry_safe: bool = True, timeout_s: float | None = None) -> RunResult:
+              retry_safe: bool = True, timeout_s: float | None = None, stream: bool = False) -> RunResult:
     """``Runner.run(agent, input)``, durably: a Reel run records each model call and tool call (module docs).
 
     Args:
@@ -466,6 +507,9 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
         retry_safe: a tool call an executor crash interrupted runs again on resume (``False``: it is recorded
             ``outcome_unknown`` and the model told).
         timeout_s: bound on the whole run (s; ``None``: none).
+        stream: each model call is the SDK model's streamed call, its deltas published on the Reel run's
+            stream subjects as they arrive (``handle.stream()``, ``reel ui``); the SDK is still answered with
+            the whole response, and the log keeps each whole response.
 
     Returns:
         the SDK's ``RunResult`` (its ``final_output``, items, last agent); the Reel run is
@@ -477,7 +521,7 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
     """
     config = run_config or RunConfig()
     task = input if isinstance(input, str) else json.dumps(input, default=str)
-    mirror = _reel_agent(agent, max_turns=max_turns + 1, retry_safe=retry_safe)
+    mirror = _reel_agent(agent, max_turns=max_turns + 1, retry_safe=retry_safe, stream=stream)
     run_key = key or "oa-" + hashlib.sha256(f"{agent.name}\0{task}".encode()).hexdigest()[:32]
     handle = await client.start(mirror, input=task, key=run_key)
     bridge = _bridge(handle.run_id)

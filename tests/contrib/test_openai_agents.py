@@ -20,7 +20,7 @@ from pydantic import BaseModel
 import reel
 from reel.contrib import openai_agents
 from tests.contrib.oa_app import build
-from tests.support.chat_server import ChatServer, call, error, reply
+from tests.support.chat_server import ChatServer, call, error, reply, streamed
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -236,3 +236,40 @@ async def test_rewind_at_a_later_turn_replays_the_earlier_ones(chat_server: Chat
     assert (second.final_output, second.last_agent.name) == ("the same, rewritten", "writer")
     assert len(chat_server.requests) == 4
     assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
+
+
+async def test_a_streamed_run_publishes_its_deltas_on_reels_stream_subjects(chat_server: ChatServer,
+                                                                           tmp_path: Path) -> None:
+    """``stream=True``: each SDK model call is streamed; its text and tool-call deltas arrive on the run's
+    stream subjects while the log keeps the whole response and the SDK gets the same result."""
+    set_tracing_disabled(True)
+    chat_server.script(streamed(tool_calls=[call("add", {"a": 2, "b": 3}, id="call_a")], chunks=8),
+                       streamed("2+3 makes five, as computed", chunks=9))
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = OpenAIChatCompletionsModel(model="loopback-1",
+                                       openai_client=AsyncOpenAI(base_url=chat_server.url, api_key="unused"))
+    agent = Agent(name="adder", instructions="Add.", tools=[add], model=model)
+    async with reel.local() as client:
+        run_id = openai_agents.run_id("streamed-1")
+        async with client.get(run_id).stream() as tokens:
+            result = await openai_agents.run(agent, "What is 2+3?", client=client, key="streamed-1", stream=True)
+            got: list[reel.Token] = []
+            async with asyncio.timeout(30):  # the fragments were published while the run went on
+                async for token in tokens:
+                    got.append(token)
+                    if token.done and token.step_id == "adder:t2":
+                        break
+        state = await client.get(run_id).state()
+    assert result.final_output == "2+3 makes five, as computed"
+    text = "".join(t.text for t in got if t.step_id == "adder:t2")
+    assert text == "2+3 makes five, as computed"
+    args = "".join(a for t in got if t.step_id == "adder:t1" for _, a in t.tool_calls)
+    assert json.loads(args) == {"a": 2, "b": 3}
+    assert [t.step_id for t in got if t.done] == ["adder:t1", "adder:t2"]
+    assert all(s.body.get("stream") is True for s in chat_server.requests), "each model call was streamed"
+    assert str(state.status) == "completed"
