@@ -25,6 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from reel import edits as edits
     from reel import events as events
     from reel._agent import Agent as Agent
     from reel._agent import Model as Model
@@ -122,11 +123,13 @@ __all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "Comm
            "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",
            "SleepStep", "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage",
            "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "ask_user", "block_on", "command_tool",
-           "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after", "run", "run_sync", "tool"]
+           "edits", "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after", "run", "run_sync",
+           "tool"]
 
 
-_MODULES = frozenset({"events"})
-"""Public submodules, loaded on first use too (``reel.events``: the typed events of a run's log)."""
+_MODULES = frozenset({"edits", "events"})
+"""Public submodules, loaded on first use too (``reel.events``: the typed events of a run's log; ``reel.edits``: the
+edits of a fork)."""
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -41,6 +41,7 @@ from reel.shared.core.agent import turnfold
 from reel.shared.core.errors import ReelError, WorkflowInvalid
 from reel.shared.core.input import requestfold
 from reel.shared.core.run.eventfields import Usage, Verdict
+from reel.shared.core.run.forkedits import ContextEdit as Edit
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import EpisodeView, build_episode_view
 from reel.shared.core.verify.reportedoutcome import final_verdicts, reported_outcome
@@ -413,10 +414,26 @@ class RunHandle:
         reply = self._accepted(await self._rc.rewind(
             self.run_id, at_step=at if isinstance(at, str) else None, at_lsn=at if isinstance(at, int) else None,
             branch=branch, idempotency_key=key, by=by))
-        d = reply.detail
-        return RewindReply(run_id=self.run_id, branch_id=str(reply.branch_id), created=bool(reply.created),
-                           status=reply.status or "", lsn=int(reply.lsn), parent_branch_id=d.get("parent_branch_id"),
-                           fork_lsn=d.get("fork_lsn"), from_step=d.get("from_step"))
+        return _rewound(self.run_id, reply)
+
+    async def fork(self, *, at: str, edits: Sequence[Edit] = (), branch: str | None = None, key: str | None = None,
+                   by: str = "") -> RewindReply:
+        """Re-run agent turn ``at`` on a new branch with ``edits`` to its context, and continue the run on it
+        (a rewind at that turn whose ``branch_forked`` records the edits; docs/forks.md).
+
+        Args:
+            at: the turn to re-run (``"fix:t1"``).
+            edits: :mod:`reel.edits` (``Restore(item=…)``, ``Drop(item=…)``, ``Instructions(text=…)``,
+                ``Model(name=…)``, ``Param(key=…, value=…)``, ``ToolResult(call=…, text=…)``).
+            branch, key, by: as :meth:`rewind`.
+
+        Raises:
+            InvalidCommand: an edit that does not fit the turn (code ``invalid_edit``).
+            StepNotFound, RunNotFound, InvalidTransition: refused (nothing changed).
+        """
+        reply = self._accepted(await self._rc.rewind(self.run_id, at_step=at, branch=branch, idempotency_key=key,
+                                                     by=by, edits=edits))
+        return _rewound(self.run_id, reply)
 
     async def cancel(self, reason: str = "", *, by: str = "") -> CancelReply:
         """Cancel the run (legal while pending, running, awaiting input or verifying; else nothing changes);
@@ -435,6 +452,13 @@ class RunHandle:
         if not reply.ok:
             raise refused(reply.error, self.run_id)
         return reply
+
+
+def _rewound(run_id: str, reply: Reply) -> RewindReply:
+    d = reply.detail
+    return RewindReply(run_id=run_id, branch_id=str(reply.branch_id), created=bool(reply.created),
+                       status=reply.status or "", lsn=int(reply.lsn), parent_branch_id=d.get("parent_branch_id"),
+                       fork_lsn=d.get("fork_lsn"), from_step=d.get("from_step"))
 
 
 class TokenStream:

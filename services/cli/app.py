@@ -26,6 +26,7 @@ from reel.services.cli import (
     archive,
     auth,
     chaos,
+    forks,
     inputs,
     mutating,
     recordings,
@@ -52,6 +53,7 @@ app.command("ls")(runs.list_runs)
 app.command()(runs.verdicts)
 app.command()(mutating.cancel)
 app.command()(mutating.rewind)
+app.command()(forks.fork)
 app.command()(inputs.pending)
 app.command()(inputs.approve)
 app.command()(inputs.reject)

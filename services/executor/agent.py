@@ -229,7 +229,7 @@ class AgentRun:
             return None
         worst = None
         if turn is not None:
-            model = self.spec.agent(turn.action.agent).model
+            model = turn.model
             worst = budget.worst_case(turn.packed_tokens, model, price_for(model, self.spec.price_table))
         at = now_ms()
         found = budget.check(state, at, model_call=worst, tool_calls=len(calls), pending=[o.usage for o in outcomes])

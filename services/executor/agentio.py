@@ -25,7 +25,7 @@ import msgspec
 from reel.shared.application.fenced import Decide
 from reel.shared.auth import secrets
 from reel.shared.core.agent import commits as ac
-from reel.shared.core.agent import turnfold
+from reel.shared.core.agent import forkcontext, turnfold
 from reel.shared.core.agent.memo import ContextMemo
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
 from reel.shared.core.decision import Decision
@@ -35,6 +35,7 @@ from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import AnyEvent, AttemptEnd, BlobRef, ContextPartition, DeclaredStep
 from reel.shared.core.run.ids import AttemptNo, BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import RunState
+from reel.shared.core.workflow.modelspec import ModelSpec
 from reel.shared.core.workflow.prices import priced
 from reel.shared.core.workflow.spec import WorkflowSpec
 from reel.shared.nats.blobstore import ref_for
@@ -61,6 +62,7 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
     request: ChatRequest
     partition: ContextPartition
     packed_tokens: int
+    model: ModelSpec  # what the turn calls: the agent's, or a fork's edit of it
 
 
 async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.DispatchTurn, *, attempts: Attempts,
@@ -72,12 +74,14 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
     Raises:
         BlobMissing, BlobTimeout: an earlier turn's blob cannot be read.
     """
-    agent = spec.agent(action.agent)
+    edits = forkcontext.turn_edits(state.branches[action.branch_id], action.step_id)
+    agent = forkcontext.edited_agent(spec.agent(action.agent), edits)
     todo = memo.plan(state, action.branch_id, action.agent, action.turn, outcomes)
     blobs = await bodies.many(list(todo.refs)) if todo.refs else {}
     run_outputs = await attempts.outputs(state, action.branch_id,
                                          [c.from_step for c in agent.context if c.from_step is not None])
-    ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes)
+    ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes,
+                     edits=edits)
     request = ctx.request
     body = msgspec.json.encode(wire_request(request))
     if secrets.scrub_bytes(body) != body:  # a secret in the context (a workflow's text): neither sent nor recorded
@@ -88,7 +92,7 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
     events = ac.turn_intent(state, action, executor_id=ExecutorId(attempts.executor_id), at_ms=now_ms(),
                             prompt_ref=ref, context=partition)
     return PreparedTurn(action=action, events=events, body=body, prompt_ref=ref, request=request,
-                        partition=partition, packed_tokens=ctx.packed.packed_tokens)
+                        partition=partition, packed_tokens=ctx.packed.packed_tokens, model=agent.model)
 
 
 def planned_or_facts(planned_head: int, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd]) -> Decide:
@@ -171,7 +175,7 @@ async def call_model(spec: WorkflowSpec, prepared: PreparedTurn, counter: TokenC
     fragments go (services/executor/streaming.py)."""
     started = time.perf_counter()
     try:
-        resp = await modelout.ask(priced(spec.agent(prepared.action.agent).model, spec.price_table), prepared.request,
+        resp = await modelout.ask(priced(prepared.model, spec.price_table), prepared.request,
                                   counter, out)
     except asyncio.CancelledError:
         stop = _stopped(interrupt)

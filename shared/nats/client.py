@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -23,6 +23,7 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from reel.shared.core.errors import ReelError, RunNotFound
 from reel.shared.core.run.events import Commit, Verdict
+from reel.shared.core.run.forkedits import ContextEdit
 from reel.shared.core.run.ids import LSN, BranchId, RunId, StepId, run_id_for_key
 from reel.shared.core.run.integrity import fold_or_raise
 from reel.shared.core.run.state import RunState
@@ -243,13 +244,13 @@ class ReelClient:
 
     async def rewind(self, run_id: str, *, at_step: str | None = None, at_lsn: int | None = None,
                      branch: str | None = None, idempotency_key: str | None = None, by: str = "",
-                     timeout_s: float = 30.0) -> Reply:
+                     edits: Sequence[ContextEdit] = (), timeout_s: float = 30.0) -> Reply:
         """Fork a new branch of a run at a step or LSN; ``by``: who rewinds (recorded on the ``branch_forked``;
-        ``""``: nobody named, not sent)."""
+        ``""``: nobody named, not sent); ``edits``: a fork's edits of turn ``at_step`` (none: a plain rewind)."""
         cmd = RewindRun(run_id=RunId(run_id), at_step=None if at_step is None else StepId(at_step),
                         at_lsn=None if at_lsn is None else LSN(at_lsn),
                         branch=None if branch is None else BranchId(branch), idempotency_key=idempotency_key,
-                        by=by or msgspec.UNSET)
+                        by=by or msgspec.UNSET, edits=tuple(edits) or msgspec.UNSET)
         return await self.command("rewind", encode(cmd), timeout_s=timeout_s)
 
     async def respond(self, run_id: str, request_id: str, decision: str, *, arguments: dict[str, Any] | None = None,

@@ -39,6 +39,7 @@ import msgspec
 
 from reel.shared.core.agent import turnfold
 from reel.shared.core.agent.actions import DispatchTurn
+from reel.shared.core.agent.forkcontext import TurnEdits, edited_items, pack_edited
 from reel.shared.core.agent.turncontext import (
     EarlierTurn,
     TurnContext,
@@ -173,10 +174,13 @@ class ContextMemo:
 
     def build(self, plan: TurnPlan, state: RunState, action: DispatchTurn, agent: AgentStep, spec: WorkflowSpec, *,
               run_outputs: Mapping[str, str], blobs: Mapping[str, bytes],
-              outcomes: Sequence[AttemptEnd] = ()) -> TurnContext:
+              outcomes: Sequence[AttemptEnd] = (), edits: TurnEdits | None = None) -> TurnContext:
         """The context :func:`~reel.shared.core.agent.turncontext.build_turn` makes for ``action`` (same arguments;
             ``blobs``
-        needs only ``plan.refs``), from the kept groups and the stale ones rebuilt (then kept).
+        needs only ``plan.refs``), from the kept groups and the stale ones rebuilt (then kept). ``agent`` is the
+        spec the turn runs with (:func:`~reel.shared.core.agent.forkcontext.edited_agent`); ``edits`` that touch its
+        items (a fork's restores, drops, tool results) pack every candidate afresh with them
+        (:func:`~reel.shared.core.agent.forkcontext.pack_edited`): the kept groups stay as they were.
 
         Raises:
             KeyError: a blob of ``plan.refs`` is missing from ``blobs``.
@@ -194,6 +198,9 @@ class ContextMemo:
         self._keep(plan.agent, done)
         head = head_items(agent, run_outputs)
         policy, reserved, budget = turn_policy(agent, spec, self.facts)
+        if edits is not None and edits.touches_items:
+            return self._edited(state, action, agent, [*head, *chain.from_iterable(g.items for g in done)], policy,
+                                (reserved, budget), edits)
         packed = accounted(pack_groups(turn_candidates(head, self.facts), [g.facts_for(policy) for g in done],
                                        policy), reserved, self.facts.counter.name, budget)
         ids = packed.partition.packed
@@ -208,6 +215,18 @@ class ContextMemo:
                                tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)
         items = (*head, *chain.from_iterable(g.items for g in done))
         return TurnContext(items=items, packed=packed, request=request)
+
+    def _edited(self, state: RunState, action: DispatchTurn, agent: AgentStep, items: list[TurnItem],
+                policy: PackPolicy, budget: tuple[int, int], edits: TurnEdits) -> TurnContext:
+        """The context of a turn a fork edited: every candidate packed afresh with the edits."""
+        items = edited_items(items, edits)
+        reserved, whole = budget
+        packed = accounted(pack_edited(turn_candidates(items, self.facts), policy, edits), reserved,
+                           self.facts.counter.name, whole)
+        request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id,
+                               messages=turn_messages(items, packed.partition.packed), tools=tool_schemas(agent),
+                               attempt=action.attempt, turn=action.turn)
+        return TurnContext(items=tuple(items), packed=packed, request=request)
 
     def _keep(self, agent: StepId, groups: list[TurnGroup]) -> None:
         """Keep ``groups`` as the agent's first earlier turns (any kept beyond them stay: signatures decide)."""

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from reel.shared.core.agent import turnfold
 from reel.shared.core.decision import Decision, Skip
 from reel.shared.core.errors import InvalidCommand, InvalidTransition
+from reel.shared.core.mutators import forking
 from reel.shared.core.run.events import BranchForked, Commit, RunCreated, VerdictRecorded
 from reel.shared.core.run.ids import LSN, BranchId, StepId
 from reel.shared.core.run.state import DRIVABLE, BranchState, RunState, RunStatus
@@ -155,6 +158,8 @@ def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRu
         InvalidCommand: neither or both of ``at_step``/``at_lsn``.
         BranchNotFound, StepNotFound, LsnNotInLineage: the fork point does not exist.
         IdempotencyKeyReused: ``branch_id`` exists with other explicit parameters.
+        InvalidEdit: ``cmd.edits`` do not fit the turn they edit
+            (:func:`reel.shared.core.mutators.forking.check_edits`).
         InvalidTransition: the run is cancelled.
     """
     if (cmd.at_step is None) == (cmd.at_lsn is None):
@@ -178,8 +183,10 @@ def decide(state: RunState, commits: Sequence[tuple[int, Commit]], cmd: RewindRu
     else:
         assert cmd.at_step is not None
         fork_lsn, from_step = _step_fork_lsn(state, lineage, parent, cmd.at_step), cmd.at_step
+    if cmd.edits:
+        forking.check_edits(state.run_id, state.branches[parent], from_step, cmd.edits)
     return (BranchForked(branch_id=branch_id, parent_branch_id=parent, fork_lsn=fork_lsn, from_step=from_step,
-                         at_ms=at_ms, by=cmd.by),)
+                         at_ms=at_ms, by=cmd.by, edits=cmd.edits or msgspec.UNSET),)
 
 
 def _check_lsn(state: RunState, lineage: Sequence[int], owned: Sequence[tuple[int, frozenset[BranchId]]],
@@ -241,6 +248,9 @@ def _check_same_request(state: RunState, existing: BranchState, cmd: RewindRun) 
         clashes.append(f"at_step {cmd.at_step!r} != {existing.from_step!r}")
     if cmd.at_lsn is not None and (existing.from_step is not None or cmd.at_lsn != existing.fork_lsn):
         clashes.append(f"at_lsn {cmd.at_lsn} != fork lsn {existing.fork_lsn} (from_step {existing.from_step!r})")
+    own = next((e.edits for e in existing.edits if e.own), ()) if isinstance(existing.edits, tuple) else ()
+    if cmd.edits and tuple(cmd.edits) != own:
+        clashes.append("other edits")
     if existing.parent_branch_id is None:
         clashes.append("the key names the run's root branch")
     if clashes:

@@ -96,6 +96,9 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
         budget_tokens: the step's whole token budget (tokens), ``reserved_tokens`` included: what
             ``reserved_tokens + packed_tokens`` had to fit in; an ``available`` item did not fit in what was
             left. Unset in partitions recorded before it was.
+        restored: ``packed`` items a fork put back (``reel fork --restore``: packed whatever the policy and the
+            budget), in prompt order; a fork's ``--drop`` shows as the drop reason ``dropped_by_fork``. Unset
+            (not encoded) when the turn was not edited.
     """
 
     packed: tuple[ContextItemId, ...]
@@ -108,6 +111,7 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
     tokenizer: str | msgspec.UnsetType = msgspec.UNSET
     item_tokens: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
     budget_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    restored: tuple[ContextItemId, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def dropped_with_reasons(self) -> tuple[tuple[ContextItemId, str], ...]:
         """``(id, reason)`` per dropped item, in order; the reason is ``""`` where none was recorded."""

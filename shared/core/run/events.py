@@ -34,6 +34,7 @@ from reel.shared.core.run.eventfields import Usage as Usage
 from reel.shared.core.run.eventfields import UsageSource as UsageSource
 from reel.shared.core.run.eventfields import Verdict as Verdict
 from reel.shared.core.run.eventfields import VerdictStatus as VerdictStatus
+from reel.shared.core.run.forkedits import ContextEdit
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, CommitId, ExecutorId, RunId, StepId
 
 SCHEMA_VERSION = 1
@@ -212,6 +213,8 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
     ``from_step`` is set, only the steps before ``from_step``. The parent's
     records never change. The run goes back to ``Running`` on the new branch.
     ``by``: who rewound, as the rewind command named them (free text; unset: not encoded).
+    ``edits``: a fork's changes to the context of ``from_step`` (an agent turn) and the turns after it
+    (:mod:`reel.shared.core.run.forkedits`); unset (not encoded) for a plain rewind, and in older logs.
     """
 
     branch_id: BranchId
@@ -220,6 +223,7 @@ class BranchForked(Event, tag="branch_forked", kw_only=True, frozen=True):
     from_step: StepId | None = None
     at_ms: int
     by: str | msgspec.UnsetType = msgspec.UNSET
+    edits: tuple[ContextEdit, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class DeclaredStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -16,7 +16,7 @@ is the adapter's business (:mod:`reel.shared.nats.eventlog`), not this one's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -48,6 +48,7 @@ from reel.shared.core.run.events import (
     Verdict,
     VerdictRecorded,
 )
+from reel.shared.core.run.forkedits import BranchEdits, carried
 from reel.shared.core.run.ids import LSN, BranchId, StepId
 from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.run.state import (
@@ -255,10 +256,20 @@ def _forked(run: _Run, lsn: LSN, event: BranchForked) -> None:
         attempts=inherited(steps, frozen, event.fork_lsn, event.from_step),
         agents=turnfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),
         requests=requestfold.inherit(frozen, steps.positions, event.fork_lsn, cutoff),
+        edits=_edits(steps.positions, frozen, event),
     ))
     run.active_branch = event.branch_id
     run.status, run.outcome, run.finished_ms = RUNNING, None, None
     run.verifying_lsn = run.verifying_branch = None
+
+
+def _edits(positions: Mapping[StepId, int], parent: BranchState,
+           event: BranchForked) -> tuple[BranchEdits, ...] | msgspec.UnsetType:
+    """The fork edits in force on the branch ``event`` creates (unset when none: older logs fold unchanged)."""
+    own = event.edits if isinstance(event.edits, tuple) else ()
+    mine = carried(positions, parent.edits if isinstance(parent.edits, tuple) else (), parent.created_lsn,
+                   event.fork_lsn, event.from_step, own)
+    return mine or msgspec.UNSET
 
 
 def _declared(run: _Run, lsn: LSN, event: StepsDeclared) -> None:

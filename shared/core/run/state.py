@@ -33,6 +33,7 @@ from reel.shared.core.run.events import (
     Usage,
     Verdict,
 )
+from reel.shared.core.run.forkedits import BranchEdits
 from reel.shared.core.run.ids import LSN, AttemptNo, BranchId, ExecutorId, RunId, StepId
 from reel.shared.core.run.persistent import FrozenMap, MapBuilder
 from reel.shared.core.run.stepids import cutoff_key, order_key
@@ -197,6 +198,7 @@ class BranchState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     forked_by: str | msgspec.UnsetType = msgspec.UNSET  # BranchForked.by: who rewound (unset: not named)
     halt: StepHalted | msgspec.UnsetType = msgspec.UNSET
     timer: Timer | msgspec.UnsetType = msgspec.UNSET
+    edits: tuple[BranchEdits, ...] | msgspec.UnsetType = msgspec.UNSET  # fork edits in force (forkedits.carried)
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -15,6 +15,7 @@ import msgspec
 
 from reel.shared.core.errors import InvalidCommand, ReelError
 from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.forkedits import ContextEdit
 from reel.shared.core.run.ids import LSN, BranchId, RunId, StepId
 from reel.shared.core.wire import limits
 from reel.shared.core.workflow.spec import WorkflowSpec
@@ -92,6 +93,8 @@ class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     Exactly one of ``at_step`` / ``at_lsn``. ``branch`` defaults to the run's active branch. ``by``: who
     rewinds, as the sender names them (free text, recorded on the ``branch_forked``; unset: not encoded).
+    ``edits``: a fork — ``at_step`` is an agent turn, re-run with these changes to its context
+    (:mod:`reel.shared.core.run.forkedits`; unset: a plain rewind).
     """
 
     run_id: RunId
@@ -100,6 +103,7 @@ class RewindRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     at_lsn: LSN | None = None
     idempotency_key: str | None = None
     by: str | msgspec.UnsetType = msgspec.UNSET
+    edits: tuple[ContextEdit, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class RespondRun(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

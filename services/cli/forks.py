@@ -1,0 +1,104 @@
+"""``reel fork``: re-run an agent turn on a new branch with edits to its context (docs/forks.md).
+
+A fork is a rewind at the turn (the rewind service decides and commits it) whose ``branch_forked`` carries
+the edits; the executor applies them when it packs the turn. This module only turns the options into
+:mod:`reel.shared.core.run.forkedits` edits and prints the new branch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from reel.services.cli.console import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async
+from reel.services.cli.embed import service_active, session
+from reel.services.cli.mutating import By, _accepted, _print_reply
+from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult
+from reel.shared.core.run.ids import ContextItemId, StepId
+
+
+def _read(path: str, what: str) -> str:
+    """The text of ``path``. Raises: CliError (exit 1): unreadable."""
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {what} file {path!r}: {exc.strerror or exc}") from None
+
+
+def _pair(text: str, what: str) -> tuple[str, str]:
+    """``K=V`` split at the first ``=``. Raises: CliError (exit 2): no ``=`` or an empty key."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise CliError(f"{what} takes KEY=VALUE, got {text!r}", code=2, kind="usage")
+    return key, value
+
+
+def _value(text: str) -> Any:
+    """A ``--param`` value: JSON when it parses (``0.2``, ``true``, ``[1]``), else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def edits_of(restore: list[str], drop: list[str], instructions: str | None, model: str | None, params: list[str],
+             tool_results: list[str]) -> tuple[ContextEdit, ...]:
+    """The fork edits the options name, in a stable order (restores, drops, instructions, model, params, results).
+
+    Raises:
+        CliError: a malformed ``KEY=VALUE`` (exit 2) or an unreadable file (exit 1).
+    """
+    out: list[ContextEdit] = [Restore(item=ContextItemId(i)) for i in restore]
+    out += [Drop(item=ContextItemId(i)) for i in drop]
+    if instructions is not None:
+        out.append(Instructions(text=_read(instructions, "instructions")))
+    if model is not None:
+        out.append(Model(name=model))
+    for p in params:
+        key, value = _pair(p, "--param")
+        out.append(Param(key=key, value=_value(value)))
+    for r in tool_results:
+        call, path = _pair(r, "--tool-result")
+        out.append(ToolResult(call=StepId(call), text=_read(path, "tool result")))
+    return tuple(out)
+
+
+def fork(
+    run_id: str = typer.Argument(...),
+    at: str = typer.Option(..., "--at", help="the agent turn to re-run (e.g. fix:t1)"),
+    restore: list[str] = typer.Option([], "--restore", help="pack this available or dropped item (repeatable)"),
+    drop: list[str] = typer.Option([], "--drop", help="leave this item out of the turn (repeatable)"),
+    instructions: str | None = typer.Option(None, "--instructions", help="file of the agent's new instructions"),
+    model: str | None = typer.Option(None, "--model", help="the model name the requests carry"),
+    param: list[str] = typer.Option([], "--param", help="k=v: an extra request field, JSON or text (repeatable)"),
+    tool_result: list[str] = typer.Option([], "--tool-result",
+                                          help="CALL=FILE: what the model reads as an earlier call's result"),
+    branch: str | None = typer.Option(None, "--branch", help="branch to fork (default: active)"),
+    key: str | None = typer.Option(None, "--key", help="idempotency key"),
+    by: str = By,
+    json_out: bool = JsonOut,
+    nats_url: str | None = NatsUrl,
+    namespace: str = Namespace,
+) -> None:
+    """Re-run an agent turn on a new branch with edits to its context; prints the new branch id."""
+    async def body() -> int:
+        edits = edits_of(restore, drop, instructions, model, param, tool_result)
+        async with session(nats_url, namespace, services=("rewind",)) as s:
+            reply = _accepted(await s.client.rewind(run_id, at_step=at, branch=branch, idempotency_key=key,
+                                                    by=by, edits=edits))
+            if json_out:
+                _print_reply(reply)
+            else:
+                console.print(reply.branch_id, markup=False, highlight=False)
+                made = "forked" if reply.created is not False else "already forked (same key)"
+                err_console.print(f"[dim]run {run_id} {made} at {at} with {len(edits)} edit(s): branch"
+                                  f" {reply.branch_id} (lsn {reply.lsn})[/]")
+            if not await service_active(s.infra, s.cfg, "executor"):
+                err_console.print("[dim]no executor is running: the run continues on the new branch when one"
+                                  f" starts (`reel up`); compare with `reel compare {run_id}`[/]")
+            return 0
+
+    run_async(body(), json_out=json_out)
