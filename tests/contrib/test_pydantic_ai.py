@@ -13,13 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
+from openai import AsyncOpenAI
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 import reel
 from reel.contrib import pydantic_ai
 from reel.contrib.pydantic_ai import ReelDurability
 from tests.contrib.pyd_app import build, model
-from tests.support.chat_server import ChatServer, call, reply
+from tests.support.chat_server import ChatServer, call, error, reply
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -203,3 +207,34 @@ async def test_an_agent_without_the_capability_is_refused(chat_server: ChatServe
     async with reel.local() as client:
         with pytest.raises(TypeError, match="ReelDurability"):
             await pydantic_ai.run(Agent(model(chat_server.url), name="plain"), "Hi.", client=client)
+
+
+async def test_rewind_at_a_later_turn_replays_the_earlier_ones(chat_server: ChatServer, tmp_path: Path) -> None:
+    """A rewind at turn 2 (the answer): run again, turn 1 and its calls are answered from the new branch's
+    inherited log — one new model request, no tool runs again."""
+    script(chat_server)
+    effects = tmp_path / "effects"
+    agent = build(chat_server.url, effects)
+    async with reel.local() as client:
+        await pydantic_ai.run(agent, TASK, client=client, key="k-rw2")
+        await client.get(pydantic_ai.run_id("k-rw2")).rewind(at="calc:t2", by="test")
+        chat_server.script(reply("the same, rewritten"))
+        second = await pydantic_ai.run(agent, TASK, client=client, key="k-rw2")
+    assert second.output == "the same, rewritten"
+    assert len(chat_server.requests) == 3
+    assert sorted(effects.read_text().splitlines()) == ["add 2 3", "mul 4 5"]
+
+
+async def test_a_model_error_is_the_agent_s_error_and_the_turn_s_failure(chat_server: ChatServer) -> None:
+    """A 400 from the server: ``run`` raises Pydantic AI's own exception and the Reel turn is recorded failed."""
+    client_ = AsyncOpenAI(base_url=chat_server.url, api_key="loopback", max_retries=0)
+    agent = Agent(OpenAIChatModel("loopback-1", provider=OpenAIProvider(openai_client=client_)), name="solo",
+                  capabilities=[ReelDurability()])
+    chat_server.script(error(400, "bad request, scripted"))
+    async with reel.local() as client:
+        with pytest.raises(ModelHTTPError, match="bad request, scripted"):
+            await pydantic_ai.run(agent, "Hi.", client=client, key="k-err")
+        handle = client.get(pydantic_ai.run_id("k-err"))
+        state = await handle.wait(("completed", "failed"), timeout_s=60)
+    [attempt] = state.branches[state.active_branch].attempts["solo:t1"]  # type: ignore[index]
+    assert (attempt.status, attempt.error_kind) == ("failed", "model_error")
