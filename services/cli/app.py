@@ -28,6 +28,7 @@ from reel.services.cli import (
     chaos,
     forks,
     inputs,
+    mcpcmd,
     mutating,
     recordings,
     runs,
@@ -60,6 +61,7 @@ app.command()(inputs.reject)
 app.command()(inputs.answer)
 app.command()(supervisor.up)
 app.command()(ui.ui)
+app.command()(mcpcmd.mcp)
 app.command()(trace.trace)
 app.command()(status.status)
 app.command()(chaos.chaos)
