@@ -148,3 +148,38 @@ async def test_a_noisy_judge_keeps_no_noop_over_30_iterations_at_default_setting
     confirmed = [r for r in rows if r.incumbent]
     assert confirmed  # some first readings were lucky: they were confirmed, and none survived it
     assert o.state.run.segment.best_snap == o.state.started.base_sha and not o.state.run.kept_shas
+
+
+LUCKY_JUDGE = textwrap.dedent('''
+    import json, os
+    from pathlib import Path
+    state = Path(os.environ["JUDGE_STATE"])
+    state.mkdir(parents=True, exist_ok=True)
+    calls = state / "calls"
+    n = int(calls.read_text()) if calls.exists() else 0
+    calls.write_text(str(n + 1))
+    true = float(Path("value.txt").read_text())
+    print(json.dumps({"score": 5.0 if str(n) == os.environ["LUCKY_AT"] else true}))
+''')
+
+
+async def test_a_truly_better_candidate_after_a_lucky_incumbent_is_kept(crucible: Crucible, root: Path) -> None:
+    """Minimize; the judge reads the true score from ``value.txt`` but answers a lucky 5 on its second call
+    (the first candidate's first reading). That candidate (true 9) is kept on 5, 9, 9, 9; the next one, truly
+    8, was discarded because the incumbent's estimate still stood on the 5 that selected it."""
+    repo = await make_repo(root, "10")
+    (repo / "lucky.py").write_text(LUCKY_JUDGE)
+    await git(repo, "add", "-A")
+    await git(repo, "commit", "-q", "-m", "lucky judge")
+    plan = [write(9, note="truly 9"), write(8, note="truly 8"), write(8.5, note="truly 8.5")]
+    judge = {"command": ["{python}", "lucky.py"], "direction": "minimize", "reads": ["lucky.py"],
+             "env": {"JUDGE_STATE": str(root / "js"), "LUCKY_AT": "1"}}
+    o = await crucible.run(make_config(root, repo, plan, noise={"remeasure_incumbent": True}, judge=judge))
+    rows = o.state.run.rows
+    assert verdicts(o) == ["keep", "keep", "discard"], [(r.verdict, r.readings, r.reason) for r in rows]
+    assert rows[0].readings == (5.0, 9.0, 9.0, 9.0) and rows[0].best_score == 9.0  # the lucky 5 selected, no more
+    assert rows[1].readings == (8.0,) * 4 and rows[1].incumbent == (9.0,) * 3 and rows[1].best_score == 8.0
+    assert o.state.run.segment.best_score == 8.0 and o.state.run.segment.best_snap == rows[1].kept_sha
+    assert rows[2].reason == ("its worst reading 8.5 is not better than the best's best reading 8 by more than the "
+                              "margin 0 (improvement -0.5; rule \"all\": each of the candidate's 1 reading(s) must "
+                              "beat each of the best's 3; better = lower)")
