@@ -5,6 +5,10 @@ an ``OpenAIChatModel`` on the loopback chat-completions server, made durable by 
 ``reel.contrib.pydantic_ai.run`` in a ``reel.local(store_dir=…)`` and prints the final output; each tool
 appends a line to ``effects_file`` when it finishes; with ``block``, ``mul`` waits until ``add``'s outcome is
 in the log, prints ``IN-MUL`` and waits forever (the test kills the process there).
+
+``python -m tests.contrib.pyd_app <base_url> <store_dir> <effects_file> refund [block]`` runs the ``support``
+agent instead (its ``refund`` tool ``requires_approval``): it prints ``AWAITING <nats url>`` once the run waits
+for the approval; with ``block``, the approved ``refund`` prints ``IN-REFUND`` and waits forever.
 """
 
 from __future__ import annotations
@@ -70,6 +74,38 @@ def build(base_url: str, effects: Path, block: bool = False) -> Agent[None, str]
     return agent
 
 
+def refund_agent(base_url: str, effects: Path, block: bool = False) -> Agent[None, str]:
+    agent = Agent(model(base_url), name="support", instructions="Refund when asked.",
+                  capabilities=[ReelDurability()])
+
+    @agent.tool_plain(requires_approval=True)
+    async def refund(order: str) -> str:
+        """Refund an order."""
+        if block:
+            print("IN-REFUND", flush=True)  # the test kills the process now
+            await asyncio.Event().wait()
+        _effect(effects, f"refund {order}")
+        return f"refunded {order}"
+
+    return agent
+
+
+async def refund_main(base_url: str, store: Path, effects: Path, block: bool) -> None:
+    async with reel.local(store_dir=store) as client:
+        handle = client.get(pydantic_ai.run_id("pyd-refund"))
+
+        async def awaiting() -> None:
+            await handle.wait(("awaiting_input",), timeout_s=60)
+            print(f"AWAITING {client.url}", flush=True)
+
+        told = asyncio.ensure_future(awaiting()) if block else None
+        result = await pydantic_ai.run(refund_agent(base_url, effects, block), "Refund A-17.", client=client,
+                                       key="pyd-refund")
+        print(f"FINAL {result.output}", flush=True)
+        if told is not None:
+            told.cancel()
+
+
 async def main(base_url: str, store: Path, effects: Path, block: bool) -> None:
     agent = build(base_url, effects, block)
     async with reel.local(store_dir=store) as client:
@@ -79,4 +115,6 @@ async def main(base_url: str, store: Path, effects: Path, block: bool) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:] == ["block"]))
+    rest = sys.argv[4:]
+    entry = refund_main if rest[:1] == ["refund"] else main
+    asyncio.run(entry(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), rest[-1:] == ["block"]))

@@ -22,6 +22,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 import reel
 from reel.contrib import pydantic_ai
 from reel.contrib.pydantic_ai import ReelDurability
+from reel.shared.core.input import requestfold
 from tests.contrib.pyd_app import build, model
 from tests.support.chat_server import ChatServer, call, error, reply
 
@@ -238,3 +239,55 @@ async def test_a_model_error_is_the_agent_s_error_and_the_turn_s_failure(chat_se
         state = await handle.wait(("completed", "failed"), timeout_s=60)
     [attempt] = state.branches[state.active_branch].attempts["solo:t1"]  # type: ignore[index]
     assert (attempt.status, attempt.error_kind) == ("failed", "model_error")
+
+
+async def test_killed_in_an_approved_call_resumes_without_asking_again(chat_server: ChatServer,
+                                                                        tmp_path: Path) -> None:
+    """``reel approve`` of the gated call, then the process is SIGKILLed while the approved tool runs; run
+    again, the approval is in the log (no new request to approve), the tool finishes once, one more model
+    request."""
+    chat_server.script(reply(tool_calls=[call("refund", {"order": "A-17"}, id="call_r")]), reply("refunded"))
+    store, effects = tmp_path / "js", tmp_path / "effects"
+    argv = [sys.executable, "-m", "tests.contrib.pyd_app", chat_server.url, str(store), str(effects), "refund"]
+    first = await asyncio.create_subprocess_exec(*argv, "block", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                 stderr=asyncio.subprocess.PIPE)
+    assert first.stdout is not None
+    try:
+        line = (await asyncio.wait_for(first.stdout.readline(), 60)).decode()
+        assert line.startswith("AWAITING "), (await first.communicate())[1].decode()[-3000:]
+        url = line.split()[1]
+
+        async def reel_cli(*args: str) -> str:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "reel.services.cli", *args, "--nats-url", url, "--namespace", "reel",
+                cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 120)
+            assert proc.returncode == 0, err.decode()
+            return out.decode()
+
+        [pending] = json.loads(await reel_cli("pending", "--json"))
+        await reel_cli("approve", pending["run_id"], pending["request_id"], "--by", "test", "--no-wait")
+        assert await asyncio.wait_for(first.stdout.readline(), 60) == b"IN-REFUND\n"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    assert not effects.exists() and len(chat_server.requests) == 1
+    second = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                  stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(second.communicate(), 150)
+    finally:
+        if second.returncode is None:
+            second.kill()
+            await second.wait()
+    assert second.returncode == 0, err.decode()[-3000:]
+    assert out.decode().strip().splitlines()[-1] == "FINAL refunded"
+    assert effects.read_text().splitlines() == ["refund A-17"]
+    assert len(chat_server.requests) == 2
+    async with reel.local(store_dir=store) as client:
+        state = await client.get(pydantic_ai.run_id("pyd-refund")).state()
+    branch = state.branches[state.active_branch]
+    assert [(a.attempt, str(a.status)) for a in branch.attempts["support:t1:c0"]] == [  # type: ignore[index]
+        (1, "dispatched"), (2, "succeeded")]
+    [request] = requestfold.requests_of(branch).values()  # asked once, approved once
+    assert request.response is not None and request.response.decision == "approve"
