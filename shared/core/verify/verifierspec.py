@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-import jsonschema
 import msgspec
 
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.run.stepids import parse_step_id
+from reel.shared.core.workflow.schemacheck import schema_problem
 
 VerifierType = Literal[
     "output_regex", "output_json_schema", "command", "context_requires", "recorded_outcome", "python"
@@ -91,9 +91,8 @@ def _check_verifier_params(v: VerifierSpec, at: str) -> None:
         except re.error as exc:
             raise WorkflowInvalid(f"invalid regex {v.pattern!r}: {exc} (at `{at}.pattern`)") from exc
     if v.json_schema is not None:
-        try:
-            jsonschema.validators.validator_for(v.json_schema).check_schema(v.json_schema)
-        except jsonschema.exceptions.SchemaError as exc:
-            raise WorkflowInvalid(f"invalid JSON Schema: {exc.message} (at `{at}.json_schema`)") from exc
+        problem = schema_problem(v.json_schema)
+        if problem is not None:
+            raise WorkflowInvalid(f"invalid JSON Schema: {problem} (at `{at}.json_schema`)")
     if v.timeout_s <= 0:
         raise WorkflowInvalid(f"timeout_s must be > 0 (at `{at}.timeout_s`)")

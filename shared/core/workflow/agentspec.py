@@ -25,13 +25,13 @@ import fnmatch
 import re
 from typing import Any, Literal
 
-import jsonschema
 import msgspec
 
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.input.requestevents import DECISIONS, Decision, RequestKind
 from reel.shared.core.workflow.mcpspec import PREFIX, ListedTool, McpServerSpec, check_server, default_prefix, tool_name
+from reel.shared.core.workflow.schemacheck import schema_problem
 from reel.shared.core.workflow.toolspec import OnOverflow, OutputLimit, check_limits
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -204,10 +204,9 @@ def check_tool(tool: AgentToolSpec, at: str) -> None:
     rec = tool.recorded
     if rec is not None and rec.output is None and not rec.by_call_id and not rec.errors:
         raise WorkflowInvalid(f"recorded tool needs `output`, `by_call_id` or `errors` (at `{at}.recorded`)")
-    try:
-        jsonschema.validators.validator_for(tool.parameters).check_schema(tool.parameters)
-    except jsonschema.exceptions.SchemaError as exc:
-        raise WorkflowInvalid(f"parameters are not a JSON Schema: {exc.message} (at `{at}.parameters`)") from exc
+    problem = schema_problem(tool.parameters)
+    if problem is not None:
+        raise WorkflowInvalid(f"parameters are not a JSON Schema: {problem} (at `{at}.parameters`)")
     if tool.parameters.get("type", "object") != "object":
         raise WorkflowInvalid(f"parameters must describe an object (the call's keyword arguments), got type"
                               f" {tool.parameters.get('type')!r} (at `{at}.parameters.type`)")
@@ -262,9 +261,7 @@ def _check_mcp_entry(tool: AgentToolSpec, server: McpServerSpec, at: str) -> Non
 
 def _listed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A listed tool's ``inputSchema`` if it is a JSON Schema of an object, else an open object schema."""
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.exceptions.SchemaError:
+    if schema_problem(schema) is not None:
         return {"type": "object"}
     return schema if schema.get("type", "object") == "object" else {"type": "object"}
 
