@@ -65,6 +65,7 @@ class Lease:
         self.kv, self.executor_id, self.ttl_s = leases, executor_id, float(ttl_s)
         self.margin_s = min(0.25, self.ttl_s / 10)
         self.valid_until = 0.0
+        self._sent = 0.0
         self.lost = asyncio.Event()
         self._on_lost = on_lost
         self._partitions, self._tools = list(partitions), tools
@@ -113,24 +114,38 @@ class Lease:
         return False
 
     async def keep(self, stop: asyncio.Event) -> None:
-        """Renew every ``ttl_s / 3`` seconds until ``stop`` (then delete the entry) or until the lease is lost
-        (then return; the entry expires by itself). A renewal the server refuses is tried again at the next
-        beat. Never raises."""
-        while not stop.is_set() and self.held():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.ttl_s / 3):  # unlike 3.11's wait_for, never swallows a cancel
-                    await stop.wait()
-            if stop.is_set() or not self.held():  # woken late (a freeze): lost before the renewal is sent
-                break
-            await self._renew()
+        """Send a renewal every ``ttl_s / 3`` seconds until ``stop`` (then delete the entry) or until the lease is
+        lost (then return; the entry expires by itself). A beat does not wait for the previous renewal's answer:
+        on an event loop busy with many runs an answer is read late, and a renewal each beat keeps the lease as
+        long as one answer is read within two beats of its sending. A renewal the server refuses is followed by
+        the next beat's. Never raises."""
+        beat = self.ttl_s / 3
+        renewals: set[asyncio.Task[bool]] = set()
+        try:
+            while not stop.is_set() and self.held():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, self._sent + beat - time.monotonic())):  # a cancel goes through
+                        await stop.wait()
+                if stop.is_set() or not self.held():  # woken late (a freeze): lost before the renewal is sent
+                    break
+                renewal = asyncio.create_task(self._renew())
+                renewals.add(renewal)
+                renewal.add_done_callback(renewals.discard)
+        finally:
+            for renewal in list(renewals):
+                renewal.cancel()
         if stop.is_set() and not self.lost.is_set():
             with contextlib.suppress(Exception):
                 await self.kv.delete(self.executor_id)
 
     async def _renew(self) -> bool:
-        sent = time.monotonic()
+        """Write the entry; True once the server acknowledged it. The answer is awaited as long as the lease is
+        held (a first write: ``ttl_s / 3``); an acknowledgement extends the lease from the moment its write was
+        sent, which is never after the server stored it."""
+        sent = self._sent = time.monotonic()
+        wait_s = self.valid_until - sent if self.valid_until > 0.0 else self.ttl_s / 3
         try:
-            async with asyncio.timeout(max(0.05, self.ttl_s / 3)):
+            async with asyncio.timeout(max(0.05, wait_s)):
                 await self.kv.put(self.executor_id, self._body)
         except Exception as exc:  # a full store names itself: the lease bucket shares the server's storage
             full = store_full(exc, f"lease {self.executor_id}")

@@ -54,6 +54,24 @@ async def test_a_loop_blocked_past_the_lease_loses_it_for_good(infra: Infra) -> 
         await asyncio.sleep(0.2)
 
 
+async def test_a_loop_slowed_by_busy_callbacks_keeps_the_lease(infra: Infra) -> None:
+    """Each turn of the loop runs a 0.35 s callback (many runs' work between two reads of the socket): a KV put
+    takes about seven turns, ≈ 2.5 s, more than a beat (ttl / 3 = 2 s) but within two, and the lease stays held
+    (it was lost when each renewal's answer had to be read within one beat)."""
+    lease = Lease(infra.leases, "x-busy", 6)
+    stop = asyncio.Event()
+    assert await lease.acquire(stop)
+    keeper = asyncio.create_task(lease.keep(stop))
+    end = time.monotonic() + 15
+    while time.monotonic() < end:
+        time.sleep(0.35)  # noqa: ASYNC251 -- the point: a callback that holds the loop, as a burst of runs does
+        await asyncio.sleep(0)
+        assert lease.held(), "the lease was lost while the loop kept turning"
+    assert not lease.lost.is_set()
+    stop.set()
+    await asyncio.wait_for(keeper, 5)
+
+
 async def test_a_stopping_holder_deletes_its_lease(infra: Infra) -> None:
     lease = Lease(infra.leases, "x-stopping", 2)
     stop = asyncio.Event()
