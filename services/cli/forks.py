@@ -1,23 +1,32 @@
-"""``reel fork``: re-run an agent turn on a new branch with edits to its context (docs/forks.md).
+"""``reel fork`` and ``reel compare`` (docs/forks.md).
 
 A fork is a rewind at the turn (the rewind service decides and commits it) whose ``branch_forked`` carries
-the edits; the executor applies them when it packs the turn. This module only turns the options into
-:mod:`reel.shared.core.run.forkedits` edits and prints the new branch.
+the edits; the executor applies them when it packs the turn. ``reel fork`` only turns the options into
+:mod:`reel.shared.core.run.forkedits` edits and prints the new branch; ``reel compare`` reads the run and the
+branches' final outputs, asks :func:`reel.shared.core.run.compare.compare` and prints its answer.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from reel.services.cli.console import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async
-from reel.services.cli.embed import service_active, session
+from reel.services.cli.embed import Session, service_active, session
 from reel.services.cli.mutating import By, _accepted, _print_reply
+from reel.shared.core.run import compare as cmp
 from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult
-from reel.shared.core.run.ids import ContextItemId, StepId
+from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
+from reel.shared.core.run.state import RunState
+from reel.shared.core.run.views import build_episode_view
 
 
 def _read(path: str, what: str) -> str:
@@ -100,5 +109,132 @@ def fork(
                 err_console.print("[dim]no executor is running: the run continues on the new branch when one"
                                   f" starts (`reel up`); compare with `reel compare {run_id}`[/]")
             return 0
+
+    run_async(body(), json_out=json_out)
+
+
+def _edit_text(e: ContextEdit) -> str:
+    """One edit as the table shows it (texts by their length, never whole)."""
+    match e:
+        case Restore(item=item):
+            return f"restore {item}"
+        case Drop(item=item):
+            return f"drop {item}"
+        case Instructions(text=text):
+            return f"instructions ({len(text)} chars)"
+        case Model(name=name):
+            return f"model {name}"
+        case Param(key=key, value=value):
+            return f"param {key}={json.dumps(value)}"
+        case ToolResult(call=call, text=text):
+            return f"tool result {call} ({len(text)} chars)"
+    return e.__class__.__name__
+
+
+def _answer(body: bytes) -> str:
+    """An output body as text; an agent's answer (its response message, JSON) as the message's content."""
+    try:
+        message = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body.decode(errors="replace")
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else body.decode(errors="replace")
+
+
+async def _outputs(s: Session, state: RunState, branches: Sequence[BranchId]) -> dict[BranchId, str | None]:
+    """Each branch's final output text (``None``: none yet)."""
+    out: dict[BranchId, str | None] = {}
+    for b in branches:
+        ref = cmp.final_output_ref(build_episode_view(state, b))
+        out[b] = None if ref is None or s.client.blobs is None else _answer(await s.client.blobs.get(ref))
+    return out
+
+
+async def workspace_diffs(s: Session, state: RunState, branches: Sequence[BranchId]) -> dict[BranchId, str] | None:
+    """Each branch's workspace diff against the baseline's (``branches[0]``), where runs keep workspaces per branch;
+    ``None`` while they do not (the comparison then says so)."""
+    return None
+
+
+def _branch_ids(state: RunState, given: Sequence[str]) -> list[BranchId]:
+    """The branches to compare: ``given`` (checked), else every branch, the root first.
+
+    Raises:
+        CliError: a branch the run does not have.
+    """
+    if not given:
+        return cmp.default_branches(state)
+    unknown = [b for b in given if b not in state.branches]
+    if unknown:
+        raise CliError(f"run {state.run_id} has no branch {unknown[0]!r} (branches: "
+                       f"{', '.join(cmp.default_branches(state))})", kind="branch_not_found")
+    return [BranchId(b) for b in given]
+
+
+def print_comparison(c: cmp.Comparison) -> None:
+    """The comparison as tables: branches × verdicts and usage, then where each branch diverges, its fork
+    partition's diff and its output diff against the baseline. Branch ids are never cut."""
+    table = Table(title=f"run {c.run_id}: {len(c.branches)} branches (baseline {c.baseline})", title_justify="left")
+    width = max(len(b.branch_id) for b in c.branches)
+    table.add_column("branch", no_wrap=True, min_width=width)
+    table.add_column("forked")
+    for v in c.verifiers:
+        table.add_column(v)
+    for col in ("turns", "tokens in", "tokens out", "cost $"):
+        table.add_column(col, justify="right")
+    table.add_column("edits", overflow="fold")
+    for b in c.branches:
+        forked = "" if b.parent_branch_id is None else f"{b.parent_branch_id} @ {b.from_step or f'lsn {b.fork_lsn}'}"
+        table.add_row(Text(b.branch_id + (" *" if b.active else "")), Text(forked),
+                      *(Text(b.verdicts.get(v, "—")) for v in c.verifiers), str(b.turns), str(b.input_tokens),
+                      str(b.output_tokens), f"{b.cost_usd:.6f}", Text(", ".join(map(_edit_text, b.edits))))
+    console.print(table)
+    parts = {p.branch_id: p for p in c.partitions}
+    outputs = {o.branch_id: o for o in c.outputs}
+    for d in c.divergences:
+        where = f"first differs at {d.step_id} ({d.what})" if d.step_id else "never differs in a model step"
+        console.print(Text(f"{d.branch_id} vs {c.baseline}: {where}", style="bold"))
+        p = parts.get(d.branch_id)
+        if p is not None:
+            line = (f"  partition of {p.step_id}: no partition on both sides" if p.missing else
+                    f"  partition of {p.step_id}: packed +[{', '.join(p.packed_added)}] "
+                    f"-[{', '.join(p.packed_removed)}]" + (f", restored [{', '.join(p.restored)}]" if p.restored
+                                                            else "")
+                    + (f", dropped by fork [{', '.join(p.dropped_by_fork)}]" if p.dropped_by_fork else ""))
+            console.print(Text(line))
+        o = outputs.get(d.branch_id)
+        if o is not None:
+            console.print(Text("  final output: the same" if o.same else "  final output differs:"))
+            if not o.same:
+                console.print(Text("\n".join("    " + x for x in o.diff.splitlines())))
+    if c.workspaces is None:
+        console.print(Text("workspaces: not compared (this run keeps no workspace per branch)", style="dim"))
+    else:
+        for ws, diff in c.workspaces.items():
+            console.print(Text(f"workspace {ws} vs {c.baseline}:" + ("" if diff else " the same")))
+            if diff:
+                console.print(Text("\n".join("    " + x for x in diff.splitlines())))
+
+
+def compare(
+    run_id: str = typer.Argument(...),
+    branches: list[str] = typer.Argument(None, help="branches to compare, the first the baseline (default: all)"),
+    json_out: bool = typer.Option(False, "--json", help="print the comparison as one JSON object"),
+    nats_url: str | None = NatsUrl,
+    namespace: str = Namespace,
+) -> None:
+    """Compare branches of a run: verdicts, turns, tokens, cost, where they diverge, the fork's partition diff and
+    the final outputs' diff."""
+    async def body() -> int:
+        async with session(nats_url, namespace, services=()) as s:
+            state = await s.client.log.load(run_id)
+            chosen = _branch_ids(state, branches or [])
+            found = cmp.compare(state, chosen, await _outputs(s, state, chosen),
+                                workspaces=await workspace_diffs(s, state, chosen))
+        if json_out:
+            sys.stdout.write(msgspec.json.encode(found).decode() + "\n")
+        else:
+            print_comparison(found)
+        return 0
 
     run_async(body(), json_out=json_out)

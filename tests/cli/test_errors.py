@@ -20,7 +20,7 @@ from tests.ui.support import REPO, env_for, reel
 from tests.unit.test_trajectories_swe1 import _history, _write
 
 UNKNOWN = "r-00000000000000000000"
-ARGS = {"run_id": UNKNOWN, "run_ids": UNKNOWN, "request_id": "q-1", "text": "yes"}
+ARGS = {"run_id": UNKNOWN, "run_ids": UNKNOWN, "request_id": "q-1", "text": "yes", "branches": "main"}
 """What each command's arguments get: a run that does not exist."""
 
 
@@ -43,12 +43,12 @@ def _one_json_error(out: str) -> dict[str, Any]:
 async def test_every_json_command_prints_one_json_error(cfg: Config, tmp_path: Path) -> None:
     env = env_for(tmp_path)
     found = _json_commands()
-    assert set(found) == {"show", "cancel", "rewind", "pending", "approve", "reject", "answer", "status", "trace",
-                          "archive", "import", "gc"}
+    assert set(found) == {"show", "cancel", "rewind", "fork", "compare", "pending", "approve", "reject", "answer",
+                          "status", "trace", "archive", "import", "gc"}
 
     async def call(path: str, cmd: Any) -> tuple[str, int, str, str]:
         args = [*path.split(), *(ARGS[p.name] for p in cmd.params if p.param_type_name == "argument")]
-        args += {"rewind": ["--at-step", "a"], "reject": ["--note", "no"],
+        args += {"rewind": ["--at-step", "a"], "fork": ["--at", "a:t1"], "reject": ["--note", "no"],
                  "archive": ["-o", str(tmp_path / "never.tar")]}.get(path, [])
         code, out, err = await reel(cfg, *args, "--json", env=env)
         return path, code, out, err

@@ -93,3 +93,28 @@ async def test_fork_restore_changes_the_forked_turns_packed_set(cfg: Config, eve
     assert code == 1 and "invalid_edit" in err and "packed in turn fix:t1 already" in err, (out, err)
     assert json.loads(out.strip().splitlines()[-1])["code"] == "invalid_edit"
     assert (await event_log.load(run_id)).head_lsn == head
+
+    # three branches side by side: every branch id whole, the verdicts, the usage, where they diverge, the
+    # partition diff at the fork, the output diff
+    code, out, err = await reel(cfg, "compare", run_id)
+    assert code == 0, (out, err)
+    for b in ("main", branch, dropped):
+        assert b in out
+    assert re.search(r"\btests-pass\b", out) and "turns" in out and "cost $" in out, out
+    assert f"{branch} vs main: first differs at fix:t1 (prompt)" in out, out
+    assert "partition of fix:t1: packed +[old-notes] -[], restored [old-notes]" in out, out
+    assert "partition of fix:t1: packed +[] -[layout], dropped by fork [layout]" in out, out
+    assert "restore old-notes" in out and "drop layout" in out
+    code, out, err = await reel(cfg, "compare", run_id, "--json")
+    assert code == 0, (out, err)
+    found = json.loads(out)
+    assert found["baseline"] == "main" and [b["branch_id"] for b in found["branches"]] == ["main", branch, dropped]
+    rows = {b["branch_id"]: b for b in found["branches"]}
+    assert all(r["verdicts"].get("tests-pass") in ("pass", "fail") and r["turns"] >= 1 for r in rows.values())
+    assert rows[branch]["edits"] == [{"edit": "restore", "item": "old-notes"}] and rows[dropped]["active"]
+    assert [d["step_id"] for d in found["divergences"]] == ["fix:t1", "fix:t1"]
+    assert found["workspaces"] is None  # no workspace per branch in this run
+    code, out, err = await reel(cfg, "compare", run_id, dropped, branch)  # a baseline of one's choosing
+    assert code == 0 and f"baseline {dropped}" in out, (out, err)
+    code, out, err = await reel(cfg, "compare", run_id, "b-nope")
+    assert code == 1 and "branch_not_found" in err, (out, err)
