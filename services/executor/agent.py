@@ -298,6 +298,10 @@ class AgentRun:
             if self._mcp_tool(c.step_id, decl.tool_name):  # an MCP tool's progress goes to its attempt's subject
                 out = self.attempts.stream_out(self.run_id, branch_id, c.step_id, c.attempt, True)
                 ctx.progress = None if out is None else out.progress
+                from .elicit import Asker  # the mcp SDK: an optional extra, here since the workflow names a server
+
+                ctx.elicit = Asker(self.attempts, self.run_id, branch_id, c.step_id, c.attempt, decl.tool_name or "",
+                                   decl.call_id or "")
             self.tasks[key] = asyncio.create_task(call_tool(self.spec, key, decl, ctx, self.python_tools, self.bodies,
                                                             self.interrupt), name=f"call {c.step_id}#{c.attempt}")
         if calls:

@@ -68,13 +68,15 @@ class CallContext:
         run_id, branch_id, step_id: the call step; attempt: 1-based.
 
     ``truncated`` is set once the attempt's command printed more than its cap and its head was kept;
-    ``progress``: where an MCP tool's progress goes (``await progress(done, total, message)``), if anywhere.
+    ``progress``: where an MCP tool's progress goes (``await progress(done, total, message)``), if anywhere;
+    ``elicit``: who answers an MCP tool's elicitations (an input request of the run), if anyone.
     """
 
     def __init__(self, run_id: str, branch_id: str, step_id: str, attempt: int) -> None:
         self.call = CallId(run_id, branch_id, step_id, attempt)
         self.truncated = False
         self.progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+        self.elicit: Any = None  # an MCP tool's elicitation answerer (mcptools.Elicit), if it has one
 
 
 @functools.lru_cache(maxsize=1024)
@@ -214,5 +216,6 @@ async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_to
         c = ctx.call
         ledger.record(SideEffect(kind="mcp", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
                                  attempt=c.attempt, tool=tool.name))
-        return _capped(await mcptools.servers().call(tool, arguments, on_progress=ctx.progress), tool, ctx)
+        return _capped(await mcptools.servers().call(tool, arguments, on_progress=ctx.progress,
+                                                     on_elicit=ctx.elicit), tool, ctx)
     return _run_recorded(tool, call.id)

@@ -39,7 +39,7 @@ import json
 import os
 import signal
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -66,6 +66,9 @@ STDERR_KEEP_LINES = 20
 """How many of a stdio server's last stderr lines an error about it quotes."""
 _CLOSE_GRACE_S = 2.0
 
+Elicit = Callable[[str, dict[str, Any]], Awaitable[types.ElicitResult]]
+"""Answers one elicitation of a call: ``await elicit(message, requested_schema)``."""
+
 
 class _Server:
     """One connection to one server: its session, held by a task of its own until :meth:`close`."""
@@ -80,6 +83,8 @@ class _Server:
         self._holder: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lock = asyncio.Lock()
+        self.asking: list[Elicit | None] = []
+        """Who answers an elicitation, per call in flight on this connection (``None``: nobody)."""
 
     @property
     def alive(self) -> bool:
@@ -118,7 +123,8 @@ class _Server:
 
     async def _hold(self, ready: asyncio.Future[ClientSession]) -> None:
         try:
-            async with self._streams() as (read, write), ClientSession(read, write) as session:
+            async with self._streams() as (read, write), \
+                    ClientSession(read, write, elicitation_callback=self._elicited) as session:
                 await session.initialize()
                 ready.set_result(session)
                 await self._closing.wait()
@@ -131,6 +137,14 @@ class _Server:
                 log.warning("mcp.connection_ended", server=self.spec.label[:200], error=repr(exc)[:300])
         finally:
             self.session = None
+
+    async def _elicited(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        """An elicitation from the server: answered by its call's asker. The protocol does not say which call
+        asks, so it must be the only call in flight on this connection; otherwise it is declined."""
+        if len(self.asking) != 1 or self.asking[0] is None or not isinstance(params, types.ElicitRequestFormParams):
+            log.warning("mcp.elicitation_declined", server=self.spec.label[:200], calls=len(self.asking))
+            return types.ElicitResult(action="decline")
+        return await self.asking[0](params.message, dict(params.requested_schema))
 
     def _stderr_note(self) -> str:
         return f" (its stderr ends: {' | '.join(self.stderr)[-2000:]})" if self.stderr else ""
@@ -308,8 +322,10 @@ class McpServers:
         return out
 
     async def call(self, tool: AgentToolSpec, arguments: dict[str, Any],
-                   on_progress: Callable[[float, float | None, str | None], Any] | None = None) -> str:
+                   on_progress: Callable[[float, float | None, str | None], Any] | None = None,
+                   on_elicit: Elicit | None = None) -> str:
         """One attempt of a call of the listed tool ``tool`` with ``arguments``; its observation text.
+        ``on_elicit`` answers the server's elicitations during the call (without it they are declined).
 
         Raises:
             ToolError: of the module docstring's kinds.
@@ -323,6 +339,7 @@ class McpServers:
                 with contextlib.suppress(Exception):
                     await on_progress(progress, total, message)
 
+        server.asking.append(on_elicit)
         try:
             async with asyncio.timeout(tool.timeout_s):
                 result = await session.call_tool(tool.mcp_tool, arguments, progress_callback=progress)
@@ -340,6 +357,8 @@ class McpServers:
             server.session = None
             raise ToolError(f"{tool.name}: the connection to mcp server {tool.mcp.label!r} broke: "
                             f"{type(exc).__name__}: {exc}", kind="mcp_unavailable") from None
+        finally:
+            server.asking.remove(on_elicit)
         if not isinstance(result, types.CallToolResult):
             raise ToolError(f"{tool.name}: the server answered with {type(result).__name__}, not a tool result",
                             kind="mcp_error", retryable=False)

@@ -191,12 +191,49 @@ async def test_a_call_past_its_timeout_is_cancelled_at_the_server(local: reel.Cl
     assert out.get("holder:t2:c0") == marker, failed  # the server got notifications/cancelled for the held call
 
 
-async def test_a_server_that_elicits_gets_no_answer_and_the_call_fails(local: reel.Client) -> None:
+async def _asked(handle: reel.RunHandle) -> reel.PendingRequest:
+    """The run's open request, once the executor committed it (read from the log as it moves)."""
+    async for state in handle._rc.watch(handle.run_id):
+        assert state.status in ("pending", "running"), state.status
+        pending = await handle.pending()
+        if pending:
+            return pending[0]
+    raise AssertionError("unreachable")
+
+
+async def _reel_cli(client: reel.Client, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "reel.services.cli", *args, "--nats-url", client.url, "--namespace", client.namespace,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def test_an_elicitation_is_an_input_request_answered_with_reel_answer(local: reel.Client) -> None:
     tools = reel.mcp_tools(name="own", command=[sys.executable, "-m", "tests.support.mcp_server"], include=["paint"])
     agent = reel.Agent(name="painter", instructions=".", tools=[tools], model=reel.ScriptedModel(
-        turns=[{"tool_calls": [{"name": "own__paint", "arguments": {"thing": "door"}}]}, {"text": "ok"}]))
+        turns=[{"tool_calls": [{"name": "own__paint", "arguments": {"thing": "door"}}]},
+               {"tool_calls": [{"name": "own__paint", "arguments": {"thing": "fence"}}]}, {"text": "ok"}]))
     handle = await local.start(agent, input="paint")
+    asked = await _asked(handle)
+    assert (asked.kind, asked.step_id, asked.tool) == ("elicitation", "painter:t1:c0", "own__paint"), asked
+    assert asked.question == "Which colour for the door? (answer: color, string)", asked
+    assert await handle.status() == "running"  # the call is held open in the executor while it waits
+    code, out, err = await _reel_cli(local, "pending", "--json")
+    assert code == 0 and [p["request_id"] for p in json.loads(out)] == [asked.request_id], (out, err)
+    code, out, err = await _reel_cli(local, "answer", handle.run_id, asked.request_id, "blue", "--no-wait")
+    assert code == 0, (out, err)
+
+    second = await _asked(handle)  # the next turn's call asks again: a new request
+    assert second.step_id == "painter:t2:c0" and second.request_id != asked.request_id
+    code, out, err = await _reel_cli(local, "reject", handle.run_id, second.request_id, "--note", "no", "--no-wait")
+    assert code == 0, (out, err)
     result = await handle.result(timeout_s=90)
-    _, failed, _ = await _facts(handle)
-    bad = failed["painter:t1:c0"]  # the executor announces no elicitation capability: the server refuses to ask
-    assert result.status == "completed" and bad.error_kind == "mcp_error" and "Elicitation not supported" in bad.message
+    out_by_step, failed, _ = await _facts(handle)
+    assert result.status == "completed" and not failed, failed
+    assert out_by_step["painter:t1:c0"] == "painted the door blue"  # the answer went back to the server
+    assert out_by_step["painter:t2:c0"] == "the user declined (decline)"
+    code, out, err = await _reel_cli(local, "answer", handle.run_id, asked.request_id, "red", "--no-wait")
+    assert code == 1 and "request_answered" in err, (out, err)
+
+

@@ -6,7 +6,9 @@ an :class:`InputRequested` in the commit that declares the call (the turn's answ
 instead of an intent. The call runs only once an :class:`InputAnswered` approves it
 (with the model's arguments, or edited ones); a rejection and an answer are the call's
 result for the model (an ``is_error`` observation with the note, the answer text).
-When nothing else of the run can run, the executor commits :class:`RunAwaitingInput`
+An MCP server that elicits during a call gets an :class:`InputRequested` of kind ``elicitation`` for that
+running call, committed by the executor that holds the call open; its answer is the server's, not the model's
+(it does not gate the call). When nothing else of the run can run, the executor commits :class:`RunAwaitingInput`
 and the run rests (status ``awaiting_input``) until an answer makes something runnable.
 
 Writers: the executor (requests, ``run_awaiting_input``), the respond command's
@@ -23,12 +25,14 @@ from typing import Literal
 from reel.shared.core.run.eventbase import Event
 from reel.shared.core.run.ids import BranchId, RequestId, StepId
 
-RequestKind = Literal["approval", "question"]
-"""``approval``: may this tool call run? ``question``: the model's ``ask_user`` question."""
+RequestKind = Literal["approval", "question", "elicitation"]
+"""``approval``: may this tool call run? ``question``: the model's ``ask_user`` question. ``elicitation``: an MCP
+server asks the user during a call that runs (its answer goes back to the server, not to the model)."""
 Decision = Literal["approve", "reject", "answer"]
 """An approval is approved or rejected; a question is answered or rejected."""
 AnswerSource = Literal["respond", "deadline"]
-DECISIONS: dict[str, tuple[Decision, ...]] = {"approval": ("approve", "reject"), "question": ("answer", "reject")}
+DECISIONS: dict[str, tuple[Decision, ...]] = {"approval": ("approve", "reject"), "question": ("answer", "reject"),
+                                              "elicitation": ("answer", "reject")}
 """The decisions each kind of request takes."""
 
 

@@ -76,7 +76,7 @@ def open_calls(state: RunState) -> list[tuple[InputRecord, DeclaredStep | None]]
 def gate(branch: BranchState, step_id: StepId) -> Gate:
     """What the call's request lets it do (see the module docstring)."""
     rec = request_of(branch, step_id)
-    return "none" if rec is None else rec.status
+    return "none" if rec is None or rec.kind == "elicitation" else rec.status  # an elicitation gates nothing
 
 
 def effective_decl(branch: BranchState, decl: DeclaredStep) -> DeclaredStep:
@@ -95,7 +95,7 @@ def observation(branch: BranchState, step_id: StepId) -> tuple[str, bool] | None
     """
     rec = request_of(branch, step_id)
     r = rec.response if rec is not None else None
-    if rec is None or r is None or r.decision == "approve":
+    if rec is None or r is None or r.decision == "approve" or rec.kind == "elicitation":
         return None
     late = r.source == "deadline"
     if r.decision == "answer":
@@ -144,15 +144,22 @@ def apply(status: RunStatus, active_branch: str, branch: BranchState,
 def requested(branch: BranchState, event: InputRequested, lsn: LSN, run_id: RunId, call: DeclaredStep | None,
               dispatched: bool) -> BranchState:
     """Fold case of ``input_requested``: ``call`` is the call's declaration on the branch (``None``: undeclared),
-    ``dispatched`` whether it has an attempt.
+    ``dispatched`` whether it has an attempt. An ``elicitation`` is of a dispatched call and replaces the call's
+    earlier (answered or closed) elicitation.
 
     Raises:
-        InvalidTransition: not a declared tool call, one already dispatched, or a second request for it.
+        InvalidTransition: not a declared tool call, one already dispatched, or a second request for it (an
+            elicitation: a call not dispatched, or one with an open request or a request of another kind).
     """
     if call is None or call.kind != "tool_call":
         raise InvalidTransition(f"input_requested for {event.step_id!r}, which is not a declared tool call",
                                 run_id=run_id)
-    if dispatched or request_of(branch, event.step_id) is not None:
+    held = request_of(branch, event.step_id)
+    if event.kind == "elicitation":  # asked by the server of a running call; the call's last one is kept
+        if not dispatched or (held is not None and (held.kind != "elicitation" or held.status == "open")):
+            raise InvalidTransition(f"elicitation for {event.step_id!r}, which "
+                                    f"{'has an open request' if dispatched else 'has not run'}", run_id=run_id)
+    elif dispatched or held is not None:
         raise InvalidTransition(f"input_requested for {event.step_id!r}, which already "
                                 f"{'ran' if dispatched else 'has a request'}", run_id=run_id)
     rec = InputRecord(request_id=event.request_id, step_id=event.step_id, kind=event.kind, tool_name=event.tool_name,

@@ -79,7 +79,7 @@ def answer_of(state: RunState, cmd: RespondRun, spec: WorkflowSpec, rec: InputRe
     """
     takes = DECISIONS[rec.kind]
     if cmd.decision not in takes:
-        raise InvalidCommand(f"request {rec.request_id} is {'a question' if rec.kind == 'question' else 'an approval'}"
+        raise InvalidCommand(f"request {rec.request_id} is {'an approval' if rec.kind == 'approval' else 'a question'}"
                              f": it takes {' or '.join(takes)}, not {cmd.decision!r} (at `$.decision`)")
     stray = [f for f, v, d in (("arguments", cmd.arguments is not None, "approve"), ("note", bool(cmd.note), "reject"),
                                ("text", bool(cmd.text), "answer")) if v and cmd.decision != d]
