@@ -17,6 +17,7 @@ from reel.shared.core.errors import (
     WorkflowInvalid,
 )
 from reel.shared.core.input.respond import RequestAnswered, RequestNotFound
+from reel.shared.core.mutators.forking import InvalidEdit
 from reel.shared.core.mutators.rewind import LsnNotInLineage, StepNotFound
 from reel.shared.core.wire.commands import ErrorInfo
 from reel.shared.nats.client import CommandTimeout
@@ -49,7 +50,7 @@ class ServiceUnavailable(ReelError):
 
 _BY_CODE: dict[str, type[ReelError]] = {c.code: c for c in (
     RunNotFound, InvalidCommand, InvalidTransition, WorkflowInvalid, IdempotencyConflict, RequestNotFound,
-    RequestAnswered, StepNotFound, LsnNotInLineage)}
+    RequestAnswered, StepNotFound, LsnNotInLineage, InvalidEdit)}
 
 
 def refused(error: ErrorInfo | None, run_id: str | None = None) -> ReelError:

@@ -294,9 +294,13 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
 
 
 def _dropped_note(drops: list[Text], a: AttemptView) -> None:
-    """A model attempt's dropped items with the reasons recorded at pack time, whole."""
+    """A model attempt's dropped items with the reasons recorded at pack time, whole; and the items a fork
+    restored (docs/forks.md)."""
     if a.context is not None and a.context.dropped:
         drops.append(Text(f"  {a.step_id}#{a.attempt} dropped: {rows.drop_summary(a.context)}", style="dim"))
+    if a.context is not None and isinstance(a.context.restored, tuple):
+        drops.append(Text(f"  {a.step_id}#{a.attempt} restored by fork: {' '.join(a.context.restored)}",
+                          style="dim"))
 
 
 CELL_CHARS = 60

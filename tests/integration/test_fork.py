@@ -78,6 +78,9 @@ async def test_fork_restore_changes_the_forked_turns_packed_set(cfg: Config, eve
     assert [(f.branch_id, f.from_step, f.edits) for f in forks] == [
         (branch, "fix:t1", (Restore(item="old-notes"),))]  # the edit is in the log
 
+    code, out, err = await reel(cfg, "show", run_id, "--branch", branch)
+    assert code == 0 and "fix:t1#1 restored by fork: old-notes" in out, (out, err)
+
     # a drop: the item leaves the turn, with the reason recorded
     dropped = await _fork(cfg, run_id, "--drop", "layout", "--branch", "main")
     state = await _settled(client, run_id, dropped)
@@ -86,6 +89,8 @@ async def test_fork_restore_changes_the_forked_turns_packed_set(cfg: Config, eve
     assert dict(part.dropped_with_reasons())["layout"] == DROPPED_BY_FORK
     forks = [e for _, c in await event_log.read(run_id) for e in c.events if isinstance(e, BranchForked)]
     assert forks[-1].edits == (Drop(item="layout"),)
+    code, out, err = await reel(cfg, "show", run_id, "--branch", dropped)
+    assert code == 0 and "layout (dropped_by_fork)" in out, (out, err)
 
     # an edit that does not fit the turn is refused, and nothing is committed
     head = state.head_lsn

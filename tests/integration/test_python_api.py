@@ -423,3 +423,25 @@ async def test_a_server_without_the_namespaces_streams_is_not_taken_for_reel(cfg
         await _check_reel_server(nc, cfg)  # now it is
     finally:
         await nc.close()
+
+
+async def test_fork_restores_an_item_into_the_forked_turn(local: reel.Client) -> None:
+    agent = reel.Agent(
+        name="noted", instructions="Use the tools to answer.", tools=[add],
+        context=[reel.ContextItem(id="old-notes", kind="document", stale=True, text="Notes that no longer apply.")],
+        model=reel.ScriptedModel(turns=[
+            {"text": "adding", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]},
+            {"text": "2 + 3 = 5"}]))
+    handle = await local.start(agent, input="What is 2 + 3?")
+    first = await handle.result(timeout_s=60)
+    before = (await handle.state()).branches[first.branch_id].attempts["noted:t1"][-1].context
+    assert before is not None and "old-notes" in before.dropped
+    forked = await handle.fork(at="noted:t1", edits=[reel.edits.Restore(item="old-notes")])
+    assert forked.created and forked.from_step == "noted:t1"
+    second = await handle.result(timeout_s=60)
+    assert second.branch_id == forked.branch_id
+    after = (await handle.state()).branches[forked.branch_id].attempts["noted:t1"][-1].context
+    assert after is not None and "old-notes" in after.packed and after.restored == ("old-notes",)
+    with pytest.raises(reel.InvalidCommand) as refused:
+        await handle.fork(at="noted:t1", edits=[reel.edits.Restore(item="no-such-item")])
+    assert refused.value.code == "invalid_edit"
