@@ -117,3 +117,29 @@ def test_a_tool_result_edit_replaces_the_text_the_model_reads(item: TurnItem) ->
 
     (edited,) = edited_items([item], TurnEdits(tool_results={StepId("fix:t1:c1"): "OK"}))
     assert (edited.text, edited.is_error) == ("OK", False)
+
+
+def test_check_edits_refuses_what_does_not_fit_the_turn() -> None:
+    from reel.shared.core.mutators.forking import MAX_EDIT_TEXT_BYTES, InvalidEdit, check_edits
+    from reel.shared.core.run.eventfields import ContextPartition
+    from reel.shared.core.run.persistent import FrozenMap
+    from reel.shared.core.run.state import AttemptState, AttemptStatus
+
+    part = ContextPartition(packed=(ContextItemId("task"),), available=(), dropped=(ContextItemId("old-notes"),))
+    attempt = AttemptState(step_id=StepId("fix:t2"), attempt=1, status=AttemptStatus.SUCCEEDED,  # type: ignore[arg-type]
+                           executor_id="x", dispatched_lsn=LSN(3), dispatched_ms=0, context=part)  # type: ignore[arg-type]
+    branch = BranchState(branch_id=BranchId("main"), created_lsn=LSN(1),
+                         attempts=FrozenMap({StepId("fix:t2"): (attempt,)}))
+    run = "r"
+    check_edits(run, branch, StepId("fix:t2"), [Restore(item=ContextItemId("old-notes"))])  # type: ignore[arg-type]
+    for at, edits, says in [
+            (StepId("fix"), [Model(name="m")], "apply to an agent turn"),
+            (StepId("fix:t2"), [Restore(item=ContextItemId("task"))], "packed in turn fix:t2 already"),
+            (StepId("fix:t2"), [Drop(item=ContextItemId("old-notes"))], "dropped in turn fix:t2 already"),
+            (StepId("fix:t2"), [Restore(item=ContextItemId("nope"))], "has no context item 'nope'"),
+            (StepId("fix:t2"), [ToolResult(call=StepId("fix:t2:c0"), text="x")], "not a call of an earlier turn"),
+            (StepId("fix:t2"), [Param(key="messages", value=[])], "cannot be set"),
+            (StepId("fix:t2"), [Instructions(text="x" * (MAX_EDIT_TEXT_BYTES + 1))], "over the"),
+            (StepId("fix:t3"), [Restore(item=ContextItemId("old-notes"))], "recorded no context partition")]:
+        with pytest.raises(InvalidEdit, match=says):
+            check_edits(run, branch, at, edits)  # type: ignore[arg-type]

@@ -11,7 +11,9 @@ edits make sense: its last attempt's partition names every candidate item, so
 * ``tool_result`` takes a call of an earlier turn of the same agent;
 * ``param`` takes a body field Reel does not set itself (:data:`RESERVED_PARAMS`); ``model`` a non-empty name.
 
-A turn never dispatched on the parent (no partition recorded) takes no ``restore``/``drop``.
+A turn never dispatched on the parent (no partition recorded) takes no ``restore``/``drop``. The texts of
+``instructions`` and ``tool_result`` are recorded inline on the ``branch_forked``: each is at most
+:data:`MAX_EDIT_TEXT_BYTES`.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from collections.abc import Sequence
 from reel.shared.core.agent import turnfold
 from reel.shared.core.errors import InvalidCommand
 from reel.shared.core.run.eventfields import ContextPartition
-from reel.shared.core.run.forkedits import ContextEdit, Drop, Model, Param, Restore, ToolResult
+from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult
 from reel.shared.core.run.ids import ContextItemId, RunId, StepId
 from reel.shared.core.run.state import BranchState
 from reel.shared.core.run.stepids import parse_step_id
 from reel.shared.core.workflow.modelspec import RESERVED_PARAMS
+
+MAX_EDIT_TEXT_BYTES = 64 * 1024
+"""Bytes of one edit's text (new instructions, a replaced tool result), UTF-8."""
 
 
 class InvalidEdit(InvalidCommand):
@@ -54,6 +59,9 @@ def check_edits(run_id: RunId, branch: BranchState, at_step: StepId | None, edit
     part = recorded_partition(branch, at_step)
     seen: set[ContextItemId] = set()
     for e in edits:
+        if isinstance(e, Instructions | ToolResult) and len(e.text.encode()) > MAX_EDIT_TEXT_BYTES:
+            raise InvalidEdit(f"{e.__struct_config__.tag} text is {len(e.text.encode())} bytes, over the"
+                              f" {MAX_EDIT_TEXT_BYTES} an edit carries", run_id=run_id)
         if isinstance(e, Restore | Drop):
             if e.item in seen:
                 raise InvalidEdit(f"item {e.item!r} is edited twice", run_id=run_id)
