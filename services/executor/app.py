@@ -6,7 +6,8 @@ which drives runs (services/executor/driver.py) attempt by attempt
 (services/executor/attempts.py), consumes the start/resume command subjects (the shared durable,
 and with ``REEL_PARTITIONS`` its own and orphaned partitions: services/executor/partitions.py), and
 keeps this executor's lease (shared/nats/leases.py, naming its partitions: written before the first command,
-renewed until the drain is over), and resolves its own attempts a drive that raised left open once they are
+renewed from a thread of its own with its own connection — a stalled event loop does not delay it — until the
+drain is over), and resolves its own attempts a drive that raised left open once they are
 settled (services/executor/orphans.py). The tasks run in one task group: one that raises stops the service.
 
 Shutdown (``stop`` set, e.g. SIGTERM): no new command is taken; the attempts in flight run on
@@ -28,7 +29,7 @@ from reel.shared.core.errors import LeaseLost
 from reel.shared.core.run.ids import new_executor_id
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.eventlog import JetStreamEventLog
-from reel.shared.nats.infra import Infra
+from reel.shared.nats.infra import Infra, connect
 from reel.shared.nats.leases import Lease
 from reel.shared.proc.group import kill_groups, tracked_groups
 from reel.shared.proc.tools import reap_orphaned_tools
@@ -78,7 +79,8 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
     await asyncio.to_thread(importlib.import_module, "reel.shared.models.openai")  # ≈1 s: never on the loop, mid-lease
     with tracked_groups() as groups:  # every tool process group this incarnation starts
         served = kwargs.get("tools")
-        lease = Lease(infra.leases, executor_id, cfg.lease_ttl_s, partitions=own_partitions(cfg),
+        lease = Lease(infra.leases, executor_id, cfg.lease_ttl_s, connect=lambda: connect(cfg, name="reel-lease"),
+                      partitions=own_partitions(cfg),
                       tools=None if served is None else served.keys,
                       on_lost=lambda: log.error("executor.lease_lost_tools_killed", process_groups=kill_groups(groups)))
         ex = Executor(infra, cfg, *ports(infra, cfg), stopping=stop, executor_id=executor_id, lease=lease, **kwargs)
