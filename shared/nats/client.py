@@ -179,9 +179,13 @@ class ReelClient:
         ``source_dir``: the absolute folder of the workflow's file, where the executor looks for its ``python:``
         tools first (:class:`~reel.shared.core.wire.commands.StartRun`); ``None``: its working folder only.
 
-        A start refused ``lease_lost`` (the executor that took it was starved past its lease: it wrote
-        nothing, the refusal is retryable) is sent again, at most :data:`START_TRIES` times in all, as a new
-        command (a keyed start is answered by the run its key names either way).
+        A start refused ``lease_lost`` (the executor that took it lost its lease meanwhile: it wrote nothing,
+        the refusal is retryable) is sent again, at most :data:`START_TRIES` times in all, as a new command (a
+        keyed start is answered by the run its key names either way). Lease renewals no longer wait for the
+        executor's event loop, but a lease is still lost when the whole process is frozen (SIGSTOP, a VM
+        pause), the server does not take its renewals (unreachable, a full store) or its loop is wedged; the
+        incarnation that lost it answers the starts it had taken with that refusal and stops, and the start
+        sent again reaches a live executor (the new incarnation or another).
 
         Raises:
             ValueError: ``source_dir`` is not an absolute, normalised path.

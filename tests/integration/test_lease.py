@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reel.shared.core.errors import LeaseLost
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra, connect
 from reel.shared.nats.leases import Lease, executor_alive
 from reel.shared.runtime.config import Config
+from tests.conftest import running
 from tests.integration.scenarios import wait_until
 
 
@@ -209,3 +214,29 @@ async def test_a_consumer_that_raises_stops_the_executor_and_its_lease(
 
 async def _not(alive: Awaitable[bool]) -> bool:
     return not await alive
+
+
+async def test_an_executor_whose_loop_is_blocked_past_its_lease_keeps_its_run(
+        infra: Infra, cfg: Config, client: ReelClient, tmp_path: Path) -> None:
+    """A healthy executor mid-tool whose event loop is blocked for 1.5 lease TTLs (a starved machine) keeps its
+    lease, its executor id and its run: the tool's one attempt succeeds, written by the same executor."""
+    from reel.services.executor.app import serve
+    from reel.shared.core.workflow.spec import parse_workflow
+
+    go, started = tmp_path / "go", tmp_path / "started"
+    spec = parse_workflow(json.dumps({"name": "blocked", "steps": [{"kind": "tool", "id": "wait", "tool": {
+        "type": "command", "timeout_s": 60, "argv": ["sh", "-c", ': > "$1"; while [ ! -e "$2" ]; do sleep 0.05; '
+                                                 'done; printf ok', "wait", str(started), str(go)]}}]}), fmt="json")
+    async with running(serve, infra, cfg, executor_id="x-blocked-executor"):
+        reply = await client.start(spec, timeout_s=30)
+        assert reply.ok and reply.run_id, reply
+        await wait_until(lambda: asyncio.to_thread(started.exists), timeout_s=30, what="the tool to start")
+        _block_loop(cfg.lease_ttl_s * 1.5)
+        go.touch()
+        assert await executor_alive(infra.leases, "x-blocked-executor"), "the executor lost its lease"
+        state = await client.wait_for(reply.run_id, ("verifying", "completed", "failed"), timeout_s=30)
+    attempts = state.branches[state.active_branch].attempts["wait"]
+    assert [a.status for a in attempts] == ["succeeded"], attempts
+    assert state.executor_id == "x-blocked-executor", state.executor_id
+    assert {c.writer for _, c in await JetStreamEventLog(infra.nc, cfg.names).read(reply.run_id)} <= {
+        "x-blocked-executor", "verifier"}
