@@ -82,6 +82,7 @@ class PartitionConsumers:
         self._uncovered_since: dict[int, float] = {}
         self._released: set[asyncio.Task[None]] = set()  # adopted consumers draining after their release
         self.slots = Slots(cfg.executor_max_runs)  # one limit for the executor, across all its durables
+        self._group: asyncio.TaskGroup | None = None  # the consumers' task group while :meth:`run` runs
 
     def _consumer(self, service: str, subjects: list[str]) -> CommandConsumer:
         return CommandConsumer(self.infra, self.cfg, service, subjects, self.handler,
@@ -96,12 +97,14 @@ class PartitionConsumers:
         """Consume the shared durable, the own partitions and adopted ones until ``stop``; then drain all."""
         try:
             async with asyncio.TaskGroup() as tg:  # one consumer that raises stops the others (and the service)
+                self._group = tg  # adopted consumers join it: cancelled (a lost lease), they stop fetching at once
                 tg.create_task(self._consumer("executor", self.plain_subjects).run(stop))
                 for p in self.own:
                     tg.create_task(self._partition_consumer(p).run(stop))
                 if len(self.own) < self.cfg.names.partitions:
                     tg.create_task(self._watch(stop))
         finally:
+            self._group = None
             for ev, _ in self.adopted.values():
                 ev.set()
             await asyncio.gather(*(t for _, t in self.adopted.values()), *self._released, return_exceptions=True)
@@ -115,6 +118,8 @@ class PartitionConsumers:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.check_s):
                     await stop.wait()
+        for ev, _ in self.adopted.values():  # stopping: the adopted consumers drain with the rest
+            ev.set()
 
     async def check(self, owned_elsewhere: set[int]) -> None:
         """Adopt every partition not our own that no live lease has named for one lease TTL; release an
@@ -135,5 +140,6 @@ class PartitionConsumers:
             since = self._uncovered_since.setdefault(p, now)
             if p not in self.adopted and now - since >= self.cfg.lease_ttl_s:
                 ev = asyncio.Event()
-                self.adopted[p] = (ev, asyncio.create_task(self._partition_consumer(p).run(ev)))
+                spawn = self._group.create_task if self._group is not None else asyncio.create_task
+                self.adopted[p] = (ev, spawn(self._partition_consumer(p).run(ev)))
                 log.info("partition.adopted", partition=p)
