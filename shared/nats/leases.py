@@ -196,7 +196,10 @@ class Lease:
         log.error("lease.lost", executor_id=self.executor_id, reason=why,
                   late_s=round(time.monotonic() - self.valid_until, 3))
         if self._on_lost is not None:
-            self._on_lost()
+            try:
+                self._on_lost()
+            except Exception as exc:  # the loss is still told to the executor below
+                log.error("lease.on_lost_failed", executor_id=self.executor_id, error=str(exc)[:200])
         loop = self._loop
         if loop is None:
             self.lost.set()
