@@ -124,6 +124,9 @@ def test_golden_logs_cover_the_interesting_cases() -> None:
     assert any(isinstance(e, AttemptFailed) and not e.retryable for e in outcomes), "non-retryable failure"
     forks = [e for e in EVENTS if isinstance(e, BranchForked)]
     assert {f.from_step is None for f in forks} == {True, False}, "forks with and without from_step"
+    assert {isinstance(f.edits, tuple) for f in forks} == {True, False}, "forks with and without edits"
+    assert any(isinstance(p.restored, tuple) for e in EVENTS if isinstance(e, AttemptDispatched)
+               and (p := e.context) is not None), "a partition with items a fork restored"
     assert any(len(c.events) > 1 for commits in ALL.values() for _, c in commits), "a multi-event commit"
     parts = [e.context for e in EVENTS if isinstance(e, AttemptDispatched) and e.context is not None]
     assert any(p.packed and p.available and p.dropped for p in parts), "a partition with all three buckets"
