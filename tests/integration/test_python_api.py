@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import reel
@@ -445,3 +446,28 @@ async def test_fork_restores_an_item_into_the_forked_turn(local: reel.Client) ->
     with pytest.raises(reel.InvalidCommand) as refused:
         await handle.fork(at="noted:t1", edits=[reel.edits.Restore(item="no-such-item")])
     assert refused.value.code == "invalid_edit"
+
+
+async def test_fork_edits_the_instructions_model_params_and_a_tool_result_the_turn_sends(
+        local: reel.Client) -> None:
+    handle = await local.start(adder(), input="What is 2 + 3?")
+    await handle.result(timeout_s=60)
+    forked = await handle.fork(at="adder:t2", edits=[
+        reel.edits.ToolResult(call="adder:t1:c0", text="41 (edited)"),
+        reel.edits.Instructions(text="Answer in French."),
+        reel.edits.Model(name="m2"), reel.edits.Param(key="temperature", value=0)])
+    await handle.result(timeout_s=60)
+    state = await handle.state()
+    blobs = handle._rc.blobs
+    assert blobs is not None
+    sent = {}
+    for b in ("main", forked.branch_id):
+        ref = state.branches[b].attempts["adder:t2"][-1].prompt_ref
+        assert ref is not None
+        sent[b] = msgspec.json.decode(await blobs.get(ref))
+    messages = {m["role"]: m for m in sent[forked.branch_id]["messages"]}
+    assert messages["system"]["content"] == "Answer in French." and messages["tool"]["content"] == "41 (edited)"
+    assert sent[forked.branch_id]["model"] == "m2" and sent[forked.branch_id]["temperature"] == 0
+    before = {m["role"]: m for m in sent["main"]["messages"]}
+    assert before["system"]["content"] == "Use the tools to answer." and before["tool"]["content"] == "5"
+    assert "temperature" not in sent["main"]
