@@ -44,7 +44,7 @@ def pending(json_out: bool = typer.Option(False, "--json", help="JSON: one objec
         for col in ("run", "request", "status", "call", "asks", "asked", "deadline"):
             table.add_column(col, overflow="fold")
         for r in found:
-            what = f"answer: {r['question']}" if r["kind"] == "question" else \
+            what = f"answer: {r['question']}" if r["kind"] != "approval" else \
                 f"approve: {r['tool']}({r['arguments'] or ''})"
             left = None if r["deadline_ms"] is None else (r["deadline_ms"] - now_ms()) / 1000
             deadline = "" if left is None else f"{left:.0f} s → {r['default']}"

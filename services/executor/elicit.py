@@ -1,10 +1,10 @@
 """An MCP server's elicitation during a call, as an input request of the run (docs/integrations.md).
 
 The call stays open in this executor (the stdio server is its own process) while the request waits:
-:class:`Asker` commits an ``input_requested`` of kind ``elicitation`` for the running call, then reads the run's
-log until the request is answered (``reel answer RUN Q TEXT``; ``reel reject``: the server is told ``decline``)
-or cannot be any more (the run cancelled or rewound, the call over: ``cancel``). The run's status stays
-``running`` meanwhile — a call is in flight — and the request is listed by ``reel pending``. An executor that
+:class:`Asker` commits an ``input_requested`` of kind ``elicitation`` for the running call with a
+``run_awaiting_input`` (the run rests; its drive drains, which waits for this call), then reads the run's log
+until the request is answered (``reel answer RUN Q TEXT``, which wakes the run; ``reel reject``: the server is
+told ``decline``) or cannot be any more (the run cancelled or rewound, the call over: ``cancel``). An executor that
 dies while it waits takes the call with it: the next one runs the call again if it is retry-safe (its
 elicitation is asked again, as a new request), else records it ``outcome_unknown``.
 
@@ -24,11 +24,11 @@ from mcp import types
 
 from reel.shared.core.decision import Decision, Skip
 from reel.shared.core.input import requestfold
-from reel.shared.core.input.requestevents import InputRequested
+from reel.shared.core.input.requestevents import InputRequested, RunAwaitingInput
 from reel.shared.core.input.requeststate import InputResponse
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.ids import AttemptNo, BranchId, StepId, request_id_for
-from reel.shared.core.run.state import LIVE, RunState
+from reel.shared.core.run.state import DRIVABLE, LIVE, RunState
 from reel.shared.runtime.clock import now_ms
 
 from .attempts import Attempts
@@ -108,7 +108,11 @@ class Asker:
 
         def decide(state: RunState) -> Decision:
             over = self._over(state)
-            return Skip(over) if over is not None else (event,)
+            if over is not None:
+                return Skip(over)
+            rest = (RunAwaitingInput(branch_id=self.branch_id, at_ms=event.at_ms),) if state.status in DRIVABLE \
+                else ()
+            return (event, *rest)
 
         done = await self.attempts.commit(await self.attempts.log.load(self.run_id), decide)
         state = done.state

@@ -154,7 +154,8 @@ def _input(t: Text, event: InputRequested | InputAnswered | RunAwaitingInput) ->
     if isinstance(event, RunAwaitingInput):
         t.append(f"awaiting input on branch {event.branch_id}", style="magenta")
     elif isinstance(event, InputRequested):
-        what = f"asks: {clip(event.question)}" if event.kind == "question" else f"needs approval ({event.tool_name})"
+        what = f"needs approval ({event.tool_name})" if event.kind == "approval" else \
+            f"{'asks' if event.kind == 'question' else event.tool_name + ' asks'}: {clip(event.question)}"
         t.append(f"{event.step_id} {what}", style="magenta")
         t.append(f"  request {event.request_id}" + (f", asked: {event.asked}" if event.asked else ""), style="dim")
         if event.deadline_ms is not None:
@@ -365,7 +366,7 @@ def open_requests(state: RunState) -> list[dict[str, Any]]:
 def how_to_answer(rec: InputRecord | dict[str, Any], run_id: str) -> str:
     """The commands that answer one request."""
     rid, kind = (rec.request_id, rec.kind) if isinstance(rec, InputRecord) else (rec["request_id"], rec["kind"])
-    if kind == "question":
+    if kind != "approval":
         return f"reel answer {run_id} {rid} 'TEXT'   |   reel reject {run_id} {rid} --note 'WHY'"
     return f"reel approve {run_id} {rid} [--args JSON]   |   reel reject {run_id} {rid} --note 'WHY'"
 
@@ -374,7 +375,7 @@ def print_waiting(console: Console, state: RunState) -> None:
     """What a run waiting for input asks, and how to answer each request (``reel run`` prints it)."""
     console.print(Text(f"run {state.run_id} is awaiting input:", style="bold magenta"))
     for r in open_requests(state):
-        what = f"asks: {r['question']}" if r["kind"] == "question" else f"{r['tool']}({r['arguments'] or ''})"
+        what = f"asks: {r['question']}" if r["kind"] != "approval" else f"{r['tool']}({r['arguments'] or ''})"
         console.print(f"  {r['request_id']}  {r['step_id']} {what}" + (f"  [asked: {r['asked']}]" if r["asked"]
                                                                          else ""), markup=False, highlight=False)
         console.print(f"      {how_to_answer(r, state.run_id)}", markup=False, highlight=False)

@@ -194,7 +194,7 @@ async def test_a_call_past_its_timeout_is_cancelled_at_the_server(local: reel.Cl
 async def _asked(handle: reel.RunHandle) -> reel.PendingRequest:
     """The run's open request, once the executor committed it (read from the log as it moves)."""
     async for state in handle._rc.watch(handle.run_id):
-        assert state.status in ("pending", "running"), state.status
+        assert state.status in ("pending", "running", "awaiting_input"), state.status
         pending = await handle.pending()
         if pending:
             return pending[0]
@@ -218,7 +218,7 @@ async def test_an_elicitation_is_an_input_request_answered_with_reel_answer(loca
     asked = await _asked(handle)
     assert (asked.kind, asked.step_id, asked.tool) == ("elicitation", "painter:t1:c0", "own__paint"), asked
     assert asked.question == "Which colour for the door? (answer: color, string)", asked
-    assert await handle.status() == "running"  # the call is held open in the executor while it waits
+    assert await handle.status() == "awaiting_input"  # the call is held open in the executor while it waits
     code, out, err = await _reel_cli(local, "pending", "--json")
     assert code == 0 and [p["request_id"] for p in json.loads(out)] == [asked.request_id], (out, err)
     code, out, err = await _reel_cli(local, "answer", handle.run_id, asked.request_id, "blue", "--no-wait")
