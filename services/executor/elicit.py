@@ -5,8 +5,9 @@ The call stays open in this executor (the stdio server is its own process) while
 ``run_awaiting_input`` (the run rests; its drive drains, which waits for this call), then reads the run's log
 until the request is answered (``reel answer RUN Q TEXT``, which wakes the run; ``reel reject``: the server is
 told ``decline``) or cannot be any more (the run cancelled or rewound, the call over: ``cancel``). An executor that
-dies while it waits takes the call with it: the next one runs the call again if it is retry-safe (its
-elicitation is asked again, as a new request), else records it ``outcome_unknown``.
+dies while it waits takes the call with it: once the request is answered (which wakes the run) the next one
+runs the call again if it is retry-safe (its elicitation is asked again, as a new request), else records it
+``outcome_unknown``.
 
 The answer's text becomes the elicitation's ``content``: a JSON object as it is; any other text, for a schema
 of one field, that field's value (converted to its ``integer``, ``number`` or ``boolean`` type).
