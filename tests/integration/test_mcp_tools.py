@@ -237,3 +237,21 @@ async def test_an_elicitation_is_an_input_request_answered_with_reel_answer(loca
     assert code == 1 and "request_answered" in err, (out, err)
 
 
+
+
+async def test_a_cancel_while_an_elicitation_waits_ends_the_call(local: reel.Client) -> None:
+    tools = reel.mcp_tools(name="own", command=[sys.executable, "-m", "tests.support.mcp_server"], include=["paint"])
+    agent = reel.Agent(name="painter", instructions=".", tools=[tools], model=reel.ScriptedModel(
+        turns=[{"tool_calls": [{"name": "own__paint", "arguments": {"thing": "gate"}}]}, {"text": "ok"}]))
+    handle = await local.start(agent, input="paint")
+    asked = await _asked(handle)
+    cancelled = await handle.cancel("never mind")
+    assert cancelled.cancelled and cancelled.previous_status == "awaiting_input", cancelled
+    state = await handle.wait(("cancelled",), timeout_s=60)
+    rec = state.branches["main"].requests[asked.step_id]
+    assert rec.status == "closed" and await handle.pending() == []
+    async with asyncio.timeout(30):  # the held call is told `cancel`, returns, and is recorded cancelled
+        async for state in handle._rc.watch(handle.run_id):
+            if state.branches["main"].attempts[asked.step_id][-1].status != "dispatched":
+                break
+    assert state.branches["main"].attempts[asked.step_id][-1].status == "cancelled"
