@@ -44,6 +44,7 @@ from reel.shared.crucible.state import LoopExit
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.infra import connect, ensure_infra
 from reel.shared.proc.reaper import reap_orphans
+from reel.shared.proc.subreaper import become_subreaper
 from reel.shared.runtime.config import Config
 
 log = structlog.get_logger("reel.crucible")
@@ -127,6 +128,7 @@ async def start_session(b: Backend, config: SessionConfig, *, stop: asyncio.Even
         WorldError: the world could not be cloned.
     """
     sid = session_id or new_session_id()
+    become_subreaper()  # what a proposer or judge leaves outside its group stays ours to kill
     if not is_token(sid):
         raise ConfigInvalid(f"session id {sid!r} must be letters, digits, '-' or '_' (≤ 128)")
     structlog.contextvars.bind_contextvars(session_id=sid)
@@ -156,6 +158,7 @@ async def resume_session(b: Backend, session_id: str, *, stop: asyncio.Event) ->
         WorldError: its world directory is gone.
     """
     structlog.contextvars.bind_contextvars(session_id=session_id)
+    become_subreaper()
     state = await b.log.load(session_id)
     if state.ended is not None and state.ended.exit.terminal:
         return SessionResult(session_id, state.ended.exit, state)

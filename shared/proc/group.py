@@ -11,6 +11,10 @@ SIGKILLed before it returns or raises:
 * **cancellation** of the awaiting task, or **any exception** — the group is
   killed, then the exception propagates.
 
+In a process that is a child subreaper (:mod:`reel.shared.proc.subreaper`) every command carries a
+mark in its environment, and what carries it outside the group (a ``setsid`` daemon) is killed and
+reaped with the group.
+
 With ``term_grace_s`` the group first gets SIGTERM and that long to exit (a
 service draining its work) before the SIGKILL. Output is read as it comes:
 each captured stream keeps at most ``output_limit_bytes`` (the first or the
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from reel.shared.proc import ledger, reaper
+from reel.shared.proc import ledger, reaper, subreaper
 
 Keep = Literal["head", "tail"]
 Stdin = bytes | AsyncIterable[bytes] | BinaryIO | None
@@ -191,8 +195,9 @@ async def run_group(
     if records is not None:
         records.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    proc = await _started(_spawn(argv, cwd=cwd, env=ledger.child_env(env), stdin=stdin, merge_stderr=merge_stderr,
-                                 capture=capture, records=records), records)
+    mark = subreaper.new_mark() if subreaper.is_subreaper() else None
+    proc = await _started(_spawn(argv, cwd=cwd, env=_marked(ledger.child_env(env), mark), stdin=stdin,
+                                 merge_stderr=merge_stderr, capture=capture, records=records), records)
     live = _GROUPS.get()
     if live is not None:
         live.add(proc.pid)
@@ -203,9 +208,11 @@ async def run_group(
         ledger.record_process(env, proc.pid)  # reel chaos counts side effects (off unless this process's env says)
         _, pending = await asyncio.wait(pumps, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
     finally:
+        sweep = _Sweep(mark, proc.pid)
         try:
-            await _end(proc, pumps, term_grace_s)
+            await _end(proc, pumps, term_grace_s, sweep)
         finally:
+            sweep()  # again, whatever interrupted _end
             reaper.forget(records, proc.pid)
             if live is not None:
                 live.discard(proc.pid)
@@ -220,6 +227,25 @@ async def run_group(
         stdout_truncated=out.truncated, stderr_truncated=err.truncated,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
+
+
+def _marked(env: Mapping[str, str] | None, mark: str | None) -> Mapping[str, str] | None:
+    """``env`` with the command's :data:`~reel.shared.proc.subreaper.MARK_ENV` (none: ``env`` as it is)."""
+    if mark is None:
+        return env
+    return {**(os.environ if env is None else env), subreaper.MARK_ENV: mark}
+
+
+class _Sweep:
+    """Kills what a command left outside its group (:func:`~reel.shared.proc.subreaper.kill_escaped`), each
+    time it is called once the group was killed; nothing when this process is no subreaper."""
+
+    def __init__(self, mark: str | None, pgid: int) -> None:
+        self.mark, self.pgid = mark, pgid
+
+    def __call__(self) -> None:
+        if self.mark is not None:
+            subreaper.kill_escaped(self.mark, self.pgid, leader=self.pgid)
 
 
 async def _started(spawning: Coroutine[Any, Any, asyncio.subprocess.Process],
@@ -292,9 +318,11 @@ def _signal_group(pgid: int, sig: signals.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-async def _end(proc: asyncio.subprocess.Process, pumps: list[asyncio.Future[Any]], term_grace_s: float) -> None:
-    """Kill the group (SIGTERM and a grace first if asked and the leader runs), reap the leader,
-    give the pipes :data:`DRAIN_AFTER_KILL_S` to close, then drop whatever still reads."""
+async def _end(proc: asyncio.subprocess.Process, pumps: list[asyncio.Future[Any]], term_grace_s: float,
+               sweep: Callable[[], None]) -> None:
+    """Kill the group (SIGTERM and a grace first if asked and the leader runs), reap the leader, kill what
+    left the group (``sweep``), give the pipes :data:`DRAIN_AFTER_KILL_S` to close, then drop whatever still
+    reads."""
     killed = False
     try:
         if proc.returncode is None and term_grace_s > 0:
@@ -303,7 +331,9 @@ async def _end(proc: asyncio.subprocess.Process, pumps: list[asyncio.Future[Any]
                 await asyncio.wait_for(asyncio.shield(pumps[-1]), term_grace_s)
         _signal_group(proc.pid, signals.SIGKILL)
         killed = True
+        sweep()  # before the wait: an escaped process holding the output pipes would hold up the leader's wait
         await asyncio.shield(pumps[-1])
+        sweep()  # the group's zombies, the leader reaped
         await asyncio.wait(pumps, timeout=DRAIN_AFTER_KILL_S)
     finally:  # cancelled again while cleaning up: the group dies all the same
         if not killed:

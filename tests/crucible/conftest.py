@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from reel.shared.crucible.config import SessionConfig
 from reel.shared.crucible.events import AnySessionEvent
 from reel.shared.crucible.fold import SessionState
 from reel.shared.crucible.state import LoopExit
+from reel.shared.proc.subreaper import stop_being_subreaper
 from reel.shared.runtime.config import Config
 
 
@@ -57,8 +59,9 @@ class Crucible:
 
 
 @pytest.fixture
-def crucible(cfg: Config) -> Crucible:
-    return Crucible(cfg)
+def crucible(cfg: Config) -> Iterator[Crucible]:
+    yield Crucible(cfg)
+    stop_being_subreaper()  # a session made the test process a subreaper: other suites' orphans go to init
 
 
 @pytest.fixture
