@@ -100,7 +100,9 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
                 deadline = tg.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
                 orphans = tg.create_task(ex.orphans.tend_loop(lambda: ex.driving, stop, cfg.lease_ttl_s))
                 await ex.control.start()
-                await consumers.run(stop)
+                taking = asyncio.Event()  # no command is taken once stopping or once the lease is lost
+                tg.create_task(_set_when_first(taking, stop, lease.lost))
+                await consumers.run(taking)
                 deadline.cancel()
                 await orphans
                 lease_stop.set()
@@ -127,6 +129,17 @@ async def _fail_when_lost(lease: Lease, done: asyncio.Event) -> None:
         ended.cancel()
     if lease.lost.is_set() and not done.is_set():
         lease.check()
+
+
+async def _set_when_first(event: asyncio.Event, *causes: asyncio.Event) -> None:
+    """Set ``event`` as soon as one of ``causes`` is set."""
+    waits = [asyncio.ensure_future(cause.wait()) for cause in causes]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    event.set()
 
 
 async def _drain_deadline(ex: Executor, stop: asyncio.Event, deadline_s: float) -> None:
