@@ -23,7 +23,7 @@ from reel.services.cli.console import CliError, JsonOut, Namespace, NatsUrl, con
 from reel.services.cli.embed import Session, service_active, session
 from reel.services.cli.mutating import By, _accepted, _print_reply
 from reel.shared.core.run import compare as cmp
-from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult
+from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult, describe
 from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import build_episode_view
@@ -113,40 +113,12 @@ def fork(
     run_async(body(), json_out=json_out)
 
 
-def _edit_text(e: ContextEdit) -> str:
-    """One edit as the table shows it (texts by their length, never whole)."""
-    match e:
-        case Restore(item=item):
-            return f"restore {item}"
-        case Drop(item=item):
-            return f"drop {item}"
-        case Instructions(text=text):
-            return f"instructions ({len(text)} chars)"
-        case Model(name=name):
-            return f"model {name}"
-        case Param(key=key, value=value):
-            return f"param {key}={json.dumps(value)}"
-        case ToolResult(call=call, text=text):
-            return f"tool result {call} ({len(text)} chars)"
-    return e.__class__.__name__
-
-
-def _answer(body: bytes) -> str:
-    """An output body as text; an agent's answer (its response message, JSON) as the message's content."""
-    try:
-        message = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return body.decode(errors="replace")
-    content = message.get("content") if isinstance(message, dict) else None
-    return content if isinstance(content, str) else body.decode(errors="replace")
-
-
 async def _outputs(s: Session, state: RunState, branches: Sequence[BranchId]) -> dict[BranchId, str | None]:
     """Each branch's final output text (``None``: none yet)."""
     out: dict[BranchId, str | None] = {}
     for b in branches:
         ref = cmp.final_output_ref(build_episode_view(state, b))
-        out[b] = None if ref is None or s.client.blobs is None else _answer(await s.client.blobs.get(ref))
+        out[b] = None if ref is None or s.client.blobs is None else cmp.answer_text(await s.client.blobs.get(ref))
     return out
 
 
@@ -187,7 +159,7 @@ def print_comparison(c: cmp.Comparison) -> None:
         forked = "" if b.parent_branch_id is None else f"{b.parent_branch_id} @ {b.from_step or f'lsn {b.fork_lsn}'}"
         table.add_row(Text(b.branch_id + (" *" if b.active else "")), Text(forked),
                       *(Text(b.verdicts.get(v, "—")) for v in c.verifiers), str(b.turns), str(b.input_tokens),
-                      str(b.output_tokens), f"{b.cost_usd:.6f}", Text(", ".join(map(_edit_text, b.edits))))
+                      str(b.output_tokens), f"{b.cost_usd:.6f}", Text(", ".join(map(describe, b.edits))))
     console.print(table)
     parts = {p.branch_id: p for p in c.partitions}
     outputs = {o.branch_id: o for o in c.outputs}

@@ -66,8 +66,12 @@ from reel.services.ui.reader import NotARunId, RunReader, StreamedChunk, check_r
 from reel.services.ui.runindex import PAGE_RUNS, RunFilter, row_key
 from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, attempt_partition, run_page, step_anchor
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
+from reel.shared.core.run import compare as cmp
+from reel.shared.core.run.forkedits import describe as describe_edit
+from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption, RunCorrupt
 from reel.shared.core.run.state import RunState
+from reel.shared.core.run.views import build_episode_view
 from reel.shared.core.verify.reportedoutcome import reported_outcome
 
 HERE = Path(__file__).parent
@@ -95,6 +99,7 @@ def _env() -> jinja2.Environment:
     env.filters["row_key"] = row_key
     env.globals["step_anchor"], env.globals["attempt_anchor"] = step_anchor, attempt_anchor
     env.globals["drop_reasons"] = DROP_REASONS
+    env.globals["describe_edit"] = describe_edit
     env.filters["kib"] = lambda n: f"{n:,} B" if n < 10240 else f"{n / 1024:,.1f} KiB"
     env.filters["iso"] = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
     env.globals["how_to_answer"] = how_to_answer
@@ -292,6 +297,35 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         return html("_partition.html" if request.query_params.get("fragment") == "1" else "partition.html",
                     part=found, run_id=run_id, step_id=step_id, attempt=attempt, branch_id=bid)
 
+    async def run_compare(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        got = await _load(run_id)
+        if isinstance(got, Unshown):
+            return error(got.status, got.message)
+        state = got[0]
+        given = request.query_params.getlist("branch")
+        everyone = cmp.default_branches(state)
+        unknown = [b for b in given if b not in state.branches]
+        if unknown:
+            return error(404, f"run {run_id} has no branch {unknown[0]!r} (branches: {', '.join(everyone)})")
+        chosen = [BranchId(b) for b in dict.fromkeys(given)] or everyone
+        outputs: dict[BranchId, str | None] = {}
+        for b in chosen:
+            ref = cmp.final_output_ref(build_episode_view(state, b))
+            if ref is None:
+                outputs[b] = None
+                continue
+            try:
+                body = (await reader.whole(run_id, ref.sha256))[1]
+            except (BlobMissing, BlobCorrupt, BlobTimeout) as exc:
+                outputs[b] = f"(its output cannot be read: {exc})"
+                continue
+            outputs[b] = cmp.answer_text(body) if body is not None else \
+                f"(an output of {ref.size_bytes:,} bytes: open it from the run page)"
+        c = cmp.compare(state, chosen, outputs)
+        return html("compare.html", c=c, run_id=run_id, everyone=everyone, chosen=chosen,
+                    columns=pages.compare_columns(c, outputs))
+
     async def run_commits(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
@@ -364,7 +398,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         Route("/runs/{run_id}", run),
         Route("/runs/{run_id}/row", row), Route("/runs/{run_id}/body", run_body),
         Route("/runs/{run_id}/delta", run_delta),
-        Route("/runs/{run_id}/commits", run_commits),
+        Route("/runs/{run_id}/commits", run_commits), Route("/runs/{run_id}/compare", run_compare),
         Route("/runs/{run_id}/partitions/{step_id}/{attempt}", run_partition),
         Route("/runs/{run_id}/blobs/{sha256}", blob),
         *action_routes(reader, actions, html, token, hosts),

@@ -3,17 +3,20 @@
 * :func:`run_row` — one run's line on the runs page (``/``): id, status, outcome, workflow, age;
   :func:`matches` — the page's filter (``?status=…&q=…``);
 * :func:`blob_refs` — every body a run's log references, by sha256 (what ``/runs/<id>/blobs/<sha>``
-  may serve); :func:`blob_page` — one page of a body by byte range, cut on a UTF-8 boundary.
+  may serve); :func:`blob_page` — one page of a body by byte range, cut on a UTF-8 boundary;
+* :func:`compare_columns` — the compare page's branches side by side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from reel.shared.core.agent import turnfold
+from reel.shared.core.run.compare import BranchFacts, Comparison, Divergence, OutputDiff, PartitionDiff
 from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption
 from reel.shared.core.run.state import RunState, branch_failed
 from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
@@ -248,3 +251,28 @@ def blob_page(data: bytes, ref: BlobRef, offset: int, length: int, *, base: int 
                 end += 1
     return BlobPage(sha256=ref.sha256, media_type=ref.media_type, offset=start, end=end, total=total,
                     text=data[start - base:end - base].decode("utf-8", errors="replace"))
+
+
+@dataclass(frozen=True)
+class CompareColumn:
+    """One branch's column of the compare page (``/runs/<id>/compare``), beside the baseline's (the first).
+
+    Attributes:
+        facts: its verdicts, turns, tokens, cost and edits; output: its final output text (``None``: none yet).
+        divergence, partition, output_diff: against the baseline (``None`` in the baseline's own column).
+    """
+
+    facts: BranchFacts
+    output: str | None
+    divergence: Divergence | None = None
+    partition: PartitionDiff | None = None
+    output_diff: OutputDiff | None = None
+
+
+def compare_columns(c: Comparison, outputs: Mapping[BranchId, str | None]) -> list[CompareColumn]:
+    """The columns of comparison ``c``, the baseline first (pure)."""
+    div = {d.branch_id: d for d in c.divergences}
+    part = {p.branch_id: p for p in c.partitions}
+    out = {o.branch_id: o for o in c.outputs}
+    return [CompareColumn(facts=b, output=outputs.get(b.branch_id), divergence=div.get(b.branch_id),
+                          partition=part.get(b.branch_id), output_diff=out.get(b.branch_id)) for b in c.branches]

@@ -166,6 +166,17 @@ def output_diff(branch: BranchId, baseline: BranchId, mine: str | None, theirs: 
     return OutputDiff(branch_id=branch, same=False, diff="\n".join(lines))
 
 
+def answer_text(body: bytes) -> str:
+    """A final output body as text (pure): an agent's answer (its response message, a JSON object) as the
+    message's ``content``; any other body decoded as UTF-8 (invalid bytes replaced)."""
+    try:
+        message = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body.decode(errors="replace")
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else body.decode(errors="replace")
+
+
 def _facts(state: RunState, view: EpisodeView) -> BranchFacts:
     b = state.branches[view.branch_id]
     verdicts: dict[str, str] = {}

@@ -77,6 +77,24 @@ ContextEdit = Restore | Drop | Instructions | Model | Param | ToolResult
 """One fork edit (the union on the wire)."""
 
 
+def describe(edit: ContextEdit) -> str:
+    """One edit in a few words, as ``reel compare`` and the UI show it (texts by their length, never whole)."""
+    match edit:
+        case Restore(item=item):
+            return f"restore {item}"
+        case Drop(item=item):
+            return f"drop {item}"
+        case Instructions(text=text):
+            return f"instructions ({len(text)} chars)"
+        case Model(name=name):
+            return f"model {name}"
+        case Param(key=key, value=value):
+            return f"param {key}={msgspec.json.encode(value).decode()}"
+        case ToolResult(call=call, text=text):
+            return f"tool result {call} ({len(text)} chars)"
+    return edit.__class__.__name__
+
+
 class BranchEdits(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Edits in force on a branch, made by the fork that created it (``own``) or by an ancestor's fork the
     branch continues from (inherited: only their lasting edits count there).
