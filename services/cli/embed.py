@@ -191,14 +191,16 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
 
 
 @contextlib.asynccontextmanager
-async def session(nats_url: str | None, namespace: str, *, services: tuple[str, ...] = (), role: str = "client"
-                  ) -> AsyncIterator[Session]:
+async def session(nats_url: str | None, namespace: str, *, services: tuple[str, ...] = (), role: str = "client",
+                  client_only: bool = False) -> AsyncIterator[Session]:
     """Connect to ``nats_url``, or to a local ``reel up``, or start the embedded default.
 
     Each of ``services`` that no process runs yet runs inside this process for the session. With a
     ``reel auth init`` directory (``--auth``) and no other credentials the connection logs in as its
     ``role`` (``client``; ``viewer`` for ``reel ui``: an older directory without one falls back to ``client``,
-    with a warning).
+    with a warning); unless ``client_only`` (``reel mcp``) it also opens an ``operator`` connection then, which
+    creates missing streams and vets this command's consumers (``client_only``: the services of a ``reel up
+    --auth`` vet them; no service runs here).
 
     Raises:
         CliError: the server does not answer.
@@ -208,7 +210,7 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
     auth = auth_dir_from_env()
     where = [url or "the embedded server"]  # the server's URL once chosen
     try:
-        async with _session(url, namespace, auth, services, where, role) as s:
+        async with _session(url, namespace, auth, services, where, role, client_only) as s:
             yield s
     except nats.errors.Error as exc:  # nats.js.errors.Error derives from it: a 503, a timeout, a JS API error
         raise nats_cli_error(exc, where[-1]) from None
@@ -216,7 +218,7 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
 
 @contextlib.asynccontextmanager
 async def _session(url: str | None, namespace: str, auth: AuthDir | None, services: tuple[str, ...],
-                   where: list[str], role: str = "client") -> AsyncIterator[Session]:
+                   where: list[str], role: str = "client", client_only: bool = False) -> AsyncIterator[Session]:
     """:func:`session` without its error mapping (appends the server's URL to ``where`` once chosen)."""
     async with contextlib.AsyncExitStack() as stack:
         probed = url is None and await server_listening()
@@ -232,7 +234,7 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
         if probed:
             await _check_reel_server(nc, cfg)
         watcher: Infra | None = None  # a connection that may create streams and see which services run
-        if auth is not None:
+        if auth is not None and not client_only:
             op_cfg = auth.config("operator", base)
             op = await connect_cli(op_cfg, "reel-cli-operator")
             stack.push_async_callback(op.close)

@@ -42,7 +42,7 @@ def mcp(
     from reel._client import Client
 
     async def body() -> int:
-        async with session(nats_url, namespace, services=()) as s:
+        async with session(nats_url, namespace, services=(), client_only=True) as s:  # no operator login
             if s.embedded:
                 raise CliError("no Reel server is running: start `reel up` (or pass --nats-url): reel mcp only "
                                "connects, it runs no executor", kind="unavailable")

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -168,3 +169,25 @@ async def test_streamable_http(cfg: Config, services: None) -> None:
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_with_an_auth_directory_it_needs_only_the_client_role(tmp_path: Path) -> None:
+    from tests.integration.authserver import auth_server, services_as_roles
+
+    async with auth_server(tmp_path) as srv, services_as_roles(srv, "executor", "verifier", "cancel", "rewind"):
+        only_client = tmp_path / "client-only"  # the client's credentials (and the hashes): no other role's
+        only_client.mkdir(mode=0o700)
+        for name in ("client.env", "auth.conf"):
+            shutil.copy2(srv.dir.path / name, only_client / name)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("REEL_NATS_", "NATS_"))},
+               "REEL_AUTH_DIR": str(only_client)}
+        params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env, args=[
+            "-m", "reel.services.cli", "mcp", "--nats-url", srv.base.nats_url, "--namespace",
+            srv.base.names.namespace, "--workflows", str(REPO / "examples")])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            run_id = (await call(session, "start_workflow", path="hello.yaml"))["run_id"]
+            followed = await call(session, "follow_run", run_id=run_id, timeout_s=120)
+            assert followed["result"]["outcome"] == "passed", followed
+            timeline = await call(session, "read_timeline", run_id=run_id)
+            assert [s["step_id"] for s in timeline["steps"]] == ["plan", "run", "summarize"]
