@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -53,12 +52,25 @@ from pydantic import TypeAdapter
 from reel._agent import Agent as ReelAgent
 from reel._client import Client
 from reel._tool import FunctionTool as ReelFunctionTool
+from reel.contrib._bridge import (
+    Bridges,
+    Journal,
+    Proxies,
+    TurnCalls,
+    call_of,
+    mirror_agent,
+    model_error,
+    output_text,
+    run_key,
+    turn_response,
+    watch_step,
+)
+from reel.contrib._bridge import proxy_path as _proxy_path
+from reel.contrib._bridge import run_id as run_id
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall
 from reel.shared.core.errors import ModelError
 from reel.shared.core.input import requestfold
 from reel.shared.core.pack.tokencount import TokenCounter
-from reel.shared.core.run.ids import StepId, run_id_for_key
-from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.livemessages import StreamChunk, ToolCallDelta
 from reel.shared.core.workflow.agentspec import AgentToolSpec
@@ -78,15 +90,15 @@ attempt (retryable: the runner of a resumed run may be starting)."""
 _OUTPUT_ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
 
 
-class _Bridge:
+class _Bridge(TurnCalls):
     """The meeting point of one Reel run's executor side and the SDK runner driving it (one per run id)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.asks: dict[int, asyncio.Future[tuple[Model, dict[str, Any]] | None]] = {}
         self.answers: dict[int, asyncio.Future[ModelResponse]] = {}
         self.calls: dict[str, asyncio.Future[tuple[FunctionTool, Any, str]]] = {}
         self.done: dict[str, asyncio.Future[Any]] = {}
-        self.turn_calls: dict[int, asyncio.Future[list[str]]] = {}
         self.finished: str | None = None
 
     def ask(self, turn: int) -> asyncio.Future[tuple[Model, dict[str, Any]] | None]:
@@ -101,23 +113,8 @@ class _Bridge:
     def result(self, call_id: str) -> asyncio.Future[Any]:
         return self.done.setdefault(call_id, asyncio.get_running_loop().create_future())
 
-    def calls_of(self, turn: int) -> asyncio.Future[list[str]]:
-        """The call ids of ``turn``'s response in call-id order (Reel's ``c0``, ``c1``, …)."""
-        return self.turn_calls.setdefault(turn, asyncio.get_running_loop().create_future())
 
-    def set_calls(self, turn: int, call_ids: list[str]) -> None:
-        fut = self.calls_of(turn)
-        if not fut.done():
-            fut.set_result(call_ids)
-
-
-def _bridge(run_id: str) -> _Bridge:
-    """The bridge of ``run_id``, made on first use by whichever side comes first (the runner, or a resumed
-    run's executor)."""
-    return _BRIDGES.setdefault(run_id, _Bridge())
-
-
-_BRIDGES: dict[str, _Bridge] = {}
+_BRIDGES: Bridges[_Bridge] = Bridges(_Bridge)
 
 
 class _BridgeModel:
@@ -135,7 +132,7 @@ class _BridgeModel:
             ModelError: no runner asked within :data:`BRIDGE_WAIT_S` (retryable, ``runner_absent``); the
                 SDK's model raised (retryable unless it is a 4xx: ``model_error``).
         """
-        bridge = _bridge(request.run_id)
+        bridge = _BRIDGES.of(request.run_id)
         ask = bridge.ask(request.turn)
         try:
             asked = await asyncio.wait_for(asyncio.shield(ask), BRIDGE_WAIT_S)
@@ -154,10 +151,7 @@ class _BridgeModel:
             answer = bridge.answer(request.turn)
             if not answer.done():
                 answer.set_exception(exc)
-            status = getattr(exc, "status_code", None)
-            raise ModelError(f"{type(exc).__name__}: {exc}", kind="model_error",
-                             retryable=not (isinstance(status, int) and 400 <= status < 500 and status != 429)
-                             ) from exc
+            raise model_error(exc) from exc
         calls = sorted((o for o in response.output if isinstance(o, ResponseFunctionToolCall)),
                        key=lambda o: o.call_id)
         bridge.set_calls(request.turn, [c.call_id for c in calls])
@@ -169,14 +163,10 @@ class _BridgeModel:
                             "output_tokens": response.usage.output_tokens},
                   "response_id": response.response_id}
         tool_calls = tuple(ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in calls)
-        message: dict[str, Any] = {"role": "assistant", "content": text, RECORD_KEY: record}
-        if tool_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}} for c in tool_calls]
         bridge.answer(request.turn).set_result(response)
-        return ChatResponse(text=text, tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else "stop",
-                            input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens,
-                            model=str(getattr(model, "model", "") or self.name), message=message)
+        return turn_response(text, tool_calls, RECORD_KEY, record, input_tokens=response.usage.input_tokens,
+                             output_tokens=response.usage.output_tokens,
+                             model=str(getattr(model, "model", "") or self.name))
 
 
 async def _streamed(model: Model, kwargs: Mapping[str, Any], on_delta: DeltaSink) -> ModelResponse:
@@ -224,7 +214,8 @@ def _request_record(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Journal:
-    """What the Reel run's log holds of earlier turns and calls (read once, when ``run`` starts)."""
+    """What the Reel run's log holds of earlier turns and calls (read once, when ``run`` starts): each recorded
+    turn's ``ModelResponse``, each call's output (or a human's rejection's text)."""
 
     def __init__(self) -> None:
         self.turns: dict[int, ModelResponse] = {}
@@ -232,39 +223,16 @@ class _Journal:
 
     @classmethod
     async def read(cls, client: Client, state: RunState, step_id: str) -> _Journal:
-        j = cls()
-        branch = state.branches[state.active_branch]
-        rec = branch.agents.get(StepId(step_id)) if isinstance(branch.agents, FrozenMap) else None
-        if rec is None:
-            return j
-        blobs = client._rc.blobs
-        assert blobs is not None  # a Client always has its blob store
-        for t in rec.turns:
-            done = [a for a in branch.attempts.get(t.decl.step_id, ()) if a.status == "succeeded" and a.output_ref]
-            if not done:
-                continue
-            assert done[-1].output_ref is not None
-            body = json.loads(await blobs.get_text(done[-1].output_ref))
-            record = body.get(RECORD_KEY) if isinstance(body, dict) else None
-            if record is None:
-                continue
+        j, log = cls(), await Journal.read(client, state, step_id, RECORD_KEY)
+        for turn, record in log.turns.items():
             u = record.get("usage", {})
-            j.turns[t.decl.turn] = ModelResponse(
+            j.turns[turn] = ModelResponse(
                 output=_OUTPUT_ITEMS.validate_python(record["output"]),
                 usage=Usage(requests=1, input_tokens=int(u.get("input_tokens", 0)),
                             output_tokens=int(u.get("output_tokens", 0)),
                             total_tokens=int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))),
                 response_id=record.get("response_id"))
-            for c in t.calls:
-                ok = [a for a in branch.attempts.get(c.decl.step_id, ()) if a.status == "succeeded" and a.output_ref]
-                ended = requestfold.observation(branch, c.decl.step_id)
-                if c.decl.call_id is None:
-                    continue
-                if ok:
-                    assert ok[-1].output_ref is not None
-                    j.calls[c.decl.call_id] = await blobs.get_text(ok[-1].output_ref)
-                elif ended is not None:
-                    j.calls[c.decl.call_id] = ended[0]
+        j.calls = {**log.settled, **log.calls}
         return j
 
 
@@ -360,9 +328,7 @@ class _SdkRun:
         """What the model is told of a call Reel did not hand to the SDK: a human's rejection (the text Reel's own
         agent loop gives, ``error (rejected): …``), or its last failure once a later turn exists (an
         ``outcome_unknown`` after a crash)."""
-        async for state in self.client._rc.watch(self.run_id, poll_s=0.2):
-            branch = state.branches[state.active_branch]
-            rec = branch.agents.get(StepId(self.step_id)) if isinstance(branch.agents, FrozenMap) else None
+        async for branch, rec in watch_step(self.client, self.run_id, self.step_id):
             if rec is None:
                 continue
             for t in rec.turns:
@@ -386,58 +352,50 @@ def _quiet(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _call_of(idempotency_key: str) -> tuple[str, int, int]:
-    """``<run>/<branch>/<step>:t<n>:c<i>`` → (run id, turn *n*, call *i*: 0-based, the turn's calls in call-id
-    order)."""
-    run_id, step = idempotency_key.split("/", 1)[0], idempotency_key.rsplit("/", 1)[-1]
-    turn_part, call_part = step.split(":")[-2:]
-    return run_id, int(turn_part[1:]), int(call_part[1:])
-
-
-_PROXIES: dict[tuple[str, str | None], Callable[..., Any]] = {}
-"""One proxy function per tool name (and handoff target): what the in-process executor serves, the same
-object for every run (it routes by the call's run id), so runs of one process never serve two functions
-under one path."""
+_PROXIES: Proxies[tuple[str, str | None]] = Proxies()
+"""One proxy function per tool name (and handoff target)."""
 
 
 def proxy_path(tool_name: str, handoff_to: str | None) -> str:
     """The ``python:`` path the Reel tool of ``tool_name`` names its proxy by."""
-    digest = hashlib.sha256(f"{tool_name}\0{handoff_to}".encode()).hexdigest()[:12]
-    return f"{__name__}:sdk_tool_{digest}"
+    return _proxy_path(__name__, "sdk_tool_", f"{tool_name}\0{handoff_to}")
 
 
 def _proxy(tool_name: str, handoff_to: str | None, spec: AgentToolSpec) -> ReelFunctionTool[..., Any]:
     """The Reel function tool a call of ``tool_name`` runs: the SDK's invocation of that call (handed over by the
     runner's wrapped tool), or, for a handoff, a note naming the agent handed to (the SDK makes the handoff)."""
-    held = _PROXIES.get((tool_name, handoff_to))
-    if held is not None:
-        return ReelFunctionTool(held, spec, None)
 
-    async def call(*, idempotency_key: str, **arguments: Any) -> str:
-        run_id, turn, index = _call_of(idempotency_key)
-        if handoff_to is not None:
-            return json.dumps({"assistant": handoff_to})
-        bridge = _bridge(run_id)
-        try:
-            call_id = (await asyncio.wait_for(asyncio.shield(bridge.calls_of(turn)), BRIDGE_WAIT_S))[index]
-            tool, ctx, args = await asyncio.wait_for(asyncio.shield(bridge.call(call_id)), BRIDGE_WAIT_S)
-        except TimeoutError:
-            raise RuntimeError(f"no OpenAI Agents SDK runner called {tool_name} (turn {turn}) of run {run_id} "
-                               f"within {BRIDGE_WAIT_S:g} s") from None
-        done = bridge.result(call_id)
-        try:
-            value = await tool.on_invoke_tool(ctx, args)
-        except Exception as exc:
-            if not done.done():
-                done.set_exception(exc)
-            raise
+    def make() -> Callable[..., Awaitable[str]]:
+        async def call(*, idempotency_key: str, **arguments: Any) -> str:
+            return await _proxy_call(tool_name, handoff_to, idempotency_key)
+
+        return call
+
+    return _PROXIES.tool((tool_name, handoff_to), spec, make)
+
+
+async def _proxy_call(tool_name: str, handoff_to: str | None, idempotency_key: str) -> str:
+    """What Reel's call step of ``tool_name`` runs (:func:`_proxy`)."""
+    run_id, turn, index = call_of(idempotency_key)
+    if handoff_to is not None:
+        return json.dumps({"assistant": handoff_to})
+    bridge = _BRIDGES.of(run_id)
+    try:
+        call_id = await bridge.call_id(turn, index, BRIDGE_WAIT_S)
+        tool, ctx, args = await asyncio.wait_for(asyncio.shield(bridge.call(call_id)), BRIDGE_WAIT_S)
+    except TimeoutError:
+        raise RuntimeError(f"no OpenAI Agents SDK runner called {tool_name} (turn {turn}) of run {run_id} "
+                           f"within {BRIDGE_WAIT_S:g} s") from None
+    done = bridge.result(call_id)
+    try:
+        value = await tool.on_invoke_tool(ctx, args)
+    except Exception as exc:
         if not done.done():
-            done.set_result(value)
-        return value if isinstance(value, str) else json.dumps(value, default=str)
-
-    call.__name__ = call.__qualname__ = proxy_path(tool_name, handoff_to).rpartition(":")[2]
-    _PROXIES[(tool_name, handoff_to)] = call
-    return ReelFunctionTool(call, spec, None)
+            done.set_exception(exc)
+        raise
+    if not done.done():
+        done.set_result(value)
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _agents(root: Agent[Any]) -> list[Agent[Any]]:
@@ -476,18 +434,11 @@ def _reel_agent(root: Agent[Any], *, max_turns: int, retry_safe: bool, stream: b
                                      parameters=dict(ho.input_json_schema) or {"type": "object", "properties": {}},
                                      python=proxy_path(ho.tool_name, ho.agent_name), retry_safe=True)
                 tools[ho.tool_name] = _proxy(ho.tool_name, ho.agent_name, spec)
-    step = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in root.name)[:64] or "agent"
     instructions = root.instructions if isinstance(root.instructions, str) else f"(instructions of {root.name})"
-    return ReelAgent(name=root.name, step_id=step, instructions=instructions or root.name,
-                     model=ModelSpec(adapter=ADAPTER, name=f"openai-agents:{root.name}",
-                                     stream=True if stream else msgspec.UNSET),
-                     tools=list(tools.values()), max_turns=max_turns, max_parallel_tools=16)
-
-
-def run_id(key: str) -> str:
-    """The id of the Reel run :func:`run` drives under ``key`` (``reel show``/``reel pending`` it, or
-    ``client.get(run_id(key))``)."""
-    return str(run_id_for_key(key))
+    return mirror_agent(root.name, instructions or root.name,
+                        ModelSpec(adapter=ADAPTER, name=f"openai-agents:{root.name}",
+                                  stream=True if stream else msgspec.UNSET),
+                        list(tools.values()), max_turns)
 
 
 async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, client: Client, key: str | None = None,
@@ -522,18 +473,15 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
     config = run_config or RunConfig()
     task = input if isinstance(input, str) else json.dumps(input, default=str)
     mirror = _reel_agent(agent, max_turns=max_turns + 1, retry_safe=retry_safe, stream=stream)
-    run_key = key or "oa-" + hashlib.sha256(f"{agent.name}\0{task}".encode()).hexdigest()[:32]
-    handle = await client.start(mirror, input=task, key=run_key)
-    bridge = _bridge(handle.run_id)
+    handle = await client.start(mirror, input=task, key=key or run_key("oa-", agent.name, task))
+    bridge = _BRIDGES.of(handle.run_id)
     journal = await _Journal.read(client, await handle.state(), mirror.id)
     sdk = _SdkRun(client, handle.run_id, mirror.id, journal, bridge, config)
     try:
         async with asyncio.timeout(timeout_s):
             result = await Runner.run(sdk.clone(agent), input, context=context, max_turns=max_turns,
                                       run_config=config)
-            out = result.final_output
-            bridge.finished = out if isinstance(out, str) else json.dumps(
-                out.model_dump(mode="json") if hasattr(out, "model_dump") else out, default=str)
+            bridge.finished = output_text(result.final_output)
             bridge.ask(sdk.turn + 1)  # Reel's step may ask for one more turn (a tool's output was final):
             for fut in bridge.asks.values():  # it ends with the SDK's output
                 if not fut.done():
@@ -541,4 +489,4 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
             await handle.wait(("completed", "cancelled"), timeout_s=60)
             return result
     finally:
-        _BRIDGES.pop(handle.run_id, None)
+        _BRIDGES.drop(handle.run_id)

@@ -28,11 +28,9 @@ Needs the ``pydantic-ai-slim`` package (``pip install 'reel[pydantic-ai]'``); do
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, FunctionToolset, ToolApproved, ToolDenied
@@ -56,14 +54,26 @@ from pydantic_ai.toolsets import AbstractToolset
 from reel._agent import Agent as ReelAgent
 from reel._client import Client
 from reel._tool import FunctionTool as ReelFunctionTool
+from reel.contrib._bridge import (
+    Bridges,
+    Journal,
+    Proxies,
+    TurnCalls,
+    call_of,
+    mirror_agent,
+    model_error,
+    output_text,
+    run_key,
+    turn_response,
+    watch_step,
+)
+from reel.contrib._bridge import proxy_path as _proxy_path
+from reel.contrib._bridge import run_id as run_id
 from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall
 from reel.shared.core.errors import ModelError
 from reel.shared.core.input import requestfold
 from reel.shared.core.pack.tokencount import TokenCounter
-from reel.shared.core.run.events import BlobRef
-from reel.shared.core.run.ids import StepId, run_id_for_key
-from reel.shared.core.run.persistent import FrozenMap
-from reel.shared.core.run.state import BranchState, RunState
+from reel.shared.core.run.state import RunState
 from reel.shared.core.workflow.agentspec import AgentToolSpec
 from reel.shared.core.workflow.spec import ModelSpec
 
@@ -89,26 +99,17 @@ class _Unit:
         self.result: asyncio.Future[Any] = loop.create_future()
 
 
-class _Bridge:
+class _Bridge(TurnCalls):
     """The meeting point of one Reel run's executor side and the agent driven against it (one per run id)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.units: dict[str, _Unit] = {}
-        self.turn_calls: dict[int, asyncio.Future[list[str]]] = {}
         self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def unit(self, key: str) -> _Unit:
         """The unit of turn ``t<n>`` or of the tool call of that id."""
         return self.units.setdefault(key, _Unit())
-
-    def calls_of(self, turn: int) -> asyncio.Future[list[str]]:
-        """The function-tool call ids of ``turn``'s response in id order (Reel's ``c0``, ``c1``, …)."""
-        return self.turn_calls.setdefault(turn, asyncio.get_running_loop().create_future())
-
-    def set_calls(self, turn: int, call_ids: list[str]) -> None:
-        fut = self.calls_of(turn)
-        if not fut.done():
-            fut.set_result(call_ids)
 
     async def reached(self, key: str, what: str, run_id: str) -> _Unit | None:
         """The unit once the agent reached it, or ``None`` when the agent ended without it.
@@ -128,12 +129,7 @@ class _Bridge:
                          kind="runner_absent", retryable=True)
 
 
-_BRIDGES: dict[str, _Bridge] = {}
-
-
-def _bridge(run_id: str) -> _Bridge:
-    """The bridge of ``run_id``, made on first use by whichever side comes first."""
-    return _BRIDGES.setdefault(run_id, _Bridge())
+_BRIDGES: Bridges[_Bridge] = Bridges(_Bridge)
 
 
 def _tool_call_ids(payload: Any, tools: frozenset[str] | None) -> list[tuple[str, str, str]]:
@@ -149,38 +145,20 @@ def _tool_call_ids(payload: Any, tools: frozenset[str] | None) -> list[tuple[str
     return sorted(calls)
 
 
-@dataclass
 class _Journal:
-    """What the Reel run's log holds of earlier turns and calls (read once, when :func:`run` starts)."""
+    """What the Reel run's log holds of earlier turns and calls (read once, when :func:`run` starts): each
+    recorded turn's ``ModelResponse`` and each call's result (JSON)."""
 
-    turns: dict[int, Any] = field(default_factory=dict)
-    calls: dict[str, Any] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.turns: dict[int, Any] = {}
+        self.calls: dict[str, Any] = {}
 
     @classmethod
     async def read(cls, client: Client, state: RunState, step_id: str) -> _Journal:
-        j = cls()
-        branch = state.branches[state.active_branch]
-        rec = branch.agents.get(StepId(step_id)) if isinstance(branch.agents, FrozenMap) else None
-        blobs = client._rc.blobs
-        assert blobs is not None  # a Client always has its blob store
-        for t in rec.turns if rec is not None else ():
-            ref = _succeeded(branch, t.decl.step_id)
-            body = json.loads(await blobs.get_text(ref)) if ref is not None else None
-            record = body.get(RECORD_KEY) if isinstance(body, dict) else None
-            if record is None:
-                continue
-            j.turns[t.decl.turn] = record["response"]
-            for c in t.calls:
-                ref = _succeeded(branch, c.decl.step_id)
-                if ref is not None and c.decl.call_id is not None:
-                    j.calls[c.decl.call_id] = json.loads(await blobs.get_text(ref))
+        j, log = cls(), await Journal.read(client, state, step_id, RECORD_KEY)
+        j.turns = {turn: record["response"] for turn, record in log.turns.items()}
+        j.calls = {call_id: json.loads(text) for call_id, text in log.calls.items()}
         return j
-
-
-def _succeeded(branch: BranchState, step_id: StepId) -> BlobRef | None:
-    """The output blob of ``step_id``'s last succeeded attempt on ``branch``, if any."""
-    done = [a for a in branch.attempts.get(step_id, ()) if a.status == "succeeded" and a.output_ref]
-    return done[-1].output_ref if done else None
 
 
 class _Drive:
@@ -282,7 +260,7 @@ class _BridgeModel:
             ModelError: no agent reached the turn within :data:`BRIDGE_WAIT_S` (retryable, ``runner_absent``);
                 the model raised (retryable unless it is a 4xx other than 429: ``model_error``).
         """
-        bridge = _bridge(request.run_id)
+        bridge = _BRIDGES.of(request.run_id)
         unit = await bridge.reached(f"t{request.turn}", f"turn {request.turn}", request.run_id)
         if unit is None:  # the agent ended without this turn (its last call's result was final)
             return ChatResponse(text=bridge.ended.result(), finish_reason="stop", model=self.name)
@@ -291,10 +269,7 @@ class _BridgeModel:
         try:
             payload = await asyncio.shield(unit.result)
         except Exception as exc:  # the agent raises it too (as agent.run would); Reel records the failure
-            status = getattr(exc, "status_code", None)
-            raise ModelError(f"{type(exc).__name__}: {exc}", kind="model_error",
-                             retryable=not (isinstance(status, int) and 400 <= status < 500 and status != 429)
-                             ) from exc
+            raise model_error(exc) from exc
         return _response(payload, unit.reached.result(), _TOOLS.get(request.run_id), self.name)
 
 
@@ -303,15 +278,10 @@ def _response(payload: Any, sent: Any, tools: frozenset[str] | None, name: str) 
     calls = tuple(ToolCall(id=i, name=n, arguments=a) for i, n, a in _tool_call_ids(payload, tools))
     text = "".join(str(p.get("content", "")) for p in payload.get("parts", ()) if p.get("part_kind") == "text")
     usage = payload.get("usage") or {}
-    message: dict[str, Any] = {"role": "assistant", "content": text,
-                               RECORD_KEY: {"request": sent, "response": payload}}
-    if calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-    return ChatResponse(text=text, tool_calls=calls, finish_reason="tool_calls" if calls else "stop",
-                        input_tokens=int(usage.get("input_tokens", 0)),
-                        output_tokens=int(usage.get("output_tokens", 0)),
-                        model=str(payload.get("model_name") or name), message=message)
+    return turn_response(text, calls, RECORD_KEY, {"request": sent, "response": payload},
+                         input_tokens=int(usage.get("input_tokens", 0)),
+                         output_tokens=int(usage.get("output_tokens", 0)),
+                         model=str(payload.get("model_name") or name))
 
 
 def bridge_model(spec: ModelSpec, counter: TokenCounter) -> _BridgeModel:
@@ -323,19 +293,12 @@ _TOOLS: dict[str, frozenset[str]] = {}
 """The function-tool names of each driven run (the calls of a response Reel runs)."""
 
 
-def _call_of(idempotency_key: str) -> tuple[str, int, int]:
-    """``<run>/<branch>/<step>:t<n>:c<i>`` → (run id, turn *n*, call *i*, 0-based)."""
-    run_id, step = idempotency_key.split("/", 1)[0], idempotency_key.rsplit("/", 1)[-1]
-    turn_part, call_part = step.split(":")[-2:]
-    return run_id, int(turn_part[1:]), int(call_part[1:])
-
-
 async def _proxy_call(tool_name: str, idempotency_key: str) -> str:
     """What Reel's call step of ``tool_name`` runs: it lets the agent's call run and returns its result."""
-    run_id, turn, index = _call_of(idempotency_key)
-    bridge = _bridge(run_id)
+    run_id, turn, index = call_of(idempotency_key)
+    bridge = _BRIDGES.of(run_id)
     try:
-        call_id = (await asyncio.wait_for(asyncio.shield(bridge.calls_of(turn)), BRIDGE_WAIT_S))[index]
+        call_id = await bridge.call_id(turn, index, BRIDGE_WAIT_S)
     except TimeoutError:
         raise RuntimeError(f"no Pydantic AI agent made turn {turn} of run {run_id} within {BRIDGE_WAIT_S:g} s"
                            ) from None
@@ -347,27 +310,26 @@ async def _proxy_call(tool_name: str, idempotency_key: str) -> str:
     return json.dumps(await asyncio.shield(unit.result))
 
 
-_PROXIES: dict[str, Callable[..., Any]] = {}
-"""One proxy function per tool name (the executor serves the same object for every run: it routes by the
-call's run id)."""
+_PROXIES: Proxies[str] = Proxies()
+"""One proxy function per tool name."""
 
 
 def proxy_path(tool_name: str) -> str:
     """The ``python:`` path the Reel tool of ``tool_name`` names its proxy by."""
-    return f"{__name__}:pyd_tool_{hashlib.sha256(tool_name.encode()).hexdigest()[:12]}"
+    return _proxy_path(__name__, "pyd_tool_", tool_name)
 
 
 def _proxy(spec: AgentToolSpec) -> ReelFunctionTool[..., Any]:
-    held = _PROXIES.get(spec.name)
-    if held is None:
-        name = spec.name
+    """The Reel function tool of ``spec``: a call of it runs :func:`_proxy_call`."""
+    name = spec.name
 
+    def make() -> Callable[..., Awaitable[str]]:
         async def call(*, idempotency_key: str, **arguments: Any) -> str:
             return await _proxy_call(name, idempotency_key)
 
-        call.__name__ = call.__qualname__ = proxy_path(name).rpartition(":")[2]
-        held = _PROXIES[name] = call
-    return ReelFunctionTool(held, spec, None)
+        return call
+
+    return _PROXIES.tool(name, spec, make)
 
 
 def _function_toolsets(agent: Agent[Any, Any]) -> list[FunctionToolset[Any]]:
@@ -397,24 +359,15 @@ def _reel_agent(agent: Agent[Any, Any], *, max_turns: int) -> ReelAgent:
                                      retry_safe=True, needs_approval=bool(t.requires_approval))
                 tools[name] = _proxy(spec)
     assert agent.name is not None
-    step = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in agent.name)[:64] or "agent"
-    return ReelAgent(name=agent.name, step_id=step, instructions=f"(the instructions of Pydantic AI agent "
-                     f"{agent.name})", model=ModelSpec(adapter=ADAPTER, name=f"pydantic-ai:{agent.name}"),
-                     tools=list(tools.values()), max_turns=max_turns, max_parallel_tools=16)
-
-
-def run_id(key: str) -> str:
-    """The id of the Reel run :func:`run` drives under ``key`` (``reel show``/``reel pending`` it)."""
-    return str(run_id_for_key(key))
+    return mirror_agent(agent.name, f"(the instructions of Pydantic AI agent {agent.name})",
+                        ModelSpec(adapter=ADAPTER, name=f"pydantic-ai:{agent.name}"), list(tools.values()), max_turns)
 
 
 async def _decisions(client: Client, rid: str, step_id: str, call_ids: Sequence[str]
                      ) -> dict[str, bool | ToolApproved | ToolDenied]:
     """Reel's decision on each gated call: approved (with the approver's edited arguments, if any) or denied
     (the rejection's text, as Reel's own agent loop tells its model)."""
-    async for state in client._rc.watch(rid, poll_s=0.2):
-        branch = state.branches[state.active_branch]
-        rec = branch.agents.get(StepId(step_id)) if isinstance(branch.agents, FrozenMap) else None
+    async for branch, rec in watch_step(client, rid, step_id):
         steps = {c.decl.call_id: c.decl.step_id for t in (rec.turns if rec is not None else ()) for c in t.calls}
         out: dict[str, bool | ToolApproved | ToolDenied] = {}
         for call_id in call_ids:
@@ -458,9 +411,9 @@ async def run(agent: Agent[Any, Any], prompt: str, *, client: Client, key: str |
         raise TypeError(f"agent {agent.name!r} has no ReelDurability capability: "
                         "Agent(..., capabilities=[ReelDurability()])")
     mirror = _reel_agent(agent, max_turns=max_turns)
-    run_key = key or "pyd-" + hashlib.sha256(f"{agent.name}\0{prompt}".encode()).hexdigest()[:32]
-    handle = await client.start(mirror, input=prompt, key=run_key)
-    bridge = _bridge(handle.run_id)
+    assert agent.name is not None  # _reel_agent checked it
+    handle = await client.start(mirror, input=prompt, key=key or run_key("pyd-", agent.name, prompt))
+    bridge = _BRIDGES.of(handle.run_id)
     tools = frozenset(t.name for t in mirror.tools)
     _TOOLS[handle.run_id] = tools
     drive = _Drive(handle.run_id, await _Journal.read(client, await handle.state(), mirror.id), bridge, tools)
@@ -482,12 +435,10 @@ async def run(agent: Agent[Any, Any], prompt: str, *, client: Client, key: str |
                 result = await agent.run(message_history=result.all_messages(), deps=deps,
                                          deferred_tool_results=DeferredToolResults(approvals=approvals),
                                          output_type=types)
-            out = result.output
-            bridge.ended.set_result(out if isinstance(out, str) else json.dumps(
-                out.model_dump(mode="json") if hasattr(out, "model_dump") else out, default=str))
+            bridge.ended.set_result(output_text(result.output))
             await handle.wait(("completed", "cancelled"), timeout_s=60)
             return result
     finally:
         _DRIVE.reset(token)
-        _BRIDGES.pop(handle.run_id, None)
+        _BRIDGES.drop(handle.run_id)
         _TOOLS.pop(handle.run_id, None)
