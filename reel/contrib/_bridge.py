@@ -6,7 +6,7 @@ process, calls the integration's model adapter for each turn ``<step>:t<n>`` and
 (:class:`Proxies`) for each tool call ``<step>:t<n>:c<i>``. The two sides meet in the run's bridge, one per run
 id (:class:`Bridges`), whose futures whichever side comes first makes; every bridge holds each turn's call ids
 (:class:`TurnCalls`), so that the proxy of call ``c<i>`` knows the framework's id of its call. On resume, the
-runner is answered from the log (:class:`Journal`) for what is already recorded. Nothing here knows a
+runner is answered from the log (:func:`read_journal`) for what is already recorded. Nothing here knows a
 framework: the integrations build their own objects from the JSON and text it hands them.
 """
 
@@ -39,7 +39,7 @@ WATCH_POLL_S = 0.2
 
 class TurnCalls:
     """The part of a run's bridge every integration has: each turn's call ids, in id order (Reel's ``c0``,
-    ``c1``, …), as one future a turn that the runner's side sets once it has the turn's response."""
+    ``c1``, …), one future per turn, which the runner's side sets once it has the turn's response."""
 
     def __init__(self) -> None:
         self.turn_calls: dict[int, asyncio.Future[list[str]]] = {}
@@ -65,6 +65,8 @@ class TurnCalls:
 
 B = TypeVar("B", bound=TurnCalls)
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+C = TypeVar("C")
 
 
 class Bridges(Generic[B]):
@@ -109,16 +111,19 @@ class Proxies(Generic[K]):
     def __init__(self) -> None:
         self._held: dict[K, Callable[..., Awaitable[str]]] = {}
 
-    def tool(self, key: K, spec: AgentToolSpec, make: Callable[[], Callable[..., Awaitable[str]]]
-             ) -> ReelFunctionTool[..., Any]:
-        """The Reel function tool of ``spec``: the proxy held for ``key``, else ``make()`` (an ``async``
-        function of ``idempotency_key`` and the call's arguments, by keyword) named after ``spec.python``."""
+    def tool(self, key: K, spec: AgentToolSpec, route: Callable[[str], Awaitable[str]]) -> ReelFunctionTool[..., Any]:
+        """The Reel function tool of ``spec``: the proxy held for ``key``, else a new one named after
+        ``spec.python``, whose call ``route(idempotency_key)`` answers (the call's arguments are the framework's
+        own, which its runner has already: the proxy takes them by keyword and leaves them)."""
         held = self._held.get(key)
         if held is None:
             assert spec.python is not None  # a proxy's spec names it by its path
-            held = make()
-            held.__name__ = held.__qualname__ = spec.python.rpartition(":")[2]
-            self._held[key] = held
+
+            async def call(*, idempotency_key: str, **arguments: Any) -> str:
+                return await route(idempotency_key)
+
+            call.__name__ = call.__qualname__ = spec.python.rpartition(":")[2]
+            held = self._held[key] = call
         return ReelFunctionTool(held, spec, None)
 
 
@@ -164,8 +169,8 @@ def model_error(exc: Exception) -> ModelError:
 def turn_response(text: str, calls: tuple[ToolCall, ...], record_key: str, record: dict[str, Any], *,
                   input_tokens: int, output_tokens: int, model: str) -> ChatResponse:
     """A turn's response to Reel: ``text`` and ``calls``, its output message an assistant message holding
-    ``record`` (the framework's request and response, JSON) under ``record_key``, which :class:`Journal` reads
-    back on resume."""
+    ``record`` (the framework's request and response, JSON) under ``record_key``, which :func:`read_journal`
+    reads back on resume."""
     message: dict[str, Any] = {"role": "assistant", "content": text, record_key: record}
     if calls:
         message["tool_calls"] = [{"id": c.id, "type": "function",
@@ -195,44 +200,53 @@ def succeeded(branch: BranchState, step: StepId) -> BlobRef | None:
 
 
 @dataclass
-class Journal:
-    """What the Reel run's log holds of an agent step's earlier turns and calls (read once, when ``run`` starts).
+class Journal(Generic[T, C]):
+    """What the Reel run's log holds of an agent step's earlier turns and calls (read once, when ``run`` starts,
+    by :func:`read_journal`), as the framework's own objects.
 
     Attributes:
-        turns: turn *n* → the record its output message holds under the integration's record key (JSON), for
-            each turn with a succeeded attempt that holds one.
-        calls: call id → the output (text) of the call's last succeeded attempt, for the calls of those turns.
-        settled: call id → the text the model was told of such a call that a human's answer to its input request
-            ended (a rejection: ``error (rejected): …``) and that has no succeeded attempt.
+        turns: turn *n* → its recorded response, for each turn with a succeeded attempt whose output message holds
+            the integration's record.
+        calls: call id → its recorded result, for the calls of those turns: a succeeded attempt's output, or (when
+            asked for) the text the model was told of a call a human's answer ended (a rejection:
+            ``error (rejected): …``).
     """
 
-    turns: dict[int, dict[str, Any]] = field(default_factory=dict)
-    calls: dict[str, str] = field(default_factory=dict)
-    settled: dict[str, str] = field(default_factory=dict)
+    turns: dict[int, T] = field(default_factory=dict)
+    calls: dict[str, C] = field(default_factory=dict)
 
-    @classmethod
-    async def read(cls, client: Client, state: RunState, step: str, record_key: str) -> Journal:
-        """The journal of agent step ``step`` on ``state``'s active branch."""
-        j = cls()
-        branch, rec = agent_step(state, step)
-        if rec is None:
-            return j
-        blobs = client._rc.blobs
-        assert blobs is not None  # a Client always has its blob store
-        for t in rec.turns:
-            ref = succeeded(branch, t.decl.step_id)
-            body = json.loads(await blobs.get_text(ref)) if ref is not None else None
-            record = body.get(record_key) if isinstance(body, dict) else None
-            if record is None:
-                continue
-            j.turns[t.decl.turn] = record
-            for c in t.calls:
-                if c.decl.call_id is None:
-                    continue
-                ref = succeeded(branch, c.decl.step_id)
-                ended = requestfold.observation(branch, c.decl.step_id)
-                if ref is not None:
-                    j.calls[c.decl.call_id] = await blobs.get_text(ref)
-                elif ended is not None:
-                    j.settled[c.decl.call_id] = ended[0]
+
+async def read_journal(client: Client, state: RunState, step: str, record_key: str, *,
+                       turn: Callable[[dict[str, Any]], T], call: Callable[[str], C],
+                       ended: Callable[[str], C] | None = None) -> Journal[T, C]:
+    """The journal of agent step ``step`` on ``state``'s active branch.
+
+    Args:
+        turn: a turn's record (the JSON object its output message holds under ``record_key``) → its response.
+        call: the output (text) of a call's last succeeded attempt → its result.
+        ended: a call with no succeeded attempt that a human's answer ended → its result from the text the model
+            was told (``None``: such calls are left out).
+    """
+    j: Journal[T, C] = Journal()
+    branch, rec = agent_step(state, step)
+    if rec is None:
         return j
+    blobs = client._rc.blobs
+    assert blobs is not None  # a Client always has its blob store
+    for t in rec.turns:
+        ref = succeeded(branch, t.decl.step_id)
+        body = json.loads(await blobs.get_text(ref)) if ref is not None else None
+        record = body.get(record_key) if isinstance(body, dict) else None
+        if record is None:
+            continue
+        j.turns[t.decl.turn] = turn(record)
+        for c in t.calls:
+            if c.decl.call_id is None:
+                continue
+            ref = succeeded(branch, c.decl.step_id)
+            observed = requestfold.observation(branch, c.decl.step_id) if ended is not None else None
+            if ref is not None:
+                j.calls[c.decl.call_id] = call(await blobs.get_text(ref))
+            elif ended is not None and observed is not None:
+                j.calls[c.decl.call_id] = ended(observed[0])
+    return j

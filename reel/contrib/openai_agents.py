@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -61,6 +62,7 @@ from reel.contrib._bridge import (
     mirror_agent,
     model_error,
     output_text,
+    read_journal,
     run_key,
     turn_response,
     watch_step,
@@ -71,7 +73,6 @@ from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall
 from reel.shared.core.errors import ModelError
 from reel.shared.core.input import requestfold
 from reel.shared.core.pack.tokencount import TokenCounter
-from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.livemessages import StreamChunk, ToolCallDelta
 from reel.shared.core.workflow.agentspec import AgentToolSpec
 from reel.shared.core.workflow.spec import ModelSpec
@@ -213,27 +214,14 @@ def _request_record(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             "output_schema": None if schema is None else schema.json_schema()}
 
 
-class _Journal:
-    """What the Reel run's log holds of earlier turns and calls (read once, when ``run`` starts): each recorded
-    turn's ``ModelResponse``, each call's output (or a human's rejection's text)."""
-
-    def __init__(self) -> None:
-        self.turns: dict[int, ModelResponse] = {}
-        self.calls: dict[str, str] = {}
-
-    @classmethod
-    async def read(cls, client: Client, state: RunState, step_id: str) -> _Journal:
-        j, log = cls(), await Journal.read(client, state, step_id, RECORD_KEY)
-        for turn, record in log.turns.items():
-            u = record.get("usage", {})
-            j.turns[turn] = ModelResponse(
-                output=_OUTPUT_ITEMS.validate_python(record["output"]),
-                usage=Usage(requests=1, input_tokens=int(u.get("input_tokens", 0)),
-                            output_tokens=int(u.get("output_tokens", 0)),
-                            total_tokens=int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))),
-                response_id=record.get("response_id"))
-        j.calls = {**log.settled, **log.calls}
-        return j
+def _recorded(record: dict[str, Any]) -> ModelResponse:
+    """The ``ModelResponse`` of a turn's record (its output items, usage and response id)."""
+    u = record.get("usage", {})
+    return ModelResponse(output=_OUTPUT_ITEMS.validate_python(record["output"]),
+                         usage=Usage(requests=1, input_tokens=int(u.get("input_tokens", 0)),
+                                     output_tokens=int(u.get("output_tokens", 0)),
+                                     total_tokens=int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))),
+                         response_id=record.get("response_id"))
 
 
 class _StubModel(Model):
@@ -267,7 +255,7 @@ class _StubModel(Model):
 class _SdkRun:
     """One SDK run driven against one Reel run: the clones of the agents, the bridge and the journal."""
 
-    def __init__(self, client: Client, run_id: str, step_id: str, journal: _Journal, bridge: _Bridge,
+    def __init__(self, client: Client, run_id: str, step_id: str, journal: Journal[ModelResponse, str], bridge: _Bridge,
                  config: RunConfig) -> None:
         self.client, self.run_id, self.step_id = client, run_id, step_id
         self.journal, self.bridge, self.config = journal, bridge, config
@@ -364,14 +352,7 @@ def proxy_path(tool_name: str, handoff_to: str | None) -> str:
 def _proxy(tool_name: str, handoff_to: str | None, spec: AgentToolSpec) -> ReelFunctionTool[..., Any]:
     """The Reel function tool a call of ``tool_name`` runs: the SDK's invocation of that call (handed over by the
     runner's wrapped tool), or, for a handoff, a note naming the agent handed to (the SDK makes the handoff)."""
-
-    def make() -> Callable[..., Awaitable[str]]:
-        async def call(*, idempotency_key: str, **arguments: Any) -> str:
-            return await _proxy_call(tool_name, handoff_to, idempotency_key)
-
-        return call
-
-    return _PROXIES.tool((tool_name, handoff_to), spec, make)
+    return _PROXIES.tool((tool_name, handoff_to), spec, functools.partial(_proxy_call, tool_name, handoff_to))
 
 
 async def _proxy_call(tool_name: str, handoff_to: str | None, idempotency_key: str) -> str:
@@ -475,7 +456,8 @@ async def run(agent: Agent[Any], input: str | list[TResponseInputItem], *, clien
     mirror = _reel_agent(agent, max_turns=max_turns + 1, retry_safe=retry_safe, stream=stream)
     handle = await client.start(mirror, input=task, key=key or run_key("oa-", agent.name, task))
     bridge = _BRIDGES.of(handle.run_id)
-    journal = await _Journal.read(client, await handle.state(), mirror.id)
+    journal = await read_journal(client, await handle.state(), mirror.id, RECORD_KEY, turn=_recorded, call=str,
+                                 ended=str)
     sdk = _SdkRun(client, handle.run_id, mirror.id, journal, bridge, config)
     try:
         async with asyncio.timeout(timeout_s):

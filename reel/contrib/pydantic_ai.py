@@ -28,6 +28,7 @@ Needs the ``pydantic-ai-slim`` package (``pip install 'reel[pydantic-ai]'``); do
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -63,6 +64,7 @@ from reel.contrib._bridge import (
     mirror_agent,
     model_error,
     output_text,
+    read_journal,
     run_key,
     turn_response,
     watch_step,
@@ -73,7 +75,6 @@ from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall
 from reel.shared.core.errors import ModelError
 from reel.shared.core.input import requestfold
 from reel.shared.core.pack.tokencount import TokenCounter
-from reel.shared.core.run.state import RunState
 from reel.shared.core.workflow.agentspec import AgentToolSpec
 from reel.shared.core.workflow.spec import ModelSpec
 
@@ -145,26 +146,10 @@ def _tool_call_ids(payload: Any, tools: frozenset[str] | None) -> list[tuple[str
     return sorted(calls)
 
 
-class _Journal:
-    """What the Reel run's log holds of earlier turns and calls (read once, when :func:`run` starts): each
-    recorded turn's ``ModelResponse`` and each call's result (JSON)."""
-
-    def __init__(self) -> None:
-        self.turns: dict[int, Any] = {}
-        self.calls: dict[str, Any] = {}
-
-    @classmethod
-    async def read(cls, client: Client, state: RunState, step_id: str) -> _Journal:
-        j, log = cls(), await Journal.read(client, state, step_id, RECORD_KEY)
-        j.turns = {turn: record["response"] for turn, record in log.turns.items()}
-        j.calls = {call_id: json.loads(text) for call_id, text in log.calls.items()}
-        return j
-
-
 class _Drive:
     """One agent driven against one Reel run: its turn counter, the journal and the bridge."""
 
-    def __init__(self, run_id: str, journal: _Journal, bridge: _Bridge, tools: frozenset[str]) -> None:
+    def __init__(self, run_id: str, journal: Journal[Any, Any], bridge: _Bridge, tools: frozenset[str]) -> None:
         self.run_id, self.journal, self.bridge, self.tools = run_id, journal, bridge, tools
         self.turn = 0
 
@@ -321,15 +306,7 @@ def proxy_path(tool_name: str) -> str:
 
 def _proxy(spec: AgentToolSpec) -> ReelFunctionTool[..., Any]:
     """The Reel function tool of ``spec``: a call of it runs :func:`_proxy_call`."""
-    name = spec.name
-
-    def make() -> Callable[..., Awaitable[str]]:
-        async def call(*, idempotency_key: str, **arguments: Any) -> str:
-            return await _proxy_call(name, idempotency_key)
-
-        return call
-
-    return _PROXIES.tool(name, spec, make)
+    return _PROXIES.tool(spec.name, spec, functools.partial(_proxy_call, spec.name))
 
 
 def _function_toolsets(agent: Agent[Any, Any]) -> list[FunctionToolset[Any]]:
@@ -416,7 +393,9 @@ async def run(agent: Agent[Any, Any], prompt: str, *, client: Client, key: str |
     bridge = _BRIDGES.of(handle.run_id)
     tools = frozenset(t.name for t in mirror.tools)
     _TOOLS[handle.run_id] = tools
-    drive = _Drive(handle.run_id, await _Journal.read(client, await handle.state(), mirror.id), bridge, tools)
+    journal = await read_journal(client, await handle.state(), mirror.id, RECORD_KEY,
+                                 turn=lambda record: record["response"], call=json.loads)
+    drive = _Drive(handle.run_id, journal, bridge, tools)
     output_type: Any = agent.output_type
     types = list(output_type) if isinstance(output_type, Sequence) and not isinstance(output_type, str) \
         else [output_type]
