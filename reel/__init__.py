@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from reel.shared.core.workflow.spec import ToolStep as ToolStep
     from reel.shared.core.workflow.spec import VerifierSpec as Verifier
     from reel.shared.core.workflow.spec import WorkflowSpec as Workflow
+    from reel.shared.core.workflow.spec import WorkspaceSpec as Workspace
     from reel.shared.core.workflow.spec import load_workflow as load_workflow
 
 _WHERE: dict[str, tuple[str, str]] = {
@@ -113,6 +114,7 @@ _WHERE: dict[str, tuple[str, str]] = {
                                                           "ToolStep")},
     "Verifier": ("reel.shared.core.workflow.spec", "VerifierSpec"),
     "Workflow": ("reel.shared.core.workflow.spec", "WorkflowSpec"),
+    "Workspace": ("reel.shared.core.workflow.spec", "WorkspaceSpec"),
     "load_workflow": ("reel.shared.core.workflow.spec", "load_workflow"),
 }
 
@@ -122,7 +124,7 @@ __all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "Comm
            "Policy", "Price", "ReelError", "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply",
            "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",
            "SleepStep", "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage",
-           "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "ask_user", "block_on", "command_tool",
+           "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "Workspace", "ask_user", "block_on", "command_tool",
            "edits", "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after", "run", "run_sync",
            "tool"]
 

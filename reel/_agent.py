@@ -131,6 +131,8 @@ class Agent:
         prices: model name → ``reel.Price``, extending the built-in price table.
         on_code_change: ``continue`` or ``fail`` (``None``: continue): what an attempt does whose tool's code
             changed since the run's earlier attempts of it.
+        workspace: the folder the tools work in (``reel.Workspace(from_=DIR)``; docs/workspaces.md): each branch
+            gets its own copy, snapshotted after every tool call; ``None``: none.
     """
 
     name: str
@@ -151,6 +153,7 @@ class Agent:
     budget: Budget | None = None
     prices: Mapping[str, Price] | None = None
     on_code_change: Literal["continue", "fail"] | None = None
+    workspace: WorkspaceSpec | None = None
 
     def __post_init__(self) -> None:
         """Raises TypeError: an entry of ``tools`` that is not a :class:`Tool` (e.g. a plain function)."""
@@ -192,7 +195,8 @@ class Agent:
                             approval=self.approval,
                             budget=msgspec.UNSET if self.budget is None else self.budget,
                             prices=msgspec.UNSET if self.prices is None else dict(self.prices),
-                            on_code_change=msgspec.UNSET if self.on_code_change is None else self.on_code_change)
+                            on_code_change=msgspec.UNSET if self.on_code_change is None else self.on_code_change,
+                            workspace=msgspec.UNSET if self.workspace is None else self.workspace)
         if input is None and not any(i.kind == "task" for i in items):
             raise WorkflowInvalid(f"agent {self.name!r} has no task: give the request as input=\"...\" (to "
                                   "client.start or reel.run_sync), or a context item of kind `task`")

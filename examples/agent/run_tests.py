@@ -14,6 +14,6 @@ import sys
 from tools import scratch_dir  # this directory is sys.path[0] when run as a script
 
 if __name__ == "__main__":
-    os.chdir(scratch_dir(os.environ["REEL_RUN_ID"]))
+    os.chdir(os.environ.get("REEL_WORKSPACE") or scratch_dir(os.environ["REEL_RUN_ID"]))
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     os.execv(sys.executable, [sys.executable, "-m", "unittest", "-v"])

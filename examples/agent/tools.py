@@ -1,4 +1,8 @@
-"""The tools of the agent example (fix_typo.yaml): read and write files of a scratch copy of ``project/``.
+"""The tools of the agent example (fix_typo.yaml): read and write files of the branch's copy of ``project/``.
+
+A workflow that declares ``workspace: {from: project}`` (fix_typo.yaml does) gives each branch its own working
+copy, which Reel snapshots after every call and restores on a rewind (docs/workspaces.md): the tools get its folder
+as ``workspace=`` (Python) or ``$REEL_WORKSPACE`` (the command). Without one they fall back to a per-run copy:
 
 Every run works in its own copy, ``<tmp>/reel-agent-example/<run id>/`` (``<tmp>`` is
 ``tempfile.gettempdir()``, i.e. ``$TMPDIR`` or ``/tmp``), made from ``project/`` on the
@@ -44,23 +48,27 @@ def scratch_dir(run_id: str) -> Path:
     return target
 
 
-def _file(idempotency_key: str, path: str) -> Path:
-    """``path`` inside the run's scratch copy. Raises ValueError when it points outside it."""
-    root = scratch_dir(idempotency_key.split("/", 1)[0]).resolve()
+def _file(idempotency_key: str, path: str, workspace: str | None = None) -> Path:
+    """``path`` inside the branch's workspace (a workflow with ``workspace:``), else the run's scratch copy.
+
+    Raises:
+        ValueError: ``path`` points outside it.
+    """
+    root = (Path(workspace) if workspace else scratch_dir(idempotency_key.split("/", 1)[0])).resolve()
     target = (root / path).resolve()
     if target != root and root not in target.parents:
         raise ValueError(f"{path!r} is outside the project")
     return target
 
 
-def read_file(path: str, idempotency_key: str) -> str:
+def read_file(path: str, idempotency_key: str, workspace: str | None = None) -> str:
     """The text of ``path`` (relative to the project root)."""
-    return _file(idempotency_key, path).read_text()
+    return _file(idempotency_key, path, workspace).read_text()
 
 
-def write_file(path: str, content: str, idempotency_key: str) -> str:
+def write_file(path: str, content: str, idempotency_key: str, workspace: str | None = None) -> str:
     """Replace ``path`` (relative to the project root) with ``content``; says how many bytes it wrote."""
-    target = _file(idempotency_key, path)
+    target = _file(idempotency_key, path, workspace)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(content)
     return f"wrote {len(content.encode())} bytes to {path}"

@@ -18,6 +18,8 @@ PATH = {"type": "string", "description": "path relative to the project root"}
 FIXED = (Path(__file__).resolve().parents[1] / "agent" / "project" / "wordfreq" / "__init__.py").read_text().replace(
     "most_comon(", "most_common(")  # what the scripted model writes back: the shipped file with the typo fixed
 
+WORKSPACE = reel.Workspace(from_="examples/agent/project")  # run from the repository root, as run_tests is
+
 TOOLS: list[reel.Tool] = [
     reel.tool(read_file, description="Read a text file of the project.", retry_safe=True,
               parameters={"type": "object", "properties": {"path": PATH}, "required": ["path"],
@@ -56,7 +58,7 @@ def fixer(model: reel.Model) -> reel.Agent:
                                        "tests)."),
                  reel.ContextItem(id="old-notes", kind="document", stale=True,
                                   text="Notes from an earlier attempt that no longer apply.")],
-        model=model, tools=TOOLS,
+        model=model, tools=TOOLS, workspace=WORKSPACE,
         verifiers=[reel.Verifier(type="command", name="tests-pass", step="fix",
                                  argv=("python3", "examples/agent/run_tests.py"))])
 

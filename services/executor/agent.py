@@ -42,6 +42,7 @@ import structlog
 
 from reel.shared.application import codeid
 from reel.shared.application.fenced import Committed, Decided
+from reel.shared.application.workspace import WorkspaceTooLarge
 from reel.shared.auth import secrets
 from reel.shared.core.agent import commits as ac
 from reel.shared.core.agent import turnfold
@@ -289,12 +290,14 @@ class AgentRun:
                        turn: PreparedTurn | None, prompt_result: Any) -> RunState:
         state = done.state
         branch = state.branches[branch_id]
+        folder = await self.attempts.workspaces.prepare(state, branch_id) if calls else None
         for c in calls:
             decl = turnfold.declared(branch, c.step_id)
             assert decl is not None, c
             decl = requestfold.effective_decl(branch, decl)  # an approval's edited arguments
             key = (branch_id, c.step_id, c.attempt)
             ctx = CallContext(self.run_id, branch_id, c.step_id, c.attempt)
+            ctx.workspace = None if folder is None else str(folder)
             if self._mcp_tool(c.step_id, decl.tool_name):  # an MCP tool's progress goes to its attempt's subject
                 out = self.attempts.stream_out(self.run_id, branch_id, c.step_id, c.attempt, True)
                 ctx.progress = None if out is None else out.progress
@@ -399,11 +402,13 @@ class AgentRun:
     async def _record_calls(self, state: RunState, batch: Sequence[CallDone], *, more: bool) -> RunState:
         outcomes: list[AttemptEnd] = []
         bodies: list[tuple[bytes, str]] = []
+        changed, too_large = await self._snapshot(state, batch[0].key[0])
         for d in batch:
             bid, sid, attempt = d.key
-            if d.error is not None or d.text is None:
-                err = d.error or ToolError("no result", kind="tool_error")
-                outcomes.append(modelout.tool_failure(d.key, err, d.latency_ms))
+            if too_large is not None or d.error is not None or d.text is None:
+                err = too_large or d.error or ToolError("no result", kind="tool_error")
+                outcomes.append(msgspec.structs.replace(modelout.tool_failure(d.key, err, d.latency_ms),
+                                                        workspace=changed))
                 log.info("attempt.failed", step_id=sid, attempt=attempt, error_kind=err.kind, retryable=err.retryable,
                          reason=err.message[:200])
                 continue
@@ -413,7 +418,8 @@ class AgentRun:
             bodies.append((body, ref.media_type))
             outcomes.append(AttemptSucceeded(branch_id=bid, step_id=sid, attempt=attempt, output_ref=ref,
                                              usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms(),
-                                             truncated=True if d.truncated else msgspec.UNSET))
+                                             truncated=True if d.truncated else msgspec.UNSET,
+                                             workspace=changed))
             log.info("attempt.succeeded", step_id=sid, attempt=attempt, output_bytes=len(body),
                      latency_ms=round(d.latency_ms, 3))
         events: list[AnyEvent] = []
@@ -436,6 +442,20 @@ class AgentRun:
                     events += ac.call_intents(follow, executor_id=self.me, at_ms=now_ms())
         return await self._recorded(state, events, outcomes, bid, calls=follow.calls if follow else (), turn=nxt,
                                     bodies=bodies, markers=[o for o in outcomes if isinstance(o, AttemptSucceeded)])
+
+    async def _snapshot(self, state: RunState, branch_id: BranchId
+                        ) -> tuple[BlobRef | msgspec.UnsetType, ToolError | None]:
+        """Snapshot the branch's working copy after calls ended: the manifest when it changed (else unset), or the
+        error that fails the calls (the workspace grew past its limits)."""
+        spec = self.spec.workspace
+        if isinstance(spec, msgspec.UnsetType):
+            return msgspec.UNSET, None
+        try:
+            ref = await self.attempts.workspaces.record(state, branch_id, spec)
+        except WorkspaceTooLarge as exc:
+            log.warning("workspace.too_large", branch_id=branch_id, reason=exc.message)
+            return msgspec.UNSET, ToolError(exc.message, kind=exc.code, retryable=False)
+        return (msgspec.UNSET if ref is None else ref), None
 
     async def _recorded(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd],
                         branch_id: BranchId, **starting: Any) -> RunState:

@@ -77,6 +77,7 @@ class CallContext:
         self.truncated = False
         self.progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
         self.elicit: Any = None  # an MCP tool's elicitation answerer (mcptools.Elicit), if it has one
+        self.workspace: str | None = None  # the branch's working copy (docs/workspaces.md), when the run has one
 
 
 @functools.lru_cache(maxsize=1024)
@@ -123,6 +124,8 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
         kwargs["idempotency_key"] = c.key
     if _accepts(fn, "attempt"):
         kwargs["attempt"] = c.attempt
+    if ctx.workspace is not None and _accepts(fn, "workspace"):
+        kwargs["workspace"] = ctx.workspace
     try:
         if inspect.iscoroutinefunction(fn):
             result = await asyncio.wait_for(fn(**kwargs), tool.timeout_s)
@@ -160,7 +163,8 @@ async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContex
     assert tool.command is not None
     call = dataclasses.replace(ctx.call, tool=tool.name)
     cmd = Command(argv=tool.command, name=tool.name, timeout_s=tool.timeout_s, spec=tool,
-                  reel=call.env(REEL_TOOL_ARGS=arguments_text), limit=output_limit(tool, AGENT_TOOL_OUTPUT))
+                  reel=call.env(REEL_TOOL_ARGS=arguments_text, **_workspace_env(ctx)),
+                  limit=output_limit(tool, AGENT_TOOL_OUTPUT))
     with await run_command(cmd, stdin=arguments_text.encode()) as out:
         text = out.read().decode("utf-8", errors="replace")
         ctx.truncated = out.truncated
@@ -171,6 +175,10 @@ async def _run_command(tool: AgentToolSpec, arguments_text: str, ctx: CallContex
         if asked is not None:  # {"reel": {"resume_after_s": N}}: run this call again later
             raise timers.ResumeRequested(*asked)
         return text + truncation_note(out.size_bytes) if out.truncated else text
+
+
+def _workspace_env(ctx: CallContext) -> dict[str, str]:
+    return {} if ctx.workspace is None else {"REEL_WORKSPACE": ctx.workspace}
 
 
 def _run_recorded(tool: AgentToolSpec, call_id: str) -> str:

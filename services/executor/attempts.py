@@ -42,6 +42,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from reel.shared.application.fenced import Committed, Decide, Decided, commit_decided
+from reel.shared.application.workspaces import WorkingCopies
 from reel.shared.core.decision import Decision, Skip, events_or_skip
 from reel.shared.core.errors import ToolError
 from reel.shared.core.mutators.cancel import after_cancel
@@ -157,6 +158,7 @@ class Attempts:
         self.executor_id = executor_id
         self.counter = counter
         self.facts = plan.TextFacts(counter)
+        self.workspaces = WorkingCopies(blobs)  # the branches' working copies (docs/workspaces.md)
         self.bodies = Bodies(blobs)  # the executor's one cache of blob bodies (outputs, turns, results)
         self._crash_at = os.environ.get(CRASH_ENV, "")
 

@@ -21,6 +21,9 @@ import structlog
 from reel.shared.application.fenced import commit_new
 from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports, tool_search_path
 from reel.shared.application.workflows import WorkflowCache
+from reel.shared.application.workspace import WorkspaceTooLarge
+from reel.shared.application.workspace import snapshot as workspace_snapshot
+from reel.shared.application.workspaces import seed_dir
 from reel.shared.core.errors import (
     BlobMissing,
     IdempotencyConflict,
@@ -160,11 +163,12 @@ class Executor:
         workflow_ref = ref_for(body, "application/json", inline_max=self.inline_max)
         stored = None if is_inline(workflow_ref) else await self.blobs.put_async(body, "application/json")
         self.specs.remember(workflow_ref.sha256, spec, tools, search)
+        workspace = await self._seed_workspace(spec, start.source_dir or None)
         created = RunCreated(
             run_id=run_id, branch_id=ROOT_BRANCH, workflow_name=spec.name, workflow_ref=workflow_ref,
             steps=spec.decls(), verifiers=tuple(v.label for v in spec.verifiers),
             idempotency_key=start.idempotency_key, created_ms=now_ms(), labels={**spec.labels, **start.labels},
-            source_dir=start.source_dir, budget=_budget(spec, self.default_budget),
+            source_dir=start.source_dir, budget=_budget(spec, self.default_budget), workspace=workspace,
         )
         self.driver.attempts.check_lease()
         done = await commit_new(self.log, run_id, [created], writer=self.executor_id, log_name=LOG_NAME)
@@ -187,6 +191,29 @@ class Executor:
             reply = Reply(ok=True, run_id=run_id, status=done.state.status, created=False)  # nothing committed: lsn 0
             fresh = None
         return Then(reply, lambda: self._drive_until_rest(run_id, "start", fresh))
+
+    async def _seed_workspace(self, spec: WorkflowSpec, source_dir: str | None) -> BlobRef | msgspec.UnsetType:
+        """The first snapshot of the workflow's ``workspace:`` (its ``from:`` folder), stored; unset: none declared.
+
+        Raises:
+            WorkflowInvalid: the folder is missing, or holds more than the workspace's limits (the run is not
+                created: a workspace too big to snapshot is refused at start).
+        """
+        if isinstance(spec.workspace, msgspec.UnsetType):
+            return msgspec.UNSET
+        try:
+            seed = seed_dir(spec.workspace, source_dir)
+        except ValueError as exc:
+            raise WorkflowInvalid(str(exc)) from None
+        if not seed.is_dir():
+            raise WorkflowInvalid(f"workspace: `from` folder {seed} does not exist")
+        try:
+            snap = await workspace_snapshot(seed, spec.workspace, self.blobs)
+        except WorkspaceTooLarge as exc:
+            raise WorkflowInvalid(f"workspace_too_large: {exc.message}") from None
+        log.info("workspace.seeded", files=len(snap.manifest.files), stored_bytes=snap.stored_bytes,
+                 manifest=snap.ref.sha256[:12])
+        return snap.ref
 
     async def _tools_of(self, spec: WorkflowSpec, search: tuple[str, ...]) -> PythonTools:
         """The resolved ``python:`` tools of ``spec`` (:func:`check_tool_imports` over this executor's own

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+import msgspec
+
+from reel.shared.application import workspace
 from reel.shared.core.env.toolenv import spec_env
 from reel.shared.core.verify.verifiers.builtin import no_output
 from reel.shared.core.verify.verifiers.context import VerdictResult, VerifierCtx, errored, failed, passed
@@ -55,7 +58,8 @@ class CommandVerifier:
                 await ctx.output_to(out)  # raises BlobMissing/BlobCorrupt: an error verdict (run_verifier)
             env = spec_env(os.environ, self._spec, {
                 OUTPUT_FILE_ENV: str(path), "REEL_RUN_ID": ctx.run, "REEL_BRANCH_ID": ctx.branch,
-                "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt), "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn)})
+                "REEL_STEP_ID": ctx.step, "REEL_ATTEMPT": str(ctx.attempt), "REEL_SNAPSHOT_LSN": str(ctx.snapshot_lsn),
+                **await _workspace(ctx, Path(tmp) / "workspace")})
             # stop a little before the ctx deadline, so the kill is ours and the reason says so
             budget_s = min(self._timeout_s, ctx.remaining_s())
             with path.open("rb") as stdin:
@@ -74,3 +78,13 @@ class CommandVerifier:
         if done.returncode == 0:
             return passed(f"{self._argv[0]} exited 0{said}")
         return failed(f"{self._argv[0]} exited {done.returncode}{said}")
+
+
+async def _workspace(ctx: VerifierCtx, into: Path) -> dict[str, str]:
+    """``REEL_WORKSPACE``: the judged branch's workspace as of the pinned LSN, materialised into ``into`` (a copy
+    of the verifier's own, removed with its temporary folder); nothing for a run without a workspace."""
+    ref = ctx.episode.workspace
+    if isinstance(ref, msgspec.UnsetType):
+        return {}
+    await workspace.materialise(ref, into, ctx.blobs)
+    return {"REEL_WORKSPACE": str(into)}

@@ -116,7 +116,7 @@ def test_the_shipped_agent_example_written_in_python_encodes_byte_for_byte_as_it
         model=reel.ScriptedModel(name="scripted-typo-fixer", turns=turns),
         context=[reel.ContextItem(id="layout", kind="document", priority=1, text=step.context[1].text),
                  reel.ContextItem(id="old-notes", kind="document", stale=True, text=step.context[2].text)],
-        tools=[read, write, run_tests],
+        tools=[read, write, run_tests], workspace=reel.Workspace(from_="project"),
         verifiers=[reel.Verifier(type="command", name="tests-pass", step="fix",
                                  argv=("python3", "examples/agent/run_tests.py"))])
     assert read.path == "examples.agent.tools:read_file"

@@ -53,6 +53,8 @@ class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
     so older logs read the same.
     ``budget``: the run's spend limits (the workflow's ``budget:`` over the namespace's default, decided when the
     run was created); unset (not encoded) for a run without limits, and in older logs.
+    ``workspace``: the manifest of the workspace every branch starts from (the workflow's ``workspace:`` folder as
+    the executor snapshotted it at start: docs/workspaces.md); unset (not encoded) for a run without one.
     """
 
     run_id: RunId
@@ -66,6 +68,7 @@ class RunCreated(Event, tag="run_created", kw_only=True, frozen=True):
     labels: dict[str, str] = {}
     source_dir: str | msgspec.UnsetType = msgspec.UNSET
     budget: Budget | msgspec.UnsetType = msgspec.UNSET
+    workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
@@ -104,6 +107,8 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
     ``finish_reason``: a model attempt's, exactly as the server sent it (``stop``, ``length``,
     ``tool_calls``, ``content_filter``, any other string as-is; ``None``: the server sent none); unset
     (not encoded) on tool attempts and in logs recorded before finish reasons were.
+    ``workspace``: a tool call's: the manifest of the branch's workspace as the call left it, when it differs from
+    the one before (docs/workspaces.md); unset (not encoded) when the call changed nothing, or there is none.
     """
 
     branch_id: BranchId
@@ -115,6 +120,7 @@ class AttemptSucceeded(Event, tag="attempt_succeeded", kw_only=True, frozen=True
     recovered: bool = False
     truncated: bool | msgspec.UnsetType = msgspec.UNSET
     finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
+    workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET
 
     @classmethod
     def from_marker(cls, branch_id: BranchId, step_id: StepId, attempt: AttemptNo, output_ref: BlobRef,
@@ -139,6 +145,7 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
         resume_at_ms: with ``error_kind`` ``resume_after``: the tool asked to be run again at this time (epoch
             ms) — not a failure of the step, never counted against ``max_attempts``; unset (not encoded)
             otherwise.
+        workspace: as :attr:`AttemptSucceeded.workspace` (a failed call may have changed files too).
     """
 
     branch_id: BranchId
@@ -153,6 +160,7 @@ class AttemptFailed(Event, tag="attempt_failed", kw_only=True, frozen=True):
     finish_reason: str | msgspec.UnsetType | None = msgspec.UNSET
     error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET
     resume_at_ms: int | msgspec.UnsetType = msgspec.UNSET
+    workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET
 
 
 class AttemptCancelled(Event, tag="attempt_cancelled", kw_only=True, frozen=True):

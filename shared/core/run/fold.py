@@ -174,7 +174,7 @@ def create(lsn: LSN, event: RunCreated) -> RunState:
         idempotency_key=event.idempotency_key, labels=FrozenMap.of(event.labels), created_ms=event.created_ms,
         created_lsn=lsn, head_lsn=lsn, active_branch=event.branch_id,
         branches=FrozenMap.of({event.branch_id: BranchState(branch_id=event.branch_id, created_lsn=lsn)}),
-        source_dir=event.source_dir, budget=event.budget,
+        source_dir=event.source_dir, budget=event.budget, workspace=event.workspace,
     )
 
 
@@ -212,13 +212,13 @@ def _resolved(run: _Run, lsn: LSN, event: AttemptSucceeded | AttemptFailed | Att
 
 def _succeeded(run: _Run, lsn: LSN, event: AttemptSucceeded) -> None:
     _resolved(run, lsn, event, status=SUCCEEDED, output_ref=event.output_ref, truncated=event.truncated,
-              finish_reason=event.finish_reason)
+              finish_reason=event.finish_reason, workspace=event.workspace)
 
 
 def _failed(run: _Run, lsn: LSN, event: AttemptFailed) -> None:
     _resolved(run, lsn, event, status=FAILED, error_kind=event.error_kind, error_message=event.message,
               retryable=event.retryable, finish_reason=event.finish_reason, error_ref=event.error_ref,
-              resume_at_ms=event.resume_at_ms)
+              resume_at_ms=event.resume_at_ms, workspace=event.workspace)
 
 
 def _attempt_cancelled(run: _Run, lsn: LSN, event: AttemptCancelled) -> None:

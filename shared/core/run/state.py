@@ -160,6 +160,7 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     error_ref: BlobRef | msgspec.UnsetType = msgspec.UNSET  # the whole body behind a failure (attempt_failed)
     code: CodeIdentity | msgspec.UnsetType = msgspec.UNSET  # the code it ran (attempt_dispatched.code)
     resume_at_ms: int | msgspec.UnsetType = msgspec.UNSET  # a resume_after failure: when the tool runs again
+    workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET  # the workspace manifest the outcome recorded
 
 
 class Timer(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -234,6 +235,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     finished_ms: int | None = None
     source_dir: str | msgspec.UnsetType = msgspec.UNSET  # RunCreated.source_dir (unset: not encoded)
     budget: Budget | msgspec.UnsetType = msgspec.UNSET  # RunCreated.budget (unset: not encoded)
+    workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET  # RunCreated.workspace: every branch's first manifest
 
     @property
     def tool_source_dir(self) -> str | None:
@@ -349,7 +351,8 @@ def inherited(steps: Steps, parent: BranchState, fork_lsn: LSN, from_step: StepI
             if a.outcome_lsn is not None and a.outcome_lsn > fork_lsn:  # its outcome came later: still open
                 a = msgspec.structs.replace(a, status=DISPATCHED, outcome_lsn=None, finished_ms=None, output_ref=None,
                                             usage=Usage(), error_kind=None, error_message=None, retryable=True,
-                                            recovered=False, resume_at_ms=msgspec.UNSET)
+                                            recovered=False, resume_at_ms=msgspec.UNSET,
+                                            workspace=msgspec.UNSET)
             kept.append(a)
         if kept:
             out[step_id] = tuple(kept)
@@ -364,3 +367,23 @@ def branch_terminal(state: RunState, branch_id: BranchId) -> bool:
 def branch_failed(state: RunState, branch_id: BranchId) -> bool:
     """True when some step of the branch failed after its last attempt."""
     return STEP_FAILED in step_statuses(state, branch_id)
+
+
+def workspace_as_of(state: RunState, branch_id: BranchId, upto_lsn: int | None = None) -> BlobRef | None:
+    """The manifest of ``branch_id``'s workspace as of ``upto_lsn`` (default: the state's head): the one the
+    latest outcome at or below it recorded among the branch's attempts (a forked branch's include what it
+    inherited, cut at its fork point), else the run's first one (``run_created``); ``None``: no workspace.
+
+    Raises:
+        KeyError: unknown branch.
+    """
+    best: tuple[int, BlobRef] | None = None
+    for attempts in state.branches[branch_id].attempts.values():
+        for a in attempts:
+            ws, at = a.workspace, a.outcome_lsn
+            if isinstance(ws, BlobRef) and at is not None and (upto_lsn is None or at <= upto_lsn) \
+                    and (best is None or at > best[0]):
+                best = (at, ws)
+    if best is not None:
+        return best[1]
+    return state.workspace if isinstance(state.workspace, BlobRef) else None

@@ -28,6 +28,7 @@ from reel.shared.core.run.state import (
     Timer,
     attempts_status,
     step_statuses,
+    workspace_as_of,
 )
 
 
@@ -132,6 +133,9 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
             --json``): its reported outcome (``unlabelled`` without an outcome verifier) and the
             verdicts of its context checks (:mod:`reel.shared.core.verify.reportedoutcome`); unset and not encoded in
             the views verifiers get.
+        workspace: the manifest of the branch's workspace as of ``snapshot_lsn``
+            (:func:`~reel.shared.core.run.state.workspace_as_of`; materialise it with
+            ``reel.shared.application.workspace.materialise``); unset (not encoded) for a run without one.
     """
 
     run_id: RunId
@@ -146,6 +150,7 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
     usage_by_source: dict[str, Usage] | msgspec.UnsetType = msgspec.UNSET
     outcome: str | msgspec.UnsetType = msgspec.UNSET
     context_checks: tuple[Verdict, ...] | msgspec.UnsetType = msgspec.UNSET
+    workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET
 
     def attempts(self) -> Iterator[AttemptView]:
         """Every attempt of every step, in step then attempt order."""
@@ -226,7 +231,12 @@ def build_episode_view(state: RunState, branch_id: BranchId | None = None) -> Ep
         usage=Usage(input_tokens=int(totals[0]), output_tokens=int(totals[1]), latency_ms=totals[2],
                     cost_usd=totals[3]),
         usage_by_source=usage_by_source(a for s in steps for a in s.attempts),
+        workspace=_or_unset(workspace_as_of(state, bid)),
     )
+
+
+def _or_unset(ref: BlobRef | None) -> BlobRef | msgspec.UnsetType:
+    return msgspec.UNSET if ref is None else ref
 
 
 SOURCE_ORDER: tuple[UsageSource, ...] = ("reported", "recorded", "estimated", "none")

@@ -189,6 +189,33 @@ def until_ms(text: str, where: str) -> int:
 Step = ModelStep | ToolStep | AgentStep | SleepStep
 
 
+class WorkspaceSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename={"from_": "from"}):
+    """The folder a workflow's tools work in (docs/workspaces.md): every branch gets its own working copy.
+
+    Attributes:
+        from_: (``from:``; ``path:`` says the same) the folder each run's workspace starts as, relative to the
+            workflow file's folder; it is read once, at start, and never written.
+        ignore: glob patterns (``fnmatch``, against each relative path and each of its parts) left out of
+            every snapshot: ``__pycache__``, ``.git``, ``*.pyc`` by default.
+        max_bytes: the most a snapshot may hold (bytes of files); a bigger workspace is refused at start
+            (``workspace_too_large``) and fails the call that grew it past the limit.
+        max_files: the most files a snapshot may hold (same rule).
+    """
+
+    from_: str | None = None
+    path: str | None = None
+    ignore: tuple[str, ...] = ("__pycache__", ".git", "*.pyc")
+    max_bytes: int = 64 * 1024 * 1024
+    max_files: int = 10_000
+
+    @property
+    def source(self) -> str:
+        """The seed folder (``from:`` or ``path:``). Raises ValueError when neither or both are set."""
+        if (self.from_ is None) == (self.path is None):
+            raise ValueError("workspace needs exactly one of `from` or `path`")
+        return self.from_ or self.path or ""
+
+
 class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole workflow.
 
@@ -221,6 +248,7 @@ class WorkflowSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     budget: Budget | msgspec.UnsetType = msgspec.UNSET
     prices: dict[str, Price] | msgspec.UnsetType = msgspec.UNSET
     on_code_change: Literal["continue", "fail"] | msgspec.UnsetType = msgspec.UNSET
+    workspace: WorkspaceSpec | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def price_table(self) -> dict[str, Price]:
