@@ -124,9 +124,9 @@ __all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "Comm
            "Policy", "Price", "ReelError", "RequestAnswered", "RequestNotFound", "RespondReply", "RewindReply",
            "RunHandle", "RunNotFound", "RunResult", "RunStatus", "RunTimeout", "ScriptedModel", "ServiceUnavailable",
            "SleepStep", "StartReply", "Startable", "StepNotFound", "Token", "Tool", "ToolSpec", "ToolStep", "Usage",
-           "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "Workspace", "ask_user", "block_on", "command_tool",
-           "edits", "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after", "run", "run_sync",
-           "tool"]
+           "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "Workspace", "ask_user", "block_on",
+           "command_tool", "edits", "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after",
+           "run", "run_sync", "tool"]
 
 
 _MODULES = frozenset({"edits", "events"})

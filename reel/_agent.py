@@ -26,6 +26,7 @@ from reel.shared.core.workflow.spec import (
     ScriptedTurn,
     VerifierSpec,
     WorkflowSpec,
+    WorkspaceSpec,
     parse_workflow,
 )
 

@@ -53,7 +53,7 @@ async def test_a_rewind_at_the_first_turn_starts_from_the_fork_points_files(
         started = await client.start(spec, source_dir=str(EXAMPLE))
         assert started.ok and started.run_id, started
         run_id = started.run_id
-        main = await client.wait_for(run_id, ("completed",), timeout_s=120)
+        await client.wait_for(run_id, ("completed",), timeout_s=120)
         main_copy = tmp_path / "ws" / run_id / "main" / "wordfreq" / "__init__.py"
         assert FIXED in main_copy.read_text()
         rewound = await client.rewind(run_id, at_step="fix:t1", idempotency_key="again")
