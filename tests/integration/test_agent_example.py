@@ -1,7 +1,7 @@
 """The shipped agent example (examples/agent), run as the README runs it: the ``reel`` command in a real process.
 
 * the README's main job — ``reel run examples/agent/fix_typo.yaml`` on the embedded default (no server
-  given): the scripted agent fixes the typo in a scratch copy, its tests pass there, the shipped files
+  given): the scripted agent fixes the typo in its branch's working copy, its tests pass there, the shipped files
   are untouched; turns, tool calls and partitions are printed and in ``reel show --json``;
 * the same agent against an OpenAI-compatible endpoint by setting two environment variables
   (fix_typo_live.yaml), here the loopback chat-completions server over real HTTP.
@@ -46,7 +46,8 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _scratch(tmp_path: Path, run_id: str) -> Path:
-    return tmp_path / "tmp" / "reel-agent-example" / run_id
+    """The main branch's working copy of the example's workspace (docs/workspaces.md)."""
+    return tmp_path / "tmp" / "reel-workspaces" / run_id / "main"
 
 
 def _tests_pass(project: Path) -> subprocess.CompletedProcess[str]:
