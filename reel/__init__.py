@@ -127,7 +127,6 @@ __all__ = ["Agent", "AgentStep", "Ask", "Budget", "CancelReply", "Client", "Comm
            "Verdict", "Verifier", "Worker", "Workflow", "WorkflowInvalid", "Workspace", "ask_user", "block_on",
            "command_tool", "edits", "events", "load_workflow", "local", "mcp_tools", "recorded_tool", "resume_after",
            "run", "run_sync", "tool"]
-           "run", "run_sync", "tool"]
 
 
 _MODULES = frozenset({"edits", "events"})
