@@ -12,8 +12,10 @@ from reel.services.cli.console import EXIT, CliError, Namespace, NatsUrl, consol
 from reel.services.cli.embed import Session, session
 from reel.services.cli.runs import follow
 from reel.services.timeline.render import print_timeline
+from reel.shared.application import workspace
+from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import BranchId
-from reel.shared.core.run.state import RunState
+from reel.shared.core.run.state import RunState, workspace_as_of
 from reel.shared.core.verify.reportedoutcome import check_verdicts, reported_outcome
 
 REST = ("verifying", "completed", "cancelled", "awaiting_input")
@@ -61,6 +63,7 @@ def show(
                 _print_json(state, branch)
             else:
                 print_timeline(console, state, branch, await s.workflow(state))
+                await _print_workspace_changes(s, state, BranchId(branch) if branch else state.active_branch)
         return 0
 
     run_async(body(), json_out=json_out)
@@ -74,6 +77,26 @@ def _print_json(state: RunState, branch: str | None) -> None:
     if outcome is not None:
         view = msgspec.structs.replace(view, outcome=outcome, context_checks=tuple(check_verdicts(state)))
     sys.stdout.write(serialize_view(view).decode() + "\n")
+
+
+async def _print_workspace_changes(s: Session, state: RunState, bid: BranchId) -> None:
+    """Each tool call of the branch that changed its workspace (docs/workspaces.md): the paths it added, removed or
+    modified, with a unified diff for small text files."""
+    if s.client.blobs is None or not isinstance(state.workspace, BlobRef):
+        return
+    changes = sorted((a.outcome_lsn, a.step_id, a.attempt, a.workspace)
+                     for attempts in state.branches[bid].attempts.values() for a in attempts
+                     if isinstance(a.workspace, BlobRef) and a.outcome_lsn is not None)
+    console.print(f"workspace changes on branch {bid}: {len(changes)} tool call(s) changed files")
+    for lsn, step_id, n, ref in changes:
+        before = workspace_as_of(state, bid, lsn - 1)
+        old = await workspace.load_manifest(before, s.client.blobs) if before is not None else None
+        for change in await workspace.diff(old, await workspace.load_manifest(ref, s.client.blobs), s.client.blobs):
+            console.print(f"  lsn {lsn:>6}  {step_id}#{n}  {change.change} {change.path}", markup=False,
+                          highlight=False)
+            if change.diff:
+                console.print("\n".join(f"      {line}" for line in change.diff.splitlines()), markup=False,
+                              highlight=False)
 
 
 def parse_attempt(text: str) -> tuple[str, int | None]:

@@ -7,6 +7,7 @@ judges that branch's files (a copy of the snapshot as of its pinned LSN).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgspec
@@ -26,6 +27,7 @@ from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
 from tests.conftest import running
 from tests.integration.scenarios import wait_state
+from tests.integration.test_cli import reel
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent"
 FIXED = "most_common(n)"
@@ -107,6 +109,12 @@ async def test_only_calls_that_changed_files_record_a_snapshot(
     changes = await ws.diff(before, after, blobs)
     assert [(c.path, c.change) for c in changes] == [("wordfreq/__init__.py", "modified")]
     assert changes[0].diff is not None and f"+    return Counter(words(text)).{FIXED}" in changes[0].diff
+    # reel show lists each call that changed files, with its diff
+    code, out, err = await reel(cfg, "show", started.run_id)
+    assert code == 0, (out, err)
+    assert "workspace changes on branch main: 1 tool call(s) changed files" in out, out
+    assert re.search(r"lsn +\d+  fix:t2:c0#1  modified wordfreq/__init__.py", out), out
+    assert f"-    return Counter(words(text)).{BUGGY}" in out and f"+    return Counter(words(text)).{FIXED}" in out
 
 
 async def test_a_workspace_over_its_limit_is_refused_at_start(
