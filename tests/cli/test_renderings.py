@@ -32,7 +32,9 @@ async def test_reel_run_ends_with_the_timeline_reel_show_prints(cfg: Config, tmp
     run_id = RUN_ID.search(out).group(0)  # type: ignore[union-attr]
     code, shown, err = await reel(cfg, "show", run_id, env=env)
     assert code == 0, err
-    assert _timeline(out, run_id) == _timeline(shown, run_id)  # one rendering for both
+    timeline, sep, changes = shown.partition("workspace changes on branch main:")  # show adds the files' diffs
+    assert sep and "fix:t2:c0#1  modified wordfreq/__init__.py" in changes, shown
+    assert _timeline(out, run_id) == _timeline(timeline, run_id)  # one rendering for both
     lines = shown.splitlines()
     rows = [i for i, line in enumerate(lines) if "tool run_tests" in line]
     assert len(rows) == 2, shown
