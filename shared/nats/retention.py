@@ -40,11 +40,16 @@ import structlog
 from nats.js import api as jsapi
 from nats.js.errors import APIError, NotFoundError
 
+from reel.shared.application import workspace
+from reel.shared.application.workspace import MANIFEST_MEDIA_TYPE
+from reel.shared.core.errors import ReelError
 from reel.shared.core.run import retention
+from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.fold import fold
 from reel.shared.core.run.integrity import decode_log
 from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, Names
 from reel.shared.nats.archive import purge_run
+from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.infra import Infra
 
 log = structlog.get_logger(__name__)
@@ -186,6 +191,21 @@ async def _crucible_refs(infra: Infra, names: Names) -> set[str]:
     return refs
 
 
+async def _workspace_files(infra: Infra, names: Names, manifests: dict[str, BlobRef]) -> set[str]:
+    """The file bodies the kept runs' workspace manifests name (docs/workspaces.md): a manifest names them, no event
+    does. A manifest that cannot be read marks nothing more (its own blob is marked already)."""
+    blobs = JetStreamBlobStore(infra.nc, infra.blobs, names.blob_bucket, purge=False)
+    out: set[str] = set()
+    for ref in manifests.values():
+        try:
+            manifest = await workspace.load_manifest(ref, blobs)
+        except ReelError as exc:
+            log.warning("retention.manifest_unreadable", sha256=ref.sha256, reason=exc.message)
+            continue
+        out |= {f.sha256 for f in manifest.files.values()}
+    return out
+
+
 async def _kv_refs(infra: Infra, names: Names) -> set[str]:
     """Blobs the snapshot and outcome-marker buckets name: a kept run's snapshot body, and an attempt's output an
     executor recorded before its commit (recovery may commit it later)."""
@@ -212,8 +232,11 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
     prefix = names.events("")
     for subject, seq, body in await _stream_msgs(infra, names.events_stream, names.events_all):
         by_run.setdefault(subject[len(prefix):], []).append((seq, body))  # one pass over the stream, in order
+    manifests_of: dict[str, list[BlobRef]] = {}
     for run_id, raw in by_run.items():
-        refs_of[run_id] = set().union(*(retention.blob_refs(body) for _, body in raw))
+        found = [retention.blob_refs(body) for _, body in raw]
+        refs_of[run_id] = set().union(*found)
+        manifests_of[run_id] = [r for f in found for r in f.values() if r.media_type == MANIFEST_MEDIA_TYPE]
         commits, bad = decode_log(run_id, raw)
         state = fold(commits) if bad is None else None
         if state is not None:
@@ -227,10 +250,12 @@ async def sweep(infra: Infra, names: Names, policy: retention.RetentionPolicy, *
                        for run_id in report.dropped)
     for run_id in report.dropped:
         refs_of.pop(run_id, None)
+        manifests_of.pop(run_id, None)
     if not collect:
         return report
     marked: set[str] = set().union(*refs_of.values())
     marked |= await _crucible_refs(infra, names) | await _kv_refs(infra, names)
+    marked |= await _workspace_files(infra, names, {r.sha256: r for refs in manifests_of.values() for r in refs})
     blobs = await stored_blobs(infra, names)
     report.blobs = len(blobs)
     nuid_of = {b.sha256: nuid for b, nuid in blobs}

@@ -115,3 +115,28 @@ async def test_a_blob_only_an_outcome_marker_names_is_kept(infra: Infra, cfg: Co
     await infra.outcomes.put("r-x.main.a.1", msgspec.json.encode(recorded))
     report = await sweep(infra, cfg.names, RetentionPolicy(), now_ms=now(), grace_s=0)
     assert report.deleted == 0 and recorded.sha256 in await names_in_store(infra, cfg)
+
+
+async def test_the_files_a_kept_runs_workspace_manifest_names_are_kept(infra: Infra, cfg: Config, tmp_path: object
+                                                                        ) -> None:
+    """A workspace's file bodies are named by its manifest only (docs/workspaces.md), never by an event."""
+    from pathlib import Path
+
+    from reel.shared.application import workspace
+    from reel.shared.core.workflow.spec import WorkspaceSpec
+
+    folder = Path(str(tmp_path)) / "ws"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(os.urandom(3000))
+    blobs = store(infra, cfg)
+    snap = await workspace.snapshot(folder, WorkspaceSpec(from_="ws"), blobs)
+    file_sha = snap.manifest.files["a.bin"].sha256
+    log = JetStreamEventLog(infra.nc, cfg.names)
+    await log.commit("r-ws", [RunCreated(run_id="r-ws", branch_id="main", workflow_name="w", created_ms=0,
+                                         workflow_ref=snap.ref, steps=(StepDecl(step_id="a", kind="tool"),),
+                                         workspace=snap.ref)], expected_lsn=0, writer="test")
+    orphan = await blobs.put(os.urandom(2000))  # named by nothing: collected, so the sweep does collect
+    report = await sweep(infra, cfg.names, RetentionPolicy(), now_ms=now(), grace_s=0)
+    kept = await names_in_store(infra, cfg)
+    assert report.deleted == 1 and orphan.sha256 not in kept
+    assert snap.ref.sha256 in kept and file_sha in kept
