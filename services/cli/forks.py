@@ -22,6 +22,7 @@ from rich.text import Text
 from reel.services.cli.console import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async
 from reel.services.cli.embed import Session, service_active, session
 from reel.services.cli.mutating import By, _accepted, _print_reply
+from reel.shared.application import workspace
 from reel.shared.core.run import compare as cmp
 from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult, describe
 from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
@@ -122,12 +123,6 @@ async def _outputs(s: Session, state: RunState, branches: Sequence[BranchId]) ->
     return out
 
 
-async def workspace_diffs(s: Session, state: RunState, branches: Sequence[BranchId]) -> dict[BranchId, str] | None:
-    """Each branch's workspace diff against the baseline's (``branches[0]``), where runs keep workspaces per branch;
-    ``None`` while they do not (the comparison then says so)."""
-    return None
-
-
 def _branch_ids(state: RunState, given: Sequence[str]) -> list[BranchId]:
     """The branches to compare: ``given`` (checked), else every branch, the root first.
 
@@ -202,7 +197,7 @@ def compare(
             state = await s.client.log.load(run_id)
             chosen = _branch_ids(state, branches or [])
             found = cmp.compare(state, chosen, await _outputs(s, state, chosen),
-                                workspaces=await workspace_diffs(s, state, chosen))
+                                workspaces=await workspace.branch_diffs(state, chosen, s.client.blobs))
         if json_out:
             sys.stdout.write(msgspec.json.encode(found).decode() + "\n")
         else:

@@ -65,6 +65,7 @@ from reel.services.ui.forms import LOOPBACK, action_routes, new_token
 from reel.services.ui.reader import NotARunId, RunReader, StreamedChunk, check_run_id
 from reel.services.ui.runindex import PAGE_RUNS, RunFilter, row_key
 from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, attempt_partition, run_page, step_anchor
+from reel.shared.application import workspace
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run import compare as cmp
 from reel.shared.core.run.forkedits import describe as describe_edit
@@ -322,7 +323,11 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
                 continue
             outputs[b] = cmp.answer_text(body) if body is not None else \
                 f"(an output of {ref.size_bytes:,} bytes: open it from the run page)"
-        c = cmp.compare(state, chosen, outputs)
+        try:
+            diffs = await workspace.branch_diffs(state, chosen, reader.blobs)
+        except (BlobMissing, BlobCorrupt, BlobTimeout) as exc:
+            return error(409, f"a workspace snapshot of run {run_id} cannot be read: {exc}")
+        c = cmp.compare(state, chosen, outputs, workspaces=diffs)
         return html("compare.html", c=c, run_id=run_id, everyone=everyone, chosen=chosen,
                     columns=pages.compare_columns(c, outputs))
 

@@ -48,6 +48,7 @@ from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
 from reel.shared.nats.blobread import ChunkIndex
+from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.client import ReelClient
 
 log = structlog.get_logger(__name__)
@@ -125,6 +126,11 @@ class RunReader:
     def namespace(self) -> str:
         """The subject/stream namespace read (``reel``)."""
         return self._names.namespace
+
+    @property
+    def blobs(self) -> JetStreamBlobStore | None:
+        """The object store the runs' bodies are read from (``None``: a client without one)."""
+        return self._client.blobs
 
     async def state(self, run_id: str) -> RunState:
         """The run's folded state now (cached, refreshed with the commits above the cached head).

@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -27,6 +27,8 @@ import msgspec
 from reel.shared.core.errors import ReelError
 from reel.shared.core.ports import BlobStore
 from reel.shared.core.run.events import BlobRef
+from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.state import RunState, workspace_as_of
 from reel.shared.core.workflow.spec import WorkspaceSpec
 
 
@@ -244,4 +246,31 @@ async def diff(old: Manifest | None, new: Manifest, blobs: BlobGetter) -> list[F
             except UnicodeDecodeError:
                 text = None
         out.append(FileChange(path, change, text))
+    return out
+
+
+async def branch_diffs(state: RunState, branches: Sequence[BranchId], blobs: BlobGetter | None
+                       ) -> dict[BranchId, str] | None:
+    """Each of ``branches[1:]``'s workspace at its head against the baseline's (``branches[0]``): a line per
+    changed path (``added|removed|modified PATH``), each followed by its unified diff when small text; ``""``:
+    the same files. ``None`` for a run that keeps no workspace, or with no blob store.
+
+    Raises:
+        KeyError: a branch the run does not have. BlobMissing: a manifest or body is gone.
+    """
+    if blobs is None or not isinstance(state.workspace, BlobRef) or not branches:
+        return None
+    base_ref = workspace_as_of(state, branches[0])
+    base = await load_manifest(base_ref, blobs) if base_ref is not None else None
+    out: dict[BranchId, str] = {}
+    for b in branches[1:]:
+        ref = workspace_as_of(state, b)
+        if ref is None:
+            continue
+        lines = []
+        for change in await diff(base, await load_manifest(ref, blobs), blobs):
+            lines.append(f"{change.change} {change.path}")
+            if change.diff:
+                lines.append(change.diff.rstrip("\n"))
+        out[b] = "\n".join(lines)
     return out

@@ -118,7 +118,9 @@ async def test_fork_restore_changes_the_forked_turns_packed_set(cfg: Config, eve
     assert all(r["verdicts"].get("tests-pass") in ("pass", "fail") and r["turns"] >= 1 for r in rows.values())
     assert rows[branch]["edits"] == [{"edit": "restore", "item": "old-notes"}] and rows[dropped]["active"]
     assert [d["step_id"] for d in found["divergences"]] == ["fix:t1", "fix:t1"]
-    assert found["workspaces"] is None  # no workspace per branch in this run
+    # the example keeps a workspace per branch: each fork's files at its head against main's
+    assert set(found["workspaces"]) == {branch, dropped}
+    assert all(isinstance(d, str) for d in found["workspaces"].values())
     code, out, err = await reel(cfg, "compare", run_id, dropped, branch)  # a baseline of one's choosing
     assert code == 0 and f"baseline {dropped}" in out, (out, err)
     code, out, err = await reel(cfg, "compare", run_id, "b-nope")

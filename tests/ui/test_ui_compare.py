@@ -77,6 +77,8 @@ async def test_two_branches_side_by_side(cfg: Config, client: ReelClient, tmp_pa
             outputs = row("output")
             assert all(o and o != "none yet" for o in outputs)
             assert row("output-diff")[0] == "—" and row("output-diff")[1]
+            ws = row("workspace-diff")  # the example keeps a workspace per branch
+            assert ws[0] == "—" and ws[1]
 
             b.get(f"{url}/runs/{run_id}/compare?branch={fork}&branch=main")  # a baseline of one's choosing
             heads = [th.get_attribute("data-branch") for th in b.find_elements(By.CSS_SELECTOR, "#compare th.branch")]
