@@ -129,6 +129,15 @@ async def executor(infra: Infra, cfg: Config) -> AsyncIterator[None]:
         yield
 
 
+@pytest.fixture
+async def verifier(infra: Infra, cfg: Config) -> AsyncIterator[None]:
+    """A verifier service instance running in-process against the real server."""
+    from reel.services.verifier.app import serve
+
+    async with running(serve, infra, cfg):
+        yield
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The recorded trajectories (``$REEL_DATA_DIR`` or ../shared/data beside the repo).

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,20 +15,10 @@ from reel.shared.core.run.forkedits import Drop, Restore
 from reel.shared.core.run.state import RunState, RunStatus
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
-from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
-from tests.conftest import running
 from tests.integration.test_cli import reel
 
 RESTING = (RunStatus.COMPLETED, RunStatus.CANCELLED)
-
-
-@pytest.fixture
-async def verifier(infra: Infra, cfg: Config) -> AsyncIterator[None]:
-    from reel.services.verifier.app import serve
-
-    async with running(serve, infra, cfg):
-        yield
 
 
 async def _settled(client: ReelClient, run_id: str, branch: str) -> RunState:

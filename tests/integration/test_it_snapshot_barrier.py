@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-import pytest
 from nats.js import JetStreamContext
 
 from reel.services.cancel.app import serve as cancel_serve
 from reel.services.recovery.app import serve as recovery_serve
 from reel.services.rewind.app import serve as rewind_serve
-from reel.services.verifier.app import serve as verifier_serve
 from reel.shared.core.run.events import RunCompleted, RunVerifying, Verdict
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import EpisodeView, build_episode_view, serialize_view
@@ -46,12 +43,6 @@ from tests.integration import parking
 from tests.integration.scenarios import crashed_attempt_scenario
 
 PARK_TIMEOUT_S = 30.0
-
-
-@pytest.fixture
-async def verifier(infra: Infra, cfg: Config) -> AsyncIterator[None]:
-    async with running(verifier_serve, infra, cfg):
-        yield
 
 
 def _workflow(park_name: str) -> dict[str, Any]:

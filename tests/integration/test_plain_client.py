@@ -11,26 +11,16 @@ import ast
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 
-from reel.services.verifier.app import serve as verifier_serve
 from reel.shared.nats.eventlog import JetStreamEventLog
-from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
-from tests.conftest import REPO, running
+from tests.conftest import REPO
 
 CLIENT = REPO / "examples" / "plain_client.py"
-
-
-@pytest.fixture
-async def verifier(infra: Infra, cfg: Config) -> AsyncIterator[None]:
-    async with running(verifier_serve, infra, cfg):
-        yield
 
 
 def _schema(name: str) -> jsonschema.Draft202012Validator:

@@ -10,11 +10,9 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-import pytest
 
 from reel.services.verifier.app import serve
 from reel.shared.application.verifierrun import run_verifier
@@ -44,13 +42,6 @@ from tests.integration import parking
 
 PY = sys.executable
 P = "tests.integration.parking"
-
-
-@pytest.fixture
-async def verifier(infra: Infra, cfg: Config) -> AsyncIterator[None]:
-    """One verifier service instance, in-process."""
-    async with running(serve, infra, cfg):
-        yield
 
 
 def _workflow(verifiers: list[dict[str, Any]], name: str = "verify-me") -> dict[str, Any]:

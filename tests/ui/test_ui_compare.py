@@ -6,27 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from reel.shared.core.run.state import RunState, RunStatus
 from reel.shared.nats.client import ReelClient
-from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
-from tests.conftest import running
 from tests.ui.support import chromium, env_for, reel, reel_ui, until
 
 pytestmark = pytest.mark.ui
-
-
-@pytest.fixture
-async def verifier(infra: Infra, cfg: Config) -> AsyncIterator[None]:
-    from reel.services.verifier.app import serve
-
-    async with running(serve, infra, cfg):
-        yield
 
 
 async def _settled(client: ReelClient, run_id: str, branch: str) -> RunState:
