@@ -28,6 +28,7 @@ from reel.shared.nats.client import ReelClient
 from reel.shared.nats.embedded import embedded_server
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra, connect, ensure_infra
+from reel.shared.proc.subreaper import is_subreaper, stop_being_subreaper
 from reel.shared.runtime.config import Config
 from reel.shared.runtime.logging import setup_logging
 
@@ -127,6 +128,15 @@ async def executor(infra: Infra, cfg: Config) -> AsyncIterator[None]:
 
     async with running(serve, infra, cfg):
         yield
+
+
+@pytest.fixture(autouse=True)
+def not_a_subreaper() -> Iterator[None]:
+    """Every test ends with this process no child subreaper: a crucible session run in-process makes it one
+    (its commands' processes then carry ``REEL_PROC_MARK``), which must not leak into later tests."""
+    yield
+    if is_subreaper():
+        stop_being_subreaper()
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ async def agent_run(infra: Infra, cfg: Config, client: ReelClient, tmp_path: Pat
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # … is the python tools' (gettempdir is cached)
     spec = load_workflow(EXAMPLE)
     async with running(executor_serve, infra, cfg), running(verifier_serve, infra, cfg):
-        reply = await client.start(spec)
+        reply = await client.start(spec, source_dir=str(EXAMPLE.parent))  # its workspace's `from` is relative
         assert reply.ok, reply
         state = await client.wait_for(reply.run_id, ("completed", "cancelled"), timeout_s=120)
     assert state.status == "completed", state.status
