@@ -35,7 +35,14 @@ from reel.shared.core.workflow.spec import WorkspaceSpec
 class BlobGetter(Protocol):
     """What reading a snapshot needs of a blob store (a verifier's reader has just this)."""
 
-    async def get(self, ref: BlobRef) -> bytes: ...
+    async def get(self, ref: BlobRef) -> bytes:
+        """The whole body of ``ref`` (bytes).
+
+        Raises:
+            BlobMissing, BlobCorrupt, BlobTimeout: the body is gone, does not match its sha256, or was not read
+                in time.
+        """
+        ...
 
 
 MANIFEST_MEDIA_TYPE = "application/vnd.reel.workspace+json"
