@@ -27,21 +27,22 @@ def mcp(
     http: str | None = typer.Option(None, "--http", metavar="HOST:PORT",
                                     help="serve streamable HTTP on HOST:PORT (path /mcp; port 0: any free one, "
                                          "printed) instead of stdio"),
-    workflows: list[Path] | None = typer.Option(None, "--workflows", help="a folder of workflow files the "
-                                                "server lists and starts (repeatable; default: the current one)"),
+    workflows: list[Path] | None = typer.Option(None, "--workflows", metavar="DIR",
+                                                help="a folder of workflow files the server lists and starts "
+                                                     "(repeatable; default: the current one)"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:
     """Serve Reel as an MCP server: tools to list and start workflows, follow a run, read its timeline and
     verdicts, answer its input requests, rewind and cancel it (docs/integrations.md)."""
     address = _host_port(http) if http is not None else None
-    try:
-        from reel.services.cli import mcpserver
-    except ImportError as exc:
-        raise CliError(f"reel mcp needs the mcp package: pip install 'reel[mcp]' ({exc})") from None
     from reel._client import Client
 
     async def body() -> int:
+        try:  # in the body: run_async prints the refusal as one error line
+            from reel.services.cli import mcpserver
+        except ImportError as exc:
+            raise CliError(f"reel mcp needs the mcp package: pip install 'reel[mcp]' ({exc})") from None
         async with session(nats_url, namespace, services=(), client_only=True) as s:  # no operator login
             if s.embedded:
                 raise CliError("no Reel server is running: start `reel up` (or pass --nats-url): reel mcp only "
