@@ -1,0 +1,1 @@
+"""Labs: many runs forked with one edit, judged before and after (docs/forks.md)."""
