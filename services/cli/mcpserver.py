@@ -39,6 +39,7 @@ from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import build_episode_view
 from reel.shared.core.workflow.spec import WorkflowSpec, load_workflow, parse_workflow
 from reel.shared.nats.client import ReelClient
+from reel.shared.nats.micro import version
 
 T = TypeVar("T")
 
@@ -139,7 +140,7 @@ def build(rc: ReelClient, client: Client, roots: WorkflowRoots, *,
           workflow_of: Callable[[RunState], Awaitable[WorkflowSpec | None]] | None = None) -> MCPServer:
     """The ``reel mcp`` server over ``rc`` and ``client`` (one connection), starting files under ``roots``;
     ``workflow_of``: a run's stored workflow (the timeline text's tool rows)."""
-    s = MCPServer("reel", instructions=(
+    s = MCPServer("reel", version=version(), instructions=(
         "Reel runs AI-agent workflows durably. start_workflow starts one (a file list_workflows names, or inline "
         "YAML); follow_run waits for it and returns its commits, its verdicts once it finishes, and its open "
         "input requests while it waits for a human (answer_request answers them)."))

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,8 @@ async def test_streamable_http(cfg: Config, services: None) -> None:
         url = line.decode().split("streamable HTTP on ", 1)[1].strip()  # printed once it listens
         async with streamable_http_client(url) as (read, write, *_), \
                 ClientSession(read, write) as session:
-            await session.initialize()
+            hello = await session.initialize()
+            assert hello.server_info.name == "reel" and hello.server_info.version == metadata.version("reel")
             assert {t.name for t in (await session.list_tools()).tools} == TOOLS
             run_id = (await call(session, "start_workflow", path="hello.yaml"))["run_id"]
             followed = await call(session, "follow_run", run_id=run_id, timeout_s=120)
