@@ -15,7 +15,7 @@ from reel.services.timeline.render import print_timeline
 from reel.shared.application import workspace
 from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import BranchId
-from reel.shared.core.run.state import RunState, workspace_as_of
+from reel.shared.core.run.state import RunState
 from reel.shared.core.verify.reportedoutcome import check_verdicts, reported_outcome
 
 REST = ("verifying", "completed", "cancelled", "awaiting_input")
@@ -84,16 +84,12 @@ async def _print_workspace_changes(s: Session, state: RunState, bid: BranchId) -
     modified, with a unified diff for small text files."""
     if s.client.blobs is None or not isinstance(state.workspace, BlobRef):
         return
-    changes = sorted((a.outcome_lsn, a.step_id, a.attempt, a.workspace)
-                     for attempts in state.branches[bid].attempts.values() for a in attempts
-                     if isinstance(a.workspace, BlobRef) and a.outcome_lsn is not None)
-    console.print(f"workspace changes on branch {bid}: {len(changes)} tool call(s) changed files")
-    for lsn, step_id, n, ref in changes:
-        before = workspace_as_of(state, bid, lsn - 1)
-        old = await workspace.load_manifest(before, s.client.blobs) if before is not None else None
-        for change in await workspace.diff(old, await workspace.load_manifest(ref, s.client.blobs), s.client.blobs):
-            console.print(f"  lsn {lsn:>6}  {step_id}#{n}  {change.change} {change.path}", markup=False,
-                          highlight=False)
+    calls = workspace.call_snapshots(state, bid)
+    console.print(f"workspace changes on branch {bid}: {len(calls)} tool call(s) changed files")
+    for call in calls:
+        for change in await workspace.call_diff(call, s.client.blobs):
+            console.print(f"  lsn {call.lsn:>6}  {call.step_id}#{call.attempt}  {change.change} {change.path}",
+                          markup=False, highlight=False)
             if change.diff:
                 console.print("\n".join(f"      {line}" for line in change.diff.splitlines()), markup=False,
                               highlight=False)

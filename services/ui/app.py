@@ -43,6 +43,7 @@ import json
 import secrets
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ from reel.services.ui.runview import DROP_REASONS, RunPage, attempt_anchor, atte
 from reel.shared.application import workspace
 from reel.shared.core.errors import BlobCorrupt, BlobMissing, BlobTimeout, RunNotFound
 from reel.shared.core.run import compare as cmp
+from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.forkedits import describe as describe_edit
 from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption, RunCorrupt
@@ -81,6 +83,9 @@ MAX_COMMITS = 500
 """Most commits one ``/runs/<id>/commits`` answer carries (the page asks again from the last one's LSN)."""
 MAX_TOKEN_RUNS = 32
 """Most runs one ``/live`` stream forwards streamed tokens of."""
+DIFF_CACHE_ENTRIES = 1024
+"""Most tool calls' workspace diffs the app keeps (a diff of two snapshots never changes)."""
+FileChanges = tuple[workspace.FileChange, ...] | str
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,7 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
     env = _env()
     token = new_token() if actions is not None else ""
     renders = fragments.Renders()
+    diffs: OrderedDict[tuple[str, str], FileChanges] = OrderedDict()  # (before, after) manifest sha256 → changes
     common = {"namespace": reader.namespace, "server": server, "statuses": pages.STATUSES,
               "actions_by": actions.operator if actions is not None else "", "csrf_token": token}
 
@@ -230,6 +236,26 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
                 return Unshown(409, exc.corruption.describe())
             return exc.state, exc.corruption
 
+    async def _workspace_changes(state: RunState, bid: BranchId) -> dict[tuple[str, int], FileChanges]:
+        """Each tool call of the branch that changed its workspace, with what it changed (as ``reel show`` prints
+        it); a snapshot pair read once is kept (it never changes)."""
+        out: dict[tuple[str, int], FileChanges] = {}
+        if reader.blobs is None or not isinstance(state.workspace, BlobRef):
+            return out
+        for call in workspace.call_snapshots(state, bid):
+            key = (call.before.sha256 if call.before is not None else "", call.after.sha256)
+            changes = diffs.pop(key, None)
+            if changes is None:
+                try:
+                    changes = tuple(await workspace.call_diff(call, reader.blobs))
+                except (BlobMissing, BlobCorrupt, BlobTimeout) as exc:
+                    changes = f"its snapshot cannot be read: {exc}"
+            diffs[key] = changes
+            while len(diffs) > DIFF_CACHE_ENTRIES:
+                diffs.popitem(last=False)
+            out[(call.step_id, call.attempt)] = changes
+        return out
+
     async def _body(request: Request) -> tuple[RunPage, str, str] | Response:
         """(the page, the branch parameter, the rendered body) of a run page, or the error page."""
         run_id, branch = request.path_params["run_id"], request.query_params.get("branch") or None
@@ -239,7 +265,8 @@ def create_app(reader: RunReader, *, page_bytes: int = pages.PAGE_BYTES, server:
         state, corrupt = got
         if branch is not None and branch not in state.branches:
             return error(404, f"run {run_id} has no branch {branch!r} (branches: {', '.join(state.branches)})")
-        p = run_page(state, branch, corrupt=corrupt)
+        p = run_page(state, branch, corrupt=corrupt,
+                     workspace=await _workspace_changes(state, BranchId(branch) if branch else state.active_branch))
         body = env.get_template("_run_body.html").render(**common, p=p, branch_param=branch or "",
                                                          page_bytes=page_bytes)
         return p, branch or "", body

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
+from reel.shared.application.workspace import FileChange
 from reel.shared.core.agent import turnfold
 from reel.shared.core.input.requeststate import InputRecord
 from reel.shared.core.run import budget, timers
@@ -151,6 +153,13 @@ class AttemptEntry:
     partition: Partition | None
     started_ms: int = 0
     finished_ms: int | None = None
+    workspace: tuple[FileChange, ...] | str | None = None
+    """What the attempt changed in its branch's workspace (``None``: it recorded no snapshot — no workspace, or
+    the files were left as they were; a ``str``: why the change cannot be shown)."""
+
+
+WorkspaceChanges = Mapping[tuple[str, int], tuple[FileChange, ...] | str]
+"""Per ``(step id, attempt)``: the files that attempt changed, or why they cannot be shown."""
 
 
 @dataclass(frozen=True)
@@ -388,8 +397,11 @@ def _usage(usage: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corruption | None = None,
-             collapse_partitions: bool = True) -> RunPage:
+             collapse_partitions: bool = True, workspace: WorkspaceChanges | None = None) -> RunPage:
     """The run page of ``branch_id`` (default: the active branch).
+
+    ``workspace`` holds each tool call's file changes (read from the blob store by the caller:
+    :func:`reel.shared.application.workspace.call_diff`), shown under its attempt.
 
     With ``collapse_partitions``, a model attempt's partition is shown against the one before it in the same
     scope (an agent's turns, or the attempts of one model step) when little changed (:func:`collapse`): the
@@ -421,7 +433,8 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
             entries.append(AttemptEntry(
                 view=a, usage=_usage(a.usage), partition=part,
                 started_ms=at.dispatched_ms if at is not None else 0,
-                finished_ms=at.finished_ms if at is not None and a.outcome_lsn is not None else None))
+                finished_ms=at.finished_ms if at is not None and a.outcome_lsn is not None else None,
+                workspace=(workspace or {}).get((str(a.step_id), int(a.attempt)))))
         decl = turnfold.declared(branch, s.step_id) if isinstance(s.parent_step, str) else None
         steps.append(StepEntry(
             view=s, depth=1 if isinstance(s.parent_step, str) else 0, label=_label(s), attempts=tuple(entries),

@@ -256,6 +256,37 @@ async def diff(old: Manifest | None, new: Manifest, blobs: BlobGetter) -> list[F
     return out
 
 
+@dataclass(frozen=True)
+class CallSnapshot:
+    """A tool call (one attempt) that changed its branch's workspace: the snapshot before it (``None``: none) and
+    the one its outcome commit at ``lsn`` recorded."""
+
+    lsn: int
+    step_id: str
+    attempt: int
+    before: BlobRef | None
+    after: BlobRef
+
+
+def call_snapshots(state: RunState, branch_id: BranchId) -> list[CallSnapshot]:
+    """Each attempt of ``branch_id`` whose outcome recorded a workspace snapshot, in LSN order (pure)."""
+    calls = sorted((a.outcome_lsn, a.step_id, a.attempt, a.workspace)
+                   for attempts in state.branches[branch_id].attempts.values() for a in attempts
+                   if isinstance(a.workspace, BlobRef) and a.outcome_lsn is not None)
+    return [CallSnapshot(lsn, step_id, n, workspace_as_of(state, branch_id, lsn - 1), ref)
+            for lsn, step_id, n, ref in calls]
+
+
+async def call_diff(call: CallSnapshot, blobs: BlobGetter) -> list[FileChange]:
+    """What ``call`` changed in its workspace (:func:`diff` of its snapshot against the one before it).
+
+    Raises:
+        BlobMissing: a manifest or body is gone.
+    """
+    old = await load_manifest(call.before, blobs) if call.before is not None else None
+    return await diff(old, await load_manifest(call.after, blobs), blobs)
+
+
 async def branch_diffs(state: RunState, branches: Sequence[BranchId], blobs: BlobGetter | None
                        ) -> dict[BranchId, str] | None:
     """Each of ``branches[1:]``'s workspace at its head against the baseline's (``branches[0]``): a line per
