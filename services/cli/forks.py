@@ -2,15 +2,15 @@
 
 A fork is a rewind at the turn (the rewind service decides and commits it) whose ``branch_forked`` carries
 the edits; the executor applies them when it packs the turn. ``reel fork`` only turns the options into
-:mod:`reel.shared.core.run.forkedits` edits and prints the new branch; ``reel compare`` reads the run and the
-branches' final outputs, asks :func:`reel.shared.core.run.compare.compare` and prints its answer.
+:mod:`reel.shared.core.run.forkedits` edits and prints the new branch; ``reel compare`` reads the run, asks
+:func:`reel.shared.application.comparing.comparison` (which reads the branches' outputs and workspaces) and prints
+its answer.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,12 @@ from rich.table import Table
 from rich.text import Text
 
 from reel.services.cli.console import CliError, JsonOut, Namespace, NatsUrl, console, err_console, run_async
-from reel.services.cli.embed import Session, service_active, session
+from reel.services.cli.embed import service_active, session
 from reel.services.cli.mutating import By, _accepted, _print_reply
-from reel.shared.application import workspace
+from reel.shared.application import comparing
 from reel.shared.core.run import compare as cmp
 from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult, describe
-from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
-from reel.shared.core.run.state import RunState
-from reel.shared.core.run.views import build_episode_view
+from reel.shared.core.run.ids import ContextItemId, StepId
 
 
 def _read(path: str, what: str) -> str:
@@ -114,30 +112,6 @@ def fork(
     run_async(body(), json_out=json_out)
 
 
-async def _outputs(s: Session, state: RunState, branches: Sequence[BranchId]) -> dict[BranchId, str | None]:
-    """Each branch's final output text (``None``: none yet)."""
-    out: dict[BranchId, str | None] = {}
-    for b in branches:
-        ref = cmp.final_output_ref(build_episode_view(state, b))
-        out[b] = None if ref is None or s.client.blobs is None else cmp.answer_text(await s.client.blobs.get(ref))
-    return out
-
-
-def _branch_ids(state: RunState, given: Sequence[str]) -> list[BranchId]:
-    """The branches to compare: ``given`` (checked), else every branch, the root first.
-
-    Raises:
-        CliError: a branch the run does not have.
-    """
-    if not given:
-        return cmp.default_branches(state)
-    unknown = [b for b in given if b not in state.branches]
-    if unknown:
-        raise CliError(f"run {state.run_id} has no branch {unknown[0]!r} (branches: "
-                       f"{', '.join(cmp.default_branches(state))})", kind="branch_not_found")
-    return [BranchId(b) for b in given]
-
-
 def print_comparison(c: cmp.Comparison) -> None:
     """The comparison as tables: branches × verdicts and usage, then where each branch diverges, its fork
     partition's diff and its output diff against the baseline. Branch ids are never cut."""
@@ -195,9 +169,11 @@ def compare(
     async def body() -> int:
         async with session(nats_url, namespace, services=()) as s:
             state = await s.client.log.load(run_id)
-            chosen = _branch_ids(state, branches or [])
-            found = cmp.compare(state, chosen, await _outputs(s, state, chosen),
-                                workspaces=await workspace.branch_diffs(state, chosen, s.client.blobs))
+            try:
+                chosen = comparing.chosen_branches(state, branches or [])
+            except comparing.UnknownBranch as exc:
+                raise CliError(str(exc), kind="branch_not_found") from None
+            found = await comparing.comparison(state, chosen, s.client.blobs)
         if json_out:
             sys.stdout.write(msgspec.json.encode(found).decode() + "\n")
         else:

@@ -9,8 +9,8 @@ the one ``reel`` commands make (``--auth`` → the ``client`` role), so the serv
 
 Tools: ``list_workflows``, ``list_runs``, ``start_workflow``, ``follow_run`` (waits, sending a progress
 notification per batch of commits), ``read_timeline``, ``get_verdicts``, ``list_pending``, ``answer_request``,
-``rewind_run``, ``cancel_run``. A refusal (an unknown run, a closed request…) is the tool's error result
-(``isError``), its text ``code: message``.
+``rewind_run``, ``fork_run``, ``compare_branches``, ``cancel_run``. A refusal (an unknown run, a closed
+request…) is the tool's error result (``isError``), its text ``code: message``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from rich.console import Console
 
 from reel._client import RESTING, Client, RunHandle
 from reel.services.timeline.render import event_line, open_requests, print_timeline
+from reel.shared.application import comparing
 from reel.shared.core.errors import ReelError, WorkflowInvalid
 from reel.shared.core.run.events import Commit
-from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.forkedits import ContextEdit, Drop, Instructions, Model, Param, Restore, ToolResult
+from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import build_episode_view
 from reel.shared.core.workflow.spec import WorkflowSpec, load_workflow, parse_workflow
@@ -314,6 +316,51 @@ def build(rc: ReelClient, client: Client, roots: WorkflowRoots, *,
             raise ToolError("usage: give exactly one of at_step or at_lsn")
         at: str | int = at_step if at_step is not None else int(at_lsn or 0)
         return _plain(await _reel(handle(run_id).rewind(at=at, branch=branch, key=key, by=by)))
+
+    @s.tool(annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True))
+    async def fork_run(
+            run_id: RunId,
+            at: Annotated[str, Field(description="the agent turn to re-run (e.g. fix:t1)")],
+            restore: Annotated[list[str], Field(description="context items to pack that the turn left out")] = [],  # noqa: B006
+            drop: Annotated[list[str], Field(description="context items to leave out")] = [],  # noqa: B006
+            instructions: Annotated[str | None, Field(description="the agent's instructions from this turn on")]
+            = None,
+            model: Annotated[str | None, Field(description="the model name from this turn on")] = None,
+            params: Annotated[dict[str, Any], Field(description="extra request-body fields from this turn on "
+                                                    "(e.g. {\"temperature\": 0})")] = {},  # noqa: B006
+            tool_results: Annotated[dict[str, str], Field(description="call id (e.g. fix:t1:c1) → the result "
+                                                          "text the model reads instead")] = {},  # noqa: B006
+            branch: Annotated[str | None, Field(description="the branch to fork (default: the active one)")] = None,
+            key: Annotated[str | None, Field(description="idempotency key: a repeat returns the same branch")]
+            = None,
+            by: By = "",
+    ) -> dict[str, Any]:
+        """Re-run agent turn `at` on a new branch with its context edited (docs/forks.md) and continue the run
+        on it; the old branch keeps its history. Returns the new branch id (compare_branches compares them)."""
+        edits: list[ContextEdit] = [*(Restore(item=ContextItemId(i)) for i in restore),
+                                    *(Drop(item=ContextItemId(i)) for i in drop)]
+        if instructions is not None:
+            edits.append(Instructions(text=instructions))
+        if model is not None:
+            edits.append(Model(name=model))
+        edits += [Param(key=k, value=v) for k, v in params.items()]
+        edits += [ToolResult(call=StepId(c), text=t) for c, t in tool_results.items()]
+        return _plain(await _reel(handle(run_id).fork(at=at, edits=edits, branch=branch, key=key, by=by)))
+
+    @s.tool(annotations=READ)
+    async def compare_branches(
+            run_id: RunId,
+            branches: Annotated[list[str], Field(description="the branches, the first the baseline (default: "
+                                                 "every branch, the root first)")] = [],  # noqa: B006
+    ) -> dict[str, Any]:
+        """Compare branches of a run: verdicts, turns, tokens, cost, the first turn where each diverges from the
+        baseline, the fork's partition diff, and the diffs of final outputs and workspaces."""
+        state = await _reel(rc.log.load(run_id))
+        try:
+            chosen = comparing.chosen_branches(state, branches)
+        except comparing.UnknownBranch as exc:
+            raise ToolError(f"branch_not_found: {exc}") from None
+        return _plain(await _reel(comparing.comparison(state, chosen, rc.blobs)))
 
     @s.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=True))
     async def cancel_run(run_id: RunId, reason: Annotated[str, Field(description="why")] = "",

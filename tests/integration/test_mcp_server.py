@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[2]
 
 TOOLS = {"list_workflows", "list_runs", "start_workflow", "follow_run", "read_timeline", "get_verdicts",
-         "list_pending", "answer_request", "rewind_run", "cancel_run"}
+         "list_pending", "answer_request", "rewind_run", "fork_run", "compare_branches", "cancel_run"}
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ async def test_the_sdks_client_lists_starts_and_follows_a_run_to_its_verdicts(cf
         assert schemas["answer_request"]["properties"]["decision"]["enum"] == ["approve", "reject", "answer"]
         read_only = {t.name for t in listed.tools if t.annotations and t.annotations.read_only_hint}
         assert read_only == {"list_workflows", "list_runs", "follow_run", "read_timeline", "get_verdicts",
-                             "list_pending"}
+                             "list_pending", "compare_branches"}
 
         workflows = await call(session, "list_workflows")
         assert {"path": "hello.yaml", "name": "hello-reel"}.items() <= next(
@@ -150,6 +150,29 @@ async def test_an_inline_workflow_waits_for_input_and_is_answered_then_another_i
         cancelled = await call(session, "cancel_run", run_id=other, reason="not today", by="ana")
         assert cancelled["cancelled"] is True and cancelled["previous_status"] == "awaiting_input"
         assert (await call(session, "follow_run", run_id=other, timeout_s=30))["status"] == "cancelled"
+
+
+async def test_a_fork_with_an_edit_then_the_branches_compared(cfg: Config, services: None) -> None:
+    async with stdio_session(cfg) as session:
+        run_id = (await call(session, "start_workflow", path="agent/fix_typo.yaml"))["run_id"]
+        first = await call(session, "follow_run", run_id=run_id, timeout_s=120)
+        assert first["status"] == "completed", first
+        refused = await session.call_tool("fork_run", {"run_id": run_id, "at": "fix:t1", "restore": ["task"]})
+        assert refused.is_error and "invalid_edit" in str(refused.content[0])
+
+        forked = await call(session, "fork_run", run_id=run_id, at="fix:t1", restore=["old-notes"],
+                            params={"temperature": 0}, by="ana")
+        branch = forked["branch_id"]
+        again = await call(session, "follow_run", run_id=run_id, since_lsn=first["head_lsn"], timeout_s=120)
+        assert again["status"] == "completed", again
+
+        c = await call(session, "compare_branches", run_id=run_id)
+        assert [b["branch_id"] for b in c["branches"]] == ["main", branch] and c["baseline"] == "main"
+        diff = next(p for p in c["partitions"] if p["branch_id"] == branch)
+        assert diff["step_id"] == "fix:t1" and diff["restored"] == ["old-notes"], diff
+        assert "old-notes" in diff["packed_added"]
+        unknown = await session.call_tool("compare_branches", {"run_id": run_id, "branches": ["main", "b-nope"]})
+        assert unknown.is_error and "branch_not_found" in str(unknown.content[0])
 
 
 async def test_streamable_http(cfg: Config, services: None) -> None:
