@@ -9,7 +9,8 @@ started for the duration of the command — or the one ``reel up`` is running on
 Exit codes: :mod:`reel.services.cli.console` (and the README's table).
 
 The commands live by job: :mod:`~reel.services.cli.runs` (run, show, ls, verdicts),
-:mod:`~reel.services.cli.recordings`, :mod:`~reel.services.cli.mutating` (cancel, rewind),
+:mod:`~reel.services.cli.recordings`, :mod:`~reel.services.cli.lab`,
+:mod:`~reel.services.cli.mutating` (cancel, rewind),
 :mod:`~reel.services.cli.inputs` (pending, approve, reject, answer),
 :mod:`~reel.services.cli.supervisor` (up), :mod:`~reel.services.cli.serve` (serve <service>);
 ``reel crucible …`` is :mod:`reel.services.crucible.cli`.
@@ -28,6 +29,7 @@ from reel.services.cli import (
     chaos,
     forks,
     inputs,
+    lab,
     mcpcmd,
     mutating,
     recordings,
@@ -56,6 +58,7 @@ app.command()(mutating.cancel)
 app.command()(mutating.rewind)
 app.command()(forks.fork)
 app.command()(forks.compare)
+app.command()(lab.lab)
 app.command()(inputs.pending)
 app.command()(inputs.approve)
 app.command()(inputs.reject)

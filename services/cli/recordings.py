@@ -65,14 +65,20 @@ def replay(
     run_async(body())
 
 
+def replay_key(spec: WorkflowSpec, *, fresh: bool = False) -> str:
+    """The idempotency key a replay of ``spec`` starts with: the same recording at the same budget is the same
+    run (``replayed before``) unless ``fresh``, for ``reel replay`` and ``reel lab`` alike."""
+    digest = hashlib.sha256(encode_workflow(spec)).hexdigest()[:32]
+    return f"replay:{digest}" + (f":{time.time_ns()}" if fresh else "")
+
+
 async def _replay_all(s: Session, specs: list[tuple[Path, WorkflowSpec]], *, fresh: bool, wait_s: float,
                       show: bool, quiet: bool) -> list[tuple[Path, str, RunState | None]]:
     until = wait_states()
     started: list[tuple[Path, str, float]] = []
     for path, spec in specs:
-        digest = hashlib.sha256(encode_workflow(spec)).hexdigest()[:32]
-        key = f"replay:{digest}" + (f":{time.time_ns()}" if fresh else "")
-        reply = await s.client.start(spec, idempotency_key=key, labels={"replayed_from": path.name})
+        reply = await s.client.start(spec, idempotency_key=replay_key(spec, fresh=fresh),
+                                     labels={"replayed_from": path.name})
         if not reply.ok or reply.run_id is None:
             raise CliError(f"{path}: start refused: {reply.error.message if reply.error else '?'}")
         started.append((path, reply.run_id, time.perf_counter()))

@@ -177,7 +177,8 @@ def answer_text(body: bytes) -> str:
     return content if isinstance(content, str) else body.decode(errors="replace")
 
 
-def _facts(state: RunState, view: EpisodeView) -> BranchFacts:
+def branch_facts(state: RunState, view: EpisodeView) -> BranchFacts:
+    """The row of ``view``'s branch: where it forked, its edits, its latest verdict per verifier, turns, usage."""
     b = state.branches[view.branch_id]
     verdicts: dict[str, str] = {}
     for v in state.verdicts:  # in log order: the latest of each verifier wins
@@ -216,6 +217,6 @@ def compare(state: RunState, branches: Sequence[BranchId], outputs: Mapping[Bran
         diffs.append(output_diff(view.branch_id, base.branch_id, outputs.get(view.branch_id),
                                  outputs.get(base.branch_id)))
     return Comparison(run_id=state.run_id, baseline=base.branch_id, verifiers=state.verifiers,
-                      branches=tuple(_facts(state, v) for v in views), divergences=tuple(divergences),
+                      branches=tuple(branch_facts(state, v) for v in views), divergences=tuple(divergences),
                       partitions=tuple(partitions), outputs=tuple(diffs),
                       workspaces={str(b): d for b, d in workspaces.items()} if workspaces is not None else None)
