@@ -1,7 +1,8 @@
 """``reel lab SPEC``: one edit at one point, forked into many runs, judged before and after (docs/forks.md).
 
 The decisions are pure (:mod:`reel.shared.core.lab`: the SPEC, the fork turn and edit of each run, the tally);
-this module drives them: it replays the SPEC's recordings (as ``reel replay`` starts them, same keys) or reads
+this module drives them: it replays the SPEC's recordings (as ``reel replay`` starts them, with keys of its own:
+a lab never forks the runs ``reel replay`` made, so they keep their active branch) or reads
 the runs it names, forks each through the rewind service's command (``ReelClient.rewind`` with the edit, as
 ``reel fork`` sends it), waits for each fork to rest, and prints the report. At most ``--concurrency`` runs
 are in flight at once. Every fork is a branch of its run: ``reel show RUN --branch B``, ``reel compare RUN``.
@@ -144,8 +145,8 @@ class Lab:
         """Replay (if a recording), fork and judge one run; a :class:`RunResult` whatever happens to it."""
         run_id = subject.run_id
         if subject.spec is not None:
-            reply = await self.s.client.start(subject.spec, idempotency_key=replay_key(subject.spec),
-                                              labels={"replayed_from": subject.source})
+            reply = await self.s.client.start(subject.spec, idempotency_key=f"{replay_key(subject.spec)}:lab",
+                                              labels={"replayed_from": subject.source, "lab": self.spec.name})
             if not reply.ok or reply.run_id is None:
                 why = reply.error.message if reply.error else "refused"
                 return ty.RunResult(run_id="", source=subject.source, skipped=f"replay refused: {why}")
