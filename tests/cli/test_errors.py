@@ -44,7 +44,7 @@ async def test_every_json_command_prints_one_json_error(cfg: Config, tmp_path: P
     env = env_for(tmp_path)
     found = _json_commands()
     assert set(found) == {"show", "cancel", "rewind", "fork", "compare", "pending", "approve", "reject", "answer",
-                          "status", "trace", "archive", "import", "gc"}
+                          "status", "trace", "archive", "import", "gc", "lab"}
 
     async def call(path: str, cmd: Any) -> tuple[str, int, str, str]:
         args = [*path.split(), *(ARGS[p.name] for p in cmd.params if p.param_type_name == "argument")]
@@ -54,8 +54,8 @@ async def test_every_json_command_prints_one_json_error(cfg: Config, tmp_path: P
         return path, code, out, err
 
     for path, cmd in found.items():  # one at a time: each runs the service it needs in its own process
-        if path in ("pending", "status", "import", "gc"):  # no run id: import and gc below, the others unreachable
-            continue
+        if path in ("pending", "status", "import", "gc", "lab"):  # no run id: import, gc, lab below, the others
+            continue                                                # unreachable
         path, code, out, err = await call(path, cmd)
         doc = _one_json_error(out)
         assert (code, doc["exit"], doc["code"]) == (1, 1, "run_not_found"), (path, out, err)
@@ -64,6 +64,9 @@ async def test_every_json_command_prints_one_json_error(cfg: Config, tmp_path: P
     code, out, err = await reel(cfg, "import", str(tmp_path / "missing.tar"), "--json", env=env)
     doc = _one_json_error(out)
     assert (code, doc["code"]) == (1, "archive_refused") and "is not a Reel archive" in doc["reason"], (out, err)
+    code, out, err = await reel(cfg, "lab", str(tmp_path / "missing.yaml"), "--json", env=env)
+    doc = _one_json_error(out)
+    assert (code, doc["code"]) == (1, "lab_spec") and "cannot read lab SPEC" in doc["reason"], (out, err)
     code, out, err = await reel(cfg, "gc", "--json", env=env)
     assert code == 0 and json.loads(out)["dropped"] == [], (out, err)  # no policy: nothing is dropped
 

@@ -107,3 +107,25 @@ async def test_lab_over_replayed_recordings(cfg: Config, event_log: JetStreamEve
     assert report["runs"] == 1 and report["counted"] == 0 and report["skipped"][0]["run_id"] == by_source[SWE]
     assert report["skipped"][0]["reason"].startswith("fork refused: invalid_edit: item ")
     assert "packed in turn replay:t1 already" in report["skipped"][0]["reason"]
+
+
+@pytest.mark.usefixtures("executor", "verifier")
+async def test_lab_over_a_live_agent_run_forks_after_its_first_failing_tool_call(
+        cfg: Config, event_log: JetStreamEventLog, tmp_path: Path) -> None:
+    code, out, err = await reel(cfg, "run", "examples/agent/fix_typo.yaml", "-q")
+    assert code == 0, (out, err)
+    run_id = re.search(r"run (r-[0-9a-f]{20})", out).group(1)  # type: ignore[union-attr]
+    main = await event_log.load(run_id)
+    assert main.branches["main"].attempts["fix:t1:c1"][-1].status == "failed"  # run_tests fails before the fix
+    spec = _spec(tmp_path, "passing_tests", f"runs: {{ids: [{run_id}]}}\nat: {{after_first_failing_tool: true}}\n"
+                 "edit: {tool_result: {call: 'fix:t1:c1', text: 'Ran 2 tests. OK'}}\n")
+    code, out, err = await reel(cfg, "lab", str(spec), "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    (result,) = report["results"]
+    assert (result["at_step"], result["before"], result["after"]) == ("fix:t2", "pass", "pass")  # the turn after
+    assert report["verifiers"] == [] and report["pass_to_fail"] == report["fail_to_pass"] == []
+    state = await event_log.load(run_id)
+    fork = state.branches[result["branch_id"]]
+    assert (fork.parent_branch_id, fork.from_step, fork.forked_by) == ("main", "fix:t2", "reel lab")
+    assert [v.status for v in state.verdicts if v.branch_id == result["branch_id"]] == ["pass"]  # its own files
