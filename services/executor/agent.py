@@ -42,7 +42,6 @@ import structlog
 
 from reel.shared.application import codeid
 from reel.shared.application.fenced import Committed, Decided
-from reel.shared.application.workspace import WorkspaceTooLarge
 from reel.shared.auth import secrets
 from reel.shared.core.agent import commits as ac
 from reel.shared.core.agent import turnfold
@@ -402,7 +401,7 @@ class AgentRun:
     async def _record_calls(self, state: RunState, batch: Sequence[CallDone], *, more: bool) -> RunState:
         outcomes: list[AttemptEnd] = []
         bodies: list[tuple[bytes, str]] = []
-        changed, too_large = await self._snapshot(state, batch[0].key[0])
+        changed, too_large = await self.attempts.snapshot(state, batch[0].key[0], self.spec.workspace)
         for d in batch:
             bid, sid, attempt = d.key
             if too_large is not None or d.error is not None or d.text is None:
@@ -442,20 +441,6 @@ class AgentRun:
                     events += ac.call_intents(follow, executor_id=self.me, at_ms=now_ms())
         return await self._recorded(state, events, outcomes, bid, calls=follow.calls if follow else (), turn=nxt,
                                     bodies=bodies, markers=[o for o in outcomes if isinstance(o, AttemptSucceeded)])
-
-    async def _snapshot(self, state: RunState, branch_id: BranchId
-                        ) -> tuple[BlobRef | msgspec.UnsetType, ToolError | None]:
-        """Snapshot the branch's working copy after calls ended: the manifest when it changed (else unset), or the
-        error that fails the calls (the workspace grew past its limits)."""
-        spec = self.spec.workspace
-        if isinstance(spec, msgspec.UnsetType):
-            return msgspec.UNSET, None
-        try:
-            ref = await self.attempts.workspaces.record(state, branch_id, spec)
-        except WorkspaceTooLarge as exc:
-            log.warning("workspace.too_large", branch_id=branch_id, reason=exc.message)
-            return msgspec.UNSET, ToolError(exc.message, kind=exc.code, retryable=False)
-        return (msgspec.UNSET if ref is None else ref), None
 
     async def _recorded(self, state: RunState, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd],
                         branch_id: BranchId, **starting: Any) -> RunState:

@@ -42,6 +42,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from reel.shared.application.fenced import Committed, Decide, Decided, commit_decided
+from reel.shared.application.workspace import WorkspaceTooLarge
 from reel.shared.application.workspaces import WorkingCopies
 from reel.shared.core.decision import Decision, Skip, events_or_skip
 from reel.shared.core.errors import ToolError
@@ -54,6 +55,7 @@ from reel.shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceede
 from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import RunState, final_success
 from reel.shared.core.wire.subjects import Names, outcome_key
+from reel.shared.core.workflow.spec import WorkspaceSpec
 from reel.shared.core.workflow.toolspec import OutputLimit, truncation_note
 from reel.shared.nats.blobstore import ref_for
 from reel.shared.nats.leases import Lease
@@ -171,6 +173,21 @@ class Attempts:
         """Raise :class:`~reel.shared.core.errors.LeaseLost` unless this executor still holds its lease."""
         if self.lease is not None:
             self.lease.check()
+
+    # ---- workspaces ----------------------------------------------------------------------
+    async def snapshot(self, state: RunState, branch_id: BranchId, spec: WorkspaceSpec | msgspec.UnsetType
+                       ) -> tuple[BlobRef | msgspec.UnsetType, ToolError | None]:
+        """Snapshot the branch's working copy after tool calls (an agent's, or a tool step's) ended: the manifest
+        when it changed (else unset; unset too for a workflow with no workspace), or the error that fails the
+        calls (the workspace grew past its limits: ``workspace_too_large``, not retryable)."""
+        if isinstance(spec, msgspec.UnsetType):
+            return msgspec.UNSET, None
+        try:
+            ref = await self.workspaces.record(state, branch_id, spec)
+        except WorkspaceTooLarge as exc:
+            log.warning("workspace.too_large", branch_id=branch_id, reason=exc.message)
+            return msgspec.UNSET, ToolError(exc.message, kind=exc.code, retryable=False)
+        return (msgspec.UNSET if ref is None else ref), None
 
     # ---- commits -------------------------------------------------------------------------
     async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int] | None:

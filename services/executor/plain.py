@@ -30,6 +30,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import structlog
@@ -259,7 +260,10 @@ class PlainSteps:
         self.a.crash_if(point_name(action.step_id, action.attempt, "after_intent"))
         kind = {"tool": p.step.tool.type} if isinstance(p.step, ToolStep) else {"prompt_tokens": p.prompt_tokens}
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
-        event, body = await self._side_effect(state, p, interrupt)
+        folder = await self.a.workspaces.prepare(state, action.branch_id) if isinstance(p.step, ToolStep) else None
+        event, body = await self._side_effect(state, p, interrupt, folder)
+        if isinstance(p.step, ToolStep):
+            event, body = await self._snapshotted(state, spec, event, body)
         self.a.crash_if(point_name(action.step_id, action.attempt, "after_run"))
         if isinstance(event, AttemptFailed) and event.error_kind == RESUME_AFTER:
             return await self._commit_resume(state, event)
@@ -324,10 +328,22 @@ class PlainSteps:
         failed = await self._commit_outcome(done, p, event, None, None)
         return failed if isinstance(failed, RunState) else failed.state
 
-    async def _side_effect(self, state: RunState, p: Prepared, interrupt: Interrupt | None,
+    async def _snapshotted(self, state: RunState, spec: WorkflowSpec, event: AttemptEnd, body: bytes | None,
+                           ) -> tuple[AttemptEnd, bytes | None]:
+        """A tool step's outcome with the snapshot of its branch's working copy, as an agent's tool call's
+        (:meth:`Attempts.snapshot`): ``workspace`` set when the files changed; a workspace grown past its limits
+        fails the attempt (``workspace_too_large``)."""
+        changed, too_large = await self.a.snapshot(state, event.branch_id, spec.workspace)
+        if too_large is not None:
+            return modelout.tool_failure((event.branch_id, event.step_id, event.attempt), too_large,
+                                         event.usage.latency_ms), None
+        return msgspec.structs.replace(event, workspace=changed), body
+
+    async def _side_effect(self, state: RunState, p: Prepared, interrupt: Interrupt | None, folder: Path | None,
                            ) -> tuple[AttemptEnd, bytes | None]:
         """Run the tool or call the model (stopped if ``interrupt`` fires: a command's process group is
-        killed, a model's request aborted; recorded and scripted ones are instant): the outcome event,
+        killed, a model's request aborted; recorded and scripted ones are instant); a command runs with
+        ``$REEL_WORKSPACE`` the branch's working copy ``folder`` when the run has a workspace: the outcome event,
         and a success's output body (``None`` for a tool output too large to hold: stored already, streamed;
         one the store refused fails the attempt ``output_store_failed``, retryable)."""
         action, step = p.action, p.step
@@ -337,7 +353,7 @@ class PlainSteps:
                 stdin = self.a.stdin_of(state, action.branch_id, step.tool.stdin_from) if step.tool.stdin_from else None
                 call = CallId(state.run_id, action.branch_id, step.id, action.attempt, tool=step.tool.name)
                 spool = await guarded(run_tool(step.tool, call, stdin=stdin,
-                                               limit=output_limit(step.tool, self.a.tool_output)),
+                                               limit=output_limit(step.tool, self.a.tool_output), workspace=folder),
                                       interrupt if step.tool.type == "command" else None)
                 usage = Usage(latency_ms=_ms_since(started))
                 if step.tool.type == "command" and spool.size_bytes < 4096 and not spool.truncated:

@@ -33,6 +33,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import IO
 
@@ -192,14 +193,15 @@ class Command:
     limit: OutputLimit = field(default_factory=OutputLimit)
 
 
-async def run_tool(spec: ToolSpec, call: CallId, *, stdin: Stdin = None, limit: OutputLimit | None = None
-                   ) -> ToolOutput:
+async def run_tool(spec: ToolSpec, call: CallId, *, stdin: Stdin = None, limit: OutputLimit | None = None,
+                   workspace: str | Path | None = None) -> ToolOutput:
     """Run attempt ``call.attempt`` (1-based) of a tool step; returns its output (the caller closes it).
 
     ``stdin``: a command's standard input — bytes, or chunks as they come (``stdin_from``: the earlier
     output streamed from the blob store, checked against its sha256 as it goes; never held whole).
     ``call``: who the call is (its variables: :meth:`CallId.env`). ``limit``: the command's output cap and
-    overflow policy (default 8 MiB, ``fail``). A ``command`` runs on :func:`run_command`.
+    overflow policy (default 8 MiB, ``fail``). ``workspace``: the branch's working copy, a command's
+    ``$REEL_WORKSPACE`` (docs/workspaces.md). A ``command`` runs on :func:`run_command`.
 
     Raises:
         ToolError: scripted failure (its kind), or one of :func:`run_command`'s.
@@ -212,7 +214,9 @@ async def run_tool(spec: ToolSpec, call: CallId, *, stdin: Stdin = None, limit: 
             raise ToolError(entry.message or entry.error, kind=entry.error, retryable=entry.retryable)
         return ToolOutput.of(entry.encode())
     return await run_command(Command(argv=spec.argv, name=spec.name or spec.argv[0], timeout_s=spec.timeout_s,
-                                     spec=spec, reel=call.env(), limit=limit or OutputLimit()), stdin=stdin)
+                                     spec=spec, reel=call.env(**({} if workspace is None else
+                                                                 {"REEL_WORKSPACE": str(workspace)})),
+                                     limit=limit or OutputLimit()), stdin=stdin)
 
 
 async def run_command(cmd: Command, *, stdin: Stdin = None) -> ToolOutput:
