@@ -31,7 +31,8 @@ async def open_segment(d: Driver, regime: Regime, reason: SegmentReason) -> Loop
     judge = d.judge(regime)
     fp = await judge.fingerprint(tree)
     repeats = max(regime.judge.repeats, d.cfg.noise.baseline_repeats)
-    got = await _measure_waiting(d, judge, repeats, tree)
+    it = d.run.spent.iterations if d.state.run is not None else 0
+    got = await _measure_waiting(d, judge, repeats, tree, d.tag(regime.name, it, "baseline", snap))
     if isinstance(got, LoopExit):
         return got
     reading, parked_ms = got
@@ -49,13 +50,14 @@ async def open_segment(d: Driver, regime: Regime, reason: SegmentReason) -> Loop
     return None
 
 
-async def _measure_waiting(d: Driver, judge: Judge, repeats: int, tree: Path) -> tuple[Measurement, int] | LoopExit:
+async def _measure_waiting(d: Driver, judge: Judge, repeats: int, tree: Path, tag: dict[str, str]
+                           ) -> tuple[Measurement, int] | LoopExit:
     """A baseline measurement in ``tree``, waiting out an unavailable judge (up to ``gates.max_block_s``);
     the measurement and the time spent waiting (ms, parked: not counted against the time budget)."""
     t0 = time.perf_counter()
     parked_ms = 0
     while True:
-        got = await judge.measure(repeats, tree)
+        got = await judge.measure(repeats, tree, tag)
         if not isinstance(got, Unavailable):
             return got, parked_ms
         if ms_since(t0) > d.cfg.gates.max_block_s * 1000:

@@ -28,6 +28,7 @@ import typer
 from nats.errors import NoServersError
 from rich.console import Console
 
+from reel.services.cli.embed import in_process_services
 from reel.services.crucible import report
 from reel.services.crucible.session import (
     Backend,
@@ -39,6 +40,7 @@ from reel.services.crucible.session import (
 )
 from reel.shared.core.errors import ReelError
 from reel.shared.core.wire.subjects import Names
+from reel.shared.crucible.config import SessionConfig
 from reel.shared.crucible.fold import SessionState
 from reel.shared.crucible.integrity import SessionCorrupt
 from reel.shared.nats.embedded import NatsServerNotFound, url_or_embedded
@@ -72,9 +74,24 @@ def _cfg(url: str, namespace: str | None) -> Config:
     return Config.from_env(nats_url=url, names=Names(namespace) if namespace else None)
 
 
+LAB_SERVICES = ("executor", "verifier")
+"""What a ``lab`` judge's runs need: run here when nothing serves the namespace yet (as ``reel run`` does)."""
+
+
+def has_lab(config: SessionConfig) -> bool:
+    """True if a regime of ``config`` is judged by a ``lab`` (its runs need an executor and a verifier)."""
+    return any(r.judge.lab is not None for r in config.regimes)
+
+
 def _execute(url: str | None, namespace: str | None, store: Path | None, writer: str,
-             body: Callable[[Backend, asyncio.Event], Awaitable[T]]) -> T:
-    """Run ``body`` against NATS with SIGINT/SIGTERM setting the stop event; errors become one line + exit 1."""
+             body: Callable[[Backend, asyncio.Event], Awaitable[T]],
+             runs: Callable[[Backend], Awaitable[bool]] | None = None) -> T:
+    """Run ``body`` against NATS with SIGINT/SIGTERM setting the stop event; errors become one line + exit 1.
+
+    ``runs``: asked first whether the session starts Reel runs (a ``lab`` judge); then the executor and the
+    verifier run in this process unless some process already serves them on the server and namespace (on an
+    embedded server, always).
+    """
     os.environ.setdefault(REGISTRY_ENV, str((reel_home() / "tools").resolve()))  # resume reaps orphans
     store_dir = store if store is not None else reel_home() / "crucible-js"
     if not url:
@@ -88,7 +105,10 @@ def _execute(url: str | None, namespace: str | None, store: Path | None, writer:
             loop.add_signal_handler(sig, _stopper(stop))
         async with (url_or_embedded(url or None, store_dir) as (nats_url, _),
                     backend(_cfg(nats_url, namespace), writer=writer) as b):
-            return await body(b, stop)
+            if runs is None or b.infra is None or not await runs(b):
+                return await body(b, stop)
+            async with in_process_services(b.infra, b.cfg, LAB_SERVICES, own_server=not url):
+                return await body(b, stop)
 
     try:
         return asyncio.run(main())
@@ -114,9 +134,10 @@ def _stopper(stop: asyncio.Event) -> Callable[[], None]:
 
 
 def _drive(url: str | None, namespace: str | None, store_dir: Path | None, quiet: bool,
-           body: Callable[[Backend, asyncio.Event], Awaitable[SessionResult]]) -> NoReturn:
+           body: Callable[[Backend, asyncio.Event], Awaitable[SessionResult]],
+           runs: Callable[[Backend], Awaitable[bool]]) -> NoReturn:
     """Drive a session with ``body``, print its rows and summary (unless ``quiet``) and its id; exit with its code."""
-    result = _execute(url, namespace, store_dir, "crucible-cli", body)
+    result = _execute(url, namespace, store_dir, "crucible-cli", body, runs)
     if not quiet:
         out.print(report.rows_table(result.state))
         out.print(report.summary(result.state), highlight=False)
@@ -144,7 +165,10 @@ def run(
     async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
         return await start_session(b, spec, stop=stop, session_id=session)
 
-    _drive(nats_url, namespace, store_dir, quiet, body)
+    async def runs(b: Backend) -> bool:
+        return has_lab(spec)
+
+    _drive(nats_url, namespace, store_dir, quiet, body, runs)
 
 
 @app.command()
@@ -161,7 +185,14 @@ def resume(
     async def body(b: Backend, stop: asyncio.Event) -> SessionResult:
         return await resume_session(b, session, stop=stop)
 
-    _drive(nats_url, namespace, store_dir, quiet, body)
+    async def runs(b: Backend) -> bool:
+        try:
+            state = await b.log.load(session)
+        except ReelError:  # no such session, or a corrupt one: resume_session says so
+            return False
+        return has_lab(state.started.config) and not (state.ended is not None and state.ended.exit.terminal)
+
+    _drive(nats_url, namespace, store_dir, quiet, body, runs)
 
 
 @app.command()

@@ -119,7 +119,7 @@ async def measure(d: Driver, tally: Tally, applied: Iteration[Applied], sha: Wor
             return checked
         digest, tree = checked
         await d.commit(MeasureStarted(it=tally.it, target=target, fingerprint=digest, at_ms=now_ms()))
-        got = await d.judge(regime).measure(regime.judge.repeats, tree)
+        got = await d.judge(regime).measure(regime.judge.repeats, tree, d.tag(regime.name, tally.it, target, sha))
         if isinstance(got, Unavailable):
             tally.cost_usd += got.cost_usd
             await d.commit(ProvisioningBlocked(it=tally.it, resource="judge", reason=got.reason,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from reel.services.crucible.judge import Judge
+from reel.services.crucible.lab import LabJudge
 from reel.services.crucible.proposer import Proposer
 from reel.services.crucible.sessionlog import SessionLog
 from reel.services.crucible.world import GitWorld
@@ -23,6 +24,7 @@ from reel.shared.crucible.config import Regime, SessionConfig
 from reel.shared.crucible.events import AnySessionEvent, SessionEnded
 from reel.shared.crucible.fold import SessionState, apply_commit
 from reel.shared.crucible.state import LoopExit, Run, WorldSha
+from reel.shared.nats.client import ReelClient
 
 log = structlog.get_logger("reel.crucible")
 
@@ -48,6 +50,8 @@ class Driver:
     blobs: BlobStore
     stop: asyncio.Event
     fingerprint_parts: dict[str, str] = field(default_factory=dict)
+    runs: ReelClient | None = None
+    """Reel's client on the session's connection: a ``lab`` judge starts its runs with it."""
     _judges: dict[str, Judge] = field(default_factory=dict)
 
     @property
@@ -68,8 +72,15 @@ class Driver:
 
     def judge(self, regime: Regime) -> Judge:
         if regime.name not in self._judges:
-            self._judges[regime.name] = Judge(regime.judge)
+            spec = regime.judge
+            self._judges[regime.name] = LabJudge(spec, self.runs) if spec.lab is not None else Judge(spec)
         return self._judges[regime.name]
+
+    def tag(self, regime: str, it: int, target: str, sha: str) -> dict[str, str]:
+        """The labels of a measurement of ``sha`` (``target``: baseline, candidate or incumbent) in iteration
+        ``it`` of ``regime`` (a ``lab`` judge's runs carry them)."""
+        return {"crucible.session": self.session_id, "crucible.regime": regime, "crucible.iteration": str(it),
+                "crucible.target": target, "crucible.sha": sha}
 
     async def commit(self, *events: AnySessionEvent) -> int:
         """Append ``events`` as one commit and fold them into the state; the commit's LSN.

@@ -43,7 +43,8 @@ def _inside(path: Path, root: Path) -> str | None:
 def protected_paths(cfg: SessionConfig, source_repo: Path) -> tuple[str, ...]:
     """World-relative paths no candidate may touch (sorted; ``.`` would mean the whole world).
 
-    The judges' world-relative ``reads``, ``gates.protect``, and the config file
+    The judges' world-relative ``reads`` (and a ``lab`` judge's workflow: it is the judge), ``gates.protect``, and
+    the config file
     itself when it lives in the source repository (it holds the budget settings).
     Reads outside the world (e.g. a data directory) cannot be edited through a
     candidate; the fingerprint guards them.
@@ -51,6 +52,8 @@ def protected_paths(cfg: SessionConfig, source_repo: Path) -> tuple[str, ...]:
     out: set[str] = set(cfg.gates.protect)
     for regime in cfg.regimes:
         out.update(r for r in regime.judge.reads if not os.path.isabs(r))
+        if regime.judge.lab is not None:
+            out.add(regime.judge.lab.workflow)
     if cfg.config_path:
         rel = _inside(Path(cfg.config_path), source_repo)
         if rel is not None:

@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def _hash_file(path: Path, h: hashlib._Hash) -> None:
             h.update(chunk)
 
 
-def _hash_path(path: Path) -> str:
+def hash_path(path: Path) -> str:
+    """The sha256 hex of a file's content, of a directory's files (by relative path and content), or of
+    "missing"."""
     if path.is_file():
         h = hashlib.sha256(b"file\0")
         _hash_file(path, h)
@@ -102,7 +105,7 @@ def fingerprint(spec: JudgeSpec, world: Path) -> Fingerprint:
         "env": _sha(json.dumps(sorted(spec.env.items())).encode()),
     }
     for read in spec.reads:
-        parts[f"read:{read}"] = _hash_path(read_path(world, read))
+        parts[f"read:{read}"] = hash_path(read_path(world, read))
     digest = _sha(json.dumps(sorted(parts.items())).encode())
     return Fingerprint(digest=digest, parts=parts)
 
@@ -178,9 +181,11 @@ class Judge:
         """The fingerprint as of now, ``reads`` hashed in ``tree`` (the tree about to be measured)."""
         return await fingerprint_async(self.spec, tree)
 
-    async def once(self, tree: Path) -> tuple[tuple[float, int | None] | InvalidReading | Unavailable, float]:
+    async def once(self, tree: Path, tag: Mapping[str, str] | None = None
+                   ) -> tuple[tuple[float, int | None] | InvalidReading | Unavailable, float]:
         """One run of the command in ``tree``: (a finite ``(value, total)``, an invalid reading, or
-        unavailable; the cost it reported, USD — counted whatever the exit)."""
+        unavailable; the cost it reported, USD — counted whatever the exit). ``tag``: what the measurement is
+        (session, iteration, target…), for judges that label what they start; the command ignores it."""
         try:
             done = await proc.run(self.spec.command, cwd=tree, env=self.env(), timeout_s=self.spec.timeout_s)
         except OSError as exc:
@@ -200,17 +205,19 @@ class Judge:
             return InvalidReading(reason=problem or "missing value", judge_ms=done.duration_ms), cost
         return (value, total), cost
 
-    async def measure(self, repeats: int, tree: Path) -> Measurement | Unavailable:
+    async def measure(self, repeats: int, tree: Path, tag: Mapping[str, str] | None = None
+                      ) -> Measurement | Unavailable:
         """Run the command ``repeats`` times in ``tree``; a valid :class:`Reading` only if every repeat was valid.
 
-        The reading's ``cost_usd`` sums what every run reported (USD), the failed one included.
+        The reading's ``cost_usd`` sums what every run reported (USD), the failed one included. ``tag`` goes to
+        each :meth:`once` with the repeat's number (``crucible.repeat``).
         """
         values: list[float] = []
         total: int | None = None
         wall_ms, cost = 0, 0.0
-        for _ in range(repeats):
+        for k in range(repeats):
             started = asyncio.get_running_loop().time()
-            got, spent = await self.once(tree)
+            got, spent = await self.once(tree, {**(tag or {}), "crucible.repeat": str(k)})
             wall_ms += int((asyncio.get_running_loop().time() - started) * 1000)
             cost += spent
             if isinstance(got, Unavailable):

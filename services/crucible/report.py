@@ -11,6 +11,8 @@ import msgspec
 from rich.markup import escape
 from rich.table import Table
 
+from reel.shared.core.lab.stats import PassRate, pass_rate
+from reel.shared.crucible.config import SessionConfig
 from reel.shared.crucible.fold import SessionState
 from reel.shared.crucible.state import Fate, Row
 
@@ -37,18 +39,37 @@ def _delta(x: float | None) -> str:
     return "" if x is None else f"{x:+.6g}"
 
 
+def lab_pass_rate(config: SessionConfig, regime: str, values: Sequence[float | None]) -> PassRate | None:
+    """The pooled pass rate of a ``lab`` regime's readings ``values`` (each the rate of ``lab.runs`` runs) with its
+    95 % interval; ``None`` for a command judge's regime or no valid value."""
+    names = {r.name: r for r in config.regimes}
+    lab = names[regime].judge.lab if regime in names else None
+    valid = [v for v in values if v is not None]
+    if lab is None or not valid:
+        return None
+    return pass_rate(sum(round(v * lab.runs) for v in valid), lab.runs * len(valid))
+
+
 def rows_table(state: SessionState) -> Table:
-    """The rows as a rich table: iteration, verdict, readings, score, delta, kept sha."""
-    title = f"crucible session {state.session_id} — {state.started.config.name}"
+    """The rows as a rich table: iteration, verdict, readings, score, delta, kept sha (and, for a ``lab`` judge,
+    the candidate's pooled pass rate with its 95 % interval)."""
+    config = state.started.config
+    labs = any(r.judge.lab is not None for r in config.regimes)
+    title = f"crucible session {state.session_id} — {config.name}"
     t = Table(title=title, show_lines=False)
     for col, just in (("it", "right"), ("regime", "left"), ("verdict", "left"), ("readings", "left"),
                       ("score", "right"), ("delta", "right"), ("best", "right"), ("kept sha", "left")):
         t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    if labs:
+        t.add_column("pass rate [95 %]", no_wrap=True)
     t.add_column("note / reason", overflow="fold")
     for r in state.run.rows if state.run else ():
-        t.add_row(str(r.it), r.regime, f"[{_STYLE.get(r.verdict, '')}]{r.verdict.value}[/]", _readings(r),
-                  _num(r.score), _delta(r.delta), _num(r.best_score), (r.kept_sha or "")[:12],
-                  escape(_note(r)[:200]))
+        cells = [str(r.it), r.regime, f"[{_STYLE.get(r.verdict, '')}]{r.verdict.value}[/]", _readings(r),
+                 _num(r.score), _delta(r.delta), _num(r.best_score), (r.kept_sha or "")[:12]]
+        if labs:
+            rate = lab_pass_rate(config, r.regime, r.readings)
+            cells.append(rate.render() if rate is not None else "")
+        t.add_row(*cells, escape(_note(r)[:200]))
     return t
 
 
@@ -60,6 +81,10 @@ def summary(state: SessionState) -> str:
     if run is None:
         return head
     seg = run.segment
+    rates = [lab_pass_rate(state.started.config, seg.regime, vs) for vs in (
+        seg.baseline_readings, seg.best_readings[seg.best_selecting:] or seg.best_readings)]
+    if rates[0] is not None and rates[1] is not None:
+        head += f"\npass rate: baseline {rates[0].render()} → best {rates[1].render()}"
     return (f"{head}\nregime {seg.regime}: baseline {seg.baseline_score:.6g} → best {seg.best_score:.6g} at "
             f"{seg.best_snap[:12]}; {run.spent.iterations} iterations, {len(run.kept_shas)} kept, "
             f"${run.spent.cost_usd:.4f}, active {run.active_ms / 1000:.1f}s, parked "

@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from reel.services.crucible.baseline import open_segment
 from reel.services.crucible.driver import Driver, now_ms
 from reel.services.crucible.gates import protected_paths
+from reel.services.crucible.lab import check_lab_workflows
 from reel.services.crucible.loop import run_loop
 from reel.services.crucible.proposer import make_proposer
 from reel.services.crucible.sessionlog import SessionLog, ensure_session_stream
@@ -42,7 +43,8 @@ from reel.shared.crucible.fold import SessionState
 from reel.shared.crucible.iteration import interrupted_row
 from reel.shared.crucible.state import LoopExit
 from reel.shared.nats.blobstore import JetStreamBlobStore
-from reel.shared.nats.infra import connect, ensure_infra
+from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import Infra, connect, ensure_infra
 from reel.shared.proc.reaper import reap_orphans
 from reel.shared.proc.subreaper import become_subreaper
 from reel.shared.runtime.config import Config
@@ -98,6 +100,7 @@ class Backend:
     cfg: Config
     log: SessionLog
     blobs: BlobStore
+    infra: Infra | None = None
 
 
 @contextlib.asynccontextmanager
@@ -108,14 +111,16 @@ async def backend(cfg: Config, *, writer: str) -> AsyncIterator[Backend]:
         infra = await ensure_infra(nc, cfg)
         await ensure_session_stream(infra.js, cfg)
         yield Backend(nc=nc, cfg=cfg, log=SessionLog(nc, cfg, writer=writer),
-                      blobs=JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket, purge=not cfg.auth.configured))
+                      blobs=JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket, purge=not cfg.auth.configured),
+                      infra=infra)
     finally:
         await nc.close()
 
 
 def _driver(b: Backend, state: SessionState, world: GitWorld, stop: asyncio.Event) -> Driver:
+    blobs = b.blobs if isinstance(b.blobs, JetStreamBlobStore) else None
     return Driver(state=state, log=b.log, world=world, proposer=make_proposer(state.started.config.proposer),
-                  blobs=b.blobs, stop=stop)
+                  blobs=b.blobs, stop=stop, runs=ReelClient(b.nc, b.cfg, blobs))
 
 
 async def start_session(b: Backend, config: SessionConfig, *, stop: asyncio.Event,
@@ -135,6 +140,7 @@ async def start_session(b: Backend, config: SessionConfig, *, stop: asyncio.Even
     if await b.log.exists(sid):
         raise SessionExists(f"session {sid} already exists; use `reel crucible resume {sid}`")
     world, base = await GitWorld.create(config.world, sid)
+    await asyncio.to_thread(check_lab_workflows, config, world.root)  # a lab that cannot measure: refused now
     with world.lock():
         started = SessionStarted(session_id=sid, config=config, base_sha=base, world_dir=str(world.root),
                                  protected=protected_paths(config, Path(config.world.repo)), at_ms=now_ms())

@@ -50,11 +50,41 @@ class WorldSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     workdir: str = ".reel/crucible"
 
 
+class LabSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A ``lab:`` judge: the score is the pass rate of a batch of live runs of a workflow of the world.
+
+    Each reading starts ``runs`` runs of ``workflow`` (as found in the measured tree) through Reel's client,
+    at most ``concurrency`` at once, waits until each rests and counts those the verifier ``verifier``
+    judged ``pass``: the reading is ``passes / runs``. The workflow is loaded with ``${NAME}`` replaced
+    from ``env`` and, for each ``files`` entry, by the text of that world file (an agent's instructions
+    kept in a file of their own).
+
+    Attributes:
+        workflow: world-relative path of the workflow file (YAML or JSON).
+        runs: runs per reading (N ≥ 1).
+        verifier: the name of the workflow's verifier whose ``pass`` counts.
+        concurrency: runs in flight at once (≥ 1).
+        files: ``NAME`` → world-relative file whose text replaces ``${NAME}`` in the workflow.
+        env: ``NAME`` → value replacing ``${NAME}`` in the workflow (e.g. a model's endpoint).
+
+    The judge's ``timeout_s`` bounds one batch: runs not finished by then make the reading invalid.
+    """
+
+    workflow: str
+    runs: int
+    verifier: str
+    concurrency: int = 4
+    files: dict[str, str] = {}
+    env: dict[str, str] = {}
+
+
 class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A command that prints a score (frozen by a fingerprint: docs/crucible.md).
+    """A command that prints a score, or a ``lab`` of live runs scored by their pass rate (frozen by a
+    fingerprint: docs/crucible.md).
 
     Attributes:
         command: argv run in the world directory; ``{python}`` is replaced by this interpreter.
+        lab: instead of ``command``: the pass rate of live runs of a workflow of the world (:class:`LabSpec`).
         direction: ``maximize`` or ``minimize`` — required, never inferred.
         reads: files or directories the judge reads (world-relative unless absolute);
             hashed into the fingerprint and protected from candidates (deny gate).
@@ -65,7 +95,8 @@ class JudgeSpec(_Spec, frozen=True, kw_only=True, forbid_unknown_fields=True):
         unit: what the score counts (``tokens``, ``s``, ``%``…), for the plot and the tables.
     """
 
-    command: tuple[str, ...]
+    command: tuple[str, ...] = ()
+    lab: LabSpec | None = None
     direction: Direction
     reads: tuple[str, ...] = ()
     env: dict[str, str] = {}
@@ -236,6 +267,14 @@ def _abs(path: str, base: str) -> str:
 
 def _judge(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     out = dict(raw)
+    if isinstance(raw.get("lab"), dict):
+        lab = dict(raw["lab"])
+        if isinstance(lab.get("env"), dict):
+            values = {k: expand(str(v), env) for k, v in lab["env"].items()}
+            lab["env"] = {k: os.path.normpath(v) if "/../" in v or v.endswith("/..") else v for k, v in values.items()}
+        out["lab"] = lab
+        out.setdefault("direction", "maximize")
+        out.setdefault("unit", "pass rate")
     declared = {k: expand(str(v), env) for k, v in (raw.get("env") or {}).items()}
     declared = {k: os.path.normpath(v) if "/../" in v or v.endswith("/..") else v for k, v in declared.items()}
     out["env"] = declared
@@ -294,8 +333,10 @@ def validate(cfg: SessionConfig) -> SessionConfig:
     if len(set(names)) != len(names):
         raise ConfigInvalid(f"regime names must be unique: {names}")
     for r in cfg.regimes:
-        if not r.judge.command:
-            raise ConfigInvalid(f"regime {r.name!r}: judge.command is empty")
+        if r.judge.lab is not None:
+            _check_lab(r.name, r.judge)
+        elif not r.judge.command:
+            raise ConfigInvalid(f"regime {r.name!r}: the judge needs a `command` or a `lab`")
         if r.judge.repeats < 1 or r.judge.timeout_s <= 0:
             raise ConfigInvalid(f"regime {r.name!r}: judge.repeats must be ≥ 1 and timeout_s > 0")
     if bool(cfg.proposer.command) == (cfg.proposer.model is not None):
@@ -312,6 +353,36 @@ def validate(cfg: SessionConfig) -> SessionConfig:
         raise ConfigInvalid("noise.k_sigma needs a repeated baseline (noise.baseline_repeats ≥ 2)")
     _check_process_envs(cfg)
     return cfg
+
+
+def _check_lab(regime: str, judge: JudgeSpec) -> None:
+    """A ``lab`` judge's settings: one kind of judge, a pass rate maximized, counts ≥ 1, world-relative files.
+
+    Raises:
+        ConfigInvalid: naming the regime and the setting.
+    """
+    lab = judge.lab
+    assert lab is not None
+    where = f"regime {regime!r}: judge.lab"
+    if judge.command:
+        raise ConfigInvalid(f"regime {regime!r}: a judge is a `command` or a `lab`, not both")
+    if judge.direction != "maximize":
+        raise ConfigInvalid(f"{where} scores a pass rate: its direction must be maximize, not {judge.direction}")
+    if lab.runs < 1:
+        raise ConfigInvalid(f"{where}.runs must be ≥ 1 (runs per reading), got {lab.runs}")
+    if lab.concurrency < 1:
+        raise ConfigInvalid(f"{where}.concurrency must be ≥ 1, got {lab.concurrency}")
+    if not lab.verifier.strip():
+        raise ConfigInvalid(f"{where}.verifier must name one of the workflow's verifiers")
+    for what, path in (("workflow", lab.workflow), *((f"files.{k}", v) for k, v in lab.files.items())):
+        parts = os.path.normpath(path).split(os.sep)
+        if not path.strip() or os.path.isabs(path) or parts[0] == "..":
+            raise ConfigInvalid(f"{where}.{what} must be a path inside the world (relative, no `..`), got {path!r}")
+    if os.path.splitext(lab.workflow)[1] not in (".yaml", ".yml", ".json"):
+        raise ConfigInvalid(f"{where}.workflow must be a .yaml, .yml or .json workflow file, got {lab.workflow!r}")
+    clash = sorted(set(lab.files) & set(lab.env))
+    if clash:
+        raise ConfigInvalid(f"{where}: {', '.join(clash)} is both in `files` and in `env`")
 
 
 def _check_process_envs(cfg: SessionConfig) -> None:

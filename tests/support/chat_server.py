@@ -8,7 +8,9 @@ order — and reads back every request body it saw::
     ...  # point an openai adapter at chat_server.url
     assert chat_server.requests[0].body["tools"][0]["function"]["name"] == "read_file"
 
-A request with nothing left in the queue gets a 500 and is counted in ``unscripted``.
+A request with nothing left in the queue gets a 500 and is counted in ``unscripted`` — unless the server was
+made with a ``respond`` function, which then answers each such request from its body (a model whose answer
+depends on the prompt: examples/crucible-agent/model.py).
 A :func:`slow` behaviour holds its request until the server stops (a client timeout
 fires first), so timeout tests need no sleeps. A :func:`hang` behaviour never answers and
 reports, through its :class:`Hang`, when the request arrived and when the client closed the
@@ -25,7 +27,7 @@ import json
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,7 +197,8 @@ def empty(no_choices: bool = False) -> Behaviour:
 class ChatServer:
     """The loopback server: ``url`` is its ``base_url`` (``http://127.0.0.1:<port>/v1``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, respond: Callable[[dict[str, Any]], Behaviour] | None = None) -> None:
+        self.respond = respond
         self.queue: deque[Behaviour] = deque()
         self.requests: list[Seen] = []
         self.unscripted = 0
@@ -213,12 +216,16 @@ class ChatServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         peer = request.transport.get_extra_info("peername") if request.transport is not None else None
-        self.requests.append(Seen(body=await request.json(), headers=dict(request.headers),
-                                  peer=(str(peer[0]), int(peer[1])) if peer else None))
-        if not self.queue:
+        seen = Seen(body=await request.json(), headers=dict(request.headers),
+                    peer=(str(peer[0]), int(peer[1])) if peer else None)
+        self.requests.append(seen)
+        if self.queue:
+            b = self.queue.popleft()
+        elif self.respond is not None:
+            b = self.respond(seen.body)
+        else:
             self.unscripted += 1
             return web.json_response({"error": {"message": "chat_server: no scripted behaviour left"}}, status=500)
-        b = self.queue.popleft()
         if b.hang is not None:
             return await self._hang(b.hang)
         if b.chunks:
