@@ -41,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import msgspec
 import openai
 
@@ -153,6 +154,12 @@ class ClientPool:
     reused across calls: a client holds an HTTP connection pool and a TLS context, and building one per call
     cost most of an agent turn's CPU. At most ``max_clients`` per loop (least recently used closed first);
     a loop's clients go with it. Keys are held as their sha256, never logged.
+
+    Each client sends over the SDK's ``aiohttp`` transport (``openai.DefaultAioHttpClient``, the SDK's own
+    option for many concurrent calls; the SDK's defaults otherwise): httpcore's pool walks every pooled
+    connection, probing each idle one's socket, for every request and every response closed, and parses
+    HTTP in Python — with hundreds of runs waiting on one endpoint, ≈ 60 % less client CPU per streamed call
+    over aiohttp's pool and C parser (256 calls at once against bench/_live_server.py).
     """
 
     def __init__(self, max_clients: int = 32) -> None:
@@ -167,7 +174,8 @@ class ClientPool:
         ident = (base_url, hashlib.sha256(key.encode()).hexdigest(), timeout_s)
         client = clients.get(ident)
         if client is None or client.is_closed():
-            client = openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=timeout_s, max_retries=0)
+            client = openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=timeout_s, max_retries=0,
+                                        http_client=openai.DefaultAioHttpClient())
             clients[ident] = client
             while len(clients) > self.max_clients:
                 _, old = clients.popitem(last=False)
@@ -337,12 +345,23 @@ class OpenAIAdapter:
             text = f"{self._base_url} answered {exc.status_code}{f' ({code})' if code else ''}: {said}"
             return ModelError(_scrub(text, key), kind=kind, retryable=retryable, retry_after_s=after,
                               body=_scrub_bytes(raw, key) or None, body_media_type=media)
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) and not _refused(exc):
             return ModelError(f"{self._base_url} did not answer within {self._spec.timeout:g} s", kind="timeout")
-        if isinstance(exc, openai.APIConnectionError):
+        if isinstance(exc, openai.APIConnectionError):  # a timeout that is a refused connect included
             cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
             return ModelError(_scrub(f"cannot reach {self._base_url}{cause}", key), kind="connection")
         return ModelError(_scrub(f"{self._base_url}: {exc.message}", key), kind="malformed_response")
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a timeout is a connect that failed at once: the ``aiohttp`` transport reports every
+    ``ClientConnectorError`` (refused, unreachable, no such host) as a connect *timeout*."""
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, aiohttp.ClientConnectorError) and not isinstance(cause, asyncio.TimeoutError):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _scrub(text: str | bytes, key: str) -> str:
