@@ -189,6 +189,8 @@ class Driver:
         cursor = Cursor()
         while True:
             start = cursor.at(state)  # advanced on every state the log gave (O(1) per step)
+            if self.control is not None and state.status != "cancelled":
+                self.control.seen(state.run_id, state.head_lsn)  # the cancel look goes on from here
             if prepared is not None:
                 done = await self._perform(state, spec, prepared.action, agents, interrupt, cursor, prepared)
                 prepared = None

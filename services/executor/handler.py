@@ -93,7 +93,8 @@ class Executor:
         self.default_budget = cfg.budget  # the namespace's (REEL_BUDGET): what a workflow's budget leaves unset
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
                             tool_output=cfg.tool_output, lease=lease)
-        self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since, check_s=cfg.cancel_check_s)
+        self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since, check_s=cfg.cancel_check_s,
+                                  heads=log.heads)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes,
                              owner_alive=lambda owner: executor_alive(infra.leases, owner))

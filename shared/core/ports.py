@@ -82,6 +82,11 @@ class EventLog(Protocol):
         """The LSN of the run's first commit (its ``run_created``), or ``None``."""
         ...
 
+    async def heads(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The LSN of each run's last commit, for many runs in one look (runs without a commit left out); it may
+        lag behind the runs' real heads (a replica that is behind), never lead them."""
+        ...
+
     async def read(self, run_id: str, *, upto_lsn: int | None = None, from_lsn: int = 0) -> list[tuple[int, Commit]]:
         """The run's ``(lsn, commit)`` pairs with LSN in ``[from_lsn, upto_lsn]``, ascending.
 

@@ -135,6 +135,11 @@ class MemoryEventLog:
             raise await self._corrupt(run_id, commit)
         return lsn, commit
 
+    async def heads(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """See :meth:`reel.shared.core.ports.EventLog.heads`."""
+        await asyncio.sleep(0)
+        return {r: commits[-1][0] for r in run_ids if is_token(r) and (commits := self.store.runs.get(r))}
+
     async def first_lsn(self, run_id: str) -> int | None:
         """See :meth:`reel.shared.core.ports.EventLog.first_lsn`."""
         await asyncio.sleep(0)

@@ -18,6 +18,12 @@ read from where the last look ended: a signal lost on the way (the cancel servic
 and its signal, a dropped core-NATS message) delays a stop by at most ``check_s`` plus one read. The
 executor's own commits are fenced on the run's head, so each of them also finds a cancel committed since.
 
+That periodic look is one request for all the watched runs (``heads``: each run's last LSN), and only a run
+whose log grew past what was read is read. What the drive itself holds counts as read (:meth:`ControlHub.seen`):
+its state is folded from every commit up to its head and is not cancelled, and a cancel is terminal, so no
+``run_cancelled`` is at or below that LSN. A run waiting on a model or a tool, with nothing committed since, costs
+the look nothing but its share of the one request.
+
 The reconnect hook chains nats-py's ``reconnected_cb`` (the client's one callback slot; the
 callback set at connect still runs first).
 """
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Literal
 
 import msgspec
@@ -83,11 +89,16 @@ class ControlHub:
             ``run_cancelled`` at an LSN ≥ ``from_lsn`` (``0``: anywhere), ``head_lsn`` the last LSN it read. A
             cancel is terminal (a cancelled run cannot be rewound), so one found means the run is cancelled now.
         check_s: how often each watched run's log is read (s); ``0``: only on signals and reconnects.
+        heads: ``run_ids`` → the LSN of each one's last commit, in one request (it may lag, never lead): the
+            periodic look reads only the runs whose log grew past what was read. ``None``: every watched run is
+            read at each look.
     """
 
     def __init__(self, nc: Client, names: Names, cancelled_since: Callable[[str, int], Awaitable[tuple[bool, int]]],
-                 *, check_s: float = 1.0) -> None:
+                 *, check_s: float = 1.0,
+                 heads: Callable[[Sequence[str]], Awaitable[dict[str, int]]] | None = None) -> None:
         self.nc, self.names, self.cancelled_since, self.check_s = nc, names, cancelled_since, check_s
+        self.heads = heads
         self._watched: dict[str, list[Interrupt]] = {}
         self._read_to: dict[str, int] = {}  # run id → the LSN the periodic look has read up to
         self._poll: asyncio.Task[None] | None = None
@@ -147,6 +158,13 @@ class ControlHub:
                 self._watched.pop(run_id, None)
                 self._read_to.pop(run_id, None)
 
+    def seen(self, run_id: str, lsn: int) -> None:
+        """A drive of ``run_id`` holds its state folded from every commit up to ``lsn``, and it is not cancelled:
+        no ``run_cancelled`` is at or below ``lsn`` (a cancel is terminal), so the periodic look goes on from
+        there. Only for a watched run (a watch that ended forgets it)."""
+        if run_id in self._watched and lsn > self._read_to.get(run_id, 0):
+            self._read_to[run_id] = lsn
+
     def shutdown(self) -> None:
         """The drain deadline passed: fire every watch (and every later one) with ``shutdown``."""
         self._shutdown = True
@@ -191,13 +209,22 @@ class ControlHub:
         task.add_done_callback(self._checks.discard)
 
     async def _look_periodically(self) -> None:
-        """Every ``check_s``: a check of each watched run not yet stopped, from where the last one read to."""
+        """Every ``check_s``: a check of each watched run not yet stopped whose log grew past what was read (all
+        of them without ``heads``, or when it fails), from where the last one read to."""
         while True:
             await asyncio.sleep(self.check_s)
-            for run_id, watches in list(self._watched.items()):
-                if any(w.cause is None for w in watches):
-                    read_to = self._read_to.get(run_id)
-                    self.check(run_id, 0 if read_to is None else read_to + 1, why="poll")
+            due = [run_id for run_id, watches in self._watched.items() if any(w.cause is None for w in watches)]
+            heads: dict[str, int] | None = None
+            if due and self.heads is not None:
+                try:
+                    heads = await self.heads(due)
+                except Exception as exc:  # each run is read instead
+                    log.warning("control.heads_failed", runs=len(due), error=str(exc))
+            for run_id in due:
+                read_to = self._read_to.get(run_id)
+                if heads is not None and read_to is not None and heads.get(run_id, 0) <= read_to:
+                    continue  # nothing committed since the last look (or the drive's own state)
+                self.check(run_id, 0 if read_to is None else read_to + 1, why="poll")
 
     async def _check(self, run_id: str, from_lsn: int, why: str) -> None:
         try:

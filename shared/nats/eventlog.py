@@ -110,6 +110,11 @@ class JetStreamEventLog:
             raise await self._corrupt(run_id, commit)
         return msg_seq(msg), commit
 
+    async def heads(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The LSN of each run's last commit, in one request per 256 runs (runs with no commit, and ids that
+        are not one subject token, are left out). From a replica that is behind, an LSN may be below the head."""
+        return await self.subjects.last_seqs([r for r in run_ids if is_token(r)])
+
     async def first_lsn(self, run_id: str) -> int | None:
         """LSN of the run's first commit (its ``run_created``), or ``None`` (see :meth:`head`)."""
         return await self.subjects.first_seq(run_id) if is_token(run_id) else None

@@ -28,7 +28,7 @@ import asyncio
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -235,6 +235,21 @@ class SubjectLog:
         if msgs:
             self.note(key, msg_seq(msgs[0]))
         return msgs[0] if msgs else None
+
+    async def last_seqs(self, keys: Sequence[str]) -> dict[str, int]:
+        """The sequence of each key's last message (keys with none are left out), in one batched Direct Get per
+        :data:`DIRECT_GET_BATCH` keys (``multi_last``) rather than one read per key. An answer may come from a
+        replica that is behind: never above the key's real last sequence, possibly below it."""
+        out: dict[str, int] = {}
+        by_subject = {self.subject_of(k): k for k in keys}
+        subjects = list(by_subject)
+        for i in range(0, len(subjects), DIRECT_GET_BATCH):
+            part = subjects[i:i + DIRECT_GET_BATCH]
+            for m in await self._direct_get({"multi_last": part, "batch": len(part)}):
+                key = by_subject.get((m.headers or {}).get("Nats-Subject", ""))
+                if key is not None:
+                    out[key] = max(out.get(key, 0), msg_seq(m))
+        return out
 
     async def first_seq(self, key: str) -> int | None:
         """Sequence of the key's first message, or ``None`` (asked of the leader if the key is known to exist)."""
