@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -128,6 +129,14 @@ async def executor(infra: Infra, cfg: Config) -> AsyncIterator[None]:
 
     async with running(serve, infra, cfg):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def model_clients_closed() -> AsyncIterator[None]:
+    """The session's loop ends with the openai adapter's clients closed (their aiohttp sessions warn otherwise)."""
+    yield
+    if "reel.shared.models.openai" in sys.modules:
+        await sys.modules["reel.shared.models.openai"].CLIENTS.aclose()
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,23 @@
 """``python -m reel.services.executor``: run one executor instance (env: see shared/runtime/config.py)."""
 
+import asyncio
+import sys
+
 from reel.services.runtime.runner import main_for
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
 
 from .app import serve
 
+
+async def serve_process(infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
+    """:func:`serve`, then the process's model clients closed (their aiohttp sessions warn at exit otherwise)."""
+    try:
+        await serve(infra, cfg, stop)
+    finally:
+        if "reel.shared.models.openai" in sys.modules:
+            await sys.modules["reel.shared.models.openai"].CLIENTS.aclose()
+
+
 if __name__ == "__main__":
-    main_for("executor", serve)
+    main_for("executor", serve_process)

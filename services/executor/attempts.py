@@ -154,6 +154,7 @@ class Attempts:
                  executor_id: ExecutorId, counter: TokenCounter, *, outcomes: KeyValue | None = None,
                  tool_output: OutputLimit | None = None, lease: Lease | None = None) -> None:
         self.log, self.blobs, self._nc, self._names = log, blobs, nc, names
+        self._js = nc.jetstream()  # one context for the verify triggers (building one per run showed in profiles)
         self._markers = KvOutcomeMarkers(outcomes) if outcomes is not None else None
         self.lease = lease
         self.tool_output = tool_output or OutputLimit()
@@ -269,7 +270,7 @@ class Attempts:
             die(self._crash_at)
         self.check_lease()
         try:
-            await publish_verify(self._nc.jetstream(), self._names, state.run_id, state.active_branch, state.head_lsn)
+            await publish_verify(self._js, self._names, state.run_id, state.active_branch, state.head_lsn)
         except Exception as exc:
             log.warning("run.verify_trigger_failed", lsn=state.head_lsn, error=str(exc))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 from reel.shared.core.errors import ModelError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
@@ -47,8 +47,8 @@ def make_chat_model(spec: ModelSpec, counter: TokenCounter = DEFAULT_COUNTER) ->
         ValueError: unknown built-in adapter (workflow validation rejects these earlier).
     """
     model = _load(spec, counter)
-    if not isinstance(model, ChatModel):
+    if ":" in spec.adapter and not isinstance(model, ChatModel):  # a built-in adapter always is one
         raise ModelError(f"model adapter {spec.adapter!r} returned {type(model).__name__}, which has no "
                          "`name` and `async complete_chat(ChatRequest) -> ChatResponse` (the model port, "
                          "docs/models.md)", kind="adapter_unavailable", retryable=False)
-    return model
+    return cast(ChatModel, model)

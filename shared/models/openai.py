@@ -313,8 +313,9 @@ class OpenAIAdapter:
         acc = StreamAssembler()
         try:
             client = self._client(key)
-            stream = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
-                                       stream_cls=ChunkDicts)
+            # the body's bytes as the executor stored them (msgspec), not re-encoded by the SDK's JSON encoder
+            stream = await client.post("/chat/completions", content=msgspec.json.encode(body), cast_to=object,
+                                       stream=True, stream_cls=ChunkDicts)
             async with stream:  # closed however it ends: its connection goes back to the pool
                 async for chunk in stream:
                     fragment = acc.add(chunk)
