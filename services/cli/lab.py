@@ -36,6 +36,8 @@ from reel.shared.core.run.views import build_episode_view
 from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 
 RESTING = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+STOPPED = (*RESTING, RunStatus.AWAITING_INPUT)
+"""Where a lab stops waiting for a fork: at rest, or waiting for a person (it goes on when answered)."""
 LAB_BY = "reel lab"
 """Who the lab's forks are recorded as forked by (``branch_forked.by``)."""
 
@@ -104,13 +106,15 @@ async def existing(s: Session, spec: LabSpec) -> list[Subject]:
 
 async def rested(s: Session, run_id: str, *, branch: str | None, verifiers: tuple[str, ...], timeout_s: float
                  ) -> RunState | None:
-    """The run once it rests (``branch``: on that branch, or with a verdict of every verifier there); ``None``
-    at the timeout."""
+    """The run once it rests (``branch``: on that branch, or with a verdict of every verifier there; or waits
+    for input there); ``None`` at the timeout."""
     def done(st: RunState) -> bool:
-        if st.status not in RESTING:
+        if st.status not in (RESTING if branch is None else STOPPED):
             return False
         if branch is None or st.active_branch == branch:
             return True
+        if st.status not in RESTING:
+            return False
         have = {v.verifier for v in st.verdicts if v.branch_id == branch}
         return all(v in have for v in verifiers)
 
@@ -200,6 +204,8 @@ class Lab:
                                        wall_s=round(time.perf_counter() - t0, 3))
         if after_state is None:
             return msgspec.structs.replace(done, skipped=f"the fork did not rest within {self.timeout_s:g} s")
+        if after_state.status == RunStatus.AWAITING_INPUT and after_state.active_branch == branch:
+            return msgspec.structs.replace(done, skipped="the fork waits for input (reel pending); it is not judged")
         after_facts = branch_facts(after_state, build_episode_view(after_state, branch))
         after = ty.branch_verdict(after_facts.verdicts, verifiers)
         if isinstance(after, pt.Skip):

@@ -11,14 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from reel.services.cancel.app import serve as serve_cancel
 from reel.shared.core.run.compare import compare
 from reel.shared.core.run.events import BranchForked
 from reel.shared.core.run.forkedits import Drop, describe
 from reel.shared.core.run.ids import BranchId
+from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.trajectories import load_trajectories
 from reel.shared.core.workflow.spec import AgentStep
+from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
+from tests.conftest import running
 from tests.integration.test_cli import reel
 
 pytestmark = pytest.mark.data
@@ -129,3 +134,27 @@ async def test_lab_over_a_live_agent_run_forks_after_its_first_failing_tool_call
     fork = state.branches[result["branch_id"]]
     assert (fork.parent_branch_id, fork.from_step, fork.forked_by) == ("main", "fix:t2", "reel lab")
     assert [v.status for v in state.verdicts if v.branch_id == result["branch_id"]] == ["pass"]  # its own files
+
+
+@pytest.mark.usefixtures("executor", "verifier")
+async def test_a_fork_that_waits_for_a_person_is_skipped_not_waited_for(
+        cfg: Config, infra: Infra, client: ReelClient, event_log: JetStreamEventLog, tmp_path: Path) -> None:
+    code, out, err = await reel(cfg, "run", "examples/agent/approval.yaml", "-q")
+    assert code == 6, (out, err)  # awaiting input
+    run_id = re.search(r"run (r-[0-9a-f]{20})", out).group(1)  # type: ignore[union-attr]
+    state = await event_log.load(run_id)
+    requests = state.branches["main"].requests
+    assert isinstance(requests, FrozenMap)
+    async with running(serve_cancel, infra, cfg):  # the service that takes answers
+        for step, req in requests.items():
+            reply = await (client.respond(run_id, req.request_id, "approve") if step == "ship:t1:c0" else
+                           client.respond(run_id, req.request_id, "answer", text="v1"))
+            assert reply.ok, reply
+    assert (await client.wait_for(run_id, ("completed",), timeout_s=60)).outcome == "passed"
+    spec = _spec(tmp_path, "cooler", f"runs: {{ids: [{run_id}, r-00000000000000000000]}}\nat: {{turn: 1}}\n"
+                 "edit: {param: {temperature: 0}}\n")
+    code, out, err = await reel(cfg, "lab", str(spec), "--json", "--timeout", "50")
+    assert code == 0, (out, err)
+    skipped = {s["run_id"]: s["reason"] for s in json.loads(out)["skipped"]}
+    assert skipped == {run_id: "the fork waits for input (reel pending); it is not judged",
+                       "r-00000000000000000000": "no such run"}
