@@ -74,8 +74,9 @@ def _cfg(url: str, namespace: str | None) -> Config:
     return Config.from_env(nats_url=url, names=Names(namespace) if namespace else None)
 
 
-LAB_SERVICES = ("executor", "verifier")
-"""What a ``lab`` judge's runs need: run here when nothing serves the namespace yet (as ``reel run`` does)."""
+LAB_SERVICES = ("executor", "verifier", "cancel")
+"""What a ``lab`` judge's runs need (and the cancel of an abandoned batch's): run here when nothing serves the
+namespace yet (as ``reel run`` does)."""
 
 
 def has_lab(config: SessionConfig) -> bool:

@@ -55,7 +55,10 @@ log = structlog.get_logger("reel.crucible")
 RESTED = ("completed", "cancelled")
 """The statuses a lab run is waited for: it has finished (its verdicts, if any, are in)."""
 START_TIMEOUT_S = 30.0
-"""How long one start waits for an executor's answer (s); past it the judge is unavailable."""
+"""How long one start waits for an executor's answer (s, at most half the batch's ``timeout_s``); past it the
+judge is unavailable."""
+CANCEL_TIMEOUT_S = 5.0
+"""How long the cancel of an abandoned lab run waits for the cancel service's answer (s)."""
 DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -227,7 +230,7 @@ class LabJudge(Judge):
         passes = sum(r.passed for r in done)
         cost = sum(r.cost_usd for r in done)
         log.info("crucible.lab", passes=passes, runs=len(done), cost_usd=cost, ms=elapsed_ms(),
-                 **{k.removeprefix("crucible."): v for k, v in (tag or {}).items()})
+                 **{k.removeprefix("crucible."): v for k, v in (tag or {}).items() if k != "crucible.session"})
         return (passes / len(done), len(done)), cost
 
     async def _batch(self, client: ReelClient, spec: WorkflowSpec, tree: Path, tag: dict[str, str],
@@ -238,7 +241,8 @@ class LabJudge(Judge):
         async def one(i: int) -> None:
             async with gate:
                 labels = {**tag, "crucible.run": str(i)}
-                reply = await client.start(spec, labels=labels, timeout_s=START_TIMEOUT_S, source_dir=source_dir)
+                reply = await client.start(spec, labels=labels, timeout_s=min(START_TIMEOUT_S, self.spec.timeout_s / 2),
+                                           source_dir=source_dir)
                 if not reply.ok or reply.run_id is None:
                     raise _Refused(reply.error.message if reply.error else "no run id")
                 started[i] = reply.run_id
@@ -255,11 +259,15 @@ class LabJudge(Judge):
                         if isinstance(e, kind)), leaves[0]) from None
 
     async def _cancel(self, client: ReelClient, started: dict[int, str], done: list[_Run]) -> None:
-        """Cancel the batch's runs that have not finished (best effort: they are real runs and would go on)."""
+        """Cancel the batch's runs that have not finished, at once (best effort, :data:`CANCEL_TIMEOUT_S` each:
+        they are real runs and would go on)."""
         finished = {r.run_id for r in done}
-        for run_id in started.values():
-            if run_id not in finished:
-                try:
-                    await client.cancel(run_id, "crucible: the lab reading was abandoned", by="crucible")
-                except (ReelError, TimeoutError, OSError) as exc:
-                    log.warning("crucible.lab_cancel_failed", run_id=run_id, error=str(exc)[:200])
+
+        async def cancel(run_id: str) -> None:
+            try:
+                await client.cancel(run_id, "crucible: the lab reading was abandoned", by="crucible",
+                                    timeout_s=CANCEL_TIMEOUT_S)
+            except (ReelError, TimeoutError, OSError) as exc:
+                log.warning("crucible.lab_cancel_failed", run_id=run_id, error=str(exc)[:200])
+
+        await asyncio.gather(*(cancel(r) for r in started.values() if r not in finished))

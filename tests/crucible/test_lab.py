@@ -28,6 +28,9 @@ from reel.shared.crucible.errors import ConfigInvalid
 from reel.shared.crucible.events import MeasureFinished, SegmentOpened
 from reel.shared.crucible.state import Fate, LoopExit, Reading
 from reel.shared.nats.client import ReelClient
+from reel.shared.nats.infra import Infra
+from reel.shared.runtime.config import Config
+from tests.conftest import running
 from tests.crucible.conftest import Crucible
 from tests.support.chat_server import ChatServer
 
@@ -161,3 +164,37 @@ async def test_a_lab_that_cannot_measure_the_world_is_refused_before_the_session
     with pytest.raises(ConfigInvalid) as got:
         await crucible.run(cfg, session_id="lab-refused")
     assert reason in got.value.message, got.value.message
+
+
+async def test_a_batch_that_does_not_finish_is_an_invalid_reading_and_its_runs_are_cancelled(
+        executor: None, crucible: Crucible, client: ReelClient, infra: Infra, cfg: Config, model_server: ChatServer,
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No verifier serves the namespace: the runs stay ``verifying``, the batch times out, the baseline is
+    invalid (the session escalates) and the runs it started are cancelled, not left running."""
+    from reel.services.cancel.app import serve as cancel_serve
+
+    monkeypatch.setenv("AGENT_MODEL_KEY", "loopback")
+    data = yaml.safe_load((EXAMPLE / "crucible.yaml").read_text())
+    judge = {**data["judge"], "lab": {**data["judge"]["lab"], "runs": 2}, "timeout_s": 10}
+    async with running(cancel_serve, infra, cfg):
+        o = await crucible.run(_config(root, _world(root / "world-src"), model_server.url, judge=judge),
+                               session_id="lab-timeout")
+    assert o.exit is LoopExit.ESCALATED and o.state.ended is not None
+    assert "baseline of regime main is invalid: timeout after 10s: 0 of 2 lab runs finished" in o.state.ended.reason
+    ours = [s for s in [await client.log.load(i) for i in await client.log.list_runs()]
+            if s.labels.get("crucible.session") == "lab-timeout"]
+    assert len(ours) == 2 and all(str(s.status) == "cancelled" for s in ours), [str(s.status) for s in ours]
+
+
+async def test_a_start_no_executor_answers_makes_the_lab_judge_unavailable(
+        crucible: Crucible, model_server: ChatServer, root: Path) -> None:
+    """Nothing serves the namespace: the start is not answered, the judge is unavailable (waited out, as exit
+    75 is for a command), and past ``max_block_s`` the session escalates with that reason."""
+    data = yaml.safe_load((EXAMPLE / "crucible.yaml").read_text())
+    judge = {**data["judge"], "lab": {**data["judge"]["lab"], "runs": 1}, "timeout_s": 2}
+    cfg = _config(root, _world(root / "world-src"), model_server.url, judge=judge,
+                  gates={"retry_s": 0.1, "max_block_s": 0.5, "protect": ["propose.py"]})
+    o = await crucible.run(cfg, session_id="lab-unavailable")
+    assert o.exit is LoopExit.ESCALATED and o.state.ended is not None
+    assert "judge unavailable for the baseline longer than 0.5s: no executor answered a lab run's start" \
+        in o.state.ended.reason, o.state.ended.reason
