@@ -1,6 +1,6 @@
 """``reel lab SPEC``: one edit at one point, forked into many runs, judged before and after (docs/forks.md).
 
-The decisions are pure (:mod:`reel.shared.core.lab`: the SPEC, the fork turn and edit of each run, the tally);
+The decisions are pure (:mod:`reel.shared.core.lab`: the SPEC, each run's fork plan and its verdicts, the tally);
 this module drives them: it replays the SPEC's recordings (as ``reel replay`` starts them, with keys of its own:
 a lab never forks the runs ``reel replay`` made, so they keep their active branch) or reads
 the runs it names, forks each through the rewind service's command (``ReelClient.rewind`` with the edit, as
@@ -28,12 +28,10 @@ from reel.services.cli.recordings import replay_key
 from reel.shared.core.errors import RunNotFound, TrajectoryFormatError
 from reel.shared.core.lab import point as pt
 from reel.shared.core.lab import tally as ty
+from reel.shared.core.lab.plan import base_branch, judge_fork, plan_fork
 from reel.shared.core.lab.spec import LabSpec, LabSpecError, describe_point, describe_template, parse_spec
-from reel.shared.core.run.compare import branch_facts
-from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.state import RunState, RunStatus
-from reel.shared.core.run.views import build_episode_view
-from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
+from reel.shared.core.workflow.spec import WorkflowSpec
 
 RESTING = (RunStatus.COMPLETED, RunStatus.CANCELLED)
 STOPPED = (*RESTING, RunStatus.AWAITING_INPUT)
@@ -130,12 +128,6 @@ async def rested(s: Session, run_id: str, *, branch: str | None, verifiers: tupl
         return None
 
 
-def _agent_spec(workflow: WorkflowSpec | None, agent: str) -> AgentStep | None:
-    if workflow is None:
-        return None
-    return next((st for st in workflow.steps if isinstance(st, AgentStep) and st.id == agent), None)
-
-
 class Lab:
     """One lab's driving: the SPEC, its session, its fork key, and the progress it prints."""
 
@@ -167,51 +159,31 @@ class Lab:
         return await self._fork(subject.source or state.workflow_name, state)
 
     async def _fork(self, source: str, state: RunState) -> ty.RunResult:
-        spec = self.spec
-        base = BranchId(spec.branch) if spec.branch is not None else next(
-            b for b in state.branches if state.branches[b].parent_branch_id is None)
-        skip = ty.RunResult(run_id=state.run_id, source=source, base_branch=base)
-        if base not in state.branches:
-            return msgspec.structs.replace(skip, skipped=f"no branch {base}")
-        verifiers = ty.judged_by(spec.verifiers, state.verifiers)
-        view = build_episode_view(state, base)
-        agent = pt.choose_agent(view, spec.agent)
-        if isinstance(verifiers, pt.Skip):
-            return msgspec.structs.replace(skip, skipped=verifiers.reason)
-        if isinstance(agent, pt.Skip):
-            return msgspec.structs.replace(skip, skipped=agent.reason)
-        before_facts = branch_facts(state, view)
-        before = ty.branch_verdict(before_facts.verdicts, verifiers)
-        agent_spec = _agent_spec(await self.s.workflow(state), agent)
-        turn = pt.fork_turn(view, agent, spec.at, agent_spec)
-        edit = pt.resolve_edit(spec.edit, agent_spec)
-        for found in (before, turn, edit):
-            if isinstance(found, pt.Skip):
-                return msgspec.structs.replace(skip, skipped=found.reason)
-        assert isinstance(turn, str) and not isinstance(edit, pt.Skip) and isinstance(before, str)
+        skip = ty.RunResult(run_id=state.run_id, source=source, base_branch=base_branch(state, self.spec))
+        plan = plan_fork(state, self.spec, await self.s.workflow(state))
+        if isinstance(plan, pt.Skip):
+            return msgspec.structs.replace(skip, skipped=plan.reason)
         t0 = time.perf_counter()
-        reply = await self.s.client.rewind(state.run_id, at_step=turn, branch=base, edits=(edit,), by=LAB_BY,
-                                           idempotency_key=f"{self.key}:{state.run_id}")
+        reply = await self.s.client.rewind(state.run_id, at_step=plan.turn, branch=plan.base, edits=(plan.edit,),
+                                           by=LAB_BY, idempotency_key=f"{self.key}:{state.run_id}")
         if not reply.ok or reply.branch_id is None:
             why = f"{reply.error.code}: {reply.error.message}" if reply.error else "refused"
-            return msgspec.structs.replace(skip, at_step=turn, skipped=f"fork refused: {why}")
+            return msgspec.structs.replace(skip, at_step=plan.turn, skipped=f"fork refused: {why}")
         branch = reply.branch_id
-        self.say(f"forked {state.run_id} at {turn}: {branch}" + ("" if reply.created is not False else " (before)"))
-        after_state = await rested(self.s, state.run_id, branch=branch, verifiers=verifiers,
-                                   timeout_s=self.timeout_s)
-        done = msgspec.structs.replace(skip, branch_id=branch, at_step=turn, before=before,
-                                       before_usage=ty.usage_of(before_facts),
-                                       wall_s=round(time.perf_counter() - t0, 3))
-        if after_state is None:
+        self.say(f"forked {state.run_id} at {plan.turn}: {branch}" + ("" if reply.created is not False
+                                                                      else " (before)"))
+        rest = await rested(self.s, state.run_id, branch=branch, verifiers=plan.verifiers, timeout_s=self.timeout_s)
+        done = msgspec.structs.replace(skip, branch_id=branch, at_step=plan.turn, before=plan.before,
+                                       before_usage=plan.before_usage, wall_s=round(time.perf_counter() - t0, 3))
+        if rest is None:
             return msgspec.structs.replace(done, skipped=f"the fork did not rest within {self.timeout_s:g} s")
-        if after_state.status == RunStatus.AWAITING_INPUT and after_state.active_branch == branch:
+        if rest.status == RunStatus.AWAITING_INPUT and rest.active_branch == branch:
             return msgspec.structs.replace(done, skipped="the fork waits for input (reel pending); it is not judged")
-        after_facts = branch_facts(after_state, build_episode_view(after_state, branch))
-        after = ty.branch_verdict(after_facts.verdicts, verifiers)
-        if isinstance(after, pt.Skip):
-            return msgspec.structs.replace(done, skipped=f"after the fork: {after.reason}")
-        self.say(f"finished {state.run_id} {branch}: {before} -> {after}")
-        return msgspec.structs.replace(done, after=after, after_usage=ty.usage_of(after_facts))
+        judged = judge_fork(rest, plan, branch)
+        if isinstance(judged, pt.Skip):
+            return msgspec.structs.replace(done, skipped=judged.reason)
+        self.say(f"finished {state.run_id} {branch}: {plan.before} -> {judged[0]}")
+        return msgspec.structs.replace(done, after=judged[0], after_usage=judged[1])
 
 
 async def drive(s: Session, spec: LabSpec, subjects: list[Subject], *, key: str, concurrency: int,
