@@ -360,7 +360,7 @@ def chaos(
     file: Path = typer.Argument(..., help="workflow spec (YAML or JSON, see docs/workflow.md)"),
     runs: int = typer.Option(1, "--runs", min=1, help="killed runs per crash point"),
     only: str | None = typer.Option(None, "--only", help="only the crash points whose name contains this text"),
-    timeout: float = typer.Option(120.0, "--timeout", help="seconds each run may take to come to rest"),
+    timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="seconds each run may take to come to rest"),
     references: int = typer.Option(2, "--references", min=2, max=MAX_REFERENCES, help="unkilled runs first (more "
                                    "follow while end states differ): a field that differs between them (a timing "
                                    "in an output) is not compared"),

@@ -31,9 +31,11 @@ from reel.shared.core.run.ids import ContextItemId, StepId
 def _read(path: str, what: str) -> str:
     """The text of ``path``. Raises: CliError (exit 1): unreadable."""
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot read {what} file {path!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"cannot read {what} file {path!r}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _pair(text: str, what: str) -> tuple[str, str]:

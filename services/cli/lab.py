@@ -51,9 +51,12 @@ class Subject(msgspec.Struct, frozen=True, kw_only=True):
 def load_spec(path: Path) -> LabSpec:
     """The SPEC at ``path``. Raises: CliError (exit 1): unreadable or invalid, naming the file."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot read lab SPEC {str(path)!r}: {exc.strerror or exc}", kind="lab_spec") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"cannot read lab SPEC {str(path)!r}: not UTF-8 text (byte {exc.start})",
+                       kind="lab_spec") from None
     try:
         return parse_spec(text, folder=path.parent, env=os.environ, name=path.stem)
     except LabSpecError as exc:
@@ -244,7 +247,7 @@ def lab_key(spec: LabSpec, fresh: bool) -> str:
 def lab(
     spec_file: Path = typer.Argument(..., help="the lab SPEC (YAML): runs, at, edit, verifier"),
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="runs replayed or forked at once"),
-    timeout: float = typer.Option(600.0, help="seconds to wait for each replay and each fork to rest"),
+    timeout: float = typer.Option(600.0, min=0.1, help="seconds to wait for each replay and each fork to rest"),
     fresh: bool = typer.Option(False, help="fork again even where this SPEC forked before (new branches)"),
     json_out: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
     nats_url: str | None = NatsUrl,

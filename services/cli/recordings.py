@@ -24,7 +24,7 @@ def replay(
     budget_tokens: int = typer.Option(8000, help="context budget of each model step (tokens)"),
     limit: int | None = typer.Option(None, help="at most this many episodes per file"),
     fresh: bool = typer.Option(False, help="start new runs even if these recordings were replayed before"),
-    timeout: float = typer.Option(600.0, help="seconds to wait for each run"),
+    timeout: float = typer.Option(600.0, min=0.1, help="seconds to wait for each run"),
     timelines: bool | None = typer.Option(None, help="print each run's timeline (default: when ≤ 10 runs)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no per-run lines or timelines: only the summary"),
     nats_url: str | None = NatsUrl,

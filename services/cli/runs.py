@@ -90,7 +90,7 @@ def exit_code(state: RunState | None) -> int:
 def run(
     file: Path = typer.Argument(..., help="workflow spec (YAML or JSON, see docs/workflow.md)"),
     key: str | None = typer.Option(None, "--key", help="idempotency key: a repeated start returns the same run"),
-    timeout: float = typer.Option(300.0, help="seconds to wait for the run to finish (exit 5); while the run "
+    timeout: float = typer.Option(300.0, min=0.1, help="seconds to wait for the run to finish (exit 5); while the run "
                                   "sleeps, counted from its wake time"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines, only the timeline"),
     nats_url: str | None = NatsUrl,
@@ -107,7 +107,16 @@ def run(
     async def body() -> int:
         spec = load_workflow(file, env=os.environ)  # ${NAME} / ${NAME:-default} from the environment
         async with session(nats_url, namespace, services=SERVICES) as s:
-            reply = await s.client.start(spec, idempotency_key=key, source_dir=folder)
+            sent: list[str] = []
+            try:
+                reply = await s.client.start(spec, idempotency_key=key, source_dir=folder, sending=sent.append)
+            except asyncio.CancelledError:
+                if sent:  # the command may be queued: it makes this run when an executor takes it
+                    said_interrupted()
+                    err_console.print(f"interrupted before the start was answered: if it was queued, run {sent[-1]} "
+                                      "starts when an executor runs (`reel up`); `reel ls` then lists it and "
+                                      f"`reel cancel {sent[-1]}` stops it")
+                raise
             if not reply.ok or reply.run_id is None:
                 raise CliError(f"start refused: {reply.error.code if reply.error else '?'}: "
                                f"{reply.error.message if reply.error else ''}")
@@ -206,7 +215,8 @@ def verdicts(
     run_id: str = typer.Argument(...),
     follow_: bool = typer.Option(False, "--follow", "-f", help="print verdicts as they are published until the run "
                                  "completes, is cancelled or awaits input; exit code by its outcome (as reel run)"),
-    timeout: float = typer.Option(3600.0, help="with --follow: seconds to wait for the run to complete (exit 5)"),
+    timeout: float = typer.Option(3600.0, min=0.1,
+                                  help="with --follow: seconds to wait for the run to complete (exit 5)"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:

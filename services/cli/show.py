@@ -29,7 +29,7 @@ def show(
     follow_: bool = typer.Option(False, "--follow", "-f", help="first print each commit as it lands (and streamed "
                                  "tokens) until the run completes, is cancelled, or waits for its verifiers or for "
                                  "input; then the timeline"),
-    timeout: float = typer.Option(3600.0, help="with --follow: seconds to wait (exit 5 when they pass)"),
+    timeout: float = typer.Option(3600.0, min=0.1, help="with --follow: seconds to wait (exit 5 when they pass)"),
     attempt: str | None = typer.Option(None, "--attempt", metavar="STEP#N",
                                        help="with --prompt or --output: that attempt of that step (e.g. plan#2, "
                                             "replay:t3#1; STEP alone: its last attempt)"),

@@ -236,7 +236,7 @@ NO_SERVICE = 3
 
 def status(
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
-    timeout: float = typer.Option(0.5, help="seconds to wait for the services' discovery answers"),
+    timeout: float = typer.Option(0.5, min=0.1, help="seconds to wait for the services' discovery answers"),
     nats_url: str | None = NatsUrl,
     namespace: str = Namespace,
 ) -> None:

@@ -35,12 +35,12 @@ import typer
 from rich.table import Table
 
 from reel.services.cli.auth import AUTH_DIR_ENV, auth_dir_from_env
-from reel.services.cli.console import Namespace, NatsUrl, console, err_console, reel_home, run_async
+from reel.services.cli.console import CliError, Namespace, NatsUrl, console, err_console, reel_home, run_async
 from reel.services.cli.embed import SERVICES, connect_cli, service_serve
 from reel.shared.auth.authdir import AuthDir, init
 from reel.shared.auth.roles import SERVICE_ROLE, accounts
 from reel.shared.core.wire.subjects import Names
-from reel.shared.nats.embedded import EmbeddedServer, embedded_server
+from reel.shared.nats.embedded import EmbeddedServer, StoreInUse, embedded_server
 from reel.shared.nats.infra import ensure_infra
 from reel.shared.runtime.config import CONNECTION_FLAGS, Config
 
@@ -67,8 +67,13 @@ def up(
             if url is None:
                 sd = store_dir or reel_home() / "js"
                 sd.mkdir(parents=True, exist_ok=True)
-                srv = await stack.enter_async_context(embedded_server(
-                    port=port, store_dir=str(sd), config_file=str(auth_dir.server_conf) if auth_dir else None))
+                try:
+                    srv = await stack.enter_async_context(embedded_server(
+                        port=port, store_dir=str(sd), config_file=str(auth_dir.server_conf) if auth_dir else None))
+                except StoreInUse as exc:  # most often a `reel up` already running: commands find that one
+                    raise CliError(f"{exc}: a `reel up` there already serves it (`reel status` lists its services; "
+                                   "stop it first to start another), or pass --store-dir / set REEL_HOME for another "
+                                   "store", kind="store_in_use") from None
                 url = srv.url
                 console.print(f"nats-server {url} (JetStream store {sd}" + (f", users of {auth_dir.path})"
                                                                              if auth_dir else ")"))

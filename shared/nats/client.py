@@ -173,11 +173,13 @@ class ReelClient:
 
     async def start(self, spec: WorkflowSpec, *, idempotency_key: str | None = None,
                     labels: dict[str, str] | None = None, timeout_s: float = 30.0,
-                    source_dir: str | None = None) -> Reply:
+                    source_dir: str | None = None, sending: Callable[[RunId], None] | None = None) -> Reply:
         """Start a run of ``spec``; large workflows go by blob ref.
 
         ``source_dir``: the absolute folder of the workflow's file, where the executor looks for its ``python:``
         tools first (:class:`~reel.shared.core.wire.commands.StartRun`); ``None``: its working folder only.
+        ``sending``: called with the run id the executor will derive just before each start command is published
+        (a caller interrupted before the reply can then name the run the queued command makes).
 
         A start refused ``lease_lost`` (the executor that took it lost its lease meanwhile: it wrote nothing,
         the refusal is retryable) is sent again, at most :data:`START_TRIES` times in all, as a new command (a
@@ -192,7 +194,7 @@ class ReelClient:
         """
         for attempt in range(START_TRIES):
             reply = await self._start_once(spec, idempotency_key=idempotency_key, labels=labels, timeout_s=timeout_s,
-                                           source_dir=source_dir)
+                                           source_dir=source_dir, sending=sending)
             if reply.ok or reply.error is None or reply.error.code != "lease_lost" or attempt == START_TRIES - 1:
                 return reply
             log.warning("start.retried", reason=reply.error.message[:200], attempt=attempt + 1)
@@ -200,7 +202,8 @@ class ReelClient:
         raise AssertionError("unreachable")  # the loop returns on its last try
 
     async def _start_once(self, spec: WorkflowSpec, *, idempotency_key: str | None,
-                          labels: dict[str, str] | None, timeout_s: float, source_dir: str | None) -> Reply:
+                          labels: dict[str, str] | None, timeout_s: float, source_dir: str | None,
+                          sending: Callable[[RunId], None] | None = None) -> Reply:
         body = encode_workflow(spec)
         where: str | msgspec.UnsetType = msgspec.UNSET if source_dir is None else source_dir
         if len(body) > INLINE_WORKFLOW_MAX_BYTES and self.blobs is not None:
@@ -210,6 +213,8 @@ class ReelClient:
             cmd = StartRun(workflow=spec, idempotency_key=idempotency_key, labels=labels or {}, source_dir=where)
         msg_id = uuid.uuid4().hex
         run_id = run_id_for_key(idempotency_key or f"cmd:{msg_id}")  # the id the executor derives
+        if sending is not None:
+            sending(RunId(run_id))
 
         async def if_lost() -> Reply | None:  # the reply was lost in a reconnect: the run, if it was made
             try:

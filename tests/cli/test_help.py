@@ -67,4 +67,4 @@ def test_a_flag_shows_no_type_and_an_option_its_type() -> None:
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "120", "TERM": "dumb"}).output
     quiet = next(line for line in out.splitlines() if "--quiet" in line)
     timeout = next(line for line in out.splitlines() if "--timeout" in line)
-    assert "<" not in quiet and "<float>" in timeout, out
+    assert "<" not in quiet and "<float range> [x>=0.1]" in timeout, out  # a timeout must be positive

@@ -519,13 +519,15 @@ def load_workflow(path: str | Path, *, env: Mapping[str, str] | None = None) -> 
             from it first (:func:`expand_env`; ``reel run`` passes the environment).
 
     Raises:
-        WorkflowInvalid: unreadable file or invalid content (message names the file).
+        WorkflowInvalid: unreadable file (or not UTF-8) or invalid content (message names the file).
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise WorkflowInvalid(f"cannot read workflow {p}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise WorkflowInvalid(f"cannot read workflow {p}: not UTF-8 text (byte {exc.start})") from None
     fmt: Literal["json", "auto"] = "json" if p.suffix == ".json" else "auto"
     try:
         if env is not None:
