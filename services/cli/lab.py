@@ -28,8 +28,8 @@ from reel.services.cli.recordings import replay_key
 from reel.shared.core.errors import RunNotFound, TrajectoryFormatError
 from reel.shared.core.lab import point as pt
 from reel.shared.core.lab import tally as ty
+from reel.shared.core.lab.labspec import LabSpec, LabSpecError, describe_point, describe_template, parse_spec
 from reel.shared.core.lab.plan import base_branch, judge_fork, plan_fork
-from reel.shared.core.lab.spec import LabSpec, LabSpecError, describe_point, describe_template, parse_spec
 from reel.shared.core.run.state import RunState, RunStatus
 from reel.shared.core.workflow.spec import WorkflowSpec
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reel.shared.core.lab.point import Skip, choose_agent, fork_turn, resolve_edit
-from reel.shared.core.lab.spec import (
+from reel.shared.core.lab.labspec import (
     AfterFailingTool,
     FirstDropped,
     ItemEdit,
@@ -18,6 +17,7 @@ from reel.shared.core.lab.spec import (
     expand,
     parse_spec,
 )
+from reel.shared.core.lab.point import Skip, choose_agent, fork_turn, resolve_edit
 from reel.shared.core.lab.stats import pass_rate
 from reel.shared.core.lab.tally import FAIL, PASS, RunResult, Usage, branch_verdict, judged_by, tally
 from reel.shared.core.run.eventfields import ContextPartition, Verdict

@@ -19,6 +19,7 @@ def test_the_interval_stays_inside_0_and_1_at_the_extremes() -> None:
     low20, high20 = wilson(20, 20)
     assert low0 == 0.0 and 0.0 < high0 < 0.2
     assert high20 == 1.0 and 0.8 < low20 < 1.0
+    assert wilson(0, 206)[0] == 0.0 and wilson(206, 206)[1] == 1.0  # exact, not 1e-18 / 0.9999999999999999
 
 
 def test_no_runs_means_nothing_is_known_and_bad_counts_are_refused() -> None:

@@ -10,7 +10,7 @@ import msgspec
 
 from reel.shared.core.lab import point as pt
 from reel.shared.core.lab import tally as ty
-from reel.shared.core.lab.spec import LabSpec
+from reel.shared.core.lab.labspec import LabSpec
 from reel.shared.core.run.compare import branch_facts
 from reel.shared.core.run.forkedits import ContextEdit
 from reel.shared.core.run.ids import BranchId, StepId

@@ -1,6 +1,6 @@
 """Where a lab forks one run, and the edit it sends there: pure functions of the branch's view and the agent.
 
-:func:`fork_turn` turns the SPEC's point (:mod:`reel.shared.core.lab.spec`) into the agent turn the fork re-runs
+:func:`fork_turn` turns the SPEC's point (:mod:`reel.shared.core.lab.labspec`) into the agent turn the fork re-runs
 (``replay:t12``), or a :class:`Skip` saying why the run has no such turn; :func:`resolve_edit` turns the SPEC's
 edit into the fork edit for that run (an item ``{kind: task}`` becomes the run's task item id). Whether the edit
 fits the turn is the rewind service's to say (``check_edits``): a lab sends what ``reel fork`` would send.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from reel.shared.core.lab.spec import (
+from reel.shared.core.lab.labspec import (
     AfterFailingTool,
     EditTemplate,
     FirstDropped,

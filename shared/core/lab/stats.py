@@ -55,7 +55,9 @@ def wilson(passes: int, runs: int, z: float = Z_95) -> tuple[float, float]:
     denominator = 1.0 + z2 / runs
     centre = (p + z2 / (2 * runs)) / denominator
     half = (z / denominator) * math.sqrt(p * (1.0 - p) / runs + z2 / (4 * runs * runs))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if passes == 0 else max(0.0, centre - half)  # exact at the ends (no 1e-18 or 0.9999…)
+    high = 1.0 if passes == runs else min(1.0, centre + half)
+    return low, high
 
 
 def pass_rate(passes: int, runs: int) -> PassRate:
