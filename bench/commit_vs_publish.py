@@ -60,7 +60,8 @@ from reel.services.executor.app import ports
 from reel.services.executor.attempts import Attempts
 from reel.services.executor.driver import Driver
 from reel.shared.application.workflows import WorkflowCache
-from reel.shared.core.pack.packer import pack
+from reel.shared.core.agent.turncontext import model_turn
+from reel.shared.core.chat.messages import wire_request
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.events import (
@@ -125,13 +126,12 @@ def workload_note() -> str:
     spec = replay_workflow(12, "probe")
     step = spec.steps[11]
     assert isinstance(step, ModelStep)
-    items = plan.context_items(step, spec, {})
-    packed = pack(plan.candidates(items, DEFAULT_COUNTER), plan.policy_for(step, spec))
-    p = packed.partition
-    prompt = plan.render_prompt(step, items, p.packed)
-    return (f"{len(items)} candidates (task + last 9 messages, oldest stale), budget "
+    turn = model_turn(step, spec, run_id="r-probe", attempt=1, outputs={}, facts=plan.TextFacts(DEFAULT_COUNTER))
+    p = turn.packed.partition
+    prompt = msgspec.json.encode(wire_request(turn.request))
+    return (f"{len(turn.items)} candidates (task + last 9 messages, oldest stale), budget "
             f"{plan.policy_for(step, spec).budget_tokens} tokens → packed {len(p.packed)}, available "
-            f"{len(p.available)}, dropped {len(p.dropped)}; prompt blob {len(prompt.encode()):,} B, "
+            f"{len(p.available)}, dropped {len(p.dropped)}; prompt blob {len(prompt):,} B, "
             f"output blob {len((step.model.output or '').encode()):,} B")
 
 

@@ -32,9 +32,10 @@ from typing import Any
 WORLD = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(WORLD))  # measure the packer of this world, not the installed one
 
+from reel.shared.core.agent.turncontext import model_items, turn_candidates  # noqa: E402
 from reel.shared.core.pack.packer import Candidate, PackPolicy, pack  # noqa: E402
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER  # noqa: E402
-from reel.shared.core.run.planning import candidates, context_items  # noqa: E402
+from reel.shared.core.run.planning import TextFacts  # noqa: E402
 from reel.shared.core.trajectories import load_trajectories  # noqa: E402
 from reel.shared.core.workflow.spec import ModelStep, ToolStep  # noqa: E402
 
@@ -75,6 +76,7 @@ def evidence_values(output: str) -> set[str]:
 def cases(data_dir: Path) -> list[tuple[list[Candidate], list[list[str]], list[str]]]:
     """Per model step with evidence: its candidates, the source items of each value, the required items."""
     out = []
+    facts = TextFacts(DEFAULT_COUNTER)
     for name in RUNS:
         for spec in load_trajectories(data_dir / name, form="linear"):
             if spec.source.get("outcome") is not True:  # only runs whose recorded verdict is a pass
@@ -85,11 +87,11 @@ def cases(data_dir: Path) -> list[tuple[list[Candidate], list[list[str]], list[s
                     outputs[step.id] = step.tool.output or ""
                     continue
                 assert isinstance(step, ModelStep)
-                items = context_items(step, spec, outputs)
-                sources = [[i.id for i, text in items if v in text] for v in evidence_values(step.model.output or "")]
+                items = model_items(step, spec, outputs)
+                sources = [[i.id for i in items if v in i.text] for v in evidence_values(step.model.output or "")]
                 sources = [s for s in sources if s]
                 if sources:
-                    cands = candidates(items, DEFAULT_COUNTER)
+                    cands = turn_candidates(items, facts)
                     out.append((cands, sources, [c.id for c in cands if c.kind in REQUIRED_KINDS]))
                 outputs[step.id] = step.model.output or ""
     return out

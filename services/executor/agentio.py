@@ -23,11 +23,10 @@ from typing import Any
 import msgspec
 
 from reel.shared.application.fenced import Decide
-from reel.shared.auth import secrets
 from reel.shared.core.agent import commits as ac
 from reel.shared.core.agent import forkcontext, turnfold
 from reel.shared.core.agent.memo import ContextMemo
-from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids, wire_request
+from reel.shared.core.chat.messages import ChatRequest, ChatResponse, ToolCall, assign_call_ids
 from reel.shared.core.decision import Decision
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.tokencount import TokenCounter
@@ -49,7 +48,7 @@ from .bodies import Bodies
 from .interrupts import Interrupted
 from .streaming import StreamOut
 
-JSON = "application/json"
+JSON = modelout.JSON
 
 
 class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,11 +81,7 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
                                          [c.from_step for c in agent.context if c.from_step is not None])
     ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes,
                      edits=edits)
-    request = ctx.request
-    body = msgspec.json.encode(wire_request(request))
-    if secrets.scrub_bytes(body) != body:  # a secret in the context (a workflow's text): neither sent nor recorded
-        request = msgspec.convert(secrets.current().scrub_value(msgspec.to_builtins(request)), type(request))
-        body = msgspec.json.encode(wire_request(request))
+    request, body = modelout.request_body(ctx.request)
     ref = ref_for(body, JSON)
     partition = ctx.packed.partition
     events = ac.turn_intent(state, action, executor_id=ExecutorId(attempts.executor_id), at_ms=now_ms(),

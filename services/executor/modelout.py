@@ -1,6 +1,8 @@
 """A model attempt (a ``kind: model`` step's — one turn with no tools — or an agent turn's): the call, and its
 outcome recorded honestly.
 
+* The prompt blob is the exact wire request, secrets scrubbed (:func:`request_body`).
+
 * One call (:func:`ask`): the step's chat model (the one model port), streamed when asked; an adapter's own
   bug (any exception but a :class:`~reel.shared.core.errors.ModelError`) is a failed attempt
   ``adapter_error`` (not retryable), never an executor crash.
@@ -31,7 +33,7 @@ import tenacity
 
 from reel.shared.auth import secrets
 from reel.shared.core.chat.finish import TRUNCATED, OnTruncated, is_truncated, truncation_message
-from reel.shared.core.chat.messages import ChatRequest, ChatResponse
+from reel.shared.core.chat.messages import ChatRequest, ChatResponse, wire_request
 from reel.shared.core.errors import ModelError, ToolError
 from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run import timers
@@ -48,6 +50,9 @@ from .interrupts import Interrupted, stopped_within
 from .streaming import StreamOut, streamed
 
 log = structlog.get_logger("reel.executor")
+
+JSON = "application/json"
+"""The media type of a prompt body (the wire request) and of an agent turn's output (the response message)."""
 
 MAX_ERROR_CHARS = 4000
 """The longest one-line error message recorded (characters); the whole body is the ``error_ref`` blob."""
@@ -74,6 +79,16 @@ async def ask(spec: ModelSpec, request: ChatRequest, counter: TokenCounter, out:
         raise ModelError(f"adapter raised {type(exc).__name__}: {exc}", kind="adapter_error",
                          retryable=False) from exc
     return response
+
+
+def request_body(request: ChatRequest) -> tuple[ChatRequest, bytes]:
+    """The request to send and its prompt body (the exact wire request, JSON), with any secret in it (a workflow's
+    text) scrubbed from both: it is neither sent nor recorded."""
+    body = msgspec.json.encode(wire_request(request))
+    if secrets.scrub_bytes(body) != body:
+        request = msgspec.convert(secrets.current().scrub_value(msgspec.to_builtins(request)), type(request))
+        body = msgspec.json.encode(wire_request(request))
+    return request, body
 
 
 def answer_outcome(where: Where, *, body: bytes, media_type: str, finish_reason: str | None, usage: Usage,

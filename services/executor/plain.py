@@ -37,11 +37,10 @@ import structlog
 
 from reel.shared.application import codeid
 from reel.shared.application.fenced import Committed, Decide, Decided
-from reel.shared.auth import secrets
-from reel.shared.core.chat.messages import prompt_request
+from reel.shared.core.agent.turncontext import model_turn
+from reel.shared.core.chat.messages import ChatRequest
 from reel.shared.core.decision import Decision, Skip
 from reel.shared.core.errors import ModelError, ToolError
-from reel.shared.core.pack.packer import accounted, pack, reserving
 from reel.shared.core.run import budget, codeids, timers
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.crashpoints import commit_points, point_name
@@ -86,7 +85,8 @@ class Prepared:
     action: plan.Dispatch
     step: ModelStep | ToolStep
     intent: AttemptDispatched
-    prompt: str = ""  # a model step's rendered prompt (its body is stored unless inline)
+    request: ChatRequest | None = None  # a model step's: the first turn of an agent without tools
+    prompt: bytes = b""  # its body, the exact wire request (stored unless inline)
     prompt_tokens: int = 0
 
 
@@ -192,7 +192,8 @@ class PlainSteps:
         self.waits = modelout.RetryWaits()  # a failed model call's Retry-After or backoff, waited before the retry
 
     async def prepare(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch) -> Prepared:
-        """The intent of ``action`` on ``state`` (a model step's context packed and its prompt rendered)."""
+        """The intent of ``action`` on ``state`` (a model step's context packed and its request made, as an agent's
+        first turn without tools: :func:`~reel.shared.core.agent.turncontext.model_turn`)."""
         step = spec.steps[state.step_index(action.step_id)]  # O(1): the run declared the workflow's steps in order
         assert isinstance(step, ModelStep | ToolStep) and step.id == action.step_id, action
         a = self.a
@@ -203,24 +204,19 @@ class PlainSteps:
         policy = plan.policy_for(step, spec)
         outputs = await a.outputs(state, action.branch_id, plan.needed_outputs(step, spec),
                                   max_bytes=plan.read_bound(policy))
-        items = plan.context_items(step, spec, outputs)
-        reserved = a.facts(step.instructions)[0] if step.instructions else 0  # sent first, outside the items
-        packed = accounted(pack(plan.candidates(items, a.facts), reserving(policy, reserved)), reserved,
-                           a.facts.counter.name, policy.budget_tokens)
-        prompt = secrets.scrub(plan.render_prompt(step, items, packed.partition.packed))
-        partition = packed.partition
-        if outputs.trimmed:  # recorded beside the buckets: what was cut before packing (never silent)
-            partition = msgspec.structs.replace(partition, trimmed=tuple(
-                i.id for i, _ in items if i.from_step in outputs.trimmed))
+        turn = model_turn(step, spec, run_id=state.run_id, attempt=action.attempt, outputs=outputs, facts=a.facts,
+                          trimmed=outputs.trimmed)
+        if outputs.trimmed:
             log.info("context.trimmed", step_id=step.id, outputs=outputs.trimmed, read_bound=plan.read_bound(policy))
+        request, body = modelout.request_body(turn.request)
         intent = AttemptDispatched(
             branch_id=action.branch_id, step_id=action.step_id, attempt=action.attempt, executor_id=a.executor_id,
-            at_ms=now_ms(), prompt_ref=ref_for(prompt.encode(), inline_max=self.inline_max), context=partition,
-            code=codeid.model_identity(step.model),
+            at_ms=now_ms(), prompt_ref=ref_for(body, modelout.JSON, inline_max=self.inline_max),
+            context=turn.packed.partition, code=codeid.model_identity(step.model),
         )
         step = msgspec.structs.replace(step, model=priced(step.model, spec.price_table))  # what its calls cost
-        return Prepared(action=action, step=step, intent=intent, prompt=prompt,
-                        prompt_tokens=packed.packed_tokens + reserved)
+        return Prepared(action=action, step=step, intent=intent, request=request, prompt=body,
+                        prompt_tokens=turn.packed.packed_tokens)
 
     async def run(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch, cursor: Cursor,
                   prepared: Prepared | None = None, interrupt: Interrupt | None = None,
@@ -316,7 +312,7 @@ class PlainSteps:
         ref = p.intent.prompt_ref
         events = [*before, p.intent]
         self.a.crash_if(*commit_points(events).before_intent)
-        blob = None if ref is None or is_inline(ref) else await self.a.blobs.put_async(p.prompt.encode())
+        blob = None if ref is None or is_inline(ref) else await self.a.blobs.put_async(p.prompt)
         sent = await self.a.send(state, events)
         stored = (await asyncio.gather(blob, return_exceptions=True))[0] if blob is not None else None
         done = await self.a.intent(state, events, sent=sent)
@@ -368,8 +364,8 @@ class PlainSteps:
                                         output_ref=ref, usage=usage, at_ms=now_ms(),
                                         truncated=True if spool.truncated else msgspec.UNSET), body
             else:
-                request = prompt_request(step.model, run_id=state.run_id, step_id=step.id, attempt=action.attempt,
-                                         prompt=p.prompt, prompt_tokens=p.prompt_tokens)
+                assert p.request is not None, p
+                request = p.request
                 instant = step.model.adapter in ("replay", "scripted")
                 out = self.a.stream_out(state.run_id, action.branch_id, action.step_id, action.attempt,
                                         step.model.streams)
@@ -425,7 +421,7 @@ class PlainSteps:
             bodies.append((body, event.error_ref.media_type))
         nref = nxt.intent.prompt_ref if nxt is not None else None
         if nxt is not None and nref is not None and not is_inline(nref):
-            bodies.append((nxt.prompt.encode(), nref.media_type))
+            bodies.append((nxt.prompt, nref.media_type))
         marks = [event] if isinstance(event, AttemptSucceeded) and needs_marker(p.step) else []
         head = state.head_lsn
         events: list[AnyEvent] = [event, nxt.intent] if nxt is not None else [event]

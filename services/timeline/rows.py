@@ -123,8 +123,8 @@ def latency_cell(a: AttemptView, s: AttemptState | None) -> tuple[str, str]:
 
 def packed_tokens_cell(c: ContextPartition | None) -> str:
     """The packed token total recorded at pack time (``""`` for partitions recorded before it was), with the
-    tokens reserved outside the items after a ``+`` when there are any (``118+380``: the tool schemas, a model
-    step's instructions)."""
+    tokens reserved outside the items after a ``+`` when there are any (``118+380``: an agent turn's tool schemas;
+    in logs recorded before a model step was an agent's first turn, its instructions)."""
     if c is None or not isinstance(c.packed_tokens, int):
         return ""
     reserved = c.reserved_tokens if isinstance(c.reserved_tokens, int) else 0

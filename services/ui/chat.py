@@ -94,8 +94,8 @@ def conversation(body: bytes) -> Conversation | None:
 
 def as_message(body: bytes, role: str) -> Conversation | None:
     """``body`` as :func:`conversation` reads it, else its UTF-8 text as one ``role`` message (``kind ==
-    "text"``): a model step's prompt, sent as the one user message of its request, or its output, the
-    assistant's text. ``None`` if neither (not UTF-8)."""
+    "text"``): a model step's output, the assistant's text, or its prompt in a run recorded before that
+    prompt was its request (the text sent as the one user message). ``None`` if neither (not UTF-8)."""
     found = conversation(body)
     if found is not None:
         return found

@@ -2,8 +2,8 @@
 
 One protocol, :class:`ChatModel` — ``async complete_chat(ChatRequest) -> ChatResponse``: chat
 messages and tool schemas in; text, tool calls, finish reason and usage out. A ``kind: model``
-step asks it as one turn with no tools: its packed prompt is the one user message
-(:func:`reel.shared.core.chat.messages.prompt_request`). Every adapter, shipped or your own
+step asks it as the first turn of an agent with no tools: its instructions the system message, its packed
+context the user message (:func:`reel.shared.core.agent.turncontext.model_turn`). Every adapter, shipped or your own
 ``module:factory``, implements it and raises :class:`~reel.shared.core.errors.ModelError`, whose
 ``kind``, ``retryable`` and ``retry_after_s`` decide whether and when the attempt is retried.
 

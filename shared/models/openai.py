@@ -4,7 +4,7 @@ vLLM, llama.cpp's server, Ollama, LiteLLM and most hosted providers serve this w
 format. Each attempt is one HTTP call (the client's own retries are off, so every try
 is an attempt in the log) on a client opened and closed for it. The body sent is
 exactly :func:`reel.shared.core.chat.messages.wire_request` of the request — what the executor
-stored as an agent turn's prompt blob (a ``kind: model`` step's is its one user message's text) — and
+stored as the prompt blob of an agent turn or a ``kind: model`` step — and
 the response message is returned exactly as sent.
 
 The API key is read from the environment variable ``api_key_env`` names, at each call,

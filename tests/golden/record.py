@@ -1,6 +1,7 @@
 """Record golden event logs by running real workflows through the real executor (run once, by hand).
 
     python -m tests.golden.record      # then: python -m tests.golden.regen; review; commit
+    python -m tests.golden.record model_turn   # only the named in-process workflows (a new golden)
 
 Starts an embedded nats-server, runs the executor (once as a subprocess that is made to
 crash mid-run, then in-process), and writes each run's log exactly as it sits in the
@@ -77,6 +78,20 @@ WORKFLOWS: dict[str, dict[str, Any]] = {
             {"kind": "model", "id": "ship", "model": {"adapter": "scripted", "outputs": ["shipped"]}},
         ],
     },
+    # a model step as an agent's first turn without tools: its instructions a required system item, its task
+    # required, an earlier output included; the prompt blob the exact wire request
+    "model_turn": {
+        "name": "golden-model-turn",
+        "budget_tokens": 60,
+        "steps": [
+            {"kind": "tool", "id": "probe", "tool": {"type": "recorded", "output": "2 failed: test_parse, test_emit"}},
+            {"kind": "model", "id": "fix", "instructions": "Fix the failing tests.", "include_previous_outputs": True,
+             "model": {"adapter": "scripted", "outputs": ["patched parse()"]},
+             "context": [{"id": "task", "kind": "task", "text": "Make the suite pass."},
+                         _ctx(1, priority=1.0), _ctx(2, stale=True)],
+             "policy": {"drop_stale": True}},
+        ],
+    },
     # the first executor dies after b#1's output is stored; a second one takes over (b#2)
     "takeover": {
         "name": "golden-takeover",
@@ -93,13 +108,17 @@ def _start_body(name: str) -> bytes:
     return encode(StartRun(workflow=parse_workflow(WORKFLOWS[name]), idempotency_key=f"golden-{name}"))
 
 
-async def _record(url: str) -> None:
+async def _record(url: str, only: tuple[str, ...] = ()) -> None:
     cfg = Config(nats_url=url, names=Names("golden"), command_ack_wait_s=2.0, lease_ttl_s=2)
     nc = await connect(cfg, name="golden-recorder")
     infra = await ensure_infra(nc, cfg)
     client = ReelClient(nc, cfg)
     runs: dict[str, str] = {}
 
+    if only:
+        await _record_only(client, infra, cfg, only)
+        await nc.close()
+        return
     env = {**os.environ, "NATS_URL": url, "REEL_NAMESPACE": cfg.names.namespace, "REEL_COMMAND_ACK_WAIT_S": "2",
            CRASH_ENV: "b:1:after_output", "REEL_LOG_LEVEL": "WARNING"}
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.executor", env=env, cwd=REPO)
@@ -110,7 +129,7 @@ async def _record(url: str) -> None:
 
     stop = asyncio.Event()
     task = asyncio.create_task(serve(infra, cfg, stop))
-    for name in ("linear", "retry_fail"):
+    for name in (n for n in WORKFLOWS if n != "takeover"):
         reply = await client.command("start", _start_body(name), timeout_s=30)
         assert reply.ok and reply.run_id, reply
         runs[name] = reply.run_id
@@ -119,19 +138,43 @@ async def _record(url: str) -> None:
     stop.set()
     await task
 
+    await _write(nc, cfg, runs)
+    await nc.close()
+
+
+async def _record_only(client: ReelClient, infra: Any, cfg: Config, names: tuple[str, ...]) -> None:
+    """Record only the workflows ``names`` (in-process executor, no crash), leaving every other log as it is."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(infra, cfg, stop))
+    runs: dict[str, str] = {}
+    for name in names:
+        reply = await client.command("start", _start_body(name), timeout_s=30)
+        assert reply.ok and reply.run_id, reply
+        runs[name] = reply.run_id
+    for run_id in runs.values():
+        await client.wait_for(run_id, ("verifying",), timeout_s=60)
+    stop.set()
+    await task
+    await _write(client.nc, cfg, runs)
+
+
+async def _write(nc: Any, cfg: Config, runs: dict[str, str]) -> None:
     log = JetStreamEventLog(nc, cfg.names)
     for name, run_id in runs.items():
         raw = await log.subjects.read_raw(run_id)
         path = GOLDEN_DIR / f"{PREFIX}{name}.jsonl"
         path.write_bytes(b"".join(b'{"lsn":%d,"commit":%s}\n' % (lsn, body) for lsn, body in raw))
         print(f"wrote {path.relative_to(REPO)} ({len(raw)} commits)")
-    await nc.close()
 
 
 async def main() -> None:
     setup_logging("golden-recorder", level="WARNING")
+    only = tuple(sys.argv[1:])
+    unknown = [n for n in only if n not in WORKFLOWS or n == "takeover"]
+    if unknown:
+        sys.exit(f"no in-process golden workflow named {', '.join(unknown)}")
     async with embedded_server() as srv:
-        await _record(srv.url)
+        await _record(srv.url, only)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ async def test_show_columns_bodies_and_usage_errors(cfg: Config, event_log: JetS
                 .strip("│").split("│")]
     c = plan.context
     assert c is not None and plan_row[7] == f"{len(c.packed)}/{len(c.available)}/{len(c.dropped)}"
-    assert plan_row[8] == f"{c.packed_tokens}+{c.reserved_tokens}"  # the instructions, counted first
+    assert c.reserved_tokens == 0 and plan_row[8] == f"{c.packed_tokens}"  # a model step reserves nothing: no tools
+    assert "instructions" in c.packed  # its instructions: a required item, as an agent's first turn's
     assert plan_row[9] == f"{plan.usage.input_tokens}/{plan.usage.output_tokens} estimated"  # a scripted model
     assert plan_row[10] == "stop"
     assert plan_row[11].endswith(f"/{plan.finished_ms - plan.dispatched_ms}")  # type: ignore[operator]

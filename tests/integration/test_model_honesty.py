@@ -259,9 +259,16 @@ async def test_the_budget_counts_the_tool_schemas_and_the_instructions_as_sent(
 
     chat_server.script(reply("The sea is wide."))
     state = await _final(client, model_workflow(chat_server))
-    m = attempt_of(state, "write", 1).context
-    assert m is not None and (m.reserved_tokens, m.tokenizer) == (DEFAULT_COUNTER.count("Write one sentence."),
-                                                                  "heuristic-v1")
+    w = attempt_of(state, "write", 1)
+    m = w.context
+    assert m is not None and (m.reserved_tokens, m.tokenizer) == (0, "heuristic-v1")  # a model step offers no tools
+    assert m.packed[:2] == ("instructions", "task"), "its instructions and task: required, as an agent's first turn's"
+    assert w.prompt_ref is not None
+    sent = msgspec.json.decode(await blobs.get(w.prompt_ref))
+    assert sent["messages"] == [{"role": "system", "content": "Write one sentence."}, {
+        "role": "user", "content": "<context id='task' kind='task'>\nDescribe the sea.\n</context>"}]
+    assert "tools" not in sent
+    assert chat_server.requests[-1].body["messages"] == sent["messages"], "the blob is what was sent"
 
 
 async def test_a_streamed_answer_without_usage_is_labelled_estimated(

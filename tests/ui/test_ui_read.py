@@ -214,10 +214,12 @@ async def test_prompts_and_outputs_read_as_a_conversation(  # type: ignore[no-un
                 f"/blobs/{turn.prompt_ref.sha256}?length=65536")
 
 
-async def test_a_model_steps_text_prompt_reads_as_its_one_user_message(  # type: ignore[no-untyped-def]
+async def test_a_model_steps_prompt_reads_as_its_request_and_its_output_as_one_message(  # type: ignore[no-untyped-def]
         cfg, event_log: JetStreamEventLog, blobs: JetStreamBlobStore, tmp_path: Path) -> None:
-    """A ``kind: model`` step's prompt is text sent as the one user message of its request, its output the model's
-    text: each opens as that one message, its text as lines."""
+    """A ``kind: model`` step's prompt is its request, an agent's first turn without tools (its instructions the
+    system message, its packed context the user message): it opens as those messages; its output, the model's
+    text, opens as one assistant message, its text as lines. (A text prompt of an older run opens as its one user
+    message: tests/ui/test_chat.py.)"""
     from selenium.webdriver.common.by import By
 
     env = env_for(tmp_path)
@@ -226,16 +228,18 @@ async def test_a_model_steps_text_prompt_reads_as_its_one_user_message(  # type:
     run_id = re.search(r"run (r-[0-9a-f]{20}) created", out).group(1)  # type: ignore[union-attr]
     plan = build_episode_view(await event_log.load(run_id)).step("plan").attempts[-1]
     assert plan.prompt_ref is not None and plan.output_ref is not None
-    prompt, output = (await blobs.get(plan.prompt_ref)).decode(), (await blobs.get(plan.output_ref)).decode()
-    assert "\n" in prompt
+    sent = json.loads(await blobs.get(plan.prompt_ref))["messages"]
+    assert [m["role"] for m in sent] == ["system", "user"] and "\n" in sent[1]["content"]
+    output = (await blobs.get(plan.output_ref)).decode()
     async with reel_ui(cfg, env=env) as url:
         with chromium(tmp_path / "profile") as b:
             b.get(f"{url}/runs/{run_id}")
-            for key, role, body in (("plan#1:prompt", "user", prompt), ("plan#1:output", "assistant", output)):
+            for key, want in (("plan#1:prompt", sent), ("plan#1:output", [{"role": "assistant", "content": output}])):
                 viewer = b.find_element(By.CSS_SELECTOR, f'.viewer[data-key="{key}"]')
-                assert viewer.get_attribute("data-chat") == role
-                viewer.find_element(By.TAG_NAME, "summary").click()
+                assert viewer.get_attribute("data-chat") == ("1" if key.endswith("prompt") else "assistant")
+                viewer.find_element(By.CSS_SELECTOR, "summary .dim").click()  # (its centre may be the copy button)
                 await until(b, lambda d, v=viewer: v.find_elements(By.CSS_SELECTOR, ".chat .msg"), key)
-                (msg,) = viewer.find_elements(By.CSS_SELECTOR, ".chat .msg")
-                assert msg.get_attribute("data-role") == role
-                assert b.execute_script("return arguments[0].querySelector('.msg-text').textContent", msg) == body
+                msgs = viewer.find_elements(By.CSS_SELECTOR, ".chat .msg")
+                assert [m.get_attribute("data-role") for m in msgs] == [m["role"] for m in want]
+                assert [b.execute_script("return arguments[0].querySelector('.msg-text').textContent", m)
+                        for m in msgs] == [m["content"] for m in want]

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from reel.shared.core.agent.turncontext import model_items, turn_candidates
 from reel.shared.core.errors import TrajectoryFormatError
 from reel.shared.core.pack.packer import pack
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
 from reel.shared.core.run.events import ContextPartition
-from reel.shared.core.run.planning import candidates, context_items, policy_for
+from reel.shared.core.run.planning import TextFacts, policy_for
 from reel.shared.core.trajectories import FORMATS, MAX_WORKFLOW_BYTES, detect_format, load_trajectories
 from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec, encode_workflow, parse_workflow
 
@@ -54,8 +55,7 @@ def _partitions(w: WorkflowSpec) -> list[tuple[ModelStep, list[str], ContextPart
     """Each model step's candidate ids and partition, computed the executor's way (pure, no server)."""
     outs, result = _outputs(w), []
     for s in _model_steps(w):
-        items = context_items(s, w, outs)
-        cands = candidates(items, DEFAULT_COUNTER)
+        cands = turn_candidates(model_items(s, w, outs), TextFacts(DEFAULT_COUNTER))
         result.append((s, [c.id for c in cands], pack(cands, policy_for(s, w)).partition))
     return result
 
@@ -179,7 +179,7 @@ def test_context_of_last_turn_is_the_recorded_conversation(
     w = loaded[name][0]
     step = _model_steps(w)[-1]
     assert step.model.output == msgs[last]["content"]
-    assert [text for _, text in context_items(step, w, _outputs(w))] == [m["content"] for m in msgs[:last]]
+    assert [i.text for i in model_items(step, w, _outputs(w))] == [m["content"] for m in msgs[:last]]
     assert [i.id for i in step.context] == [f"m{i:04d}" for i in range(last)]
 
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from reel.shared.core.agent.turncontext import model_items, turn_candidates
 from reel.shared.core.pack.packer import pack
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
 from reel.shared.core.run.events import ContextPartition
-from reel.shared.core.run.planning import candidates, context_items, policy_for
+from reel.shared.core.run.planning import TextFacts, policy_for
 from reel.shared.core.trajectories import load_trajectories
 from reel.shared.core.trajectories.builder import AGENT_STEP, CLOSING_TEXT, RESPOND
 from reel.shared.core.trajectories.loader import PARSERS, _read, detect_format
@@ -166,7 +167,7 @@ def _linear_candidates(w: WorkflowSpec) -> list[tuple[list[str], ContextPartitio
     res = []
     for s in w.steps:
         if isinstance(s, ModelStep):
-            cands = candidates(context_items(s, w, outs), DEFAULT_COUNTER)
+            cands = turn_candidates(model_items(s, w, outs), TextFacts(DEFAULT_COUNTER))
             res.append(([c.id for c in cands], pack(cands, policy_for(s, w)).partition))
             outs[s.id] = s.model.output or ""
         else:

@@ -22,11 +22,14 @@ edited arguments starts with them (:func:`reel.shared.core.input.requestfold.obs
 
 Two passes keep this pure: :func:`needed_blobs` lists the blobs to read, then
 :func:`build_turn` makes the request from their bodies.
+
+A ``kind: model`` step is the first turn of an agent without tools (:func:`model_turn`): the
+same head items, packing and messages, plus its ``include_previous_outputs`` items.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
@@ -41,7 +44,7 @@ from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
 from reel.shared.core.run.planning import TextFacts, policy_for
 from reel.shared.core.run.state import AttemptStatus, BranchState, RunState, final_success
 from reel.shared.core.run.stepids import message_item_id, observation_item_id
-from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
+from reel.shared.core.workflow.spec import AgentStep, ModelStep, WorkflowSpec
 
 INSTRUCTIONS = ContextItemId("instructions")
 
@@ -147,9 +150,10 @@ def message_text(body: bytes) -> str:
     return body.decode(errors="replace")
 
 
-def head_items(agent: AgentStep, outputs: Mapping[str, str]) -> list[TurnItem]:
+def head_items(agent: AgentStep | ModelStep, outputs: Mapping[str, str]) -> list[TurnItem]:
     """The items every turn starts with, in order: the instructions, then the step's ``context:`` items
-    (``outputs``: output texts of the earlier steps they name, ``from_step``)."""
+    (``outputs``: output texts of the earlier steps they name, ``from_step``) — an agent's, or a ``kind: model``
+    step's (:func:`model_turn`)."""
     items: list[TurnItem] = []
     if agent.instructions:
         items.append(TurnItem(id=INSTRUCTIONS, kind="system", text=agent.instructions, required=True))
@@ -287,4 +291,47 @@ def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: Wo
     messages = turn_messages(items, packed.partition.packed)
     request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id, messages=messages,
                            tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)
+    return TurnContext(items=tuple(items), packed=packed, request=request)
+
+
+def previous_outputs(step: ModelStep, spec: WorkflowSpec, outputs: Mapping[str, str]) -> list[TurnItem]:
+    """A model step's ``include_previous_outputs`` items: every earlier step's output (of those in ``outputs``)
+    as ``out-<step>`` (kind ``output``), in step order, unless its ``context:`` has that id already."""
+    if not step.include_previous_outputs:
+        return []
+    have = {i.id for i in step.context}
+    items: list[TurnItem] = []
+    for s in spec.steps:
+        if s.id == step.id:
+            break
+        if f"out-{s.id}" not in have and s.id in outputs:
+            items.append(TurnItem(id=ContextItemId(f"out-{s.id}"), kind="output", text=outputs[s.id]))
+    return items
+
+
+def model_items(step: ModelStep, spec: WorkflowSpec, outputs: Mapping[str, str]) -> list[TurnItem]:
+    """A model step's candidate items, in candidate (= prompt) order: those of the first turn of an agent with
+    its instructions and ``context:`` (:func:`head_items`), then :func:`previous_outputs`."""
+    return head_items(step, outputs) + previous_outputs(step, spec, outputs)
+
+
+def model_turn(step: ModelStep, spec: WorkflowSpec, *, run_id: str, attempt: int, outputs: Mapping[str, str],
+               facts: TextFacts, trimmed: Collection[str] = ()) -> TurnContext:
+    """A ``kind: model`` step's attempt as what it is: the first turn of an agent without tools — candidates
+    (:func:`model_items`) → partition → request, as :func:`build_turn` makes turn 1's. The request's
+    ``prompt_tokens`` is the packed tokens (what an estimating adapter reports). ``trimmed``: the earlier
+    steps whose outputs were read only in part (:func:`reel.shared.core.run.planning.trimmed_text`); the items
+    holding them are listed in the partition's ``trimmed``."""
+    items = model_items(step, spec, outputs)
+    policy = policy_for(step, spec)
+    packed = accounted(pack(turn_candidates(items, facts), policy), 0, facts.counter.name, policy.budget_tokens)
+    if trimmed:  # recorded beside the buckets: what was cut before packing (never silent)
+        declared = {i.id for i in step.context}
+        cut = {i.id for i in step.context if i.from_step in trimmed} | {
+            f"out-{s}" for s in trimmed if f"out-{s}" not in declared}
+        packed = msgspec.structs.replace(packed, partition=msgspec.structs.replace(
+            packed.partition, trimmed=tuple(i.id for i in items if i.id in cut)))
+    request = chat_request(step.model, run_id=run_id, step_id=step.id, messages=turn_messages(
+        items, packed.partition.packed), attempt=attempt)
+    request = msgspec.structs.replace(request, prompt_tokens=packed.packed_tokens)
     return TurnContext(items=tuple(items), packed=packed, request=request)

@@ -107,8 +107,8 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
         tool_call_content: the ``content`` sent for an assistant message with tool calls and no text
             (``empty``: ``""``; ``null``; ``omit``: no key), from the spec's profile.
         parallel_tool_calls: sent as ``parallel_tool_calls`` when tools are offered (None: not sent).
-        prompt_tokens: the messages' tokens as Reel packed them (a ``kind: model`` step's packed context and
-            instructions; not sent): what an adapter that estimates usage counts in. ``None``: it counts the
+        prompt_tokens: the messages' tokens as Reel packed them (a ``kind: model`` step's packed items,
+            instructions included; not sent): what an adapter that estimates usage counts in. ``None``: it counts the
             messages itself.
     """
 
@@ -170,8 +170,9 @@ def chat_request(spec: ModelSpec, *, run_id: str, step_id: str, messages: Sequen
 
 def prompt_request(spec: ModelSpec, *, run_id: str, step_id: str, attempt: int, prompt: str,
                    prompt_tokens: int) -> ChatRequest:
-    """A ``kind: model`` step's request: one turn with no tools, its packed ``prompt`` the one user message
-    (``prompt_tokens``: its tokens as packed)."""
+    """A request of one user message, ``prompt``, and no tools (``prompt_tokens``: its tokens as counted) — a
+    proposer's question (services/crucible); a ``kind: model`` step's request is an agent's first turn
+    (:func:`reel.shared.core.agent.turncontext.model_turn`)."""
     return msgspec.structs.replace(chat_request(spec, run_id=run_id, step_id=step_id, attempt=attempt, messages=(
         ChatMessage(role="user", content=prompt),)), prompt_tokens=prompt_tokens)
 

@@ -1,4 +1,5 @@
-"""The executor's pure core: what to do next, and what a model step's context is.
+"""The executor's pure core: what to do next, and what a model step reads (its candidates are an agent's first
+turn's: :func:`reel.shared.core.agent.turncontext.model_turn`).
 
 :func:`next_action` decides from the folded state alone; the executor service
 (services/executor) performs the action, commits, applies the commit to its
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-from collections.abc import Mapping
 
 import msgspec
 
@@ -37,11 +37,11 @@ from reel.shared.core.agent.actions import (
     Wait,
     agent_action,
 )
-from reel.shared.core.pack.packer import Candidate, PackPolicy
+from reel.shared.core.pack.packer import PackPolicy
 from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run import timers
 from reel.shared.core.run.events import BlobRef
-from reel.shared.core.run.ids import AttemptNo, BranchId, ContextItemId, StepId
+from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
 from reel.shared.core.run.state import (
     DRIVABLE,
     STEP_TERMINAL,
@@ -53,7 +53,7 @@ from reel.shared.core.run.state import (
     own_status,
 )
 from reel.shared.core.run.timers import FinishSleep, Sleep
-from reel.shared.core.workflow.spec import AgentStep, ContextItemSpec, ModelStep, WorkflowSpec
+from reel.shared.core.workflow.spec import AgentStep, ModelStep, WorkflowSpec
 
 __all__ = ["Action", "AdoptTurn", "AwaitInput", "CallAttempt", "Claim", "Dispatch", "DispatchCalls", "DispatchTurn",
            "EnterVerifying", "FinishAgent", "FinishSleep", "ResolveUnknown", "Rest", "Sleep", "Wait", "next_action"]
@@ -199,27 +199,6 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def context_items(step: ModelStep, spec: WorkflowSpec, outputs: Mapping[str, str]) -> list[tuple[ContextItemSpec, str]]:
-    """The candidate items of a model step with their text, in candidate order.
-
-    ``outputs`` maps earlier step ids to their output text (only the steps the
-    candidates need must be present). ``include_previous_outputs`` adds every
-    earlier step's output as ``out-<step>`` (kind ``output``).
-    """
-    items: list[tuple[ContextItemSpec, str]] = []
-    for item in step.context:
-        text = item.text if item.text is not None else outputs.get(item.from_step or "", "")
-        items.append((item, text))
-    if step.include_previous_outputs:
-        have = {i.id for i in step.context}
-        for s in spec.steps:
-            if s.id == step.id:
-                break
-            if f"out-{s.id}" not in have and s.id in outputs:
-                items.append((ContextItemSpec(id=f"out-{s.id}", from_step=s.id, kind="output"), outputs[s.id]))
-    return items
-
-
 READ_BYTES_PER_TOKEN = 16
 """How many bytes of an earlier output a model step reads per token of its budget (bytes/token): an output
 longer than that much of the budget (or of ``max_item_tokens``) could not fit — text runs 3–4 bytes per
@@ -245,7 +224,8 @@ def trimmed_text(head: bytes, tail: bytes, size_bytes: int) -> str:
 
 
 def needed_outputs(step: ModelStep, spec: WorkflowSpec) -> list[str]:
-    """Earlier step ids whose outputs :func:`context_items` needs."""
+    """Earlier step ids whose outputs a model step's candidates need
+    (:func:`reel.shared.core.agent.turncontext.model_items`)."""
     need = [i.from_step for i in step.context if i.from_step is not None]
     if step.include_previous_outputs:
         for s in spec.steps:
@@ -278,20 +258,6 @@ class TextFacts:
         return hit
 
 
-def candidates(items: list[tuple[ContextItemSpec, str]], facts: TokenCounter | TextFacts) -> list[Candidate]:
-    """Packer candidates (ids, kinds, token estimates, hashes) for the items.
-
-    ``facts`` is a :class:`TextFacts` memo (what the executor passes) or a bare counter.
-    """
-    memo = facts if isinstance(facts, TextFacts) else TextFacts(facts)
-    out = []
-    for i, text in items:
-        tokens, digest = memo(text)
-        out.append(Candidate(id=ContextItemId(i.id), kind=i.kind, tokens=tokens, priority=i.priority, stale=i.stale,
-                             content_hash=digest))
-    return out
-
-
 def policy_for(step: ModelStep | AgentStep, spec: WorkflowSpec) -> PackPolicy:
     """The step's packing policy, with the workflow's default budget filled in (tokens)."""
     p = step.policy
@@ -300,13 +266,3 @@ def policy_for(step: ModelStep | AgentStep, spec: WorkflowSpec) -> PackPolicy:
         exclude_kinds=p.exclude_kinds, max_item_tokens=p.max_item_tokens, drop_stale=p.drop_stale,
         dedupe=p.dedupe,
     )
-
-
-def render_prompt(step: ModelStep, items: list[tuple[ContextItemSpec, str]], packed: tuple[str, ...]) -> str:
-    """The prompt text: the step's instructions, then each packed item in order."""
-    by_id = {i.id: (i, t) for i, t in items}
-    parts = [step.instructions] if step.instructions else []
-    for pid in packed:
-        item, text = by_id[pid]
-        parts.append(f"<context id={item.id!r} kind={item.kind!r}>\n{text}\n</context>")
-    return "\n\n".join(parts)
