@@ -17,9 +17,10 @@ from pathlib import Path
 import structlog
 from msgspec.structs import replace
 
-from reel.services.crucible.closing import Tally, cleared, close, wait_block
+from reel.services.crucible.closing import Tally, cleared, close, close_and_end, wait_block
 from reel.services.crucible.driver import Driver, now_ms
 from reel.services.crucible.judge import Unavailable
+from reel.shared.crucible import budget
 from reel.shared.crucible.events import (
     FingerprintChanged,
     IterationClosed,
@@ -128,6 +129,11 @@ async def measure(d: Driver, tally: Tally, applied: Iteration[Applied], sha: Wor
             waited = await wait_block(d, tally)
             if waited is not None:
                 return waited
+            why = budget.judge_retry_exhausted(d.run, d.cfg.budget, got.cost_usd)
+            if why is not None:
+                await d.best()
+                return await close_and_end(d, tally, LoopExit.BUDGET, Fate.ABANDONED,
+                                           f"{why} (the judge was unavailable: {got.reason})")
             continue
         await cleared(d, tally, "judge")
         tally.cost_usd += got.cost_usd

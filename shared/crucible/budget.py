@@ -39,6 +39,19 @@ def retry_exhausted(run: Run, spec: BudgetSpec, last_call_usd: float,
     return f"cost budget: spent ${run.spent.cost_usd:.4f} + a retry {what} ${est:.4f} > ${spec.cost_usd:.4f}"
 
 
+def judge_retry_exhausted(run: Run, spec: BudgetSpec, last_call_usd: float) -> str | None:
+    """Why the cost budget forbids measuring again after an unavailable judge, or ``None`` to retry.
+
+    An unavailable judge's call may still be paid (a lab batch's runs that did start, a command judge's
+    ``cost_usd``): its retry's worst case is what that call just cost (``last_call_usd``, USD). A judge that
+    costs nothing is retried until the block gate's ``max_block_s``.
+    """
+    if spec.cost_usd is None or last_call_usd <= 0 or run.spent.cost_usd + last_call_usd <= spec.cost_usd:
+        return None
+    return (f"cost budget: spent ${run.spent.cost_usd:.4f} + a judge retry ≈ ${last_call_usd:.4f} > "
+            f"${spec.cost_usd:.4f}")
+
+
 def next_wall_ms(run: Run, spec: BudgetSpec) -> int:
     """Estimated active wall time of the next iteration (ms)."""
     return max([int(spec.wall_estimate_s * 1000), *(r.wall_ms for r in run.rows)])

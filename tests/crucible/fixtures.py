@@ -2,8 +2,8 @@
 
 World (a fresh git repo per test): ``value.txt`` and ``judge.py``. The judge prints
 ``value.txt`` as the score, or misbehaves on purpose when the value is a keyword:
-``nan``, ``inf``, ``crash``, ``missing``, ``timeout``, ``tempfail <n> <score>`` (exit 75
-the first ``n`` calls), ``rendezvous`` (writes its pid to the FIFO
+``nan``, ``inf``, ``crash``, ``missing``, ``timeout``, ``tempfail <n> <score> [<cost>]`` (exit 75
+the first ``n`` calls, each billed ``cost`` USD), ``rendezvous`` (writes its pid to the FIFO
 ``$RENDEZVOUS`` and then hangs). ``$NOISE`` adds deterministic noise from a call
 counter in ``$JUDGE_STATE``;
 ``$DRIFT`` adds ``DRIFT × calls`` (a judge whose readings creep up), ``$SCALE`` multiplies
@@ -59,6 +59,8 @@ JUDGE = textwrap.dedent('''
         k = int(fails.read_text()) if fails.exists() else 0
         if k < int(words[1]):
             fails.write_text(str(k + 1))
+            if len(words) > 3:  # what the unavailable call still cost
+                print(json.dumps({"cost_usd": float(words[3])}))
             print("gpu pool empty", file=sys.stderr)
             raise SystemExit(75)
         print(json.dumps({"score": float(words[2]), "total": 10}))

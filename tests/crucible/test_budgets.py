@@ -128,3 +128,18 @@ async def test_a_blocked_proposers_retries_recheck_the_cost_budget(crucible: Cru
     assert o.state.run.spent.cost_usd == pytest.approx(0.8)
     assert verdicts(o) == ["abandoned"] and "cost budget" in o.state.ended.reason
     assert "the proposer was blocked" in o.state.ended.reason
+
+
+async def test_an_unavailable_judges_retries_recheck_the_cost_budget(crucible: Crucible, root: Path) -> None:
+    """A judge that is unavailable (exit 75) but billed for the call (a lab batch's runs that started) is measured
+    again only while the cost budget allows another such call: the session ends on the budget, not after
+    ``max_block_s`` of paid retries."""
+    repo = await make_repo(root, "1")
+    cfg = make_config(root, repo, [write("tempfail 100 5 0.4")], budget={"iterations": 3, "cost_usd": 1.0},
+                      gates={"retry_s": 0.05, "max_block_s": 30})
+    o = await crucible.run(cfg)
+    blocked = [e for e in o.of(ProvisioningBlocked) if isinstance(e, ProvisioningBlocked) and e.resource == "judge"]
+    assert o.exit is LoopExit.BUDGET and len(blocked) == 2, (o.exit, blocked)  # 0.4 + 0.4, then ≈ 0.4 more > 1.0
+    assert o.state.run.spent.cost_usd == pytest.approx(0.8)
+    assert verdicts(o) == ["abandoned"] and "a judge retry" in o.state.ended.reason
+    assert "the judge was unavailable: gpu pool empty" in o.state.ended.reason
