@@ -257,8 +257,8 @@ async def run_chaos(chaos: Chaos, *, runs: int, only: str | None, references: in
     rep = core.report(chaos.tools, refs, killed, read_ledger(chaos.ledger))
     while rep.differing and len(refs) < MAX_REFERENCES:  # a varying output, or a real difference?
         refs.append(await chaos.run(""))
-        err_console.print(f"[dim]reference run {len(refs)}: end states differ; is it in a field that varies "
-                          "between unkilled runs too?[/]")
+        err_console.print(f"[dim]reference run {len(refs)} (unkilled): some killed run's end state differs, so "
+                          "one more reference checks whether that field differs between unkilled runs too[/]")
         rep = core.report(chaos.tools, refs, killed, read_ledger(chaos.ledger))
     return rep
 
