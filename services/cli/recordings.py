@@ -57,8 +57,9 @@ def replay(
         _replay_summary(results, unreadable)
         code = max((exit_code(st) for _, _, st in results), default=0)
         if unreadable:
+            rest = "; the others were replayed" if len(unreadable) < len(files) else ""
             err_console.print(f"[red]error:[/] {len(unreadable)} of {len(files)} file"
-                              f"{'s' * (len(files) != 1)} unreadable (listed above); the others were replayed")
+                              f"{'s' * (len(files) != 1)} unreadable (listed above){rest}")
             return 1
         return code
 

@@ -114,11 +114,12 @@ async def _print_body(s: Session, state: RunState, branch: str | None, which: st
     bid = BranchId(branch) if branch else state.active_branch
     attempts = state.branches[bid].attempts.get(step_id, ())  # type: ignore[call-overload]
     if not attempts:
-        raise CliError(f"run {state.run_id} has no attempt of step {step_id!r} on branch {bid}")
+        raise CliError(f"run {state.run_id} has no attempt of step {step_id!r} on branch {bid}",
+                       kind="step_not_found")
     chosen = attempts[-1] if n is None else next((a for a in attempts if a.attempt == n), None)
     if chosen is None:
         raise CliError(f"step {step_id} has attempts {', '.join(str(a.attempt) for a in attempts)} on branch {bid},"
-                       f" not {n}")
+                       f" not {n}", kind="attempt_not_found")
     ref = chosen.prompt_ref if kind == "prompt" else chosen.output_ref
     if ref is None:
         why = ("only model attempts have a prompt" if kind == "prompt"
