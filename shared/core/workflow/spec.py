@@ -465,6 +465,8 @@ def parse_workflow(
             msg += " (the file must hold one mapping with `name` and `steps`)"
         if "`$.steps[" in msg and ".kind`" in msg:
             msg += " (a step's `kind` must be `model`, `tool`, `agent` or `sleep`)"
+        if "Expected `float" in msg and "got `str`" in msg and fmt != "json":
+            msg += " (YAML reads a number such as `1e12` as text: write `1.0e+12`, or the plain digits)"
         if ".tools[" in msg and "unknown field" in msg:
             msg += " (a tool's type is one of `python`, `command`, `recorded` or `builtin`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
