@@ -89,6 +89,7 @@ from .agentio import (
 from .agenttools import CallContext, PythonTools
 from .attempts import Attempts
 from .bodies import Bodies
+from .interrupts import RunLost, lost
 
 log = structlog.get_logger("reel.executor")
 
@@ -326,11 +327,17 @@ class AgentRun:
     # ---- recording -----------------------------------------------------------------------------
     async def collect(self, state: RunState, *, more: bool = True) -> RunState:
         """Wait for at least one attempt in flight, then record what finished in one commit: a turn alone,
-        or the calls of one turn (``more``: the commit may start the next turn or more calls)."""
+        or the calls of one turn (``more``: the commit may start the next turn or more calls).
+
+        Raises:
+            RunLost: the run was taken over meanwhile (the interrupt fired ``lost``): nothing is recorded.
+        """
         if not self.tasks:
             raise RuntimeError("collect with nothing in flight")
         fired = () if self.interrupt is None else (self.interrupt.fired,)
         await asyncio.wait([*self.tasks.values(), *fired], return_when=asyncio.FIRST_COMPLETED)
+        if lost(self.interrupt):  # taken over: the run's tools are killed already; nothing of them is recorded
+            raise RunLost(state)
         if fired and fired[0].done():  # a cancel, or the drain deadline: stop everything in flight now
             running = [t for t in self.tasks.values() if not t.done()]
             for t in running:

@@ -51,7 +51,7 @@ from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.ports import BlobStore, EventLog
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.crashpoints import CRASH_ENV, CRASH_SIGNAL_ENV
-from reel.shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef
+from reel.shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef, RunStarted
 from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
 from reel.shared.core.run.state import RunState, final_success
 from reel.shared.core.wire.subjects import Names, outcome_key
@@ -94,6 +94,8 @@ RUN_MOVED = Skip("run moved")
 """An intent planned on one head, decided on another: never committed (the driver plans again)."""
 OUTCOME_RECORDED = Skip("outcome already recorded")
 """An outcome whose attempt was resolved meanwhile (by recovery, or an earlier try)."""
+TAKEN_OVER = Skip("run taken over")
+"""Anything but a claim, decided on a run another executor claimed since: never committed (the drive stops)."""
 
 
 def on_head(head_lsn: int, events: Sequence[AnyEvent]) -> Decide:
@@ -243,9 +245,21 @@ class Attempts:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
             LeaseLost: this executor lost its lease (nothing is committed).
         """
-        done = await commit_decided(self.log, state.run_id, self._leased(settled(decide)), writer=self.executor_id,
-                                    state=state, sent=sent, log_name=LOG_NAME)
+        done = await commit_decided(self.log, state.run_id, self._leased(self._owned(settled(decide))),
+                                    writer=self.executor_id, state=state, sent=sent, log_name=LOG_NAME)
         return done.commit if done.commit is not None else done
+
+    def _owned(self, decide: Decide) -> Decide:
+        """``decide``, but nothing on a run another executor has claimed since (it was taken over: this executor
+        lost it and writes nothing more to it) — unless what it decides is this executor's claim."""
+        def decided(state: RunState) -> Decision:
+            out = decide(state)
+            if isinstance(out, Skip) or state.executor_id in (None, self.executor_id):
+                return out
+            if any(isinstance(e, RunStarted) and e.executor_id == self.executor_id for e in out):
+                return out
+            return TAKEN_OVER
+        return decided
 
     def _leased(self, decide: Decide) -> Decide:
         """``decide``, with the lease checked on every try (a try after a lost fence may come late)."""

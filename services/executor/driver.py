@@ -14,7 +14,12 @@ Inside an agent step several attempts run at once (a turn's tool calls): the
 actions are :class:`~reel.services.executor.agent.AgentRun`'s, which keeps them as tasks
 of this drive; ``next_action`` is told which are in flight, and ``Wait`` records
 what finished. Before the drive returns or hands the run back, every attempt in
-flight is recorded (never abandoned with its intent open).
+flight is recorded (never abandoned with its intent open) — unless the run was **lost**: another executor claimed
+it while this one still held its lease (a fence lost to that claim, or the takeover found in the run's log by the
+watch below, which fires ``lost``). Then the tool process groups of this run's drive are SIGKILLed at once (those
+of this run only: the drive tracks its own, :func:`reel.shared.proc.group.tracked_groups`), its tasks are cancelled,
+and nothing more is written for it — no commit (:class:`~reel.services.executor.attempts.Attempts` refuses any but
+a claim on a run another executor owns), no outcome marker, no snapshot; its new owner resolves the open intents.
 
 Each drive watches its run (:meth:`~reel.shared.nats.control.ControlHub.watch`, registered before
 the run is loaded): a cancel, or the executor's drain deadline, stops the attempts in flight
@@ -46,14 +51,29 @@ from reel.shared.core.run.events import (
 from reel.shared.core.run.state import DRIVABLE, RunState
 from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec
 from reel.shared.nats.blobstore import ref_for
-from reel.shared.nats.control import ControlHub, Interrupt
+from reel.shared.nats.control import Cause, ControlHub, Interrupt
+from reel.shared.proc.group import kill_groups, tracked_groups
 from reel.shared.runtime.clock import now_ms
 
 from .agent import AgentRun
 from .attempts import Attempts, on_head
+from .interrupts import RunLost, lost
 from .plain import Chained, Cursor, PlainSteps, Prepared
 
 log = structlog.get_logger("reel.executor")
+
+
+def _kill_if_lost(fired: asyncio.Future[Cause], groups: set[int]) -> None:
+    """The moment a drive's interrupt fires ``lost``: SIGKILL the tool process groups of that run's drive (before
+    its loop runs again: this callback was added first)."""
+    if not fired.cancelled() and fired.result() == "lost":
+        log.error("run.lost_tools_killed", process_groups=kill_groups(groups))
+
+
+def _lost(state: RunState, groups: set[int]) -> RunState:
+    """A drive that lost its run: its tools killed (again: a group started since), nothing written; the state."""
+    log.warning("run.lost", process_groups=kill_groups(groups), known_lsn=state.head_lsn)
+    return state
 
 
 class HandedBack(Exception):
@@ -148,8 +168,8 @@ class Driver:
         ``state``: the run as this executor just committed it (its creation): the drive starts from it
         instead of reading the run (a commit of anyone else since then loses the fence and refreshes).
 
-        Returns the state the executor materialized when it stopped driving, or ``None``
-        if there is no such run.
+        Returns the state the executor materialized when it stopped driving (a lost run: the last one it knew), or
+        ``None`` if there is no such run.
 
         Raises:
             HandedBack: the executor is stopping (between two steps; the attempts in flight recorded first).
@@ -158,13 +178,16 @@ class Driver:
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         structlog.contextvars.bind_contextvars(run_id=run_id)
-        if self.control is None:
-            return await self._drive(run_id, None, state)
-        await self.control.start()
-        with self.control.watch(run_id) as interrupt:  # before the load: a cancel committed earlier is in it
-            return await self._drive(run_id, interrupt, state)
+        with tracked_groups() as groups:  # the tool process groups of this run's drive (killed if it is lost)
+            if self.control is None:
+                return await self._drive(run_id, None, state, groups)
+            await self.control.start()
+            with self.control.watch(run_id) as interrupt:  # before the load: a cancel committed earlier is in it
+                interrupt.fired.add_done_callback(lambda fired: _kill_if_lost(fired, groups))
+                return await self._drive(run_id, interrupt, state, groups)
 
-    async def _drive(self, run_id: str, interrupt: Interrupt | None, state: RunState | None) -> RunState | None:
+    async def _drive(self, run_id: str, interrupt: Interrupt | None, state: RunState | None,
+                     groups: set[int]) -> RunState | None:
         if state is None:
             try:
                 state = await self.log.load(run_id)
@@ -180,14 +203,20 @@ class Driver:
         agents = AgentRun(self.attempts, run_id, spec, tools, bodies=self.bodies, stopping=self.stopping,
                           interrupt=interrupt)
         async with agents:  # structured: no attempt of this run outlives the drive
-            return await self._loop(state, spec, agents, interrupt)
+            try:
+                return await self._loop(state, spec, agents, interrupt)
+            except RunLost as exc:
+                return _lost(exc.state, groups)
 
     async def _loop(self, state: RunState, spec: WorkflowSpec, agents: AgentRun,
                     interrupt: Interrupt | None) -> RunState:
-        claimed = False
+        held = False  # this drive has held the run (claimed it, or found it this executor's)
         prepared: Prepared | None = None  # an intent that rode the last outcome's commit: its body runs now
         cursor = Cursor()
         while True:
+            if lost(interrupt):
+                raise RunLost(state)
+            held = held or state.executor_id == self.executor_id
             start = cursor.at(state)  # advanced on every state the log gave (O(1) per step)
             if self.control is not None and state.status != "cancelled":
                 self.control.seen(state.run_id, state.head_lsn)  # the cancel look goes on from here
@@ -209,11 +238,9 @@ class Driver:
                 log.info("run.handed_back", lsn=state.head_lsn, reason="executor stopping")
                 raise HandedBack(state.run_id)
             if isinstance(action, plan.Claim):
-                if claimed:  # we held it and another executor took it over: never take it back
-                    log.info("run.yielded", owner=state.executor_id)
-                    return await agents.drain(state)
+                if held:  # we held it and another executor took it over: never take it back
+                    raise RunLost(state)
                 await self._check_owner(state)
-                claimed = True
             done = await self._perform(state, spec, action, agents, interrupt, cursor)
             if isinstance(done, Chained):
                 state, prepared = done.state, done.next
@@ -223,6 +250,8 @@ class Driver:
                 continue
             state = done.state  # someone else committed first: the run as it is now
             if state.executor_id not in (None, self.executor_id) and state.status in DRIVABLE:
+                if held:  # it was ours: lost at this fence
+                    raise RunLost(state)
                 log.info("run.yielded", owner=state.executor_id)
                 return await agents.drain(state)
 

@@ -35,7 +35,7 @@ from reel.shared.core.errors import (
 from reel.shared.core.mutators import cancel
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.ports import BlobStore, EventLog
-from reel.shared.core.run.events import BlobRef, Budget, RunCreated
+from reel.shared.core.run.events import BlobRef, Budget, RunCreated, RunStarted
 from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
@@ -43,7 +43,7 @@ from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun
 from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec, encode_workflow, validate_workflow
 from reel.shared.nats.blobstore import is_inline, ref_for
 from reel.shared.nats.consumer import Ack, Deferred, Delivery, Router, Then
-from reel.shared.nats.control import ControlHub
+from reel.shared.nats.control import Cause, ControlHub
 from reel.shared.nats.infra import Infra
 from reel.shared.nats.leases import Lease, executor_alive, tools_served
 from reel.shared.runtime.clock import now_ms
@@ -60,6 +60,15 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 UNSERVED_KEEP_MS = 60_000
 """How long a tool a run waited for stays named in the lease after the last wait (ms): a run's command is
 redelivered with a backoff of up to 30 s, so a still-waiting run renews it."""
+
+
+def taken_from(state: RunState, executor_id: str) -> bool:
+    """Whether another executor has claimed ``state``'s run while an attempt ``executor_id`` dispatched is still
+    open (it was taken over from this one mid-attempt; before this executor's own claim it has no attempt)."""
+    if state.executor_id in (None, executor_id):
+        return False
+    return any(a.executor_id == executor_id and a.outcome_lsn is None
+               for b in state.branches.values() for attempts in b.attempts.values() for a in attempts)
 
 
 def _invalid_run_id(run_id: str) -> str:
@@ -93,7 +102,7 @@ class Executor:
         self.default_budget = cfg.budget  # the namespace's (REEL_BUDGET): what a workflow's budget leaves unset
         attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
                             tool_output=cfg.tool_output, lease=lease)
-        self.control = ControlHub(infra.nc, cfg.names, self._cancelled_since, check_s=cfg.cancel_check_s,
+        self.control = ControlHub(infra.nc, cfg.names, self._stopped_since, check_s=cfg.cancel_check_s,
                                   heads=log.heads)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
                              inline_max=cfg.inline_max_bytes,
@@ -122,14 +131,21 @@ class Executor:
             raise InvalidCommand(f"the subject names run {keyed[1][:80]!r} but the command is about {run_id[:80]!r}"
                                  " (a keyed start's run id is that of its idempotency key, or of `cmd:<Nats-Msg-Id>`)")
 
-    async def _cancelled_since(self, run_id: str, from_lsn: int) -> tuple[bool, int]:
-        """Whether ``run_id``'s log holds its ``run_cancelled`` at an LSN ≥ ``from_lsn`` (0: the run's state), and
-        the last LSN read."""
+    async def _stopped_since(self, run_id: str, from_lsn: int) -> tuple[Cause | None, int]:
+        """``"cancelled"`` when ``run_id``'s log holds its ``run_cancelled`` at an LSN ≥ ``from_lsn`` (0: the run's
+        state); ``"lost"`` when the run was taken over — the last ``run_started`` at an LSN ≥ ``from_lsn`` > 0 names
+        another executor, or (``from_lsn`` 0) :func:`taken_from` this one; and the last LSN read."""
         if from_lsn <= 0:
             state = await self.log.load(run_id)
-            return state.status == "cancelled", state.head_lsn
+            if state.status == "cancelled":
+                return "cancelled", state.head_lsn
+            return ("lost" if taken_from(state, self.executor_id) else None), state.head_lsn
         commits = await self.log.read(run_id, from_lsn=from_lsn)
-        return cancel.cancel_lsn(commits) is not None, commits[-1][0] if commits else from_lsn - 1
+        head = commits[-1][0] if commits else from_lsn - 1
+        if cancel.cancel_lsn(commits) is not None:
+            return "cancelled", head
+        claims = [e.executor_id for _, c in commits for e in c.events if isinstance(e, RunStarted)]
+        return ("lost" if claims and claims[-1] != self.executor_id else None), head
 
     async def drive(self, run_id: str, state: RunState | None = None) -> RunState | None:
         """Drive ``run_id`` until it rests (see :meth:`Driver.drive`; ``state``: the run as just committed)."""

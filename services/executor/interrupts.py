@@ -12,6 +12,9 @@ try of the step). On a cancelled run the commit records it ``attempt_cancelled``
 (:func:`reel.shared.core.mutators.cancel.after_cancel` decides every executor commit), so the kind only
 stays when the executor was shutting down: another executor runs a new attempt.
 
+The watch also fires ``lost`` when it finds the run taken over by another executor: then the side effects are
+stopped the same way but nothing is recorded (:class:`RunLost`; services/executor/driver.py).
+
 A **sync** Python tool runs in a worker thread, which Python cannot stop: its attempt is
 recorded at once all the same, and the thread's late result is discarded.
 """
@@ -22,7 +25,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from reel.shared.core.run.state import INTERRUPTED
+from reel.shared.core.run.state import INTERRUPTED, RunState
 from reel.shared.nats.control import Cause, Interrupt
 
 T = TypeVar("T")
@@ -31,6 +34,7 @@ MESSAGES: dict[Cause, str] = {
     "cancelled": "the run was cancelled while this attempt ran; the attempt was stopped",
     "shutdown": "the executor shut down (its drain deadline passed) while this attempt ran; the attempt was stopped"
                 " and another executor runs a new one",
+    "lost": "another executor took the run over while this attempt ran; the attempt was stopped",
 }
 
 
@@ -44,6 +48,21 @@ class Interrupted(Exception):
         self.message = MESSAGES[cause]
         self.retryable = True
         self.cost_usd = 0.0
+
+
+class RunLost(Exception):
+    """Another executor took the run over while this one drove it (a fence lost to its claim, or the interrupt fired
+    ``lost``): the drive stops at once and records nothing — its tools are killed (services/executor/driver.py).
+    ``state``: the run as this executor last knew it."""
+
+    def __init__(self, state: RunState) -> None:
+        super().__init__(f"run {state.run_id} was taken over by {state.executor_id or 'another executor'}")
+        self.state = state
+
+
+def lost(interrupt: Interrupt | None) -> bool:
+    """Whether ``interrupt`` fired ``lost``."""
+    return interrupt is not None and interrupt.cause == "lost"
 
 
 async def guarded(side_effect: Awaitable[T], interrupt: Interrupt | None) -> T:

@@ -73,7 +73,7 @@ from reel.shared.runtime.clock import now_ms
 
 from . import modelout
 from .attempts import Attempts, record_outcome
-from .interrupts import Interrupted, guarded
+from .interrupts import Interrupted, RunLost, guarded, lost
 
 log = structlog.get_logger("reel.executor")
 
@@ -230,6 +230,7 @@ class PlainSteps:
         a Decided that committed nothing if its own intent lost the fence (nothing was run).
 
         Raises:
+            RunLost: the run was taken over while the side effect ran (it was stopped; nothing was written).
             ConcurrencyConflict: an outcome lost the fence on every try of the one retry policy.
         """
         if prepared is None:
@@ -258,6 +259,8 @@ class PlainSteps:
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
         folder = await self.a.workspaces.prepare(state, action.branch_id) if isinstance(p.step, ToolStep) else None
         event, body = await self._side_effect(state, p, interrupt, folder)
+        if lost(interrupt):  # taken over while the side effect ran: nothing of it is written (not even a snapshot)
+            raise RunLost(state)
         if isinstance(p.step, ToolStep):
             event, body = await self._snapshotted(state, spec, event, body)
         self.a.crash_if(point_name(action.step_id, action.attempt, "after_run"))

@@ -4,7 +4,7 @@ The executor learns of a cancel without reading the log per step: :class:`Contro
 core-NATS subscription on ``<ns>.ctl.*`` and an :class:`Interrupt` per run it drives
 (:meth:`ControlHub.watch`). A :class:`~reel.shared.core.wire.livemessages.RunControl` is a **hint**, never an order:
 for a
-watched run it makes the hub read the run's log from the signal's LSN (``cancelled_since``), and only a
+watched run it makes the hub read the run's log from the signal's LSN (``stopped_since``), and only a
 ``run_cancelled`` found there, at or after that LSN, fires the interrupt (``cancelled``). A signal the log
 does not bear out — forged, or aimed at the subject by anyone who may publish there — is logged
 ``control.unconfirmed`` and changes nothing; one check per run is in flight at a time (signals arriving
@@ -23,6 +23,14 @@ whose log grew past what was read is read. What the drive itself holds counts as
 its state is folded from every commit up to its head and is not cancelled, and a cancel is terminal, so no
 ``run_cancelled`` is at or below that LSN. A run waiting on a model or a tool, with nothing committed since, costs
 the look nothing but its share of the one request.
+
+The same looks find a **takeover**: commits read from an LSN > 0 whose last ``run_started`` names another
+executor mean this one lost the run while it held its lease (another writer moved the run past its fence); the
+interrupt fires ``lost`` and the executor kills the run's tools and records nothing of them
+(services/executor/driver.py). A look from LSN 0 (the first, or after a reconnect) reads the run's state instead:
+it reports one when another executor owns the run while an attempt this one dispatched is still open (before its
+own claim this executor has none, so a run it is about to take over from a dead owner is not "lost"). What a
+drive holds counts as read for this too (:meth:`ControlHub.seen`): a drive that folded a takeover stops by itself.
 
 The reconnect hook chains nats-py's ``reconnected_cb`` (the client's one callback slot; the
 callback set at connect still runs first).
@@ -47,7 +55,9 @@ from reel.shared.core.wire.subjects import Names
 
 log = structlog.get_logger("reel.control")
 
-Cause = Literal["cancelled", "shutdown"]
+Cause = Literal["cancelled", "shutdown", "lost"]
+"""Why a drive's attempts stop: its run was cancelled, the executor's drain deadline passed, or another executor
+took the run over (this one lost it: its tools are killed and nothing of them is recorded)."""
 
 
 class Interrupt:
@@ -85,19 +95,20 @@ class ControlHub:
 
     Args:
         nc: the executor's connection; names: its namespace.
-        cancelled_since: ``(run_id, from_lsn)`` → ``(found, head_lsn)``: ``found`` when the run's log holds its
+        stopped_since: ``(run_id, from_lsn)`` → ``(cause, head_lsn)``: ``"cancelled"`` when the run's log holds its
             ``run_cancelled`` at an LSN ≥ ``from_lsn`` (``0``: anywhere), ``head_lsn`` the last LSN it read. A
             cancel is terminal (a cancelled run cannot be rewound), so one found means the run is cancelled now.
+            ``"lost"`` when the run was taken over while this one drove it (see the module doc). ``None``: neither.
         check_s: how often each watched run's log is read (s); ``0``: only on signals and reconnects.
         heads: ``run_ids`` → the LSN of each one's last commit, in one request (it may lag, never lead): the
             periodic look reads only the runs whose log grew past what was read. ``None``: every watched run is
             read at each look.
     """
 
-    def __init__(self, nc: Client, names: Names, cancelled_since: Callable[[str, int], Awaitable[tuple[bool, int]]],
-                 *, check_s: float = 1.0,
+    def __init__(self, nc: Client, names: Names,
+                 stopped_since: Callable[[str, int], Awaitable[tuple[Cause | None, int]]], *, check_s: float = 1.0,
                  heads: Callable[[Sequence[str]], Awaitable[dict[str, int]]] | None = None) -> None:
-        self.nc, self.names, self.cancelled_since, self.check_s = nc, names, cancelled_since, check_s
+        self.nc, self.names, self.stopped_since, self.check_s = nc, names, stopped_since, check_s
         self.heads = heads
         self._watched: dict[str, list[Interrupt]] = {}
         self._read_to: dict[str, int] = {}  # run id → the LSN the periodic look has read up to
@@ -243,16 +254,19 @@ class ControlHub:
         if run_id not in self._watched:
             return
         try:
-            found, head = await self.cancelled_since(run_id, from_lsn)
+            found, head = await self.stopped_since(run_id, from_lsn)
         except Exception as exc:  # the next look (or the next fenced commit) still finds it
             log.warning("control.recheck_failed", run_id=run_id, error=str(exc))
             return
         read_to = self._read_to.get(run_id)
         if run_id in self._watched and from_lsn <= (0 if read_to is None else read_to + 1):
             self._read_to[run_id] = max(head, read_to or 0)  # read without a gap: the next look goes on from there
-        if found:
+        if found == "lost":
+            log.warning("control.takeover_found_in_log", run_id=run_id, why=why, from_lsn=from_lsn)
+            self._fire(run_id, found)
+        elif found is not None:
             log.info("control.cancel_found_in_log", run_id=run_id, why=why, from_lsn=from_lsn)
-            self._fire(run_id, "cancelled")
+            self._fire(run_id, found)
         elif why == "signal":
             log.warning("control.unconfirmed", run_id=run_id, from_lsn=from_lsn,
                         reason="no run_cancelled in the run's log at or after the signal's LSN")

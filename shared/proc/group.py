@@ -128,16 +128,19 @@ class _Kept:
         return bytes(self._buf[max(0, len(self._buf) - self.limit):] if self.tail else self._buf)
 
 
-_GROUPS: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("reel_tool_groups", default=None)
-"""The process groups alive under the current :func:`tracked_groups` scope (inherited by the tasks it starts)."""
+_GROUPS: contextvars.ContextVar[tuple[set[int], ...]] = contextvars.ContextVar("reel_tool_groups", default=())
+"""The process groups alive under each enclosing :func:`tracked_groups` scope, outermost first (inherited by the
+tasks a scope starts)."""
 
 
 @contextlib.contextmanager
 def tracked_groups() -> Iterator[set[int]]:
     """A scope whose :func:`run_group` children are tracked: yields the live set of their pgids (a group is in it
-    from its spawn until it has been reaped), for :func:`kill_groups`. Tasks created inside inherit the scope."""
+    from its spawn until it has been reaped), for :func:`kill_groups`. Tasks created inside inherit the scope.
+    Scopes nest: a group is in the set of every scope it was started under (an executor incarnation's, and the
+    drive's of the one run it is a tool of)."""
     groups: set[int] = set()
-    token = _GROUPS.set(groups)
+    token = _GROUPS.set((*_GROUPS.get(), groups))
     try:
         yield groups
     finally:
@@ -199,8 +202,8 @@ async def run_group(
     proc = await _started(_spawn(argv, cwd=cwd, env=_marked(ledger.child_env(env), mark), stdin=stdin,
                                  merge_stderr=merge_stderr, capture=capture, records=records), records)
     live = _GROUPS.get()
-    if live is not None:
-        live.add(proc.pid)
+    for scope in live:
+        scope.add(proc.pid)
     out, err = _Kept(output_limit_bytes, keep, stdout_sink), _Kept(output_limit_bytes, keep)
     pumps: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in (
         _write(proc.stdin, stdin), _read(proc.stdout, out), _read(proc.stderr, err), proc.wait())]
@@ -214,8 +217,8 @@ async def run_group(
         finally:
             sweep()  # again, whatever interrupted _end
             reaper.forget(records, proc.pid)
-            if live is not None:
-                live.discard(proc.pid)
+            for scope in live:
+                scope.discard(proc.pid)
     failure = next((e for p in pumps if p.done() and not p.cancelled() and (e := p.exception())), None)
     if failure is not None:
         raise failure

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from reel.shared.core.mutators import cancel
 from reel.shared.core.run.events import RunCancelled
-from reel.shared.nats.control import ControlHub
+from reel.shared.nats.control import Cause, ControlHub
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra
 from reel.shared.runtime.clock import now_ms
@@ -26,10 +26,11 @@ async def test_the_periodic_look_reads_only_the_runs_whose_log_grew(infra: Infra
     reads: list[tuple[str, int]] = []
     looks = 0
 
-    async def cancelled_since(run_id: str, from_lsn: int) -> tuple[bool, int]:
+    async def stopped_since(run_id: str, from_lsn: int) -> tuple[Cause | None, int]:
         reads.append((run_id, from_lsn))
         commits = await event_log.read(run_id, from_lsn=from_lsn)
-        return cancel.cancel_lsn(commits) is not None, commits[-1][0] if commits else from_lsn - 1
+        return ("cancelled" if cancel.cancel_lsn(commits) is not None else None,
+                commits[-1][0] if commits else from_lsn - 1)
 
     async def counted_heads(run_ids: Sequence[str]) -> dict[str, int]:
         nonlocal looks
@@ -39,7 +40,7 @@ async def test_the_periodic_look_reads_only_the_runs_whose_log_grew(infra: Infra
     async def looked(n: int) -> bool:
         return looks >= n
 
-    hub = ControlHub(infra.nc, cfg.names, cancelled_since, check_s=0.1, heads=counted_heads)
+    hub = ControlHub(infra.nc, cfg.names, stopped_since, check_s=0.1, heads=counted_heads)
     await hub.start()
     try:
         with hub.watch(runs[0]) as first, hub.watch(runs[1]) as second, hub.watch(runs[2]) as third:
