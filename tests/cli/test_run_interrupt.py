@@ -19,6 +19,12 @@ from reel.shared.runtime.config import Config
 from tests.integration.test_cli import REPO
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """SIGINT's default disposition in the child, as a terminal's foreground job has it (a CI job started in the
+    background inherits SIGINT ignored, and Python then keeps ignoring it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_ctrl_c_before_the_start_is_answered_names_the_queued_run(infra: Infra, cfg: Config) -> None:
     async def discovery(msg: Msg) -> None:  # services that answer discovery but take no command: `reel up` starting
         for name in SERVICES:
@@ -32,7 +38,8 @@ async def test_ctrl_c_before_the_start_is_answered_names_the_queued_run(infra: I
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "reel.services.cli", "run", "examples/hello.yaml",
         "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace, cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
+        preexec_fn=_ctrl_c_as_at_a_terminal)
     try:
         async def queued() -> str:  # the start command in the stream: its message id derives the run id
             while True:
