@@ -48,7 +48,7 @@ async def main(home: Path, session: str) -> int:
     server = await serve()
     try:
         env = {**os.environ, "CRUCIBLE_AGENT_WORLD": str(world), "AGENT_MODEL_URL": server.url,
-               "AGENT_MODEL_KEY": os.environ.get("AGENT_MODEL_KEY", "loopback"), "REEL_HOME": str(home),
+               "AGENT_MODEL_KEY": os.environ.get("AGENT_MODEL_KEY", "crucible-agent-demo-key"), "REEL_HOME": str(home),
                "REEL_LOG_LEVEL": os.environ.get("REEL_LOG_LEVEL", "WARNING")}  # the services' lines: warnings only
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "reel.services.crucible.cli", "run", str(HERE / "crucible.yaml"),

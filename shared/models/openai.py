@@ -355,11 +355,13 @@ class OpenAIAdapter:
 
 
 def _refused(exc: BaseException) -> bool:
-    """Whether a timeout is a connect that failed at once: the ``aiohttp`` transport reports every
-    ``ClientConnectorError`` (refused, unreachable, no such host) as a connect *timeout*."""
+    """Whether a timeout is a connection that failed without any wait: the ``aiohttp`` transport reports every
+    ``ClientConnectionError`` as a connect *timeout* — a connect refused, unreachable or to no such host
+    (``ClientConnectorError``), and a server that closed the connection without an answer
+    (``ServerDisconnectedError``); only aiohttp's own timeouts (``asyncio.TimeoutError``) are waits."""
     cause = exc.__cause__
     while cause is not None:
-        if isinstance(cause, aiohttp.ClientConnectorError) and not isinstance(cause, asyncio.TimeoutError):
+        if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, asyncio.TimeoutError):
             return True
         cause = cause.__cause__
     return False

@@ -35,6 +35,9 @@ from tests.crucible.conftest import Crucible
 from tests.support.chat_server import ChatServer
 
 REPO = Path(__file__).resolve().parents[2]
+DEMO_KEY = "crucible-agent-demo-key"
+"""The example's model key: the loopback server takes any; a value no request text holds (a key is redacted
+from what the executor records, in this process for good)."""
 EXAMPLE = REPO / "examples" / "crucible-agent"
 RUNS = 4  # live runs per reading: small, the model's chances (0.25 → 0.75) still far apart
 
@@ -78,7 +81,7 @@ async def model_server() -> AsyncIterator[ChatServer]:
 async def test_the_worked_example_keeps_an_instruction_change_and_discards_a_rewording(
         executor: None, verifier: None, crucible: Crucible, client: ReelClient, model_server: ChatServer,
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AGENT_MODEL_KEY", "loopback")
+    monkeypatch.setenv("AGENT_MODEL_KEY", DEMO_KEY)
     world = _world(root / "world-src")
     data = yaml.safe_load((EXAMPLE / "crucible.yaml").read_text())
     judge = {**data["judge"], "lab": {**data["judge"]["lab"], "runs": RUNS}}
@@ -173,7 +176,7 @@ async def test_a_batch_that_does_not_finish_is_an_invalid_reading_and_its_runs_a
     invalid (the session escalates) and the runs it started are cancelled, not left running."""
     from reel.services.cancel.app import serve as cancel_serve
 
-    monkeypatch.setenv("AGENT_MODEL_KEY", "loopback")
+    monkeypatch.setenv("AGENT_MODEL_KEY", DEMO_KEY)
     data = yaml.safe_load((EXAMPLE / "crucible.yaml").read_text())
     judge = {**data["judge"], "lab": {**data["judge"]["lab"], "runs": 2}, "timeout_s": 10}
     async with running(cancel_serve, infra, cfg):

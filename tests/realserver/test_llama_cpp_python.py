@@ -85,9 +85,9 @@ async def prompts(blobs: JetStreamBlobStore, attempts: list[AttemptState]) -> li
 
 
 async def step_prompt_sent(blobs: JetStreamBlobStore, a: AttemptState, body: bytes) -> bool:
-    """A ``kind: model`` attempt's prompt blob (the packed prompt text) is the one user message of ``body``."""
+    """A ``kind: model`` attempt's prompt blob is the request ``body`` it sent (JSON), as an agent turn's is."""
     assert a.prompt_ref is not None
-    return bool(json.loads(body)["messages"] == [{"role": "user", "content": (await blobs.get(a.prompt_ref)).decode()}])
+    return bool(json.loads(await blobs.get(a.prompt_ref)) == json.loads(body))
 
 
 def wire_answer(response: bytes) -> dict[str, Any]:

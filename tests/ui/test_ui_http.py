@@ -40,15 +40,16 @@ async def test_errors_and_a_corrupt_run(cfg, infra: Infra, event_log: JetStreamE
             page = await r.json()
         assert r.status == 200 and (page["offset"], page["end"], page["total"]) == (0, 10, prompt.size_bytes)
         assert (await get(f"/runs/{run_id}/blobs/{prompt.sha256}?offset=x"))[0] == 400
-        # a body that is no chat request is not a conversation, and says why; one the run does not name: 404
-        status, text = await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&fragment=1")
+        # a body that is no chat request (a tool's output) is not a conversation, and says why; one the run does
+        # not name: 404
+        output = next(a.output_ref for a in good.branches["main"].attempts["run"] if a.output_ref is not None)
+        status, text = await get(f"/runs/{run_id}/blobs/{output.sha256}?format=chat&fragment=1")
         assert status == 422 and "not shown as a conversation: not a chat request or message" in text
         assert (await get(f"/runs/{run_id}/blobs/{'0' * 64}?format=chat"))[0] == 404
-        # a model step's text prompt as the one user message it was sent as
-        status, text = await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&role=user&fragment=1")
-        assert status == 200 and "the prompt, sent as the one user message of a chat request" in text
-        assert 'data-role="user"' in text and "Write a shell command that prints a greeting." in text
-        assert (await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&role=system"))[0] == 400
+        # a model step's prompt is the chat request it sent (as an agent turn's): shown as its messages
+        status, text = await get(f"/runs/{run_id}/blobs/{prompt.sha256}?format=chat&fragment=1")
+        assert status == 200 and 'data-role="user"' in text, text
+        assert "Write a shell command that prints a greeting." in text
         # one attempt's partition in full, a page of its own
         status, text = await get(f"/runs/{run_id}/partitions/plan/1")
         assert status == 200 and 'class="partition"' in text and 'data-budget="' in text
