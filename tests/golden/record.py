@@ -127,26 +127,18 @@ async def _record(url: str, only: tuple[str, ...] = ()) -> None:
     runs["takeover"] = reply.run_id
     assert await asyncio.wait_for(proc.wait(), 60) == 137, "the crash was not injected"
 
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(infra, cfg, stop))
-    for name in (n for n in WORKFLOWS if n != "takeover"):
-        reply = await client.command("start", _start_body(name), timeout_s=30)
-        assert reply.ok and reply.run_id, reply
-        runs[name] = reply.run_id
-    for run_id in runs.values():
-        await client.wait_for(run_id, ("verifying",), timeout_s=60)
-    stop.set()
-    await task
-
+    runs = await _drive(client, infra, cfg, tuple(n for n in WORKFLOWS if n != "takeover"), started=runs)
     await _write(nc, cfg, runs)
     await nc.close()
 
 
-async def _record_only(client: ReelClient, infra: Any, cfg: Config, names: tuple[str, ...]) -> None:
-    """Record only the workflows ``names`` (in-process executor, no crash), leaving every other log as it is."""
+async def _drive(client: ReelClient, infra: Any, cfg: Config, names: tuple[str, ...], *,
+                 started: dict[str, str] | None = None) -> dict[str, str]:
+    """Start the workflows ``names`` and drive them, with the runs already ``started`` (name → run id; the
+    executor takes them over), to ``verifying`` with an in-process executor; returns every name → run id."""
     stop = asyncio.Event()
     task = asyncio.create_task(serve(infra, cfg, stop))
-    runs: dict[str, str] = {}
+    runs: dict[str, str] = dict(started or {})
     for name in names:
         reply = await client.command("start", _start_body(name), timeout_s=30)
         assert reply.ok and reply.run_id, reply
@@ -155,7 +147,12 @@ async def _record_only(client: ReelClient, infra: Any, cfg: Config, names: tuple
         await client.wait_for(run_id, ("verifying",), timeout_s=60)
     stop.set()
     await task
-    await _write(client.nc, cfg, runs)
+    return runs
+
+
+async def _record_only(client: ReelClient, infra: Any, cfg: Config, names: tuple[str, ...]) -> None:
+    """Record only the workflows ``names`` (in-process executor, no crash), leaving every other log as it is."""
+    await _write(client.nc, cfg, await _drive(client, infra, cfg, names))
 
 
 async def _write(nc: Any, cfg: Config, runs: dict[str, str]) -> None:
