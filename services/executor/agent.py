@@ -9,13 +9,15 @@ tasks live inside the ``async with`` of the drive, and none outlives it (they ar
 drained at rest and before a hand-back, cancelled if the drive fails).
 
 Commits, each one fenced round trip with its blobs and recovery markers pipelined
-on the same connection (decided by :func:`~reel.services.executor.agentio.planned_or_facts`):
+on the same connection (decided by :func:`~reel.services.executor.agentio.planned_or_facts`). A body of at
+most ``REEL_INLINE_MAX_BYTES`` (a prompt, an answer, a result, an error body) rides inline in its ref instead of
+being stored, as a plain step's does (:func:`~reel.shared.nats.blobstore.ref_for`):
 
 ==============================  ===================================================================
 when                            one commit
 ==============================  ===================================================================
 a turn attempt starts           ``[steps_declared(turn)?, attempt_dispatched(prompt_ref, partition)]``
-                                with the prompt blob (the exact wire request)
+                                with the prompt blob (the exact wire request), or that inline in its ref
 a turn answered                 ``[attempt_succeeded, steps_declared(calls), attempt_dispatched × ≤
                                 max_parallel_tools]`` with the output blob (the exact response
                                 message) and its marker — or ``[attempt_succeeded, agent_finished]``
@@ -68,7 +70,7 @@ from reel.shared.core.run.state import DRIVABLE, RunState
 from reel.shared.core.run.stepids import parse_step_id
 from reel.shared.core.workflow.prices import price_for
 from reel.shared.core.workflow.spec import WorkflowSpec
-from reel.shared.nats.blobstore import ref_for
+from reel.shared.nats.blobstore import is_inline, ref_for
 from reel.shared.nats.control import Interrupt
 from reel.shared.runtime.clock import now_ms
 
@@ -102,13 +104,17 @@ class AgentRun:
         attempts: the executor's attempt machinery (log, blobs, markers, text facts).
         run_id: the run driven; spec: its workflow; python_tools: its resolved ``python:`` tools.
         bodies: the executor's blob-body cache.
+        inline_max: prompts, answers, results and error bodies of at most this many bytes ride inline in their refs
+            (``REEL_INLINE_MAX_BYTES``; nothing is stored for them), as a plain step's do.
         stopping: set on shutdown: no new model call or tool call starts; a Retry-After wait ends.
         interrupt: the drive's; when it fires every attempt in flight is stopped and recorded at once.
     """
 
     def __init__(self, attempts: Attempts, run_id: str, spec: WorkflowSpec, python_tools: PythonTools, *,
-                 bodies: Bodies, stopping: asyncio.Event | None = None, interrupt: Interrupt | None = None) -> None:
+                 bodies: Bodies, stopping: asyncio.Event | None = None, interrupt: Interrupt | None = None,
+                 inline_max: int = 0) -> None:
         self.attempts, self.run_id, self.spec, self.python_tools = attempts, run_id, spec, python_tools
+        self.inline_max = inline_max
         self.bodies, self.stopping, self.interrupt = bodies, stopping, interrupt
         self.me = ExecutorId(attempts.executor_id)
         self.tasks: dict[Key, asyncio.Task[Done]] = {}
@@ -188,7 +194,7 @@ class AgentRun:
         if await self.waits.wait(action.branch_id, action.step_id, action.attempt, self.stopping, self.interrupt):
             return state  # the driver sees ``stopping`` (or the cancel) and plans again
         prepared = await prepare_turn(state, self.spec, action, attempts=self.attempts, bodies=self.bodies,
-                                      memo=self.contexts)
+                                      memo=self.contexts, inline_max=self.inline_max)
         return await self._commit_starting(state, prepared.events, (), turn=prepared, branch_id=action.branch_id)
 
     # ---- commits -------------------------------------------------------------------------------
@@ -207,7 +213,8 @@ class AgentRun:
             events, calls, turn = halted, (), None
         points = commit_points(events)  # fault injection (REEL_EXECUTOR_CRASH_AT, shared/core/run/crashpoints.py)
         self.attempts.crash_if(*points.before_intent)
-        prompt = await self.attempts.blobs.put_async(turn.body, JSON) if turn is not None else None
+        prompt = (await self.attempts.blobs.put_async(turn.body, JSON)
+                  if turn is not None and not is_inline(turn.prompt_ref) else None)
         sent = await self.attempts.send_with(state, events, bodies, markers, crash_point=points.after_output)
         prompt_result: Any = (await asyncio.gather(prompt, return_exceptions=True))[0] if prompt is not None else None
         done = await self.attempts.commit(state, planned_or_facts(state.head_lsn, events, outcomes), sent=sent)
@@ -366,7 +373,8 @@ class AgentRun:
         where = (a.branch_id, a.step_id, a.attempt)
         if done.error is not None or done.response is None:
             exc = done.error or ModelError("no response", kind="empty_response")
-            failure, error_body = modelout.failure(where, exc, modelout.failure_usage(exc, done.latency_ms))
+            failure, error_body = modelout.failure(where, exc, modelout.failure_usage(exc, done.latency_ms),
+                                                   inline_max=self.inline_max)
             delay = self.waits.failed(failure, exc, self.spec.agent(a.agent).model.adapter)
             log.info("attempt.failed", step_id=a.step_id, attempt=a.attempt, error_kind=exc.kind,
                      retryable=exc.retryable, retry_after_s=exc.retry_after_s, retry_in_s=round(delay, 3),
@@ -377,7 +385,8 @@ class AgentRun:
         usage = modelout.answer_usage(resp.input_tokens, resp.output_tokens, done.latency_ms, resp.cost_usd,
                                       resp.usage_source)
         ended, ref = modelout.answer_outcome(where, body=body, media_type=JSON, finish_reason=resp.finish_reason,
-                                             usage=usage, policy=self.spec.agent(a.agent).truncation_policy)
+                                             usage=usage, policy=self.spec.agent(a.agent).truncation_policy,
+                                             inline_max=self.inline_max)
         self.bodies.keep(body, ref)
         if isinstance(ended, AttemptFailed):  # a cut answer, not taken (on_truncated fail or retry)
             log.info("attempt.failed", step_id=a.step_id, attempt=a.attempt, error_kind=ended.error_kind,
@@ -393,7 +402,7 @@ class AgentRun:
                                   approval=self.spec.approval)
         else:
             out = ac.TurnOutcome(events=(outcome,))
-        bodies = [(body, JSON), *((b, JSON) for b in out.blobs)]
+        bodies = [*([] if is_inline(ref) else [(body, JSON)]), *((b, JSON) for b in out.blobs)]
         return await self._recorded(state, out.events, [outcome], a.branch_id, calls=out.started, bodies=bodies,
                                     markers=[outcome])
 
@@ -402,7 +411,8 @@ class AgentRun:
         behind the failure (``failure.error_ref``) stored beside the commit."""
         events = ac.turn_failure(state, failure, at_ms=failure.at_ms)
         ref = failure.error_ref
-        bodies = [(body, ref.media_type)] if body is not None and isinstance(ref, BlobRef) else []
+        bodies = ([(body, ref.media_type)] if body is not None and isinstance(ref, BlobRef) and not is_inline(ref)
+                  else [])
         return await self._recorded(state, events, [failure], failure.branch_id, bodies=bodies)
 
     async def _record_calls(self, state: RunState, batch: Sequence[CallDone], *, more: bool) -> RunState:
@@ -419,9 +429,10 @@ class AgentRun:
                          reason=err.message[:200])
                 continue
             body = secrets.scrub(d.text).encode()  # a python tool could return what the executor holds
-            ref = ref_for(body)
+            ref = ref_for(body, inline_max=self.inline_max)
             self.bodies.keep(body, ref)
-            bodies.append((body, ref.media_type))
+            if not is_inline(ref):
+                bodies.append((body, ref.media_type))
             outcomes.append(AttemptSucceeded(branch_id=bid, step_id=sid, attempt=attempt, output_ref=ref,
                                              usage=Usage(latency_ms=d.latency_ms), at_ms=now_ms(),
                                              truncated=True if d.truncated else msgspec.UNSET,
@@ -440,7 +451,8 @@ class AgentRun:
             if ac.completes_turn(state, outcomes):
                 agent = StepId(batch[0].key[1].split(":", 1)[0])
                 nxt = await prepare_turn(state, self.spec, ac.next_turn(state, bid, agent), attempts=self.attempts,
-                                         bodies=self.bodies, memo=self.contexts, outcomes=outcomes)
+                                         bodies=self.bodies, memo=self.contexts, outcomes=outcomes,
+                                         inline_max=self.inline_max)
                 events += nxt.events
             else:
                 follow = ac.follow_up_calls(state, outcomes, self.in_flight)

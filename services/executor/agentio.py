@@ -65,9 +65,11 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.DispatchTurn, *, attempts: Attempts,
-                       bodies: Bodies, memo: ContextMemo, outcomes: Sequence[AttemptEnd] = ()) -> PreparedTurn:
+                       bodies: Bodies, memo: ContextMemo, outcomes: Sequence[AttemptEnd] = (),
+                       inline_max: int = 0) -> PreparedTurn:
     """Build turn ``action.turn``'s request on ``state`` (``outcomes``: call results about to be committed
-    with this intent) and the intent events. Only the earlier turns ``memo`` does not keep are read and
+    with this intent) and the intent events; the prompt rides inline in its ref when at most ``inline_max``
+    bytes. Only the earlier turns ``memo`` does not keep are read and
     rebuilt (:mod:`reel.shared.core.agent.memo`): the context is the one a full rebuild makes.
 
     Raises:
@@ -82,7 +84,7 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
     ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes,
                      edits=edits)
     request, body = modelout.request_body(ctx.request)
-    ref = ref_for(body, JSON)
+    ref = ref_for(body, JSON, inline_max=inline_max)
     partition = ctx.packed.partition
     events = ac.turn_intent(state, action, executor_id=ExecutorId(attempts.executor_id), at_ms=now_ms(),
                             prompt_ref=ref, context=partition)

@@ -201,7 +201,7 @@ class Driver:
             missing = unresolved_paths(spec, self.specs.registered, search=tool_search_path(state.tool_source_dir))
             raise ToolsUnserved(run_id, missing, exc.message) from exc
         agents = AgentRun(self.attempts, run_id, spec, tools, bodies=self.bodies, stopping=self.stopping,
-                          interrupt=interrupt)
+                          interrupt=interrupt, inline_max=self.plain.inline_max)
         async with agents:  # structured: no attempt of this run outlives the drive
             try:
                 return await self._loop(state, spec, agents, interrupt)

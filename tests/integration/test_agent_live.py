@@ -15,7 +15,7 @@ from reel.services.executor.app import serve as executor_serve
 from reel.services.rewind.app import serve as rewind_serve
 from reel.shared.core.run.events import AttemptSucceeded, StepsDeclared
 from reel.shared.core.run.statecodec import STATE_ENCODER
-from reel.shared.nats.blobstore import JetStreamBlobStore
+from reel.shared.nats.blobstore import JetStreamBlobStore, is_inline
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra
@@ -129,8 +129,16 @@ async def test_two_turn_live_agent_runs_to_verifying_context_partition(
     counts = {name: (await infra.js.stream_info(stream)).state.messages for name, stream in (
         ("events", cfg.names.events_stream), ("blob", f"OBJ_{cfg.names.blob_bucket}"),
         ("marker", f"KV_{cfg.names.outcome_bucket}"))}
-    # blobs: the workflow, 2 prompts, 2 answers, 2 results
-    assert counts == {"events": len(commits), "blob": 2 * 7, "marker": 4}, counts
+    # bodies: the workflow, 2 prompts, 2 answers, 2 results; those of at most REEL_INLINE_MAX_BYTES ride in
+    # their refs and are not stored
+    refs = [state.workflow_ref, *(r for sid in ("solve:t1", "solve:t2", "solve:t1:c0", "solve:t1:c1")
+                                  for r in (attempt_of(state, sid, 1).prompt_ref, attempt_of(state, sid, 1).output_ref)
+                                  if r is not None)]
+    assert len(refs) == 7
+    inline = [r for r in refs if is_inline(r)]
+    assert {r.size_bytes <= 2048 for r in refs} == {True, False}  # some of each: the test sees both kinds
+    assert [r.size_bytes <= 2048 for r in refs] == [is_inline(r) for r in refs]
+    assert counts == {"events": len(commits), "blob": 2 * (len(refs) - len(inline)), "marker": 4}, counts
     took_ms = commits[-1].events[0].at_ms - commits[0].events[0].created_ms  # type: ignore[union-attr]
     print(f"\ncommits per run: {len(commits)}: {kinds}\nmessages: {counts}\nstart to verifying: {took_ms} ms")
 
