@@ -7,12 +7,14 @@ answers as scripted; every request body it received is asserted on.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import traceback
 import uuid
 from typing import Any
 
 import msgspec
+import openai
 import pytest
 
 from reel.shared.core.chat.messages import (
@@ -38,6 +40,7 @@ from tests.support.chat_server import (
     reply,
     server_error,
     slow,
+    streamed,
 )
 
 TOOLS = (
@@ -237,6 +240,40 @@ async def test_a_server_without_usage_is_counted(chat_server: ChatServer) -> Non
     chat_server.script(reply("an answer of some words", usage=None))
     resp: ChatResponse = await make_chat_model(spec).complete_chat(_turn1(spec))
     assert resp.input_tokens > 0 and resp.output_tokens > 0 and resp.cost_usd > 0
+
+
+async def test_a_reused_request_is_the_one_the_sdk_builds_with_the_new_body(chat_server: ChatServer) -> None:
+    """Streamed calls after the first reuse the first one's request (built by the SDK) with their own body: the
+    server sees the headers a plain SDK client sends, ``Content-Length`` that body's, and the body exactly."""
+    spec = _spec(chat_server, stream=True, api_key_env="REEL_TEST_REUSED_KEY")
+    model = make_chat_model(spec)
+    chat_server.script(streamed("one", chunks=4), streamed("two", chunks=4), streamed("three", chunks=4))
+    os.environ["REEL_TEST_REUSED_KEY"] = "sk-reused-" + uuid.uuid4().hex
+    try:
+        texts = []
+        for i, words in enumerate(("short", "a much longer task text " * 20)):
+            req = chat_request(spec, run_id="r-1", step_id=f"solve:t{i + 1}", turn=i + 1, tools=TOOLS, messages=[
+                ChatMessage(role="system", content="You fix bugs."), ChatMessage(role="user", content=words)])
+            texts.append((await model.complete_chat(req)).text)
+            assert chat_server.requests[-1].body == wire_request(req)
+        sdk = openai.AsyncOpenAI(api_key=os.environ["REEL_TEST_REUSED_KEY"], base_url=chat_server.url, timeout=10.0,
+                                 max_retries=0, http_client=openai.DefaultAioHttpClient())
+        async with sdk:
+            content = msgspec.json.encode(wire_request(req))
+            stream = await sdk.post("/chat/completions", content=content, cast_to=object, stream=True,
+                                    stream_cls=openai.AsyncStream[object])
+            async with stream:
+                async for _ in stream:
+                    pass
+    finally:
+        del os.environ["REEL_TEST_REUSED_KEY"]
+    assert texts == ["one", "two"]
+    first, second, plain = (r.headers for r in chat_server.requests)
+    assert second["Authorization"].startswith("Bearer sk-reused-")
+    assert int(first["Content-Length"]) < int(second["Content-Length"]) == len(content)
+    same = {k: v for k, v in plain.items() if k != "Content-Length"}
+    for got in (first, second):
+        assert {k: v for k, v in got.items() if k != "Content-Length"} == same
 
 
 async def test_calls_reuse_one_client_and_its_connection(chat_server: ChatServer) -> None:
