@@ -39,7 +39,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx2
@@ -167,6 +167,13 @@ class _Client(openai.AsyncOpenAI):
 
     _templates: dict[tuple[str, str], tuple[httpx2.Request, list[tuple[bytes, bytes]]]]
 
+    async def post_stream(self, path: str, content: bytes, stream_cls: type[_StreamT]) -> _StreamT:
+        """``post(path, content=content, cast_to=object, stream=True, stream_cls=stream_cls)``, the request options
+        a copy of one built once (the SDK's ``post`` constructs them anew, deep-copying their defaults)."""
+        options = _POST_OPTIONS.model_copy(update={"url": path, "content": content, "params": {},
+                                                   "security": dict(_DEFAULT_SECURITY)})
+        return await self.request(object, options, stream=True, stream_cls=stream_cls)
+
     @property
     def user_agent(self) -> str:
         """The SDK's own (it names the client's class: ``AsyncOpenAI/Python <version>``)."""
@@ -189,7 +196,9 @@ class _Client(openai.AsyncOpenAI):
                               extensions=template.extensions)
 
 
-_DEFAULT_SECURITY = FinalRequestOptions(method="post", url="/").security
+_POST_OPTIONS = FinalRequestOptions.construct(method="post", url="/", content=b"")
+_DEFAULT_SECURITY = _POST_OPTIONS.security
+_StreamT = TypeVar("_StreamT", bound=openai.AsyncStream[Any])
 
 
 def _plain_post(options: FinalRequestOptions, retries_taken: int) -> bool:
@@ -216,10 +225,10 @@ class ClientPool:
     def __init__(self, max_clients: int = 32) -> None:
         self.max_clients = max_clients
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
-                                                 OrderedDict[tuple[str, str, float | None], openai.AsyncOpenAI]]
+                                                 OrderedDict[tuple[str, str, float | None], _Client]]
         self._by_loop = weakref.WeakKeyDictionary()
 
-    def get(self, base_url: str, key: str, timeout_s: float | None) -> openai.AsyncOpenAI:
+    def get(self, base_url: str, key: str, timeout_s: float | None) -> _Client:
         """The loop's client for ``base_url`` with ``key`` (``timeout_s`` per request; ``None``: the SDK's)."""
         clients = self._by_loop.setdefault(asyncio.get_running_loop(), OrderedDict())
         ident = (base_url, hashlib.sha256(key.encode()).hexdigest(), timeout_s)
@@ -355,7 +364,7 @@ class OpenAIAdapter:
         except (openai.APIStatusError, openai.APIConnectionError) as exc:  # a timeout is a connection error
             return b"", self._error(exc, key)
 
-    def _client(self, key: str) -> openai.AsyncOpenAI:
+    def _client(self, key: str) -> _Client:
         return CLIENTS.get(self._base_url, key, self._spec.timeout)
 
     async def _stream(self, body: dict[str, Any], key: str, on_delta: DeltaSink | None
@@ -365,8 +374,7 @@ class OpenAIAdapter:
         try:
             client = self._client(key)
             # the body's bytes as the executor stored them (msgspec), not re-encoded by the SDK's JSON encoder
-            stream = await client.post("/chat/completions", content=msgspec.json.encode(body), cast_to=object,
-                                       stream=True, stream_cls=ChunkDicts)
+            stream = await client.post_stream("/chat/completions", msgspec.json.encode(body), ChunkDicts)
             async with stream:  # closed however it ends: its connection goes back to the pool
                 async for chunk in stream:
                     fragment = acc.add(chunk)
