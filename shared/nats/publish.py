@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.errors
 import structlog
@@ -28,6 +29,7 @@ from reel.shared.core.wire.commands import ResumeRun, VerifyRun, encode
 from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER, Names, verify_msg_id
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 WRONG_LAST_SEQUENCE = 10071
 SETTLE_S = 60.0
@@ -140,6 +142,25 @@ def settle_retrying(settle_s: float = SETTLE_S) -> tenacity.AsyncRetrying:
     )
 
 
+async def settled(call: Callable[[], Awaitable[T]], settle_s: float = SETTLE_S) -> T:
+    """``call()``'s result; a try that meets a transient error (:func:`is_transient`) is made again under
+    :func:`settle_retrying`. The first try runs without the retry machinery (building a tenacity policy cost
+    more than the publish it guards): the common case answers at once.
+
+    Raises:
+        Exception: what ``call`` raised that is not transient, or the last transient error after ``settle_s``.
+    """
+    try:
+        return await call()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+    async for attempt in settle_retrying(settle_s):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 async def request_ack(nc: Client, subject: str, body: bytes, headers: dict[str, str] | None,
                       timeout_s: float) -> PubAck:
     """Publish to a stream subject and wait for its PubAck (one request on the shared reply inbox).
@@ -229,10 +250,8 @@ async def publish_resume(js: JetStreamContext, names: Names, run_id: str, at_lsn
     the same id through an election (:func:`settle_retrying`); keyed by the run (its partition's executor)
     when ``names.partitions`` ≥ 1."""
     subject = names.run_command(run_id, "resume") if names.partitions >= 1 else names.command("resume")
-    async for attempt in settle_retrying():
-        with attempt:
-            await js.publish(subject, encode(ResumeRun(run_id=RunId(run_id))),
-                             headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"})
+    await settled(lambda: js.publish(subject, encode(ResumeRun(run_id=RunId(run_id))),
+                                     headers={MSG_ID_HEADER: f"resume:{run_id}:{at_lsn}"}))
 
 
 async def publish_verify(js: JetStreamContext, names: Names, run_id: str, branch_id: str, snapshot_lsn: int) -> None:
@@ -243,7 +262,5 @@ async def publish_verify(js: JetStreamContext, names: Names, run_id: str, branch
         nats.errors.TimeoutError, nats.js.errors.APIError: the trigger was not stored (recovery re-triggers).
     """
     cmd = VerifyRun(run_id=RunId(run_id), branch_id=BranchId(branch_id), snapshot_lsn=LSN(snapshot_lsn))
-    async for attempt in settle_retrying():
-        with attempt:
-            await js.publish(names.verify(run_id), encode(cmd),
-                             headers={MSG_ID_HEADER: verify_msg_id(run_id, snapshot_lsn)})
+    await settled(lambda: js.publish(names.verify(run_id), encode(cmd),
+                                     headers={MSG_ID_HEADER: verify_msg_id(run_id, snapshot_lsn)}))

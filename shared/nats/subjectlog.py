@@ -42,7 +42,7 @@ from reel.shared.core.errors import ConcurrencyConflict, ReelError
 from reel.shared.core.run.ids import new_commit_id
 from reel.shared.core.wire.subjects import EXPECTED_LAST_SUBJECT_SEQ_HEADER, MSG_ID_HEADER
 from reel.shared.nats.directget import direct_replies
-from reel.shared.nats.publish import is_transient, request_ack, settle_retrying
+from reel.shared.nats.publish import is_transient, request_ack, settle_retrying, settled
 
 WRONG_LAST_SEQUENCE = 10071
 RACING_WRITE = 10164  # clustered: a write racing an in-flight one on the same subject
@@ -201,17 +201,8 @@ class SubjectLog:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _direct_get(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
-        """:meth:`_direct_get_once`, asked again while the stream cannot answer (an election; tenacity). The
-        first try runs without the retry machinery (the common case answers at once)."""
-        try:
-            return await self._direct_get_once(payload, subject_suffix)
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-        async for attempt in settle_retrying():
-            with attempt:
-                return await self._direct_get_once(payload, subject_suffix)
-        raise AssertionError("unreachable")  # pragma: no cover
+        """:meth:`_direct_get_once`, asked again while the stream cannot answer (an election: :func:`settled`)."""
+        return await settled(lambda: self._direct_get_once(payload, subject_suffix))
 
     async def _direct_get_once(self, payload: dict[str, object], subject_suffix: str = "") -> list[Msg]:
         """Raw (batched) Direct Get; the messages before the end-of-batch status.
