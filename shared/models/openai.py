@@ -39,10 +39,9 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
-import httpx2
 import msgspec
 import openai
 from openai._models import FinalRequestOptions
@@ -59,6 +58,9 @@ from reel.shared.core.errors import ModelError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER, TokenCounter
 from reel.shared.core.workflow.modelspec import ModelSpec
 from reel.shared.models.base import DeltaSink
+
+if TYPE_CHECKING:  # the SDK's HTTP client (its dependency, not Reel's): its requests are only copied here
+    import httpx2
 
 PLACEHOLDER_KEY = "reel-no-key"  # sent when no api_key_env is given (local servers ignore it)
 _CONTEXT = re.compile(r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long", re.I)
@@ -192,8 +194,9 @@ class _Client(openai.AsyncOpenAI):
             return first
         template, headers = found
         assert isinstance(options.content, bytes)  # _plain_post
-        return httpx2.Request(template.method, template.url, headers=headers, content=options.content,
-                              extensions=template.extensions)
+        request: httpx2.Request = type(template)(template.method, template.url, headers=headers,
+                                                 content=options.content, extensions=template.extensions)
+        return request
 
 
 _POST_OPTIONS = FinalRequestOptions.construct(method="post", url="/", content=b"")

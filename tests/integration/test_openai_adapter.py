@@ -256,6 +256,8 @@ async def test_a_reused_request_is_the_one_the_sdk_builds_with_the_new_body(chat
                 ChatMessage(role="system", content="You fix bugs."), ChatMessage(role="user", content=words)])
             texts.append((await model.complete_chat(req)).text)
             assert chat_server.requests[-1].body == wire_request(req)
+        pooled = CLIENTS.get(chat_server.url, os.environ["REEL_TEST_REUSED_KEY"], 10.0)
+        assert list(pooled.__dict__.get("_templates", {})) == [("post", "/chat/completions")]  # the copy path ran
         sdk = openai.AsyncOpenAI(api_key=os.environ["REEL_TEST_REUSED_KEY"], base_url=chat_server.url, timeout=10.0,
                                  max_retries=0, http_client=openai.DefaultAioHttpClient())
         async with sdk:
