@@ -3,8 +3,10 @@ in-process services), with a profile hook on every thread that notes each call o
 repository whose arguments hold the id of the run it starts (the id itself, or an object whose ``run_id`` is it).
 
 Prints the walk's figures: the modules visited (distinct files), the hops (calls that enter a module other
-than the caller's module in the walk) and the returns (hops back into a module the walk had already left).
-Modules under ``services/cli/`` and ``services/timeline`` (the command line's own output) are left out.
+than the one of the walk's previous call) and the returns (hops back into a module the walk had already left).
+The walk is followed per asyncio task (per thread outside a loop), so calls of concurrent tasks that happen to
+interleave are not counted as hops between them; hops and returns are the sums over the tasks. Modules under
+``services/cli/`` and ``services/timeline`` (the command line's own output) are left out.
 
 Usage:  python scripts/runid_walk.py CLI_MODULE WORKFLOW [--list]
   CLI_MODULE: the ``reel`` command's module (``reel.services.cli``; ``services.cli`` in older checkouts).
@@ -12,6 +14,7 @@ Usage:  python scripts/runid_walk.py CLI_MODULE WORKFLOW [--list]
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import itertools
@@ -31,7 +34,7 @@ SKIP = re.compile(r"services/(cli|timeline)[/.]")
 def main() -> None:
     cli, workflow = sys.argv[1], sys.argv[2]
     listing, pairing = "--list" in sys.argv, "--pairs" in sys.argv
-    seen: list[tuple[str, str, str]] = []  # (run id, module, function) of each call, in order
+    seen: list[tuple[str, str, str, tuple[int, int]]] = []  # (run id, module, function, task) of each call
     files: dict[str, str | None] = {}
 
     def module_of(filename: str) -> str | None:
@@ -57,7 +60,11 @@ def main() -> None:
             return
         mod = module_of(frame.f_code.co_filename)
         if mod is not None and (rid := run_id_held(frame)) is not None:
-            seen.append((rid, mod, frame.f_code.co_name))
+            try:
+                task = id(asyncio.current_task())
+            except RuntimeError:  # no running loop in this thread
+                task = 0
+            seen.append((rid, mod, frame.f_code.co_name, (threading.get_ident(), task)))
 
     sys.argv = ["reel", "run", workflow]
     threading.setprofile(hook)
@@ -76,21 +83,27 @@ def main() -> None:
     m = re.search(r"run (r-[0-9a-f]{20}) created", out.getvalue())
     if m is None:
         sys.exit(f"no run created: {out.getvalue()[-500:]}")
-    walk = [mod for rid, mod, _ in seen if rid == m.group(1)]  # this run's id only (the store may hold others)
+    mine = [(mod, fn, task) for rid, mod, fn, task in seen if rid == m.group(1)]  # this run's only
+    walk = [mod for mod, _, _ in mine]
     funcs: dict[str, set[str]] = {}
-    for rid, mod, fn in seen:
-        if rid == m.group(1):
-            funcs.setdefault(mod, set()).add(fn)
-    hops, returns, left = 0, 0, set[str]()
-    for prev, cur in itertools.pairwise(walk):
-        if cur != prev:
-            hops += 1
-            left.add(prev)
-            returns += cur in left
+    tasks: dict[tuple[int, int], list[str]] = {}
+    for mod, fn, task in mine:
+        funcs.setdefault(mod, set()).add(fn)
+        tasks.setdefault(task, []).append(mod)
+    hops, returns = 0, 0
+    pairs_seen: list[tuple[str, str]] = []
+    for path in tasks.values():
+        left = set[str]()
+        for prev, cur in itertools.pairwise(path):
+            if cur != prev:
+                hops += 1
+                left.add(prev)
+                returns += cur in left
+                pairs_seen.append((prev, cur))
     print(f"exit {code}; modules {len(set(walk))}; calls {len(walk)}; hops {hops}; returns {returns}")
     if pairing:
         from collections import Counter
-        pairs = Counter((a, b) for a, b in itertools.pairwise(walk) if a != b)
+        pairs = Counter(pairs_seen)
         for (a, b), n in pairs.most_common(25):
             print(f"  {n:5d}  {a} -> {b}")
     if listing:

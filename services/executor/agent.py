@@ -233,7 +233,7 @@ class AgentRun:
         (its worst case: packed prompt tokens + ``max_tokens``, priced) or the tool ``calls`` they start would
         exceed the run's budget, counting ``outcomes`` as spent (:func:`reel.shared.core.run.budget.check`);
         ``None`` when they fit (or the run has no budget)."""
-        if (turn is None and not calls) or budget.budget_of(state) is None:
+        if (turn is None and not calls) or budget.budget_of(state.budget) is None:
             return None
         worst = None
         if turn is not None:
@@ -297,7 +297,8 @@ class AgentRun:
                        turn: PreparedTurn | None, prompt_result: Any) -> RunState:
         state = done.state
         branch = state.branches[branch_id]
-        folder = await self.attempts.workspaces.prepare(state, branch_id) if calls else None
+        has_workspace = isinstance(state.workspace, BlobRef)  # unset: the run has none (no attempt records one)
+        folder = await self.attempts.workspaces.prepare(state, branch_id) if calls and has_workspace else None
         for c in calls:
             decl = turnfold.declared(branch, c.step_id)
             assert decl is not None, c

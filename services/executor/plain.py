@@ -257,7 +257,9 @@ class PlainSteps:
         self.a.crash_if(point_name(action.step_id, action.attempt, "after_intent"))
         kind = {"tool": p.step.tool.type} if isinstance(p.step, ToolStep) else {"prompt_tokens": p.prompt_tokens}
         log.debug("attempt.dispatched", lsn=state.head_lsn, chained=prepared is not None, **kind)
-        folder = await self.a.workspaces.prepare(state, action.branch_id) if isinstance(p.step, ToolStep) else None
+        has_workspace = isinstance(state.workspace, BlobRef)  # unset: the run has none (no attempt records one)
+        folder = await self.a.workspaces.prepare(state, action.branch_id) \
+            if has_workspace and isinstance(p.step, ToolStep) else None
         event, body = await self._side_effect(state, p, interrupt, folder)
         if lost(interrupt):  # taken over while the side effect ran: nothing of it is written (not even a snapshot)
             raise RunLost(state)
@@ -464,7 +466,7 @@ def halt_of(state: RunState, p: Prepared, on_code_change: str = "continue") -> S
             log.warning("run.code_changed", step_id=change.step_id, attempt=change.attempt, kind=code.kind,
                         name=code.name, what=list(change.what))
             return codeids.halt(change, p.action.branch_id, at)
-    if budget.budget_of(state) is None:
+    if budget.budget_of(state.budget) is None:
         return None
     if isinstance(p.step, ModelStep):
         worst = budget.worst_case(p.prompt_tokens, p.step.model, price_for(p.step.model))

@@ -230,7 +230,7 @@ def _header(state: RunState) -> Text:
         header.append(f"  outcome {outcome}", style=STATUS_STYLE.get(outcome, ""))
     if checks := checks_summary(state):
         header.append(f"  context check {checks}", style="dim")
-    if (timer := timers.sleeping_timer(state)) is not None:
+    if (timer := timers.sleeping_timer(state.status, state.branches[state.active_branch])) is not None:
         header.append(f"  wakes {utc(timer.wake_ms)} ({timer.step_id})", style="blue")
     header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
     return header
@@ -240,7 +240,7 @@ def _budget_lines(state: RunState, branch: BranchState) -> list[Text]:
     """The run's spend against its budget (none: no line), and the halt that ended the branch shown, if any: its
     end reason (``budget_exhausted``, ``code_changed``) and message, whole."""
     out = []
-    if line := budget.summary(state, int(time.time() * 1000)):
+    if budget.budget_of(state.budget) is not None and (line := budget.summary(state, int(time.time() * 1000))):
         out.append(Text(f"budget: {line}", style="dim"))
     if isinstance(branch.halt, StepHalted):
         out.append(Text(f"end reason {branch.halt.reason} (before {branch.halt.step_id}): {branch.halt.message}",

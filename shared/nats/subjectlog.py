@@ -25,6 +25,7 @@ or finds no responders. So:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from collections import OrderedDict
@@ -85,7 +86,7 @@ class SubjectLog:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self.stream = stream
-        self.subject_of = subject_of
+        self.subject_of = functools.lru_cache(maxsize=KNOWN_KEYS_MAX)(subject_of)  # one string per key, built once
         self._timeout_s = timeout_s
         self._known: OrderedDict[str, int] = OrderedDict()
 

@@ -74,7 +74,7 @@ async def test_a_sleep_step_rests_the_run_and_recovery_wakes_it_at_its_time(
         assert not has_open_intent(asleep), "nothing is in flight while a run sleeps"
         assert attempt_of(asleep, "before", 1).status == "succeeded"
         assert "nap" not in asleep.branches[asleep.active_branch].attempts
-        wake = timers.next_wake(asleep)
+        wake = timers.next_wake(asleep.status, asleep.branches[asleep.active_branch])
         assert wake is not None
 
         async def reported() -> dict[str, Any] | None:  # reel status: recovery's timers line
@@ -115,7 +115,7 @@ async def test_a_sleeping_run_is_cancelled_and_stays_cancelled(infra: Infra, cfg
         reply = await client.start(parse_workflow(sleepy("nap-cancel", {"for_s": 2})))
         assert reply.run_id
         asleep = await wait_state(event_log, reply.run_id, lambda s: s.status == "sleeping", what="the run to sleep")
-        wake = timers.next_wake(asleep)
+        wake = timers.next_wake(asleep.status, asleep.branches[asleep.active_branch])
         assert wake is not None
         assert (await client.cancel(reply.run_id, reason="no more naps")).ok
         cancelled = await wait_state(event_log, reply.run_id, lambda s: s.status == "cancelled", what="the cancel")

@@ -157,7 +157,7 @@ def test_a_deadline_commits_its_default_once() -> None:
     sim = Sim(workflow([{"tool_calls": [call("write_file", path="a")]}, {"text": "gave up"}], tools), TOOLS)
     state = sim.run()
     (rec,) = requestfold.open_requests(state.branches[MAIN])
-    assert rec.deadline_ms is not None and respond.next_deadline(state) == rec.deadline_ms
+    assert rec.deadline_ms is not None and respond.earliest_deadline(state.branches[MAIN]) == rec.deadline_ms
     assert respond.deadline_events(state, rec.deadline_ms - 1) == Skip("no deadline due")
     fired = respond.deadline_events(state, rec.deadline_ms)
     assert [(e.decision, e.note, e.source) for e in fired] == [("reject", "nobody was around", "deadline")]

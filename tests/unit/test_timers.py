@@ -35,7 +35,8 @@ def at(lsn: int) -> RunState:
 def test_a_sleeping_run_rests_with_its_wake_time_and_nothing_in_flight() -> None:
     asleep = at(103)
     assert asleep.status == "sleeping" and asleep.status in RESTING
-    assert timers.next_wake(asleep) == T + 60_003 and timers.next_due(asleep) == T + 60_003
+    assert timers.next_wake(asleep.status, asleep.branches[asleep.active_branch]) == T + 60_003
+    assert timers.next_due(asleep.status, asleep.branches["main"]) == T + 60_003
     assert not plan.has_open_intent(asleep)
     assert isinstance(plan.next_action(asleep, "x-aaaa"), plan.Rest)
 
@@ -53,7 +54,8 @@ def test_a_cancelled_or_woken_run_is_not_due() -> None:
     assert not isinstance(decided, Skip)  # cancel is legal while it sleeps
     cancelled = apply_commit(asleep, 200, Commit(commit_id=CommitId("c"), run_id=asleep.run_id, events=decided))
     assert cancelled.status == "cancelled"
-    assert isinstance(timers.due_events(cancelled, T + 10**9), Skip) and timers.next_due(cancelled) is None
+    assert isinstance(timers.due_events(cancelled, T + 10**9), Skip)
+    assert timers.next_due(cancelled.status, cancelled.branches["main"]) is None
     assert isinstance(timers.due_events(at(104), T + 10**9), Skip)
 
 

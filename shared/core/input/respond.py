@@ -38,7 +38,7 @@ from reel.shared.core.input import requestfold
 from reel.shared.core.input.requestevents import DECISIONS, InputAnswered
 from reel.shared.core.input.requesting import argument_error
 from reel.shared.core.input.requeststate import InputRecord, InputResponse
-from reel.shared.core.run.state import LIVE, RunState
+from reel.shared.core.run.state import LIVE, BranchState, RunState
 from reel.shared.core.run.stepids import parse_step_id
 from reel.shared.core.wire.commands import RespondRun
 from reel.shared.core.workflow.spec import WorkflowSpec
@@ -149,11 +149,10 @@ def due(state: RunState, now_ms: int) -> Iterator[InputRecord]:
             if r.deadline_ms is not None and r.deadline_ms <= now_ms and _over(state, r) is None)
 
 
-def next_deadline(state: RunState) -> int | None:
-    """The earliest deadline of an open request of the active branch (epoch ms), if any."""
-    times = [r.deadline_ms for r in requestfold.open_requests(state.branches[state.active_branch])
-             if r.deadline_ms is not None]
-    return min(times) if times and state.status in LIVE else None
+def earliest_deadline(branch: BranchState) -> int | None:
+    """The earliest deadline of an open request of ``branch`` (epoch ms), if any (a live run's active branch is
+    the one whose deadlines fire: :func:`reel.shared.core.run.timers.next_due`)."""
+    return min((r.deadline_ms for r in requestfold.open_requests(branch) if r.deadline_ms is not None), default=None)
 
 
 def deadline_events(state: RunState, now_ms: int) -> Decision:

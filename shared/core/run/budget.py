@@ -116,9 +116,8 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def budget_of(state: RunState) -> Budget | None:
-    """The run's budget (``run_created.budget``), ``None`` when it has no limit."""
-    b = state.budget
+def budget_of(b: Budget | msgspec.UnsetType) -> Budget | None:
+    """A run's budget from its ``RunState.budget`` (``run_created.budget``), ``None`` when it has no limit."""
     return b if isinstance(b, Budget) and b.limits else None
 
 
@@ -189,7 +188,7 @@ def check(state: RunState, now_ms: int, *, model_call: Worst | None = None, tool
     A limit is exceeded when spent + needed > limit (``max_wall_s``: when the seconds since creation are at
     or past it). With no model call and no tool call nothing is checked.
     """
-    budget = budget_of(state)
+    budget = budget_of(state.budget)
     if budget is None or (model_call is None and tool_calls <= 0):
         return None
     s = spend(state, now_ms, pending)
@@ -212,7 +211,7 @@ def check(state: RunState, now_ms: int, *, model_call: Worst | None = None, tool
 def summary(state: RunState, now_ms: int) -> str:
     """``reel show``'s budget line: each limit set, spend against it (e.g. ``$0.0012 of $0.002``), and whether
     estimated usage is part of it; ``""`` for a run without a budget."""
-    budget = budget_of(state)
+    budget = budget_of(state.budget)
     if budget is None:
         return ""
     s = spend(state, now_ms if state.finished_ms is None else state.finished_ms)

@@ -236,6 +236,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     source_dir: str | msgspec.UnsetType = msgspec.UNSET  # RunCreated.source_dir (unset: not encoded)
     budget: Budget | msgspec.UnsetType = msgspec.UNSET  # RunCreated.budget (unset: not encoded)
     workspace: BlobRef | msgspec.UnsetType = msgspec.UNSET  # RunCreated.workspace: every branch's first manifest
+    # (unset: the run has no workspace, and none of its attempts records one)
 
     @property
     def tool_source_dir(self) -> str | None:

@@ -28,7 +28,17 @@ from reel.shared.core.errors import ToolError
 from reel.shared.core.input import respond
 from reel.shared.core.run.events import AnyEvent, AttemptEnd, AttemptFailed, RunWoke, TimerReason
 from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
-from reel.shared.core.run.state import RESUME_AFTER, SLEEPING, AttemptState, AttemptStatus, BranchState, RunState, Timer
+from reel.shared.core.run.state import (
+    LIVE,
+    RESUME_AFTER,
+    SLEEPING,
+    AttemptState,
+    AttemptStatus,
+    BranchState,
+    RunState,
+    RunStatus,
+    Timer,
+)
 
 RESUME_AFTER_KEY = "resume_after_s"
 """The key of a command tool's stdout that asks to be resumed: ``{"reel": {"resume_after_s": N}}``
@@ -65,20 +75,20 @@ def timer_of(branch: BranchState) -> Timer | None:
     return None if isinstance(branch.timer, msgspec.UnsetType) else branch.timer
 
 
-def sleeping_timer(state: RunState) -> Timer | None:
-    """The timer a ``sleeping`` run waits on (its active branch's), else ``None``."""
-    return timer_of(state.branches[state.active_branch]) if state.status == SLEEPING else None
+def sleeping_timer(status: RunStatus, active: BranchState) -> Timer | None:
+    """The timer a run of ``status`` waits on when it is ``sleeping`` (``active``: its active branch), else ``None``."""
+    return timer_of(active) if status == SLEEPING else None
 
 
-def next_wake(state: RunState) -> int | None:
-    """When a sleeping run is due (epoch ms), else ``None``."""
-    timer = sleeping_timer(state)
+def next_wake(status: RunStatus, active: BranchState) -> int | None:
+    """When a run of ``status`` is due if it sleeps (epoch ms; ``active``: its active branch), else ``None``."""
+    timer = sleeping_timer(status, active)
     return timer.wake_ms if timer is not None else None
 
 
 def wake_events(state: RunState, now_ms: int) -> Decision:
     """``(run_woke,)`` if ``state`` sleeps and its timer is due at ``now_ms`` (epoch ms), else a Skip (why)."""
-    timer = sleeping_timer(state)
+    timer = sleeping_timer(state.status, state.branches[state.active_branch])
     if timer is None:
         return Skip(f"the run is {state.status}, not sleeping")
     if timer.wake_ms > now_ms:
@@ -86,10 +96,12 @@ def wake_events(state: RunState, now_ms: int) -> Decision:
     return (RunWoke(branch_id=state.active_branch, step_id=timer.step_id, at_ms=now_ms),)
 
 
-def next_due(state: RunState) -> int | None:
-    """The earliest time recovery must look at the run again (epoch ms): its wake time or its earliest
-    input deadline, whichever comes first; ``None``: neither."""
-    times = [t for t in (next_wake(state), respond.next_deadline(state)) if t is not None]
+def next_due(status: RunStatus, active: BranchState) -> int | None:
+    """The earliest time recovery must look at a run again (epoch ms), from its ``status`` and its active branch
+    ``active``: its wake time (``sleeping``) or the earliest deadline of an open input request (a live run),
+    whichever comes first; ``None``: neither."""
+    deadline = respond.earliest_deadline(active) if status in LIVE else None
+    times = [t for t in (next_wake(status, active), deadline) if t is not None]
     return min(times) if times else None
 
 
