@@ -38,6 +38,7 @@ from reel.shared.core.ports import BlobStore, EventLog
 from reel.shared.core.run.events import BlobRef, Budget, RunCreated, RunStarted
 from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
 from reel.shared.core.run.integrity import RunCorrupt
+from reel.shared.core.run.planning import has_open_intent
 from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun
 from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec, encode_workflow, validate_workflow
@@ -275,7 +276,7 @@ class Executor:
         try:
             while True:
                 rested = await self.drive(run_id, state)
-                if rested is not None:  # its attempts in flight are recorded: any other of ours is abandoned
+                if rested is not None and has_open_intent(rested):  # any intent of ours left open is abandoned
                     await self._abandon_orphans(rested)
                 state = None  # a second look re-reads the run
                 if not self._driving[run_id]:
