@@ -3,26 +3,15 @@
 :func:`run_call` is the side effect only: it never commits and never raises for
 anything a model or a tool did — the result is the output text, or a
 :class:`~reel.shared.core.errors.ToolError` whose ``kind`` and message become the
-call's ``attempt_failed`` and the ``is_error`` observation the next turn sees:
+call's ``attempt_failed`` and the ``is_error`` observation the next turn sees (``unknown_tool``,
+``invalid_arguments``, ``tool_error``, ``timeout``, and a command's kinds: it runs on the one command runner
+of every tool, :func:`reel.shared.proc.tools.run_command`). Every kind, when it occurs and whether it is
+retried, is in one table: docs/workflow.md "Tool errors".
 
-==================  =========  ================================================================
-kind                retryable  when
-==================  =========  ================================================================
-``unknown_tool``    no         the model named a tool the step does not declare
-``invalid_arguments`` no       the arguments are not a JSON object, or fail the tool's ``parameters``
-``tool_error``      yes        a Python tool raised, or a recorded error
-``timeout``         yes        ``timeout_s`` passed (a command's group is killed; a sync Python
-                               tool's thread cannot be, it is abandoned)
-==================  =========  ================================================================
-
-A command tool runs on the one command runner of every tool,
-:func:`reel.shared.proc.tools.run_command`, and fails with its kinds: ``exit_<N>`` (it exited
-non-zero; the message ends with its output's last 4000 bytes), ``timeout``, ``spawn_failed``
-(not retryable), ``output_too_large`` (``on_overflow: fail``).
-
-A command's output is capped (``max_output_bytes``, default 1 MiB): past it, by default, the
-model is shown the head followed by :func:`~reel.shared.core.workflow.toolspec.truncation_note` — never a
-silent cut. A Python tool's result text is capped only by a ``max_output_bytes`` of its own (UTF-8 bytes).
+A command's output is capped as every tool's is (:class:`~reel.shared.core.workflow.toolspec.ToolRunPolicy`; an
+agent's default, :data:`~reel.shared.core.workflow.agentspec.AGENT_TOOL_OUTPUT`, and why it differs from a tool
+step's: docs/workflow.md "Tool output limits"); a Python tool's result text only by a ``max_output_bytes`` of
+its own (UTF-8 bytes).
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
 call's attempts, so an outside service can dedupe a retry — and its attempt number

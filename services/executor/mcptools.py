@@ -14,16 +14,10 @@ distinct server (:meth:`~reel.shared.core.workflow.mcpspec.McpServerSpec.connect
 :meth:`McpServers.expand` turns each ``mcp:`` entry of a workflow into the tools its server lists
 (:func:`~reel.shared.core.workflow.agentspec.expand_mcp`; listed once per connection).
 :meth:`McpServers.call` runs one attempt of one call (``tools/call``); its errors are
-:class:`~reel.shared.core.errors.ToolError`\\ s of these kinds:
-
-====================  =========  =============================================================
-kind                  retryable  when
-====================  =========  =============================================================
-``tool_error``        no         the server's result has ``isError: true`` (its text is the message)
-``mcp_error``         no         the server answered the request with a JSON-RPC error
-``mcp_unavailable``   yes        the server cannot be started or reached, or its connection broke
-``timeout``           yes        ``timeout_s`` passed (the server is sent ``notifications/cancelled``)
-====================  =========  =============================================================
+:class:`~reel.shared.core.errors.ToolError`\\ s of the kinds ``tool_error`` (a result with ``isError: true``),
+``mcp_error`` (a JSON-RPC error), ``mcp_unavailable`` (not started or reached, or the connection broke) and
+``timeout`` (the server is sent ``notifications/cancelled``) — docs/workflow.md "Tool errors" has every tool's
+kinds, and whether each is retried.
 
 A call cancelled (the run cancelled, the executor stopping) sends the server ``notifications/cancelled``
 for it (the SDK's courtesy cancel) before the cancellation goes on.

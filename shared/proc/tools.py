@@ -225,21 +225,10 @@ async def run_command(cmd: Command, *, stdin: Stdin = None) -> ToolOutput:
     tool's command gets its environment.
 
     Raises:
-        ToolError: one vocabulary for every command tool —
-
-            ======================  =========  ===================================================
-            kind                    retryable  when
-            ======================  =========  ===================================================
-            ``exit_<N>``            yes        it exited ``N`` ≠ 0 (or ``-S``: signal S); the message
-                                               ends with its output's last :data:`TAIL_BYTES`
-            ``timeout``             yes        ``timeout_s`` passed (its group was killed)
-            ``spawn_failed``        no         its program cannot be started
-            ``output_too_large``    yes        it printed more than ``limit.max_bytes``
-                                               (``on_overflow: fail``)
-            ``stdin_blob_corrupt``  no         its ``stdin`` source could not be read whole and
-            ``stdin_blob_missing``             checked (it was killed, even if it had exited 0: it
-            ``stdin_blob_timeout``  yes        may have acted on bytes that were not the body)
-            ======================  =========  ===================================================
+        ToolError: ``exit_<N>`` (the message ends with the output's last :data:`TAIL_BYTES`), ``timeout``,
+            ``spawn_failed``, ``output_too_large`` (past ``limit.max_bytes``, ``on_overflow: fail``),
+            ``stdin_blob_corrupt`` / ``_missing`` / ``_timeout`` — the one table of every tool's error kinds,
+            with when each occurs and whether it is retried, is docs/workflow.md "Tool errors".
     """
     out = ToolOutput(cmd.limit.max_bytes, secrets.stream())
     try:

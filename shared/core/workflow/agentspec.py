@@ -32,7 +32,7 @@ from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.input.requestevents import DECISIONS, Decision, RequestKind
 from reel.shared.core.workflow.mcpspec import PREFIX, ListedTool, McpServerSpec, check_server, default_prefix, tool_name
 from reel.shared.core.workflow.schemacheck import schema_problem
-from reel.shared.core.workflow.toolspec import OnOverflow, OutputLimit, check_limits
+from reel.shared.core.workflow.toolspec import OutputLimit, ToolRunPolicy, check_limits
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What chat-completions endpoints accept as a function name."""
@@ -93,7 +93,7 @@ class ApprovalPolicy(InputSpec, frozen=True, kw_only=True, forbid_unknown_fields
         return any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.tools)
 
 
-class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class AgentToolSpec(ToolRunPolicy, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One tool the model of an agent step may call.
 
     Attributes:
@@ -104,20 +104,14 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         python, command, recorded, builtin, mcp: the implementation — exactly one (``builtin``: ``ask_user``;
             ``mcp``: an MCP server, standing for the tools it lists).
         mcp_tool: the server's name of the tool (set by :func:`expand_mcp`, never in a workflow).
-        retry_safe: may be re-run after an executor crash (default false: the in-flight
-            attempt is recorded ``outcome_unknown`` and the model told).
         fatal: a failure of this tool (after its attempts) fails the agent step; otherwise
             it is an ``is_error`` observation for the next turn.
         max_attempts: attempts of one call (a retryable failure is retried).
-        timeout_s: deadline of one attempt (s).
         needs_approval: each call waits for a human's approval before it runs.
         input: how the human is asked (an approval, or ``ask_user``'s question).
-        max_output_bytes: cap on a ``command``'s output (bytes; unset: 1 MiB, :data:`AGENT_TOOL_OUTPUT`).
-        on_overflow: past it, ``truncate`` (unset: the model sees the head, then
-            :func:`~reel.shared.core.workflow.toolspec.truncation_note`) or ``fail`` (an ``output_too_large`` error
-            observation).
-        env, pass_env: a ``command``'s own variables, and the names passed through from the executor's
-            environment (:mod:`reel.shared.core.env.toolenv`; a ``REEL_NATS_*`` name is refused at load).
+        timeout_s, max_output_bytes, on_overflow, env, pass_env, retry_safe: how it runs
+            (:class:`~reel.shared.core.workflow.toolspec.ToolRunPolicy`: deadline, output cap — by default 1 MiB,
+            ``truncate``: :data:`AGENT_TOOL_OUTPUT` — environment, retry safety).
     """
 
     name: str = ""
@@ -126,17 +120,11 @@ class AgentToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     python: str | None = None
     command: tuple[str, ...] | None = None
     recorded: RecordedToolSpec | None = None
-    retry_safe: bool = False
     fatal: bool = False
     max_attempts: int = 1
-    timeout_s: float = 60.0
     builtin: Literal["ask_user"] | None = None
     needs_approval: bool = False
     input: InputSpec | None = None
-    max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
-    on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
-    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
-    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
     mcp: McpServerSpec | msgspec.UnsetType = msgspec.UNSET
     mcp_tool: str | msgspec.UnsetType = msgspec.UNSET
 

@@ -1,16 +1,18 @@
-"""What a tool step calls, and how much output it may print (docs/workflow.md "Tool steps").
+"""What a tool step calls, and what every tool spec says about how its tool runs (docs/workflow.md "Tool output
+limits", "Tool errors").
 
-A ``command`` tool's output (stdout and stderr merged) is capped: ``max_output_bytes`` per
-tool, else the executor's default (``REEL_TOOL_MAX_OUTPUT_BYTES``, 8 MiB; shared/runtime/config.py).
-Past the cap the attempt fails with :data:`OUTPUT_TOO_LARGE` or, with ``on_overflow:
-truncate``, succeeds with the head kept and the success recorded ``truncated``
-(``attempt_succeeded.truncated``), and a model later shown that output reads
-:func:`truncation_note` after it. Nothing is cut silently. Pure (no I/O).
+:class:`ToolRunPolicy` holds the fields a tool step's :class:`ToolSpec` and an agent's tool
+(:class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`) share — deadline, output cap, environment, retry
+safety — written once. A ``command``'s output (stdout and stderr merged) is capped: ``max_output_bytes`` per tool,
+else its consumer's default (a tool step: ``REEL_TOOL_MAX_OUTPUT_BYTES``, 8 MiB, ``fail``; an agent's tool: 1 MiB,
+``truncate``, since its output goes into a prompt). Past the cap the attempt fails with :data:`OUTPUT_TOO_LARGE`
+or, with ``on_overflow: truncate``, keeps the head, recorded ``truncated``, and a model later shown that output
+reads :func:`truncation_note` after it. Nothing is cut silently. Pure (no I/O).
 """
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal
 
 import msgspec
 
@@ -24,28 +26,46 @@ OUTPUT_TOO_LARGE = "output_too_large"
 """Error kind of an attempt whose output passed its cap with ``on_overflow: fail``."""
 
 
-class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What a tool step calls.
+class ToolRunPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How any tool runs — the fields a tool step's :class:`ToolSpec` and an agent's tool share.
+
+    Attributes:
+        timeout_s: deadline of one attempt (s; > 0): a command's process group is killed at it.
+        max_output_bytes: cap on a ``command``'s output (stdout and stderr merged, bytes; ≥ 1; an agent's
+            ``python`` tool: its result text's UTF-8 bytes). Unset: the consumer's default (:func:`output_limit`;
+            a tool step ``REEL_TOOL_MAX_OUTPUT_BYTES``, 8 MiB; an agent's tool 1 MiB).
+        on_overflow: past the cap, ``fail`` (error kind ``output_too_large``, retryable) or ``truncate`` (the first
+            ``max_output_bytes`` kept, recorded ``truncated``). Unset: the consumer's default (a tool step
+            ``REEL_TOOL_ON_OVERFLOW``, ``fail``; an agent's tool ``truncate``).
+        env: variables set in a ``command``'s environment (``NAME: value``); pass_env: names passed through from
+            the executor's environment. Nothing else of it reaches the command (:mod:`reel.shared.core.env.toolenv`);
+            a ``REEL_NATS_*`` name is refused at load.
+        retry_safe: running the tool again has the same effect as running it once (it is idempotent, e.g. keyed by
+            ``REEL_IDEMPOTENCY_KEY``, the same for every attempt). After an executor died mid-call, a tool step
+            that is not retry-safe adopts its stored output marker, else runs again; an agent's call that is not is
+            recorded ``outcome_unknown`` (the model is told). ``reel chaos`` names any tool that ran twice without
+            it (docs/chaos.md).
+    """
+
+    timeout_s: float = 60.0
+    max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
+    on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
+    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    retry_safe: bool = False
+
+
+class ToolSpec(ToolRunPolicy, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a tool step calls (and, from :class:`ToolRunPolicy`, how it runs).
 
     Attributes:
         type: ``recorded`` (returns ``output``), ``scripted`` (``outputs[attempt-1]``),
             ``command`` (runs ``argv``; exit code ≠ 0 fails the attempt).
         name: tool name for logs (e.g. ``bash``).
         input: the recorded tool call (e.g. the command line).
-        timeout_s: deadline of a ``command`` (s).
         stdin_from: a step whose output is the command's stdin.
-        max_output_bytes: cap on a ``command``'s output (stdout and stderr merged, bytes; ≥ 1). Unset: the
-            executor's default (``REEL_TOOL_MAX_OUTPUT_BYTES``, 8 MiB; :func:`output_limit`).
-        on_overflow: past the cap, ``fail`` the attempt (error kind ``output_too_large``, retryable: the
-            step's ``max_attempts`` applies) or ``truncate``: keep the first ``max_output_bytes`` and record
-            the success ``truncated``. Unset: the executor's default (``REEL_TOOL_ON_OVERFLOW``, ``fail``).
-        env: variables set in a ``command``'s environment (``NAME: value``); pass_env: names passed through
-            from the executor's environment. Nothing else of it reaches the command
-            (:mod:`reel.shared.core.env.toolenv`); a ``REEL_NATS_*`` name is refused at load.
-        retry_safe: running the command again has the same effect as running it once (it is idempotent,
-            e.g. keyed by ``REEL_IDEMPOTENCY_KEY``, the same for every attempt). A tool step runs at least once
-            per attempt either way (after an executor crash mid-command it runs again); ``reel chaos`` accepts the
-            repeats of a retry-safe tool and names any other tool that ran twice (docs/chaos.md).
+        timeout_s, max_output_bytes, on_overflow, env, pass_env, retry_safe: how it runs
+            (:class:`ToolRunPolicy`: deadline, output cap — by default 8 MiB, ``fail`` — environment, retry safety).
     """
 
     type: Literal["recorded", "scripted", "command"]
@@ -54,13 +74,7 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     output: str | None = None
     outputs: tuple[ScriptedOutput, ...] = ()
     argv: tuple[str, ...] = ()
-    timeout_s: float = 60.0
     stdin_from: str | None = None
-    max_output_bytes: int | msgspec.UnsetType = msgspec.UNSET
-    on_overflow: OnOverflow | msgspec.UnsetType = msgspec.UNSET
-    env: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
-    pass_env: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
-    retry_safe: bool = False
 
 
 class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,21 +84,7 @@ class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):
     on_overflow: OnOverflow = "fail"
 
 
-class Capped(Protocol):
-    """A tool spec with a deadline and an output cap: :class:`ToolSpec`,
-        :class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`."""
-
-    @property
-    def timeout_s(self) -> float: ...
-
-    @property
-    def max_output_bytes(self) -> int | msgspec.UnsetType: ...
-
-    @property
-    def on_overflow(self) -> OnOverflow | msgspec.UnsetType: ...
-
-
-def check_limits(tool: Capped, at: str) -> None:
+def check_limits(tool: ToolRunPolicy, at: str) -> None:
     """The checks of a tool's deadline and output cap at field path ``at`` — a tool step's ``tool`` and an agent's
     tool alike.
 
@@ -97,7 +97,7 @@ def check_limits(tool: Capped, at: str) -> None:
         raise WorkflowInvalid(f"max_output_bytes must be >= 1 (at `{at}.max_output_bytes`)")
 
 
-def output_limit(tool: Capped, default: OutputLimit) -> OutputLimit:
+def output_limit(tool: ToolRunPolicy, default: OutputLimit) -> OutputLimit:
     """``tool``'s own cap and overflow policy, each falling back to ``default`` (the executor's config)."""
     return OutputLimit(
         max_bytes=default.max_bytes if isinstance(tool.max_output_bytes, msgspec.UnsetType) else tool.max_output_bytes,
