@@ -149,7 +149,7 @@ def command_tool(name: str, argv: Sequence[str], *, description: str = "", param
     Args:
         env: variables set for it; pass_env: names passed through from the executor's environment (nothing
             else of it reaches the command).
-        Others: as :func:`tool` (``max_output_bytes`` default 1 MiB, stdout and stderr merged).
+        Others: as :func:`tool` (``max_output_bytes``: stdout and stderr merged).
 
     Raises:
         WorkflowInvalid: an empty ``argv``, an invalid name, a ``REEL_NATS_*`` variable.

@@ -8,10 +8,10 @@ call's ``attempt_failed`` and the ``is_error`` observation the next turn sees (`
 of every tool, :func:`reel.shared.proc.tools.run_command`). Every kind, when it occurs and whether it is
 retried, is in one table: docs/workflow.md "Tool errors".
 
-A command's output is capped as every tool's is (:class:`~reel.shared.core.workflow.toolspec.ToolRunPolicy`; an
-agent's default, :data:`~reel.shared.core.workflow.agentspec.AGENT_TOOL_OUTPUT`, and why it differs from a tool
-step's: docs/workflow.md "Tool output limits"); a Python tool's result text only by a ``max_output_bytes`` of
-its own (UTF-8 bytes).
+A command's output, and a Python or MCP tool's result text (UTF-8 bytes), is capped as every tool's is
+(:class:`~reel.shared.core.workflow.toolspec.ToolRunPolicy`; unset: an agent tool's default,
+:data:`~reel.shared.core.workflow.toolspec.AGENT_TOOL_OUTPUT` — why it differs from a tool step's:
+docs/workflow.md "Tool output limits").
 
 Every call has an idempotency key, ``<run>/<branch>/<step>`` — stable across the
 call's attempts, so an outside service can dedupe a retry — and its attempt number
@@ -43,9 +43,9 @@ from reel.shared.core.chat.messages import ToolCall
 from reel.shared.core.errors import ToolCallInvalid, ToolError
 from reel.shared.core.run import timers
 from reel.shared.core.run.crashpoints import SideEffect
-from reel.shared.core.workflow.agentspec import AGENT_TOOL_OUTPUT, AgentToolSpec
+from reel.shared.core.workflow.agentspec import AgentToolSpec
 from reel.shared.core.workflow.spec import AgentStep
-from reel.shared.core.workflow.toolspec import OUTPUT_TOO_LARGE, output_limit, truncation_note
+from reel.shared.core.workflow.toolspec import AGENT_TOOL_OUTPUT, OUTPUT_TOO_LARGE, output_limit, truncation_note
 from reel.shared.proc import ledger
 from reel.shared.proc.tools import CallId, Command, run_command
 
@@ -133,7 +133,7 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
 
 def _capped(text: str, tool: AgentToolSpec, ctx: CallContext) -> str:
     """A Python tool's result text within the cap a command tool's output has (:func:`output_limit`: its own
-    ``max_output_bytes`` and ``on_overflow``, else 1 MiB, truncate; UTF-8 bytes): past it, the head and
+    ``max_output_bytes`` and ``on_overflow``, else :data:`AGENT_TOOL_OUTPUT`; UTF-8 bytes): past it, the head and
     :func:`truncation_note` (``on_overflow: fail``: a ``output_too_large`` ToolError)."""
     limit = output_limit(tool, AGENT_TOOL_OUTPUT)
     if len(text) * 4 <= limit.max_bytes:  # a str of n code points encodes to at most 4n bytes

@@ -4,8 +4,7 @@
 One call identity (:class:`CallId`: the ``REEL_*`` variables every tool call gets, its idempotency key), one
 environment policy (:func:`reel.shared.core.env.toolenv.spec_env`, applied in :func:`run_command`), one
 output-limit policy (the tool's ``max_output_bytes``/``on_overflow``, else its caller's default:
-8 MiB ``fail`` for a tool step, 1 MiB ``truncate`` for an agent tool, whose output goes into a
-prompt), one error vocabulary (:func:`run_command`'s ``Raises``).
+docs/workflow.md "Tool output limits"), one error vocabulary (:func:`run_command`'s ``Raises``).
 
 Each returns the tool's :class:`ToolOutput` or raises :class:`~reel.shared.core.errors.ToolError`.
 A command runs on :func:`~reel.shared.proc.group.run_group`: its own process group,
@@ -200,8 +199,8 @@ async def run_tool(spec: ToolSpec, call: CallId, *, stdin: Stdin = None, limit: 
     ``stdin``: a command's standard input — bytes, or chunks as they come (``stdin_from``: the earlier
     output streamed from the blob store, checked against its sha256 as it goes; never held whole).
     ``call``: who the call is (its variables: :meth:`CallId.env`). ``limit``: the command's output cap and
-    overflow policy (default 8 MiB, ``fail``). ``workspace``: the branch's working copy, a command's
-    ``$REEL_WORKSPACE`` (docs/workspaces.md). A ``command`` runs on :func:`run_command`.
+    overflow policy (default: :class:`OutputLimit`'s, a tool step's). ``workspace``: the branch's working copy,
+    a command's ``$REEL_WORKSPACE`` (docs/workspaces.md). A ``command`` runs on :func:`run_command`.
 
     Raises:
         ToolError: scripted failure (its kind), or one of :func:`run_command`'s.

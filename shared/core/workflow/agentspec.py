@@ -32,7 +32,7 @@ from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.input.requestevents import DECISIONS, Decision, RequestKind
 from reel.shared.core.workflow.mcpspec import PREFIX, ListedTool, McpServerSpec, check_server, default_prefix, tool_name
 from reel.shared.core.workflow.schemacheck import schema_problem
-from reel.shared.core.workflow.toolspec import OutputLimit, ToolRunPolicy, check_limits
+from reel.shared.core.workflow.toolspec import ToolRunPolicy, check_limits
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What chat-completions endpoints accept as a function name."""
@@ -42,8 +42,6 @@ ToolType = Literal["python", "command", "recorded", "builtin", "mcp"]
 ASK_USER_PARAMETERS: dict[str, Any] = {
     "type": "object", "required": ["question"],
     "properties": {"question": {"type": "string", "description": "The question, in full."}}}
-AGENT_TOOL_OUTPUT = OutputLimit(max_bytes=1024 * 1024, on_overflow="truncate")
-"""An agent ``command`` tool's default output cap: its first MiB goes to the model, marked truncated."""
 ASK_USER_DESCRIPTION = "Ask the user a question and wait for the answer; the answer is this call's result."
 
 
@@ -110,8 +108,8 @@ class AgentToolSpec(ToolRunPolicy, frozen=True, kw_only=True, forbid_unknown_fie
         needs_approval: each call waits for a human's approval before it runs.
         input: how the human is asked (an approval, or ``ask_user``'s question).
         timeout_s, max_output_bytes, on_overflow, env, pass_env, retry_safe: how it runs
-            (:class:`~reel.shared.core.workflow.toolspec.ToolRunPolicy`: deadline, output cap — by default 1 MiB,
-            ``truncate``: :data:`AGENT_TOOL_OUTPUT` — environment, retry safety).
+            (:class:`~reel.shared.core.workflow.toolspec.ToolRunPolicy`: deadline, output cap, environment, retry
+            safety).
     """
 
     name: str = ""

@@ -3,11 +3,9 @@ limits", "Tool errors").
 
 :class:`ToolRunPolicy` holds the fields a tool step's :class:`ToolSpec` and an agent's tool
 (:class:`~reel.shared.core.workflow.agentspec.AgentToolSpec`) share — deadline, output cap, environment, retry
-safety — written once. A ``command``'s output (stdout and stderr merged) is capped: ``max_output_bytes`` per tool,
-else its consumer's default (a tool step: ``REEL_TOOL_MAX_OUTPUT_BYTES``, 8 MiB, ``fail``; an agent's tool: 1 MiB,
-``truncate``, since its output goes into a prompt). Past the cap the attempt fails with :data:`OUTPUT_TOO_LARGE`
-or, with ``on_overflow: truncate``, keeps the head, recorded ``truncated``, and a model later shown that output
-reads :func:`truncation_note` after it. Nothing is cut silently. Pure (no I/O).
+safety — written once. Past a tool's output cap the attempt fails with :data:`OUTPUT_TOO_LARGE` or, with
+``on_overflow: truncate``, keeps the head, recorded ``truncated``, and a model later shown that output reads
+:func:`truncation_note` after it. Nothing is cut silently. Pure (no I/O).
 """
 
 from __future__ import annotations
@@ -29,14 +27,16 @@ OUTPUT_TOO_LARGE = "output_too_large"
 class ToolRunPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How any tool runs — the fields a tool step's :class:`ToolSpec` and an agent's tool share.
 
+    An unset cap takes the default of where the output goes — a tool step's (:class:`OutputLimit`'s, unless the
+    executor's config sets another) or an agent tool's (:data:`AGENT_TOOL_OUTPUT`): the two differ, and why is
+    docs/workflow.md "Tool output limits".
+
     Attributes:
         timeout_s: deadline of one attempt (s; > 0): a command's process group is killed at it.
         max_output_bytes: cap on a ``command``'s output (stdout and stderr merged, bytes; ≥ 1; an agent's
-            ``python`` tool: its result text's UTF-8 bytes). Unset: the consumer's default (:func:`output_limit`;
-            a tool step ``REEL_TOOL_MAX_OUTPUT_BYTES``, 8 MiB; an agent's tool 1 MiB).
+            ``python`` or ``mcp`` tool: its result text's UTF-8 bytes; unset: see above, :func:`output_limit`).
         on_overflow: past the cap, ``fail`` (error kind ``output_too_large``, retryable) or ``truncate`` (the first
-            ``max_output_bytes`` kept, recorded ``truncated``). Unset: the consumer's default (a tool step
-            ``REEL_TOOL_ON_OVERFLOW``, ``fail``; an agent's tool ``truncate``).
+            ``max_output_bytes`` kept, recorded ``truncated``; unset: see above).
         env: variables set in a ``command``'s environment (``NAME: value``); pass_env: names passed through from
             the executor's environment. Nothing else of it reaches the command (:mod:`reel.shared.core.env.toolenv`);
             a ``REEL_NATS_*`` name is refused at load.
@@ -65,7 +65,7 @@ class ToolSpec(ToolRunPolicy, frozen=True, kw_only=True, forbid_unknown_fields=T
         input: the recorded tool call (e.g. the command line).
         stdin_from: a step whose output is the command's stdin.
         timeout_s, max_output_bytes, on_overflow, env, pass_env, retry_safe: how it runs
-            (:class:`ToolRunPolicy`: deadline, output cap — by default 8 MiB, ``fail`` — environment, retry safety).
+            (:class:`ToolRunPolicy`: deadline, output cap, environment, retry safety).
     """
 
     type: Literal["recorded", "scripted", "command"]
@@ -78,10 +78,15 @@ class ToolSpec(ToolRunPolicy, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 class OutputLimit(msgspec.Struct, frozen=True, kw_only=True):
-    """How much output a tool may print (bytes, stdout and stderr merged) and what happens past it."""
+    """How much output a tool may print (bytes, stdout and stderr merged) and what happens past it (the defaults: a
+    tool step's, which the executor's config may change: shared/runtime/config.py)."""
 
     max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     on_overflow: OnOverflow = "fail"
+
+
+AGENT_TOOL_OUTPUT = OutputLimit(max_bytes=1024 * 1024, on_overflow="truncate")
+"""An agent tool's default output cap: the model is shown the head and :func:`truncation_note`."""
 
 
 def check_limits(tool: ToolRunPolicy, at: str) -> None:
@@ -98,7 +103,8 @@ def check_limits(tool: ToolRunPolicy, at: str) -> None:
 
 
 def output_limit(tool: ToolRunPolicy, default: OutputLimit) -> OutputLimit:
-    """``tool``'s own cap and overflow policy, each falling back to ``default`` (the executor's config)."""
+    """``tool``'s own cap and overflow policy, each falling back to ``default`` (the executor's config for a tool
+    step, :data:`AGENT_TOOL_OUTPUT` for an agent's tool)."""
     return OutputLimit(
         max_bytes=default.max_bytes if isinstance(tool.max_output_bytes, msgspec.UnsetType) else tool.max_output_bytes,
         on_overflow=default.on_overflow if isinstance(tool.on_overflow, msgspec.UnsetType) else tool.on_overflow)
