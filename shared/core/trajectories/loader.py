@@ -16,9 +16,12 @@ from typing import Any, Literal
 
 import msgspec
 
+import reel.shared.core.trajectories.mini_swe_agent as mini_swe_agent
+import reel.shared.core.trajectories.openhands as openhands
+import reel.shared.core.trajectories.swe_agent as swe_agent
+import reel.shared.core.trajectories.tau_bench as tau_bench
 from reel.shared.core.errors import TrajectoryFormatError
 from reel.shared.core.pack.tokencount import DEFAULT_COUNTER
-from reel.shared.core.trajectories import mini_swe_agent, openhands, swe_agent, tau_bench
 from reel.shared.core.trajectories.builder import build
 from reel.shared.core.trajectories.linear import build_linear
 from reel.shared.core.trajectories.recording import Parser
