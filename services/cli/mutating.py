@@ -57,7 +57,7 @@ By = typer.Option("", "--by", help="who acts (recorded with the command's commit
 def cancel(run_id: str = typer.Argument(...), reason: str = typer.Option("", help="why"),
            by: str = By, json_out: bool = JsonOut,
            nats_url: str | None = NatsUrl, namespace: str = Namespace) -> None:
-    """Cancel a run (legal from Pending, Running, Awaiting input and Verifying); one line says what happened."""
+    """Cancel a run (legal in Pending, Running, Awaiting input, Sleeping and Verifying): one line says what happened."""
     async def body() -> int:
         async with session(nats_url, namespace, services=("cancel",)) as s:
             reply = await s.client.cancel(run_id, reason, by=by)

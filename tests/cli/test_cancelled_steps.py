@@ -88,7 +88,7 @@ async def test_show_and_the_ui_say_cancelled_for_the_agent_step_a_cancel_stopped
     env = env_for(tmp_path)
     code, shown, err = await reel(cfg, "show", run_id, env=env)
     assert code == 0, err
-    assert re.search(r"agent solve: cancelled, 1 turns, 1 tool calls", shown), shown
+    assert re.search(r"agent solve: cancelled, 1 turn, 1 tool call", shown), shown
     row = next(line for line in shown.splitlines() if line.startswith("│ solve ") and "│ agent " in line)
     assert [c.strip() for c in row.strip("│").split("│")][:4] == ["solve", "agent", "-", "cancelled"], row
     assert "running" not in shown.split("branch main")[1], shown

@@ -151,7 +151,7 @@ def test_reel_run_and_show_print_the_end_reason_and_the_spend() -> None:
     shown = _printed(timeline(state))  # `reel show` (and the end of `reel run`)
     assert "budget: $0.0001 of $0.001, 2 of 10 tool calls" in shown
     assert "end reason budget_exhausted (before solve:t2): max_cost_usd 0.001" in shown
-    assert "agent solve: failed, 1 turns, 1 tool calls (0 error observations), budget_exhausted" in shown
+    assert "agent solve: failed, 1 turn, 1 tool call (0 error observations), budget_exhausted" in shown
 
 
 def test_the_python_api_carries_budget_prices_and_code_policy() -> None:
