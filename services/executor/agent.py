@@ -35,7 +35,7 @@ orphans of a dead executor      ``attempt_failed(outcome_unknown)`` per non-retr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -62,13 +62,11 @@ from reel.shared.core.run.events import (
     AttemptSucceeded,
     BlobRef,
     CodeIdentity,
-    RunStarted,
     StepsDeclared,
     Usage,
 )
-from reel.shared.core.run.fold import preview
 from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
-from reel.shared.core.run.state import DRIVABLE, RunState, RunStatus
+from reel.shared.core.run.state import DRIVABLE, RunState
 from reel.shared.core.run.stepids import parse_step_id
 from reel.shared.core.workflow.prices import price_for
 from reel.shared.core.workflow.spec import WorkflowSpec
@@ -191,24 +189,6 @@ class AgentRun:
         while self.tasks:
             state = await self.collect(state, more=False)
         return state
-
-    async def claim_with_turn(self, state: RunState, started: RunStarted, peek: Callable[[RunState], int],
-                              ) -> RunState | Decided | None:
-        """Claim a pending run (``started``: this executor's ``run_started``) in one commit with its first agent
-        turn's intent, when that is what the run does first (planned on the run as if ``started`` were
-        committed; ``peek``: the driver's cursor, read on that state): the state after, or the Decided that
-        committed nothing (the run moved, or another executor claimed it first). ``None``: the run is not
-        pending, its first action is not an agent turn, or the executor is stopping — the claim commits alone."""
-        if state.status != RunStatus.PENDING or (self.stopping is not None and self.stopping.is_set()):
-            return None
-        ahead = preview(state, self.me, (started,))
-        action = plan.next_action(ahead, self.me, self.in_flight, start=peek(ahead))
-        if not isinstance(action, plan.DispatchTurn):
-            return None
-        prepared = await prepare_turn(ahead, self.spec, action, attempts=self.attempts, bodies=self.bodies,
-                                      memo=self.contexts, inline_max=self.inline_max)
-        return await self._commit_starting(state, (started, *prepared.events), (), turn=prepared,
-                                           branch_id=action.branch_id)
 
     async def _dispatch_turn(self, state: RunState, action: plan.DispatchTurn) -> RunState | Decided:
         if await self.waits.wait(action.branch_id, action.step_id, action.attempt, self.stopping, self.interrupt):

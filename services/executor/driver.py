@@ -270,7 +270,7 @@ class Driver:
         """Perform one action planned on ``state``: the state after it (:class:`Chained` when the next
         attempt's intent rode its commit), or the Decided that committed nothing if it lost the fence."""
         if isinstance(action, plan.Claim):
-            claim = await self.plain.claim(state, spec, cursor, agents.claim_with_turn)
+            claim = await self.plain.claim(state, spec, cursor)
             if not isinstance(claim, Decided):
                 log.info("run.claimed", executor_id=self.executor_id,
                          lsn=(claim.state if isinstance(claim, Chained) else claim).head_lsn)

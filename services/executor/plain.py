@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,13 +53,15 @@ from reel.shared.core.run.events import (
     AttemptSucceeded,
     BlobRef,
     CodeIdentity,
+    Commit,
     RunSleeping,
     RunStarted,
     RunWoke,
     StepHalted,
     Usage,
 )
-from reel.shared.core.run.fold import preview
+from reel.shared.core.run.fold import apply_commit
+from reel.shared.core.run.ids import CommitId
 from reel.shared.core.run.state import RESUME_AFTER, RunState, RunStatus
 from reel.shared.core.workflow.prices import price_for, priced
 from reel.shared.core.workflow.spec import ModelStep, ToolStep, WorkflowSpec
@@ -74,10 +76,6 @@ from .attempts import Attempts, record_outcome
 from .interrupts import Interrupted, RunLost, guarded, lost
 
 log = structlog.get_logger("reel.executor")
-
-FirstTurn = Callable[[RunState, RunStarted, Callable[[RunState], int]], Awaitable[RunState | Decided | None]]
-"""Claims a pending run in one commit with its first agent turn's intent (``AgentRun.claim_with_turn``): the
-state after, a Decided, or ``None`` when the run does not start with an agent turn."""
 
 
 @dataclass(frozen=True)
@@ -301,17 +299,11 @@ class PlainSteps:
             return None
         return AttemptSucceeded.from_marker(action.branch_id, action.step_id, action.supersedes, ref, now_ms())
 
-    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor, first_turn: FirstTurn | None = None,
-                    ) -> RunState | Decided | Chained:
+    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | Decided | Chained:
         """Commit ``run_started`` for this executor, with the first attempt's intent when that is a plain
-        attempt (one commit: :class:`Chained`), or — by ``first_turn`` (the drive's agent attempts) — an agent
-        turn's; a Decided (nothing committed) if the run moved meanwhile."""
+        attempt (one commit: :class:`Chained`); a Decided (nothing committed) if the run moved meanwhile."""
         started = RunStarted(executor_id=self.a.executor_id, at_ms=now_ms())
         nxt = await self._next(state, spec, started, cursor)
-        if nxt is None and first_turn is not None:
-            turned = await first_turn(state, started, cursor.peek)
-            if turned is not None:
-                return turned
         if nxt is None:
             return await self.a.intent(state, [started])
         done = await self._commit_intent(state, nxt, before=(started,))
@@ -408,14 +400,15 @@ class PlainSteps:
         planning on a preview of the state; nothing is chained while the executor is stopping)."""
         if self.stopping is not None and self.stopping.is_set():
             return None
-        ahead = preview(state, self.a.executor_id, (event,))
-        action = plan.next_action(ahead, self.a.executor_id, start=cursor.peek(ahead))
+        preview = apply_commit(state, state.head_lsn + 1, Commit(
+            commit_id=CommitId("preview"), run_id=state.run_id, writer=self.a.executor_id, events=(event,)))
+        action = plan.next_action(preview, self.a.executor_id, start=cursor.peek(preview))
         if not isinstance(action, plan.Dispatch) or action.supersedes is not None:
             return None  # an orphan's successor is never chained: its marker is read first (run)
         if self.waits.pending(action.branch_id, action.step_id):
             return None  # a retry that must wait: its intent is committed once the wait is over (run)
-        nxt = await self.prepare(ahead, spec, action)
-        halted = halt_of(ahead, nxt, spec.code_change_policy) is not None
+        nxt = await self.prepare(preview, spec, action)
+        halted = halt_of(preview, nxt, spec.code_change_policy) is not None
         return None if halted else nxt  # a halt is committed by run(), alone
 
     async def _commit_outcome(self, state: RunState, p: Prepared, event: AttemptEnd, body: bytes | None,

@@ -25,7 +25,6 @@ from reel.shared.core.run.events import (
     AttemptFailed,
     AttemptSucceeded,
     Budget,
-    RunStarted,
     StepHalted,
     Usage,
 )
@@ -232,13 +231,11 @@ def summary(state: RunState, now_ms: int) -> str:
 
 def halted_commit(events: Iterable[AnyEvent], halt: StepHalted, agent: StepId | None,
                   turns: int) -> tuple[AnyEvent, ...]:
-    """The commit that records a halt instead of the planned ``events``: their facts — outcomes of calls that ran,
-    and the executor's ``run_started`` when the halt rides its claim — and nothing they would have started (no
-    intent, no declaration, no input request), then ``halt`` and,
+    """The commit that records a halt instead of the planned ``events``: their outcomes (facts about calls that
+    ran) and nothing they would have started — no intent, no declaration, no input request — then ``halt`` and,
     for an agent step (``agent``), its end: ``agent_finished`` ``failed`` after ``turns`` turns, with the halt's
     reason as its ``error_kind``. Pure."""
-    kept: list[AnyEvent] = [e for e in events
-                            if isinstance(e, RunStarted | AttemptSucceeded | AttemptFailed | AttemptCancelled)]
+    kept: list[AnyEvent] = [e for e in events if isinstance(e, AttemptSucceeded | AttemptFailed | AttemptCancelled)]
     kept.append(halt)
     if agent is not None:
         kept.append(AgentFinished(branch_id=halt.branch_id, step_id=agent, status="failed", turns=turns,

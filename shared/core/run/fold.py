@@ -16,7 +16,7 @@ is the adapter's business (:mod:`reel.shared.nats.eventlog`), not this one's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -49,7 +49,7 @@ from reel.shared.core.run.events import (
     VerdictRecorded,
 )
 from reel.shared.core.run.forkedits import BranchEdits, carried
-from reel.shared.core.run.ids import LSN, BranchId, CommitId, StepId
+from reel.shared.core.run.ids import LSN, BranchId, StepId
 from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.run.state import (
     ATTEMPT_CANCELLED,
@@ -371,18 +371,6 @@ def apply_commit(state: RunState | None, lsn: int, commit: Commit) -> RunState:
         InvalidTransition: the first commit of a run is not ``run_created``, or see :func:`apply`.
     """
     return _into(None if state is None else _Run(state), lsn, commit).freeze()
-
-
-def preview(state: RunState, writer: str, events: Sequence[AnyEvent]) -> RunState:
-    """``state`` as if ``events`` were its next commit (written by ``writer``): what an executor plans the
-    attempt that rides the same commit on. Its ``head_lsn`` is ``state``'s + 1, a placeholder (the commit's real
-    LSN is the stream's), so nothing planned on it may record it.
-
-    Raises:
-        InvalidTransition: ``events`` are not legal on ``state`` (see :func:`apply`).
-    """
-    return apply_commit(state, state.head_lsn + 1, Commit(commit_id=CommitId("preview"), run_id=state.run_id,
-                                                          writer=writer, events=tuple(events)))
 
 
 def fold(commits: Iterable[tuple[int, Commit]], upto_lsn: int | None = None, *,
