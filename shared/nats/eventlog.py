@@ -29,6 +29,7 @@ from reel.shared.core.run.events import AnyEvent, Commit, encode_commit
 from reel.shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
 from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.subjects import Names
+from reel.shared.nats.publish import is_transient
 from reel.shared.nats.snapshots import SnapshotStore
 from reel.shared.nats.subjectlog import READ_TIMEOUT_S, SubjectLog, msg_seq
 from reel.shared.runtime import metrics
@@ -47,9 +48,16 @@ class JetStreamEventLog:
         self._snapshots_opened = False
 
     async def snapshots(self) -> SnapshotStore | None:
-        """The namespace's snapshot store (opened once), or ``None`` if it has none."""
+        """The namespace's snapshot store (opened once), or ``None`` if it has none or JetStream does not
+        answer now (an election, a failover: the next call tries again; a reader folds from the log meanwhile)."""
         if not self._snapshots_opened:
-            self._snapshots = await SnapshotStore.open(self._nc, self.names)
+            try:
+                self._snapshots = await SnapshotStore.open(self._nc, self.names)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                log.warning("snapshot.store_unavailable", error=repr(exc)[:200])
+                return None
             self._snapshots_opened = True
         return self._snapshots
 
@@ -171,7 +179,13 @@ class JetStreamEventLog:
 
     async def _load_from_snapshot(self, run_id: str, upto_lsn: int | None) -> RunState | None:
         store = await self.snapshots()
-        ref = await store.latest(run_id) if store is not None else None
+        try:
+            ref = await store.latest(run_id) if store is not None else None
+        except Exception as exc:  # a snapshot is only a shortcut: without an answer, fold from the log
+            if not is_transient(exc):
+                raise
+            log.warning("snapshot.unavailable", run_id=run_id, error=repr(exc)[:200])
+            return None
         if store is None or ref is None or (upto_lsn is not None and ref.lsn > upto_lsn):
             return None
         self.subjects.note(run_id, ref.lsn)  # the snapshot's commit exists: a lagging replica is not the truth
