@@ -44,7 +44,7 @@ from reel.shared.core.run.eventfields import Usage, Verdict
 from reel.shared.core.run.forkedits import ContextEdit as Edit
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import EpisodeView, build_episode_view
-from reel.shared.core.verify.reportedoutcome import final_verdicts, reported_outcome
+from reel.shared.core.verify.verification import final_verdicts, reported_outcome
 from reel.shared.core.verify.verifiers.context import make_ctx
 from reel.shared.core.wire.commands import Reply
 from reel.shared.core.wire.livemessages import decode_chunk

@@ -1,7 +1,7 @@
 """What every ``reel`` command shares: the consoles, the common options, one-line errors and exit codes.
 
 Exit codes of ``reel run`` / ``reel replay`` (and ``reel verdicts -f``): 0 passed,
-succeeded or unlabelled (no outcome verifier: :mod:`reel.shared.core.verify.reportedoutcome`), 3 failed or
+succeeded or unlabelled (no outcome verifier: :mod:`reel.shared.core.verify.verification`), 3 failed or
 error, 4 cancelled, 5 timed out, 6 awaiting input (``reel run``, and ``reel approve``,
 ``reject``, ``answer`` when the run waits again); 1 connection or input error (an
 unknown run, an unreadable file; ``reel replay``: any unreadable trajectory), 2 usage

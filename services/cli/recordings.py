@@ -15,7 +15,7 @@ from reel.services.cli.runs import exit_code, follow
 from reel.services.timeline.render import print_timeline
 from reel.shared.core.errors import TrajectoryFormatError
 from reel.shared.core.run.state import RunState
-from reel.shared.core.verify.reportedoutcome import checks_summary, context_checks, final_verdicts, reported_outcome
+from reel.shared.core.verify.verification import checks_summary, context_checks, final_verdicts, reported_outcome
 from reel.shared.core.workflow.spec import WorkflowSpec, encode_workflow
 
 

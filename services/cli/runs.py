@@ -34,7 +34,7 @@ from reel.shared.core.run import timers
 from reel.shared.core.run.events import Verdict
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
-from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from reel.shared.core.verify.verification import checks_summary, reported_outcome
 from reel.shared.core.workflow.spec import load_workflow
 from reel.shared.runtime.clock import now_ms
 

@@ -16,7 +16,7 @@ from reel.shared.application import workspace
 from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.state import RunState
-from reel.shared.core.verify.reportedoutcome import check_verdicts, reported_outcome
+from reel.shared.core.verify.verification import check_verdicts, reported_outcome
 
 REST = ("verifying", "completed", "cancelled", "awaiting_input")
 """``reel show --follow`` stops at these statuses: done, cancelled, waiting for its verifiers or for a human."""

@@ -43,7 +43,7 @@ from reel.services.crucible.judge import Fingerprint, Judge, Unavailable, hash_p
 from reel.shared.core.errors import ReelError, WorkflowInvalid
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import build_episode_view
-from reel.shared.core.verify.reportedoutcome import final_verdicts
+from reel.shared.core.verify.verification import final_verdicts
 from reel.shared.core.workflow.spec import WorkflowSpec, expand_env, parse_workflow
 from reel.shared.crucible.config import JudgeSpec, LabSpec, SessionConfig
 from reel.shared.crucible.errors import ConfigInvalid

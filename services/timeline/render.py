@@ -43,7 +43,7 @@ from reel.shared.core.run.events import (
 from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
 from reel.shared.core.run.state import BranchState, RunState
 from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
-from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from reel.shared.core.verify.verification import checks_summary, reported_outcome
 from reel.shared.core.workflow.spec import WorkflowSpec
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "dispatched": "yellow", "pass": "green", "fail": "red",
@@ -219,7 +219,7 @@ def timeline(state: RunState, branch_id: str | None = None, spec: WorkflowSpec |
 
 
 def _header(state: RunState) -> Text:
-    """Run, workflow, status, the reported outcome (:mod:`reel.shared.core.verify.reportedoutcome`) and context checks,
+    """Run, workflow, status, the reported outcome (:mod:`reel.shared.core.verify.verification`) and context checks,
     head, commits."""
     header = Text()
     header.append(f"run {state.run_id}", style="bold")

@@ -75,7 +75,7 @@ from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption, RunCorrupt
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import build_episode_view
-from reel.shared.core.verify.reportedoutcome import reported_outcome
+from reel.shared.core.verify.verification import reported_outcome
 
 HERE = Path(__file__).parent
 SHA256_HEX = frozenset("0123456789abcdef")

@@ -19,7 +19,7 @@ from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption
 from reel.shared.core.run.state import RunState, branch_failed
-from reel.shared.core.verify.reportedoutcome import checks_summary, reported_outcome
+from reel.shared.core.verify.verification import checks_summary, reported_outcome
 
 STATUSES = ("pending", "running", "awaiting_input", "sleeping", "verifying", "completed", "failed", "cancelled",
             "corrupt")
@@ -37,7 +37,7 @@ class RunRow:
     """One run on the runs page.
 
     Attributes:
-        outcome: the outcome as Reel reports it (:func:`reel.shared.core.verify.reportedoutcome.reported_outcome`: a
+        outcome: the outcome as Reel reports it (:func:`reel.shared.core.verify.verification.reported_outcome`: a
         replay with
             no outcome verifier is ``unlabelled``), ``""`` until it completes.
         checks: its context checks' verdicts (``task-in-final-context=pass``), beside the outcome.

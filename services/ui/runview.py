@@ -27,7 +27,7 @@ from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.integrity import Corruption
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
-from reel.shared.core.verify.reportedoutcome import context_checks, reported_outcome
+from reel.shared.core.verify.verification import context_checks, reported_outcome
 
 PARTITION_GROUPS = ("packed", "available", "dropped")
 DROP_REASONS = {
@@ -256,7 +256,7 @@ class RunPage:
     """Everything the run page renders for ``branch_id``.
 
     Attributes:
-        outcome: the reported outcome (:func:`reel.shared.core.verify.reportedoutcome.reported_outcome`), ``""`` until
+        outcome: the reported outcome (:func:`reel.shared.core.verify.verification.reported_outcome`), ``""`` until
         completed.
         checks: the names of the run's context checks (verifiers reported beside the outcome, not as it).
         budget: the run's spend against its budget (:func:`reel.shared.core.run.budget.summary`; ``""``: none).

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reel.shared.core.run.views import build_episode_view
-from reel.shared.core.verify.reportedoutcome import checks_summary, context_checks, reported_outcome
+from reel.shared.core.verify.verification import checks_summary, context_checks, reported_outcome
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.ui.support import artifact, chromium, env_for, reel, reel_ui, screenshot, until

@@ -9,7 +9,7 @@ from reel.shared.core.run.events import Verdict, VerdictStatus
 from reel.shared.core.run.ids import LSN, BranchId, RunId
 from reel.shared.core.run.persistent import FrozenMap
 from reel.shared.core.run.state import RunState
-from reel.shared.core.verify.reportedoutcome import (
+from reel.shared.core.verify.verification import (
     UNLABELLED,
     check_verdicts,
     checks_summary,

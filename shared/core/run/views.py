@@ -131,7 +131,7 @@ class EpisodeView(msgspec.Struct, frozen=True, kw_only=True):
             (not encoded) when no attempt's usage says its source (logs recorded before sources were).
         outcome, context_checks: set only by readers that report a completed run (``reel show
             --json``): its reported outcome (``unlabelled`` without an outcome verifier) and the
-            verdicts of its context checks (:mod:`reel.shared.core.verify.reportedoutcome`); unset and not encoded in
+            verdicts of its context checks (:mod:`reel.shared.core.verify.verification`); unset and not encoded in
             the views verifiers get.
         workspace: the manifest of the branch's workspace as of ``snapshot_lsn``
             (:func:`~reel.shared.core.run.state.workspace_as_of`; materialise it with

@@ -26,7 +26,7 @@ Verifiers: ``recorded_outcome`` when the recording has a label (the outcome veri
 ``task-in-final-context`` (``context_requires`` the task item at the last recorded turn): a
 *context check*, named in the workflow's ``context_checks`` label, reported beside the outcome and
 never as it — a recording without a label reports outcome ``unlabelled``
-(:mod:`reel.shared.core.verify.reportedoutcome`).
+(:mod:`reel.shared.core.verify.verification`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from reel.shared.core.errors import TrajectoryFormatError
 from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.run.stepids import turn_step_id
 from reel.shared.core.trajectories.recording import Call, Entry, Lit, Obs, Recording, Turn
-from reel.shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
+from reel.shared.core.verify.verification import CONTEXT_CHECKS_LABEL
 from reel.shared.core.workflow.agentspec import TOOL_NAME, AgentToolSpec, RecordedToolSpec
 from reel.shared.core.workflow.spec import (
     AgentStep,
@@ -75,7 +75,7 @@ EXCLUDED_KINDS = ("demo",)
 _NOT_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 CONTEXT_CHECK_TYPES = ("context_requires",)
 """Verifier types that check Reel's packing, not the recorded agent: context checks, never the run's outcome
-(the workflow's ``context_checks`` label names them; :mod:`reel.shared.core.verify.reportedoutcome`)."""
+(the workflow's ``context_checks`` label names them; :mod:`reel.shared.core.verify.verification`)."""
 
 
 def checks_label(verifiers: tuple[VerifierSpec, ...]) -> str:

@@ -17,7 +17,7 @@ crucible worked example's judge (``examples/crucible/judge.py``) scores its poli
 
 Verifiers: ``recorded_outcome`` when the recording has a label, and
 ``task-in-final-context`` (``context_requires`` the task item at the last model step), a context check
-(the ``context_checks`` label, :mod:`reel.shared.core.verify.reportedoutcome`).
+(the ``context_checks`` label, :mod:`reel.shared.core.verify.verification`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from reel.shared.core.errors import TrajectoryFormatError
 from reel.shared.core.pack.tokencount import TokenCounter
 from reel.shared.core.trajectories.builder import PRIORITY, checked, checks_label, policy
 from reel.shared.core.trajectories.recording import Obs, Recording, Turn
-from reel.shared.core.verify.reportedoutcome import CONTEXT_CHECKS_LABEL
+from reel.shared.core.verify.verification import CONTEXT_CHECKS_LABEL
 from reel.shared.core.workflow.spec import (
     ContextItemSpec,
     ModelSpec,
