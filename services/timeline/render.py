@@ -77,8 +77,11 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
         case AttemptSucceeded():
             t.append(f"{event.step_id}#{event.attempt} succeeded", style="green")
             u = event.usage
-            source = "" if isinstance(u.source, msgspec.UnsetType) else f" ({u.source})"
-            t.append(f"  {u.input_tokens}→{u.output_tokens} tok{source}, {u.latency_ms:.1f} ms")
+            if isinstance(u.source, msgspec.UnsetType) and not (u.input_tokens or u.output_tokens):
+                t.append(f"  {u.latency_ms:.1f} ms")  # a tool attempt: no tokens to show
+            else:
+                source = "" if isinstance(u.source, msgspec.UnsetType) else f" ({u.source})"
+                t.append(f"  {u.input_tokens}→{u.output_tokens} tok{source}, {u.latency_ms:.1f} ms")
             if isinstance(event.finish_reason, str) and event.finish_reason not in ("stop", "tool_calls"):
                 t.append(f"  finish_reason {event.finish_reason}", style="magenta")
             if event.recovered:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
 
 from reel.services.timeline.render import event_line, timeline
+from reel.shared.core.run.events import AttemptSucceeded
 from tests.golden.regen import GOLDEN_DIR, fold_log, read_log
 
 
@@ -44,3 +47,13 @@ def test_an_error_too_long_for_its_cell_is_printed_whole_below_the_table() -> No
     assert ("[1] fetch#1: interrupted: executor x-cs1 shut down: the drain deadline (45 s) passed before the attempt "
             "finished; its process group was killed") in shown
     assert "pressed stop" in shown and "[2]" not in shown  # a short one stays in its cell (wrapped), no note
+
+
+def test_a_tool_attempts_progress_line_shows_its_time_not_zero_tokens() -> None:
+    lines = [_text(event_line(lsn, ev)) for lsn, c in read_log(GOLDEN_DIR / "hand_agent_rewind.jsonl")
+             for ev in c.events if isinstance(ev, AttemptSucceeded)]
+    turns = [line for line in lines if re.search(r":t\d+#", line)]  # solve:t1#2 (a model turn)
+    tools = [line for line in lines if line not in turns]  # prep#1, solve:t1:c0#1 (tool steps, tool calls)
+    assert tools and turns
+    assert all(" tok" not in line and " ms" in line for line in tools), tools
+    assert all(" tok" in line for line in turns), turns
