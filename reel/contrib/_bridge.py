@@ -182,7 +182,7 @@ def turn_response(text: str, calls: tuple[ToolCall, ...], record_key: str, recor
 def agent_step(state: RunState, step: str) -> tuple[BranchState, AgentRecord | None]:
     """The active branch of ``state`` and the record of agent step ``step`` on it (``None`` before its first
     turn)."""
-    branch = state.branches[state.active_branch]
+    branch = state.active
     return branch, branch.agents.get(StepId(step)) if isinstance(branch.agents, FrozenMap) else None
 
 

@@ -62,7 +62,7 @@ async def follow(s: Session, run_id: str, *, until: tuple[str, ...], timeout_s: 
                             console.print(event_line(lsn, ev))
                 if state.status in until:
                     return state
-                wake = timers.next_wake(state.status, state.branches[state.active_branch])
+                wake = timers.next_wake(state.status, state.active)
                 if wake is not None:  # a sleep does not count against the timeout
                     loop = asyncio.get_running_loop()
                     later = loop.time() + max(0.0, (wake - now_ms()) / 1000) + timeout_s

@@ -173,7 +173,7 @@ class RecoveryService:
     async def _deadlines(self, state: RunState, report: RunReport) -> RunReport:
         """``report`` with the defaults committed for the requests of ``state``'s run due now, and its timer's
         ``run_woke`` if due."""
-        deadline, now = timers.next_due(state.status, state.branches[state.active_branch]), now_ms()
+        deadline, now = timers.next_due(state.status, state.active), now_ms()
         if deadline is not None and deadline <= now:
             report.deadlines = await fire_due(self.infra, self.cfg, self.log, state, now, writer=WRITER)
         return report

@@ -51,7 +51,7 @@ async def fire_due(infra: Infra, cfg: Config, events: EventLog, state: RunState,
     fired: list[dict[str, Any]] = [
         {"run": run_id, "request_id": e.request_id, "step": e.step_id, "decision": e.decision, "lsn": commit.lsn}
         for e in commit.events if isinstance(e, InputAnswered)]
-    timer = timers.sleeping_timer(done.before.status, done.before.branches[done.before.active_branch])
+    timer = timers.sleeping_timer(done.before.status, done.before.active)
     woke = [{"run": run_id, "woke": True, "step": e.step_id, "wake_ms": timer.wake_ms,
              "late_ms": e.at_ms - timer.wake_ms, "lsn": commit.lsn}
             for e in commit.events if isinstance(e, RunWoke) and timer is not None]

@@ -134,7 +134,7 @@ class IntentIndex:
             self.verifying[state.run_id] = state.verifying_lsn
         else:
             self.verifying.pop(state.run_id, None)
-        deadline = next_due(state.status, state.branches[state.active_branch])  # an input deadline or a wake time
+        deadline = next_due(state.status, state.active)  # an input deadline or a wake time
         if deadline is not None:
             self._deadlines[state.run_id] = deadline
             return
@@ -153,7 +153,7 @@ class IntentIndex:
 
     def sleeping(self) -> list[tuple[int, str]]:
         """``(wake_ms, run id)`` of each tracked run resting in ``sleeping``, earliest first (epoch ms)."""
-        wakes = ((next_wake(s.status, s.branches[s.active_branch]), run_id) for run_id, s in self.states.items())
+        wakes = ((next_wake(s.status, s.active), run_id) for run_id, s in self.states.items())
         return sorted((w, run_id) for w, run_id in wakes if w is not None)
 
     def candidates(self) -> list[RunState]:

@@ -233,7 +233,7 @@ def _header(state: RunState) -> Text:
         header.append(f"  outcome {outcome}", style=STATUS_STYLE.get(outcome, ""))
     if checks := checks_summary(state):
         header.append(f"  context check {checks}", style="dim")
-    if (timer := timers.sleeping_timer(state.status, state.branches[state.active_branch])) is not None:
+    if (timer := timers.sleeping_timer(state.status, state.active)) is not None:
         header.append(f"  wakes {utc(timer.wake_ms)} ({timer.step_id})", style="blue")
     header.append(f"  head lsn {state.head_lsn}  commits {state.commits}")
     return header

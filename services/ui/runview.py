@@ -459,7 +459,7 @@ def run_page(state: RunState, branch_id: str | None = None, *, corrupt: Corrupti
 
 
 def _wakes(state: RunState) -> str:
-    timer = timers.sleeping_timer(state.status, state.branches[state.active_branch])
+    timer = timers.sleeping_timer(state.status, state.active)
     if timer is None:
         return ""
     at = datetime.fromtimestamp(timer.wake_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -35,7 +35,7 @@ async def add_recorded() -> None:
     client = CLIENT[0]
     while True:
         for run_id in await client.runs():
-            branch = (s := await client.get(run_id).state()).branches[s.active_branch]
+            branch = (await client.get(run_id).state()).active
             if any(a.status == "succeeded" for a in branch.attempts.get("triage:t1:c0", ())):
                 return
         await asyncio.sleep(0.05)

@@ -45,7 +45,7 @@ async def test_parallel_tools_and_handoff_are_reel_steps(chat_server: ChatServer
         assert (result.final_output, result.last_agent.name) == ("2+3=5 and 4*5=20", "writer")
         [run_id] = await client.runs()
         state = await client.get(run_id).state()
-        branch = state.branches[state.active_branch]
+        branch = state.active
         blobs = client._rc.blobs
         assert blobs is not None
         outputs = {s: await blobs.get_text(branch.attempts[s][-1].output_ref)  # type: ignore[arg-type]
@@ -98,7 +98,7 @@ async def test_killed_mid_tool_resumes_with_each_finished_call_done_once(chat_se
     assert len(chat_server.requests) == 3, [r.body["messages"][-1] for r in chat_server.requests]
     async with reel.local(store_dir=store) as client:  # the log both processes wrote
         state = await client.get(openai_agents.run_id("oa-test")).state()
-    attempts = state.branches[state.active_branch].attempts
+    attempts = state.active.attempts
     tries = {s: [(a.attempt, str(a.status)) for a in attempts[s]]  # type: ignore[index]
              for s in ("triage:t1", "triage:t1:c0", "triage:t1:c1", "triage:t2", "triage:t3")}
     assert tries == {"triage:t1": [(1, "succeeded")], "triage:t1:c0": [(1, "succeeded")],
@@ -217,7 +217,7 @@ async def test_a_model_error_is_the_sdk_s_error_and_the_turn_s_failure(chat_serv
             await openai_agents.run(Agent(name="solo", instructions="Answer.", model=model), "Hi.", client=client,
                                     key="k-err")
         state = await client.get(openai_agents.run_id("k-err")).wait(("completed",), timeout_s=60)
-    [attempt] = state.branches[state.active_branch].attempts["solo:t1"]  # type: ignore[index]
+    [attempt] = state.active.attempts["solo:t1"]  # type: ignore[index]
     assert (attempt.status, attempt.error_kind) == ("failed", "model_error")
 
 

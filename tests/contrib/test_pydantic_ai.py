@@ -55,7 +55,7 @@ async def test_requests_and_tool_calls_are_reel_turns_and_steps(chat_server: Cha
     async with reel.local() as client:
         result = await pydantic_ai.run(build(chat_server.url, effects), TASK, client=client, key="k1")
         state = await client.get(pydantic_ai.run_id("k1")).state()
-        branch = state.branches[state.active_branch]
+        branch = state.active
         blobs = client._rc.blobs
         assert blobs is not None
         outputs = {s: json.loads(await blobs.get_text(branch.attempts[s][-1].output_ref))  # type: ignore[arg-type]
@@ -108,7 +108,7 @@ async def test_killed_mid_tool_resumes_with_each_finished_call_done_once(chat_se
     assert len(chat_server.requests) == 2, [r.body["messages"][-1] for r in chat_server.requests]
     async with reel.local(store_dir=store) as client:  # the log both processes wrote
         state = await client.get(pydantic_ai.run_id("pyd-test")).state()
-    attempts = state.branches[state.active_branch].attempts
+    attempts = state.active.attempts
     tries = {s: [(a.attempt, str(a.status)) for a in attempts[s]]  # type: ignore[index]
              for s in ("calc:t1", "calc:t1:c0", "calc:t1:c1", "calc:t2")}
     assert tries == {"calc:t1": [(1, "succeeded")], "calc:t1:c0": [(1, "succeeded")],
@@ -156,7 +156,7 @@ async def test_requires_approval_tool_waits_for_reel_approve(chat_server: ChatSe
     assert len(chat_server.requests) == 2
     [tool_message] = [m for m in chat_server.requests[1].body["messages"] if m["role"] == "tool"]
     assert tool_message["content"] == "refunded A-18"
-    assert [str(a.status) for a in state.branches[state.active_branch].attempts["support:t1:c0"]] == ["succeeded"]
+    assert [str(a.status) for a in state.active.attempts["support:t1:c0"]] == ["succeeded"]
 
 
 async def test_rejected_call_is_denied_to_the_agent(chat_server: ChatServer) -> None:
@@ -237,7 +237,7 @@ async def test_a_model_error_is_the_agent_s_error_and_the_turn_s_failure(chat_se
             await pydantic_ai.run(agent, "Hi.", client=client, key="k-err")
         handle = client.get(pydantic_ai.run_id("k-err"))
         state = await handle.wait(("completed", "failed"), timeout_s=60)
-    [attempt] = state.branches[state.active_branch].attempts["solo:t1"]  # type: ignore[index]
+    [attempt] = state.active.attempts["solo:t1"]  # type: ignore[index]
     assert (attempt.status, attempt.error_kind) == ("failed", "model_error")
 
 
@@ -286,7 +286,7 @@ async def test_killed_in_an_approved_call_resumes_without_asking_again(chat_serv
     assert len(chat_server.requests) == 2
     async with reel.local(store_dir=store) as client:
         state = await client.get(pydantic_ai.run_id("pyd-refund")).state()
-    branch = state.branches[state.active_branch]
+    branch = state.active
     assert [(a.attempt, str(a.status)) for a in branch.attempts["support:t1:c0"]] == [  # type: ignore[index]
         (1, "dispatched"), (2, "succeeded")]
     [request] = requestfold.requests_of(branch).values()  # asked once, approved once

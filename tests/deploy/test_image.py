@@ -194,7 +194,7 @@ async def test_the_image_runs_a_command_tool_as_its_numeric_user(layout: Layout,
         assert reply.ok and reply.run_id, reply
         state = await client.wait_for(reply.run_id, timeout_s=60)
         ref = succeeded_output(state, state.active_branch, "write")
-        assert ref is not None, (state.branches[state.active_branch].attempts, log.read_text()[-3000:])
+        assert ref is not None, (state.active.attempts, log.read_text()[-3000:])
         workdir = layout.host(IMAGE.workdir)
         assert await client.blobs.get_text(ref) == f"uid {layout.uid} in {workdir}\n"
         assert (workdir / "note.txt").stat().st_uid == layout.uid

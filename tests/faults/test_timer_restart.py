@@ -57,7 +57,7 @@ async def test_a_60s_sleep_survives_a_restart_of_nats_and_every_service_and_wake
                 run_id = reply.run_id
                 asleep = await wait_state(log, run_id, lambda s: s.status == "sleeping", timeout_s=60,
                                           what="the run to sleep")
-                wake = timers.next_wake(asleep.status, asleep.branches[asleep.active_branch])
+                wake = timers.next_wake(asleep.status, asleep.active)
                 assert wake is not None
                 for p in list(procs.procs):
                     await procs.kill(p)

@@ -88,7 +88,7 @@ async def test_a_frozen_executor_resumed_after_its_takeover_kills_its_tool_and_w
 
         async def resolved() -> object:
             st = await log.load(run_id)
-            first = st.branches[st.active_branch].attempts["slow"][0]
+            first = st.active.attempts["slow"][0]
             return first if first.status != "dispatched" else None
         att1 = await wait_until(resolved, timeout_s=30, what="recovery to resolve A's attempt 1")
         state = await log.load(run_id)

@@ -50,7 +50,7 @@ async def services(infra: Infra, cfg: Config, **recovery: Any) -> AsyncIterator[
 
 
 def open_ids(state: RunState) -> list[str]:
-    return [r.request_id for r in requestfold.open_requests(state.branches[state.active_branch])]
+    return [r.request_id for r in requestfold.open_requests(state.active)]
 
 
 async def until(event_log: JetStreamEventLog, run_id: str, pred: Callable[[RunState], bool], what: str) -> RunState:

@@ -88,7 +88,7 @@ def events_of(commits: list[tuple[int, Commit]]) -> list[tuple[int, Any]]:
 
 
 def assert_intents_precede_outcomes(state: RunState, commits: list[tuple[int, Commit]]) -> None:
-    for atts in state.branches[state.active_branch].attempts.values():
+    for atts in state.active.attempts.values():
         for a in atts:
             assert a.outcome_lsn is None or a.dispatched_lsn < a.outcome_lsn, (a.step_id, a.attempt)
     dispatched_at: dict[tuple[str, str, int], int] = {}

@@ -235,7 +235,7 @@ async def test_an_executor_whose_loop_is_blocked_past_its_lease_keeps_its_run(
         go.touch()
         assert await executor_alive(infra.leases, "x-blocked-executor"), "the executor lost its lease"
         state = await client.wait_for(reply.run_id, ("verifying", "completed", "failed"), timeout_s=30)
-    attempts = state.branches[state.active_branch].attempts["wait"]
+    attempts = state.active.attempts["wait"]
     assert [a.status for a in attempts] == ["succeeded"], attempts
     assert state.executor_id == "x-blocked-executor", state.executor_id
     assert {c.writer for _, c in await JetStreamEventLog(infra.nc, cfg.names).read(reply.run_id)} <= {

@@ -378,7 +378,7 @@ async def test_a_sleep_step_and_a_tool_that_asks_to_be_resumed_wait_and_result_w
     done = await handle.result(timeout_s=60)
     assert done.status == "completed" and done.passed, done
     state = await handle.state()
-    assert [a.status for a in state.branches[state.active_branch].attempts["nap"]] == ["succeeded"]
+    assert [a.status for a in state.active.attempts["nap"]] == ["succeeded"]
 
     polls: list[int] = []
 

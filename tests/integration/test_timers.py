@@ -73,8 +73,8 @@ async def test_a_sleep_step_rests_the_run_and_recovery_wakes_it_at_its_time(
         asleep = await wait_state(event_log, run_id, lambda s: s.status == "sleeping", what="the run to sleep")
         assert not has_open_intent(asleep), "nothing is in flight while a run sleeps"
         assert attempt_of(asleep, "before", 1).status == "succeeded"
-        assert "nap" not in asleep.branches[asleep.active_branch].attempts
-        wake = timers.next_wake(asleep.status, asleep.branches[asleep.active_branch])
+        assert "nap" not in asleep.active.attempts
+        wake = timers.next_wake(asleep.status, asleep.active)
         assert wake is not None
 
         async def reported() -> dict[str, Any] | None:  # reel status: recovery's timers line
@@ -115,7 +115,7 @@ async def test_a_sleeping_run_is_cancelled_and_stays_cancelled(infra: Infra, cfg
         reply = await client.start(parse_workflow(sleepy("nap-cancel", {"for_s": 2})))
         assert reply.run_id
         asleep = await wait_state(event_log, reply.run_id, lambda s: s.status == "sleeping", what="the run to sleep")
-        wake = timers.next_wake(asleep.status, asleep.branches[asleep.active_branch])
+        wake = timers.next_wake(asleep.status, asleep.active)
         assert wake is not None
         assert (await client.cancel(reply.run_id, reason="no more naps")).ok
         cancelled = await wait_state(event_log, reply.run_id, lambda s: s.status == "cancelled", what="the cancel")
@@ -169,7 +169,7 @@ async def test_a_command_tool_asks_to_be_resumed_later(infra: Infra, cfg: Config
         assert reply.run_id
         done = await wait_state(event_log, reply.run_id, lambda s: s.status == "completed", timeout_s=30,
                                 what="the poller to finish")
-    attempts = done.branches[done.active_branch].attempts["poll"]
+    attempts = done.active.attempts["poll"]
     assert [a.status for a in attempts] == ["failed", "failed", "succeeded"]
     assert {a.error_kind for a in attempts[:2]} == {RESUME_AFTER}
     assert "not ready (1)" in (attempts[0].error_message or "")
@@ -196,7 +196,7 @@ async def test_a_python_tool_of_an_agent_returns_resume_after_and_its_call_runs_
         assert not has_open_intent(asleep)
         done = await wait_state(event_log, reply.run_id, lambda s: s.status == "completed", timeout_s=30,
                                 what="the agent to finish")
-    call = done.branches[done.active_branch].attempts["poller:t1:c0"]
+    call = done.active.attempts["poller:t1:c0"]
     assert [(a.status, a.error_kind) for a in call] == [("failed", RESUME_AFTER), ("failed", RESUME_AFTER),
                                                         ("succeeded", None)]
     assert "build not ready (1)" in (call[0].error_message or "")

@@ -71,7 +71,7 @@ def model_step(url: str, *, max_attempts: int = 1, on_truncated: str = "fail", *
 
 def model_attempts(state: RunState) -> list[AttemptState]:
     """The model calls of the run, in dispatch order (an agent's turns; a model step's attempts)."""
-    branch = state.branches[state.active_branch]
+    branch = state.active
     calls = [a for sid, atts in branch.attempts.items() if ":c" not in sid for a in atts if sid != "solve"]
     return sorted(calls, key=lambda a: a.dispatched_lsn)
 

@@ -49,7 +49,7 @@ async def outputs(client: ReelClient, state: RunState) -> dict[str, str]:
     """``step id#attempt`` → the output text of every attempt of the active branch that has one."""
     assert client.blobs is not None
     return {f"{sid}#{a.attempt}": (await client.blobs.get(a.output_ref)).decode()
-            for sid, attempts in state.branches[state.active_branch].attempts.items()
+            for sid, attempts in state.active.attempts.items()
             for a in attempts if a.output_ref is not None}
 
 

@@ -75,7 +75,7 @@ def answer(sim: Sim, request_id: str, decision: str, **kw: Any) -> InputAnswered
 
 
 def requests(state: RunState) -> list[str]:
-    return [r.request_id for r in requestfold.open_requests(state.branches[state.active_branch])]
+    return [r.request_id for r in requestfold.open_requests(state.active)]
 
 
 def test_two_calls_needing_approval_ask_while_the_third_runs_then_the_run_rests() -> None:

@@ -35,7 +35,7 @@ def test_plain_command_steps_show_their_argv_and_agent_calls_their_command() -> 
     spec = parse_workflow({"name": "w", "steps": [{"kind": "tool", "id": "run", "tool": {
         "type": "command", "argv": ["sh", "-c", "echo hi"]}}]})
     state, _ = fold_log(GOLDEN_DIR / "hand_agent_rewind.jsonl")
-    branch = state.branches[state.active_branch]
+    branch = state.active
     step = StepView(step_id=StepId("run"), kind="tool", status="succeeded")  # type: ignore[arg-type]
     assert call_cells(spec, branch, step, _attempt()) == ("sh -c 'echo hi'", "0")
     call = StepView(step_id=StepId("solve:t1:c0"), kind="tool", status="succeeded",  # type: ignore[arg-type]

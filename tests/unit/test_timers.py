@@ -35,7 +35,7 @@ def at(lsn: int) -> RunState:
 def test_a_sleeping_run_rests_with_its_wake_time_and_nothing_in_flight() -> None:
     asleep = at(103)
     assert asleep.status == "sleeping" and asleep.status in RESTING
-    assert timers.next_wake(asleep.status, asleep.branches[asleep.active_branch]) == T + 60_003
+    assert timers.next_wake(asleep.status, asleep.active) == T + 60_003
     assert timers.next_due(asleep.status, asleep.branches["main"]) == T + 60_003
     assert not plan.has_open_intent(asleep)
     assert isinstance(plan.next_action(asleep, "x-aaaa"), plan.Rest)

@@ -187,7 +187,7 @@ def test_every_turn_packs_the_same_items_as_the_linear_replay(data_dir: Path, na
     for rec, wl, wa in zip(_recordings(data_dir / name), linear, agent, strict=False):
         state = Sim(wa, {}).run(max_actions=10_000)
         assert state.status == "verifying", wa.name
-        attempts = state.branches[state.active_branch].attempts
+        attempts = state.active.attempts
         ids = _id_map(rec)
         old = _linear_candidates(wl)
         task = next(c.id for c in _agent(wa).context if c.kind == "task")

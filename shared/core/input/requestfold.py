@@ -69,7 +69,7 @@ def open_calls(state: RunState) -> list[tuple[InputRecord, DeclaredStep | None]]
     live (``LIVE``). Pure."""
     if state.status not in LIVE:
         return []
-    branch = state.branches[state.active_branch]
+    branch = state.active
     return [(r, turnfold.declared(branch, r.step_id)) for r in open_requests(branch)]
 
 

@@ -64,7 +64,7 @@ def _over(state: RunState, rec: InputRecord) -> str | None:
     if state.status not in LIVE or rec.status == "closed":
         return f"the run is {state.status}: request {rec.request_id} is closed"
     parsed = parse_step_id(rec.step_id)
-    agent = turnfold.record(state.branches[state.active_branch], parsed[0]) if parsed else None
+    agent = turnfold.record(state.active, parsed[0]) if parsed else None
     if agent is not None and agent.finished is not None:
         return f"agent step {agent.step_id} has finished: request {rec.request_id} is moot"
     return None
@@ -115,7 +115,7 @@ def decide(state: RunState, cmd: RespondRun, spec: WorkflowSpec, *, at_ms: int) 
     Raises:
         RequestNotFound, RequestAnswered, InvalidCommand: see the module docstring.
     """
-    active = state.branches[state.active_branch]
+    active = state.active
     rec = requestfold.find(active, cmd.request_id)
     if rec is None:
         left = next((b.branch_id for b in state.branches.values() if requestfold.find(b, cmd.request_id)), None)
@@ -145,7 +145,7 @@ def due(state: RunState, now_ms: int) -> Iterator[InputRecord]:
     """The open requests of the run's active branch whose deadline is at or before ``now_ms``."""
     if state.status not in LIVE:
         return iter(())
-    return (r for r in requestfold.open_requests(state.branches[state.active_branch])
+    return (r for r in requestfold.open_requests(state.active)
             if r.deadline_ms is not None and r.deadline_ms <= now_ms and _over(state, r) is None)
 
 

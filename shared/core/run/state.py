@@ -239,6 +239,11 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # (unset: the run has no workspace, and none of its attempts records one)
 
     @property
+    def active(self) -> BranchState:
+        """The active branch's state (``branches[active_branch]``)."""
+        return self.branches[self.active_branch]
+
+    @property
     def tool_source_dir(self) -> str | None:
         """The workflow file's folder the run's ``python:`` tools are looked up in first (``None``: none given)."""
         return self.source_dir if isinstance(self.source_dir, str) else None

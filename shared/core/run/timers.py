@@ -88,7 +88,7 @@ def next_wake(status: RunStatus, active: BranchState) -> int | None:
 
 def wake_events(state: RunState, now_ms: int) -> Decision:
     """``(run_woke,)`` if ``state`` sleeps and its timer is due at ``now_ms`` (epoch ms), else a Skip (why)."""
-    timer = sleeping_timer(state.status, state.branches[state.active_branch])
+    timer = sleeping_timer(state.status, state.active)
     if timer is None:
         return Skip(f"the run is {state.status}, not sleeping")
     if timer.wake_ms > now_ms:
