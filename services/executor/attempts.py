@@ -42,8 +42,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from reel.shared.application.fenced import Committed, Decide, Decided, commit_decided
-from reel.shared.application.workspace import WorkspaceTooLarge
-from reel.shared.application.workspaces import WorkingCopies
+from reel.shared.application.workspace import WorkingCopies, WorkspaceTooLarge
 from reel.shared.core.decision import Decision, Skip, events_or_skip
 from reel.shared.core.errors import ToolError
 from reel.shared.core.mutators.cancel import after_cancel

@@ -21,9 +21,8 @@ import structlog
 from reel.shared.application.fenced import commit_new
 from reel.shared.application.toolimports import PythonTools, Registered, check_tool_imports, tool_search_path
 from reel.shared.application.workflows import WorkflowCache
-from reel.shared.application.workspace import WorkspaceTooLarge
+from reel.shared.application.workspace import WorkspaceTooLarge, seed_dir
 from reel.shared.application.workspace import snapshot as workspace_snapshot
-from reel.shared.application.workspaces import seed_dir
 from reel.shared.core.errors import (
     BlobMissing,
     IdempotencyConflict,
@@ -39,7 +38,7 @@ from reel.shared.core.run.events import BlobRef, Budget, RunCreated, RunStarted
 from reel.shared.core.run.ids import ROOT_BRANCH, ExecutorId, new_executor_id, run_id_for_key
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.planning import has_open_intent
-from reel.shared.core.run.state import RunState
+from reel.shared.core.run.state import CANCELLED, COMPLETED, VERIFYING, RunState
 from reel.shared.core.wire.commands import Reply, ResumeRun, StartRun
 from reel.shared.core.workflow.spec import AgentStep, WorkflowSpec, encode_workflow, validate_workflow
 from reel.shared.nats.blobstore import is_inline, ref_for
@@ -61,6 +60,10 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 UNSERVED_KEEP_MS = 60_000
 """How long a tool a run waited for stays named in the lease after the last wait (ms): a run's command is
 redelivered with a backoff of up to 30 s, so a still-waiting run renews it."""
+
+
+FINISHED = frozenset({VERIFYING, COMPLETED, CANCELLED})
+"""The statuses no executor drives a run on from (what it held of the run's working copies is dropped then)."""
 
 
 def taken_from(state: RunState, executor_id: str) -> bool:
@@ -101,8 +104,8 @@ class Executor:
         self.specs = WorkflowCache(blobs, registered=tools)
         self.inline_max = cfg.inline_max_bytes
         self.default_budget = cfg.budget  # the namespace's (REEL_BUDGET): what a workflow's budget leaves unset
-        attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter, outcomes=infra.outcomes,
-                            tool_output=cfg.tool_output, lease=lease)
+        attempts = self.attempts = Attempts(log, blobs, infra.nc, cfg.names, self.executor_id, counter,
+                                            outcomes=infra.outcomes, tool_output=cfg.tool_output, lease=lease)
         self.control = ControlHub(infra.nc, cfg.names, self._stopped_since, check_s=cfg.cancel_check_s,
                                   heads=log.heads)
         self.driver = Driver(log, self.specs, attempts, stopping=stopping, control=self.control,
@@ -280,6 +283,8 @@ class Executor:
                     await self._abandon_orphans(rested)
                 state = None  # a second look re-reads the run
                 if not self._driving[run_id]:
+                    if rested is not None and rested.status in FINISHED:
+                        await self.attempts.workspaces.forget(run_id)
                     return Ack.ACK
                 self._driving[run_id] = False
         except HandedBack:

@@ -1,4 +1,5 @@
-"""Workspaces (docs/workspaces.md): snapshot a branch's working copy into the blob store, materialise one, diff two.
+"""Workspaces (docs/workspaces.md): snapshot a branch's working copy into the blob store, materialise one, diff two;
+and :class:`WorkingCopies`, the working copies of one process (an executor, a verifier), kept in step with the log.
 
 A snapshot is a *manifest* — canonical JSON ``{"v": 1, "files": {path: {sha256, size_bytes, mode}}}``, paths
 relative and ``/``-separated, sorted — stored as a blob of media type :data:`MANIFEST_MEDIA_TYPE`; each file's
@@ -17,12 +18,14 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import msgspec
+import structlog
 
 from reel.shared.core.errors import ReelError
 from reel.shared.core.ports import BlobStore
@@ -30,6 +33,8 @@ from reel.shared.core.run.events import BlobRef
 from reel.shared.core.run.ids import BranchId
 from reel.shared.core.run.state import RunState, workspace_as_of
 from reel.shared.core.workflow.spec import WorkspaceSpec
+
+log = structlog.get_logger("reel.workspace")
 
 
 class BlobGetter(Protocol):
@@ -215,6 +220,77 @@ def _write_tree(manifest: Manifest, bodies: dict[str, bytes], into: Path) -> Non
 def working_copy(root: Path, run_id: str, branch_id: str) -> Path:
     """The folder of ``branch_id``'s working copy of run ``run_id`` under ``root``."""
     return root / run_id / branch_id
+
+
+ROOT_ENV = "REEL_WORKSPACE_ROOT"
+"""The variable naming the folder working copies live under (default ``<tmp>/reel-workspaces``)."""
+
+
+def default_root() -> Path:
+    """``$REEL_WORKSPACE_ROOT``, else ``<tmp>/reel-workspaces``."""
+    return Path(os.environ.get(ROOT_ENV) or Path(tempfile.gettempdir()) / "reel-workspaces")
+
+
+def seed_dir(spec: WorkspaceSpec, source_dir: str | None) -> Path:
+    """The folder a workspace starts as: ``from:`` relative to the workflow file's folder (else the cwd)."""
+    return Path(source_dir or ".") / spec.source
+
+
+class WorkingCopies:
+    """Working copies under ``root``, and the snapshot each one holds as far as this process knows."""
+
+    def __init__(self, blobs: BlobStore, root: Path | None = None) -> None:
+        self.blobs, self.root = blobs, root or default_root()
+        self._held: dict[tuple[str, str], tuple[BlobRef, Manifest]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    async def prepare(self, state: RunState, branch_id: str) -> Path | None:
+        """The folder of ``branch_id``'s working copy holding the branch's snapshot (``None``: the run has no
+        workspace). Raises BlobMissing when the snapshot is not stored."""
+        expected = workspace_as_of(state, branch_id)  # type: ignore[arg-type]
+        if expected is None:
+            return None
+        key = (state.run_id, branch_id)
+        folder = working_copy(self.root, *key)
+        async with self._lock(key):
+            held = self._held.get(key)
+            if held is None or held[0].sha256 != expected.sha256 or not folder.is_dir():
+                started = time.perf_counter()
+                manifest = await materialise(expected, folder, self.blobs)
+                self._held[key] = (expected, manifest)
+                log.info("workspace.materialised", branch_id=branch_id, manifest=expected.sha256[:12],
+                         files=len(manifest.files), ms=round((time.perf_counter() - started) * 1000, 2))
+        return folder
+
+    async def forget(self, run_id: str) -> None:
+        """Drop what this process holds of the run's working copies (a run that no longer runs here: verifying,
+        completed or cancelled), so a long-lived executor's memory does not grow with every run it drove. The
+        folders stay for the user to look at (docs/workspaces.md); a branch that runs here again (a rewind, a
+        resume) is materialised anew by :meth:`prepare`."""
+        for key in [k for k in self._held if k[0] == run_id]:
+            async with self._lock(key):
+                self._held.pop(key, None)
+            self._locks.pop(key, None)
+
+    async def record(self, state: RunState, branch_id: str, spec: WorkspaceSpec) -> BlobRef | None:
+        """Snapshot ``branch_id``'s working copy; its manifest ref when it changed since the last snapshot
+        (``None``: unchanged, or no workspace). Raises WorkspaceTooLarge past the spec's limits."""
+        key = (state.run_id, branch_id)
+        async with self._lock(key):
+            held = self._held.get(key)
+            if held is None:
+                return None
+            started = time.perf_counter()
+            snap = await snapshot(working_copy(self.root, *key), spec, self.blobs, held[1])
+            log.info("workspace.snapshot", branch_id=branch_id, changed=snap.changed, files=len(snap.manifest.files),
+                     stored_bytes=snap.stored_bytes, ms=round((time.perf_counter() - started) * 1000, 2))
+            if not snap.changed:
+                return None
+            self._held[key] = (snap.ref, snap.manifest)
+            return snap.ref
 
 
 @dataclass(frozen=True)

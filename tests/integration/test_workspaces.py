@@ -19,13 +19,14 @@ from reel.services.verifier.app import serve as verifier_serve
 from reel.shared.application import workspace as ws
 from reel.shared.core.run.events import AttemptFailed, AttemptSucceeded, BlobRef
 from reel.shared.core.run.state import RunState, workspace_as_of
-from reel.shared.core.workflow.spec import load_workflow
+from reel.shared.core.workflow.spec import WorkspaceSpec, load_workflow
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
 from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
 from tests.conftest import running
+from tests.golden.regen import GOLDEN_DIR, fold_log
 from tests.integration.scenarios import wait_state
 from tests.integration.test_cli import reel
 
@@ -126,3 +127,23 @@ async def test_a_workspace_over_its_limit_is_refused_at_start(
         reply = await client.start(small, source_dir=str(EXAMPLE))
     assert not reply.ok and reply.error is not None and reply.error.code == "workflow_invalid", reply
     assert "workspace_too_large" in reply.error.message and "max_bytes" in reply.error.message, reply
+
+
+async def test_working_copies_forget_a_finished_run_and_keep_its_folder(blobs: JetStreamBlobStore,
+                                                                       tmp_path: Path) -> None:
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "notes.txt").write_text("first\n")
+    spec = WorkspaceSpec(from_="seed")
+    first = await ws.snapshot(seed, spec, blobs)
+    state = msgspec.structs.replace(fold_log(GOLDEN_DIR / "recorded_linear.jsonl")[0], workspace=first.ref)
+    copies = ws.WorkingCopies(blobs, tmp_path / "ws")
+    folder = await copies.prepare(state, "main")
+    assert folder is not None and (folder / "notes.txt").read_text() == "first\n"
+    (folder / "notes.txt").write_text("edited\n")
+    assert await copies.record(state, "main", spec) is not None  # held: the edit is a change
+    await copies.forget(state.run_id)
+    assert await copies.record(state, "main", spec) is None  # nothing held of the run any more
+    assert (folder / "notes.txt").read_text() == "edited\n"  # the folder stays for the user to look at
+    again = await copies.prepare(state, "main")  # a branch that runs again is materialised from its snapshot
+    assert again == folder and (folder / "notes.txt").read_text() == "first\n"
