@@ -28,6 +28,7 @@ from reel.shared.core.errors import (
     IdempotencyConflict,
     InvalidCommand,
     LeaseLost,
+    ReelError,
     RunNotFound,
     WorkflowInvalid,
 )
@@ -201,7 +202,8 @@ class Executor:
             fresh: RunState | None = done.state  # the drive starts from it: no re-read of the run
         else:  # the key's run exists (a repeated or redelivered start)
             existing = done.state.workflow_ref.sha256
-            if start.idempotency_key is not None and existing != workflow_ref.sha256:
+            if start.idempotency_key is not None and existing != workflow_ref.sha256 \
+                    and not await self._same_workflow(done.state.workflow_ref, spec):
                 raise IdempotencyConflict(
                     f"idempotency key {start.idempotency_key!r} was used for run {run_id} of workflow "
                     f"{done.state.workflow_name!r} (sha256 {existing[:12]}); this start's workflow "
@@ -332,6 +334,18 @@ class Executor:
         except Exception as exc:
             log.warning("attempt.abandon_failed", error=repr(exc)[:300])
             self.orphans.crashed.add(state.run_id)
+
+    async def _same_workflow(self, ref: BlobRef, spec: WorkflowSpec) -> bool:
+        """Whether the workflow stored under ``ref`` is ``spec`` though its body's sha256 differs: a Reel version
+        that encodes a workflow otherwise (a field order, a new field at its default) made the key's run, and a
+        start with that key after an upgrade is the same start. ``False`` if that workflow no longer reads."""
+        try:
+            return await self.specs.load(ref) == spec
+        except ReelError as exc:
+            if exc.retryable:  # the store did not answer: the start is retried, not refused
+                raise
+            log.info("run.workflow_unreadable", sha256=ref.sha256[:12], error=exc.message[:200])
+            return False
 
     async def _spec_of_command(self, start: StartRun) -> WorkflowSpec:
         if (start.workflow is None) == (start.workflow_ref is None):

@@ -530,3 +530,23 @@ async def test_an_outcome_resolved_meanwhile_is_not_recorded_twice(
         == ["executor.conflict", "attempt.outcome_already_recorded"]
     assert step_status(state, "main", "c") == "succeeded"
     await assert_refold_identical(event_log, state)
+
+
+async def test_a_keyed_start_is_the_same_run_when_its_workflow_was_stored_in_another_encoding(
+        executor: None, client: ReelClient, event_log: JetStreamEventLog, blobs: JetStreamBlobStore) -> None:
+    """An older Reel encoded the same workflow with its fields in another order (another sha256): a start with the
+    key after an upgrade finds that run, while a start of another workflow with the key is still refused."""
+    workflow = {"name": "upgraded", "steps": [recorded("only")]}
+    spec = parse_workflow(workflow)
+    reordered = json.dumps(json.loads(encode_workflow(spec)), sort_keys=True).encode()
+    assert reordered != encode_workflow(spec)
+    ref = await blobs.put(reordered, "application/json")
+    run_id = run_id_for_key("upgrade-key")
+    await event_log.commit(run_id, [RunCreated(
+        run_id=run_id, branch_id="main", workflow_name="upgraded", workflow_ref=ref, steps=spec.decls(),
+        verifiers=(), idempotency_key="upgrade-key", created_ms=1)], expected_lsn=0, writer="older-reel")
+    again = await start(client, workflow, "upgrade-key")
+    assert (again.ok, again.run_id, again.created) == (True, run_id, False), again
+    other = await client.start(parse_workflow({"name": "other", "steps": [recorded("x")]}),
+                               idempotency_key="upgrade-key")
+    assert not other.ok and other.error is not None and other.error.code == "idempotency_conflict", other
