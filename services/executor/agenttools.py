@@ -107,8 +107,9 @@ async def _run_python(fn: Callable[..., Any], tool: AgentToolSpec, arguments: di
                       ctx: CallContext) -> str:
     kwargs = dict(arguments)
     c = ctx.call
-    ledger.record(SideEffect(kind="python", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
-                             attempt=c.attempt, tool=tool.name))  # reel chaos counts calls (off by default)
+    if ledger.enabled():  # reel chaos counts calls (off by default: nothing built then)
+        ledger.record(SideEffect(kind="python", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
+                                 attempt=c.attempt, tool=tool.name))
     if _accepts(fn, "idempotency_key"):
         kwargs["idempotency_key"] = c.key
     if _accepts(fn, "attempt"):
@@ -211,8 +212,9 @@ async def run_call(agent: AgentStep, call: ToolCall, ctx: CallContext, python_to
     if tool.type == "mcp":  # a tool an MCP server lists (services/executor/mcptools.py)
         from . import mcptools  # the mcp SDK is an optional extra: imported by a workflow that names one
         c = ctx.call
-        ledger.record(SideEffect(kind="mcp", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
-                                 attempt=c.attempt, tool=tool.name))
+        if ledger.enabled():
+            ledger.record(SideEffect(kind="mcp", run_id=c.run_id, branch_id=c.branch_id, step_id=c.step_id,
+                                     attempt=c.attempt, tool=tool.name))
         return _capped(await mcptools.servers().call(tool, arguments, on_progress=ctx.progress,
                                                      on_elicit=ctx.elicit), tool, ctx)
     return _run_recorded(tool, call.id)
