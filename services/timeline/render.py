@@ -42,6 +42,7 @@ from reel.shared.core.run.events import (
 )
 from reel.shared.core.run.ids import AttemptNo, BranchId, StepId
 from reel.shared.core.run.state import BranchState, RunState
+from reel.shared.core.run.stepids import parse_step_id
 from reel.shared.core.run.views import AttemptView, EpisodeView, StepView, build_episode_view
 from reel.shared.core.verify.verification import checks_summary, reported_outcome
 from reel.shared.core.workflow.spec import WorkflowSpec
@@ -87,7 +88,7 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             if event.recovered:
                 t.append("  (recovered)", style="magenta")
             if event.truncated is True:
-                t.append(f"  (output truncated to {event.output_ref.size_bytes} B)", style="magenta")
+                t.append(f"  (output truncated: {event.output_ref.size_bytes} B stored)", style="magenta")
         case AttemptFailed():
             t.append(f"{event.step_id}#{event.attempt} failed: {event.error_kind}: {clip(event.message)}", style="red")
             if event.usage.source == "none":
@@ -279,8 +280,14 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
             notes.append(Text(f"{step.step_id}#{a.attempt}: the model's answer was cut (finish_reason "
                               f"{a.finish_reason}); on_truncated: continue took it as it is", style="magenta"))
         else:
-            notes.append(Text(f"{step.step_id}#{a.attempt}: output truncated to its first {a.output_ref.size_bytes}"
-                              " B (the tool's max_output_bytes)", style="magenta"))
+            parsed = parse_step_id(step.step_id)
+            if parsed is not None and parsed[2] >= 0:  # an agent's tool call: its result holds the note the model read
+                notes.append(Text(f"{step.step_id}#{a.attempt}: output truncated at the tool's max_output_bytes "
+                                  f"({a.output_ref.size_bytes} B stored: the head and the note saying so)",
+                                  style="magenta"))
+            else:
+                notes.append(Text(f"{step.step_id}#{a.attempt}: output truncated to its first "
+                                  f"{a.output_ref.size_bytes} B (the tool's max_output_bytes)", style="magenta"))
     if isinstance(a.error_ref, BlobRef):
         notes.append(Text(f"{step.step_id}#{a.attempt}: the whole error body ({a.error_ref.size_bytes} B, "
                           f"{a.error_ref.media_type}) is blob {a.error_ref.sha256}", style="dim"))
