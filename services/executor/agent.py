@@ -230,15 +230,15 @@ class AgentRun:
                      branch_id: BranchId, calls: Sequence[plan.CallAttempt], turn: PreparedTurn | None,
                      ) -> tuple[AnyEvent, ...] | None:
         """The commit recording a ``budget_exhausted`` halt in place of ``events`` when the model call of ``turn``
-        (its worst case: packed prompt tokens + ``max_tokens``, priced) or the tool ``calls`` they start would
-        exceed the run's budget, counting ``outcomes`` as spent (:func:`reel.shared.core.run.budget.check`);
-        ``None`` when they fit (or the run has no budget)."""
+        (its worst case: its prompt's tokens, tool schemas included, + ``max_tokens``, priced) or the tool
+        ``calls`` they start would exceed the run's budget, counting ``outcomes`` as spent
+        (:func:`reel.shared.core.run.budget.check`); ``None`` when they fit (or the run has no budget)."""
         if (turn is None and not calls) or budget.budget_of(state.budget) is None:
             return None
         worst = None
         if turn is not None:
             model = turn.model
-            worst = budget.worst_case(turn.packed_tokens, model, price_for(model, self.spec.price_table))
+            worst = budget.worst_case(turn.prompt_tokens, model, price_for(model, self.spec.price_table))
         at = now_ms()
         found = budget.check(state, at, model_call=worst, tool_calls=len(calls), pending=[o.usage for o in outcomes])
         if found is None:
@@ -322,7 +322,7 @@ class AgentRun:
         a = turn.action
         p = turn.partition
         log.debug("attempt.dispatched", lsn=state.head_lsn, step_id=a.step_id, attempt=a.attempt, packed=len(p.packed),
-                 available=len(p.available), dropped=len(p.dropped), prompt_tokens=turn.packed_tokens)
+                 available=len(p.available), dropped=len(p.dropped), prompt_tokens=turn.prompt_tokens)
         key = (a.branch_id, a.step_id, a.attempt)
         if isinstance(prompt_result, BaseException):  # never call a model whose prompt is not stored
             failure = ModelError(f"prompt blob not stored: {prompt_result}", kind="prompt_store_failed")

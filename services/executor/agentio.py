@@ -60,7 +60,7 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
     prompt_ref: BlobRef
     request: ChatRequest
     partition: ContextPartition
-    packed_tokens: int
+    prompt_tokens: int  # the partition's packed + reserved tokens: Reel's estimate of the prompt (tools included)
     model: ModelSpec  # what the turn calls: the agent's, or a fork's edit of it
 
 
@@ -83,13 +83,15 @@ async def prepare_turn(state: RunState, spec: WorkflowSpec, action: plan.Dispatc
                                          [c.from_step for c in agent.context if c.from_step is not None])
     ctx = memo.build(todo, state, action, agent, spec, run_outputs=run_outputs, blobs=blobs, outcomes=outcomes,
                      edits=edits)
-    request, body = modelout.request_body(ctx.request)
-    ref = ref_for(body, JSON, inline_max=inline_max)
     partition = ctx.packed.partition
+    reserved = partition.reserved_tokens if isinstance(partition.reserved_tokens, int) else 0
+    prompt_tokens = ctx.packed.packed_tokens + reserved  # Reel's estimate of the prompt: its tool schemas included
+    request, body = modelout.request_body(msgspec.structs.replace(ctx.request, prompt_tokens=prompt_tokens))
+    ref = ref_for(body, JSON, inline_max=inline_max)
     events = ac.turn_intent(state, action, executor_id=ExecutorId(attempts.executor_id), at_ms=now_ms(),
                             prompt_ref=ref, context=partition)
     return PreparedTurn(action=action, events=events, body=body, prompt_ref=ref, request=request,
-                        partition=partition, packed_tokens=ctx.packed.packed_tokens, model=agent.model)
+                        partition=partition, prompt_tokens=prompt_tokens, model=agent.model)
 
 
 def planned_or_facts(planned_head: int, events: Sequence[AnyEvent], outcomes: Sequence[AttemptEnd]) -> Decide:
