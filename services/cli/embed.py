@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
+import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -309,6 +310,23 @@ CONNECT_S = 10.0
 URL where nothing answers is an error, not a hang."""
 
 
+async def _unresolvable(urls: str) -> str | None:
+    """The host name if every server of ``urls`` names a host that does not resolve (``socket.gaierror`` within
+    2 s: a typo, not a server that is down), else ``None``."""
+    hosts = [urlsplit(u if "://" in u else f"nats://{u}").hostname or "" for u in (u.strip() for u in urls.split(","))
+             if u]
+    loop = asyncio.get_running_loop()
+    for host in hosts:
+        try:
+            await asyncio.wait_for(loop.getaddrinfo(host, None), 2)
+        except socket.gaierror:
+            continue
+        except (OSError, TimeoutError, UnicodeError):
+            return None
+        return None
+    return hosts[0] if hosts else None
+
+
 async def _all_refused(urls: str) -> bool:
     """True if every server of ``urls`` (comma-separated ``nats://host:port``) refuses a TCP connection at once
     (ECONNREFUSED: nothing listens); a timeout, a name that does not resolve or a connection that opens is not."""
@@ -331,6 +349,9 @@ async def connect_cli(cfg: Config, name: str) -> Any:
     Raises:
         CliError: the server does not answer within :data:`CONNECT_S` or refuses the credentials.
     """
+    if (bad := await _unresolvable(cfg.nats_url)) is not None:
+        raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: no host {bad!r} (the name does not resolve; "
+                       "--nats-url takes nats://HOST:PORT, comma-separated for a cluster)", kind="unreachable")
     if await _all_refused(cfg.nats_url):
         raise CliError(f"connection refused at {redact_url(cfg.nats_url)}: no NATS server listens there (start "
                        "`reel up`, or check --nats-url)", kind="unreachable")

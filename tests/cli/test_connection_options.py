@@ -46,3 +46,11 @@ async def test_a_refused_connection_says_so_at_once(tmp_path: Path) -> None:
         assert code == 1 and lines == [f"error: unreachable: connection refused at {url}: no NATS server listens "
                                        "there (start `reel up`, or check --nats-url)"], (args, code, err)
         assert took_s < 8, took_s  # the process's start included; was > 10 s (the connect timeout)
+
+
+async def test_a_url_whose_host_does_not_resolve_says_so_at_once(tmp_path: Path) -> None:
+    code, _out, err, took_s = await _reel("--nats-url", "no-such-host.invalid", "ls", env=env_for(tmp_path))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, err
+    assert "no host 'no-such-host.invalid' (the name does not resolve" in lines[0], err
+    assert took_s < 8, took_s  # the process's start included; was > 10 s (the connect timeout)
