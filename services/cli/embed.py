@@ -311,16 +311,18 @@ URL where nothing answers is an error, not a hang."""
 
 
 async def _unresolvable(urls: str) -> str | None:
-    """The host name if every server of ``urls`` names a host that does not resolve (``socket.gaierror`` within
-    2 s: a typo, not a server that is down), else ``None``."""
+    """The host name if every server of ``urls`` names a host the resolver says does not exist (``EAI_NONAME``
+    within 2 s: a typo, not a server that is down), else ``None``."""
     hosts = [urlsplit(u if "://" in u else f"nats://{u}").hostname or "" for u in (u.strip() for u in urls.split(","))
              if u]
     loop = asyncio.get_running_loop()
     for host in hosts:
         try:
             await asyncio.wait_for(loop.getaddrinfo(host, None), 2)
-        except socket.gaierror:
-            continue
+        except socket.gaierror as exc:
+            if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                continue
+            return None  # e.g. EAI_AGAIN, a resolver that did not answer: the connection's own timeout tells
         except (OSError, TimeoutError, UnicodeError):
             return None
         return None
