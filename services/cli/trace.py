@@ -41,8 +41,11 @@ def trace(
                 raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
             records = await run_trace(s.client.log, s.workflows, run_id)
         if json_out:
-            for r in records:
-                sys.stdout.write(msgspec.json.encode(r).decode() + "\n")
+            for r in records:  # ids as OTLP/JSON writes them: lowercase hex (a 128-bit int loses digits in JS)
+                span = msgspec.to_builtins(r)
+                span.update(trace_id=f"{r.trace_id:032x}", span_id=f"{r.span_id:016x}",
+                            parent_id=None if r.parent_id is None else f"{r.parent_id:016x}")
+                sys.stdout.write(msgspec.json.encode(span).decode() + "\n")
             return 0
         exporter = otlp_exporter(endpoint)
         try:

@@ -123,7 +123,8 @@ async def test_reel_trace_prints_the_spans(agent_run: str, cfg: Config, tmp_path
     assert proc.returncode == 0, err.decode()
     lines = [json.loads(x) for x in out.decode().splitlines()]
     assert [x["name"] for x in lines][:2] == ["invoke_agent fix-typo", "invoke_agent fix"]
-    assert len(lines) == 10 and {x["trace_id"] for x in lines} == {trace_id_of(agent_run)}
+    assert len(lines) == 10 and {x["trace_id"] for x in lines} == {f"{trace_id_of(agent_run):032x}"}
+    assert all(len(x["span_id"]) == 16 for x in lines) and lines[0]["parent_id"] is None
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "reel.services.cli", "trace", agent_run, cwd=REPO,
                                                 env={k: v for k, v in env.items()
                                                      if k != "OTEL_EXPORTER_OTLP_ENDPOINT"},
