@@ -354,6 +354,8 @@ def _agent_lines(view: EpisodeView) -> list[Text]:
         errors = sum(1 for s in calls if s.is_error is True)
         line = Text(f"agent {agent.step_id}: ")
         line.append(agent.status, style=STATUS_STYLE.get(agent.status, ""))
+        if agent.status == "running" and view.status in ("awaiting_input", "sleeping"):
+            line.append(f" ({str(view.status).replace('_', ' ')})")  # the run waits on it: no turn is in flight
         line.append(f", {turns} turn{'s' * (turns != 1)}, {len(calls)} tool call{'s' * (len(calls) != 1)} "
                     f"({errors} error observation{'s' * (errors != 1)})"
                     + (f", {agent.error_kind}" if isinstance(agent.error_kind, str) else ""))

@@ -8,6 +8,7 @@ from rich.console import Console
 
 from reel.services.timeline.render import event_line, timeline
 from reel.shared.core.run.events import AttemptSucceeded
+from reel.shared.core.run.fold import fold
 from tests.golden.regen import GOLDEN_DIR, fold_log, read_log
 
 
@@ -57,3 +58,11 @@ def test_a_tool_attempts_progress_line_shows_its_time_not_zero_tokens() -> None:
     assert tools and turns
     assert all(" tok" not in line and " ms" in line for line in tools), tools
     assert all(" tok" in line for line in turns), turns
+
+
+def test_an_agent_waiting_for_an_answer_says_so() -> None:
+    commits = read_log(GOLDEN_DIR / "hand_agent_approval.jsonl")
+    waiting = fold(commits[:6])
+    assert waiting.status == "awaiting_input"
+    assert "agent ship: running (awaiting input), 1 turn" in _text(timeline(waiting))
+    assert "(awaiting input)" not in _text(timeline(fold(commits[:7])))  # running again
