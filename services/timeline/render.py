@@ -244,7 +244,7 @@ def _budget_lines(state: RunState, branch: BranchState) -> list[Text]:
     """The run's spend against its budget (none: no line), and the halt that ended the branch shown, if any: its
     end reason (``budget_exhausted``, ``code_changed``) and message, whole."""
     out = []
-    if line := budget.summary(state, int(time.time() * 1000)):  # "": the run has no budget
+    if budget.budget_of(state.budget) is not None and (line := budget.summary(state, int(time.time() * 1000))):
         out.append(Text(f"budget: {line}", style="dim"))
     if isinstance(branch.halt, StepHalted):
         out.append(Text(f"end reason {branch.halt.reason} (before {branch.halt.step_id}): {branch.halt.message}",
