@@ -285,7 +285,7 @@ class Executor:
                     await self._abandon_orphans(rested)
                 state = None  # a second look re-reads the run
                 if not self._driving[run_id]:
-                    if rested is not None and rested.status in FINISHED:
+                    if rested is not None and rested.status in FINISHED and isinstance(rested.workspace, BlobRef):
                         await self.attempts.workspaces.forget(run_id)
                     return Ack.ACK
                 self._driving[run_id] = False
