@@ -351,6 +351,12 @@ async def connect_cli(cfg: Config, name: str) -> Any:
     Raises:
         CliError: the server does not answer within :data:`CONNECT_S` or refuses the credentials.
     """
+    for url in (u.strip() for u in cfg.nats_url.split(",") if u.strip()):
+        try:
+            urlsplit(url if "://" in url else f"nats://{url}").port  # noqa: B018  (parses host and port: raises)
+        except ValueError as exc:
+            raise CliError(f"not a NATS URL: {redact_url(url)!r} ({exc}); --nats-url takes nats://HOST:PORT, "
+                           "comma-separated for a cluster", kind="unreachable") from None
     if (bad := await _unresolvable(cfg.nats_url)) is not None:
         raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: no host {bad!r} (the name does not resolve; "
                        "--nats-url takes nats://HOST:PORT, comma-separated for a cluster)", kind="unreachable")

@@ -59,10 +59,17 @@ class ConnectRefused(ReelError):
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@`` (comma-separated lists too)."""
+    """``url`` with any ``user:password@`` replaced by ``***@`` (comma-separated lists too); never raises (a part
+    that does not parse as a URL keeps only what follows its last ``@``)."""
     out = []
     for part in url.split(","):
-        p = urlsplit(part.strip())
+        try:
+            p = urlsplit(part.strip())
+            p.port  # noqa: B018  (a bad port raises here, not below)
+        except ValueError:
+            scheme, sep, rest = part.strip().rpartition("://")
+            out.append(f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else part.strip())
+            continue
         if p.username or p.password:
             netloc = "***@" + (p.hostname or "") + (f":{p.port}" if p.port else "")
             out.append(urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment)))

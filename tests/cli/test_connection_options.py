@@ -54,3 +54,10 @@ async def test_a_url_whose_host_does_not_resolve_says_so_at_once(tmp_path: Path)
     assert code == 1 and len(lines) == 1, err
     assert "no host 'no-such-host.invalid' (the name does not resolve" in lines[0], err
     assert took_s < 8, took_s  # the process's start included; was > 10 s (the connect timeout)
+
+
+async def test_a_url_that_does_not_parse_is_one_error_line(tmp_path: Path) -> None:
+    code, _out, err, _took_s = await _reel("--nats-url", "nats://u:secret@[::1", "ls", env=env_for(tmp_path))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and lines == ["error: unreachable: not a NATS URL: 'nats://***@[::1' (Invalid IPv6 URL); "
+                                   "--nats-url takes nats://HOST:PORT, comma-separated for a cluster"], err

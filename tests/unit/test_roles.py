@@ -162,3 +162,9 @@ def test_clients_may_not_name_a_consumer_or_make_it_durable() -> None:
         for subject in (f"{p}.CONSUMER.CREATE.REEL_EVENTS.x", f"{p}.CONSUMER.CREATE.REEL_EVENTS.x.reel.ev.r",
                         f"{p}.CONSUMER.DURABLE.CREATE.REEL_EVENTS.x", f"{p}.CONSUMER.CREATE.REEL_CMDS"):
             assert not may_publish(g, subject), (role, subject)
+
+
+def test_redact_url_never_raises_and_hides_credentials_of_a_url_that_does_not_parse() -> None:
+    assert redact_url("nats://u:secret@[::1") == "nats://***@[::1"
+    assert redact_url("nats://u:secret@host:99999,nats://ok:4222") == "nats://***@host:99999,nats://ok:4222"
+    assert redact_url("nats://[::1") == "nats://[::1"
