@@ -310,32 +310,49 @@ CONNECT_S = 10.0
 URL where nothing answers is an error, not a hang."""
 
 
-async def _unresolvable(urls: str) -> str | None:
-    """The host name if every server of ``urls`` names a host the resolver says does not exist (``EAI_NONAME``
-    within 2 s: a typo, not a server that is down), else ``None``."""
-    hosts = [urlsplit(u if "://" in u else f"nats://{u}").hostname or "" for u in (u.strip() for u in urls.split(","))
-             if u]
+def _servers(urls: str) -> list[tuple[str, int]]:
+    """``(host, port)`` of each server of ``urls`` (comma-separated ``nats://host:port``; no scheme: ``nats``; no
+    port: 4222).
+
+    Raises:
+        CliError: a URL does not parse (a bad IPv6 literal, a port that is not a number in 0–65535).
+    """
+    out = []
+    for url in (u.strip() for u in urls.split(",") if u.strip()):
+        try:
+            parsed = urlsplit(url if "://" in url else f"nats://{url}")
+            out.append((parsed.hostname or "", parsed.port or 4222))
+        except ValueError as exc:
+            raise CliError(f"not a NATS URL: {redact_url(url)!r} ({exc}); --nats-url takes nats://HOST:PORT, "
+                           "comma-separated for a cluster", kind="unreachable") from None
+    return out
+
+
+async def _unresolvable(servers: list[tuple[str, int]]) -> str | None:
+    """The first host name if the resolver says none of ``servers``' hosts exists (``EAI_NONAME`` within 2 s: a
+    typo, not a server that is down), else ``None`` (one resolves, or the resolver did not answer)."""
     loop = asyncio.get_running_loop()
-    for host in hosts:
+    for host, _port in servers:
+        if not host:  # no host named (``nats://:4222``): the connection's default
+            return None
         try:
             await asyncio.wait_for(loop.getaddrinfo(host, None), 2)
         except socket.gaierror as exc:
-            if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
-                continue
-            return None  # e.g. EAI_AGAIN, a resolver that did not answer: the connection's own timeout tells
+            if exc.errno not in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                return None  # e.g. EAI_AGAIN, a resolver that did not answer: the connection's own timeout tells
         except (OSError, TimeoutError, UnicodeError):
             return None
-        return None
-    return hosts[0] if hosts else None
+        else:
+            return None
+    return servers[0][0] if servers else None
 
 
-async def _all_refused(urls: str) -> bool:
-    """True if every server of ``urls`` (comma-separated ``nats://host:port``) refuses a TCP connection at once
-    (ECONNREFUSED: nothing listens); a timeout, a name that does not resolve or a connection that opens is not."""
-    for url in (u.strip() for u in urls.split(",") if u.strip()):
-        parsed = urlsplit(url if "://" in url else f"nats://{url}")
+async def _all_refused(servers: list[tuple[str, int]]) -> bool:
+    """True if every one of ``servers`` refuses a TCP connection at once (ECONNREFUSED: nothing listens); a
+    timeout, a name that does not resolve or a connection that opens is not."""
+    for host, port in servers:
         try:
-            _reader, writer = await asyncio.wait_for(asyncio.open_connection(parsed.hostname, parsed.port or 4222), 2)
+            _reader, writer = await asyncio.wait_for(asyncio.open_connection(host or None, port), 2)
         except ConnectionRefusedError:
             continue
         except (OSError, TimeoutError, ValueError):
@@ -349,18 +366,14 @@ async def connect_cli(cfg: Config, name: str) -> Any:
     """:func:`connect`, any failure one line (no secret in it).
 
     Raises:
-        CliError: the server does not answer within :data:`CONNECT_S` or refuses the credentials.
+        CliError: the URL does not parse, names no host that exists, or its server refuses the connection, does
+            not answer within :data:`CONNECT_S` or refuses the credentials.
     """
-    for url in (u.strip() for u in cfg.nats_url.split(",") if u.strip()):
-        try:
-            urlsplit(url if "://" in url else f"nats://{url}").port  # noqa: B018  (parses host and port: raises)
-        except ValueError as exc:
-            raise CliError(f"not a NATS URL: {redact_url(url)!r} ({exc}); --nats-url takes nats://HOST:PORT, "
-                           "comma-separated for a cluster", kind="unreachable") from None
-    if (bad := await _unresolvable(cfg.nats_url)) is not None:
+    servers = _servers(cfg.nats_url)
+    if (bad := await _unresolvable(servers)) is not None:
         raise CliError(f"cannot reach NATS at {redact_url(cfg.nats_url)}: no host {bad!r} (the name does not resolve; "
                        "--nats-url takes nats://HOST:PORT, comma-separated for a cluster)", kind="unreachable")
-    if await _all_refused(cfg.nats_url):
+    if await _all_refused(servers):
         raise CliError(f"connection refused at {redact_url(cfg.nats_url)}: no NATS server listens there (start "
                        "`reel up`, or check --nats-url)", kind="unreachable")
     try:
