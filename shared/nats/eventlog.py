@@ -48,16 +48,13 @@ class JetStreamEventLog:
         self._snapshots_opened = False
 
     async def snapshots(self) -> SnapshotStore | None:
-        """The namespace's snapshot store (opened once), or ``None`` if it has none or JetStream does not
-        answer now (an election, a failover: the next call tries again; a reader folds from the log meanwhile)."""
+        """The namespace's snapshot store (opened once), or ``None`` if it has none.
+
+        Raises:
+            nats.errors.Error: JetStream did not answer (an election, a failover): the next call tries again.
+        """
         if not self._snapshots_opened:
-            try:
-                self._snapshots = await SnapshotStore.open(self._nc, self.names)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                log.warning("snapshot.store_unavailable", error=repr(exc)[:200])
-                return None
+            self._snapshots = await SnapshotStore.open(self._nc, self.names)
             self._snapshots_opened = True
         return self._snapshots
 
@@ -178,8 +175,8 @@ class JetStreamEventLog:
         return state
 
     async def _load_from_snapshot(self, run_id: str, upto_lsn: int | None) -> RunState | None:
-        store = await self.snapshots()
         try:
+            store = await self.snapshots()
             ref = await store.latest(run_id) if store is not None else None
         except Exception as exc:  # a snapshot is only a shortcut: without an answer, fold from the log
             if not is_transient(exc):
