@@ -19,6 +19,7 @@ from typing import Any, cast
 import msgspec
 import nats.errors
 import nats.js.errors
+import structlog
 from nats.aio.client import Client as Nats
 
 from reel._agent import Agent
@@ -54,6 +55,7 @@ from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.infra import Infra, connect, ensure_infra, open_infra
 from reel.shared.runtime.config import Config
+from reel.shared.runtime.logging import setup_logging
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 """Where ``Client.connect()`` looks without a URL or ``$NATS_URL``: the server ``reel up`` runs."""
@@ -75,6 +77,13 @@ def _source_dir(target: Startable) -> str | None:
 
 ToolRegistry = dict[str, Callable[..., Any]]
 """``module:function`` → the function an in-process executor calls for that ``python:`` path."""
+
+
+def quiet_logs(level: str | None = None) -> None:
+    """Configure Reel's structlog lines (stderr) unless the application configured structlog itself: ``level`` or
+    ``$REEL_LOG_LEVEL``, default ``WARNING`` (a script's output stays its own; a given ``level`` always applies)."""
+    if level is not None or not structlog.is_configured():
+        setup_logging("reel", level=level or os.environ.get("REEL_LOG_LEVEL", "WARNING"))
 
 
 class Client:
@@ -111,6 +120,7 @@ class Client:
                 URL given explicitly gets Reel's streams created if missing.
             ReelError: the credentials are refused (``connect_refused``).
         """
+        quiet_logs()
         base = Config.from_env(nats_url=url or os.environ.get("NATS_URL") or DEFAULT_URL, names=Names(namespace))
         cfg = AuthDir(Path(auth)).config("client", base) if auth is not None else base
         try:

@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import structlog
-
 from reel._agent import Agent
-from reel._client import Client, Startable, ToolRegistry
+from reel._client import Client, Startable, ToolRegistry, quiet_logs
 from reel._tool import FunctionTool
 from reel._types import RunResult
 from reel.shared.core.wire.subjects import Names
 from reel.shared.nats.embedded import embedded_server
 from reel.shared.nats.infra import connect, ensure_infra
 from reel.shared.runtime.config import Config
-from reel.shared.runtime.logging import setup_logging
 
 T = TypeVar("T")
-
-
-def _quiet_logs(level: str | None) -> None:
-    """Configure the services' structlog lines (stderr) unless the application configured structlog itself:
-    ``level`` or ``$REEL_LOG_LEVEL``, default ``WARNING`` (a script's output stays its own)."""
-    if level is not None or not structlog.is_configured():
-        setup_logging("reel", level=level or os.environ.get("REEL_LOG_LEVEL", "WARNING"))
 
 
 @contextlib.asynccontextmanager
@@ -63,7 +52,7 @@ async def local(*, namespace: str = "reel", store_dir: str | Path | None = None,
     """
     from reel.services.cli.embed import SERVICES, in_process_services  # the services: loaded when first used
 
-    _quiet_logs(log_level)
+    quiet_logs(log_level)
     served: ToolRegistry = {t.path: t.served for t in tools}
     for agent in agents:
         served.update({path: t.served for path, t in agent.functions().items()})

@@ -5,6 +5,8 @@ and the sync facade inside a running loop."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -471,3 +473,18 @@ async def test_fork_edits_the_instructions_model_params_and_a_tool_result_the_tu
     before = {m["role"]: m for m in sent["main"]["messages"]}
     assert before["system"]["content"] == "Use the tools to answer." and before["tool"]["content"] == "5"
     assert "temperature" not in sent["main"]
+
+
+async def test_a_script_that_connects_to_a_running_reel_keeps_its_output_its_own(cfg: Config, tmp_path: Path) -> None:
+    """A script of ``import reel`` that connects (``Client.connect``) and closes prints nothing of Reel's (its
+    connection's INFO lines stay below the WARNING a script gets unless it configured structlog itself)."""
+    script = tmp_path / "connects.py"
+    script.write_text("import asyncio, sys\nimport reel\n\n\nasync def main() -> None:\n"
+                      "    async with await reel.Client.connect(sys.argv[1], namespace=sys.argv[2]):\n"
+                      "        print('connected')\n\n\nasyncio.run(main())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REEL_", "NATS_"))}
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), cfg.nats_url, cfg.names.namespace,
+                                                cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, out.decode().strip(), err.decode()) == (0, "connected", ""), err.decode()
