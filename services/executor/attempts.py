@@ -41,7 +41,7 @@ import tenacity
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from reel.shared.application.fenced import Committed, Decide, Decided, commit_decided
+from reel.shared.application.fenced import Committed, Decide, Decided, Sent, commit_decided
 from reel.shared.application.workspace import WorkingCopies, WorkspaceTooLarge
 from reel.shared.core.decision import Decision, Skip, events_or_skip
 from reel.shared.core.errors import ToolError
@@ -51,7 +51,7 @@ from reel.shared.core.ports import BlobStore, EventLog
 from reel.shared.core.run import planning as plan
 from reel.shared.core.run.crashpoints import CRASH_ENV, CRASH_SIGNAL_ENV
 from reel.shared.core.run.events import AnyEvent, AttemptFailed, AttemptSucceeded, BlobRef, RunStarted
-from reel.shared.core.run.ids import BranchId, ExecutorId, StepId
+from reel.shared.core.run.ids import BranchId, ExecutorId, StepId, new_commit_id
 from reel.shared.core.run.state import RunState, final_success
 from reel.shared.core.wire.subjects import Names, outcome_key
 from reel.shared.core.workflow.spec import WorkspaceSpec
@@ -192,8 +192,8 @@ class Attempts:
         return (msgspec.UNSET if ref is None else ref), None
 
     # ---- commits -------------------------------------------------------------------------
-    async def send(self, state: RunState, events: Sequence[AnyEvent]) -> asyncio.Future[int] | None:
-        """Send the commit of ``events`` fenced on ``state.head_lsn`` now (to pipeline it); its LSN future.
+    async def send(self, state: RunState, events: Sequence[AnyEvent]) -> Sent | None:
+        """Send the commit of ``events`` fenced on ``state.head_lsn`` now (to pipeline it), for :meth:`commit`.
 
         The events sent are filtered as :meth:`commit` decides them (:func:`settled`); ``None``:
         nothing is left to send on ``state`` (a cancelled run), the commit decides alone.
@@ -202,11 +202,14 @@ class Attempts:
         if not kept:
             return None
         self.check_lease()
-        return await self.log.commit_async(state.run_id, kept, expected_lsn=state.head_lsn, writer=self.executor_id)
+        cid = new_commit_id()
+        lsn = await self.log.commit_async(state.run_id, kept, expected_lsn=state.head_lsn, writer=self.executor_id,
+                                          commit_id=cid)
+        return Sent(events=tuple(kept), commit_id=cid, lsn=lsn)
 
     async def send_with(self, state: RunState, events: Sequence[AnyEvent], bodies: Sequence[tuple[bytes, str]] = (),
                         markers: Sequence[AttemptSucceeded] = (), *, crash_point: str | Sequence[str] = "",
-                        ) -> asyncio.Future[int] | None:
+                        ) -> Sent | None:
         """One round trip before a commit: store ``bodies`` (``(body, media type)``), publish the recovery
         markers of the ``markers`` successes, then :meth:`send` ``events`` — all pipelined on one connection,
         so the server has them before the commit. Then each body the store refused is written again
@@ -234,11 +237,12 @@ class Attempts:
                 log.warning("attempt.marker_failed", error=str(mark))
         return sent
 
-    async def commit(self, state: RunState, decide: Decide, *, sent: asyncio.Future[int] | None = None,
+    async def commit(self, state: RunState, decide: Decide, *, sent: Sent | None = None,
                      ) -> Committed | Decided:
-        """Commit what ``decide`` says on ``state`` (``sent``: its first try, in flight already): the commit,
-        or the :class:`~reel.shared.application.fenced.Decided` that committed nothing (its ``state``: the run as it is
-        now).
+        """Commit what ``decide`` says on ``state``: the commit, or the
+        :class:`~reel.shared.application.fenced.Decided` that committed nothing (its ``state``: the run as it is
+        now). ``sent``: its first try, in flight already (:meth:`send`); ``decide`` is asked only after a lost
+        fence.
 
         Raises:
             ConcurrencyConflict: the fence was lost on every try of the one retry policy.
@@ -270,7 +274,7 @@ class Attempts:
         return decided
 
     async def intent(self, state: RunState, events: Sequence[AnyEvent], *,
-                     sent: asyncio.Future[int] | None = None) -> RunState | Decided:
+                     sent: Sent | None = None) -> RunState | Decided:
         """Commit ``events`` planned on ``state``: the state after them, or the Decided that committed nothing
         (the run moved)."""
         done = await self.commit(state, on_head(state.head_lsn, events), sent=sent)

@@ -84,6 +84,22 @@ class Decided(msgspec.Struct, frozen=True):
         return self.decision.reason if isinstance(self.decision, Skip) else ""
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A commit sent ahead of :func:`commit_decided` (``EventLog.commit_async``), to pipeline it with other writes
+    (blobs, markers).
+
+    Attributes:
+        events: what was sent: the first try's decision (``decide`` is not called again for it).
+        commit_id: the id it was sent with.
+        lsn: resolves to its LSN, or raises as ``EventLog.commit`` does (ConcurrencyConflict: the fence was lost).
+    """
+
+    events: tuple[AnyEvent, ...]
+    commit_id: str
+    lsn: Awaitable[int]
+
+
 Decide = Callable[[RunState], Decision]
 """Pure: the events to commit on top of a state, or :class:`Skip`; may raise a ReelError."""
 Refresh = Callable[[RunState], Awaitable[RunState]]
@@ -127,7 +143,7 @@ DEFAULT_POLICY = RetryPolicy()
 
 async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: str,
                          state: RunState | None = None, policy: RetryPolicy = DEFAULT_POLICY,
-                         sent: Awaitable[int] | None = None, refresh: Refresh | None = None,
+                         sent: Sent | None = None, refresh: Refresh | None = None,
                          log_name: str | None = None) -> Decided:
     """Commit ``decide(state)`` to ``run_id``, fenced on ``state.head_lsn``; re-decide on conflicts.
 
@@ -137,10 +153,9 @@ async def commit_decided(log: EventLog, run_id: str, decide: Decide, *, writer: 
         state: a materialized state of the run to start from (else ``log.load(run_id)``); the
             loop refreshes it, so a caller keeping it must use the returned one.
         policy: the retry policy (:data:`DEFAULT_POLICY`).
-        sent: the first try's commit already in flight — ``log.commit_async(run_id, decide(state),
-            expected_lsn=state.head_lsn, ...)`` sent by the caller to pipeline it with other writes
-            (needs ``state``; ``decide(state)`` must return those very events). Its result is the
-            first try's.
+        sent: the first try's commit already in flight (fenced on ``state.head_lsn``, of the events
+            ``decide(state)`` returns): its events are the first try's decision, its LSN the first try's
+            result; ``decide`` is called only for the tries after a lost fence.
         refresh: how a state that lost the fence is brought to the head (default
             ``log.refresh``; a caller that keeps facts beside the state, e.g. rewind's commit
             LSNs, wraps it to keep them in step).
@@ -199,7 +214,7 @@ async def commit_new(log: EventLog, run_id: str, events: Sequence[AnyEvent], *, 
 
 
 async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], Decision],
-                state: RunState | None, *, writer: str, policy: RetryPolicy, sent: Awaitable[int] | None,
+                state: RunState | None, *, writer: str, policy: RetryPolicy, sent: Sent | None,
                 refresh: Refresh | None, log_name: str) -> Decided:
     """The one loop (see module doc). ``state`` ``None``: the run does not exist (yet)."""
     def exhausted(retry: tenacity.RetryCallState) -> NoReturn:
@@ -215,17 +230,17 @@ async def _loop(log: EventLog, run_id: str, decide: Callable[[RunState | None], 
                 state = await log.load(run_id)
             else:
                 state = await refresh(state) if refresh is not None else (await log.refresh(state))[0]
-        decision = decide(state)
+        ahead = sent if try_no == 1 else None
+        decision = ahead.events if ahead is not None else decide(state)
         if isinstance(decision, Skip):
             assert state is not None  # an absent run is always created
             return Decided(before=state, decision=decision)
         events = decision
         expected = state.head_lsn if state is not None else 0
-        cid: str = new_commit_id()
+        cid = ahead.commit_id if ahead is not None else new_commit_id()
         try:
-            if try_no == 1 and sent is not None:
-                lsn = await sent
-                cid = ""  # the caller chose the in-flight commit's id
+            if ahead is not None:
+                lsn = await ahead.lsn
             else:
                 lsn = await log.commit(run_id, events, expected_lsn=expected, writer=writer, commit_id=cid)
         except ConcurrencyConflict:

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from reel.shared.application.fenced import DEFAULT_POLICY, RetryPolicy, commit_decided, commit_new
+from reel.shared.application.fenced import DEFAULT_POLICY, RetryPolicy, Sent, commit_decided, commit_new
 from reel.shared.core.decision import Decision, Skip
 from reel.shared.core.errors import ConcurrencyConflict, InvalidTransition, RunNotFound
 from reel.shared.core.run.events import AnyEvent, BlobRef, RunCancelled, RunCreated, RunStarted, StepDecl
+from reel.shared.core.run.ids import new_commit_id
 from reel.shared.core.run.state import RunState
 from reel.shared.nats.eventlog import JetStreamEventLog
 from tests.logcapture import info_logs
@@ -135,12 +136,18 @@ async def test_losing_every_try_raises_concurrency_conflict(event_log: JetStream
     assert {c.writer for _, c in await event_log.read("r-5")} == {"", "interloper"}
 
 
+async def _send(log: JetStreamEventLog, state: RunState, events: Sequence[AnyEvent]) -> Sent:
+    cid = new_commit_id()
+    return Sent(events=tuple(events), commit_id=cid, lsn=await log.commit_async(
+        state.run_id, events, expected_lsn=state.head_lsn, writer="t", commit_id=cid))
+
+
 async def test_an_in_flight_first_try_that_loses_is_decided_again(event_log: JetStreamEventLog) -> None:
     base = await event_log.commit("r-6", [created("r-6")], expected_lsn=0)
     state = await event_log.load("r-6")
     other = await event_log.commit("r-6", [RunStarted(executor_id="x-9", at_ms=2)], expected_lsn=base)
     events: list[AnyEvent] = [RunCancelled(reason="mine", at_ms=3)]
-    sent = await event_log.commit_async("r-6", events, expected_lsn=state.head_lsn, writer="t")
+    sent = await _send(event_log, state, events)
     result = await commit_decided(event_log, "r-6", lambda s: tuple(events), writer="t", state=state, sent=sent)
     assert result.commit is not None and result.commit.lsn > other and result.before.head_lsn == other
     assert [c.writer for _, c in await event_log.read("r-6")] == ["", "", "t"]
@@ -150,10 +157,18 @@ async def test_an_in_flight_first_try_that_wins_is_the_result(event_log: JetStre
     await event_log.commit("r-7", [created("r-7")], expected_lsn=0)
     state = await event_log.load("r-7")
     events: list[AnyEvent] = [RunCancelled(reason="mine", at_ms=3)]
-    sent = await event_log.commit_async("r-7", events, expected_lsn=state.head_lsn, writer="t")
-    result = await commit_decided(event_log, "r-7", lambda s: tuple(events), writer="t", state=state, sent=sent)
+    sent = await _send(event_log, state, events)
+    decided_on: list[int] = []
+
+    def decide(s: RunState) -> tuple[AnyEvent, ...]:
+        decided_on.append(s.head_lsn)
+        return tuple(events)
+
+    result = await commit_decided(event_log, "r-7", decide, writer="t", state=state, sent=sent)
     assert result.commit is not None and result.state.status == "cancelled" and result.before is state
-    assert len(await event_log.read("r-7")) == 2
+    assert decided_on == []  # the sent events are the first try's decision: not decided a second time
+    commits = await event_log.read("r-7")
+    assert len(commits) == 2 and commits[1][1].commit_id == result.commit.commit_id == sent.commit_id
 
 
 async def test_commit_new_creates_once(event_log: JetStreamEventLog) -> None:
