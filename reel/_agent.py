@@ -15,7 +15,7 @@ import msgspec
 from reel._tool import FunctionTool, Tool
 from reel.shared.core.errors import WorkflowInvalid
 from reel.shared.core.run.events import Budget
-from reel.shared.core.run.ids import is_token
+from reel.shared.core.wire.subjects import is_token
 from reel.shared.core.workflow.agentspec import ApprovalPolicy
 from reel.shared.core.workflow.spec import (
     AgentStep,

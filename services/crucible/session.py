@@ -35,7 +35,7 @@ from reel.services.crucible.proposer import make_proposer
 from reel.services.crucible.sessionlog import SessionLog, ensure_session_stream
 from reel.services.crucible.world import GitWorld
 from reel.shared.core.ports import BlobStore
-from reel.shared.core.run.ids import is_token
+from reel.shared.core.wire.subjects import is_token
 from reel.shared.crucible.config import SessionConfig, parse_config
 from reel.shared.crucible.errors import ConfigInvalid, SessionBusy, SessionExists
 from reel.shared.crucible.events import FingerprintChanged, SegmentOpened, SessionResumed, SessionStarted

@@ -43,10 +43,10 @@ from reel.services.ui.pages import BlobPage, RunRow, blob_page, blob_refs, page_
 from reel.services.ui.runindex import RunFilter, RunIndex, RunsPage
 from reel.shared.core.errors import BlobMissing, RunNotFound
 from reel.shared.core.run.events import BlobRef, Commit
-from reel.shared.core.run.ids import is_token
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.run.state import RunState
 from reel.shared.core.wire.livemessages import StreamChunk, decode_chunk
+from reel.shared.core.wire.subjects import is_token
 from reel.shared.nats.blobread import ChunkIndex
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.client import ReelClient

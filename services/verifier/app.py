@@ -25,9 +25,9 @@ import structlog
 
 from reel.shared.core.errors import InvalidCommand, InvalidTransition, ReelError, RunNotFound, UnknownEventType
 from reel.shared.core.ports import BlobStore, EventLog
-from reel.shared.core.run.ids import is_token
 from reel.shared.core.run.integrity import RunCorrupt
 from reel.shared.core.wire.commands import VerifyRun, decode_command
+from reel.shared.core.wire.subjects import is_token
 from reel.shared.nats.blobstore import JetStreamBlobStore
 from reel.shared.nats.consumer import Ack, CommandConsumer, Delivery
 from reel.shared.nats.eventlog import JetStreamEventLog

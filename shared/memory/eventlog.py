@@ -27,9 +27,10 @@ from reel.shared.core.errors import ConcurrencyConflict, RunNotFound
 from reel.shared.core.ports import EventLog
 from reel.shared.core.run import integrity
 from reel.shared.core.run.events import AnyEvent, Commit, encode_commit
-from reel.shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
+from reel.shared.core.run.ids import CommitId, RunId, new_commit_id
 from reel.shared.core.run.state import RunState
 from reel.shared.core.run.statecodec import decode_state, encode_state
+from reel.shared.core.wire.subjects import is_token
 
 
 @dataclass

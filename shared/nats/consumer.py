@@ -32,9 +32,8 @@ from nats.js import api as jsapi
 from nats.js.errors import FetchTimeoutError
 
 from reel.shared.core.errors import InvalidCommand, ReelError
-from reel.shared.core.run.ids import is_token
 from reel.shared.core.wire.commands import Reply, decode_command, encode, error_reply
-from reel.shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER
+from reel.shared.core.wire.subjects import MSG_ID_HEADER, REPLY_TO_HEADER, is_token
 from reel.shared.nats.infra import Infra
 from reel.shared.nats.micro import Counters, begin_delivery, note_refusal, register, unregister
 from reel.shared.nats.publish import StoreFull
@@ -166,7 +165,8 @@ class Router:
             invalid_run_id: the refusal's message for a ``run_id`` that is not one subject token.
 
         The command's ``run_id`` (if it has a non-null one) must be one token
-        (:func:`~reel.shared.core.run.ids.is_token`, else ``InvalidCommand``); it is then bound in the log context.
+        (:func:`~reel.shared.core.wire.subjects.is_token`, else ``InvalidCommand``); it is then bound in the log
+        context.
         So must a ``session_id`` (crucible's commands).
         """
         extra = dict(rejected_fields or {})

@@ -38,8 +38,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.service import EndpointInfo, EndpointStats, Service, ServiceConfig, ServiceInfo, ServiceStats
 
-from reel.shared.core.run.ids import is_token
-from reel.shared.core.wire.subjects import subject_matches
+from reel.shared.core.wire.subjects import is_token, subject_matches
 from reel.shared.nats.publish import STORE
 
 log = structlog.get_logger(__name__)

@@ -8,7 +8,6 @@ whitespace), so ``reel.ev.<run_id>`` is always one token per id.
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid
 from typing import NewType
 
@@ -23,14 +22,6 @@ LSN = NewType("LSN", int)  # the JetStream stream sequence of a commit message
 RequestId = NewType("RequestId", str)  # an input request (reel.shared.core.input.requestevents)
 
 ROOT_BRANCH = BranchId("main")
-
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-
-
-def is_token(value: str) -> bool:
-    """True if ``value`` can be used as one NATS subject token by Reel."""
-    return bool(_TOKEN.match(value))
-
 
 def new_run_id() -> RunId:
     """A fresh random run id (``r-`` + 20 hex chars)."""

@@ -34,9 +34,19 @@ header (JetStream itself answers the publish with its PubAck), see docs/subjects
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from reel.shared.core.run.stepids import kv_safe
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def is_token(value: str) -> bool:
+    """True if ``value`` can be one token of Reel's subjects (a run id, a workflow's step id, a crucible
+    session id: letters, digits, ``_``, ``-``; 1–128 characters): never a wildcard (``*``, ``>``) nor a dot."""
+    return bool(_TOKEN.match(value))
+
 
 REPLY_TO_HEADER = "Reel-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"

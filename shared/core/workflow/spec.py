@@ -25,11 +25,12 @@ from reel.shared.core.env import interpolate
 from reel.shared.core.env.toolenv import check_process_env
 from reel.shared.core.errors import InvalidCommand, WorkflowInvalid
 from reel.shared.core.run.events import Budget, StepDecl
-from reel.shared.core.run.ids import StepId, is_token
+from reel.shared.core.run.ids import StepId
 from reel.shared.core.verify.verifierspec import VerifierSpec as VerifierSpec
 from reel.shared.core.verify.verifierspec import VerifierType as VerifierType
 from reel.shared.core.verify.verifierspec import check_verifiers
 from reel.shared.core.wire import limits
+from reel.shared.core.wire.subjects import is_token
 from reel.shared.core.workflow.agentspec import (
     RESERVED_ITEM_IDS,
     AgentToolSpec,
