@@ -26,9 +26,9 @@ from reel.shared.core.errors import RunNotFound
 from reel.shared.core.ports import EventLog
 from reel.shared.core.run import integrity
 from reel.shared.core.run.events import AnyEvent, Commit, encode_commit
-from reel.shared.core.run.ids import CommitId, RunId, is_token, new_commit_id
+from reel.shared.core.run.ids import CommitId, RunId, new_commit_id
 from reel.shared.core.run.state import RunState
-from reel.shared.core.wire.subjects import Names
+from reel.shared.core.wire.subjects import Names, is_token
 from reel.shared.nats.publish import is_transient
 from reel.shared.nats.snapshots import SnapshotStore
 from reel.shared.nats.subjectlog import READ_TIMEOUT_S, SubjectLog, msg_seq
@@ -164,12 +164,14 @@ class JetStreamEventLog:
                 is an illegal transition (:mod:`reel.shared.core.run.integrity`); it carries the run as
                 of its last good commit.
         """
-        state = None if cold or not is_token(run_id) else await self._load_from_snapshot(run_id, upto_lsn)
-        if state is None and is_token(run_id):
-            raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, expect_seq=upto_lsn)
-            state, _, bad = _fold_raw(run_id, raw, upto_lsn)
-            if bad is not None:
-                raise integrity.RunCorrupt(bad, state)
+        state = None
+        if is_token(run_id):  # an id that is not one subject token names no run (see :meth:`head`)
+            state = None if cold else await self._load_from_snapshot(run_id, upto_lsn)
+            if state is None:
+                raw = await self.subjects.read_raw(run_id, upto_seq=upto_lsn, expect_seq=upto_lsn)
+                state, _, bad = _fold_raw(run_id, raw, upto_lsn)
+                if bad is not None:
+                    raise integrity.RunCorrupt(bad, state)
         if state is None:
             raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
         return state
