@@ -58,7 +58,7 @@ from reel.shared.runtime.clock import now_ms
 from .agent import AgentRun
 from .attempts import Attempts, on_head
 from .interrupts import RunLost, lost
-from .plain import Chained, Cursor, PlainSteps, Prepared
+from .plain import Chained, PlainSteps, Prepared
 
 log = structlog.get_logger("reel.executor")
 
@@ -212,7 +212,7 @@ class Driver:
                     interrupt: Interrupt | None) -> RunState:
         held = False  # this drive has held the run (claimed it, or found it this executor's)
         prepared: Prepared | None = None  # an intent that rode the last outcome's commit: its body runs now
-        cursor = Cursor()
+        cursor = plan.Cursor()
         while True:
             if lost(interrupt):
                 raise RunLost(state)
@@ -265,7 +265,7 @@ class Driver:
             raise OwnedElsewhere(state.run_id, owner)
 
     async def _perform(self, state: RunState, spec: WorkflowSpec, action: plan.Action, agents: AgentRun,
-                       interrupt: Interrupt | None, cursor: Cursor, prepared: Prepared | None = None,
+                       interrupt: Interrupt | None, cursor: plan.Cursor, prepared: Prepared | None = None,
                        ) -> RunState | Decided | Chained:
         """Perform one action planned on ``state``: the state after it (:class:`Chained` when the next
         attempt's intent rode its commit), or the Decided that committed nothing if it lost the fence."""

@@ -100,28 +100,6 @@ class Chained:
 
 
 
-class Cursor:
-    """One drive's planning cursor: how many leading steps of the active branch have succeeded
-    (:func:`reel.shared.core.run.planning.succeeded_prefix`), advanced on the states the log gave, so that
-    planning a step costs O(1) whatever the run's length. A new active branch starts it over."""
-
-    def __init__(self) -> None:
-        self.branch: str | None = None
-        self.n = 0
-
-    def at(self, state: RunState) -> int:
-        """The prefix on ``state`` (a state of the log, never a preview: it would advance on a guess)."""
-        if state.active_branch != self.branch:
-            self.branch, self.n = state.active_branch, 0
-        self.n = plan.succeeded_prefix(state, state.active_branch, self.n)
-        return self.n
-
-    def peek(self, state: RunState) -> int:
-        """The prefix on a preview of the next state, without advancing the cursor."""
-        n = self.n if state.active_branch == self.branch else 0
-        return plan.succeeded_prefix(state, state.active_branch, n)
-
-
 def outcome_then(event: AttemptEnd, head_lsn: int, nxt: Prepared | None) -> Decide:
     """The outcome, and the next intent if it was planned on this head (``head_lsn``); on any other
     head the outcome alone, unless the attempt was resolved meanwhile (:func:`record_outcome`)."""
@@ -218,7 +196,7 @@ class PlainSteps:
         return Prepared(action=action, step=step, intent=intent, request=request, prompt=body,
                         prompt_tokens=turn.packed.packed_tokens)
 
-    async def run(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch, cursor: Cursor,
+    async def run(self, state: RunState, spec: WorkflowSpec, action: plan.Dispatch, cursor: plan.Cursor,
                   prepared: Prepared | None = None, interrupt: Interrupt | None = None,
                   ) -> RunState | Decided | Chained:
         """Perform one plain attempt; ``prepared``: its intent is committed already (it rode the last outcome);
@@ -299,7 +277,7 @@ class PlainSteps:
             return None
         return AttemptSucceeded.from_marker(action.branch_id, action.step_id, action.supersedes, ref, now_ms())
 
-    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: Cursor) -> RunState | Decided | Chained:
+    async def claim(self, state: RunState, spec: WorkflowSpec, cursor: plan.Cursor) -> RunState | Decided | Chained:
         """Commit ``run_started`` for this executor, with the first attempt's intent when that is a plain
         attempt (one commit: :class:`Chained`); a Decided (nothing committed) if the run moved meanwhile."""
         started = RunStarted(executor_id=self.a.executor_id, at_ms=now_ms())
@@ -395,7 +373,7 @@ class PlainSteps:
         return event, body
 
     async def _next(self, state: RunState, spec: WorkflowSpec, event: AttemptEnd | RunStarted,
-                    cursor: Cursor) -> Prepared | None:
+                    cursor: plan.Cursor) -> Prepared | None:
         """The next attempt's intent if, with ``event`` applied, the next action is a plain attempt (pure
         planning on a preview of the state; nothing is chained while the executor is stopping)."""
         if self.stopping is not None and self.stopping.is_set():

@@ -167,6 +167,29 @@ def succeeded_prefix(state: RunState, branch_id: BranchId, start: int = 0) -> in
     return n
 
 
+class Cursor:
+    """One drive's planning cursor: how many leading steps of the active branch have succeeded
+    (:func:`succeeded_prefix`), advanced on the states the log gave, so that planning a step costs O(1)
+    whatever the run's length (``next_action(..., start=cursor.at(state))``). A new active branch starts it
+    over. Pure, but it keeps its count between calls: one per drive."""
+
+    def __init__(self) -> None:
+        self.branch: str | None = None
+        self.n = 0
+
+    def at(self, state: RunState) -> int:
+        """The prefix on ``state`` (a state of the log, never a preview: it would advance on a guess)."""
+        if state.active_branch != self.branch:
+            self.branch, self.n = state.active_branch, 0
+        self.n = succeeded_prefix(state, state.active_branch, self.n)
+        return self.n
+
+    def peek(self, state: RunState) -> int:
+        """The prefix on a preview of the next state, without advancing the cursor."""
+        n = self.n if state.active_branch == self.branch else 0
+        return succeeded_prefix(state, state.active_branch, n)
+
+
 def outcome_recorded(state: RunState, branch_id: BranchId, step_id: StepId, attempt: AttemptNo) -> bool:
     """True when attempt ``attempt`` of ``step_id`` on ``branch_id`` takes no outcome commit any more.
 
