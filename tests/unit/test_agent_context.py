@@ -12,6 +12,8 @@ import pytest
 from reel.shared.core.agent.turncontext import (
     INSTRUCTIONS,
     TurnItem,
+    cut_result,
+    result_max_tokens,
     tool_schemas,
     tools_tokens,
     turn_candidates,
@@ -101,15 +103,43 @@ def test_agent_turn_context_partition_holds_for_every_turn(budget: int) -> None:
         assert last.packed == ("instructions", "task") and not last.available
 
 
-def test_agent_turn_context_partition_drops_a_whole_turn_when_a_result_is_over_the_item_cap() -> None:
+def test_agent_turn_context_partition_cuts_a_result_over_the_item_cap_and_keeps_its_turn() -> None:
     sim = Sim(workflow({"budget_tokens": 10_000, "max_item_tokens": 60}, n_turns=3), _tools(big=80))
     sim.run()
     p = _turn_intents(sim)[-1].context
     assert p is not None
     check_partition(p, expected_candidates(3))
-    for k in (1, 2):  # each read_file result is over the cap: its turn goes as a unit
-        assert {f"solve:t{k}:msg", f"solve:t{k}:c0:obs", f"solve:t{k}:c1:obs"} <= set(p.dropped)
-    assert p.packed == ("instructions", "task", "hint")
+    for k in (1, 2):  # each read_file result is over the cap: cut to it, and its turn is packed whole
+        assert {f"solve:t{k}:msg", f"solve:t{k}:c0:obs", f"solve:t{k}:c1:obs"} <= set(p.packed)
+    assert p.trimmed == ("solve:t1:c0:obs", "solve:t2:c0:obs")
+    assert isinstance(p.item_tokens, tuple)
+    tokens = dict(zip(p.packed, p.item_tokens, strict=False))
+    assert all(tokens[i] <= 60 for i in p.trimmed)
+    results = [m["content"] for m in sim.requests[-1]["messages"] if m["role"] == "tool"]
+    cut = [r for r in results if "[reel: output trimmed" in r]
+    assert len(cut) == 2 and all(r.startswith("line\n") for r in cut), "the head is kept"
+    assert cut[0].endswith("# f1.py") and cut[1].endswith("# f2.py"), "and the tail"
+
+
+def test_a_tool_result_is_cut_to_its_token_bound_head_and_tail_kept() -> None:
+    facts = TextFacts(DEFAULT_COUNTER)
+    text = "".join(f"{i:05d} é€ " for i in range(3000))  # multi-byte characters at any cut
+    assert cut_result(text, facts(text)[0], facts) is None, "a result that fits is left whole"
+    cut = cut_result(text, 200, facts)
+    assert cut is not None and facts(cut)[0] <= 200
+    head, _, rest = cut.partition("\n[reel: output trimmed — ")
+    assert text.startswith(head) and len(head) > 100
+    note, _, tail = rest.partition("]\n")
+    assert text.endswith(tail) and len(tail) > 100 and "bytes left out here" in note
+    assert cut_result(text, 200, facts) == cut, "deterministic"
+    assert cut_result(text, 1, facts) is not None, "a bound below the note's own tokens still ends"
+
+
+@pytest.mark.parametrize(("budget", "item_cap", "bound"), [(8000, None, 4000), (8000, 60, 60), (9, None, 4),
+                                                           (1, None, 1)])
+def test_a_tool_result_is_packed_with_half_the_budget_at_most(budget: int, item_cap: int | None,
+                                                               bound: int) -> None:
+    assert result_max_tokens(PackPolicy(budget_tokens=budget, max_item_tokens=item_cap)) == bound
 
 
 def test_the_packed_items_are_a_valid_chat_transcript() -> None:

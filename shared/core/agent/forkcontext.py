@@ -102,7 +102,8 @@ def edited_agent(agent: AgentStep, edits: TurnEdits | None) -> AgentStep:
 def edited_items(items: Sequence[TurnItem], edits: TurnEdits) -> list[TurnItem]:
     """``items`` with the tool results the edits replace (an edited result reads as a success)."""
     by_item = {observation_item_id(call): text for call, text in edits.tool_results.items()}
-    return [msgspec.structs.replace(i, text=by_item[i.id], is_error=False) if i.id in by_item else i for i in items]
+    return [msgspec.structs.replace(i, text=by_item[i.id], is_error=False, trimmed=False) if i.id in by_item else i
+            for i in items]
 
 
 def _with_groups(candidates: Sequence[Candidate], ids: frozenset[ContextItemId]) -> set[ContextItemId]:

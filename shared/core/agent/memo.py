@@ -48,11 +48,13 @@ from reel.shared.core.agent.turncontext import (
     group_items,
     head_items,
     item_message,
+    result_max_tokens,
     tool_schemas,
     turn_candidates,
     turn_messages,
     turn_policy,
     turn_refs,
+    with_trimmed,
 )
 from reel.shared.core.agent.turnstate import TurnRecord
 from reel.shared.core.chat.messages import ChatMessage, chat_request
@@ -187,9 +189,11 @@ class ContextMemo:
         """
         branch = state.branches[plan.branch_id]
         by_step: dict[str, AttemptEnd] = {o.step_id: o for o in outcomes}
+        policy, reserved, budget = turn_policy(agent, spec, self.facts)
+        fit = (result_max_tokens(policy), self.facts)  # the same for every turn of the agent: kept groups stay right
         groups = list(plan.groups)
         for i, earlier, sig in plan.stale:
-            made = tuple(group_items(branch, earlier, blobs=blobs, by_step=by_step))
+            made = tuple(group_items(branch, earlier, blobs=blobs, by_step=by_step, fit=fit))
             groups[i] = TurnGroup(signature=sig, items=made, candidates=tuple(turn_candidates(made, self.facts)),
                                   messages=tuple(item_message(it) for it in made))
         self.rebuilt += len(plan.stale)
@@ -197,12 +201,13 @@ class ContextMemo:
         assert len(done) == len(groups)
         self._keep(plan.agent, done)
         head = head_items(agent, run_outputs)
-        policy, reserved, budget = turn_policy(agent, spec, self.facts)
         if edits is not None and edits.touches_items:
             return self._edited(state, action, agent, [*head, *chain.from_iterable(g.items for g in done)], policy,
                                 (reserved, budget), edits)
-        packed = accounted(pack_groups(turn_candidates(head, self.facts), [g.facts_for(policy) for g in done],
-                                       policy), reserved, self.facts.counter.name, budget)
+        items = (*head, *chain.from_iterable(g.items for g in done))
+        packed = with_trimmed(accounted(pack_groups(turn_candidates(head, self.facts),
+                                                    [g.facts_for(policy) for g in done], policy),
+                                        reserved, self.facts.counter.name, budget), items)
         ids = packed.partition.packed
         head_ids = {h.id for h in head}
         n_head = sum(1 for p in ids[:len(head)] if p in head_ids)  # head items come first: a prefix of ``ids``
@@ -213,7 +218,6 @@ class ContextMemo:
                 messages += g.messages
         request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id, messages=messages,
                                tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)
-        items = (*head, *chain.from_iterable(g.items for g in done))
         return TurnContext(items=items, packed=packed, request=request)
 
     def _edited(self, state: RunState, action: DispatchTurn, agent: AgentStep, items: list[TurnItem],
@@ -221,8 +225,8 @@ class ContextMemo:
         """The context of a turn a fork edited: every candidate packed afresh with the edits."""
         items = edited_items(items, edits)
         reserved, whole = budget
-        packed = accounted(pack_edited(turn_candidates(items, self.facts), policy, edits), reserved,
-                           self.facts.counter.name, whole)
+        packed = with_trimmed(accounted(pack_edited(turn_candidates(items, self.facts), policy, edits), reserved,
+                                        self.facts.counter.name, whole), items)
         request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id,
                                messages=turn_messages(items, packed.partition.packed), tools=tool_schemas(agent),
                                attempt=action.attempt, turn=action.turn)

@@ -20,6 +20,11 @@ answering its ``tool_call_id``. A failed call's result reads ``error (<kind>): <
 human rejected ``error (rejected): … <note>``, an ``ask_user`` call the answer, and a call approved with
 edited arguments starts with them (:func:`reel.shared.core.input.requestfold.observation`, ``edited_prefix``).
 
+A tool result longer than :func:`result_max_tokens` (half the turn's budget for candidates, or the policy's
+``max_item_tokens`` when lower) is cut to its head and tail, with a note between them saying how much was left
+out (:func:`cut_result`), and listed in the partition's ``trimmed``: a result too large to pack whole would
+otherwise take its whole turn out of the transcript, and the model would not know it had called the tool.
+
 Two passes keep this pure: :func:`needed_blobs` lists the blobs to read, then
 :func:`build_turn` makes the request from their bodies.
 
@@ -41,7 +46,7 @@ from reel.shared.core.input import requestfold
 from reel.shared.core.pack.packer import Candidate, Packed, PackPolicy, accounted, pack, reserving
 from reel.shared.core.run.events import AttemptEnd, AttemptFailed, AttemptSucceeded, BlobRef
 from reel.shared.core.run.ids import BranchId, ContextItemId, StepId
-from reel.shared.core.run.planning import TextFacts, policy_for
+from reel.shared.core.run.planning import TextFacts, policy_for, trimmed_text
 from reel.shared.core.run.state import AttemptStatus, BranchState, RunState, final_success
 from reel.shared.core.run.stepids import message_item_id, observation_item_id
 from reel.shared.core.workflow.spec import AgentStep, ModelStep, WorkflowSpec
@@ -58,6 +63,7 @@ class TurnItem(msgspec.Struct, frozen=True, kw_only=True):
         group: the turn (``solve:t<k>``) whose message and results are packed together.
         tool_calls: an assistant item's calls; tool_call_id: which call a tool item answers.
         is_error: a tool item holding a failed call's error.
+        trimmed: a tool item whose result was cut to fit (:func:`cut_result`).
     """
 
     id: ContextItemId
@@ -70,6 +76,7 @@ class TurnItem(msgspec.Struct, frozen=True, kw_only=True):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     is_error: bool = False
+    trimmed: bool = False
 
 
 class TurnContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,12 +171,37 @@ def head_items(agent: AgentStep | ModelStep, outputs: Mapping[str, str]) -> list
     return items
 
 
+def result_max_tokens(policy: PackPolicy) -> int:
+    """The most tokens one tool result is packed with under ``policy`` (the turn's policy, its tool schemas'
+    tokens taken off the budget): half its budget, or its ``max_item_tokens`` when lower; at least 1."""
+    half = policy.budget_tokens // 2
+    return max(1, half if policy.max_item_tokens is None else min(half, policy.max_item_tokens))
+
+
+def cut_result(text: str, max_tokens: int, facts: TextFacts) -> str | None:
+    """``text`` cut to at most ``max_tokens`` tokens as ``facts`` counts them: its head and its tail (bytes, about
+    half each) with a note between them saying how many of its bytes were left out
+    (:func:`reel.shared.core.run.planning.trimmed_text`); ``None`` when it fits whole. Pure and deterministic."""
+    tokens = facts(text)[0]
+    if tokens <= max_tokens:
+        return None
+    body = text.encode()
+    keep = len(body) * max_tokens // tokens
+    while True:
+        half = max(0, keep // 2)
+        cut = trimmed_text(body[:half], body[len(body) - half:] if half else b"", len(body))
+        if keep <= 0 or facts(cut)[0] <= max_tokens:
+            return cut
+        keep = keep * 4 // 5
+
+
 def group_items(branch: BranchState, earlier: EarlierTurn, *, blobs: Mapping[str, bytes],
-                by_step: Mapping[str, AttemptEnd]) -> list[TurnItem]:
+                by_step: Mapping[str, AttemptEnd], fit: tuple[int, TextFacts] | None = None) -> list[TurnItem]:
     """One earlier turn's items, in order: its assistant message, then one tool item per call (group: the turn).
 
     A pure function of the turn's record, the attempts and input requests of the turn and its calls,
-    ``by_step`` (outcomes not folded yet, by step id) and the bodies of :func:`turn_refs`.
+    ``by_step`` (outcomes not folded yet, by step id), the bodies of :func:`turn_refs` and ``fit``:
+    ``(max tokens, facts)``, a result longer than ``max tokens`` is cut (:func:`cut_result`; ``None``: none is).
 
     Raises:
         KeyError: a blob of :func:`turn_refs` is missing from ``blobs``.
@@ -192,13 +224,23 @@ def group_items(branch: BranchState, earlier: EarlierTurn, *, blobs: Mapping[str
             ref = obs.output_ref if isinstance(obs, AttemptSucceeded) else obs
             text, err = (blobs[ref.sha256].decode(errors="replace") if ref is not None else ""), False
         text = requestfold.edited_prefix(branch, c.decl.step_id) + text
-        items.append(TurnItem(id=observation_item_id(c.decl.step_id), kind="tool", text=text, group=turn_id,
-                              tool_call_id=call.id, is_error=err))
+        cut = cut_result(text, *fit) if fit is not None else None
+        items.append(TurnItem(id=observation_item_id(c.decl.step_id), kind="tool", text=text if cut is None else cut,
+                              group=turn_id, tool_call_id=call.id, is_error=err, trimmed=cut is not None))
     return items
 
 
+def with_trimmed(packed: Packed, items: Sequence[TurnItem]) -> Packed:
+    """``packed`` with the tool results :func:`group_items` cut listed in its partition's ``trimmed``."""
+    cut = tuple(i.id for i in items if i.trimmed)
+    if not cut:
+        return packed
+    return msgspec.structs.replace(packed, partition=msgspec.structs.replace(packed.partition, trimmed=cut))
+
+
 def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int, *, outputs: Mapping[str, str],
-               blobs: Mapping[str, bytes], outcomes: Sequence[AttemptEnd] = ()) -> list[TurnItem]:
+               blobs: Mapping[str, bytes], outcomes: Sequence[AttemptEnd] = (),
+               fit: tuple[int, TextFacts] | None = None) -> list[TurnItem]:
     """The candidate items of turn ``turn``, in candidate order (see the module docstring):
     :func:`head_items`, then :func:`group_items` of each earlier turn.
 
@@ -206,6 +248,7 @@ def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int
         outputs: output texts of the earlier steps the context items name (``from_step``).
         blobs: sha256 → body of every blob of :func:`needed_blobs`.
         outcomes: call outcomes about to be committed with this turn's intent (not folded yet).
+        fit: ``(max tokens, facts)`` of a tool result (:func:`group_items`).
 
     Raises:
         KeyError: a blob of :func:`needed_blobs` is missing from ``blobs``.
@@ -214,7 +257,7 @@ def turn_items(state: RunState, branch_id: BranchId, agent: AgentStep, turn: int
     by_step: dict[str, AttemptEnd] = {o.step_id: o for o in outcomes}
     items = head_items(agent, outputs)
     for earlier in _earlier_turns(state, branch_id, StepId(agent.id), turn):
-        items += group_items(branch, earlier, blobs=blobs, by_step=by_step)
+        items += group_items(branch, earlier, blobs=blobs, by_step=by_step, fit=fit)
     return items
 
 
@@ -284,10 +327,11 @@ def build_turn(state: RunState, action: DispatchTurn, agent: AgentStep, spec: Wo
     Raises:
         KeyError: a blob of :func:`needed_blobs` is missing from ``blobs``.
     """
-    items = turn_items(state, action.branch_id, agent, action.turn, outputs=run_outputs, blobs=blobs,
-                       outcomes=outcomes)
     policy, reserved, budget = turn_policy(agent, spec, facts)
-    packed = accounted(pack(turn_candidates(items, facts), policy), reserved, facts.counter.name, budget)
+    items = turn_items(state, action.branch_id, agent, action.turn, outputs=run_outputs, blobs=blobs,
+                       outcomes=outcomes, fit=(result_max_tokens(policy), facts))
+    packed = with_trimmed(accounted(pack(turn_candidates(items, facts), policy), reserved, facts.counter.name,
+                                    budget), items)
     messages = turn_messages(items, packed.partition.packed)
     request = chat_request(agent.model, run_id=state.run_id, step_id=action.step_id, messages=messages,
                            tools=tool_schemas(agent), attempt=action.attempt, turn=action.turn)

@@ -82,8 +82,10 @@ class ContextPartition(msgspec.Struct, frozen=True, kw_only=True):
         trimmed: candidates whose text was cut to its head and tail *before* packing — an earlier
             output larger than the step's budget could use (more than
             :data:`~reel.shared.core.run.planning.READ_BYTES_PER_TOKEN` bytes per budget token; reason
-            ``read_bound``), its text marked where bytes were left out (docs/context.md). Each is
-            also in one of the three buckets. Unset (and not encoded) when none was.
+            ``read_bound``), or an agent's tool result longer than half the turn's budget
+            (:func:`reel.shared.core.agent.turncontext.cut_result`) — its text marked where bytes were left
+            out (docs/context.md). Each is also in one of the three buckets. Unset (and not encoded) when none
+            was.
         reserved_tokens: tokens of what the prompt carries besides the candidates, counted against the
             budget before them (tokens): an agent turn's tool schemas as sent (the JSON of the request's
             ``tools``), a model step's instructions. ``packed_tokens + reserved_tokens`` is Reel's estimate
