@@ -74,7 +74,8 @@ def event_line(lsn: int, event: AnyEvent) -> Text:
             t.append(f"{event.step_id}#{event.attempt} dispatched", style="yellow")
             if event.context is not None:
                 c = event.context
-                t.append(f"  context packed={len(c.packed)} available={len(c.available)} dropped={len(c.dropped)}")
+                t.append(f"  context packed={len(c.packed)} available={len(c.available)} dropped={len(c.dropped)}"
+                         + (f" trimmed={len(c.trimmed)}" if isinstance(c.trimmed, tuple) and c.trimmed else ""))
         case AttemptSucceeded():
             t.append(f"{event.step_id}#{event.attempt} succeeded", style="green")
             u = event.usage
@@ -305,10 +306,13 @@ def _row(spec: WorkflowSpec | None, branch: BranchState, step: StepView, name: s
 
 
 def _dropped_note(drops: list[Text], a: AttemptView) -> None:
-    """A model attempt's dropped items with the reasons recorded at pack time, whole; and the items a fork
-    restored (docs/forks.md)."""
+    """A model attempt's dropped items with the reasons recorded at pack time, whole; the items whose text was
+    cut to its head and tail before packing (docs/context.md); and the items a fork restored (docs/forks.md)."""
     if a.context is not None and a.context.dropped:
         drops.append(Text(f"  {a.step_id}#{a.attempt} dropped: {rows.drop_summary(a.context)}", style="dim"))
+    if a.context is not None and isinstance(a.context.trimmed, tuple) and a.context.trimmed:
+        drops.append(Text(f"  {a.step_id}#{a.attempt} trimmed (head and tail only): {' '.join(a.context.trimmed)}",
+                          style="dim"))
     if a.context is not None and isinstance(a.context.restored, tuple):
         drops.append(Text(f"  {a.step_id}#{a.attempt} restored by fork: {' '.join(a.context.restored)}",
                           style="dim"))

@@ -2,8 +2,8 @@
 ``openai`` client over real HTTP to the loopback chat-completions server (tests/support/chat_server.py).
 
 The next turn's request still holds the turn that called the tool: its result cut to its head and tail with a
-note between them (at most half the budget), listed in the partition's ``trimmed`` — not the whole turn left out,
-which would leave the model not knowing it had called the tool.
+note between them (at most half the budget), listed in the partition's ``trimmed`` and by ``reel show`` — not the
+whole turn left out, which would leave the model not knowing it had called the tool.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 from reel.shared.core.workflow.spec import WorkflowSpec, parse_workflow
 from reel.shared.nats.client import ReelClient
 from reel.shared.nats.eventlog import JetStreamEventLog
+from reel.shared.runtime.config import Config
 from tests.integration.agent_support import KEY_ENV, start_and_rest
 from tests.integration.scenarios import attempt_of
+from tests.integration.test_cli import reel
 from tests.refold import assert_refold_identical
 from tests.support.chat_server import ChatServer, call, reply
 
@@ -35,7 +37,7 @@ def workflow(server: ChatServer) -> WorkflowSpec:
 
 @pytest.mark.usefixtures("executor", "api_key")
 async def test_a_result_larger_than_the_budget_reaches_the_next_turn_cut(
-        client: ReelClient, event_log: JetStreamEventLog, chat_server: ChatServer) -> None:
+        client: ReelClient, event_log: JetStreamEventLog, chat_server: ChatServer, cfg: Config) -> None:
     chat_server.script(reply(None, [call("read_log", {})]), reply("96 ms"))
     state = await start_and_rest(client, workflow(chat_server))
     assert len(chat_server.requests) == 2
@@ -50,3 +52,5 @@ async def test_a_result_larger_than_the_budget_reaches_the_next_turn_cut(
     assert isinstance(p.packed_tokens, int) and p.packed_tokens <= BUDGET
     assert attempt_of(state, "solve:t1:c0", 1).status == "succeeded"  # the whole result is stored as it was
     await assert_refold_identical(event_log, state)
+    code, out, err = await reel(cfg, "show", state.run_id)
+    assert code == 0 and "solve:t2#1 trimmed (head and tail only): solve:t1:c0:obs" in out, (out, err)
