@@ -62,6 +62,8 @@ class Session:
     origin: str = "--nats-url"
     """How the server was chosen: ``--nats-url`` (or ``$NATS_URL``), ``reel up`` (found on 127.0.0.1:4222) or
     ``embedded`` (started for this command only)."""
+    in_process: tuple[str, ...] = ()
+    """The services this command runs in its own process (none answered for them elsewhere): they stop with it."""
 
     @functools.cached_property
     def workflows(self) -> WorkflowCache | None:
@@ -246,14 +248,16 @@ async def _session(url: str | None, namespace: str, auth: AuthDir | None, servic
             infra = await open_infra(nc, cfg)
         else:
             infra = watcher = await ensure_infra(nc, cfg)
+        started: tuple[str, ...] = ()
         if services and watcher is not None:
-            started = await stack.enter_async_context(in_process_services(watcher, base, services, auth=auth,
-                                                                          own_server=embedded))
+            started = tuple(await stack.enter_async_context(in_process_services(watcher, base, services, auth=auth,
+                                                                                own_server=embedded)))
             if started:
                 err_console.print(f"[dim]services in this process: {', '.join(started)}[/]")
         blobs = JetStreamBlobStore(nc, infra.blobs, cfg.names.blob_bucket, purge=not cfg.auth.configured)
         origin = "embedded" if embedded else "reel up" if probed else "--nats-url"
-        yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded, origin=origin)
+        yield Session(cfg=cfg, infra=infra, client=ReelClient(nc, cfg, blobs), embedded=embedded, origin=origin,
+                      in_process=started)
 
 
 def _auth_config(auth: AuthDir, role: str, base: Config) -> Config:

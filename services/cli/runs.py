@@ -127,8 +127,12 @@ def run(
                                      quiet=quiet)
             except asyncio.CancelledError:
                 said_interrupted()
-                err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an executor "
-                                  f"runs (`reel up`); `reel cancel {reply.run_id}` stops it")
+                if "executor" in s.in_process:  # this command's executor stops with it
+                    err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an "
+                                      f"executor runs (`reel up`); `reel cancel {reply.run_id}` stops it")
+                else:
+                    err_console.print(f"interrupted: run {reply.run_id} goes on under the running services; "
+                                      f"`reel show {reply.run_id}` shows it, `reel cancel {reply.run_id}` stops it")
                 raise
             if state is None:
                 raise CliError(f"run {reply.run_id} did not finish within {timeout}s", EXIT["timeout"])
