@@ -148,6 +148,10 @@ async def serve_as_role(name: str, serve: Callable[..., Coroutine[Any, Any, None
         await nc.close()
 
 
+INTERRUPT_S = 3.0
+"""On Ctrl-C, how long (s) ``reel run``'s own executor has to record its attempts in flight ``interrupted``."""
+
+
 @contextlib.asynccontextmanager
 async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...], *, auth: AuthDir | None = None,
                               own_server: bool = False, options: Mapping[str, Mapping[str, Any]] | None = None
@@ -161,11 +165,13 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
 
     With ``auth`` each connects as its role (``infra`` then only tells which services run:
     an operator's). On a normal exit the services are stopped and in-flight work drains
-    (≤ 60 s); on Ctrl-C or cancellation they are cancelled at once (attempts in flight
-    are killed; their runs resume when an executor runs again). ``options``: service name → keyword arguments
-    of its ``serve`` (e.g. ``{"executor": {"tools": …}}``: the function objects the Python API serves).
+    (≤ 60 s). On Ctrl-C or cancellation the executor interrupts its attempts in flight at once (their tools
+    killed, each recorded ``interrupted``: retried by the next executor, not a try; :data:`INTERRUPT_S` at most)
+    and the other services are cancelled at once; a run resumes when an executor runs again. ``options``:
+    service name → keyword arguments of its ``serve`` (e.g. ``{"executor": {"tools": …}}``: the function
+    objects the Python API serves).
     """
-    stop = asyncio.Event()
+    stop, now = asyncio.Event(), asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     names: list[str] = []
     running = set() if own_server else await services_running(infra, cfg, wanted)
@@ -173,16 +179,24 @@ async def in_process_services(infra: Infra, cfg: Config, wanted: tuple[str, ...]
         serve = service_serve(name)
         if serve is not None and name not in running:
             kwargs = dict((options or {}).get(name, {}))
+            if name == "executor":
+                kwargs["interrupt_now"] = now
             work = serve(infra, cfg, stop, **kwargs) if auth is None else \
                 serve_as_role(name, serve, cfg, auth, stop, **kwargs)
             tasks.append(asyncio.create_task(work))
             names.append(name)
     try:
         yield names
-    except BaseException:  # Ctrl-C / cancelled: stop now (attempts in flight are killed; runs resume later)
+    except BaseException:  # Ctrl-C / cancelled: stop now (attempts in flight are interrupted; runs resume later)
         stop.set()  # a loop that lost its cancellation still ends on the stop event
+        now.set()
+        executor = [t for n, t in zip(names, tasks, strict=True) if n == "executor"]
         for task in tasks:
-            task.cancel()
+            if task not in executor:
+                task.cancel()
+        if executor:  # its attempts recorded interrupted (a commit each), then it is cancelled too
+            await asyncio.wait(executor, timeout=INTERRUPT_S)
+            executor[0].cancel()
         _, pending = await asyncio.wait(tasks, timeout=5) if tasks else (set(), set())
         for task in pending:  # cancel once more: never hang the command on a service that will not stop
             task.cancel()

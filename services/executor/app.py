@@ -19,6 +19,7 @@ the runs are handed back to another executor (services/executor/interrupts.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import sys
 from typing import Any
@@ -47,8 +48,11 @@ def ports(infra: Infra, cfg: Config) -> tuple[JetStreamEventLog, JetStreamBlobSt
                                                                              purge=not cfg.auth.configured)
 
 
-async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
-    """Run one executor until ``stop`` is set (``kwargs``: see :class:`Executor`).
+async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, *, interrupt_now: asyncio.Event | None = None,
+                **kwargs: Any) -> None:
+    """Run one executor until ``stop`` is set (``kwargs``: see :class:`Executor`). ``interrupt_now``, once set
+    after ``stop``: the drain deadline is now — the attempts in flight are interrupted and recorded
+    ``interrupted`` at once (``reel run``'s own executor on Ctrl-C).
 
     Each *incarnation* has its own executor id and lease (:class:`~reel.shared.nats.leases.Lease`): the lease is
     written and acknowledged before any command is taken. If the lease is lost (not renewed in time: a
@@ -59,7 +63,7 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
     """
     while True:
         try:
-            await _incarnation(infra, cfg, stop, **kwargs)
+            await _incarnation(infra, cfg, stop, interrupt_now, **kwargs)
             return
         except LeaseLost:
             if stop.is_set():
@@ -68,7 +72,8 @@ async def serve(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -
             log.warning("executor.new_incarnation", reason="lease lost")
 
 
-async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs: Any) -> None:
+async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, interrupt_now: asyncio.Event | None,
+                       **kwargs: Any) -> None:
     """One executor id's life (see :func:`serve`).
 
     Raises:
@@ -97,7 +102,7 @@ async def _incarnation(infra: Infra, cfg: Config, stop: asyncio.Event, **kwargs:
             async with asyncio.TaskGroup() as tg:  # a task that raises stops the others, and the lease with them
                 tg.create_task(lease.keep(lease_stop))
                 tg.create_task(_fail_when_lost(lease, lease_stop))
-                deadline = tg.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s))
+                deadline = tg.create_task(_drain_deadline(ex, stop, cfg.drain_deadline_s, interrupt_now))
                 orphans = tg.create_task(ex.orphans.tend_loop(lambda: ex.driving, stop, cfg.lease_ttl_s))
                 await ex.control.start()
                 taking = asyncio.Event()  # no command is taken once stopping or once the lease is lost
@@ -142,9 +147,15 @@ async def _set_when_first(event: asyncio.Event, *causes: asyncio.Event) -> None:
     event.set()
 
 
-async def _drain_deadline(ex: Executor, stop: asyncio.Event, deadline_s: float) -> None:
-    """Once ``stop`` is set, wait ``deadline_s``; then interrupt every attempt still in flight."""
+async def _drain_deadline(ex: Executor, stop: asyncio.Event, deadline_s: float,
+                          now: asyncio.Event | None = None) -> None:
+    """Once ``stop`` is set, wait ``deadline_s`` (or until ``now`` is set); then interrupt every attempt still in
+    flight."""
     await stop.wait()
-    await asyncio.sleep(deadline_s)
-    log.warning("executor.drain_deadline", deadline_s=deadline_s)
+    if now is None:
+        await asyncio.sleep(deadline_s)
+    else:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(now.wait(), deadline_s)
+    log.warning("executor.drain_deadline", deadline_s=deadline_s, at_once=now is not None and now.is_set())
     ex.control.shutdown()

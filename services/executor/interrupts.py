@@ -32,7 +32,8 @@ T = TypeVar("T")
 
 MESSAGES: dict[Cause, str] = {
     "cancelled": "the run was cancelled while this attempt ran; the attempt was stopped",
-    "shutdown": "the executor shut down (its drain deadline passed) while this attempt ran; the attempt was stopped"
+    "shutdown": "the executor shut down (its drain deadline passed, or Ctrl-C stopped the `reel run` it ran in) while"
+                " this attempt ran; the attempt was stopped"
                 " and another executor runs a new one",
     "lost": "another executor took the run over while this attempt ran; the attempt was stopped",
 }
