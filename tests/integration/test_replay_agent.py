@@ -52,7 +52,9 @@ async def test_replayed_runs_are_agent_runs(cfg: Config, event_log: JetStreamEve
                 assert {"packed", "available", "dropped", "packed_tokens", "reserved_tokens", "tokenizer",
                         "item_tokens", "budget_tokens"} <= set(part) <= {
                     "packed", "available", "dropped", "drop_reasons", "packed_tokens", "reserved_tokens", "tokenizer",
-                    "item_tokens", "budget_tokens"}
+                    "item_tokens", "budget_tokens", "trimmed"}
+                # an item cut before packing is still a candidate: in one of the three buckets
+                assert set(part.get("trimmed", [])) <= {*part["packed"], *part["available"], *part["dropped"]}
                 assert len(part["item_tokens"]) == len(part["packed"]) + len(part["available"]) + len(part["dropped"])
                 assert part["tokenizer"] == "heuristic-v1"
                 assert "instructions" in part["packed"] and part["packed_tokens"] > 0
