@@ -22,6 +22,7 @@ import msgspec
 from reel.shared.core.env import interpolate
 from reel.shared.core.env.toolenv import check_tool_env
 from reel.shared.core.errors import WorkflowInvalid
+from reel.shared.core.workflow.fieldhint import with_field_hint
 from reel.shared.core.workflow.spec import ModelSpec
 from reel.shared.crucible.errors import ConfigInvalid
 
@@ -316,7 +317,7 @@ def parse_config(data: Mapping[str, Any], *, config_dir: str, cwd: str, environ:
     try:
         cfg = msgspec.convert(raw, SessionConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigInvalid(f"invalid crucible config: {exc}") from exc
+        raise ConfigInvalid(f"invalid crucible config: {with_field_hint(str(exc), SessionConfig, raw)}") from exc
     validate(cfg)
     return cfg
 

@@ -40,6 +40,7 @@ import yaml
 from reel.shared.core.errors import ReelError
 from reel.shared.core.run.forkedits import ContextEdit, Instructions, Model, Param, ToolResult, describe
 from reel.shared.core.run.ids import StepId
+from reel.shared.core.workflow.fieldhint import with_field_hint
 
 
 class LabSpecError(ReelError):
@@ -203,7 +204,7 @@ def parse_spec(text: str, *, folder: Path, env: Mapping[str, str], name: str = "
     try:
         raw = msgspec.convert(data, _Spec)
     except msgspec.ValidationError as exc:
-        raise LabSpecError(str(exc)) from None
+        raise LabSpecError(with_field_hint(str(exc), _Spec, data)) from None
     verifiers = (raw.verifier,) if isinstance(raw.verifier, str) else tuple(raw.verifier or ())
     return LabSpec(name=raw.name or name, runs=_selection(raw.runs, folder, env),
                    at=_point(raw.at), edit=_edit(raw.edit, folder), verifiers=verifiers, agent=raw.agent,

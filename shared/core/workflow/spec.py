@@ -39,6 +39,7 @@ from reel.shared.core.workflow.agentspec import (
     check_tool,
     mcp_prefix,
 )
+from reel.shared.core.workflow.fieldhint import with_field_hint
 from reel.shared.core.workflow.mcpspec import SEPARATOR
 
 # Re-exported (`X as X`): these lived here before reel.shared.core.workflow.modelspec.
@@ -442,6 +443,7 @@ def parse_workflow(
     Raises:
         WorkflowInvalid: with the field path of the first problem found; ``nested deeper than 64``.
     """
+    raw: object = data  # the document as decoded, for an unknown field's hint
     try:
         if isinstance(data, dict):
             limits.check_value(data, what="workflow")
@@ -450,9 +452,11 @@ def parse_workflow(
             text = data.decode() if isinstance(data, bytes) else data
             if fmt == "json" or (fmt == "auto" and text.lstrip().startswith("{")):
                 limits.check_json(text, max_bytes=limits.MAX_WORKFLOW_BYTES, what="workflow")
+                raw = None
                 spec = msgspec.json.decode(text, type=WorkflowSpec)
             else:
-                spec = msgspec.convert(_yaml(text), WorkflowSpec)
+                raw = _yaml(text)
+                spec = msgspec.convert(raw, WorkflowSpec)
     except InvalidCommand as exc:
         raise WorkflowInvalid(f"invalid workflow: {exc.message}") from exc
     except (msgspec.ValidationError, msgspec.DecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -468,8 +472,14 @@ def parse_workflow(
             msg += " (a step's `kind` must be `model`, `tool`, `agent` or `sleep`)"
         if "Expected `float" in msg and "got `str`" in msg and fmt != "json":
             msg += " (YAML reads a number such as `1e12` as text: write `1.0e+12`, or the plain digits)"
-        if ".tools[" in msg and "unknown field" in msg:
-            msg += " (a tool's type is one of `python`, `command`, `recorded` or `builtin`)"
+        if "unknown field" in msg:
+            if raw is None:  # JSON: decoded again only to follow the field's path (it is bounded already)
+                raw = msgspec.json.decode(text)
+            hinted = with_field_hint(msg, WorkflowSpec, raw)
+            if hinted != msg:
+                msg = hinted
+            elif ".tools[" in msg:
+                msg += " (a tool's type is one of `python`, `command`, `recorded` or `builtin`)"
         raise WorkflowInvalid(f"invalid workflow: {msg}") from exc
     return validate_workflow(spec)
 
