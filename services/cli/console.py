@@ -12,11 +12,10 @@ prints it as one JSON object on stdout (:func:`json_error`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from reel.services.cli import interrupt
 from reel.shared.core.errors import ReelError
 from reel.shared.nats.embedded import NatsServerNotFound, PortInUse, StoreInUse
 
@@ -144,16 +144,18 @@ def _untyped_help(cmd: Any) -> None:
     setattr(cmd, "get_help_option", get_help_option)  # noqa: B010 (an instance's own method, not the class's)
 
 
-def run_async(coro: Awaitable[int | None], *, json_out: bool = False) -> None:
+def run_async(coro: Coroutine[Any, Any, int | None], *, json_out: bool = False) -> None:
     """Run a command body; map errors to one line on stderr and an exit code (``json_out``: the command was given
     ``--json``: each error also as :func:`json_error` on stdout).
+
+    Ctrl-C cancels the body, and the cancellation sticks (services/cli/interrupt.py).
 
     Raises:
         typer.Exit: always, with the body's code (0 for ``None``), the :class:`CliError`'s
             code, 1 for a :class:`ReelError`, a NATS error or a missing/locked embedded server, 130 on Ctrl-C.
     """
     try:
-        code: int | None = asyncio.run(coro)  # type: ignore[arg-type]
+        code = interrupt.run(coro)
     except CliError as exc:
         fail(exc.error_code, str(exc), exc.code, json_out=json_out, line=f"{exc.kind}: {exc}" if exc.kind else None)
     except ReelError as exc:
@@ -170,19 +172,10 @@ def run_async(coro: Awaitable[int | None], *, json_out: bool = False) -> None:
         fail("nats_error", f"NATS: {type(exc).__name__}: {str(exc).strip() or type(exc).__name__}", 1,
              json_out=json_out)
     except KeyboardInterrupt:
-        if not _INTERRUPT_SAID:
+        if not interrupt.was_said():
             err_console.print("interrupted")
         if json_out:
             json_error("interrupted", "interrupted (Ctrl-C)", 130)
         raise typer.Exit(130) from None
     raise typer.Exit(code or 0)
 
-
-_INTERRUPT_SAID = False
-
-
-def said_interrupted() -> None:
-    """A command printed its own line for Ctrl-C (``reel run``: what happens to the run): :func:`run_async`
-    prints no second one."""
-    global _INTERRUPT_SAID
-    _INTERRUPT_SAID = True

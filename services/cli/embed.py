@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import nats
 import nats.js.errors
 
+from reel.services.cli import interrupt
 from reel.services.cli.auth import auth_dir_from_env
 from reel.services.cli.console import CliError, err_console, reel_home
 from reel.shared.application.workflows import WorkflowCache
@@ -228,7 +229,11 @@ async def session(nats_url: str | None, namespace: str, *, services: tuple[str, 
     where = [url or "the embedded server"]  # the server's URL once chosen
     try:
         async with _session(url, namespace, auth, services, where, role, client_only) as s:
-            yield s
+            try:
+                yield s
+            except asyncio.CancelledError:  # Ctrl-C: seen before the services' own cleanup starts
+                interrupt.seen()
+                raise
     except nats.errors.Error as exc:  # nats.js.errors.Error derives from it: a 503, a timeout, a JS API error
         raise nats_cli_error(exc, where[-1]) from None
 

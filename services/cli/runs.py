@@ -16,6 +16,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from reel.services.cli import interrupt
 from reel.services.cli.console import (
     EXIT,
     CliError,
@@ -24,7 +25,6 @@ from reel.services.cli.console import (
     console,
     err_console,
     run_async,
-    said_interrupted,
 )
 from reel.services.cli.embed import SERVICES, Session, session, wait_states
 from reel.services.cli.tokens import TokenPrinter
@@ -113,7 +113,7 @@ def run(
                 reply = await s.client.start(spec, idempotency_key=key, source_dir=folder, sending=sent.append)
             except asyncio.CancelledError:
                 if sent:  # the command may be queued: it makes this run when an executor takes it
-                    said_interrupted()
+                    interrupt.said()
                     err_console.print(f"interrupted before the start was answered: if it was queued, run {sent[-1]} "
                                       "starts when an executor runs (`reel up`); `reel ls` then lists it and "
                                       f"`reel cancel {sent[-1]}` stops it")
@@ -126,7 +126,7 @@ def run(
                 state = await follow(s, reply.run_id, until=(*wait_states(), "awaiting_input"), timeout_s=timeout,
                                      quiet=quiet)
             except asyncio.CancelledError:
-                said_interrupted()
+                interrupt.said()
                 if "executor" in s.in_process:  # this command's executor stops with it
                     err_console.print(f"interrupted: run {reply.run_id} is left as it is and resumes when an "
                                       f"executor runs (`reel up`); `reel cancel {reply.run_id}` stops it")

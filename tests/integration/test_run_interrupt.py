@@ -52,7 +52,7 @@ async def _interrupted_run(cfg: Config, workflow: Path) -> tuple[int, str, str]:
 @pytest.mark.usefixtures("executor")
 async def test_interrupted_with_services_running_elsewhere_the_run_goes_on(
         client: ReelClient, cfg: Config, tmp_path: Path) -> None:
-    (tmp_path / "slow.yaml").write_text(slow(1, tmp_path / "done"))
+    (tmp_path / "slow.yaml").write_text(slow(5, tmp_path / "done"))  # still running when Ctrl-C lands
     code, run_id, err = await _interrupted_run(cfg, tmp_path / "slow.yaml")
     assert code == 130
     assert f"interrupted: run {run_id} goes on under the running services" in " ".join(err.split()), err
