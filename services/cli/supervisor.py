@@ -4,8 +4,16 @@ Each service instance is ``python -P -m reel.services.<name>``; one that exits i
 restarted with exponential backoff (:class:`Backoff`: 1 s, doubling, at most 30 s; back to 1 s once an
 instance ran 60 s; after 8 crashes in a row, each within 60 s of its start, ``reel up`` says so, naming
 the instance and its last exit, stops everything and exits 1). A ``--nats-url`` where nothing answers is
-one error line naming the URL within seconds (``connect_cli``), not a silent wait. SIGINT/SIGTERM
-stops them all (SIGTERM, then SIGKILL after 15 s) and then the server.
+one error line naming the URL within seconds (``connect_cli``), not a silent wait.
+
+Stopping (SIGINT/SIGTERM; each child runs in a session of its own, so a Ctrl-C at the terminal reaches only
+``reel up``, and it gets SIGTERM should ``reel up`` die): the executors are sent SIGTERM first and let their
+attempts in flight finish (``REEL_DRAIN_DEADLINE_S``, default 45 s, after which they interrupt them and record
+them ``interrupted``) while the other services keep serving (a run that finished in the drain is verified);
+once the executors are gone, the others are sent SIGTERM; then the server stops. A second Ctrl-C ends the
+drain now (a second SIGTERM to each executor: its attempts recorded ``interrupted`` at once); a third kills
+every child. A child that outlives its grace (an executor: its drain deadline + :data:`STOP_GRACE_S`; the others
+:data:`STOP_GRACE_S`) is killed (SIGKILL).
 
 The embedded server is supervised too: when it exits unasked, one line says how
 (exit code or signal) and where its log is, and it is started again on the same
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -43,6 +52,7 @@ from reel.shared.core.wire.subjects import Names
 from reel.shared.nats.embedded import EmbeddedServer, StoreInUse, embedded_server
 from reel.shared.nats.infra import ensure_infra
 from reel.shared.runtime.config import CONNECTION_FLAGS, Config
+from reel.shared.runtime.deathsig import die_with_parent
 
 
 def up(
@@ -139,9 +149,29 @@ SERVICE_BACKOFF = Backoff()
 """The restart policy of ``reel up``'s services (1 s, 2 s, … 30 s; reset after 60 s up; 8 quick crashes: give up)."""
 
 
+STOP_GRACE_S = 15.0
+"""Seconds a child has after its last SIGTERM (an executor: after its drain deadline) before it is killed."""
+
+
+@dataclass
+class Stopping:
+    """How far a stop has gone: ``now`` set by the second Ctrl-C (each child gets a second SIGTERM), ``kill`` by
+    the third (each child SIGKILL)."""
+
+    now: asyncio.Event
+    kill: asyncio.Event
+
+    @classmethod
+    def new(cls) -> Stopping:
+        return cls(asyncio.Event(), asyncio.Event())
+
+
 async def keep_child(label: str, argv: list[str], env: Mapping[str, str], stop: asyncio.Event,
-                     backoff: Backoff = SERVICE_BACKOFF, say: Callable[[str], object] | None = None) -> str | None:
-    """Run ``argv`` and restart it whenever it exits, until ``stop`` (then SIGTERM it, SIGKILL after 15 s).
+                     backoff: Backoff = SERVICE_BACKOFF, say: Callable[[str], object] | None = None, *,
+                     grace_s: float = STOP_GRACE_S, stopping: Stopping | None = None) -> str | None:
+    """Run ``argv`` in a session of its own (SIGTERM when this process dies) and restart it whenever it exits,
+    until ``stop``: then SIGTERM it, again when ``stopping.now`` is set, SIGKILL when ``stopping.kill`` is or
+    ``grace_s`` after the last SIGTERM.
 
     Each restart is one line through ``say`` (default: stderr): how the child exited, how long it ran, the delay.
 
@@ -154,17 +184,14 @@ async def keep_child(label: str, argv: list[str], env: Mapping[str, str], stop: 
     crashes = 0
     while not stop.is_set():
         started = loop.time()
-        proc = await asyncio.create_subprocess_exec(*argv, env=dict(env))
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=dict(env), start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()))
         waiter = asyncio.create_task(proc.wait())
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 15)
-                except TimeoutError:
-                    proc.kill()
+            await _stopped(proc, waiter, grace_s, stopping or Stopping.new())
             return None
         stopper.cancel()
         ran_s = loop.time() - started
@@ -181,6 +208,27 @@ async def keep_child(label: str, argv: list[str], env: Mapping[str, str], stop: 
     return None
 
 
+async def _stopped(proc: asyncio.subprocess.Process, exited: asyncio.Task[int], grace_s: float,
+                   stopping: Stopping) -> None:
+    """SIGTERM ``proc``, again once ``stopping.now`` is set; SIGKILL once ``stopping.kill`` is set or ``grace_s``
+    after the last SIGTERM; return once it exited."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    now, kill = asyncio.ensure_future(stopping.now.wait()), asyncio.ensure_future(stopping.kill.wait())
+    try:
+        await asyncio.wait({exited, now, kill}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        if not exited.done() and now.done() and not kill.done():
+            proc.terminate()  # the second SIGTERM: at once
+            await asyncio.wait({exited, kill}, timeout=STOP_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not exited.done():
+            proc.kill()
+            await exited
+    finally:
+        now.cancel()
+        kill.cancel()
+
+
 def _how(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
@@ -188,9 +236,10 @@ def _how(code: int | None) -> str:
     return f"exit code {code}"
 
 
-async def watch_server(srv: EmbeddedServer, stop: asyncio.Event) -> int:
+async def watch_server(srv: EmbeddedServer, stop: asyncio.Event, give_up: asyncio.Event | None = None) -> int:
     """Restart ``srv`` when it exits unasked (one line each time) until ``stop``; 0, or 1 once the budget
-    (:data:`SERVER_RESTARTS`) is spent or a restart fails (then ``stop`` is set)."""
+    (:data:`SERVER_RESTARTS`) is spent or a restart fails (then ``give_up``, default ``stop``, is set)."""
+    give_up = stop if give_up is None else give_up
     loop = asyncio.get_running_loop()
     restarts, started = 0, loop.time()
     while not stop.is_set():
@@ -205,7 +254,7 @@ async def watch_server(srv: EmbeddedServer, stop: asyncio.Event) -> int:
         said = f"nats-server (pid {srv.process.pid}) exited with {_how(srv.process.returncode)}; log {srv.log_path}"
         if restarts > SERVER_RESTARTS:
             err_console.print(f"[red]{said}; {SERVER_RESTARTS} restarts in a row failed: stopping the services[/]")
-            stop.set()
+            give_up.set()
             return 1
         delay = min(8.0, 0.5 * 2 ** restarts)
         err_console.print(f"[yellow]{said}; restarting it on port {srv.port} in {delay:.0f}s "
@@ -219,7 +268,7 @@ async def watch_server(srv: EmbeddedServer, stop: asyncio.Event) -> int:
         except RuntimeError as exc:
             err_console.print(f"[red]nats-server did not start again ({exc}); log {srv.log_path}: "
                               "stopping the services[/]")
-            stop.set()
+            give_up.set()
             return 1
         started = loop.time()
     return 0
@@ -230,11 +279,32 @@ async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | Non
     """Run ``python -P -m reel.services.<name>`` children (each as its role of ``auth``), restarting crashed
     ones with backoff, until SIGINT/SIGTERM; restart ``server`` (the embedded one) as :func:`watch_server`.
     Returns the exit code: 0, or 1 if the server could not be kept running."""
-    stop = asyncio.Event()
+    stop = asyncio.Event()  # the executors stop
+    rest = asyncio.Event()  # the other services stop: once the executors are gone
+    stopping = Stopping.new()
+    env = {**os.environ, "NATS_URL": url, "REEL_NAMESPACE": namespace}
+    drain_s = Config.from_env(nats_url=url).drain_deadline_s
+    presses = 0
+
+    def signalled() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            stop.set()
+            console.print(f"stopping: the executors let the attempts in flight finish (up to {drain_s:g} s, then "
+                          "they are recorded `interrupted`); Ctrl-C again interrupts them now", markup=False)
+        elif presses == 2:
+            stopping.now.set()
+            console.print("interrupting the attempts in flight (recorded `interrupted`); Ctrl-C again kills the "
+                          "services", markup=False)
+        else:
+            stopping.kill.set()
+            console.print("killing the services (recovery resolves what they left open when they run again)",
+                          markup=False)
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    env = {**os.environ, "NATS_URL": url, "REEL_NAMESPACE": namespace}
+        loop.add_signal_handler(sig, signalled)
     names = [n for n in SERVICES if service_serve(n) is not None]
     table = Table(title="reel up", title_justify="left")
     table.add_column("service")
@@ -247,14 +317,22 @@ async def supervise(url: str, namespace: str, replicas: int, auth: AuthDir | Non
     gave_up: list[str] = []
 
     async def keep(name: str, idx: int) -> None:
+        executor = name == "executor"
         reason = await keep_child(f"{name}#{idx}", [sys.executable, "-P", "-m", f"reel.services.{name}"],
-                                  service_env(env, name, auth), stop)
+                                  service_env(env, name, auth), stop if executor else rest,
+                                  grace_s=drain_s + STOP_GRACE_S if executor else STOP_GRACE_S, stopping=stopping)
         if reason is not None:
             gave_up.append(reason)
             err_console.print(f"[red]{reason}: stopping the services[/]")
             stop.set()
 
-    watcher = asyncio.create_task(watch_server(server, stop)) if server is not None else None
-    await asyncio.gather(*(keep(n, i) for n in names for i in range(replicas)))
+    watcher = asyncio.create_task(watch_server(server, rest, give_up=stop)) if server is not None else None
+    executors = [asyncio.create_task(keep(n, i)) for n in names if n == "executor" for i in range(replicas)]
+    others = [asyncio.create_task(keep(n, i)) for n in names if n != "executor" for i in range(replicas)]
+    await stop.wait()
+    await asyncio.gather(*executors)
+    rest.set()
+    await asyncio.gather(*others)
     served = await watcher if watcher is not None else 0
+    console.print("stopped", style="dim")
     return 1 if gave_up else served

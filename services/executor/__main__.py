@@ -3,7 +3,7 @@
 import asyncio
 import sys
 
-from reel.services.runtime.runner import main_for
+from reel.services.runtime.runner import Stop, main_for
 from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
 
@@ -11,9 +11,11 @@ from .app import serve
 
 
 async def serve_process(infra: Infra, cfg: Config, stop: asyncio.Event) -> None:
-    """:func:`serve`, then the process's model clients closed (their aiohttp sessions warn at exit otherwise)."""
+    """:func:`serve`, then the process's model clients closed (their aiohttp sessions warn at exit otherwise). A
+    second SIGTERM/SIGINT (:class:`Stop`) ends the drain at once: the attempts in flight are recorded
+    ``interrupted``."""
     try:
-        await serve(infra, cfg, stop)
+        await serve(infra, cfg, stop, interrupt_now=stop.now if isinstance(stop, Stop) else None)
     finally:
         if "reel.shared.models.openai" in sys.modules:
             await sys.modules["reel.shared.models.openai"].CLIENTS.aclose()

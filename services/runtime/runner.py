@@ -1,4 +1,5 @@
-"""Process entry for every service: logging, signals, connect, ensure infra, serve, drain.
+"""Process entry for every service: logging, signals (the first SIGTERM/SIGINT drains, a second stops at once:
+:class:`Stop`), connect, ensure infra, serve, drain.
 
 With ``$REEL_HEARTBEAT_FILE`` set (the image sets it), a service touches that file
 from its event loop while it serves: the liveness signal ``python -m reel.services.runtime.health --live``
@@ -30,13 +31,28 @@ from reel.shared.runtime.metrics import serve_from_env as serve_metrics
 Serve = Callable[[Infra, Config, asyncio.Event], Awaitable[None]]
 
 
+class Stop(asyncio.Event):
+    """A service process's stop: set by its first SIGTERM/SIGINT (stop taking work, let what is in flight
+    finish); :attr:`now` set by the second (stop at once: the executor interrupts its attempts in flight and
+    records them ``interrupted`` instead of waiting out its drain deadline)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = asyncio.Event()
+
+    def signalled(self) -> None:
+        """One SIGTERM/SIGINT: the first sets the stop, the next :attr:`now`."""
+        (self.now if self.is_set() else self).set()
+
+
 async def run_service(name: str, serve: Serve, cfg: Config) -> None:
-    """Connect, create streams/buckets idempotently, serve until SIGTERM/SIGINT, then drain."""
+    """Connect, create streams/buckets idempotently, serve until SIGTERM/SIGINT (a second one: at once, see
+    :class:`Stop`), then drain."""
     log = structlog.get_logger(f"reel.{name}")
-    stop = asyncio.Event()
+    stop = Stop()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop.signalled)
     nc = await connect(cfg, name=f"reel-{name}")
     try:
         infra = await ensure_infra_retrying(nc, cfg)
