@@ -338,17 +338,24 @@ def _servers(urls: str) -> list[tuple[str, int]]:
     port: 4222).
 
     Raises:
-        CliError: a URL does not parse (a bad IPv6 literal, a port that is not a number in 0–65535).
+        CliError: a URL does not parse (a bad IPv6 literal, a port that is not a number in 0–65535) or is not a
+            NATS one (``http://…``: :data:`NATS_SCHEMES`).
     """
     out = []
     for url in (u.strip() for u in urls.split(",") if u.strip()):
         try:
             parsed = urlsplit(url if "://" in url else f"nats://{url}")
+            if parsed.scheme not in NATS_SCHEMES:
+                raise ValueError(f"scheme {parsed.scheme}: NATS speaks {', '.join(NATS_SCHEMES)}")
             out.append((parsed.hostname or "", parsed.port or 4222))
         except ValueError as exc:
             raise CliError(f"not a NATS URL: {redact_url(url)!r} ({exc}); --nats-url takes nats://HOST:PORT, "
                            "comma-separated for a cluster", kind="unreachable") from None
     return out
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""The URL schemes a NATS client connects with."""
 
 
 async def _unresolvable(servers: list[tuple[str, int]]) -> str | None:

@@ -61,3 +61,11 @@ async def test_a_url_that_does_not_parse_is_one_error_line(tmp_path: Path) -> No
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1 and lines == ["error: unreachable: not a NATS URL: 'nats://***@[::1' (Invalid IPv6 URL); "
                                    "--nats-url takes nats://HOST:PORT, comma-separated for a cluster"], err
+
+
+async def test_an_http_url_is_refused_at_once_as_not_nats(tmp_path: Path) -> None:
+    code, _out, err, _took_s = await _reel("--nats-url", "http://127.0.0.1:4222", "ls", env=env_for(tmp_path))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and lines == ["error: unreachable: not a NATS URL: 'http://127.0.0.1:4222' (scheme http: NATS "
+                                   "speaks nats, tls, ws, wss); --nats-url takes nats://HOST:PORT, comma-separated "
+                                   "for a cluster"], err
