@@ -37,6 +37,18 @@ def test_a_workflows_unknown_field_names_the_one_meant(doc: str, says: str) -> N
     assert says in info.value.message, info.value.message
 
 
+@pytest.mark.parametrize(("doc", "says"), [
+    ("name: x\nsteps: []\nverifiers:\n  - {type: output_regexp, name: v, pattern: hi}",
+     "Invalid enum value 'output_regexp' - at `$.verifiers[0].type` (did you mean `output_regex`?)"),
+    ("name: x\nsteps:\n  - {kind: tool, id: a, tool: {type: zzz, argv: [ls]}}",
+     "at `$.steps[0].tool.type` (one of: `command`, `recorded`, `scripted`)"),
+])
+def test_a_refused_value_names_the_one_meant_or_those_allowed(doc: str, says: str) -> None:
+    with pytest.raises(WorkflowInvalid) as info:
+        parse_workflow(doc)
+    assert says in info.value.message, info.value.message
+
+
 def test_a_name_close_to_none_lists_the_fields_of_a_small_struct_only() -> None:
     with pytest.raises(WorkflowInvalid) as info:
         parse_workflow("name: x\nsteps:\n  - {kind: agent, id: a, model: {adapter: scripted}, qqqqqq: 1}")

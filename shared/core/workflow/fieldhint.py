@@ -1,9 +1,11 @@
-"""What to say beside "unknown field": the field the author most likely meant, or the ones that fit there.
+"""What to say beside "unknown field" or "invalid enum value": the field or value the author most likely meant,
+or the ones that fit there.
 
 msgspec names an unknown field and where it sits (``Object contains unknown field `budget_token```,
 ``... - at `$.steps[0]```); :func:`unknown_field_hint` walks that path through the document as decoded
 (a step's ``kind`` picks its struct) to the struct that refused it, and compares the name with that
-struct's own field names. Pure: no I/O.
+struct's own field names; a value a literal or enum field refuses is compared with the values it allows. Pure:
+no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import msgspec.inspect as mi
 
 _UNKNOWN = re.compile(r"unknown field `(?P<name>[^`]+)`(?: - at `\$(?P<path>[^`]*)`)?")
+_INVALID = re.compile(r"Invalid enum value '(?P<value>[^']*)' - at `\$(?P<path>[^`]*)`")
 _STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 MAX_LISTED = 16  # fields listed when none is close (a longer list is noise)
 CUTOFF = 0.75  # difflib ratio a field name must reach to be offered as the one meant
@@ -41,24 +44,61 @@ def unknown_field_hint(message: str, root: type, data: object) -> str | None:
     return None
 
 
-def _field_names(info: mi.Type, value: object, path: str) -> list[str]:
-    """The field names of the struct at ``path`` (``.steps[0].model``) below ``info``/``value``."""
+def invalid_value_hint(message: str, root: type, data: object) -> str | None:
+    """The hint for msgspec's ``Invalid enum value 'outptu_regex' - at `$.verifiers[0].type``` about ``data`` as
+    ``root``: ``did you mean `output_regex`?`` when an allowed value is close, else ``one of: a, b, …`` (at most
+    :data:`MAX_LISTED`); ``None`` when the message is another one or its path cannot be followed."""
+    found = _INVALID.search(message)
+    if found is None:
+        return None
+    walked = _walk(mi.type_info(root), data, found.group("path"))
+    if walked is None:
+        return None
+    allowed = _allowed(_unwrap(walked[0]))
+    if not allowed:
+        return None
+    close = difflib.get_close_matches(found.group("value"), allowed, n=1, cutoff=CUTOFF)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    if len(allowed) <= MAX_LISTED:
+        return "one of: " + ", ".join(f"`{v}`" for v in allowed)
+    return None
+
+
+def _allowed(info: mi.Type) -> list[str]:
+    """The string values a literal or enum type allows ([] for any other type)."""
+    if isinstance(info, mi.LiteralType):
+        return [str(v) for v in info.values]
+    if isinstance(info, mi.EnumType):
+        return [str(e.value) for e in info.cls]
+    return []
+
+
+def _walk(info: mi.Type, value: object, path: str) -> tuple[mi.Type, object] | None:
+    """The type and the value at ``path`` (``.steps[0].model``) below ``info``/``value``; ``None`` when the path
+    leaves the document or the type."""
     for field, index in _STEP.findall(path):
-        struct = _struct(info, value)
         if field:
+            struct = _struct(info, value)
             if struct is None or not isinstance(value, Mapping):
-                return []
+                return None
             match = [f for f in struct.fields if f.encode_name == field]
             if not match:
-                return []
+                return None
             info, value = match[0].type, value.get(field)
         else:
             item = _item_type(_unwrap(info))
             if item is None or not isinstance(value, Sequence) or isinstance(value, str) \
                     or int(index) >= len(value):
-                return []
+                return None
             info, value = item, value[int(index)]
-    struct = _struct(info, value)
+    return info, value
+
+
+def _field_names(info: mi.Type, value: object, path: str) -> list[str]:
+    """The field names of the struct at ``path`` (``.steps[0].model``) below ``info``/``value``."""
+    walked = _walk(info, value, path)
+    struct = None if walked is None else _struct(*walked)
     return [] if struct is None else [f.encode_name for f in struct.fields]
 
 
@@ -96,6 +136,7 @@ def _struct(info: mi.Type, value: object) -> mi.StructType | None:
 
 
 def with_field_hint(message: str, root: type, data: object) -> str:
-    """``message`` with :func:`unknown_field_hint`'s hint in brackets after it, when there is one."""
-    hint = unknown_field_hint(message, root, data)
+    """``message`` with :func:`unknown_field_hint`'s or :func:`invalid_value_hint`'s hint in brackets after it,
+    when there is one."""
+    hint = unknown_field_hint(message, root, data) or invalid_value_hint(message, root, data)
     return message if hint is None else f"{message} ({hint})"

@@ -472,7 +472,7 @@ def parse_workflow(
             msg += " (a step's `kind` must be `model`, `tool`, `agent` or `sleep`)"
         if "Expected `float" in msg and "got `str`" in msg and fmt != "json":
             msg += " (YAML reads a number such as `1e12` as text: write `1.0e+12`, or the plain digits)"
-        if "unknown field" in msg:
+        if "unknown field" in msg or "Invalid enum value" in msg:
             if raw is None:  # JSON: decoded again only to follow the field's path (it is bounded already)
                 raw = msgspec.json.decode(text)
             hinted = with_field_hint(msg, WorkflowSpec, raw)
