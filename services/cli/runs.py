@@ -135,7 +135,10 @@ def run(
                                       f"`reel show {reply.run_id}` shows it, `reel cancel {reply.run_id}` stops it")
                 raise
             if state is None:
-                raise CliError(f"run {reply.run_id} did not finish within {timeout}s", EXIT["timeout"])
+                goes_on = "is left as it is and resumes when an executor runs (`reel up`)" \
+                    if "executor" in s.in_process else "goes on under the running services"
+                raise CliError(f"run {reply.run_id} did not finish within {timeout:g}s: it {goes_on}; "
+                               f"`reel show {reply.run_id} --follow` follows it", EXIT["timeout"])
             print_timeline(console, state, None, await s.workflow(state))  # as `reel show` prints it
             if state.status == "awaiting_input":
                 print_waiting(console, state)

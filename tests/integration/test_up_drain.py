@@ -65,6 +65,8 @@ async def _up_running(tmp_path: Path, seconds: int) -> tuple[asyncio.subprocess.
     code, out, err = await reel("run", str(wf), "-q", "--timeout", "1", "--nats-url", url, env=env)
     assert code == 5, (out, err)  # left running: reel up's executor drives it
     run_id = re.search(r"run (\S+) created", out).group(1)  # type: ignore[union-attr]
+    assert f"it goes on under the running services; `reel show {run_id} --follow` follows it" in " ".join(
+        err.split()), err
     await wait_until(lambda: _nap(url, run_id), timeout_s=60, what="the attempt to be dispatched")
     return up, url, run_id
 
