@@ -2,8 +2,10 @@
 at once.
 
 ``asyncio.run`` cancels the main task once on SIGINT, and Python 3.11's ``asyncio.wait_for`` (which nats-py's
-requests use) swallows a cancellation that arrives in the same loop turn as the awaited reply: the command then
-went on as if no key had been pressed (``reel run`` followed its run to the end). :func:`run` cancels the body
+requests use) swallows a cancellation that arrives in the same loop turn as the awaited reply (fixed in 3.12):
+the command would then go on as if no key had been pressed (``reel run`` following its run to the end). A
+process that inherited SIGINT ignored (``nohup``, ``cmd &`` in a script) keeps ignoring it, as ``asyncio.run``
+does. :func:`run` cancels the body
 again every :data:`RECANCEL_S` seconds until the body shows it has seen the cancellation (:func:`seen`: a
 command's ``except CancelledError``, or :func:`reel.services.cli.embed.session` as it unwinds) — from then on its
 cleanup (``reel run``'s own executor recording its attempts ``interrupted``) runs undisturbed. A second Ctrl-C

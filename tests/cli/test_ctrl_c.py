@@ -9,6 +9,7 @@ import signal
 import sys
 
 from tests.integration.test_cli import REPO
+from tests.support.sigint import as_at_a_terminal
 
 PRELUDE = """
 import asyncio
@@ -54,17 +55,12 @@ main(body())
 """
 
 
-def _sigint_default() -> None:
-    """SIGINT's default disposition in the child, as a terminal's foreground job has it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 async def _interrupted(script: str, *, presses: tuple[str, ...]) -> tuple[int, list[str], str]:
     """Run ``script``; send SIGINT once it printed ``ready`` and again after each line of ``presses[1:]``
     (``presses[0]`` is ``ready``): (exit code, its stdout lines, its stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", script, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        preexec_fn=_sigint_default)
+        preexec_fn=as_at_a_terminal)
     assert proc.stdout is not None and proc.stderr is not None
     lines: list[str] = []
     for wanted in presses:

@@ -17,12 +17,7 @@ from reel.shared.core.run.ids import run_id_for_key
 from reel.shared.nats.infra import Infra
 from reel.shared.runtime.config import Config
 from tests.integration.test_cli import REPO
-
-
-def _ctrl_c_as_at_a_terminal() -> None:
-    """SIGINT's default disposition in the child, as a terminal's foreground job has it (a CI job started in the
-    background inherits SIGINT ignored, and Python then keeps ignoring it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from tests.support.sigint import as_at_a_terminal
 
 
 async def test_ctrl_c_before_the_start_is_answered_names_the_queued_run(infra: Infra, cfg: Config) -> None:
@@ -39,7 +34,7 @@ async def test_ctrl_c_before_the_start_is_answered_names_the_queued_run(infra: I
         sys.executable, "-m", "reel.services.cli", "run", "examples/hello.yaml",
         "--nats-url", cfg.nats_url, "--namespace", cfg.names.namespace, cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
-        preexec_fn=_ctrl_c_as_at_a_terminal)
+        preexec_fn=as_at_a_terminal)
     try:
         async def queued() -> str:  # the start command in the stream: its message id derives the run id
             while True:

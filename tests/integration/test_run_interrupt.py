@@ -16,6 +16,7 @@ import pytest
 from reel.shared.nats.client import ReelClient
 from reel.shared.runtime.config import Config
 from tests.integration.test_cli import REPO
+from tests.support.sigint import as_at_a_terminal
 
 
 def slow(seconds: int, done: Path) -> str:
@@ -34,7 +35,7 @@ async def _interrupted_run(cfg: Config, workflow: Path) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "reel.services.cli", "run", str(workflow), "--nats-url", cfg.nats_url,
         "--namespace", cfg.names.namespace, cwd=REPO, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"}, preexec_fn=as_at_a_terminal)
     assert proc.stdout is not None and proc.stderr is not None
     run_id = ""
     while True:
