@@ -6,10 +6,12 @@ longer than the supervisor's 15 s kill grace of the other services) while the ot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -51,15 +53,27 @@ async def _nap(url: str, run_id: str) -> list[AttemptState]:
         await nc.close()
 
 
-async def _up_running(tmp_path: Path, seconds: int) -> tuple[asyncio.subprocess.Process, str, str]:
+@contextlib.asynccontextmanager
+async def _up_running(tmp_path: Path, seconds: int) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
     """``reel up`` with a run whose one attempt (a command sleeping ``seconds`` s) is in flight: (its process, its
-    URL, the run id)."""
+    URL, the run id); killed on the way out if it still runs."""
     env = {"REEL_HOME": str(tmp_path / "home"), "REEL_LOG_FORMAT": "json", "COLUMNS": "400"}
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"
     up = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "reel.services.cli", "up", "--port", str(port), cwd=REPO,
         env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        yield up, url, await _started(up, url, tmp_path, seconds, env)
+    finally:
+        if up.returncode is None:
+            up.kill()
+            await up.wait()
+
+
+async def _started(up: asyncio.subprocess.Process, url: str, tmp_path: Path, seconds: int,
+                   env: dict[str, str]) -> str:
+    """The run id of a ``nap`` run started on ``reel up`` at ``url``, once its attempt is dispatched."""
     await wait_until(lambda: _consuming(url), timeout_s=90, what="reel up's services to consume")
     wf = _workflow(tmp_path / "nap.yaml", seconds, tmp_path / "done")
     code, out, err = await reel("run", str(wf), "-q", "--timeout", "1", "--nats-url", url, env=env)
@@ -68,7 +82,7 @@ async def _up_running(tmp_path: Path, seconds: int) -> tuple[asyncio.subprocess.
     assert f"it goes on under the running services; `reel show {run_id} --follow` follows it" in " ".join(
         err.split()), err
     await wait_until(lambda: _nap(url, run_id), timeout_s=60, what="the attempt to be dispatched")
-    return up, url, run_id
+    return run_id
 
 
 async def _line(up: asyncio.subprocess.Process, starting: str) -> str:
@@ -79,34 +93,24 @@ async def _line(up: asyncio.subprocess.Process, starting: str) -> str:
 
 
 async def test_ctrl_c_of_reel_up_lets_the_attempt_in_flight_finish(tmp_path: Path) -> None:
-    up, url, run_id = await _up_running(tmp_path, 20)  # 20 s: past the 15 s after which a child is killed
-    try:
+    async with _up_running(tmp_path, 20) as (up, url, run_id):  # 20 s: past the 15 s after which a child is killed
         up.send_signal(signal.SIGINT)
         assert "up to 45 s" in await _line(up, "stopping:")
         await _line(up, "stopped")
         assert await asyncio.wait_for(up.wait(), 90) == 0
-    finally:
-        if up.returncode is None:
-            up.kill()
-            await up.wait()
     assert (tmp_path / "done").exists(), "the tool ran to its end"
     (attempt,) = await _serve_and_read(tmp_path, url, run_id)
     assert attempt.status == "succeeded", attempt
 
 
 async def test_a_second_ctrl_c_interrupts_the_attempt_and_records_it(tmp_path: Path) -> None:
-    up, url, run_id = await _up_running(tmp_path, 120)
-    try:
+    async with _up_running(tmp_path, 120) as (up, url, run_id):
         up.send_signal(signal.SIGINT)
         await _line(up, "stopping:")
         up.send_signal(signal.SIGINT)
         await _line(up, "interrupting the attempts in flight")
         await _line(up, "stopped")
         assert await asyncio.wait_for(up.wait(), 60) == 0
-    finally:
-        if up.returncode is None:
-            up.kill()
-            await up.wait()
     assert not (tmp_path / "done").exists(), "the tool was killed"
     (attempt,) = await _serve_and_read(tmp_path, url, run_id)
     assert (attempt.status, attempt.error_kind) == ("failed", "interrupted"), attempt

@@ -36,12 +36,7 @@ def unknown_field_hint(message: str, root: type, data: object) -> str | None:
     names = _field_names(mi.type_info(root), data, found.group("path") or "")
     if not names:
         return None
-    close = difflib.get_close_matches(found.group("name"), names, n=1, cutoff=CUTOFF)
-    if close:
-        return f"did you mean `{close[0]}`?"
-    if len(names) <= MAX_LISTED:
-        return "fields here: " + ", ".join(f"`{n}`" for n in names)
-    return None
+    return _suggest(found.group("name"), names, "fields here")
 
 
 def invalid_value_hint(message: str, root: type, data: object) -> str | None:
@@ -57,11 +52,17 @@ def invalid_value_hint(message: str, root: type, data: object) -> str | None:
     allowed = _allowed(_unwrap(walked[0]))
     if not allowed:
         return None
-    close = difflib.get_close_matches(found.group("value"), allowed, n=1, cutoff=CUTOFF)
+    return _suggest(found.group("value"), allowed, "one of")
+
+
+def _suggest(given: str, candidates: list[str], listed_as: str) -> str | None:
+    """``did you mean `x`?`` for the candidate closest to ``given`` (difflib ratio ≥ :data:`CUTOFF`), else
+    ``<listed_as>: `a`, `b`, …`` when there are at most :data:`MAX_LISTED` candidates, else ``None``."""
+    close = difflib.get_close_matches(given, candidates, n=1, cutoff=CUTOFF)
     if close:
         return f"did you mean `{close[0]}`?"
-    if len(allowed) <= MAX_LISTED:
-        return "one of: " + ", ".join(f"`{v}`" for v in allowed)
+    if len(candidates) <= MAX_LISTED:
+        return f"{listed_as}: " + ", ".join(f"`{c}`" for c in candidates)
     return None
 
 
